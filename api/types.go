@@ -1,0 +1,109 @@
+// Package api holds paddock's wire types: the JSON bodies of the /v1 HTTP
+// API and the frame types of its streams. It has no logic; the OpenAPI
+// document beside it (openapi.yaml) describes the same shapes.
+package api
+
+import "time"
+
+// Version is the API version prefix.
+const Version = "v1"
+
+// State is a sandbox's lifecycle state.
+type State string
+
+const (
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StateStopped  State = "stopped"
+	StateFailed   State = "failed"
+)
+
+// Resources are a sandbox's limits. Zero means "the daemon's default".
+type Resources struct {
+	// CPUs is a CPU quota in cores (0.5 = half a core).
+	CPUs float64 `json:"cpus,omitempty"`
+	// MemoryBytes is a hard memory cap; swap is not allowed.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// Pids caps the number of tasks.
+	Pids int64 `json:"pids,omitempty"`
+	// DiskBytes caps the sandbox's writable layer.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// CreateRequest is the body of POST /v1/sandboxes.
+type CreateRequest struct {
+	Image     string            `json:"image,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Workdir   string            `json:"workdir,omitempty"`
+	Resources Resources         `json:"resources,omitempty"`
+	// Timeout is the sandbox's lifetime in seconds; when it is up the
+	// sandbox is ended and removed. 0 means no timeout.
+	TimeoutSeconds int64             `json:"timeout_seconds,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+}
+
+// Sandbox describes one sandbox.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	State     State             `json:"state"`
+	Image     string            `json:"image"`
+	Env       map[string]string `json:"env,omitempty"`
+	Workdir   string            `json:"workdir"`
+	Resources Resources         `json:"resources"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	// ExpiresAt is when the timeout ends the sandbox, if it has one.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// Error says why a sandbox failed.
+	Error string `json:"error,omitempty"`
+	// Runtime details useful to operators.
+	Runtime *RuntimeInfo `json:"runtime,omitempty"`
+}
+
+// RuntimeInfo is what the host knows about a running sandbox.
+type RuntimeInfo struct {
+	Name     string `json:"name"`
+	HostPID  int    `json:"host_pid,omitempty"`
+	UIDBase  uint32 `json:"uid_base"`
+	Cgroup   string `json:"cgroup,omitempty"`
+	Idmapped bool   `json:"idmapped"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+type ExecRequest struct {
+	// Cmd is the argv; Cmd[0] is looked up in PATH.
+	Cmd []string          `json:"cmd"`
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd defaults to the sandbox's workdir.
+	Cwd string `json:"cwd,omitempty"`
+	// Stdin, when set, is written to the process and then closed. For a
+	// streamed stdin, upgrade the connection instead (see openapi.yaml).
+	Stdin *string `json:"stdin,omitempty"`
+}
+
+// ExitStatus ends every exec stream.
+type ExitStatus struct {
+	ExitCode int `json:"exit_code"`
+	// Signal is the signal that killed the process, if one did.
+	Signal    string `json:"signal,omitempty"`
+	OOMKilled bool   `json:"oom_killed,omitempty"`
+	// Error is set when the process could not be run or the stream was
+	// cut (for example "sandbox ended").
+	Error string `json:"error,omitempty"`
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// VersionInfo is the body of GET /v1/version.
+type VersionInfo struct {
+	Version   string `json:"version"`
+	Commit    string `json:"commit,omitempty"`
+	Runtime   string `json:"runtime"`
+	CgroupV2  bool   `json:"cgroup_v2"`
+	Idmapped  bool   `json:"idmapped_mounts"`
+	GoVersion string `json:"go_version"`
+}

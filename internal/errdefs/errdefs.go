@@ -1,0 +1,79 @@
+// Package errdefs owns paddock's error categories. Every layer wraps one of
+// these sentinels with context (fmt.Errorf("starting guest: %w", err)); the
+// HTTP server turns the category into a status in exactly one place.
+package errdefs
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrNotFound: the named thing does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrInvalid: the request is malformed or names a bad value.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrConflict: the thing exists but is in the wrong state for the call.
+	ErrConflict = errors.New("conflict")
+	// ErrDenied: the caller is not allowed to do this.
+	ErrDenied = errors.New("permission denied")
+	// ErrUnavailable: the host lacks the capacity or feature right now.
+	ErrUnavailable = errors.New("unavailable")
+	// ErrTooLarge: a request body or value exceeds a limit.
+	ErrTooLarge = errors.New("too large")
+)
+
+// Invalid returns an ErrInvalid naming the offending field.
+func Invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
+}
+
+// NotFound returns an ErrNotFound for a kind of thing and its id.
+func NotFound(kind, id string) error {
+	return fmt.Errorf("%w: %s %q", ErrNotFound, kind, id)
+}
+
+// Conflict returns an ErrConflict with a message.
+func Conflict(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrConflict, fmt.Sprintf(format, args...))
+}
+
+// Code names the category of err for the wire ("not_found", ...), or
+// "internal" when err carries none.
+func Code(err error) string {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return "not_found"
+	case errors.Is(err, ErrInvalid):
+		return "invalid_argument"
+	case errors.Is(err, ErrConflict):
+		return "conflict"
+	case errors.Is(err, ErrDenied):
+		return "permission_denied"
+	case errors.Is(err, ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, ErrTooLarge):
+		return "too_large"
+	}
+	return "internal"
+}
+
+// FromCode is the inverse of Code, used by clients to rebuild a category
+// from an error body.
+func FromCode(code string) error {
+	switch code {
+	case "not_found":
+		return ErrNotFound
+	case "invalid_argument":
+		return ErrInvalid
+	case "conflict":
+		return ErrConflict
+	case "permission_denied", "unauthenticated":
+		return ErrDenied
+	case "unavailable":
+		return ErrUnavailable
+	case "too_large":
+		return ErrTooLarge
+	}
+	return nil
+}

@@ -1,0 +1,129 @@
+// Package wire owns paddock's stream framing, used on every byte stream:
+// between the daemon and a guest, and between the daemon and its clients.
+//
+// A frame is an 8-byte header followed by a payload:
+//
+//	byte 0     frame type
+//	bytes 1-3  zero
+//	bytes 4-7  payload length, big-endian uint32
+//
+// Output frames carry raw bytes; control frames carry JSON.
+package wire
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// Type is a frame type.
+type Type byte
+
+const (
+	// Server to client.
+	Stdout  Type = 1
+	Stderr  Type = 2
+	Exit    Type = 3 // JSON api.ExitStatus; the last frame of a stream
+	Error   Type = 4 // JSON api.Error; the stream ends after it
+	Started Type = 5 // JSON {"pid": N}
+	Dropped Type = 6 // JSON {"bytes": N}: output lost to the retention cap
+
+	// Client to server.
+	Stdin      Type = 16
+	CloseStdin Type = 17
+	Signal     Type = 18 // JSON {"signal": "TERM"}
+	Resize     Type = 19 // JSON {"cols": N, "rows": N}
+)
+
+// HeaderSize is the size of a frame header.
+const HeaderSize = 8
+
+// MaxPayload bounds a single frame so that a hostile peer cannot make the
+// reader allocate without limit.
+const MaxPayload = 4 << 20
+
+// Frame is one decoded frame. Payload is only valid until the next Read on
+// the Reader that returned it.
+type Frame struct {
+	Type    Type
+	Payload []byte
+}
+
+// Writer writes frames. It is not safe for concurrent use.
+type Writer struct {
+	w   io.Writer
+	hdr [HeaderSize]byte
+}
+
+// NewWriter returns a Writer on w.
+func NewWriter(w io.Writer) *Writer { return &Writer{w: w} }
+
+// Write writes one frame.
+func (w *Writer) Write(t Type, payload []byte) error {
+	if len(payload) > MaxPayload {
+		return fmt.Errorf("frame payload of %d bytes exceeds %d", len(payload), MaxPayload)
+	}
+	w.hdr[0] = byte(t)
+	binary.BigEndian.PutUint32(w.hdr[4:], uint32(len(payload)))
+	if _, err := w.w.Write(w.hdr[:]); err != nil {
+		return err
+	}
+	if len(payload) == 0 {
+		return nil
+	}
+	_, err := w.w.Write(payload)
+	return err
+}
+
+// WriteJSON writes one frame whose payload is v as JSON.
+func (w *Writer) WriteJSON(t Type, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return w.Write(t, b)
+}
+
+// AppendFrame appends one encoded frame to dst and returns it, for callers
+// that batch frames into a single write.
+func AppendFrame(dst []byte, t Type, payload []byte) []byte {
+	var hdr [HeaderSize]byte
+	hdr[0] = byte(t)
+	binary.BigEndian.PutUint32(hdr[4:], uint32(len(payload)))
+	dst = append(dst, hdr[:]...)
+	return append(dst, payload...)
+}
+
+// Reader reads frames.
+type Reader struct {
+	r   io.Reader
+	hdr [HeaderSize]byte
+	buf []byte
+}
+
+// NewReader returns a Reader on r.
+func NewReader(r io.Reader) *Reader { return &Reader{r: r} }
+
+// Read reads the next frame. It returns io.EOF only at a frame boundary and
+// io.ErrUnexpectedEOF for a frame cut short.
+func (r *Reader) Read() (Frame, error) {
+	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+		return Frame{}, err
+	}
+	n := binary.BigEndian.Uint32(r.hdr[4:])
+	if n > MaxPayload {
+		return Frame{}, fmt.Errorf("frame payload of %d bytes exceeds %d", n, MaxPayload)
+	}
+	if cap(r.buf) < int(n) {
+		r.buf = make([]byte, n)
+	}
+	p := r.buf[:n]
+	if _, err := io.ReadFull(r.r, p); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, err
+	}
+	return Frame{Type: Type(r.hdr[0]), Payload: p}, nil
+}
