@@ -107,3 +107,10 @@ type VersionInfo struct {
 	Idmapped  bool   `json:"idmapped_mounts"`
 	GoVersion string `json:"go_version"`
 }
+
+// StreamProtocol is the Upgrade token for a bidirectional exec stream; the
+// stream's frames are described in openapi.yaml.
+const StreamProtocol = "paddock-stream"
+
+// StreamContentType is the media type of a one-way frame stream.
+const StreamContentType = "application/vnd.paddock.stream"

@@ -105,6 +105,16 @@ type Reader struct {
 // NewReader returns a Reader on r.
 func NewReader(r io.Reader) *Reader { return &Reader{r: r} }
 
+// Buffered reports how many bytes are already read ahead, when r is a
+// *bufio.Reader (0 otherwise): a relay flushes when nothing more is
+// pending.
+func (r *Reader) Buffered() int {
+	if b, ok := r.r.(interface{ Buffered() int }); ok {
+		return b.Buffered()
+	}
+	return 0
+}
+
 // Read reads the next frame. It returns io.EOF only at a frame boundary and
 // io.ErrUnexpectedEOF for a frame cut short.
 func (r *Reader) Read() (Frame, error) {
@@ -127,3 +137,9 @@ func (r *Reader) Read() (Frame, error) {
 	}
 	return Frame{Type: Type(r.hdr[0]), Payload: p}, nil
 }
+
+// Frames of the daemon↔guest control protocol.
+const (
+	Request  Type = 32 // JSON guest request; the first frame on a guest connection
+	Response Type = 33 // JSON guest response; the guest's answer to Request
+)

@@ -1,0 +1,157 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+
+	"paddock/api"
+	"paddock/wire"
+)
+
+// ExecIO connects an exec to local streams. Nil writers discard output.
+type ExecIO struct {
+	// Stdin, when set, is streamed to the process and closed at EOF.
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// OnStart is called with the process id once it runs.
+	OnStart func(pid int)
+}
+
+// Exec runs a command in a sandbox, streaming its output to io, and
+// returns how it ended. A non-zero exit is not an error; an error means the
+// command could not be run or its stream was lost. When ctx ends, Exec
+// returns; the process keeps running in the sandbox.
+func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest, eio ExecIO) (*api.ExitStatus, error) {
+	s, err := c.ExecStream(ctx, id, req, eio.Stdin != nil)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if eio.OnStart != nil {
+		eio.OnStart(s.PID)
+	}
+	if eio.Stdin != nil {
+		go func() {
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := eio.Stdin.Read(buf)
+				if n > 0 {
+					if s.Send(wire.Stdin, buf[:n]) != nil {
+						return
+					}
+				}
+				if err != nil {
+					s.Send(wire.CloseStdin, nil)
+					return
+				}
+			}
+		}()
+	}
+	return s.Wait(eio.Stdout, eio.Stderr)
+}
+
+// ExecStream is an exec's open stream, for callers that need more than
+// Exec: signals and input as they go.
+type ExecStream struct {
+	PID  int
+	body io.ReadCloser
+	fr   *wire.Reader
+
+	mu sync.Mutex
+	fw *wire.Writer // nil on a one-way stream
+}
+
+// ExecStream starts a command and returns its stream. With interactive set
+// the connection is upgraded so that input and signals can be sent.
+func (c *Client) ExecStream(ctx context.Context, id string, req api.ExecRequest, interactive bool) (*ExecStream, error) {
+	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/exec", req)
+	if err != nil {
+		return nil, err
+	}
+	if interactive {
+		hreq.Header.Set("Connection", "Upgrade")
+		hreq.Header.Set("Upgrade", api.StreamProtocol)
+	}
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, readError(resp)
+	}
+	pid, _ := strconv.Atoi(resp.Header.Get("X-Paddock-Pid"))
+	s := &ExecStream{PID: pid, body: resp.Body, fr: wire.NewReader(resp.Body)}
+	if interactive {
+		rw, ok := resp.Body.(io.ReadWriteCloser)
+		if resp.StatusCode != http.StatusSwitchingProtocols || !ok {
+			resp.Body.Close()
+			return nil, fmt.Errorf("daemon did not upgrade the exec stream (status %d)", resp.StatusCode)
+		}
+		s.fw = wire.NewWriter(rw)
+	}
+	return s, nil
+}
+
+// Send sends an input frame (wire.Stdin, wire.CloseStdin, wire.Signal).
+func (s *ExecStream) Send(t wire.Type, payload []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fw == nil {
+		return errors.New("exec stream is not interactive")
+	}
+	return s.fw.Write(t, payload)
+}
+
+// Signal sends a signal ("TERM", "KILL", "INT", ...) to the process.
+func (s *ExecStream) Signal(sig string) error {
+	b, _ := json.Marshal(map[string]string{"signal": sig})
+	return s.Send(wire.Signal, b)
+}
+
+// Wait copies output until the exit frame and returns the exit status.
+func (s *ExecStream) Wait(stdout, stderr io.Writer) (*api.ExitStatus, error) {
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	for {
+		f, err := s.fr.Read()
+		if err != nil {
+			return nil, fmt.Errorf("reading exec stream: %w", err)
+		}
+		switch f.Type {
+		case wire.Stdout:
+			if _, err := stdout.Write(f.Payload); err != nil {
+				return nil, err
+			}
+		case wire.Stderr:
+			if _, err := stderr.Write(f.Payload); err != nil {
+				return nil, err
+			}
+		case wire.Exit:
+			var st api.ExitStatus
+			if err := json.Unmarshal(f.Payload, &st); err != nil {
+				return nil, fmt.Errorf("decoding exit status: %w", err)
+			}
+			return &st, nil
+		case wire.Error:
+			var e api.Error
+			json.Unmarshal(f.Payload, &e)
+			return nil, &Error{Code: e.Code, Message: e.Message}
+		}
+	}
+}
+
+// Close closes the stream; the process keeps running.
+func (s *ExecStream) Close() error { return s.body.Close() }

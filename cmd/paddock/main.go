@@ -1,0 +1,21 @@
+// Command paddock is the daemon (paddock serve), the CLI (every other verb)
+// and, hidden, the guest that runs as PID 1 in each sandbox.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"paddock/internal/cli"
+	"paddock/internal/guest"
+)
+
+func main() {
+	// The guest path must stay light: it runs at every sandbox start.
+	if len(os.Args) > 1 && os.Args[1] == "guest" {
+		err := guest.Run()
+		fmt.Fprintln(os.Stderr, "paddock guest:", err)
+		os.Exit(1)
+	}
+	os.Exit(cli.Run(os.Args[1:]))
+}

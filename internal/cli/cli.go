@@ -1,0 +1,167 @@
+// Package cli owns paddock's command line: `paddock serve` runs the daemon,
+// every other verb is a client of its API through the Go SDK.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"paddock/client"
+	"paddock/internal/daemon"
+)
+
+// exitError carries an exit code out of a command without printing.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// Run runs the CLI with args (without the program name) and returns the
+// process exit code.
+func Run(args []string) int {
+	root := newRoot(os.Stdout, os.Stderr)
+	root.SetArgs(args)
+	err := root.Execute()
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	default:
+		fmt.Fprintln(os.Stderr, "paddock:", oneLine(err))
+		return 1
+	}
+}
+
+func oneLine(err error) string {
+	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
+}
+
+type globals struct {
+	host      string
+	tokenFile string
+	stdout    io.Writer
+	stderr    io.Writer
+}
+
+func (g *globals) client() (*client.Client, error) {
+	host := g.host
+	if host == "" {
+		host = os.Getenv("PADDOCK_HOST")
+	}
+	if host == "" {
+		host = client.DefaultHost
+	}
+	var opts []client.Option
+	token := os.Getenv("PADDOCK_TOKEN")
+	if g.tokenFile != "" {
+		b, err := os.ReadFile(g.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading token file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	if token != "" {
+		opts = append(opts, client.WithToken(token))
+	}
+	return client.New(host, opts...)
+}
+
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:           "paddock",
+		Short:         "Secure, fast sandboxes for AI agents",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.PersistentFlags().StringVar(&g.host, "host", "", "daemon address: unix:///path or tcp://HOST:PORT (default $PADDOCK_HOST or "+client.DefaultHost+")")
+	root.PersistentFlags().StringVar(&g.tokenFile, "token-file", "", "file holding the bearer token for a TCP daemon (default $PADDOCK_TOKEN)")
+	root.AddCommand(
+		serveCmd(),
+		versionCmd(g),
+		runCmd(g),
+		createCmd(g),
+		execCmd(g),
+		lsCmd(g),
+		inspectCmd(g),
+		rmCmd(g),
+		stopCmd(g),
+	)
+	return root
+}
+
+func serveCmd() *cobra.Command {
+	cfg := daemon.Defaults()
+	var listen []string
+	var level string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the paddock daemon (as root)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(listen) > 0 {
+				cfg.Listen = listen
+			}
+			var lv slog.Level
+			if err := lv.UnmarshalText([]byte(level)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return daemon.Run(ctx, cfg, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.StateDir, "state-dir", envOr("PADDOCK_STATE_DIR", cfg.StateDir), "directory for the store, images and disks")
+	f.StringVar(&cfg.RunDir, "run-dir", envOr("PADDOCK_RUN_DIR", cfg.RunDir), "directory for sockets and sandbox mount points")
+	f.StringArrayVar(&listen, "listen", nil, "listen address, unix:///path or tcp://HOST:PORT; repeatable (default "+cfg.Listen[0]+")")
+	f.StringVar(&cfg.TokenFile, "token-file", "", "file holding the bearer token TCP listeners require")
+	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup under which sandboxes live")
+	f.IntVar(&cfg.DiskPool, "disk-pool", cfg.DiskPool, "ready disks of the default size to keep")
+	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")
+	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	return cmd
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func versionCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the client and daemon versions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintf(g.stdout, "client: %s\n", daemon.Version)
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.Version(cmd.Context())
+			if err != nil {
+				fmt.Fprintf(g.stdout, "daemon: unreachable (%s)\n", oneLine(err))
+				return nil
+			}
+			fmt.Fprintf(g.stdout, "daemon: %s (runtime %s, cgroup v2 %v, idmapped mounts %v, %s)\n",
+				v.Version, v.Runtime, v.CgroupV2, v.Idmapped, v.GoVersion)
+			return nil
+		},
+	}
+}

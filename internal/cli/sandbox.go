@@ -1,0 +1,406 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"paddock/api"
+	"paddock/client"
+)
+
+// createFlags are the flags that describe a new sandbox.
+type createFlags struct {
+	image   string
+	cpus    float64
+	memory  string
+	pids    int64
+	disk    string
+	env     []string
+	workdir string
+	timeout time.Duration
+	labels  []string
+}
+
+func (f *createFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.image, "image", "", `image to run (default "host")`)
+	fl.Float64Var(&f.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5")
+	fl.StringVar(&f.memory, "memory", "", "memory cap, e.g. 512m")
+	fl.Int64Var(&f.pids, "pids", 0, "cap on processes and threads")
+	fl.StringVar(&f.disk, "disk", "", "cap on the writable layer, e.g. 1g")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE; repeatable")
+	fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory inside the sandbox")
+	fl.DurationVar(&f.timeout, "timeout", 0, "lifetime, after which the sandbox is removed, e.g. 10m")
+	fl.StringArrayVarP(&f.labels, "label", "l", nil, "label KEY=VALUE; repeatable")
+}
+
+func (f *createFlags) request() (api.CreateRequest, error) {
+	req := api.CreateRequest{Image: f.image, Workdir: f.workdir}
+	req.Resources.CPUs = f.cpus
+	req.Resources.Pids = f.pids
+	var err error
+	if f.memory != "" {
+		if req.Resources.MemoryBytes, err = parseSize(f.memory); err != nil {
+			return req, fmt.Errorf("--memory: %w", err)
+		}
+	}
+	if f.disk != "" {
+		if req.Resources.DiskBytes, err = parseSize(f.disk); err != nil {
+			return req, fmt.Errorf("--disk: %w", err)
+		}
+	}
+	if f.timeout < 0 {
+		return req, fmt.Errorf("--timeout: %s is negative", f.timeout)
+	}
+	if f.timeout > 0 && f.timeout < time.Second {
+		return req, fmt.Errorf("--timeout: %s is shorter than a second", f.timeout)
+	}
+	req.TimeoutSeconds = int64(f.timeout / time.Second)
+	if req.Env, err = keyValues("--env", f.env); err != nil {
+		return req, err
+	}
+	if req.Labels, err = keyValues("--label", f.labels); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+func keyValues(flag string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%s: %q is not KEY=VALUE", flag, kv)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+// splitCommand returns the command after "--" (or all args when there is no
+// dash), requiring `before` positional args before it.
+func splitCommand(cmd *cobra.Command, args []string, before int) (head, command []string, err error) {
+	dash := cmd.ArgsLenAtDash()
+	if dash < 0 {
+		dash = before
+		if len(args) < before {
+			dash = len(args)
+		}
+	}
+	head, command = args[:dash], args[dash:]
+	// With interspersed flags off, cobra passes a "--" after the first
+	// positional argument through.
+	if len(command) > 0 && command[0] == "--" {
+		command = command[1:]
+	}
+	if len(head) != before {
+		return nil, nil, fmt.Errorf("expected %d argument(s) before the command, got %d", before, len(head))
+	}
+	if len(command) == 0 {
+		return nil, nil, fmt.Errorf("no command given (usage: %s)", cmd.Use)
+	}
+	return head, command, nil
+}
+
+func runCmd(g *globals) *cobra.Command {
+	var cf createFlags
+	var interactive bool
+	cmd := &cobra.Command{
+		Use:   "run [flags] -- CMD [ARG...]",
+		Short: "Create a sandbox, run a command in it with live output, and remove it",
+		Long:  "run exits with the command's exit code; 125 when the sandbox cannot be created.",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, command, err := splitCommand(cmd, args, 0)
+			if err != nil {
+				return err
+			}
+			req, err := cf.request()
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			sb, err := c.Create(ctx, req)
+			if err != nil {
+				fmt.Fprintln(g.stderr, "paddock: creating sandbox:", oneLine(err))
+				return exitError{125}
+			}
+			defer func() {
+				dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if err := c.Delete(dctx, sb.ID, true); err != nil {
+					fmt.Fprintln(g.stderr, "paddock: removing sandbox:", oneLine(err))
+				}
+			}()
+			return runExec(ctx, g, c, sb.ID, command, interactive, nil, "")
+		},
+	}
+	cf.register(cmd)
+	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "stream stdin to the command")
+	return cmd
+}
+
+// runExec runs one command and turns its exit into the CLI's exit code.
+func runExec(ctx context.Context, g *globals, c *client.Client, id string, command []string, interactive bool, env map[string]string, cwd string) error {
+	eio := client.ExecIO{Stdout: os.Stdout, Stderr: os.Stderr}
+	if g.stdout != os.Stdout {
+		eio.Stdout, eio.Stderr = g.stdout, g.stderr
+	}
+	if interactive {
+		eio.Stdin = os.Stdin
+	}
+	st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: command, Env: env, Cwd: cwd}, eio)
+	if err != nil {
+		if ctx.Err() != nil {
+			return exitError{130}
+		}
+		return err
+	}
+	if st.Error != "" {
+		fmt.Fprintln(g.stderr, "paddock:", st.Error)
+	}
+	if st.OOMKilled {
+		fmt.Fprintln(g.stderr, "paddock: the command was killed for exceeding the sandbox's memory limit")
+	}
+	if st.ExitCode != 0 {
+		code := st.ExitCode
+		if code < 0 || code > 255 {
+			code = 255
+		}
+		return exitError{code}
+	}
+	return nil
+}
+
+func createCmd(g *globals) *cobra.Command {
+	var cf createFlags
+	cmd := &cobra.Command{
+		Use:   "create [flags]",
+		Short: "Create a sandbox and print its id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := cf.request()
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.Create(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, sb.ID)
+			return nil
+		},
+	}
+	cf.register(cmd)
+	return cmd
+}
+
+func execCmd(g *globals) *cobra.Command {
+	var interactive bool
+	var env []string
+	var cwd string
+	cmd := &cobra.Command{
+		Use:   "exec [flags] ID -- CMD [ARG...]",
+		Short: "Run a command in a running sandbox; exits with its exit code",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			head, command, err := splitCommand(cmd, args, 1)
+			if err != nil {
+				return err
+			}
+			envMap, err := keyValues("--env", env)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return runExec(ctx, g, c, head[0], command, interactive, envMap, cwd)
+		},
+	}
+	cmd.Flags().SetInterspersed(false)
+	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "stream stdin to the command")
+	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE; repeatable")
+	cmd.Flags().StringVarP(&cwd, "workdir", "w", "", "working directory inside the sandbox")
+	return cmd
+}
+
+func lsCmd(g *globals) *cobra.Command {
+	var asJSON, quiet bool
+	var labels []string
+	var state string
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list", "ps"},
+		Short:   "List sandboxes",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			lm, err := keyValues("--label", labels)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.List(cmd.Context(), client.ListOptions{Labels: lm, State: api.State(state)})
+			if err != nil {
+				return err
+			}
+			switch {
+			case asJSON:
+				return writeJSON(g.stdout, list)
+			case quiet:
+				for _, sb := range list {
+					fmt.Fprintln(g.stdout, sb.ID)
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tIMAGE\tSTATE\tCREATED\tCPUS\tMEMORY\tDISK\tLABELS")
+			for _, sb := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\t%s\n", sb.ID, sb.Image, sb.State,
+					ago(sb.CreatedAt), sb.Resources.CPUs, formatSize(sb.Resources.MemoryBytes),
+					formatSize(sb.Resources.DiskBytes), labelString(sb.Labels))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print ids only")
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label KEY=VALUE; repeatable")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state (running, stopped, failed)")
+	return cmd
+}
+
+func ago(t time.Time) string {
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+}
+
+func labelString(l map[string]string) string {
+	if len(l) == 0 {
+		return ""
+	}
+	parts := make([]string, 0, len(l))
+	for k, v := range l {
+		parts = append(parts, k+"="+v)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect ID...",
+		Short: "Print sandboxes as JSON",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var out []*api.Sandbox
+			for _, id := range args {
+				sb, err := c.Get(cmd.Context(), id)
+				if err != nil {
+					return fmt.Errorf("%s: %w", id, err)
+				}
+				out = append(out, sb)
+			}
+			if len(out) == 1 {
+				return writeJSON(g.stdout, out[0])
+			}
+			return writeJSON(g.stdout, out)
+		},
+	}
+}
+
+func rmCmd(g *globals) *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "rm [-f] ID...",
+		Short: "Remove sandboxes (running ones need -f)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			failed := 0
+			for _, id := range args {
+				if err := c.Delete(cmd.Context(), id, force); err != nil {
+					fmt.Fprintf(g.stderr, "paddock: %s: %s\n", id, oneLine(err))
+					failed++
+					continue
+				}
+				fmt.Fprintln(g.stdout, id)
+			}
+			if failed > 0 {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "remove running sandboxes too")
+	return cmd
+}
+
+func stopCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "stop ID...",
+		Short: "End a sandbox's processes, keeping its files",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, id := range args {
+				if _, err := c.Stop(cmd.Context(), id); err != nil {
+					return fmt.Errorf("%s: %w", id, err)
+				}
+				fmt.Fprintln(g.stdout, id)
+			}
+			return nil
+		},
+	}
+}

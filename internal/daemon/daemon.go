@@ -1,0 +1,249 @@
+// Package daemon wires paddock's parts together for `paddock serve`, in
+// start-up order (store, cgroups, disks, images, seccomp, runtime,
+// manager, reconcile, listeners) and shuts them down in reverse. Sandboxes
+// outlive the daemon: stopping it leaves them running for the next one.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/cgroup"
+	"paddock/internal/runtime/native"
+	"paddock/internal/sandbox"
+	"paddock/internal/seccomp"
+	"paddock/internal/server"
+	"paddock/internal/storage/disk"
+	"paddock/internal/storage/image"
+	"paddock/internal/store"
+)
+
+// Version is set at build time (-ldflags "-X paddock/internal/daemon.Version=...").
+var Version = "dev"
+
+// Config is the daemon's configuration. Zero values take the defaults
+// from Defaults; flags and environment map onto these fields.
+type Config struct {
+	// StateDir holds the store, images and disks (default /var/lib/paddock).
+	StateDir string
+	// RunDir holds sockets and per-sandbox mount points (default /run/paddock).
+	RunDir string
+	// Listen is unix:///path or tcp://HOST:PORT (default
+	// unix:///run/paddock/paddock.sock). Several may be given.
+	Listen []string
+	// TokenFile holds the bearer token TCP listeners require.
+	TokenFile string
+	// CgroupParent names the cgroup under which sandboxes live.
+	CgroupParent string
+	// Defaults fill the resources a create leaves at zero.
+	Defaults api.Resources
+	// DiskPool is how many ready disks of the default size to keep.
+	DiskPool int
+	// UIDStart is the first host uid given to sandboxes.
+	UIDStart uint32
+	// OutputLimit is the output retained per process, in bytes.
+	OutputLimit int64
+}
+
+// Defaults returns the default configuration.
+func Defaults() Config {
+	return Config{
+		StateDir:     "/var/lib/paddock",
+		RunDir:       "/run/paddock",
+		Listen:       []string{"unix:///run/paddock/paddock.sock"},
+		CgroupParent: "paddock",
+		Defaults: api.Resources{
+			CPUs:        float64(min(2, goruntime.NumCPU())),
+			MemoryBytes: 1 << 30,
+			Pids:        4096,
+			DiskBytes:   10 << 30,
+		},
+		DiskPool:    4,
+		UIDStart:    1 << 28,
+		OutputLimit: 16 << 20,
+	}
+}
+
+// Run runs the daemon until ctx ends.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if os.Geteuid() != 0 {
+		return errors.New("paddock serve must run as root")
+	}
+	for _, d := range []string{cfg.StateDir, cfg.RunDir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	listeners, token, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}()
+
+	st, err := store.Open(filepath.Join(cfg.StateDir, "paddock.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	cgroups, err := cgroup.NewManager(cfg.CgroupParent, log)
+	if err != nil {
+		return fmt.Errorf("setting up cgroups: %w", err)
+	}
+	disks, err := disk.NewPool(disk.Config{
+		Dir:         filepath.Join(cfg.StateDir, "disks"),
+		DefaultSize: cfg.Defaults.DiskBytes,
+		PoolSize:    cfg.DiskPool,
+		Logger:      log.With("component", "disk"),
+	})
+	if err != nil {
+		return fmt.Errorf("setting up disks: %w", err)
+	}
+	defer disks.Close()
+	images, err := image.NewStore(filepath.Join(cfg.StateDir, "images"), log.With("component", "image"))
+	if err != nil {
+		return err
+	}
+	if _, err := images.Get(image.HostImage); err != nil {
+		return err
+	}
+	prog, err := seccomp.Compile(seccomp.DockerDefaultCaps)
+	if err != nil {
+		return fmt.Errorf("compiling seccomp profile: %w", err)
+	}
+	rt, err := native.New(native.Config{
+		RunDir:      cfg.RunDir,
+		Cgroups:     cgroups,
+		Disks:       disks,
+		Seccomp:     prog,
+		Caps:        seccomp.DockerDefaultCaps,
+		OutputLimit: cfg.OutputLimit,
+		Logger:      log.With("component", "runtime"),
+	})
+	if err != nil {
+		return err
+	}
+	mgr := sandbox.NewManager(sandbox.Config{
+		Runtime:  rt,
+		Images:   images,
+		Store:    st,
+		Defaults: cfg.Defaults,
+		UIDStart: cfg.UIDStart,
+		Logger:   log,
+	})
+	defer mgr.Close()
+	if err := mgr.Reconcile(ctx); err != nil {
+		return err
+	}
+
+	srv := server.New(mgr, api.VersionInfo{
+		Version:   Version,
+		Runtime:   rt.Name(),
+		CgroupV2:  cgroups.Mode() == cgroup.V2,
+		Idmapped:  rt.Idmapped(),
+		GoVersion: goruntime.Version(),
+	}, log.With("component", "server"))
+	errc := make(chan error, len(listeners))
+	var servers []*http.Server
+	for _, l := range listeners {
+		tok := ""
+		if l.Addr().Network() == "tcp" {
+			tok = token
+		}
+		hs := &http.Server{Handler: srv.Handler(tok), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+		servers = append(servers, hs)
+		go func(l net.Listener) { errc <- hs.Serve(l) }(l)
+		log.Info("listening", "addr", l.Addr().Network()+"://"+l.Addr().String())
+	}
+	log.Info("paddock ready", "version", Version, "state_dir", cfg.StateDir, "cgroup_v2", cgroups.Mode() == cgroup.V2, "idmapped", rt.Idmapped())
+
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, hs := range servers {
+		hs.Shutdown(sctx)
+	}
+	log.Info("paddock stopped; sandboxes keep running")
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// listen opens every listener before anything else, so that a second
+// daemon on the same socket fails fast instead of reconciling the first
+// one's sandboxes away.
+func listen(cfg Config) ([]net.Listener, string, error) {
+	var out []net.Listener
+	var token string
+	fail := func(err error) ([]net.Listener, string, error) {
+		for _, l := range out {
+			l.Close()
+		}
+		return nil, "", err
+	}
+	for _, addr := range cfg.Listen {
+		switch {
+		case strings.HasPrefix(addr, "unix://"):
+			path := strings.TrimPrefix(addr, "unix://")
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return fail(err)
+			}
+			if c, err := net.Dial("unix", path); err == nil {
+				c.Close()
+				return fail(fmt.Errorf("another daemon is serving %s", path))
+			}
+			os.Remove(path)
+			l, err := net.Listen("unix", path)
+			if err != nil {
+				return fail(fmt.Errorf("listening on %s: %w", addr, err))
+			}
+			if err := os.Chmod(path, 0o660); err != nil {
+				l.Close()
+				return fail(err)
+			}
+			out = append(out, l)
+		case strings.HasPrefix(addr, "tcp://"):
+			u, err := url.Parse(addr)
+			if err != nil || u.Host == "" {
+				return fail(fmt.Errorf("listen address %q is not tcp://HOST:PORT", addr))
+			}
+			if cfg.TokenFile == "" {
+				return fail(fmt.Errorf("listening on %s needs --token-file: TCP clients must present a bearer token", addr))
+			}
+			b, err := os.ReadFile(cfg.TokenFile)
+			if err != nil {
+				return fail(fmt.Errorf("reading token file: %w", err))
+			}
+			token = strings.TrimSpace(string(b))
+			if len(token) < 16 {
+				return fail(fmt.Errorf("token in %s is shorter than 16 characters", cfg.TokenFile))
+			}
+			l, err := net.Listen("tcp", u.Host)
+			if err != nil {
+				return fail(fmt.Errorf("listening on %s: %w", addr, err))
+			}
+			out = append(out, l)
+		default:
+			return fail(fmt.Errorf("listen address %q must start with unix:// or tcp://", addr))
+		}
+	}
+	return out, token, nil
+}

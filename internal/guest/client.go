@@ -1,0 +1,98 @@
+package guest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+
+	"paddock/internal/errdefs"
+	"paddock/wire"
+)
+
+// Client talks to one sandbox's guest from the daemon. Each call opens its
+// own connection on the control socket, so calls are independent and a
+// dropped stream never affects another.
+type Client struct {
+	dial func(ctx context.Context) (net.Conn, error)
+}
+
+// NewClient returns a Client that connects with dial.
+func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
+	return &Client{dial: dial}
+}
+
+// Conn is an open guest connection after its request was answered: for
+// streaming ops, the output frames follow on Frames and input frames go
+// out with Send.
+type Conn struct {
+	net.Conn
+	Frames *wire.Reader
+	out    *wire.Writer
+}
+
+// Send writes one frame to the guest.
+func (c *Conn) Send(t wire.Type, payload []byte) error { return c.out.Write(t, payload) }
+
+// Call sends req and returns the guest's response and the open connection
+// (the caller closes it).
+func (c *Client) Call(ctx context.Context, req Request) (*Response, *Conn, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to guest: %w", err)
+	}
+	gc := &Conn{Conn: conn, Frames: wire.NewReader(bufio.NewReaderSize(conn, 256<<10)), out: wire.NewWriter(conn)}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	if err := gc.out.WriteJSON(wire.Request, req); err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("sending request to guest: %w", err)
+	}
+	f, err := gc.Frames.Read()
+	if err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, fmt.Errorf("reading guest response: %w", err)
+	}
+	if f.Type != wire.Response {
+		conn.Close()
+		return nil, nil, fmt.Errorf("guest answered with frame type %d", f.Type)
+	}
+	var resp Response
+	if err := json.Unmarshal(f.Payload, &resp); err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("decoding guest response: %w", err)
+	}
+	if resp.Error != nil {
+		conn.Close()
+		cat := errdefs.FromCode(resp.Error.Code)
+		if cat == nil {
+			return nil, nil, fmt.Errorf("guest: %s", resp.Error.Message)
+		}
+		return nil, nil, fmt.Errorf("%w: %s", cat, stripCategory(resp.Error.Message, cat))
+	}
+	return &resp, gc, nil
+}
+
+// Do sends a request that needs no stream and returns the response.
+func (c *Client) Do(ctx context.Context, req Request) (*Response, error) {
+	resp, conn, err := c.Call(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	conn.Close()
+	return resp, nil
+}
+
+// stripCategory removes the "not found: " prefix that the category's
+// own wrapping adds back.
+func stripCategory(msg string, cat error) string {
+	p := cat.Error() + ": "
+	if len(msg) >= len(p) && msg[:len(p)] == p {
+		return msg[len(p):]
+	}
+	return msg
+}

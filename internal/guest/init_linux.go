@@ -1,0 +1,451 @@
+package guest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	pathrs "github.com/cyphar/filepath-securejoin/pathrs-lite"
+	"golang.org/x/sys/unix"
+
+	"paddock/internal/seccomp"
+)
+
+// maskedPaths and readonlyPaths are runc's (and Docker's) defaults: kernel
+// interfaces that leak host information or let root in a user namespace
+// poke the host kernel.
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore",
+	"/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+	"/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+	"/sys/firmware", "/sys/devices/virtual/powercap",
+}
+
+var readonlyPaths = []string{
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+}
+
+// devices are bind-mounted from the host: a user namespace cannot mknod.
+var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// Run is the guest (`paddock guest`): PID 1 of a sandbox. The daemon
+// starts it in the sandbox's fresh namespaces, possibly ahead of time: it
+// waits for its Config, assembles the root filesystem, pivots into it,
+// bounds itself and everything it will fork (no_new_privs, Docker's
+// capability set, the seccomp filter), tells the daemon it is ready and
+// serves. It returns only on failure, after telling the daemon why.
+func Run() error {
+	// Mount and cgroup-namespace work is done from this thread.
+	runtime.LockOSThread()
+	// Nothing in the sandbox may ptrace us, read our memory or fds, or
+	// open /proc/1/exe.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting non-dumpable: %w", err)
+	}
+	for _, fd := range []int{fdSync, fdListen, fdOOM} {
+		syscall.CloseOnExec(fd)
+	}
+	sp := startSpawner()
+	syncSock := os.NewFile(fdSync, "sync")
+	cfg, fds, err := receiveConfig(syncSock)
+	if err == nil {
+		err = setup(cfg, fds)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	if err == nil {
+		err = sp.restrict(cfg.Caps)
+	}
+	if err == nil {
+		err = restrictAll(cfg.Seccomp)
+	}
+	if err != nil {
+		b, _ := json.Marshal(Ready{Error: err.Error()})
+		syncSock.Write(b)
+		return err
+	}
+	return serve(cfg.Serve, sp, syncSock)
+}
+
+// restrictAll sets no_new_privs and installs the seccomp filter on every
+// thread of the guest, so that neither the guest nor anything it starts
+// can make the syscalls the profile refuses.
+func restrictAll(prog []byte) error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting no_new_privs: %w", err)
+	}
+	if len(prog) == 0 {
+		return nil
+	}
+	if err := seccomp.LoadAllThreads(prog); err != nil {
+		return fmt.Errorf("loading seccomp filter: %w", err)
+	}
+	return nil
+}
+
+func receiveConfig(sock *os.File) (*Config, []int, error) {
+	buf := make([]byte, 1<<20)
+	oob := make([]byte, unix.CmsgSpace(64*4))
+	n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, nil, fmt.Errorf("receiving config: %w", err)
+	}
+	var fds []int
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return nil, nil, fmt.Errorf("parsing config fds: %w", err)
+	}
+	for _, m := range msgs {
+		f, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return nil, nil, fmt.Errorf("parsing config fds: %w", err)
+		}
+		fds = append(fds, f...)
+	}
+	var cfg Config
+	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
+		return nil, nil, fmt.Errorf("decoding config: %w", err)
+	}
+	return &cfg, fds, nil
+}
+
+func setup(cfg *Config, fds []int) error {
+	fdOf := func(m Mount) (int, error) {
+		if m.FD < 0 {
+			return -1, nil
+		}
+		if m.FD >= len(fds) {
+			return -1, fmt.Errorf("mount fd %d not received", m.FD)
+		}
+		return fds[m.FD], nil
+	}
+	// The cgroup namespace is rooted at the cgroup the daemon put us in
+	// (namespaces are per thread: the spawner makes its own); it must exist
+	// before cgroup2 is mounted below.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("unsharing cgroup namespace: %w", err)
+	}
+	// Nothing mounted here may propagate back to the host.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("making mounts slaves: %w", err)
+	}
+	var lowers []string
+	for i, l := range cfg.Layers {
+		fd, err := fdOf(l)
+		if err != nil {
+			return err
+		}
+		if fd < 0 {
+			lowers = append(lowers, l.Source)
+			continue
+		}
+		target := filepath.Join(cfg.RunDir, fmt.Sprintf("lower%d", i))
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("attaching layer %d: %w", i, err)
+		}
+		lowers = append(lowers, target)
+	}
+	rootfs := filepath.Join(cfg.RunDir, "rootfs")
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
+		strings.Join(lowers, ":"), cfg.Upper, cfg.Work)
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mounting overlay rootfs (%s): %w", opts, err)
+	}
+	root, err := os.OpenFile(rootfs, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("opening rootfs: %w", err)
+	}
+	defer root.Close()
+	r := &rootMounter{root: root}
+
+	for _, b := range cfg.Binds {
+		fd, err := fdOf(b)
+		if err != nil {
+			return err
+		}
+		if err := r.bind(b, fd); err != nil {
+			return err
+		}
+	}
+	steps := []func() error{
+		func() error {
+			return r.mount("/proc", "proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+		},
+		func() error {
+			return r.mount("/sys", "sysfs", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+		},
+		func() error {
+			if !cfg.CgroupV2 {
+				return nil
+			}
+			return r.mount("/sys/fs/cgroup", "cgroup2", "cgroup2", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+		},
+		r.dev,
+		r.mask,
+		func() error { return unix.Sethostname([]byte(cfg.Hostname)) },
+		loopbackUp,
+		func() error { return pivot(rootfs) },
+		func() error { return writeIdentity(cfg.Hostname) },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rootMounter mounts onto paths resolved inside the rootfs, never on the
+// host: a symlink in the sandbox's writable layer (which may come from a
+// snapshot the sandbox wrote) must not redirect a mount.
+type rootMounter struct{ root *os.File }
+
+// target resolves path inside the root, creating it (a directory, or an
+// empty file when file is set) if missing, and returns an O_PATH handle.
+func (r *rootMounter) target(path string, file bool) (*os.File, error) {
+	if file {
+		dir, err := pathrs.MkdirAllHandle(r.root, filepath.Dir(path), 0o755)
+		if err != nil {
+			return nil, fmt.Errorf("creating %s: %w", filepath.Dir(path), err)
+		}
+		defer dir.Close()
+		name := filepath.Base(path)
+		fd, err := unix.Openat(int(dir.Fd()), name, unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_RDONLY, 0o644)
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("creating %s: %w", path, err)
+		}
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		h, err := pathrs.OpenatInRoot(r.root, path)
+		if err != nil {
+			return nil, fmt.Errorf("opening %s: %w", path, err)
+		}
+		return h, nil
+	}
+	h, err := pathrs.MkdirAllHandle(r.root, path, 0o755)
+	if err != nil {
+		return nil, fmt.Errorf("creating %s: %w", path, err)
+	}
+	return h, nil
+}
+
+func procPath(f *os.File) string { return fmt.Sprintf("/proc/self/fd/%d", f.Fd()) }
+
+func (r *rootMounter) mount(path, source, fstype string, flags uintptr, data string) error {
+	t, err := r.target(path, false)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if err := unix.Mount(source, procPath(t), fstype, flags, data); err != nil {
+		return fmt.Errorf("mounting %s on %s: %w", fstype, path, err)
+	}
+	return nil
+}
+
+// bind mounts a host directory read-only at b.Dest: the detached mount fd
+// when the daemon made one (idmapped), the host path otherwise.
+func (r *rootMounter) bind(b Mount, fd int) error {
+	t, err := r.target(b.Dest, false)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if fd >= 0 {
+		if err := unix.MoveMount(fd, "", int(t.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+			return fmt.Errorf("attaching %s: %w", b.Dest, err)
+		}
+		return nil
+	}
+	if err := unix.Mount(b.Source, procPath(t), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("binding %s: %w", b.Dest, err)
+	}
+	return r.remountReadonly(b.Dest)
+}
+
+// remountReadonly re-resolves path (a handle opened before a mount refers
+// to what is underneath it) and makes the mount on it read-only.
+func (r *rootMounter) remountReadonly(path string) error {
+	h, err := pathrs.OpenatInRoot(r.root, path)
+	if err != nil {
+		return fmt.Errorf("reopening %s: %w", path, err)
+	}
+	defer h.Close()
+	if err := remountReadonly(procPath(h)); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// remountReadonly makes a bind mount read-only, keeping the flags that the
+// kernel locked when the mount namespace was copied into our user
+// namespace (dropping a locked flag fails with EPERM).
+func remountReadonly(path string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", path, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV)
+	for _, f := range []struct{ st, ms int64 }{
+		{unix.ST_NOEXEC, unix.MS_NOEXEC},
+		{unix.ST_NOATIME, unix.MS_NOATIME},
+		{unix.ST_NODIRATIME, unix.MS_NODIRATIME},
+		{unix.ST_RELATIME, unix.MS_RELATIME},
+	} {
+		if st.Flags&f.st != 0 {
+			flags |= uintptr(f.ms)
+		}
+	}
+	if err := unix.Mount("", path, "", flags, ""); err != nil {
+		return fmt.Errorf("remounting read-only: %w", err)
+	}
+	return nil
+}
+
+// dev builds a minimal /dev: a tmpfs with the harmless character devices
+// bind-mounted from the host, a private devpts, shm and mqueue.
+func (r *rootMounter) dev() error {
+	if err := r.mount("/dev", "tmpfs", "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k"); err != nil {
+		return err
+	}
+	for _, d := range devices {
+		t, err := r.target("/dev/"+d, true)
+		if err != nil {
+			return err
+		}
+		err = unix.Mount("/dev/"+d, procPath(t), "", unix.MS_BIND, "")
+		t.Close()
+		if err != nil {
+			return fmt.Errorf("binding /dev/%s: %w", d, err)
+		}
+	}
+	if err := r.mount("/dev/pts", "devpts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
+		return err
+	}
+	if err := r.mount("/dev/shm", "shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size=65536k"); err != nil {
+		return err
+	}
+	// mqueue needs an IPC namespace owned by our user namespace; it is a
+	// nicety, so a kernel without it does not fail the sandbox.
+	_ = r.mount("/dev/mqueue", "mqueue", "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	dev, err := pathrs.OpenatInRoot(r.root, "/dev")
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	for name, target := range map[string]string{
+		"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+	} {
+		if err := unix.Symlinkat(target, int(dev.Fd()), name); err != nil {
+			return fmt.Errorf("linking /dev/%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// mask hides and write-protects the kernel interfaces runc does.
+func (r *rootMounter) mask() error {
+	for _, p := range maskedPaths {
+		h, err := pathrs.OpenatInRoot(r.root, p)
+		if err != nil {
+			continue // not on this kernel
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(int(h.Fd()), &st); err != nil {
+			h.Close()
+			return err
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			err = unix.Mount("tmpfs", procPath(h), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=0555")
+		} else {
+			null, nerr := pathrs.OpenatInRoot(r.root, "/dev/null")
+			if nerr != nil {
+				h.Close()
+				return nerr
+			}
+			err = unix.Mount(procPath(null), procPath(h), "", unix.MS_BIND, "")
+			null.Close()
+		}
+		h.Close()
+		if err != nil {
+			return fmt.Errorf("masking %s: %w", p, err)
+		}
+	}
+	for _, p := range readonlyPaths {
+		h, err := pathrs.OpenatInRoot(r.root, p)
+		if err != nil {
+			continue
+		}
+		path := procPath(h)
+		err = unix.Mount(path, path, "", unix.MS_BIND|unix.MS_REC, "")
+		h.Close()
+		if err == nil {
+			err = r.remountReadonly(p)
+		}
+		if err != nil {
+			return fmt.Errorf("making %s read-only: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening socket for lo: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("reading lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	return nil
+}
+
+// pivot makes rootfs the root and detaches the host's root from our mount
+// namespace (runc's pivot_root(".", ".") idiom: no directory for the old
+// root is needed).
+func pivot(rootfs string) error {
+	if err := unix.Chdir(rootfs); err != nil {
+		return fmt.Errorf("entering rootfs: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Mount("", ".", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("making old root a slave: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detaching old root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// writeIdentity gives the sandbox a hosts file that resolves its hostname
+// (sudo, Java and others stall or complain otherwise).
+func writeIdentity(hostname string) error {
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost %[1]s\n::1\tlocalhost ip6-localhost ip6-loopback %[1]s\n", hostname)
+	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil {
+		return fmt.Errorf("writing /etc/hosts: %w", err)
+	}
+	if err := os.WriteFile("/etc/hostname", []byte(hostname+"\n"), 0o644); err != nil {
+		return fmt.Errorf("writing /etc/hostname: %w", err)
+	}
+	return nil
+}
+

@@ -1,0 +1,122 @@
+package guest
+
+import (
+	"time"
+
+	"paddock/api"
+)
+
+// Ops of the control protocol. Each connection carries one request frame,
+// one response frame and, for start with attach and for attach, a stream
+// of output frames ending in an exit frame.
+const (
+	OpStart      = "start"
+	OpAttach     = "attach"
+	OpList       = "list"
+	OpSignal     = "signal"
+	OpInput      = "input"
+	OpCloseStdin = "close_stdin"
+	OpPing       = "ping"
+)
+
+// Request is the first frame a client sends on a guest connection.
+type Request struct {
+	Op    string        `json:"op"`
+	Start *StartRequest `json:"start,omitempty"`
+	// PID names the process for attach, signal, input and close_stdin.
+	PID int `json:"pid,omitempty"`
+	// Offset is where attach replays output from (bytes of stdout and
+	// stderr together since the process started).
+	Offset int64  `json:"offset,omitempty"`
+	Signal string `json:"signal,omitempty"`
+	Data   []byte `json:"data,omitempty"`
+}
+
+// StartRequest starts a process.
+type StartRequest struct {
+	Cmd []string `json:"cmd"`
+	// Env is added to the sandbox's environment (KEY=VALUE).
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	User string   `json:"user,omitempty"`
+	// Stdin keeps the process's stdin open for input frames; otherwise it
+	// reads /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+	// Attach streams the output on this connection after the response.
+	Attach bool `json:"attach,omitempty"`
+}
+
+// Response answers a Request.
+type Response struct {
+	Error     *api.Error    `json:"error,omitempty"`
+	PID       int           `json:"pid,omitempty"`
+	Processes []ProcessInfo `json:"processes,omitempty"`
+}
+
+// ProcessInfo describes a process the guest started.
+type ProcessInfo struct {
+	PID       int             `json:"pid"`
+	Cmd       []string        `json:"cmd"`
+	StartedAt time.Time       `json:"started_at"`
+	Running   bool            `json:"running"`
+	Exit      *api.ExitStatus `json:"exit,omitempty"`
+	// OutputBytes is the offset after the last byte of output.
+	OutputBytes int64 `json:"output_bytes"`
+	// DroppedBytes is output lost to the retention cap.
+	DroppedBytes int64 `json:"dropped_bytes"`
+}
+
+// Config is what the daemon sends the guest's first stage: how to build
+// the sandbox's root filesystem and how to run processes in it.
+type Config struct {
+	ID       string `json:"id"`
+	Hostname string `json:"hostname"`
+	// RunDir is the sandbox's directory on the host; it holds the mount
+	// points used while the root filesystem is assembled.
+	RunDir string `json:"run_dir"`
+	// Layers are the read-only lower layers, top-most first.
+	Layers []Mount `json:"layers"`
+	Upper  string  `json:"upper"`
+	Work   string  `json:"work"`
+	// Binds are host directories mounted read-only into the rootfs.
+	Binds []Mount `json:"binds"`
+	// CgroupV2 mounts the sandbox's own cgroup2 tree at /sys/fs/cgroup.
+	CgroupV2 bool `json:"cgroup_v2"`
+	// Seccomp is a compiled BPF program installed before the guest serves.
+	Seccomp []byte `json:"seccomp"`
+	// Caps is the capability set the sandbox keeps ("CAP_CHOWN", ...).
+	Caps  []string    `json:"caps"`
+	Serve ServeConfig `json:"serve"`
+}
+
+// Mount is a directory for the root filesystem: a host path, or an
+// index into the file descriptors sent with the Config (a detached mount,
+// e.g. an idmapped one).
+type Mount struct {
+	Source string `json:"source,omitempty"`
+	FD     int    `json:"fd"` // -1: use Source
+	Dest   string `json:"dest,omitempty"`
+}
+
+// ServeConfig is what the guest needs once the sandbox is built.
+type ServeConfig struct {
+	Env     []string `json:"env"`
+	Workdir string   `json:"workdir"`
+	// OutputLimit caps the output retained per process, in bytes.
+	OutputLimit int64 `json:"output_limit"`
+	// Retain is how many finished processes are kept for reattach.
+	Retain int `json:"retain"`
+}
+
+// Ready is the guest's last message on the sync socket.
+type Ready struct {
+	Error string `json:"error,omitempty"`
+	PID   int    `json:"pid,omitempty"`
+}
+
+// File descriptors the daemon passes to the guest.
+const (
+	fdSync   = 3 // SOCK_SEQPACKET to the daemon for config and ready
+	fdListen = 4 // the control socket listener
+	fdOOM    = 5 // the cgroup's OOM event counter file
+)

@@ -1,0 +1,84 @@
+package guest
+
+import (
+	"fmt"
+	"runtime"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// spawner forks every process of the sandbox from one OS thread whose
+// credentials are the sandbox's: a forked child inherits the forking
+// thread's capability sets and cgroup namespace, not the process's. The
+// guest's other threads keep the privileges they need to build and run
+// the sandbox; no process the sandbox runs ever had them.
+type spawner struct {
+	reqs chan spawnReq
+}
+
+type spawnReq struct {
+	// restrict, when set, asks the spawner thread to drop to caps.
+	restrict []string
+	argv0    string
+	argv     []string
+	attr     *syscall.ProcAttr
+	done     chan spawnResult
+}
+
+type spawnResult struct {
+	pid int
+	err error
+}
+
+func startSpawner() *spawner {
+	sp := &spawner{reqs: make(chan spawnReq)}
+	go sp.loop()
+	return sp
+}
+
+func (sp *spawner) loop() {
+	// Never unlocked: this thread's credentials differ from the others',
+	// so no other goroutine may run on it, and it must die with us.
+	runtime.LockOSThread()
+	restricted := false
+	for req := range sp.reqs {
+		switch {
+		case req.restrict != nil:
+			err := restrictThread(req.restrict)
+			restricted = err == nil
+			req.done <- spawnResult{err: err}
+		case !restricted:
+			req.done <- spawnResult{err: fmt.Errorf("spawner not restricted yet")}
+		default:
+			pid, err := syscall.ForkExec(req.argv0, req.argv, req.attr)
+			req.done <- spawnResult{pid: pid, err: err}
+		}
+	}
+}
+
+// restrict drops the spawner thread to the sandbox's credentials. The
+// daemon has put the guest in its cgroup by now.
+func (sp *spawner) restrict(caps []string) error {
+	done := make(chan spawnResult, 1)
+	sp.reqs <- spawnReq{restrict: append([]string{}, caps...), done: done}
+	return (<-done).err
+}
+
+// spawn forks and execs on the spawner thread.
+func (sp *spawner) spawn(argv0 string, argv []string, attr *syscall.ProcAttr) (int, error) {
+	done := make(chan spawnResult, 1)
+	sp.reqs <- spawnReq{argv0: argv0, argv: argv, attr: attr, done: done}
+	r := <-done
+	return r.pid, r.err
+}
+
+func restrictThread(caps []string) error {
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("unsharing cgroup namespace: %w", err)
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting no_new_privs: %w", err)
+	}
+	return limitCaps(caps)
+}

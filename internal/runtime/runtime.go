@@ -1,0 +1,59 @@
+// Package runtime defines what paddock asks of an isolation tier: start a
+// sandbox's guest, find it again after a daemon restart, and remove every
+// trace of it. The native tier (namespaces, cgroups, seccomp) lives in
+// runtime/native; a gVisor tier will sit beside it.
+package runtime
+
+import (
+	"context"
+	"net"
+
+	"paddock/api"
+	"paddock/internal/storage/image"
+)
+
+// Spec describes a sandbox to start.
+type Spec struct {
+	ID        string
+	Image     *image.Image
+	Resources api.Resources
+	// Env is the sandbox's environment (KEY=VALUE), image defaults first.
+	Env     []string
+	Workdir string
+	// UIDBase is the first host uid (and gid) of the sandbox's 65536-id
+	// range; root in the sandbox is UIDBase on the host.
+	UIDBase uint32
+}
+
+// Runtime is an isolation tier.
+type Runtime interface {
+	Name() string
+	// Start builds and starts a sandbox. The writable layer is kept if
+	// one exists for spec.ID (a restart), created otherwise.
+	Start(ctx context.Context, spec Spec) (Instance, error)
+	// Restore reattaches to a sandbox started by an earlier daemon, from
+	// the state its Instance reported.
+	Restore(ctx context.Context, id string, state []byte) (Instance, error)
+	// Stop ends a sandbox's processes and releases its CPU and memory,
+	// keeping its writable layer.
+	Stop(ctx context.Context, id string) error
+	// Remove deletes every trace of a sandbox, running or not.
+	Remove(ctx context.Context, id string) error
+	// Leftovers lists ids that have host resources, so that the caller
+	// can remove those it has no record of.
+	Leftovers() ([]string, error)
+}
+
+// Instance is a started sandbox.
+type Instance interface {
+	ID() string
+	// State is opaque data to persist for Restore.
+	State() []byte
+	// Dial opens a connection to the sandbox's guest.
+	Dial(ctx context.Context) (net.Conn, error)
+	// Done is closed when the sandbox's guest has exited.
+	Done() <-chan struct{}
+	// Kill ends every process in the sandbox; Done closes afterwards.
+	Kill() error
+	Info() api.RuntimeInfo
+}

@@ -1,0 +1,547 @@
+// Package sandbox owns the sandbox lifecycle: the state machine
+// (creating → running → stopped/failed → deleted), its records in the
+// store, timeouts, and the reconcile that re-attaches to running sandboxes
+// after a daemon restart and removes what was half made.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	goruntime "runtime"
+	"sort"
+	"sync"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/guest"
+	"paddock/internal/runtime"
+	"paddock/internal/storage/image"
+	"paddock/internal/store"
+)
+
+const bucket = "sandboxes"
+
+// Config configures a Manager.
+type Config struct {
+	Runtime runtime.Runtime
+	Images  *image.Store
+	Store   *store.Store
+	// Defaults fill the resources a create leaves at zero.
+	Defaults api.Resources
+	// UIDStart is the first host uid handed to sandboxes; each sandbox
+	// gets the next free range of 65536.
+	UIDStart uint32
+	// MaxSandboxes bounds the uid ranges (and so the sandboxes) in use.
+	MaxSandboxes int
+	Logger       *slog.Logger
+}
+
+// Manager runs sandboxes.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+
+	mu    sync.Mutex
+	boxes map[string]*box
+	slots map[int]string // uid slot → sandbox id
+
+	wg     sync.WaitGroup
+	closed chan struct{}
+}
+
+// record is what the store keeps per sandbox.
+type record struct {
+	api.Sandbox
+	Slot    int             `json:"slot"`
+	Runtime json.RawMessage `json:"runtime_state,omitempty"`
+}
+
+type box struct {
+	mu       sync.Mutex
+	rec      record
+	inst     runtime.Instance
+	guest    *guest.Client
+	timer    *time.Timer
+	stopping bool // an exit of the guest is expected
+}
+
+// NewManager returns a Manager; call Reconcile before serving.
+func NewManager(cfg Config) *Manager {
+	if cfg.MaxSandboxes <= 0 {
+		cfg.MaxSandboxes = 4096
+	}
+	return &Manager{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		boxes:  map[string]*box{},
+		slots:  map[int]string{},
+		closed: make(chan struct{}),
+	}
+}
+
+func newID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 12)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}
+
+// Create validates req, starts a sandbox and returns it running.
+func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbox, error) {
+	if err := validateCreate(&req, goruntime.NumCPU()); err != nil {
+		return api.Sandbox{}, err
+	}
+	img, err := m.cfg.Images.Get(req.Image)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return api.Sandbox{}, errdefs.Invalid("image", "unknown image %q", req.Image)
+		}
+		return api.Sandbox{}, err
+	}
+	res := req.Resources
+	if res.CPUs == 0 {
+		res.CPUs = m.cfg.Defaults.CPUs
+	}
+	if res.MemoryBytes == 0 {
+		res.MemoryBytes = m.cfg.Defaults.MemoryBytes
+	}
+	if res.Pids == 0 {
+		res.Pids = m.cfg.Defaults.Pids
+	}
+	if res.DiskBytes == 0 {
+		res.DiskBytes = m.cfg.Defaults.DiskBytes
+	}
+	workdir := req.Workdir
+	if workdir == "" {
+		workdir = img.Workdir
+	}
+	now := time.Now().UTC()
+	rec := record{Sandbox: api.Sandbox{
+		State:     api.StateCreating,
+		Image:     img.Name,
+		Env:       req.Env,
+		Workdir:   workdir,
+		Resources: res,
+		Labels:    req.Labels,
+		CreatedAt: now,
+	}}
+	if req.TimeoutSeconds > 0 {
+		exp := now.Add(time.Duration(req.TimeoutSeconds) * time.Second)
+		rec.ExpiresAt = &exp
+	}
+
+	b := &box{}
+	m.mu.Lock()
+	select {
+	case <-m.closed:
+		m.mu.Unlock()
+		return api.Sandbox{}, fmt.Errorf("%w: daemon is shutting down", errdefs.ErrUnavailable)
+	default:
+	}
+	for {
+		rec.ID = newID()
+		if _, taken := m.boxes[rec.ID]; !taken {
+			break
+		}
+	}
+	rec.Slot = -1
+	for i := 0; i < m.cfg.MaxSandboxes; i++ {
+		if _, used := m.slots[i]; !used {
+			rec.Slot = i
+			break
+		}
+	}
+	if rec.Slot < 0 {
+		m.mu.Unlock()
+		return api.Sandbox{}, fmt.Errorf("%w: all %d sandbox slots are in use", errdefs.ErrUnavailable, m.cfg.MaxSandboxes)
+	}
+	m.slots[rec.Slot] = rec.ID
+	b.rec = rec
+	m.boxes[rec.ID] = b
+	b.mu.Lock()
+	m.mu.Unlock()
+	defer b.mu.Unlock()
+
+	log := m.log.With("sandbox", rec.ID)
+	inst, err := m.cfg.Runtime.Start(ctx, m.spec(&b.rec, img))
+	if err != nil {
+		log.Warn("create failed", "err", err)
+		m.forget(rec.ID)
+		return api.Sandbox{}, fmt.Errorf("creating sandbox: %w", err)
+	}
+	b.rec.State = api.StateRunning
+	b.rec.Runtime = inst.State()
+	b.attach(inst)
+	if err := m.cfg.Store.Put(bucket, rec.ID, b.rec); err != nil {
+		inst.Kill()
+		<-inst.Done()
+		m.cfg.Runtime.Remove(context.Background(), rec.ID)
+		m.forget(rec.ID)
+		return api.Sandbox{}, fmt.Errorf("recording sandbox: %w", err)
+	}
+	m.watch(b, inst)
+	m.armTimer(b)
+	log.Info("sandbox created", "image", img.Name, "cpus", res.CPUs, "memory", res.MemoryBytes)
+	return b.viewLocked(), nil
+}
+
+func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
+	env := append([]string(nil), img.Env...)
+	env = append(env, "HOSTNAME="+rec.ID, "HOME=/root")
+	keys := make([]string, 0, len(rec.Env))
+	for k := range rec.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+rec.Env[k])
+	}
+	return runtime.Spec{
+		ID:        rec.ID,
+		Image:     img,
+		Resources: rec.Resources,
+		Env:       env,
+		Workdir:   rec.Workdir,
+		UIDBase:   m.cfg.UIDStart + uint32(rec.Slot)*65536,
+	}
+}
+
+func (b *box) attach(inst runtime.Instance) {
+	b.inst = inst
+	b.guest = guest.NewClient(inst.Dial)
+	b.stopping = false
+}
+
+func (b *box) viewLocked() api.Sandbox {
+	s := b.rec.Sandbox
+	if b.inst != nil {
+		info := b.inst.Info()
+		s.Runtime = &info
+	}
+	return s
+}
+
+// forget drops a sandbox from memory and frees its uid slot.
+func (m *Manager) forget(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if b, ok := m.boxes[id]; ok {
+		delete(m.slots, b.rec.Slot)
+		delete(m.boxes, id)
+	}
+}
+
+// watch notices a guest that exits while the sandbox should be running.
+func (m *Manager) watch(b *box, inst runtime.Instance) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		select {
+		case <-inst.Done():
+		case <-m.closed:
+			return
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.inst != inst || b.stopping || b.rec.State != api.StateRunning {
+			return
+		}
+		m.log.Warn("sandbox guest exited unexpectedly", "sandbox", b.rec.ID)
+		b.rec.State = api.StateFailed
+		b.rec.Error = "the sandbox's init process exited"
+		b.inst = nil
+		b.guest = nil
+		if err := m.cfg.Runtime.Stop(context.Background(), b.rec.ID); err != nil {
+			m.log.Warn("releasing failed sandbox", "sandbox", b.rec.ID, "err", err)
+		}
+		m.persistLocked(b)
+	}()
+}
+
+func (m *Manager) persistLocked(b *box) {
+	if err := m.cfg.Store.Put(bucket, b.rec.ID, b.rec); err != nil {
+		m.log.Error("recording sandbox", "sandbox", b.rec.ID, "err", err)
+	}
+}
+
+func (m *Manager) armTimer(b *box) {
+	if b.rec.ExpiresAt == nil {
+		return
+	}
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	id := b.rec.ID
+	b.timer = time.AfterFunc(time.Until(*b.rec.ExpiresAt), func() {
+		m.log.Info("sandbox timed out", "sandbox", id)
+		if err := m.Delete(context.Background(), id, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			m.log.Warn("removing timed-out sandbox", "sandbox", id, "err", err)
+		}
+	})
+}
+
+func (m *Manager) lookup(id string) (*box, error) {
+	if err := ValidID(id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	b, ok := m.boxes[id]
+	m.mu.Unlock()
+	if !ok {
+		return nil, errdefs.NotFound("sandbox", id)
+	}
+	return b, nil
+}
+
+// Get returns one sandbox.
+func (m *Manager) Get(id string) (api.Sandbox, error) {
+	b, err := m.lookup(id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rec.State == api.StateCreating {
+		return b.rec.Sandbox, nil
+	}
+	return b.viewLocked(), nil
+}
+
+// Filter selects sandboxes in List.
+type Filter struct {
+	// Labels must all match.
+	Labels map[string]string
+	State  api.State
+}
+
+// List returns the sandboxes matching f, oldest first.
+func (m *Manager) List(f Filter) []api.Sandbox {
+	m.mu.Lock()
+	boxes := make([]*box, 0, len(m.boxes))
+	for _, b := range m.boxes {
+		boxes = append(boxes, b)
+	}
+	m.mu.Unlock()
+	out := []api.Sandbox{}
+	for _, b := range boxes {
+		// TryLock: a sandbox being created is listed as creating rather
+		// than making List wait for it.
+		var s api.Sandbox
+		if b.mu.TryLock() {
+			s = b.viewLocked()
+			b.mu.Unlock()
+		} else {
+			s = api.Sandbox{ID: b.rec.ID, State: api.StateCreating}
+		}
+		if f.State != "" && s.State != f.State {
+			continue
+		}
+		match := true
+		for k, v := range f.Labels {
+			if s.Labels[k] != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out
+}
+
+// Stop ends a running sandbox's processes and keeps its filesystem.
+func (m *Manager) Stop(ctx context.Context, id string) (api.Sandbox, error) {
+	b, err := m.lookup(id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rec.State != api.StateRunning {
+		return api.Sandbox{}, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
+	}
+	if err := m.stopLocked(ctx, b); err != nil {
+		return api.Sandbox{}, err
+	}
+	b.rec.State = api.StateStopped
+	m.persistLocked(b)
+	return b.viewLocked(), nil
+}
+
+func (m *Manager) stopLocked(ctx context.Context, b *box) error {
+	if b.inst != nil {
+		b.stopping = true
+		if err := b.inst.Kill(); err != nil {
+			return fmt.Errorf("killing sandbox: %w", err)
+		}
+		select {
+		case <-b.inst.Done():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		b.inst = nil
+		b.guest = nil
+	}
+	if err := m.cfg.Runtime.Stop(ctx, b.rec.ID); err != nil {
+		return fmt.Errorf("stopping sandbox: %w", err)
+	}
+	return nil
+}
+
+// Delete removes a sandbox and every trace of it. A running sandbox is
+// only removed with force.
+func (m *Manager) Delete(ctx context.Context, id string, force bool) error {
+	b, err := m.lookup(id)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, err := m.lookup(id); err != nil {
+		return err // deleted while we waited for the lock
+	}
+	if b.rec.State == api.StateRunning && !force {
+		return errdefs.Conflict("sandbox %s is running; stop it first or force the removal", id)
+	}
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	if err := m.stopLocked(ctx, b); err != nil {
+		return err
+	}
+	if err := m.cfg.Runtime.Remove(ctx, id); err != nil {
+		return fmt.Errorf("removing sandbox: %w", err)
+	}
+	if err := m.cfg.Store.Delete(bucket, id); err != nil {
+		return fmt.Errorf("deleting record: %w", err)
+	}
+	m.forget(id)
+	m.log.Info("sandbox deleted", "sandbox", id)
+	return nil
+}
+
+// Guest returns the guest client of a running sandbox.
+func (m *Manager) Guest(id string) (*guest.Client, error) {
+	b, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rec.State != api.StateRunning || b.guest == nil {
+		return nil, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
+	}
+	return b.guest, nil
+}
+
+// Done returns a channel closed when the sandbox's guest exits, for
+// streams that must end with the sandbox.
+func (m *Manager) Done(id string) (<-chan struct{}, error) {
+	b, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inst == nil {
+		return nil, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
+	}
+	return b.inst.Done(), nil
+}
+
+// Reconcile loads the records and brings the host in line with them:
+// running sandboxes are re-attached (or marked stopped if their guest is
+// gone), host resources nobody recorded are removed, and timeouts re-armed.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	var recs []record
+	err := m.cfg.Store.Each(bucket, func(key string, raw json.RawMessage) error {
+		var r record
+		if err := json.Unmarshal(raw, &r); err != nil {
+			m.log.Error("skipping unreadable record", "sandbox", key, "err", err)
+			return nil
+		}
+		recs = append(recs, r)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("loading records: %w", err)
+	}
+	known := map[string]bool{}
+	for _, r := range recs {
+		known[r.ID] = true
+		b := &box{rec: r}
+		m.mu.Lock()
+		m.boxes[r.ID] = b
+		m.slots[r.Slot] = r.ID
+		m.mu.Unlock()
+		log := m.log.With("sandbox", r.ID)
+		switch r.State {
+		case api.StateRunning:
+			inst, err := m.cfg.Runtime.Restore(ctx, r.ID, r.Runtime)
+			if err != nil {
+				log.Warn("sandbox did not survive; marking it stopped", "err", err)
+				if err := m.cfg.Runtime.Stop(ctx, r.ID); err != nil {
+					log.Warn("releasing sandbox", "err", err)
+				}
+				b.rec.State = api.StateStopped
+				b.rec.Error = "the sandbox ended while the daemon was down"
+				m.persistLocked(b)
+				break
+			}
+			b.attach(inst)
+			m.watch(b, inst)
+			log.Info("sandbox re-attached")
+		case api.StateCreating:
+			// A create the daemon did not finish: remove it.
+			if err := m.cfg.Runtime.Remove(ctx, r.ID); err != nil {
+				log.Warn("removing half-created sandbox", "err", err)
+			}
+			m.cfg.Store.Delete(bucket, r.ID)
+			m.forget(r.ID)
+			continue
+		}
+		m.armTimer(b)
+	}
+	left, err := m.cfg.Runtime.Leftovers()
+	if err != nil {
+		return fmt.Errorf("listing leftovers: %w", err)
+	}
+	for _, id := range left {
+		if known[id] {
+			continue
+		}
+		m.log.Info("removing leftovers of an unrecorded sandbox", "sandbox", id)
+		if err := m.cfg.Runtime.Remove(ctx, id); err != nil {
+			m.log.Warn("removing leftovers", "sandbox", id, "err", err)
+		}
+	}
+	return nil
+}
+
+// Close stops the manager's goroutines. Sandboxes keep running: a new
+// daemon re-attaches to them.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	select {
+	case <-m.closed:
+	default:
+		close(m.closed)
+	}
+	for _, b := range m.boxes {
+		if b.timer != nil {
+			b.timer.Stop()
+		}
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+}

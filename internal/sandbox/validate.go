@@ -1,0 +1,119 @@
+package sandbox
+
+import (
+	"path"
+	"regexp"
+	"strings"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+)
+
+var (
+	idPattern       = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+	envKeyPattern   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+)
+
+// Bounds on what a request may ask for.
+const (
+	minMemory   = 16 << 20
+	minDisk     = 16 << 20
+	maxDisk     = 16 << 40
+	minPids     = 8
+	maxTimeout  = 30 * 24 * time.Hour
+	maxLabels   = 64
+	maxLabelVal = 256
+	maxEnv      = 1024
+	maxEnvBytes = 128 << 10
+)
+
+// ValidID reports whether id is a well-formed sandbox id.
+func ValidID(id string) error {
+	if !idPattern.MatchString(id) {
+		return errdefs.Invalid("id", "%q is not a sandbox id", id)
+	}
+	return nil
+}
+
+// ValidateEnv checks environment keys and values.
+func ValidateEnv(field string, env map[string]string) error {
+	if len(env) > maxEnv {
+		return errdefs.Invalid(field, "more than %d variables", maxEnv)
+	}
+	size := 0
+	for k, v := range env {
+		if !envKeyPattern.MatchString(k) {
+			return errdefs.Invalid(field, "%q is not a valid variable name", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			return errdefs.Invalid(field, "value of %s contains a NUL byte", k)
+		}
+		size += len(k) + len(v) + 2
+	}
+	if size > maxEnvBytes {
+		return errdefs.Invalid(field, "larger than %d bytes", maxEnvBytes)
+	}
+	return nil
+}
+
+// ValidatePath checks a path inside the sandbox: absolute, clean, no NUL.
+func ValidatePath(field, p string) error {
+	if p == "" {
+		return nil
+	}
+	if !strings.HasPrefix(p, "/") {
+		return errdefs.Invalid(field, "%q must be an absolute path", p)
+	}
+	if strings.ContainsRune(p, 0) || len(p) > 4096 {
+		return errdefs.Invalid(field, "not a valid path")
+	}
+	if path.Clean(p) != p && path.Clean(p)+"/" != p {
+		return errdefs.Invalid(field, "%q is not a clean path", p)
+	}
+	return nil
+}
+
+func validateCreate(req *api.CreateRequest, hostCPUs int) error {
+	if err := ValidateEnv("env", req.Env); err != nil {
+		return err
+	}
+	if err := ValidatePath("workdir", req.Workdir); err != nil {
+		return err
+	}
+	r := req.Resources
+	switch {
+	case r.CPUs < 0 || (r.CPUs > 0 && r.CPUs < 0.01):
+		return errdefs.Invalid("resources.cpus", "%g is below 0.01", r.CPUs)
+	case r.CPUs > float64(hostCPUs):
+		return errdefs.Invalid("resources.cpus", "%g is more than the host's %d", r.CPUs, hostCPUs)
+	case r.MemoryBytes < 0 || (r.MemoryBytes > 0 && r.MemoryBytes < minMemory):
+		return errdefs.Invalid("resources.memory_bytes", "%d is below the minimum of 16 MiB", r.MemoryBytes)
+	case r.Pids < 0 || (r.Pids > 0 && r.Pids < minPids):
+		return errdefs.Invalid("resources.pids", "%d is below the minimum of %d", r.Pids, minPids)
+	case r.DiskBytes < 0 || (r.DiskBytes > 0 && r.DiskBytes < minDisk):
+		return errdefs.Invalid("resources.disk_bytes", "%d is below the minimum of 16 MiB", r.DiskBytes)
+	case r.DiskBytes > maxDisk:
+		return errdefs.Invalid("resources.disk_bytes", "%d is above the maximum of 16 TiB", r.DiskBytes)
+	case req.TimeoutSeconds < 0 || time.Duration(req.TimeoutSeconds)*time.Second > maxTimeout:
+		return errdefs.Invalid("timeout_seconds", "%d is outside 0..%d", req.TimeoutSeconds, int64(maxTimeout/time.Second))
+	}
+	return ValidateLabels(req.Labels)
+}
+
+// ValidateLabels checks label keys and values.
+func ValidateLabels(labels map[string]string) error {
+	if len(labels) > maxLabels {
+		return errdefs.Invalid("labels", "more than %d labels", maxLabels)
+	}
+	for k, v := range labels {
+		if !labelKeyPattern.MatchString(k) {
+			return errdefs.Invalid("labels", "%q is not a valid label key", k)
+		}
+		if len(v) > maxLabelVal || strings.ContainsRune(v, 0) {
+			return errdefs.Invalid("labels", "value of %q is too long or contains NUL", k)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,78 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+)
+
+// HTTPError keeps what the client sees apart from what is logged.
+type HTTPError struct {
+	Code int    // status sent to the client
+	Msg  string // message sent to the client
+	Err  error  // detail logged on the server
+}
+
+func (e *HTTPError) Error() string { return e.Msg }
+func (e *HTTPError) Unwrap() error { return e.Err }
+
+// status maps an error's category to an HTTP status. It is the only place
+// where that mapping is made.
+func status(err error) int {
+	var he *HTTPError
+	switch {
+	case errors.As(err, &he):
+		return he.Code
+	case errors.Is(err, errdefs.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, errdefs.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, errdefs.ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, errdefs.ErrDenied):
+		return http.StatusForbidden
+	case errors.Is(err, errdefs.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+// writeError sends err as a JSON {code, message} body with its status.
+// Internal errors are logged with their detail and reach the client as a
+// generic message.
+func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	code := status(err)
+	body := api.Error{Code: errdefs.Code(err), Message: err.Error()}
+	var he *HTTPError
+	if errors.As(err, &he) {
+		body.Message = he.Msg
+		if he.Err != nil {
+			body.Code = errdefs.Code(he.Err)
+		}
+		if code == http.StatusUnauthorized {
+			body.Code = "unauthenticated"
+		}
+	}
+	if code >= 500 && code != http.StatusServiceUnavailable {
+		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		body.Code = "internal"
+		body.Message = "internal error; see the daemon log"
+	} else {
+		log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)
+	}
+	writeJSON(w, code, body)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	if v != nil {
+		json.NewEncoder(w).Encode(v)
+	}
+}

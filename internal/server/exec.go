@@ -1,0 +1,182 @@
+package server
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/guest"
+	"paddock/internal/sandbox"
+	"paddock/wire"
+)
+
+func validateExec(req *api.ExecRequest) error {
+	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
+		return errdefs.Invalid("cmd", "must name a command")
+	}
+	for i, a := range req.Cmd {
+		if strings.ContainsRune(a, 0) {
+			return errdefs.Invalid("cmd", "argument %d contains a NUL byte", i)
+		}
+	}
+	if err := sandbox.ValidateEnv("env", req.Env); err != nil {
+		return err
+	}
+	return sandbox.ValidatePath("cwd", req.Cwd)
+}
+
+// wantsUpgrade reports whether the client asked for a bidirectional stream.
+func wantsUpgrade(r *http.Request) bool {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), api.StreamProtocol) {
+		return false
+	}
+	for _, v := range strings.Split(r.Header.Get("Connection"), ",") {
+		if strings.EqualFold(strings.TrimSpace(v), "upgrade") {
+			return true
+		}
+	}
+	return false
+}
+
+// exec runs a command and streams its frames. Without an upgrade the
+// response body is a one-way frame stream and stdin comes from the
+// request; with "Upgrade: paddock-stream" the connection carries frames
+// both ways after a 101.
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var req api.ExecRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if err := validateExec(&req); err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	gc, err := s.mgr.Guest(id)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	done, err := s.mgr.Done(id)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	upgrade := wantsUpgrade(r)
+	start := &guest.StartRequest{
+		Cmd: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd,
+		Stdin: upgrade || req.Stdin != nil, Attach: true,
+	}
+	resp, conn, err := gc.Call(r.Context(), guest.Request{Op: guest.OpStart, Start: start})
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	defer conn.Close()
+	if req.Stdin != nil && resp.PID != 0 {
+		in := []byte(*req.Stdin)
+		for len(in) > 0 {
+			n := min(len(in), 256<<10)
+			if conn.Send(wire.Stdin, in[:n]) != nil {
+				break
+			}
+			in = in[n:]
+		}
+		conn.Send(wire.CloseStdin, nil)
+	}
+	if !upgrade {
+		w.Header().Set("Content-Type", api.StreamContentType)
+		w.Header().Set("X-Paddock-Pid", strconv.Itoa(resp.PID))
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		rc.Flush()
+		relay(conn, wire.NewWriter(w), func() error { return rc.Flush() }, done)
+		return
+	}
+	hj, bufrw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		s.log.Warn("hijacking exec connection", "err", err)
+		return
+	}
+	defer hj.Close()
+	bufrw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.StreamProtocol +
+		"\r\nConnection: Upgrade\r\nX-Paddock-Pid: " + strconv.Itoa(resp.PID) + "\r\n\r\n")
+	if err := bufrw.Flush(); err != nil {
+		return
+	}
+	go forwardInput(bufrw.Reader, conn)
+	relay(conn, wire.NewWriter(bufrw.Writer), bufrw.Flush, done)
+}
+
+// forwardInput passes the client's input frames to the guest until the
+// client stops sending.
+func forwardInput(client *bufio.Reader, conn *guest.Conn) {
+	fr := wire.NewReader(client)
+	for {
+		f, err := fr.Read()
+		if err != nil {
+			return
+		}
+		switch f.Type {
+		case wire.Stdin, wire.CloseStdin, wire.Signal, wire.Resize:
+			if conn.Send(f.Type, f.Payload) != nil {
+				return
+			}
+		}
+	}
+}
+
+// relay copies the guest's frames to the client until the exit frame. If
+// the guest connection breaks first, the stream still ends with an exit
+// frame saying why.
+func relay(conn *guest.Conn, out *wire.Writer, flush func() error, done <-chan struct{}) {
+	for {
+		f, err := conn.Frames.Read()
+		if err != nil {
+			st := api.ExitStatus{ExitCode: -1, Error: "lost the connection to the sandbox"}
+			select {
+			case <-done:
+				st.Error = "sandbox ended"
+			default:
+				if sandboxEnding(done) {
+					st.Error = "sandbox ended"
+				}
+			}
+			b, _ := json.Marshal(st)
+			out.Write(wire.Exit, b)
+			flush()
+			return
+		}
+		if err := out.Write(f.Type, f.Payload); err != nil {
+			return
+		}
+		if f.Type == wire.Exit || f.Type == wire.Error {
+			flush()
+			return
+		}
+		if conn.Frames.Buffered() == 0 {
+			if err := flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// sandboxEnding waits briefly for done: a guest connection that breaks
+// because the sandbox was killed races with the pidfd telling us so.
+func sandboxEnding(done <-chan struct{}) bool {
+	t := time.NewTimer(500 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}

@@ -1,0 +1,258 @@
+// Package server owns paddock's HTTP API: routing, authentication, request
+// decoding, the one error→status mapping, and the exec streams.
+package server
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/sandbox"
+)
+
+// maxBody caps JSON request bodies.
+const maxBody = 1 << 20
+
+// Server serves the /v1 API.
+type Server struct {
+	mgr     *sandbox.Manager
+	log     *slog.Logger
+	version api.VersionInfo
+	mux     *http.ServeMux
+}
+
+// New returns a Server for mgr.
+func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Server {
+	s := &Server{mgr: mgr, log: log, version: version, mux: http.NewServeMux()}
+	routes := []struct {
+		pattern string
+		h       http.HandlerFunc
+	}{
+		{"GET /v1/version", s.getVersion},
+		{"GET /v1/sandboxes", s.list},
+		{"POST /v1/sandboxes", s.create},
+		{"GET /v1/sandboxes/{id}", s.get},
+		{"DELETE /v1/sandboxes/{id}", s.remove},
+		{"POST /v1/sandboxes/{id}/stop", s.stop},
+		{"POST /v1/sandboxes/{id}/exec", s.exec},
+	}
+	paths := map[string]bool{}
+	for _, r := range routes {
+		s.mux.HandleFunc(r.pattern, r.h)
+		_, path, _ := strings.Cut(r.pattern, " ")
+		paths[path] = true
+	}
+	// A known path with the wrong method, and unknown paths, answer in
+	// JSON like every other error.
+	for path := range paths {
+		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, r, s.log, &HTTPError{Code: http.StatusMethodNotAllowed, Msg: fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path), Err: errdefs.ErrInvalid})
+		})
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, s.log, &HTTPError{Code: http.StatusNotFound, Msg: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path), Err: errdefs.ErrNotFound})
+	})
+	return s
+}
+
+// Handler returns the API handler. A non-empty token is required as a
+// bearer token on every request (TCP listeners); the unix socket relies on
+// its file permissions and passes "".
+func (s *Server) Handler(token string) http.Handler {
+	return s.recover(s.sanePath(s.auth(token, s.mux)))
+}
+
+func (s *Server) auth(token string, next http.Handler) http.Handler {
+	if token == "" {
+		return next
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
+			writeError(w, r, s.log, &HTTPError{Code: http.StatusUnauthorized, Msg: "missing or wrong bearer token", Err: errdefs.ErrDenied})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// sanePath refuses paths with dot segments, empty segments or encoded
+// separators, instead of letting the router clean and redirect them: an id
+// never contains them, and a client that sends them is confused or hostile.
+func (s *Server) sanePath(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.EscapedPath()
+		lower := strings.ToLower(p)
+		bad := strings.Contains(p, "//") || strings.Contains(lower, "%2f") || strings.Contains(lower, "%5c") ||
+			strings.Contains(lower, "%2e") || strings.Contains(p, "\\")
+		for _, seg := range strings.Split(p, "/") {
+			if seg == "." || seg == ".." {
+				bad = true
+			}
+		}
+		if bad {
+			writeError(w, r, s.log, errdefs.Invalid("path", "%q has dot segments, empty segments or encoded separators", p))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) recover(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				writeError(w, r, s.log, fmt.Errorf("panic serving %s %s: %v", r.Method, r.URL.Path, v))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// decode reads a JSON body into v, refusing oversized bodies, unknown
+// fields, wrong types and trailing data with a message naming the problem.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return decodeError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errdefs.Invalid("body", "unexpected data after the JSON object")
+	}
+	return nil
+}
+
+func decodeError(err error) error {
+	var (
+		mbe *http.MaxBytesError
+		se  *json.SyntaxError
+		ute *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &mbe):
+		return fmt.Errorf("%w: request body exceeds %d bytes", errdefs.ErrTooLarge, mbe.Limit)
+	case errors.As(err, &se):
+		return errdefs.Invalid("body", "malformed JSON at byte %d: %v", se.Offset, se)
+	case errors.As(err, &ute):
+		field := ute.Field
+		if field == "" {
+			field = "body"
+		}
+		return errdefs.Invalid(field, "expected %s, got JSON %s", ute.Type, ute.Value)
+	case errors.Is(err, io.EOF):
+		return errdefs.Invalid("body", "empty; expected a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return errdefs.Invalid("body", "truncated JSON")
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return errdefs.Invalid(name, "unknown field")
+	}
+	return errdefs.Invalid("body", "%v", err)
+}
+
+func (s *Server) getVersion(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.version)
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	sb, err := s.mgr.Create(r.Context(), req)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sb)
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := sandbox.Filter{State: api.State(q.Get("state"))}
+	switch f.State {
+	case "", api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed:
+	default:
+		writeError(w, r, s.log, errdefs.Invalid("state", "%q is not a state (creating, running, stopped, failed)", f.State))
+		return
+	}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			writeError(w, r, s.log, errdefs.Invalid("label", "%q is not KEY=VALUE", l))
+			return
+		}
+		if f.Labels == nil {
+			f.Labels = map[string]string{}
+		}
+		f.Labels[k] = v
+	}
+	writeJSON(w, http.StatusOK, s.mgr.List(f))
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Get(r.PathValue("id"))
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) remove(w http.ResponseWriter, r *http.Request) {
+	force, err := boolParam(r, "force")
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	if err := s.mgr.Delete(r.Context(), r.PathValue("id"), force); err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) stop(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Stop(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func boolParam(r *http.Request, name string) (bool, error) {
+	switch v := r.URL.Query().Get(name); v {
+	case "", "0", "false":
+		return false, nil
+	case "1", "true":
+		return true, nil
+	default:
+		return false, errdefs.Invalid(name, "%q is not a boolean", v)
+	}
+}
+
+func envList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
