@@ -54,6 +54,9 @@ type Config struct {
 	UIDStart uint32
 	// OutputLimit is the output retained per process, in bytes.
 	OutputLimit int64
+	// WarmGuests is how many sandbox init processes to start ahead of
+	// time, so that a create does not wait for one to start.
+	WarmGuests int
 }
 
 // Defaults returns the default configuration.
@@ -70,6 +73,7 @@ func Defaults() Config {
 			DiskBytes:   10 << 30,
 		},
 		DiskPool:    4,
+		WarmGuests:  2,
 		UIDStart:    1 << 28,
 		OutputLimit: 16 << 20,
 	}
@@ -125,20 +129,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("compiling seccomp profile: %w", err)
 	}
-	rt, err := native.New(native.Config{
-		RunDir:      cfg.RunDir,
-		Cgroups:     cgroups,
-		Disks:       disks,
-		Seccomp:     prog,
-		Caps:        seccomp.DockerDefaultCaps,
-		OutputLimit: cfg.OutputLimit,
-		Logger:      log.With("component", "runtime"),
-	})
-	if err != nil {
-		return err
-	}
 	mgr := sandbox.NewManager(sandbox.Config{
-		Runtime:  rt,
 		Images:   images,
 		Store:    st,
 		Defaults: cfg.Defaults,
@@ -146,6 +137,31 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Logger:   log,
 	})
 	defer mgr.Close()
+	// Records first: the runtime's warm guests take uid ranges, which
+	// must not collide with those of recorded sandboxes.
+	if err := mgr.Load(); err != nil {
+		return err
+	}
+	rt, err := native.New(native.Config{
+		RunDir:      cfg.RunDir,
+		Cgroups:     cgroups,
+		Disks:       disks,
+		IDs:         mgr,
+		Seccomp:     prog,
+		Caps:        seccomp.DockerDefaultCaps,
+		OutputLimit: cfg.OutputLimit,
+		WarmGuests:  cfg.WarmGuests,
+		WarmImage: func() (*image.Image, error) {
+			return images.Get(image.HostImage)
+		},
+		WarmDiskBytes: cfg.Defaults.DiskBytes,
+		Logger:        log.With("component", "runtime"),
+	})
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	mgr.SetRuntime(rt)
 	if err := mgr.Reconcile(ctx); err != nil {
 		return err
 	}

@@ -57,7 +57,8 @@ func limitCaps(keep []string) error {
 		}
 		mask[c/32] |= 1 << (uint(c) % 32)
 	}
-	for c := 0; c <= lastCap(); c++ {
+	last := lastCap()
+	for c := 0; c <= last; c++ {
 		if mask[c/32]&(1<<(uint(c)%32)) != 0 {
 			continue
 		}

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 
-	pathrs "github.com/cyphar/filepath-securejoin/pathrs-lite"
 	"golang.org/x/sys/unix"
 
 	"paddock/internal/seccomp"
@@ -34,11 +33,12 @@ var readonlyPaths = []string{
 var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // Run is the guest (`paddock guest`): PID 1 of a sandbox. The daemon
-// starts it in the sandbox's fresh namespaces, possibly ahead of time: it
-// waits for its Config, assembles the root filesystem, pivots into it,
-// bounds itself and everything it will fork (no_new_privs, Docker's
-// capability set, the seccomp filter), tells the daemon it is ready and
-// serves. It returns only on failure, after telling the daemon why.
+// starts it in the sandbox's fresh namespaces, usually ahead of time. It
+// waits for its configuration: Prepare assembles the root filesystem and
+// pivots into it; Activate names the sandbox, bounds the guest and
+// everything it will fork (no_new_privs, Docker's capability set, the
+// seccomp filter) and starts serving. It returns only on failure, after
+// telling the daemon why.
 func Run() error {
 	// Mount and cgroup-namespace work is done from this thread.
 	runtime.LockOSThread()
@@ -47,30 +47,100 @@ func Run() error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("setting non-dumpable: %w", err)
 	}
-	for _, fd := range []int{fdSync, fdListen, fdOOM} {
+	for _, fd := range []int{fdSync, fdListen} {
 		syscall.CloseOnExec(fd)
 	}
 	sp := startSpawner()
+	prefault()
 	syncSock := os.NewFile(fdSync, "sync")
-	cfg, fds, err := receiveConfig(syncSock)
-	if err == nil {
-		err = setup(cfg, fds)
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}
-	if err == nil {
-		err = sp.restrict(cfg.Caps)
-	}
-	if err == nil {
-		err = restrictAll(cfg.Seccomp)
-	}
-	if err != nil {
+	fail := func(err error) error {
 		b, _ := json.Marshal(Ready{Error: err.Error()})
 		syncSock.Write(b)
 		return err
 	}
-	return serve(cfg.Serve, sp, syncSock)
+	prepared := false
+	for {
+		cfg, fds, err := receiveConfig(syncSock)
+		if err != nil {
+			return fail(err)
+		}
+		if cfg.Prepare != nil {
+			if prepared {
+				closeAll(fds)
+				return fail(errors.New("guest is already prepared"))
+			}
+			if err := prepare(cfg.Prepare, fds); err != nil {
+				closeAll(fds)
+				return fail(err)
+			}
+			prepared = true
+		}
+		if cfg.Activate == nil {
+			closeAll(fds)
+			b, _ := json.Marshal(Ready{Phase: "prepared"})
+			syncSock.Write(b)
+			continue
+		}
+		if !prepared {
+			closeAll(fds)
+			return fail(errors.New("activate before prepare"))
+		}
+		oom, err := activate(cfg.Activate, fds, sp)
+		if err != nil {
+			return fail(err)
+		}
+		return serve(cfg.Activate.Serve, sp, syncSock, oom)
+	}
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// activate turns the prepared guest into sandbox a.ID. It keeps the OOM
+// counter file from fds and closes the rest.
+func activate(a *Activate, fds []int, sp *spawner) (*os.File, error) {
+	var oom *os.File
+	for i, fd := range fds {
+		if i == a.OOMFD {
+			oom = os.NewFile(uintptr(fd), "oom")
+			continue
+		}
+		unix.Close(fd)
+	}
+	// The cgroup namespace is rooted at the cgroup the daemon has put us
+	// in by now. Namespaces are per thread: this one is for the cgroup2
+	// mount, the spawner makes its own for what it forks.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return nil, fmt.Errorf("unsharing cgroup namespace: %w", err)
+	}
+	if a.CgroupV2 {
+		root, err := os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return nil, err
+		}
+		r := &rootMounter{root: root}
+		err = r.mount("/sys/fs/cgroup", "cgroup2", "cgroup2", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+		root.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := unix.Sethostname([]byte(a.Hostname)); err != nil {
+		return nil, fmt.Errorf("setting hostname: %w", err)
+	}
+	if err := writeIdentity(a.Hostname); err != nil {
+		return nil, err
+	}
+	if err := sp.restrict(a.Caps); err != nil {
+		return nil, err
+	}
+	if err := restrictAll(a.Seccomp); err != nil {
+		return nil, err
+	}
+	return oom, nil
 }
 
 // restrictAll sets no_new_privs and installs the seccomp filter on every
@@ -96,6 +166,9 @@ func receiveConfig(sock *os.File) (*Config, []int, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("receiving config: %w", err)
 	}
+	if n == 0 {
+		return nil, nil, errors.New("daemon closed the sync socket")
+	}
 	var fds []int
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil {
@@ -110,12 +183,14 @@ func receiveConfig(sock *os.File) (*Config, []int, error) {
 	}
 	var cfg Config
 	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
+		closeAll(fds)
 		return nil, nil, fmt.Errorf("decoding config: %w", err)
 	}
 	return &cfg, fds, nil
 }
 
-func setup(cfg *Config, fds []int) error {
+// prepare builds the root filesystem and pivots into it.
+func prepare(cfg *Prepare, fds []int) error {
 	fdOf := func(m Mount) (int, error) {
 		if m.FD < 0 {
 			return -1, nil
@@ -124,12 +199,6 @@ func setup(cfg *Config, fds []int) error {
 			return -1, fmt.Errorf("mount fd %d not received", m.FD)
 		}
 		return fds[m.FD], nil
-	}
-	// The cgroup namespace is rooted at the cgroup the daemon put us in
-	// (namespaces are per thread: the spawner makes its own); it must exist
-	// before cgroup2 is mounted below.
-	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-		return fmt.Errorf("unsharing cgroup namespace: %w", err)
 	}
 	// Nothing mounted here may propagate back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
@@ -151,9 +220,21 @@ func setup(cfg *Config, fds []int) error {
 		}
 		lowers = append(lowers, target)
 	}
+	diskDir := filepath.Join(cfg.RunDir, "disk")
+	fd, err := fdOf(cfg.Disk)
+	if err != nil {
+		return err
+	}
+	if fd >= 0 {
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, diskDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("attaching disk: %w", err)
+		}
+	} else {
+		diskDir = cfg.Disk.Source
+	}
 	rootfs := filepath.Join(cfg.RunDir, "rootfs")
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
-		strings.Join(lowers, ":"), cfg.Upper, cfg.Work)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work,userxattr",
+		strings.Join(lowers, ":"), diskDir, diskDir)
 	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mounting overlay rootfs (%s): %w", opts, err)
 	}
@@ -180,18 +261,10 @@ func setup(cfg *Config, fds []int) error {
 		func() error {
 			return r.mount("/sys", "sysfs", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 		},
-		func() error {
-			if !cfg.CgroupV2 {
-				return nil
-			}
-			return r.mount("/sys/fs/cgroup", "cgroup2", "cgroup2", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
-		},
 		r.dev,
 		r.mask,
-		func() error { return unix.Sethostname([]byte(cfg.Hostname)) },
 		loopbackUp,
 		func() error { return pivot(rootfs) },
-		func() error { return writeIdentity(cfg.Hostname) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -210,7 +283,7 @@ type rootMounter struct{ root *os.File }
 // empty file when file is set) if missing, and returns an O_PATH handle.
 func (r *rootMounter) target(path string, file bool) (*os.File, error) {
 	if file {
-		dir, err := pathrs.MkdirAllHandle(r.root, filepath.Dir(path), 0o755)
+		dir, err := mkdirAllInRoot(r.root, filepath.Dir(path), 0o755)
 		if err != nil {
 			return nil, fmt.Errorf("creating %s: %w", filepath.Dir(path), err)
 		}
@@ -223,13 +296,13 @@ func (r *rootMounter) target(path string, file bool) (*os.File, error) {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
-		h, err := pathrs.OpenatInRoot(r.root, path)
+		h, err := openInRoot(r.root, path)
 		if err != nil {
 			return nil, fmt.Errorf("opening %s: %w", path, err)
 		}
 		return h, nil
 	}
-	h, err := pathrs.MkdirAllHandle(r.root, path, 0o755)
+	h, err := mkdirAllInRoot(r.root, path, 0o755)
 	if err != nil {
 		return nil, fmt.Errorf("creating %s: %w", path, err)
 	}
@@ -273,7 +346,7 @@ func (r *rootMounter) bind(b Mount, fd int) error {
 // remountReadonly re-resolves path (a handle opened before a mount refers
 // to what is underneath it) and makes the mount on it read-only.
 func (r *rootMounter) remountReadonly(path string) error {
-	h, err := pathrs.OpenatInRoot(r.root, path)
+	h, err := openInRoot(r.root, path)
 	if err != nil {
 		return fmt.Errorf("reopening %s: %w", path, err)
 	}
@@ -335,7 +408,7 @@ func (r *rootMounter) dev() error {
 	// mqueue needs an IPC namespace owned by our user namespace; it is a
 	// nicety, so a kernel without it does not fail the sandbox.
 	_ = r.mount("/dev/mqueue", "mqueue", "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
-	dev, err := pathrs.OpenatInRoot(r.root, "/dev")
+	dev, err := openInRoot(r.root, "/dev")
 	if err != nil {
 		return err
 	}
@@ -354,7 +427,7 @@ func (r *rootMounter) dev() error {
 // mask hides and write-protects the kernel interfaces runc does.
 func (r *rootMounter) mask() error {
 	for _, p := range maskedPaths {
-		h, err := pathrs.OpenatInRoot(r.root, p)
+		h, err := openInRoot(r.root, p)
 		if err != nil {
 			continue // not on this kernel
 		}
@@ -366,7 +439,7 @@ func (r *rootMounter) mask() error {
 		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 			err = unix.Mount("tmpfs", procPath(h), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=0555")
 		} else {
-			null, nerr := pathrs.OpenatInRoot(r.root, "/dev/null")
+			null, nerr := openInRoot(r.root, "/dev/null")
 			if nerr != nil {
 				h.Close()
 				return nerr
@@ -380,7 +453,7 @@ func (r *rootMounter) mask() error {
 		}
 	}
 	for _, p := range readonlyPaths {
-		h, err := pathrs.OpenatInRoot(r.root, p)
+		h, err := openInRoot(r.root, p)
 		if err != nil {
 			continue
 		}
@@ -448,4 +521,3 @@ func writeIdentity(hostname string) error {
 	}
 	return nil
 }
-

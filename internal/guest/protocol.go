@@ -66,26 +66,42 @@ type ProcessInfo struct {
 	DroppedBytes int64 `json:"dropped_bytes"`
 }
 
-// Config is what the daemon sends the guest's first stage: how to build
-// the sandbox's root filesystem and how to run processes in it.
+// Config is a message from the daemon on the sync socket. A guest may be
+// started ahead of time: it is sent Prepare (build the root filesystem for
+// an image) while it waits, and Activate (become this sandbox) when a
+// sandbox is made from it. A cold start sends both in one message.
 type Config struct {
-	ID       string `json:"id"`
-	Hostname string `json:"hostname"`
-	// RunDir is the sandbox's directory on the host; it holds the mount
+	Prepare  *Prepare  `json:"prepare,omitempty"`
+	Activate *Activate `json:"activate,omitempty"`
+}
+
+// Prepare says how to build the root filesystem. Fd indexes refer to the
+// descriptors sent with the message.
+type Prepare struct {
+	// RunDir is the guest's directory on the host; it holds the mount
 	// points used while the root filesystem is assembled.
 	RunDir string `json:"run_dir"`
 	// Layers are the read-only lower layers, top-most first.
 	Layers []Mount `json:"layers"`
-	Upper  string  `json:"upper"`
-	Work   string  `json:"work"`
+	// Disk is the sandbox's writable volume (a detached mount); the
+	// overlay's upper and work dirs are Disk's upper/ and work/.
+	Disk Mount `json:"disk"`
 	// Binds are host directories mounted read-only into the rootfs.
 	Binds []Mount `json:"binds"`
+}
+
+// Activate makes a prepared guest a sandbox.
+type Activate struct {
+	ID       string `json:"id"`
+	Hostname string `json:"hostname"`
 	// CgroupV2 mounts the sandbox's own cgroup2 tree at /sys/fs/cgroup.
 	CgroupV2 bool `json:"cgroup_v2"`
 	// Seccomp is a compiled BPF program installed before the guest serves.
 	Seccomp []byte `json:"seccomp"`
 	// Caps is the capability set the sandbox keeps ("CAP_CHOWN", ...).
-	Caps  []string    `json:"caps"`
+	Caps []string `json:"caps"`
+	// OOMFD indexes the fd of the cgroup's OOM event counter file.
+	OOMFD int         `json:"oom_fd"`
 	Serve ServeConfig `json:"serve"`
 }
 
@@ -108,9 +124,11 @@ type ServeConfig struct {
 	Retain int `json:"retain"`
 }
 
-// Ready is the guest's last message on the sync socket.
+// Ready answers each Config: an error, or the phase reached ("prepared",
+// or "ready" with the guest's pid in its namespace, which must be 1).
 type Ready struct {
 	Error string `json:"error,omitempty"`
+	Phase string `json:"phase,omitempty"`
 	PID   int    `json:"pid,omitempty"`
 }
 
@@ -118,5 +136,4 @@ type Ready struct {
 const (
 	fdSync   = 3 // SOCK_SEQPACKET to the daemon for config and ready
 	fdListen = 4 // the control socket listener
-	fdOOM    = 5 // the cgroup's OOM event counter file
 )

@@ -27,7 +27,7 @@ import (
 // serve is the guest's steady state: it reaps every process, forwards
 // signals, and serves the daemon's requests on the control socket, forking
 // each command on the spawner thread.
-func serve(cfg ServeConfig, sp *spawner, syncSock *os.File) error {
+func serve(cfg ServeConfig, sp *spawner, syncSock *os.File, oom *os.File) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("guest", os.Getpid())
 	lf := os.NewFile(fdListen, "listener")
 	ln, err := net.FileListener(lf)
@@ -35,11 +35,11 @@ func serve(cfg ServeConfig, sp *spawner, syncSock *os.File) error {
 	if err != nil {
 		return fmt.Errorf("opening control listener: %w", err)
 	}
-	s := newServer(cfg, os.NewFile(fdOOM, "oom"), sp, log)
+	s := newServer(cfg, oom, sp, log)
 	go s.reapLoop()
 	go s.forwardSignals()
 
-	b, _ := json.Marshal(Ready{PID: os.Getpid()})
+	b, _ := json.Marshal(Ready{Phase: "ready", PID: os.Getpid()})
 	syncSock.Write(b)
 	syncSock.Close()
 
@@ -156,6 +156,7 @@ func (s *server) lookup(pid int) (*process, error) {
 }
 
 func (s *server) start(conn net.Conn, fr *wire.Reader, fw *wire.Writer, req Request) {
+
 	if req.Start == nil || len(req.Start.Cmd) == 0 {
 		fw.WriteJSON(wire.Response, Response{Error: apiError(errdefs.Invalid("cmd", "must not be empty"))})
 		return
@@ -421,6 +422,10 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 // the pipe open must not hold the stream open forever.
 const drainGrace = 20 * time.Millisecond
 
+// pumpBufs recycles the pumps' read buffers: fresh memory costs a page
+// fault per 4 KiB, which on small VMs is more than a short command's run.
+var pumpBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
 // pump copies one output pipe into the process's ring.
 func (s *server) pump(p *process, r *os.File, t wire.Type) {
 	defer p.pumpsWG.Done()
@@ -429,16 +434,17 @@ func (s *server) pump(p *process, r *os.File, t wire.Type) {
 		<-p.exited
 		r.SetReadDeadline(time.Now().Add(drainGrace))
 	}()
-	buf := make([]byte, 256<<10)
+	buf := pumpBufs.Get().(*[]byte)
+	defer pumpBufs.Put(buf)
 	for {
 		select {
 		case <-p.exited:
 			r.SetReadDeadline(time.Now().Add(drainGrace))
 		default:
 		}
-		n, err := r.Read(buf)
+		n, err := r.Read(*buf)
 		if n > 0 {
-			p.out.append(t, append([]byte(nil), buf[:n]...))
+			p.out.append(t, append([]byte(nil), (*buf)[:n]...))
 		}
 		if err != nil {
 			return

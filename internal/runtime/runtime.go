@@ -21,8 +21,19 @@ type Spec struct {
 	Env     []string
 	Workdir string
 	// UIDBase is the first host uid (and gid) of the sandbox's 65536-id
-	// range; root in the sandbox is UIDBase on the host.
+	// range; root in the sandbox is UIDBase on the host. Zero lets the
+	// runtime take a range from its IDs (a sandbox started again must keep
+	// its range: its files are owned by it). Instance.Info reports it.
 	UIDBase uint32
+}
+
+// IDs hands out host uid/gid ranges of 65536 ids. The sandbox manager
+// implements it, because it records which sandbox owns which range.
+type IDs interface {
+	// Alloc reserves a free range and returns its base.
+	Alloc() (uint32, error)
+	// Free releases a range that no sandbox took.
+	Free(base uint32)
 }
 
 // Runtime is an isolation tier.
@@ -42,6 +53,9 @@ type Runtime interface {
 	// Leftovers lists ids that have host resources, so that the caller
 	// can remove those it has no record of.
 	Leftovers() ([]string, error)
+	// Close releases what the runtime holds for sandboxes not yet made;
+	// running sandboxes are left alone.
+	Close() error
 }
 
 // Instance is a started sandbox.

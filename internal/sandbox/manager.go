@@ -28,6 +28,8 @@ const bucket = "sandboxes"
 
 // Config configures a Manager.
 type Config struct {
+	// Runtime is set with SetRuntime when the runtime needs the manager
+	// (as its IDs) to be built.
 	Runtime runtime.Runtime
 	Images  *image.Store
 	Store   *store.Store
@@ -48,7 +50,10 @@ type Manager struct {
 
 	mu    sync.Mutex
 	boxes map[string]*box
-	slots map[int]string // uid slot → sandbox id
+	// slots maps a uid range (by index from UIDStart) to the sandbox that
+	// owns it; "" marks a range the runtime holds for a sandbox not made
+	// yet.
+	slots map[int]string
 
 	wg     sync.WaitGroup
 	closed chan struct{}
@@ -57,7 +62,9 @@ type Manager struct {
 // record is what the store keeps per sandbox.
 type record struct {
 	api.Sandbox
-	Slot    int             `json:"slot"`
+	// UIDBase is the sandbox's host uid range; it stays with the sandbox
+	// while its files exist.
+	UIDBase uint32          `json:"uid_base"`
 	Runtime json.RawMessage `json:"runtime_state,omitempty"`
 }
 
@@ -70,7 +77,10 @@ type box struct {
 	stopping bool // an exit of the guest is expected
 }
 
-// NewManager returns a Manager; call Reconcile before serving.
+var _ runtime.IDs = (*Manager)(nil)
+
+// NewManager returns a Manager; call SetRuntime and Reconcile before
+// serving.
 func NewManager(cfg Config) *Manager {
 	if cfg.MaxSandboxes <= 0 {
 		cfg.MaxSandboxes = 4096
@@ -83,6 +93,9 @@ func NewManager(cfg Config) *Manager {
 		closed: make(chan struct{}),
 	}
 }
+
+// SetRuntime sets the runtime sandboxes run on.
+func (m *Manager) SetRuntime(rt runtime.Runtime) { m.cfg.Runtime = rt }
 
 func newID() string {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -152,18 +165,6 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 			break
 		}
 	}
-	rec.Slot = -1
-	for i := 0; i < m.cfg.MaxSandboxes; i++ {
-		if _, used := m.slots[i]; !used {
-			rec.Slot = i
-			break
-		}
-	}
-	if rec.Slot < 0 {
-		m.mu.Unlock()
-		return api.Sandbox{}, fmt.Errorf("%w: all %d sandbox slots are in use", errdefs.ErrUnavailable, m.cfg.MaxSandboxes)
-	}
-	m.slots[rec.Slot] = rec.ID
 	b.rec = rec
 	m.boxes[rec.ID] = b
 	b.mu.Lock()
@@ -174,11 +175,16 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 	inst, err := m.cfg.Runtime.Start(ctx, m.spec(&b.rec, img))
 	if err != nil {
 		log.Warn("create failed", "err", err)
+		if rerr := m.cfg.Runtime.Remove(context.Background(), rec.ID); rerr != nil {
+			log.Warn("removing what a failed create left", "err", rerr)
+		}
 		m.forget(rec.ID)
 		return api.Sandbox{}, fmt.Errorf("creating sandbox: %w", err)
 	}
 	b.rec.State = api.StateRunning
 	b.rec.Runtime = inst.State()
+	b.rec.UIDBase = inst.Info().UIDBase
+	m.claimSlot(b.rec.UIDBase, rec.ID)
 	b.attach(inst)
 	if err := m.cfg.Store.Put(bucket, rec.ID, b.rec); err != nil {
 		inst.Kill()
@@ -210,8 +216,38 @@ func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
 		Resources: rec.Resources,
 		Env:       env,
 		Workdir:   rec.Workdir,
-		UIDBase:   m.cfg.UIDStart + uint32(rec.Slot)*65536,
+		UIDBase:   rec.UIDBase,
 	}
+}
+
+func (m *Manager) slotOf(base uint32) int { return int((base - m.cfg.UIDStart) / 65536) }
+
+// Alloc implements runtime.IDs.
+func (m *Manager) Alloc() (uint32, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := 0; i < m.cfg.MaxSandboxes; i++ {
+		if _, used := m.slots[i]; !used {
+			m.slots[i] = ""
+			return m.cfg.UIDStart + uint32(i)*65536, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: all %d uid ranges are in use", errdefs.ErrUnavailable, m.cfg.MaxSandboxes)
+}
+
+// Free implements runtime.IDs.
+func (m *Manager) Free(base uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if id, ok := m.slots[m.slotOf(base)]; ok && id == "" {
+		delete(m.slots, m.slotOf(base))
+	}
+}
+
+func (m *Manager) claimSlot(base uint32, id string) {
+	m.mu.Lock()
+	m.slots[m.slotOf(base)] = id
+	m.mu.Unlock()
 }
 
 func (b *box) attach(inst runtime.Instance) {
@@ -229,12 +265,14 @@ func (b *box) viewLocked() api.Sandbox {
 	return s
 }
 
-// forget drops a sandbox from memory and frees its uid slot.
+// forget drops a sandbox from memory and frees its uid range.
 func (m *Manager) forget(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if b, ok := m.boxes[id]; ok {
-		delete(m.slots, b.rec.Slot)
+		if b.rec.UIDBase != 0 && m.slots[m.slotOf(b.rec.UIDBase)] == id {
+			delete(m.slots, m.slotOf(b.rec.UIDBase))
+		}
 		delete(m.boxes, id)
 	}
 }
@@ -459,31 +497,44 @@ func (m *Manager) Done(id string) (<-chan struct{}, error) {
 	return b.inst.Done(), nil
 }
 
-// Reconcile loads the records and brings the host in line with them:
-// running sandboxes are re-attached (or marked stopped if their guest is
-// gone), host resources nobody recorded are removed, and timeouts re-armed.
-func (m *Manager) Reconcile(ctx context.Context) error {
-	var recs []record
+// Load reads the records into memory, reserving their uid ranges. Call it
+// before the runtime starts taking ranges, then Reconcile.
+func (m *Manager) Load() error {
 	err := m.cfg.Store.Each(bucket, func(key string, raw json.RawMessage) error {
 		var r record
 		if err := json.Unmarshal(raw, &r); err != nil {
 			m.log.Error("skipping unreadable record", "sandbox", key, "err", err)
 			return nil
 		}
-		recs = append(recs, r)
+		m.mu.Lock()
+		m.boxes[r.ID] = &box{rec: r}
+		if r.UIDBase != 0 {
+			m.slots[m.slotOf(r.UIDBase)] = r.ID
+		}
+		m.mu.Unlock()
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("loading records: %w", err)
 	}
+	return nil
+}
+
+// Reconcile brings the host in line with the loaded records: running
+// sandboxes are re-attached (or marked stopped if their guest is gone),
+// host resources nobody recorded are removed, and timeouts re-armed.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	m.mu.Lock()
+	boxes := make([]*box, 0, len(m.boxes))
+	for _, b := range m.boxes {
+		boxes = append(boxes, b)
+	}
+	m.mu.Unlock()
 	known := map[string]bool{}
-	for _, r := range recs {
+	for _, b := range boxes {
+		b.mu.Lock()
+		r := b.rec
 		known[r.ID] = true
-		b := &box{rec: r}
-		m.mu.Lock()
-		m.boxes[r.ID] = b
-		m.slots[r.Slot] = r.ID
-		m.mu.Unlock()
 		log := m.log.With("sandbox", r.ID)
 		switch r.State {
 		case api.StateRunning:
@@ -507,10 +558,12 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				log.Warn("removing half-created sandbox", "err", err)
 			}
 			m.cfg.Store.Delete(bucket, r.ID)
+			b.mu.Unlock()
 			m.forget(r.ID)
 			continue
 		}
 		m.armTimer(b)
+		b.mu.Unlock()
 	}
 	left, err := m.cfg.Runtime.Leftovers()
 	if err != nil {

@@ -1,0 +1,63 @@
+# paddock — build, run and test. Everything here runs as root on Linux.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+
+BIN      ?= bin/paddock
+PREFIX   ?= /usr/local
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# The guest runs inside sandboxes whose root may have no C library, so the
+# one binary is linked statically (cgo is needed for libseccomp).
+GOFLAGS_STATIC := -tags 'netgo osusergo' -ldflags '-linkmode external -extldflags "-static" -X paddock/internal/daemon.Version=$(VERSION)'
+APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs util-linux iproute2 procps python3 git
+BENCH_DEPS := bubblewrap runc
+
+.PHONY: all build deps up down test test-short bench lint fmt clean
+
+all: build
+
+build:
+	@mkdir -p $(dir $(BIN))
+	CGO_ENABLED=1 go build $(GOFLAGS_STATIC) -o $(BIN) ./cmd/paddock 2> >(grep -v -e 'statically linked applications requires' -e 'in function' >&2)
+
+# deps installs what is missing (Debian/Ubuntu packages).
+deps:
+	@missing=""; for p in $(APT_DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+	@command -v go >/dev/null || { echo "Go is missing: install Go 1.26+ at /usr/local/go"; exit 1; }
+
+# up installs what is missing, builds, installs and starts the daemon with
+# its embedded defaults (state in /var/lib/paddock, socket at
+# /run/paddock/paddock.sock, log in /var/log/paddock.log).
+up: deps build
+	install -m 0755 $(BIN) $(PREFIX)/bin/paddock
+	@if $(PREFIX)/bin/paddock version 2>/dev/null | grep -q '^daemon: [^u]'; then \
+		echo "restarting paddock (sandboxes keep running)"; pkill -TERM -x paddock -f 'paddock serve' || true; sleep 1; fi
+	nohup $(PREFIX)/bin/paddock serve >>/var/log/paddock.log 2>&1 &
+	@for i in $$(seq 100); do $(PREFIX)/bin/paddock version 2>/dev/null | grep -q '^daemon: [^u]' && break; sleep 0.1; done
+	@$(PREFIX)/bin/paddock version
+	@echo "paddock is up: try  paddock run -- echo hello"
+
+down:
+	-pkill -TERM -f '$(PREFIX)/bin/paddock serve'
+
+# test runs every test; tests that need root skip without it.
+test: deps build
+	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -timeout 20m ./...
+
+test-short: build
+	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -short ./...
+
+bench: deps build
+	@for p in $(BENCH_DEPS); do dpkg -s $$p >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEPS); break; }; done
+	PADDOCK_BIN=$(CURDIR)/$(BIN) go run ./bench -out BENCHMARKS.md
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	go vet ./...
+	go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin

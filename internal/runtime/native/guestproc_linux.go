@@ -1,0 +1,295 @@
+package native
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"paddock/internal/cgroup"
+	"paddock/internal/guest"
+)
+
+// idRange is the number of uids and gids each sandbox maps.
+const idRange = 65536
+
+// warmCgroup holds guests started ahead of time until a sandbox takes
+// one (cgroup v2 allows processes only in leaf groups).
+const warmCgroup = "warm"
+
+// guestProc is a started guest that has not been given a sandbox yet: it
+// waits in its fresh namespaces for its Config.
+type guestProc struct {
+	sb   *Sandbox // pid, pidfd watcher, uid base
+	sync *os.File // our end of the sync socket
+	dir  string   // run dir: guest.sock, guest.log and mount points
+	// volume is the id of the disk the guest's rootfs was prepared on,
+	// and image the image it was prepared from ("" until prepared).
+	volume string
+	image  string
+}
+
+// sealedSelf copies the running binary into a sealed memfd. Guests are
+// exec'd from it, so /proc/1/exe in a sandbox is this memfd: nothing can
+// write it (F_SEAL_WRITE), and the host's binary is never exposed
+// (CVE-2019-5736). One copy serves every sandbox.
+func sealedSelf() (*os.File, error) {
+	src, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	fd, err := unix.MemfdCreate("paddock-guest", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "paddock-guest")
+	if _, err := io.Copy(f, src); err != nil {
+		f.Close()
+		return nil, err
+	}
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("sealing memfd: %w", err)
+	}
+	return f, nil
+}
+
+// spawnGuest starts a guest in new user, mount, pid, net, ipc and uts
+// namespaces, with root mapped to uidBase, in the warm cgroup, with dir as
+// its run dir. Starting a Go process costs several milliseconds of page
+// faults on small VMs, which is why the pool does it ahead of time.
+func (r *Runtime) spawnGuest(uidBase uint32, dir string) (_ *guestProc, retErr error) {
+	for _, d := range []string{dir, filepath.Join(dir, "rootfs"), filepath.Join(dir, "disk")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("creating guest dir: %w", err)
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	socket := filepath.Join(dir, "guest.sock")
+	logPath := filepath.Join(dir, "guest.log")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listening on guest socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	lnFile, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer lnFile.Close()
+
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("creating sync socket: %w", err)
+	}
+	parentSync := os.NewFile(uintptr(pair[0]), "sync")
+	childSync := os.NewFile(uintptr(pair[1]), "sync-child")
+	defer childSync.Close()
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		parentSync.Close()
+		return nil, err
+	}
+	defer logFile.Close()
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		parentSync.Close()
+		return nil, err
+	}
+	defer devNull.Close()
+
+	pidfd := -1
+	sys := &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
+			unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(uidBase), Size: idRange}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(uidBase), Size: idRange}},
+		GidMappingsEnableSetgroups: true,
+		// Our host uid (0) is unmapped in the new namespace: become its
+		// root before exec, or exec drops every capability.
+		Credential: &syscall.Credential{Uid: 0, Gid: 0},
+		Setsid:     true,
+		PidFD:      &pidfd,
+	}
+	if r.cfg.Cgroups.Mode() == cgroup.V2 {
+		cgfd, err := r.warm.OpenDirFD()
+		if err != nil {
+			parentSync.Close()
+			return nil, err
+		}
+		defer cgfd.Close()
+		sys.UseCgroupFD = true
+		sys.CgroupFD = int(cgfd.Fd())
+	}
+	exe := fmt.Sprintf("/proc/self/fd/%d", r.guestExe.Fd())
+	pid, err := syscall.ForkExec(exe, []string{"paddock", "guest"}, &syscall.ProcAttr{
+		Env:   []string{},
+		Files: []uintptr{devNull.Fd(), logFile.Fd(), logFile.Fd(), childSync.Fd(), lnFile.Fd()},
+		Sys:   sys,
+	})
+	if err != nil {
+		parentSync.Close()
+		return nil, fmt.Errorf("starting guest: %w", err)
+	}
+	sb := &Sandbox{socket: socket, done: make(chan struct{}), st: state{PID: pid, UIDBase: uidBase}}
+	if err := sb.watch(pidfd); err != nil {
+		unix.Kill(pid, unix.SIGKILL)
+		parentSync.Close()
+		return nil, err
+	}
+	g := &guestProc{sb: sb, sync: parentSync, dir: dir}
+	if r.cfg.Cgroups.Mode() == cgroup.V1 {
+		if err := r.warm.AddProc(pid); err != nil {
+			g.kill()
+			return nil, fmt.Errorf("moving guest into the warm cgroup: %w", err)
+		}
+	}
+	return g, nil
+}
+
+// kill ends a guest that will not become a sandbox, and removes its run
+// dir.
+func (g *guestProc) kill() {
+	g.sb.Kill()
+	<-g.sb.done
+	g.sync.Close()
+	os.RemoveAll(g.dir)
+}
+
+// call sends one Config message and waits for the guest's answer.
+func (g *guestProc) call(ctx context.Context, cfg *guest.Config, fds []int, logPath string) (*guest.Ready, error) {
+	if err := sendConfig(g.sync, cfg, fds); err != nil {
+		return nil, err
+	}
+	rd, err := waitReady(ctx, g.sync, g.sb.done)
+	if err != nil {
+		return nil, fmt.Errorf("%w%s", err, guestLogTail(logPath))
+	}
+	return rd, nil
+}
+
+func sendConfig(sock *os.File, cfg *guest.Config, fds []int) error {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if err := unix.Sendmsg(int(sock.Fd()), b, oob, nil, 0); err != nil {
+		return fmt.Errorf("sending guest config: %w", err)
+	}
+	return nil
+}
+
+// waitReady waits for the guest's ready (or failure) message.
+func waitReady(ctx context.Context, sock *os.File, done <-chan struct{}) (*guest.Ready, error) {
+	type result struct {
+		r   guest.Ready
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		buf := make([]byte, 64<<10)
+		n, err := sock.Read(buf)
+		if err != nil || n == 0 {
+			ch <- result{err: fmt.Errorf("guest exited before it was ready")}
+			return
+		}
+		var rd guest.Ready
+		if err := json.Unmarshal(buf[:n], &rd); err != nil {
+			ch <- result{err: fmt.Errorf("decoding guest ready: %w", err)}
+			return
+		}
+		if rd.Error != "" {
+			ch <- result{err: errors.New(rd.Error)}
+			return
+		}
+		ch <- result{r: rd}
+	}()
+	select {
+	case res := <-ch:
+		return &res.r, res.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("guest not ready after 30s")
+	}
+}
+
+func guestLogTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return " (guest log: " + strings.TrimSpace(string(b)) + ")"
+}
+
+// procStartTime reads a process's start time (clock ticks since boot), which
+// with the pid identifies it across pid reuse.
+func procStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name may contain spaces and parentheses: fields start
+	// after the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parsing /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("parsing /proc/%d/stat", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// idmappedTree clones the mount tree at path as a detached, read-only
+// mount whose owners are mapped through the user namespace usernsFD.
+func idmappedTree(path string, usernsFD int) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return -1, fmt.Errorf("open_tree %s: %w", path, err)
+	}
+	attr := unix.MountAttr{
+		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID,
+		Userns_fd: uint64(usernsFD),
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("mount_setattr %s: %w", path, err)
+	}
+	return fd, nil
+}
+
+// treeClone clones the mount at path as a detached mount, so that a guest
+// whose mount namespace predates the mount can attach it.
+func treeClone(path string) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("open_tree %s: %w", path, err)
+	}
+	return fd, nil
+}

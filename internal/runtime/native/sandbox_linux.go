@@ -1,0 +1,149 @@
+package native
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"paddock/api"
+	"paddock/internal/cgroup"
+	"paddock/internal/errdefs"
+	"paddock/internal/runtime"
+)
+
+// state is what Restore needs to find a sandbox again.
+type state struct {
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"`
+	UIDBase   uint32 `json:"uid_base"`
+	Idmapped  bool   `json:"idmapped"`
+}
+
+// Sandbox is a running native sandbox: its guest process, control socket
+// and cgroup.
+type Sandbox struct {
+	id     string
+	st     state
+	socket string
+	cg     *cgroup.Group
+	done   chan struct{}
+
+	// mu guards pidFile against use after the watcher closed it: a closed
+	// fd number may be reused, and a signal must never reach another
+	// process.
+	mu      sync.Mutex
+	pidFile *os.File // nil once the guest has exited
+}
+
+var _ runtime.Instance = (*Sandbox)(nil)
+
+// ID implements runtime.Instance.
+func (s *Sandbox) ID() string { return s.id }
+
+// State implements runtime.Instance.
+func (s *Sandbox) State() []byte { b, _ := json.Marshal(s.st); return b }
+
+// Done implements runtime.Instance.
+func (s *Sandbox) Done() <-chan struct{} { return s.done }
+
+// Dial implements runtime.Instance.
+func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", s.socket)
+	if err != nil {
+		select {
+		case <-s.done:
+			return nil, errdefs.Conflict("sandbox %s has ended", s.id)
+		default:
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// Kill implements runtime.Instance: SIGKILL to the guest ends its pid
+// namespace, and the kernel kills every process in it.
+func (s *Sandbox) Kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pidFile == nil {
+		return nil
+	}
+	err := unix.PidfdSendSignal(int(s.pidFile.Fd()), unix.SIGKILL, nil, 0)
+	if err == unix.ESRCH {
+		return nil
+	}
+	return err
+}
+
+// Info implements runtime.Instance.
+func (s *Sandbox) Info() api.RuntimeInfo {
+	info := api.RuntimeInfo{Name: "native", HostPID: s.st.PID, UIDBase: s.st.UIDBase, Idmapped: s.st.Idmapped}
+	if s.cg != nil {
+		info.Cgroup = s.cg.Path()
+	}
+	return info
+}
+
+// Cgroup returns the sandbox's cgroup.
+func (s *Sandbox) Cgroup() *cgroup.Group { return s.cg }
+
+// exited reports whether the guest has exited.
+func (s *Sandbox) exited() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// watch takes ownership of pidfd and closes done when the guest exits,
+// reaping it if it is our child.
+func (s *Sandbox) watch(pidfd int) error {
+	if err := unix.SetNonblock(pidfd, true); err != nil {
+		unix.Close(pidfd)
+		return err
+	}
+	f := os.NewFile(uintptr(pidfd), "pidfd")
+	s.pidFile = f
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	exited := func(fd uintptr) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(fds, 0)
+		return n > 0
+	}
+	go func() {
+		// The pidfd turns readable when the process exits; Go's poller
+		// waits for that without holding a thread per sandbox.
+		if err := rc.Read(exited); err != nil {
+			rc.Control(func(fd uintptr) {
+				fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+				for {
+					if _, err := unix.Poll(fds, -1); err != unix.EINTR {
+						return
+					}
+				}
+			})
+		}
+		s.mu.Lock()
+		rc.Control(func(fd uintptr) {
+			// Reap it if it is our child; a guest left by an earlier
+			// daemon was reparented, and its new parent reaps it.
+			var info unix.Siginfo
+			unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG, nil)
+		})
+		f.Close()
+		s.pidFile = nil
+		s.mu.Unlock()
+		close(s.done)
+	}()
+	return nil
+}

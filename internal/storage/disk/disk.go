@@ -1,0 +1,147 @@
+// Package disk owns the size-capped filesystems that hold sandboxes'
+// writable layers. Each volume is a sparse file formatted as ext4, attached
+// to a loop device and mounted on the host, so a sandbox that fills its disk
+// gets ENOSPC at its own cap and nobody else notices. Making a volume costs
+// tens of milliseconds, so a Pool keeps ready, mounted volumes of the default
+// size and hands one out by renaming its directory.
+//
+// Layout under Config.Dir (everything there belongs to this package):
+//
+//	lock               flock held by the one process that owns Dir
+//	pool/<n>/disk.img  a volume being made, or ready to hand out
+//	pool/<n>/root      its mountpoint
+//	vol/<id>/disk.img  the volume handed out to sandbox <id>
+//	vol/<id>/root      its mountpoint: Volume.Path
+//	trash/<n>/...      a volume being removed
+//
+// A volume changes state only by a rename of its whole directory (a
+// mountpoint cannot be renamed while mounted, but its parent can, and the
+// mount moves with it), so after a crash each directory is in exactly one
+// state: pool and trash entries are swept by the next NewPool, vol entries
+// are kept and re-mounted by Open. Loop devices are attached with
+// autoclear, so they free themselves when the last mount goes away.
+package disk
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+
+	"paddock/internal/errdefs"
+)
+
+const (
+	// MinSize is the smallest volume: below it ext4's own metadata and
+	// journal leave too little room to be useful.
+	MinSize = 16 << 20
+	// MaxSize is the largest volume, the largest file ext4 with 4 KiB
+	// blocks (the usual host filesystem) can hold.
+	MaxSize = 16 << 40
+	// DefaultSize is Config.DefaultSize when it is left zero. The backing
+	// file is sparse, so the size costs nothing until written.
+	DefaultSize = 10 << 30
+
+	sizeAlign = 1 << 20 // sizes are rounded up to whole MiB
+	maxIDLen  = 64
+	maxOwner  = 1<<32 - 2 // (uid_t)-1 means "unchanged" to chown
+)
+
+// Config configures a Pool.
+type Config struct {
+	// Dir holds every volume; the package owns everything under it.
+	// Required, e.g. /var/lib/paddock/disks.
+	Dir string
+	// DefaultSize is the size of pooled volumes and of Acquire(size 0), in
+	// bytes; 0 means DefaultSize (10 GiB).
+	DefaultSize int64
+	// PoolSize is how many ready volumes of DefaultSize to keep; 0 disables
+	// the pool and every Acquire makes a volume.
+	PoolSize int
+	// Mkfs is the path of mkfs.ext4; empty looks it up in PATH, /usr/sbin
+	// and /sbin.
+	Mkfs string
+	// Logger receives background events (refill failures, sweeps); nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// Volume is a mounted, size-capped filesystem handed out to one sandbox.
+type Volume struct {
+	ID     string
+	Path   string // mountpoint on the host
+	Size   int64  // bytes, the size of the backing file
+	Device string // /dev/loopN
+}
+
+const (
+	imageName = "disk.img"
+	rootName  = "root"
+)
+
+// validateID accepts sandbox ids: 1..64 characters of [a-z0-9-]. Ids name
+// directories, so anything else (dots, slashes) is refused.
+func validateID(id string) error {
+	if len(id) == 0 || len(id) > maxIDLen {
+		return errdefs.Invalid("id", "%q must be 1 to %d characters of [a-z0-9-]", truncate(id), maxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return errdefs.Invalid("id", "%q must be 1 to %d characters of [a-z0-9-]", truncate(id), maxIDLen)
+		}
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > maxIDLen+8 {
+		return s[:maxIDLen] + "..."
+	}
+	return s
+}
+
+// normalizeSize checks a requested size and rounds it up to whole MiB.
+func normalizeSize(size int64) (int64, error) {
+	if size < MinSize {
+		return 0, errdefs.Invalid("disk", "size %d is below the minimum of %d MiB", size, MinSize>>20)
+	}
+	if size > MaxSize {
+		return 0, errdefs.Invalid("disk", "size %d is above the maximum of %d TiB", size, MaxSize>>40)
+	}
+	return (size + sizeAlign - 1) / sizeAlign * sizeAlign, nil
+}
+
+func validateOwner(uid, gid int) error {
+	if uid < 0 || uid > maxOwner {
+		return errdefs.Invalid("uid", "%d is out of range", uid)
+	}
+	if gid < 0 || gid > maxOwner {
+		return errdefs.Invalid("gid", "%d is out of range", gid)
+	}
+	return nil
+}
+
+// withDefaults validates cfg and fills in its defaults.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.Dir == "" {
+		return cfg, errdefs.Invalid("dir", "is required")
+	}
+	abs, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return cfg, fmt.Errorf("resolving %s: %w", cfg.Dir, err)
+	}
+	cfg.Dir = abs
+	if cfg.DefaultSize == 0 {
+		cfg.DefaultSize = DefaultSize
+	}
+	if cfg.DefaultSize, err = normalizeSize(cfg.DefaultSize); err != nil {
+		return cfg, err
+	}
+	if cfg.PoolSize < 0 {
+		return cfg, errdefs.Invalid("pool size", "%d is negative", cfg.PoolSize)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,167 @@
+package disk
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"paddock/internal/errdefs"
+)
+
+// loopAttachTries bounds the retries when another process configures the
+// free device between LOOP_CTL_GET_FREE and LOOP_CONFIGURE.
+const loopAttachTries = 16
+
+// attachLoop binds img to a free loop device with autoclear set and returns
+// an open fd on the device. The caller must mount the device before closing
+// the fd: with autoclear the device frees itself on the last close, which is
+// what makes a failed mount, an unmount and a crash all leave nothing behind.
+func attachLoop(img string) (fd int, dev string, err error) {
+	backing, err := unix.Open(img, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, "", fmt.Errorf("opening %s: %w", img, err)
+	}
+	defer unix.Close(backing)
+	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, "", fmt.Errorf("opening loop control: %w", err)
+	}
+	defer unix.Close(ctl)
+
+	for range loopAttachTries {
+		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return -1, "", fmt.Errorf("finding a free loop device: %w", err)
+		}
+		dev = "/dev/loop" + strconv.Itoa(n)
+		fd, err = unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, "", fmt.Errorf("opening %s: %w", dev, err)
+		}
+		// Direct I/O stays off: it needs aligned I/O all the way down and
+		// buys nothing for a sparse file in the host's page cache.
+		cfg := unix.LoopConfig{Fd: uint32(backing)}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		err = unix.IoctlLoopConfigure(fd, &cfg)
+		if err == nil {
+			return fd, dev, nil
+		}
+		unix.Close(fd)
+		if !errors.Is(err, unix.EBUSY) {
+			return -1, "", fmt.Errorf("configuring %s: %w", dev, err)
+		}
+	}
+	return -1, "", fmt.Errorf("%w: other processes took %d free loop devices in a row", errdefs.ErrUnavailable, loopAttachTries)
+}
+
+// loopsBacking returns the names (loopN) of the loop devices whose backing
+// file satisfies match. A backing file that was unlinked is reported by the
+// kernel with a " (deleted)" suffix, which is stripped.
+func loopsBacking(match func(path string) bool) ([]string, error) {
+	ents, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return nil, fmt.Errorf("listing block devices: %w", err)
+	}
+	var names []string
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "loop") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "loop", "backing_file"))
+		if err != nil {
+			continue // not bound, or freed while we looked
+		}
+		path := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), " (deleted)")
+		if match(path) {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
+// detachLoops detaches every loop device bound to img. Normally there is
+// none (autoclear freed it at unmount); this catches devices attached
+// without autoclear. A device still in use is only marked for autoclear, so
+// this never pulls a disk from under a mount.
+func detachLoops(img string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(img, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("inspecting %s: %w", img, err)
+	}
+	names, err := loopsBacking(func(path string) bool { return path == img })
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		if err := detachLoop(name, st.Ino); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// detachLoop detaches /dev/<name> if it is still bound to the inode ino.
+// Holding the device open across the check and the ioctl keeps it from
+// being freed and rebound to another file in between.
+func detachLoop(name string, ino uint64) error {
+	dev := "/dev/" + name
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", dev, err)
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if err != nil {
+		if errors.Is(err, unix.ENXIO) {
+			return nil // already free
+		}
+		return fmt.Errorf("inspecting %s: %w", dev, err)
+	}
+	if info.Inode != ino {
+		return nil // rebound to another file since we looked
+	}
+	if err := unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("detaching %s: %w", dev, err)
+	}
+	return nil
+}
+
+// markAutoclear makes a bound, mounted loop device free itself when its
+// last user goes away: LOOP_CLR_FD on a device with other openers only sets
+// the autoclear flag.
+func markAutoclear(dev string) error {
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", dev, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0); err != nil {
+		return fmt.Errorf("marking %s for autoclear: %w", dev, err)
+	}
+	return nil
+}
+
+// loopOf names the loop device with device number rdev and its backing
+// file, or fails if rdev is not a bound loop device.
+func loopOf(rdev uint64) (name, backing string, err error) {
+	sys := fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(rdev), unix.Minor(rdev))
+	link, err := os.Readlink(sys)
+	if err != nil {
+		return "", "", fmt.Errorf("finding block device %d:%d: %w", unix.Major(rdev), unix.Minor(rdev), err)
+	}
+	name = filepath.Base(link)
+	b, err := os.ReadFile(filepath.Join(sys, "loop", "backing_file"))
+	if err != nil {
+		return name, "", fmt.Errorf("reading backing file of %s: %w", name, err)
+	}
+	return name, strings.TrimSuffix(string(b), "\n"), nil
+}

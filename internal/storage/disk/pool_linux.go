@@ -1,0 +1,504 @@
+package disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"paddock/internal/errdefs"
+)
+
+const (
+	// Refill backs off from refillBackoffMin to refillBackoffMax while
+	// making volumes fails (host disk full, no loop devices, ...).
+	refillBackoffMin = 250 * time.Millisecond
+	refillBackoffMax = 30 * time.Second
+)
+
+var errClosed = fmt.Errorf("%w: disk pool is closed", errdefs.ErrUnavailable)
+
+// Pool hands out volumes, keeping Config.PoolSize ready ones of the default
+// size. Only one Pool (one process) may own a Dir at a time.
+type Pool struct {
+	cfg  Config
+	mkfs string
+	log  *slog.Logger
+	lock *os.File // flock on Dir/lock
+
+	poolDir, volDir, trashDir string
+
+	seq atomic.Uint64 // names pool and trash entries
+
+	mu     sync.Mutex
+	ready  []*entry
+	closed bool
+
+	// volMu serialises Open's re-mount with other Opens and with Remove's
+	// rename, so a volume is never mounted twice nor re-mounted in trash.
+	volMu sync.Mutex
+
+	wake   chan struct{} // pokes refill; buffered 1
+	cancel context.CancelFunc
+	done   chan struct{} // closed when refill returns
+}
+
+// entry is a mounted volume in Dir/pool.
+type entry struct {
+	dir    string
+	device string
+	size   int64
+}
+
+// NewPool takes ownership of cfg.Dir: it creates it, sweeps the pool and
+// trash entries an earlier process left (handed-out volumes are kept for
+// Open) and starts refilling the pool in the background.
+func NewPool(cfg Config) (*Pool, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	mkfs, err := findMkfs(cfg.Mkfs)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o711); err != nil {
+		return nil, fmt.Errorf("making disk dir: %w", err)
+	}
+	// Loop devices report canonical backing paths; compare against those.
+	if cfg.Dir, err = filepath.EvalSymlinks(cfg.Dir); err != nil {
+		return nil, fmt.Errorf("resolving disk dir: %w", err)
+	}
+	p := &Pool{
+		cfg:      cfg,
+		mkfs:     mkfs,
+		log:      cfg.Logger,
+		poolDir:  filepath.Join(cfg.Dir, "pool"),
+		volDir:   filepath.Join(cfg.Dir, "vol"),
+		trashDir: filepath.Join(cfg.Dir, "trash"),
+		wake:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	// vol is searchable by all so a sandbox's user can reach its own
+	// mountpoint by path; pool and trash are root's alone.
+	for dir, mode := range map[string]os.FileMode{p.poolDir: 0o700, p.trashDir: 0o700, p.volDir: 0o711} {
+		if err := os.Mkdir(dir, mode); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("making disk dir: %w", err)
+		}
+	}
+	if p.lock, err = lockDir(cfg.Dir); err != nil {
+		return nil, err
+	}
+	p.sweep()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	if cfg.PoolSize > 0 {
+		go p.refill(ctx)
+	} else {
+		close(p.done)
+	}
+	return p, nil
+}
+
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("locking disk dir: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s is in use by another process", errdefs.ErrUnavailable, dir)
+		}
+		return nil, fmt.Errorf("locking disk dir: %w", err)
+	}
+	return f, nil
+}
+
+// sweep removes what an earlier process left in pool and trash. It logs
+// what it cannot remove and carries on: a stuck leftover must not keep the
+// daemon from starting. New entry names start above the leftovers' so they
+// never collide.
+func (p *Pool) sweep() {
+	for _, dir := range []string{p.poolDir, p.trashDir} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			p.log.Warn("listing stale disks", "dir", dir, "err", err)
+			continue
+		}
+		for _, e := range ents {
+			if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && n > p.seq.Load() {
+				p.seq.Store(n)
+			}
+			path := filepath.Join(dir, e.Name())
+			if err := teardown(context.Background(), path, p.log); err != nil {
+				p.log.Warn("removing stale disk", "path", path, "err", err)
+				continue
+			}
+			p.log.Info("removed stale disk", "path", path)
+		}
+	}
+}
+
+// refill keeps PoolSize volumes ready. It is the only goroutine the pool
+// starts and makes one volume at a time.
+func (p *Pool) refill(ctx context.Context) {
+	defer close(p.done)
+	backoff := time.Duration(0)
+	for {
+		if p.Ready() >= p.cfg.PoolSize {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.wake:
+			}
+			continue
+		}
+		e, err := p.make(ctx, p.cfg.DefaultSize)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			backoff = min(max(2*backoff, refillBackoffMin), refillBackoffMax)
+			p.log.Warn("refilling disk pool", "err", err, "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			continue
+		}
+		backoff = 0
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			p.destroy(e)
+			return
+		}
+		p.ready = append(p.ready, e)
+		p.mu.Unlock()
+	}
+}
+
+// make makes a volume of size bytes in a new pool directory.
+func (p *Pool) make(ctx context.Context, size int64) (*entry, error) {
+	dir := filepath.Join(p.poolDir, strconv.FormatUint(p.seq.Add(1), 10))
+	dev, err := makeVolume(ctx, p.mkfs, dir, size, p.log)
+	if err != nil {
+		return nil, err
+	}
+	return &entry{dir: dir, device: dev, size: size}, nil
+}
+
+// destroy tears down an entry that will not be handed out.
+func (p *Pool) destroy(e *entry) {
+	if err := teardown(context.Background(), e.dir, p.log); err != nil {
+		p.log.Warn("removing unused disk", "path", e.dir, "err", err)
+	}
+}
+
+// take pops a ready entry of size bytes, or returns nil, and pokes refill.
+func (p *Pool) take(size int64) (*entry, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errClosed
+	}
+	if size != p.cfg.DefaultSize || len(p.ready) == 0 {
+		return nil, nil
+	}
+	e := p.ready[len(p.ready)-1]
+	p.ready = p.ready[:len(p.ready)-1]
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return e, nil
+}
+
+// Acquire hands out a mounted volume of size bytes (0 means the default)
+// for sandbox id, its root owned by uid:gid with mode 0755. A default-size
+// volume comes from the pool when one is ready; anything else is made,
+// which takes tens of milliseconds.
+func (p *Pool) Acquire(ctx context.Context, id string, size int64, uid, gid int) (*Volume, error) {
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	if size == 0 {
+		size = p.cfg.DefaultSize
+	}
+	size, err := normalizeSize(size)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateOwner(uid, gid); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	dst := filepath.Join(p.volDir, id)
+	// Checked first so a conflict does not cost a pooled volume; the
+	// rename below is what makes it exact.
+	if _, err := os.Lstat(dst); err == nil {
+		return nil, errdefs.Conflict("sandbox %q already has a disk", id)
+	}
+
+	e, err := p.take(size)
+	if err != nil {
+		return nil, err
+	}
+	if e == nil {
+		if e, err = p.make(ctx, size); err != nil {
+			return nil, fmt.Errorf("making disk: %w", err)
+		}
+	}
+	if err := p.handOut(e, dst, uid, gid); err != nil {
+		p.destroy(e)
+		return nil, err
+	}
+	return &Volume{ID: id, Path: filepath.Join(dst, rootName), Size: e.size, Device: e.device}, nil
+}
+
+// handOut gives e's root to uid:gid and renames e's directory to dst. The
+// rename is the commit: before it the volume is a pool entry (swept after a
+// crash), after it it belongs to the sandbox. It does not fsync the parent
+// directories: that would cost milliseconds per create, and the rename
+// reaches the host's journal with the sandbox's first fsync (ext4 commits
+// all metadata in one transaction) or within the commit interval anyway.
+func (p *Pool) handOut(e *entry, dst string, uid, gid int) error {
+	root := filepath.Join(e.dir, rootName)
+	if err := unix.Chown(root, uid, gid); err != nil {
+		return fmt.Errorf("chowning disk root: %w", err)
+	}
+	if err := unix.Chmod(root, 0o755); err != nil {
+		return fmt.Errorf("chmoding disk root: %w", err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, e.dir, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return errdefs.Conflict("sandbox %q already has a disk", filepath.Base(dst))
+		}
+		return fmt.Errorf("handing out disk: %w", err)
+	}
+	return nil
+}
+
+// Open returns the volume handed out to id earlier, possibly by a previous
+// process. If its image exists but is not mounted (after a reboot, say), it
+// is attached and mounted again. A vol directory is only ever made whole,
+// by one rename, so the one half state is one this package never makes: a
+// directory without an image. Open reports it as ErrNotFound; List still
+// lists it, so Remove can delete it.
+func (p *Pool) Open(id string) (*Volume, error) {
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	if p.isClosed() {
+		return nil, errClosed
+	}
+	if v, err := p.mounted(id); !errors.Is(err, errNotMounted) {
+		return v, err
+	}
+	p.volMu.Lock()
+	defer p.volMu.Unlock()
+	if v, err := p.mounted(id); !errors.Is(err, errNotMounted) {
+		return v, err // mounted by a concurrent Open
+	}
+	dir := filepath.Join(p.volDir, id)
+	img := filepath.Join(dir, imageName)
+	root := filepath.Join(dir, rootName)
+	fi, err := os.Stat(img)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, errdefs.NotFound("disk", id)
+		}
+		return nil, fmt.Errorf("opening disk of %q: %w", id, err)
+	}
+	if err := os.Mkdir(root, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("making mountpoint: %w", err)
+	}
+	dev, err := remountImage(img, root)
+	if err != nil {
+		return nil, fmt.Errorf("re-mounting disk of %q: %w", id, err)
+	}
+	p.log.Info("re-mounted disk", "sandbox", id, "device", dev)
+	return &Volume{ID: id, Path: root, Size: fi.Size(), Device: dev}, nil
+}
+
+var errNotMounted = errors.New("not mounted")
+
+// mounted returns id's volume if it is mounted from its own image,
+// errNotMounted if nothing is mounted at its root, ErrNotFound if id has
+// no volume.
+func (p *Pool) mounted(id string) (*Volume, error) {
+	dir := filepath.Join(p.volDir, id)
+	root := filepath.Join(dir, rootName)
+	img := filepath.Join(dir, imageName)
+	var dst, rst unix.Stat_t
+	if err := unix.Stat(dir, &dst); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, errdefs.NotFound("disk", id)
+		}
+		return nil, fmt.Errorf("opening disk of %q: %w", id, err)
+	}
+	if err := unix.Lstat(root, &rst); err != nil || rst.Dev == dst.Dev {
+		return nil, errNotMounted
+	}
+	name, backing, err := loopOf(rst.Dev)
+	if err != nil {
+		return nil, fmt.Errorf("opening disk of %q: %w", id, err)
+	}
+	if backing != img {
+		return nil, fmt.Errorf("opening disk of %q: %s is mounted from %s, not from its image", id, root, backing)
+	}
+	var ist unix.Stat_t
+	if err := unix.Stat(img, &ist); err != nil {
+		return nil, fmt.Errorf("opening disk of %q: %w", id, err)
+	}
+	return &Volume{ID: id, Path: root, Size: ist.Size, Device: "/dev/" + name}, nil
+}
+
+// List returns the ids of the handed-out volumes present on disk, sorted,
+// whether mounted or not, so the caller can find volumes no sandbox owns.
+func (p *Pool) List() ([]string, error) {
+	ents, err := os.ReadDir(p.volDir)
+	if err != nil {
+		return nil, fmt.Errorf("listing disks: %w", err)
+	}
+	ids := make([]string, 0, len(ents))
+	for _, e := range ents {
+		if validateID(e.Name()) == nil {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// Remove unmounts and deletes id's volume. Removing an id without a volume
+// is not an error. The volume is first renamed into trash, so the id is
+// free as soon as Remove returns, and a crash halfway leaves only trash for
+// the next NewPool to sweep.
+func (p *Pool) Remove(ctx context.Context, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	if p.isClosed() {
+		return errClosed
+	}
+	src := filepath.Join(p.volDir, id)
+	dst := filepath.Join(p.trashDir, strconv.FormatUint(p.seq.Add(1), 10))
+	// Only the rename races with Open's re-mount; once in trash the volume
+	// is this call's alone.
+	p.volMu.Lock()
+	err := os.Rename(src, dst)
+	p.volMu.Unlock()
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("removing disk of %q: %w", id, err)
+	}
+	if err := teardown(ctx, dst, p.log); err != nil {
+		return fmt.Errorf("removing disk of %q: %w", id, err)
+	}
+	return nil
+}
+
+// Rename gives the volume handed out to from to the id to, with one
+// rename of its directory (the mount moves with it). It fails with
+// ErrNotFound if from has no volume and ErrConflict if to has one.
+func (p *Pool) Rename(from, to string) error {
+	if err := validateID(from); err != nil {
+		return err
+	}
+	if err := validateID(to); err != nil {
+		return err
+	}
+	if p.isClosed() {
+		return errClosed
+	}
+	p.volMu.Lock()
+	defer p.volMu.Unlock()
+	err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(p.volDir, from), unix.AT_FDCWD, filepath.Join(p.volDir, to), unix.RENAME_NOREPLACE)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return errdefs.NotFound("disk", from)
+	case errors.Is(err, unix.EEXIST):
+		return errdefs.Conflict("sandbox %q already has a disk", to)
+	case err != nil:
+		return fmt.Errorf("renaming disk %q to %q: %w", from, to, err)
+	}
+	return nil
+}
+
+// Ready returns how many pooled volumes are ready now.
+func (p *Pool) Ready() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready)
+}
+
+func (p *Pool) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// Close stops the refill and removes the ready pool volumes. Handed-out
+// volumes stay mounted for the next process to Open. Calls other than
+// List and Ready fail after Close.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	ready := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+
+	p.cancel()
+	<-p.done
+	var errs []error
+	for _, e := range ready {
+		if err := teardown(context.Background(), e.dir, p.log); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, p.lock.Close())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("closing disk pool: %w", err)
+	}
+	return nil
+}
+
+// Usage reports the bytes used and the capacity of the volume's filesystem.
+func (v *Volume) Usage() (used, size int64, err error) {
+	var parent, root unix.Stat_t
+	if err := unix.Stat(filepath.Dir(v.Path), &parent); err != nil {
+		return 0, 0, fmt.Errorf("reading disk usage: %w", err)
+	}
+	if err := unix.Stat(v.Path, &root); err != nil {
+		return 0, 0, fmt.Errorf("reading disk usage: %w", err)
+	}
+	if root.Dev == parent.Dev {
+		// Reporting the host filesystem's numbers would be a lie.
+		return 0, 0, fmt.Errorf("reading disk usage: %w: %s is not mounted", errdefs.ErrNotFound, v.Path)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(v.Path, &st); err != nil {
+		return 0, 0, fmt.Errorf("reading disk usage: %w", err)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
+}

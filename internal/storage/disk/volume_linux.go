@@ -1,0 +1,236 @@
+package disk
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"paddock/internal/errdefs"
+)
+
+const (
+	mountFlags = unix.MS_NODEV | unix.MS_NOSUID
+	// noinit_itable keeps the kernel's lazy-init thread from zeroing the
+	// inode tables mkfs left uninitialised, which would fill the sparse file
+	// with zeros nobody needs: an unwritten sparse block already reads as
+	// zero.
+	mountData = "noinit_itable"
+
+	// EXT4_IOC_SHUTDOWN (_IOR('X', 125, __u32)) with
+	// EXT4_GOING_FLAGS_NOLOGFLUSH: stop the filesystem, dropping dirty data
+	// and the unflushed journal.
+	ext4IocShutdown          = 0x8004587d
+	ext4GoingFlagsNoLogFlush = 0x2
+
+	// Unmount retries EBUSY for about this long (a sandbox's last process
+	// may still be exiting), then detaches lazily.
+	unmountPatience = 200 * time.Millisecond
+)
+
+// mkfsArgs format a sparse file fast and keep it sparse: lazy inode table
+// and journal init write neither (they read as zero anyway), nodiscard
+// skips punching the already empty file, -m 0 reserves nothing (the sandbox
+// is root inside, and the cap must be the cap), and 4 KiB blocks keep small
+// volumes from getting 1 KiB ones.
+var mkfsArgs = []string{"-q", "-F", "-b", "4096", "-m", "0",
+	"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"}
+
+// findMkfs returns the mkfs.ext4 to run: configured, or from PATH, or from
+// the sbin directories a daemon's PATH often lacks.
+func findMkfs(configured string) (string, error) {
+	if configured != "" {
+		return configured, nil
+	}
+	if path, err := exec.LookPath("mkfs.ext4"); err == nil {
+		return path, nil
+	}
+	for _, path := range []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
+		if _, err := os.Stat(path); err == nil {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("%w: mkfs.ext4 not found (install e2fsprogs)", errdefs.ErrUnavailable)
+}
+
+// makeVolume makes a mounted volume of size bytes in the new directory dir
+// and returns its loop device. On failure it leaves nothing behind.
+func makeVolume(ctx context.Context, mkfs, dir string, size int64, log *slog.Logger) (dev string, err error) {
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return "", fmt.Errorf("making volume directory: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			if cerr := teardown(context.Background(), dir, log); cerr != nil {
+				log.Warn("cleaning up half-made disk", "dir", dir, "err", cerr)
+			}
+		}
+	}()
+	root := filepath.Join(dir, rootName)
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return "", fmt.Errorf("making mountpoint: %w", err)
+	}
+	img := filepath.Join(dir, imageName)
+	if err := createSparse(img, size); err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, mkfs, append(mkfsArgs, img)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("formatting disk: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return mountImage(img, root)
+}
+
+func createSparse(img string, size int64) error {
+	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("creating disk image: %w", err)
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return fmt.Errorf("sizing disk image: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("creating disk image: %w", err)
+	}
+	return nil
+}
+
+// mountImage attaches img to a loop device and mounts it at root.
+func mountImage(img, root string) (string, error) {
+	fd, dev, err := attachLoop(img)
+	if err != nil {
+		return "", fmt.Errorf("attaching loop device: %w", err)
+	}
+	// After a successful mount the mount holds the device; after a failed
+	// one this close is the last and autoclear frees it.
+	defer unix.Close(fd)
+	if err := unix.Mount(dev, root, "ext4", mountFlags, mountData); err != nil {
+		return "", fmt.Errorf("mounting %s: %w", dev, err)
+	}
+	return dev, nil
+}
+
+// remountImage mounts img at root again (after a reboot or a manual
+// unmount). If img is still bound to a loop device, that device is mounted
+// rather than a second one: two loop devices over one file would be two
+// ext4 instances writing the same blocks.
+func remountImage(img, root string) (string, error) {
+	names, err := loopsBacking(func(path string) bool { return path == img })
+	if err != nil {
+		return "", err
+	}
+	if len(names) == 0 {
+		return mountImage(img, root)
+	}
+	dev := "/dev/" + names[0]
+	if err := unix.Mount(dev, root, "ext4", mountFlags, mountData); err != nil {
+		return "", fmt.Errorf("mounting %s: %w", dev, err)
+	}
+	// Whoever bound it may not have set autoclear; make sure Remove's
+	// unmount frees it.
+	if err := markAutoclear(dev); err != nil {
+		return "", err
+	}
+	return dev, nil
+}
+
+// unmount unmounts everything mounted at root. EBUSY is retried for
+// unmountPatience (or until ctx ends); then the mount is detached lazily
+// and the loop device frees itself when its last user lets go.
+func unmount(ctx context.Context, root string, log *slog.Logger) error {
+	deadline := time.Now().Add(unmountPatience)
+	delay := 5 * time.Millisecond
+	for stacked := 0; stacked < 8; {
+		err := unix.Unmount(root, unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil:
+			stacked++ // something may be mounted beneath
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not (or no longer) a mountpoint
+		case errors.Is(err, unix.EBUSY) && time.Now().Before(deadline) && ctx.Err() == nil:
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+			}
+			delay *= 2
+		case errors.Is(err, unix.EBUSY):
+			log.Warn("disk busy, detaching lazily", "path", root)
+			if err := unix.Unmount(root, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+				return fmt.Errorf("detaching %s: %w", root, err)
+			}
+			stacked++
+		default:
+			return fmt.Errorf("unmounting %s: %w", root, err)
+		}
+	}
+	return fmt.Errorf("unmounting %s: still mounted after 8 unmounts", root)
+}
+
+// shutdown stops the filesystem mounted at root if, and only if, it is the
+// one in img. A volume being deleted then unmounts without writing back what
+// the sandbox left dirty (1.3 s for 400 MB here, 18 ms with shutdown), and a
+// process still holding files in it gets EIO instead of filling the host's
+// disk through a lazily detached mount. The check is on the open fd, so it
+// cannot race: aimed at the wrong directory this ioctl would stop the host's
+// own filesystem.
+func shutdown(root, img string) error {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("opening %s: %w", root, err)
+	}
+	defer unix.Close(fd)
+	var st, parent unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("inspecting %s: %w", root, err)
+	}
+	if err := unix.Stat(filepath.Dir(root), &parent); err != nil {
+		return fmt.Errorf("inspecting %s: %w", filepath.Dir(root), err)
+	}
+	if st.Dev == parent.Dev {
+		return nil // not mounted
+	}
+	if _, backing, err := loopOf(st.Dev); err != nil || backing != img {
+		return nil // not ours; unmount alone will do
+	}
+	if err := unix.IoctlSetPointerInt(fd, ext4IocShutdown, ext4GoingFlagsNoLogFlush); err != nil {
+		return fmt.Errorf("shutting down %s: %w", root, err)
+	}
+	return nil
+}
+
+// teardown removes the volume directory dir: stops and unmounts its
+// filesystem, makes sure no loop device holds its image, deletes the image
+// and the directories. It never recurses, so a mount it failed to remove is
+// never emptied. Everything in dir is being destroyed; never call it on a
+// volume that is still handed out.
+func teardown(ctx context.Context, dir string, log *slog.Logger) error {
+	root := filepath.Join(dir, rootName)
+	img := filepath.Join(dir, imageName)
+	if err := shutdown(root, img); err != nil {
+		log.Warn("stopping disk before removal", "path", root, "err", err)
+	}
+	if err := unmount(ctx, root, log); err != nil {
+		return err
+	}
+	if err := detachLoops(img); err != nil {
+		return err
+	}
+	for _, path := range []string{img, root, dir} {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("deleting disk: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,328 @@
+// Package test holds paddock's end-to-end tests: they build (or take, from
+// $PADDOCK_BIN) the real binary, start real daemons on private state and
+// run directories, and drive them through the CLI and the Go SDK. They need
+// root and skip without it.
+package test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"paddock/api"
+	"paddock/client"
+)
+
+var paddockBin string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("skipping end-to-end tests: they need root")
+		os.Exit(0)
+	}
+	// Guests of a daemon killed with SIGKILL are reparented to us rather
+	// than to the host's init (which may not reap), so that cleanup can
+	// reap them.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Println("setting child subreaper:", err)
+		os.Exit(1)
+	}
+	paddockBin = os.Getenv("PADDOCK_BIN")
+	if paddockBin == "" {
+		dir, err := os.MkdirTemp("", "paddock-bin-")
+		if err != nil {
+			panic(err)
+		}
+		paddockBin = filepath.Join(dir, "paddock")
+		build := exec.Command("go", "build", "-tags", "netgo osusergo",
+			"-ldflags", `-linkmode external -extldflags "-static"`, "-o", paddockBin, "../cmd/paddock")
+		build.Env = append(os.Environ(), "CGO_ENABLED=1")
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Printf("building paddock: %v\n%s", err, out)
+			os.Exit(1)
+		}
+		code := m.Run()
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Daemon is a paddock daemon started for one test.
+type Daemon struct {
+	t        *testing.T
+	Root     string // holds state/ and run/
+	StateDir string
+	RunDir   string
+	Sock     string
+	Host     string
+	Cgroup   string
+	UIDStart uint32
+	args     []string
+	cmd      *exec.Cmd
+	log      *bytes.Buffer
+	client   *client.Client
+	// orphans are guests whose daemon was killed: they are now our
+	// children and must be reaped once their sandbox is gone.
+	orphans []int
+}
+
+// StartDaemon starts a daemon with private directories and cgroup, and
+// registers its cleanup: every sandbox is removed, the daemon stopped, and
+// the test fails if any mount, cgroup or process of it is left behind.
+func StartDaemon(t *testing.T, extra ...string) *Daemon {
+	t.Helper()
+	id := randHex(4)
+	root, err := os.MkdirTemp("", "paddock-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &Daemon{
+		t:        t,
+		Root:     root,
+		StateDir: filepath.Join(root, "state"),
+		RunDir:   filepath.Join(root, "run"),
+		Sock:     filepath.Join(root, "paddock.sock"),
+		Cgroup:   "paddock-test-" + id,
+		// Spread test daemons over the uid space so that two never share
+		// ranges.
+		UIDStart: 1<<29 + uint32(time.Now().UnixNano()%4096)*(1<<16)*8,
+	}
+	d.Host = "unix://" + d.Sock
+	d.args = append([]string{"serve",
+		"--state-dir", d.StateDir, "--run-dir", d.RunDir,
+		"--listen", d.Host, "--cgroup-parent", d.Cgroup,
+		"--uid-start", fmt.Sprint(d.UIDStart), "--disk-pool", "1",
+		"--log-level", "debug"}, extra...)
+	t.Cleanup(d.cleanup)
+	d.Start()
+	return d
+}
+
+// Start starts (or restarts) the daemon process and waits until it serves.
+func (d *Daemon) Start() {
+	d.t.Helper()
+	d.log = &bytes.Buffer{}
+	d.cmd = exec.Command(paddockBin, d.args...)
+	d.cmd.Stdout = d.log
+	d.cmd.Stderr = d.log
+	// Its own process group: a kill -9 of the daemon must not reach the
+	// sandboxes, and the test's signals must not reach the daemon.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	c, err := client.New(d.Host)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.client = c
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.Version(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) || d.cmd.ProcessState != nil {
+			d.t.Fatalf("daemon did not come up: %v\n%s", err, d.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill9 kills the daemon with SIGKILL, as a crash would.
+func (d *Daemon) Kill9() {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	list, _ := d.client.List(ctx, client.ListOptions{})
+	cancel()
+	for _, sb := range list {
+		if sb.Runtime != nil && sb.Runtime.HostPID > 0 {
+			d.orphans = append(d.orphans, sb.Runtime.HostPID)
+		}
+	}
+	d.cmd.Process.Kill()
+	d.cmd.Wait()
+}
+
+// reapOrphans reaps the guests reparented to the test process, waiting a
+// bounded time for each to exit.
+func (d *Daemon) reapOrphans() {
+	for _, pid := range d.orphans {
+		for i := 0; i < 100; i++ {
+			var ws unix.WaitStatus
+			got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			if got == pid || err != nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	d.orphans = nil
+}
+
+// Stop stops the daemon gracefully.
+func (d *Daemon) Stop() {
+	if d.cmd == nil || d.cmd.ProcessState != nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { d.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		d.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// Client returns an SDK client of the daemon.
+func (d *Daemon) Client() *client.Client { return d.client }
+
+// Log returns what the daemon has logged so far.
+func (d *Daemon) Log() string { return d.log.String() }
+
+// Result is a CLI run's outcome.
+type Result struct {
+	Stdout, Stderr string
+	Code           int
+}
+
+// CLI runs the paddock binary as a client of this daemon.
+func (d *Daemon) CLI(args ...string) Result {
+	return d.CLIInput("", args...)
+}
+
+// CLIInput runs the CLI with stdin.
+func (d *Daemon) CLIInput(stdin string, args ...string) Result {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, paddockBin, append([]string{"--host", d.Host}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.Stdin = strings.NewReader(stdin)
+	err := cmd.Run()
+	r := Result{Stdout: out.String(), Stderr: errb.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.Code = ee.ExitCode()
+	case err != nil:
+		d.t.Fatalf("running paddock %v: %v", args, err)
+	}
+	return r
+}
+
+// MustCLI runs the CLI and fails the test on a non-zero exit.
+func (d *Daemon) MustCLI(args ...string) string {
+	d.t.Helper()
+	r := d.CLI(args...)
+	if r.Code != 0 {
+		d.t.Fatalf("paddock %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.Code, r.Stdout, r.Stderr)
+	}
+	return r.Stdout
+}
+
+// Create creates a sandbox through the SDK and returns its id.
+func (d *Daemon) Create(req api.CreateRequest) string {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sb, err := d.client.Create(ctx, req)
+	if err != nil {
+		d.t.Fatalf("create: %v\n%s", err, d.Log())
+	}
+	return sb.ID
+}
+
+// Exec runs a command through the SDK and returns its output and status.
+func (d *Daemon) Exec(id string, cmd ...string) (stdout, stderr string, st *api.ExitStatus) {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	st, err := d.client.Exec(ctx, id, api.ExecRequest{Cmd: cmd}, client.ExecIO{Stdout: &out, Stderr: &errb})
+	if err != nil {
+		d.t.Fatalf("exec %v: %v", cmd, err)
+	}
+	return out.String(), errb.String(), st
+}
+
+// Sh runs a shell script in the sandbox and fails the test unless it exits 0.
+func (d *Daemon) Sh(id, script string) string {
+	d.t.Helper()
+	out, errs, st := d.Exec(id, "sh", "-c", script)
+	if st.ExitCode != 0 || st.Error != "" {
+		d.t.Fatalf("sh -c %q: exit %d (%s)\nstdout: %s\nstderr: %s", script, st.ExitCode, st.Error, out, errs)
+	}
+	return out
+}
+
+func (d *Daemon) cleanup() {
+	t := d.t
+	if d.cmd != nil && d.cmd.ProcessState == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		list, err := d.client.List(ctx, client.ListOptions{})
+		if err == nil {
+			for _, sb := range list {
+				if err := d.client.Delete(ctx, sb.ID, true); err != nil {
+					t.Errorf("cleanup: removing %s: %v", sb.ID, err)
+				}
+			}
+		}
+		cancel()
+		d.Stop()
+	}
+	d.reapOrphans()
+	if t.Failed() {
+		t.Logf("daemon log:\n%s", d.log)
+	}
+	// Nothing of this daemon may be left on the host.
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, d.Root) {
+			f := strings.Fields(line)
+			if len(f) > 4 {
+				t.Errorf("leftover mount: %s", f[4])
+				syscall.Unmount(f[4], syscall.MNT_DETACH)
+			}
+		}
+	}
+	for _, ctrl := range []string{"cpu", "memory", "pids", "freezer", "cpuacct", "unified", ""} {
+		dir := filepath.Join("/sys/fs/cgroup", ctrl, d.Cgroup)
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if e.IsDir() {
+				t.Errorf("leftover cgroup: %s/%s", dir, e.Name())
+				syscall.Rmdir(filepath.Join(dir, e.Name()))
+			}
+		}
+		syscall.Rmdir(dir)
+	}
+	os.RemoveAll(d.Root)
+}
