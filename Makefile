@@ -29,16 +29,18 @@ deps:
 # its embedded defaults (state in /var/lib/paddock, socket at
 # /run/paddock/paddock.sock, log in /var/log/paddock.log).
 up: deps build
+	@if pgrep -f '^$(PREFIX)/bin/paddock serve' >/dev/null; then \
+		echo "restarting paddock (sandboxes keep running)"; pkill -TERM -f '^$(PREFIX)/bin/paddock serve'; \
+		for i in $$(seq 50); do pgrep -f '^$(PREFIX)/bin/paddock serve' >/dev/null || break; sleep 0.1; done; fi
 	install -m 0755 $(BIN) $(PREFIX)/bin/paddock
-	@if $(PREFIX)/bin/paddock version 2>/dev/null | grep -q '^daemon: [^u]'; then \
-		echo "restarting paddock (sandboxes keep running)"; pkill -TERM -x paddock -f 'paddock serve' || true; sleep 1; fi
 	nohup $(PREFIX)/bin/paddock serve >>/var/log/paddock.log 2>&1 &
 	@for i in $$(seq 100); do $(PREFIX)/bin/paddock version 2>/dev/null | grep -q '^daemon: [^u]' && break; sleep 0.1; done
+	@$(PREFIX)/bin/paddock version | grep -q '^daemon: [^u]' || { echo "paddock did not start; see /var/log/paddock.log"; tail -5 /var/log/paddock.log; exit 1; }
 	@$(PREFIX)/bin/paddock version
 	@echo "paddock is up: try  paddock run -- echo hello"
 
 down:
-	-pkill -TERM -f '$(PREFIX)/bin/paddock serve'
+	-pkill -TERM -f '^$(PREFIX)/bin/paddock serve'
 
 # test runs every test; tests that need root skip without it.
 test: deps build
