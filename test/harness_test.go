@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -66,6 +67,24 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
+// syncBuffer is a bytes.Buffer the daemon writes to while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // Daemon is a paddock daemon started for one test.
 type Daemon struct {
 	t        *testing.T
@@ -78,7 +97,7 @@ type Daemon struct {
 	UIDStart uint32
 	args     []string
 	cmd      *exec.Cmd
-	log      *bytes.Buffer
+	log      *syncBuffer
 	client   *client.Client
 	// orphans are guests whose daemon was killed: they are now our
 	// children and must be reaped once their sandbox is gone.
@@ -120,7 +139,7 @@ func StartDaemon(t *testing.T, extra ...string) *Daemon {
 // Start starts (or restarts) the daemon process and waits until it serves.
 func (d *Daemon) Start() {
 	d.t.Helper()
-	d.log = &bytes.Buffer{}
+	d.log = &syncBuffer{}
 	d.cmd = exec.Command(paddockBin, d.args...)
 	d.cmd.Stdout = d.log
 	d.cmd.Stderr = d.log

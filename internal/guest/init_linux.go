@@ -134,6 +134,12 @@ func activate(a *Activate, fds []int, sp *spawner) (*os.File, error) {
 	if err := writeIdentity(a.Hostname); err != nil {
 		return nil, err
 	}
+	// The working directory exists, as Docker makes it.
+	if a.Serve.Workdir != "" {
+		if err := os.MkdirAll(a.Serve.Workdir, 0o755); err != nil {
+			return nil, fmt.Errorf("creating workdir %s: %w", a.Serve.Workdir, err)
+		}
+	}
 	if err := sp.restrict(a.Caps); err != nil {
 		return nil, err
 	}
@@ -189,14 +195,14 @@ func receiveConfig(sock *os.File) (*Config, []int, error) {
 	return &cfg, fds, nil
 }
 
-// prepare builds the root filesystem and pivots into it.
+// prepare builds the root filesystem and pivots into it. Everything it
+// needs from the host arrives as file descriptors: the guest runs as an
+// unprivileged host uid and may not be able to walk the daemon's
+// directories by path.
 func prepare(cfg *Prepare, fds []int) error {
-	fdOf := func(m Mount) (int, error) {
-		if m.FD < 0 {
-			return -1, nil
-		}
-		if m.FD >= len(fds) {
-			return -1, fmt.Errorf("mount fd %d not received", m.FD)
+	fdOf := func(m Mount, what string) (int, error) {
+		if m.FD < 0 || m.FD >= len(fds) {
+			return -1, fmt.Errorf("%s: fd %d not received", what, m.FD)
 		}
 		return fds[m.FD], nil
 	}
@@ -204,49 +210,24 @@ func prepare(cfg *Prepare, fds []int) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return fmt.Errorf("making mounts slaves: %w", err)
 	}
-	var lowers []string
-	for i, l := range cfg.Layers {
-		fd, err := fdOf(l)
-		if err != nil {
-			return err
-		}
-		if fd < 0 {
-			lowers = append(lowers, l.Source)
-			continue
-		}
-		target := filepath.Join(cfg.RunDir, fmt.Sprintf("lower%d", i))
-		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return fmt.Errorf("attaching layer %d: %w", i, err)
-		}
-		lowers = append(lowers, target)
-	}
-	diskDir := filepath.Join(cfg.RunDir, "disk")
-	fd, err := fdOf(cfg.Disk)
+	disk, err := fdOf(cfg.Disk, "disk")
 	if err != nil {
 		return err
 	}
-	if fd >= 0 {
-		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, diskDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return fmt.Errorf("attaching disk: %w", err)
+	layers := make([]int, len(cfg.Layers))
+	for i, l := range cfg.Layers {
+		if layers[i], err = fdOf(l, fmt.Sprintf("layer %d", i)); err != nil {
+			return err
 		}
-	} else {
-		diskDir = cfg.Disk.Source
 	}
-	rootfs := filepath.Join(cfg.RunDir, "rootfs")
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work,userxattr",
-		strings.Join(lowers, ":"), diskDir, diskDir)
-	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
-		return fmt.Errorf("mounting overlay rootfs (%s): %w", opts, err)
-	}
-	root, err := os.OpenFile(rootfs, unix.O_PATH|unix.O_DIRECTORY, 0)
+	root, err := assembleRoot(layers, disk)
 	if err != nil {
-		return fmt.Errorf("opening rootfs: %w", err)
+		return err
 	}
 	defer root.Close()
 	r := &rootMounter{root: root}
-
 	for _, b := range cfg.Binds {
-		fd, err := fdOf(b)
+		fd, err := fdOf(b, b.Dest)
 		if err != nil {
 			return err
 		}
@@ -264,7 +245,7 @@ func prepare(cfg *Prepare, fds []int) error {
 		r.dev,
 		r.mask,
 		loopbackUp,
-		func() error { return pivot(rootfs) },
+		func() error { return pivot(root) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -272,6 +253,59 @@ func prepare(cfg *Prepare, fds []int) error {
 		}
 	}
 	return nil
+}
+
+// stageDir is where the root filesystem is assembled, on a tmpfs private
+// to the guest's mount namespace (it hides the host's directory there, and
+// is detached with the rest of the host's tree at pivot_root). Every Linux
+// host has a world-traversable /tmp; the daemon's own directories may not
+// be traversable by the guest's unprivileged uid.
+const stageDir = "/tmp"
+
+// assembleRoot attaches the layers and the disk under the staging tmpfs
+// and mounts the overlay root there (lower layers read-only, upper and
+// work dirs on the disk). It returns a handle on the overlay's root.
+func assembleRoot(layers []int, disk int) (*os.File, error) {
+	if err := unix.Mount("tmpfs", stageDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=64k"); err != nil {
+		return nil, fmt.Errorf("mounting staging tmpfs: %w", err)
+	}
+	attach := func(fd int, name string) (string, error) {
+		p := stageDir + "/" + name
+		if err := unix.Mkdir(p, 0o700); err != nil {
+			return "", fmt.Errorf("creating %s: %w", p, err)
+		}
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return "", fmt.Errorf("attaching %s: %w", name, err)
+		}
+		return p, nil
+	}
+	var lowers []string
+	for i, fd := range layers {
+		p, err := attach(fd, fmt.Sprintf("l%d", i))
+		if err != nil {
+			return nil, err
+		}
+		lowers = append(lowers, p)
+	}
+	d, err := attach(disk, "disk")
+	if err != nil {
+		return nil, err
+	}
+	rootfs := stageDir + "/rootfs"
+	if err := unix.Mkdir(rootfs, 0o755); err != nil {
+		return nil, fmt.Errorf("creating rootfs: %w", err)
+	}
+	// Overlay metadata goes to user.* xattrs (userxattr): trusted.* needs
+	// privilege in the initial user namespace.
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work,userxattr", strings.Join(lowers, ":"), d, d)
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+		return nil, fmt.Errorf("mounting overlay rootfs: %w", err)
+	}
+	root, err := os.OpenFile(rootfs, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening rootfs: %w", err)
+	}
+	return root, nil
 }
 
 // rootMounter mounts onto paths resolved inside the rootfs, never on the
@@ -323,24 +357,18 @@ func (r *rootMounter) mount(path, source, fstype string, flags uintptr, data str
 	return nil
 }
 
-// bind mounts a host directory read-only at b.Dest: the detached mount fd
-// when the daemon made one (idmapped), the host path otherwise.
+// bind attaches a host directory at b.Dest: a detached, read-only mount
+// the daemon made (idmapped where the kernel allows).
 func (r *rootMounter) bind(b Mount, fd int) error {
 	t, err := r.target(b.Dest, false)
 	if err != nil {
 		return err
 	}
 	defer t.Close()
-	if fd >= 0 {
-		if err := unix.MoveMount(fd, "", int(t.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-			return fmt.Errorf("attaching %s: %w", b.Dest, err)
-		}
-		return nil
+	if err := unix.MoveMount(fd, "", int(t.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attaching %s: %w", b.Dest, err)
 	}
-	if err := unix.Mount(b.Source, procPath(t), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("binding %s: %w", b.Dest, err)
-	}
-	return r.remountReadonly(b.Dest)
+	return nil
 }
 
 // remountReadonly re-resolves path (a handle opened before a mount refers
@@ -490,11 +518,11 @@ func loopbackUp() error {
 	return nil
 }
 
-// pivot makes rootfs the root and detaches the host's root from our mount
+// pivot makes root the root and detaches the host's root from our mount
 // namespace (runc's pivot_root(".", ".") idiom: no directory for the old
 // root is needed).
-func pivot(rootfs string) error {
-	if err := unix.Chdir(rootfs); err != nil {
+func pivot(root *os.File) error {
+	if err := unix.Fchdir(int(root.Fd())); err != nil {
 		return fmt.Errorf("entering rootfs: %w", err)
 	}
 	if err := unix.PivotRoot(".", "."); err != nil {

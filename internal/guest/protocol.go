@@ -75,12 +75,11 @@ type Config struct {
 	Activate *Activate `json:"activate,omitempty"`
 }
 
-// Prepare says how to build the root filesystem. Fd indexes refer to the
-// descriptors sent with the message.
+// Prepare says how to build the root filesystem. Every host directory
+// arrives as a descriptor (Mount.FD indexes those sent with the message):
+// the guest runs as an unprivileged host uid and may not be able to walk
+// the daemon's directories by path.
 type Prepare struct {
-	// RunDir is the guest's directory on the host; it holds the mount
-	// points used while the root filesystem is assembled.
-	RunDir string `json:"run_dir"`
 	// Layers are the read-only lower layers, top-most first.
 	Layers []Mount `json:"layers"`
 	// Disk is the sandbox's writable volume (a detached mount); the
@@ -105,13 +104,16 @@ type Activate struct {
 	Serve ServeConfig `json:"serve"`
 }
 
-// Mount is a directory for the root filesystem: a host path, or an
-// index into the file descriptors sent with the Config (a detached mount,
-// e.g. an idmapped one).
+// Mount is a directory for the root filesystem, sent as a detached mount
+// the daemon made (open_tree: read-only, idmapped where the kernel
+// allows). A mount of the daemon's namespace could not be bound from or
+// mounted on inside the guest's; a detached one can be attached.
 type Mount struct {
+	// Source is the host path, for messages only.
 	Source string `json:"source,omitempty"`
-	FD     int    `json:"fd"` // -1: use Source
-	Dest   string `json:"dest,omitempty"`
+	// FD indexes the descriptors sent with the message.
+	FD   int    `json:"fd"`
+	Dest string `json:"dest,omitempty"`
 }
 
 // ServeConfig is what the guest needs once the sandbox is built.

@@ -162,6 +162,10 @@ func (s *server) start(conn net.Conn, fr *wire.Reader, fw *wire.Writer, req Requ
 		return
 	}
 	p, err := s.spawn(req.Start)
+	if errors.Is(err, errdefs.ErrInvalid) {
+		fw.WriteJSON(wire.Response, Response{Error: apiError(err)})
+		return
+	}
 	if err != nil {
 		// A command that cannot run answers like a shell would: the stream
 		// ends at once with 127 (not found) or 126 (not executable).
@@ -350,6 +354,9 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 	cwd := sr.Cwd
 	if cwd == "" {
 		cwd = s.cfg.Workdir
+	}
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		return nil, errdefs.Invalid("cwd", "%s is not a directory in the sandbox", cwd)
 	}
 	cred, home, err := credential(sr.User)
 	if err != nil {

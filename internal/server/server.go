@@ -44,17 +44,19 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 		{"POST /v1/sandboxes/{id}/stop", s.stop},
 		{"POST /v1/sandboxes/{id}/exec", s.exec},
 	}
-	paths := map[string]bool{}
+	allowed := map[string][]string{}
 	for _, r := range routes {
 		s.mux.HandleFunc(r.pattern, r.h)
-		_, path, _ := strings.Cut(r.pattern, " ")
-		paths[path] = true
+		method, path, _ := strings.Cut(r.pattern, " ")
+		allowed[path] = append(allowed[path], method)
 	}
 	// A known path with the wrong method, and unknown paths, answer in
 	// JSON like every other error.
-	for path := range paths {
+	for path, methods := range allowed {
+		allow := strings.Join(methods, ", ")
 		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, r, s.log, &HTTPError{Code: http.StatusMethodNotAllowed, Msg: fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path), Err: errdefs.ErrInvalid})
+			w.Header().Set("Allow", allow)
+			writeError(w, r, s.log, &HTTPError{Code: http.StatusMethodNotAllowed, Msg: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow), Err: errdefs.ErrInvalid})
 		})
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

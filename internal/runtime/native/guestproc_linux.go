@@ -71,10 +71,8 @@ func sealedSelf() (*os.File, error) {
 // its run dir. Starting a Go process costs several milliseconds of page
 // faults on small VMs, which is why the pool does it ahead of time.
 func (r *Runtime) spawnGuest(uidBase uint32, dir string) (_ *guestProc, retErr error) {
-	for _, d := range []string{dir, filepath.Join(dir, "rootfs"), filepath.Join(dir, "disk")} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
-			return nil, fmt.Errorf("creating guest dir: %w", err)
-		}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("creating guest dir: %w", err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -266,16 +264,18 @@ func procStartTime(pid int) (uint64, error) {
 	return strconv.ParseUint(f[19], 10, 64)
 }
 
-// idmappedTree clones the mount tree at path as a detached, read-only
-// mount whose owners are mapped through the user namespace usernsFD.
-func idmappedTree(path string, usernsFD int) (int, error) {
+// detachedTree clones the mount tree at path as a detached, read-only
+// mount for a guest to attach. With a user namespace (usernsFD >= 0) its
+// owners are mapped through it (an idmapped mount).
+func detachedTree(path string, usernsFD int) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
 		return -1, fmt.Errorf("open_tree %s: %w", path, err)
 	}
-	attr := unix.MountAttr{
-		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID,
-		Userns_fd: uint64(usernsFD),
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID}
+	if usernsFD >= 0 {
+		attr.Attr_set |= unix.MOUNT_ATTR_IDMAP
+		attr.Userns_fd = uint64(usernsFD)
 	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
 		unix.Close(fd)

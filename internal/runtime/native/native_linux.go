@@ -170,6 +170,11 @@ func (r *Runtime) keepWarm() {
 			}
 			g, err := r.newGuest()
 			if err != nil {
+				select {
+				case <-r.stop:
+					return
+				default:
+				}
 				r.log.Warn("starting a warm guest", "err", err, "retry_in", backoff)
 				select {
 				case <-r.stop:
@@ -235,23 +240,22 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		return err
 	}
 	g.volume = vol
-	for i := range img.Layers {
-		if err := os.MkdirAll(filepath.Join(g.dir, fmt.Sprintf("lower%d", i)), 0o700); err != nil {
-			return err
-		}
-	}
-	p := &guest.Prepare{RunDir: g.dir}
+	p := &guest.Prepare{}
 	fds, idmapped, err := r.mountFDs(g.sb.st.PID, img, p)
 	defer func() { closeFDs(fds) }()
 	if err != nil {
 		return err
 	}
-	diskFD, err := treeClone(v.Path)
-	if err != nil {
+	add := func(fd int, err error) (guest.Mount, error) {
+		if err != nil {
+			return guest.Mount{}, err
+		}
+		fds = append(fds, fd)
+		return guest.Mount{FD: len(fds) - 1}, nil
+	}
+	if p.Disk, err = add(treeClone(v.Path)); err != nil {
 		return err
 	}
-	fds = append(fds, diskFD)
-	p.Disk = guest.Mount{FD: len(fds) - 1}
 	g.sb.st.Idmapped = idmapped
 	if _, err := g.call(ctx, &guest.Config{Prepare: p}, fds, filepath.Join(g.dir, "guest.log")); err != nil {
 		return fmt.Errorf("preparing rootfs: %w", err)
@@ -439,58 +443,64 @@ func (r *Runtime) volume(ctx context.Context, id string, size int64, uid int) (*
 	return vol, nil
 }
 
-// mountFDs fills cfg's layers and binds. Where the kernel allows, each is
-// a detached idmapped mount made here (it takes privilege in the initial
-// user namespace) and attached by the guest, so that host files owned by
-// root show as root in the sandbox instead of nobody.
-func (r *Runtime) mountFDs(pid int, img *image.Image, cfg *guest.Prepare) (fds []int, idmapped bool, err error) {
-	var userns *os.File
-	if r.Idmapped() {
-		userns, err = os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
-		if err != nil {
-			return nil, false, fmt.Errorf("opening sandbox user namespace: %w", err)
-		}
-		defer userns.Close()
+// mountFDs fills p's layers and binds with descriptors. Where the kernel
+// allows, each is a detached idmapped mount made here (it takes privilege
+// in the initial user namespace), so that host files owned by root show as
+// root in the sandbox instead of nobody; otherwise it is an O_PATH handle
+// on the directory.
+func (r *Runtime) mountFDs(pid int, img *image.Image, p *guest.Prepare) (fds []int, idmapped bool, err error) {
+	srcs := append([]string(nil), img.Layers...)
+	for _, b := range img.Binds {
+		srcs = append(srcs, b.Source)
 	}
-	add := func(src string) guest.Mount {
-		if userns == nil {
-			return guest.Mount{Source: src, FD: -1}
-		}
-		fd, err := idmappedTree(src, int(userns.Fd()))
+	if r.Idmapped() {
+		fds, err = r.idmappedFDs(pid, srcs)
 		if err != nil {
-			r.log.Warn("idmapped mounts unavailable; host files will show as nobody", "path", src, "err", err)
+			r.log.Warn("idmapped mounts unavailable; host files will show as nobody", "err", err)
 			r.mu.Lock()
 			r.idmap = false
 			r.mu.Unlock()
-			userns = nil
-			return guest.Mount{Source: src, FD: -1}
 		}
-		fds = append(fds, fd)
-		return guest.Mount{Source: src, FD: len(fds) - 1}
 	}
-	for _, l := range img.Layers {
-		cfg.Layers = append(cfg.Layers, add(l))
-	}
-	for _, b := range img.Binds {
-		m := add(b.Source)
-		m.Dest = b.Dest
-		cfg.Binds = append(cfg.Binds, m)
-	}
-	idmapped = len(fds) > 0 && len(fds) == len(cfg.Layers)+len(cfg.Binds)
+	idmapped = fds != nil
 	if !idmapped {
-		// All or nothing: a half-idmapped rootfs has inconsistent owners.
-		for _, fd := range fds {
-			unix.Close(fd)
+		for _, src := range srcs {
+			fd, err := detachedTree(src, -1)
+			if err != nil {
+				closeFDs(fds)
+				return nil, false, err
+			}
+			fds = append(fds, fd)
 		}
-		fds = nil
-		for i := range cfg.Layers {
-			cfg.Layers[i].FD = -1
-		}
-		for i := range cfg.Binds {
-			cfg.Binds[i].FD = -1
-		}
+	}
+	for i, l := range img.Layers {
+		p.Layers = append(p.Layers, guest.Mount{Source: l, FD: i})
+	}
+	for i, b := range img.Binds {
+		p.Binds = append(p.Binds, guest.Mount{Source: b.Source, Dest: b.Dest, FD: len(img.Layers) + i})
 	}
 	return fds, idmapped, nil
+}
+
+// idmappedFDs makes an idmapped detached mount of each source through the
+// user namespace of pid: all of them or none, since a half-idmapped
+// rootfs would have inconsistent owners.
+func (r *Runtime) idmappedFDs(pid int, srcs []string) ([]int, error) {
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		return nil, fmt.Errorf("opening sandbox user namespace: %w", err)
+	}
+	defer userns.Close()
+	var fds []int
+	for _, src := range srcs {
+		fd, err := detachedTree(src, int(userns.Fd()))
+		if err != nil {
+			closeFDs(fds)
+			return nil, err
+		}
+		fds = append(fds, fd)
+	}
+	return fds, nil
 }
 
 // Restore implements runtime.Runtime.

@@ -1,0 +1,210 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"paddock/api"
+	"paddock/client"
+)
+
+// TestRestartSurvival: kill -9 of the daemon while a sandbox runs long
+// commands leaves the sandbox running; the restarted daemon re-attaches to
+// it with its files, processes and exec.
+func TestRestartSurvival(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	id := d.createCLI("--disk", "64m", "--label", "keep=yes")
+	d.Sh(id, "echo precious > /workspace/data; sleep 300 >/dev/null 2>&1 & echo $! > /tmp/bg.pid")
+
+	// A foreground exec that is still running when the daemon dies.
+	c := d.Client()
+	fg := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go func() {
+		st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "echo $$ > /tmp/fg.pid; exec sleep 301"}}, client.ExecIO{})
+		if err == nil {
+			err = errors.New("exec ended with " + st.Error)
+		}
+		fg <- err
+	}()
+	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool { return d.sh(id, "test -s /tmp/fg.pid").ExitCode == 0 }) {
+		t.Fatal("the foreground command did not start")
+	}
+	sb := d.get(id)
+	before := pidsInUIDRange(sb.Runtime.UIDBase)
+	if len(before) < 3 || !slices.Contains(before, sb.Runtime.HostPID) {
+		t.Fatalf("host processes of the sandbox: %v; want the guest %d and two sleeps", before, sb.Runtime.HostPID)
+	}
+
+	d.Kill9()
+	select {
+	case err := <-fg:
+		t.Logf("foreground exec after the kill: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Errorf("the foreground exec's stream did not end when the daemon died")
+	}
+	for _, pid := range before {
+		if !alive(pid) {
+			t.Errorf("sandbox process %d died with the daemon", pid)
+		}
+	}
+
+	d.Start()
+	if got := strings.Fields(d.MustCLI("ls", "-q", "--state", "running", "--label", "keep=yes")); len(got) != 1 || got[0] != id {
+		t.Fatalf("ls after restart: %q, want [%s] running", got, id)
+	}
+	after := d.get(id)
+	if after.State != api.StateRunning || after.Runtime == nil || after.Runtime.HostPID != sb.Runtime.HostPID {
+		t.Errorf("after restart: state %q runtime %+v; want running with guest %d", after.State, after.Runtime, sb.Runtime.HostPID)
+	}
+	if out := d.MustCLI("exec", id, "--", "cat", "/workspace/data"); out != "precious\n" {
+		t.Errorf("file after restart: %q", out)
+	}
+	if out := d.Sh(id, `kill -0 "$(cat /tmp/bg.pid)" && kill -0 "$(cat /tmp/fg.pid)" && echo both`); out != "both\n" {
+		t.Errorf("long commands after restart: %q", out)
+	}
+	if r := d.CLIInput("piped\n", "exec", "-i", id, "--", "cat"); r.Code != 0 || r.Stdout != "piped\n" {
+		t.Errorf("exec -i after restart: %+v", r)
+	}
+	// Disk cap still in force on the re-attached sandbox.
+	if r := d.sh(id, "dd if=/dev/zero of=/workspace/fill bs=1M count=100"); r.ExitCode == 0 || !strings.Contains(r.Stderr, "No space left") {
+		t.Errorf("disk cap after restart: %v", r)
+	}
+	d.Sh(id, "rm -f /workspace/fill")
+
+	// A graceful restart too.
+	d.Stop()
+	d.Start()
+	if out := d.Sh(id, "cat /workspace/data"); out != "precious\n" {
+		t.Errorf("file after a graceful restart: %q", out)
+	}
+
+	d.MustCLI("rm", "-f", id)
+	if left := d.traces(after); len(left) > 0 {
+		t.Errorf("rm -f after restart left: %v", left)
+	}
+}
+
+// TestRestartGuestKilledWhileDown: a sandbox whose guest dies while the
+// daemon is down is reported as not running after the restart, refuses
+// exec with a conflict, and can be removed; the others are unaffected.
+func TestRestartGuestKilledWhileDown(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	victim := d.Create(api.CreateRequest{})
+	survivor := d.Create(api.CreateRequest{})
+	d.Sh(victim, "echo gone > /workspace/f; sleep 300 >/dev/null 2>&1 &")
+	vsb := d.get(victim)
+
+	d.Kill9()
+	if err := syscall.Kill(vsb.Runtime.HostPID, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the guest: %v", err)
+	}
+	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool { return len(pidsInUIDRange(vsb.Runtime.UIDBase)) == 0 }) {
+		t.Fatalf("the victim's processes outlived its guest: %v", pidsInUIDRange(vsb.Runtime.UIDBase))
+	}
+	d.Start()
+
+	sb := d.get(victim)
+	if sb.State != api.StateStopped && sb.State != api.StateFailed {
+		t.Errorf("victim after restart: state %q, want stopped or failed", sb.State)
+	}
+	t.Logf("victim: state %q error %q", sb.State, sb.Error)
+	if got := strings.Fields(d.MustCLI("ls", "-q", "--state", "running")); len(got) != 1 || got[0] != survivor {
+		t.Errorf("running after restart: %q, want [%s]", got, survivor)
+	}
+	_, err := d.Client().Exec(t.Context(), victim, api.ExecRequest{Cmd: []string{"true"}}, client.ExecIO{})
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Status != http.StatusConflict {
+		t.Errorf("exec in the dead sandbox: %v, want a 409", err)
+	}
+	if out := d.Sh(survivor, "echo fine"); out != "fine\n" {
+		t.Errorf("survivor: %q", out)
+	}
+	if r := d.CLI("rm", victim); r.Code != 0 {
+		t.Errorf("rm of the dead sandbox: exit %d stderr %q", r.Code, r.Stderr)
+	}
+	if left := d.traces(vsb); len(left) > 0 {
+		t.Errorf("rm of the dead sandbox left: %v", left)
+	}
+}
+
+// TestRestartDuringCreate kills the daemon at several points of a create,
+// of a sandbox that takes a warm guest (default disk) and of one that
+// starts its own (another disk size). After the restart a create that
+// returned is there, every sandbox listed is running and usable, and
+// nothing of a create that did not finish is left: no directory, mount,
+// cgroup or process (warm guests aside).
+func TestRestartDuringCreate(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	ms := time.Millisecond
+	cases := []struct {
+		disk  int64
+		delay time.Duration
+	}{
+		{0, 0}, {0, 2 * ms}, {0, 5 * ms}, {0, 10 * ms}, {0, 100 * ms},
+		{32 << 20, 0}, {32 << 20, 5 * ms}, {32 << 20, 10 * ms}, {32 << 20, 20 * ms},
+		{32 << 20, 30 * ms}, {32 << 20, 45 * ms}, {32 << 20, 60 * ms}, {32 << 20, 150 * ms},
+	}
+	for _, tc := range cases {
+		c := d.Client()
+		created := make(chan string, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			sb, err := c.Create(ctx, api.CreateRequest{Resources: api.Resources{DiskBytes: tc.disk}})
+			if err != nil {
+				created <- ""
+				return
+			}
+			created <- sb.ID
+		}()
+		time.Sleep(tc.delay)
+		d.Kill9()
+		id := <-created
+		d.Start()
+
+		what := fmt.Sprintf("disk %d MiB, kill after %s", tc.disk>>20, tc.delay)
+		list, err := d.Client().List(t.Context(), client.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: create returned %q; %d sandboxes after the restart", what, id, len(list))
+		if id != "" && !slices.ContainsFunc(list, func(sb api.Sandbox) bool { return sb.ID == id }) {
+			t.Errorf("%s: sandbox %s, created before the kill, is gone after the restart", what, id)
+		}
+		for _, sb := range list {
+			if sb.State != api.StateRunning {
+				t.Errorf("%s: sandbox %s is %q after the restart", what, sb.ID, sb.State)
+				continue
+			}
+			if out := d.Sh(sb.ID, "echo ok"); out != "ok\n" {
+				t.Errorf("%s: sandbox %s: %q", what, sb.ID, out)
+			}
+		}
+		for _, sb := range list {
+			full := d.get(sb.ID)
+			d.MustCLI("rm", "-f", sb.ID)
+			if left := d.traces(full); len(left) > 0 {
+				t.Errorf("%s: rm -f %s left %v", what, sb.ID, left)
+			}
+		}
+		if left := d.daemonTraces(); len(left) > 0 {
+			t.Errorf("%s: the restarted daemon keeps leftovers of an unfinished create: %v", what, left)
+		}
+	}
+	if _, err := os.Stat(d.Sock); err != nil {
+		t.Errorf("daemon socket gone: %v", err)
+	}
+}
