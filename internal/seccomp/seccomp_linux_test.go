@@ -34,6 +34,7 @@ const (
 	envReport = "PADDOCK_SECCOMP_TEST_REPORT" // load: print each thread's seccomp mode first
 	envNoNNP  = "PADDOCK_SECCOMP_TEST_NO_NNP" // load: skip no_new_privs, drop CAP_SYS_ADMIN
 	envCount  = "PADDOCK_SECCOMP_TEST_COUNT"  // bench-*: iterations
+	envAll    = "PADDOCK_SECCOMP_TEST_ALL"    // load: LoadAllThreads instead of Load
 )
 
 func TestMain(m *testing.M) {
@@ -78,7 +79,11 @@ func childLoad(argv []string) {
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		childFail(err)
 	}
-	if err := Load(prog); err != nil {
+	load := Load
+	if os.Getenv(envAll) != "" {
+		load = LoadAllThreads
+	}
+	if err := load(prog); err != nil {
 		childFail(err)
 	}
 	if os.Getenv(envReport) != "" {
@@ -116,6 +121,9 @@ func reportThreads() {
 			continue // the thread exited
 		}
 		mode := statusField(string(status), "Seccomp")
+		if os.Getenv(envAll) != "" {
+			mode += " nnp=" + statusField(string(status), "NoNewPrivs")
+		}
 		fmt.Printf("thread self=%v seccomp=%s\n", task.Name() == strconv.Itoa(self), mode)
 	}
 }
@@ -534,6 +542,27 @@ func TestLoadFiltersCallingThreadOnly(t *testing.T) {
 		t.Fatalf("want the loading thread and the exec'd shell in filter mode:\n%s", out)
 	}
 	t.Logf("%d other threads left unfiltered before exec", others)
+}
+
+// TestLoadAllThreadsFiltersEveryThread checks the guest's use: with TSYNC
+// every thread of the process is filtered and gets no_new_privs.
+func TestLoadAllThreadsFiltersEveryThread(t *testing.T) {
+	out := underFilter(t, compile(t, DockerDefaultCaps), []string{envReport + "=1", envAll + "=1"}, "",
+		"/bin/sh", "-c", "grep '^Seccomp:' /proc/self/status")
+	threads := 0
+	for line := range strings.Lines(out) {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "Seccomp:\t2":
+		case strings.HasPrefix(line, "thread ") && strings.HasSuffix(line, "seccomp=2 nnp=1"):
+			threads++
+		default:
+			t.Errorf("thread not filtered: %q", line)
+		}
+	}
+	if threads < 2 {
+		t.Fatalf("want several filtered threads, got %d:\n%s", threads, out)
+	}
 }
 
 func TestLoadNeedsNoNewPrivs(t *testing.T) {

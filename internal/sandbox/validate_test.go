@@ -1,0 +1,54 @@
+package sandbox
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+)
+
+func TestValidateCreate(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		req   api.CreateRequest
+		field string // "" when valid
+	}{
+		{"empty", api.CreateRequest{}, ""},
+		{"full", api.CreateRequest{Env: map[string]string{"A": "1"}, Workdir: "/w", Resources: api.Resources{CPUs: 0.5, MemoryBytes: 64 << 20, Pids: 100, DiskBytes: 1 << 30}, TimeoutSeconds: 60, Labels: map[string]string{"team": "x"}}, ""},
+		{"env key", api.CreateRequest{Env: map[string]string{"A=B": "1"}}, "env"},
+		{"env nul", api.CreateRequest{Env: map[string]string{"A": "a\x00"}}, "env"},
+		{"relative workdir", api.CreateRequest{Workdir: "w"}, "workdir"},
+		{"dotted workdir", api.CreateRequest{Workdir: "/a/../b"}, "workdir"},
+		{"cpus negative", api.CreateRequest{Resources: api.Resources{CPUs: -1}}, "resources.cpus"},
+		{"cpus too many", api.CreateRequest{Resources: api.Resources{CPUs: 1000}}, "resources.cpus"},
+		{"memory tiny", api.CreateRequest{Resources: api.Resources{MemoryBytes: 1000}}, "resources.memory_bytes"},
+		{"pids tiny", api.CreateRequest{Resources: api.Resources{Pids: 2}}, "resources.pids"},
+		{"disk tiny", api.CreateRequest{Resources: api.Resources{DiskBytes: 1 << 20}}, "resources.disk_bytes"},
+		{"timeout negative", api.CreateRequest{TimeoutSeconds: -5}, "timeout_seconds"},
+		{"label key", api.CreateRequest{Labels: map[string]string{"bad key": "x"}}, "labels"},
+		{"label value", api.CreateRequest{Labels: map[string]string{"k": strings.Repeat("x", 300)}}, "labels"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := validateCreate(&tc.req, 2)
+			if tc.field == "" {
+				if err != nil {
+					t.Fatalf("valid request refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("error %v does not name %q", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestValidID(t *testing.T) {
+	for id, ok := range map[string]bool{"abc123": true, "a-b": true, "": false, "../x": false, "A": false, "a/b": false, strings.Repeat("a", 65): false} {
+		if (ValidID(id) == nil) != ok {
+			t.Errorf("ValidID(%q) ok=%v", id, !ok)
+		}
+	}
+}
