@@ -28,6 +28,9 @@ const (
 	Error   Type = 4 // JSON api.Error; the stream ends after it
 	Started Type = 5 // JSON {"pid": N}
 	Dropped Type = 6 // JSON {"bytes": N}: output lost to the retention cap
+	Data    Type = 7 // raw bytes of a file or tar stream
+	Event   Type = 8 // JSON event (file watch)
+	End     Type = 9 // JSON; ends a data or event stream (e.g. {"bytes": N} or an error)
 
 	// Client to server.
 	Stdin      Type = 16

@@ -99,6 +99,9 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		rmCmd(g),
 		stopCmd(g),
 	)
+	root.AddCommand(processCmds(g)...)
+	root.AddCommand(fileCmds(g)...)
+	root.AddCommand(portCmds(g)...)
 	return root
 }
 

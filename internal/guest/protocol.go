@@ -30,6 +30,10 @@ type Request struct {
 	Offset int64  `json:"offset,omitempty"`
 	Signal string `json:"signal,omitempty"`
 	Data   []byte `json:"data,omitempty"`
+	// File carries the arguments of the file ops (files_protocol.go).
+	File *FileRequest `json:"file,omitempty"`
+	// Port carries the arguments of the port ops (ports_protocol.go).
+	Port *PortRequest `json:"port,omitempty"`
 }
 
 // StartRequest starts a process.
@@ -51,6 +55,8 @@ type Response struct {
 	Error     *api.Error    `json:"error,omitempty"`
 	PID       int           `json:"pid,omitempty"`
 	Processes []ProcessInfo `json:"processes,omitempty"`
+	// File carries the answers of the file ops (files_protocol.go).
+	File *FileResponse `json:"file,omitempty"`
 }
 
 // ProcessInfo describes a process the guest started.

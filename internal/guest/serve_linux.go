@@ -134,9 +134,38 @@ func (s *server) handle(conn net.Conn) {
 		}
 		fw.WriteJSON(wire.Response, Response{Error: apiError(err), PID: req.PID})
 	default:
+		if h, ok := extraOps[req.Op]; ok {
+			h(s, &opConn{conn: conn, fr: fr, fw: fw}, req)
+			return
+		}
 		fw.WriteJSON(wire.Response, Response{Error: apiError(errdefs.Invalid("op", "unknown op %q", req.Op))})
 	}
 }
+
+// opConn is a guest connection as an op handler sees it: the request has
+// been read; the handler writes one Response frame and then, for streaming
+// ops, frames both ways until it is done. The connection is closed after
+// the handler returns.
+type opConn struct {
+	conn net.Conn
+	fr   *wire.Reader
+	fw   *wire.Writer
+}
+
+// respond writes the Response frame: err as an error answer, or resp.
+func (c *opConn) respond(resp Response, err error) error {
+	if err != nil {
+		resp = Response{Error: apiError(err)}
+	}
+	return c.fw.WriteJSON(wire.Response, resp)
+}
+
+// opHandler serves one op.
+type opHandler func(s *server, c *opConn, req Request)
+
+// extraOps are the ops beyond processes: files (files_linux.go) and ports
+// (ports_linux.go) add theirs here in init functions.
+var extraOps = map[string]opHandler{}
 
 func apiError(err error) *api.Error {
 	if err == nil {

@@ -21,6 +21,12 @@ import (
 // maxBody caps JSON request bodies.
 const maxBody = 1 << 20
 
+// route is one pattern of the API, "METHOD /path".
+type route struct {
+	pattern string
+	h       http.HandlerFunc
+}
+
 // Server serves the /v1 API.
 type Server struct {
 	mgr     *sandbox.Manager
@@ -32,10 +38,7 @@ type Server struct {
 // New returns a Server for mgr.
 func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Server {
 	s := &Server{mgr: mgr, log: log, version: version, mux: http.NewServeMux()}
-	routes := []struct {
-		pattern string
-		h       http.HandlerFunc
-	}{
+	routes := []route{
 		{"GET /v1/version", s.getVersion},
 		{"GET /v1/sandboxes", s.list},
 		{"POST /v1/sandboxes", s.create},
@@ -44,6 +47,9 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 		{"POST /v1/sandboxes/{id}/stop", s.stop},
 		{"POST /v1/sandboxes/{id}/exec", s.exec},
 	}
+	routes = append(routes, s.processRoutes()...)
+	routes = append(routes, s.fileRoutes()...)
+	routes = append(routes, s.portRoutes()...)
 	allowed := map[string][]string{}
 	for _, r := range routes {
 		s.mux.HandleFunc(r.pattern, r.h)

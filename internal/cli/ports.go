@@ -1,0 +1,6 @@
+package cli
+
+import "github.com/spf13/cobra"
+
+// portCmds are port.
+func portCmds(g *globals) []*cobra.Command { return nil }

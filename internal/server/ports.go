@@ -1,0 +1,4 @@
+package server
+
+// portRoutes are the /v1/sandboxes/{id}/ports endpoints.
+func (s *Server) portRoutes() []route { return nil }
