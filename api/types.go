@@ -76,6 +76,12 @@ type ExecRequest struct {
 	Env map[string]string `json:"env,omitempty"`
 	// Cwd defaults to the sandbox's workdir.
 	Cwd string `json:"cwd,omitempty"`
+	// User runs the command as a user of the sandbox; default root.
+	User string `json:"user,omitempty"`
+	// TTY runs the command on a pseudo-terminal of this size.
+	TTY *TTY `json:"tty,omitempty"`
+	// TimeoutSeconds kills the command when its lifetime is up.
+	TimeoutSeconds int64 `json:"timeout_seconds,omitempty"`
 	// Stdin, when set, is written to the process and then closed. For a
 	// streamed stdin, upgrade the connection instead (see openapi.yaml).
 	Stdin *string `json:"stdin,omitempty"`
@@ -87,6 +93,9 @@ type ExitStatus struct {
 	// Signal is the signal that killed the process, if one did.
 	Signal    string `json:"signal,omitempty"`
 	OOMKilled bool   `json:"oom_killed,omitempty"`
+	// TimedOut is set when the process was killed for outliving its
+	// timeout.
+	TimedOut bool `json:"timed_out,omitempty"`
 	// Error is set when the process could not be run or the stream was
 	// cut (for example "sandbox ended").
 	Error string `json:"error,omitempty"`
@@ -114,3 +123,51 @@ const StreamProtocol = "paddock-stream"
 
 // StreamContentType is the media type of a one-way frame stream.
 const StreamContentType = "application/vnd.paddock.stream"
+
+// TTY asks for a pseudo-terminal of the given size.
+type TTY struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+// StartRequest is the body of POST /v1/sandboxes/{id}/processes.
+type StartRequest struct {
+	Cmd []string          `json:"cmd"`
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd defaults to the sandbox's workdir.
+	Cwd string `json:"cwd,omitempty"`
+	// User runs the process as a user of the sandbox (name or uid);
+	// default root.
+	User string `json:"user,omitempty"`
+	// Stdin keeps the process's stdin open for input; otherwise it reads
+	// /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+	// TTY runs the process on a pseudo-terminal (stdout and stderr merged).
+	TTY *TTY `json:"tty,omitempty"`
+	// TimeoutSeconds kills the process (SIGKILL to its group) when its
+	// lifetime is up. 0: none.
+	TimeoutSeconds int64 `json:"timeout_seconds,omitempty"`
+}
+
+// Process describes a process started in a sandbox.
+type Process struct {
+	PID       int       `json:"pid"`
+	Cmd       []string  `json:"cmd"`
+	User      string    `json:"user,omitempty"`
+	Cwd       string    `json:"cwd"`
+	TTY       bool      `json:"tty,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	// State is "running" or "exited".
+	State string      `json:"state"`
+	Exit  *ExitStatus `json:"exit,omitempty"`
+	// OutputBytes is the offset after the last byte of output (stdout and
+	// stderr together); attach replays from any offset still retained.
+	OutputBytes int64 `json:"output_bytes"`
+	// DroppedBytes is output lost to the per-process retention cap.
+	DroppedBytes int64 `json:"dropped_bytes"`
+}
+
+// SignalRequest is the body of POST .../processes/{pid}/signal.
+type SignalRequest struct {
+	Signal string `json:"signal"`
+}

@@ -58,12 +58,14 @@ func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest, eio E
 	return s.Wait(eio.Stdout, eio.Stderr)
 }
 
-// ExecStream is an exec's open stream, for callers that need more than
-// Exec: signals and input as they go.
+// ExecStream is a process's open output stream (from an exec or an
+// attach), for callers that need more than Exec: input, signals and
+// terminal sizes as they go, and the offset to re-attach from.
 type ExecStream struct {
 	PID  int
 	body io.ReadCloser
 	fr   *wire.Reader
+	off  int64 // output bytes received (and dropped) so far
 
 	mu sync.Mutex
 	fw *wire.Writer // nil on a one-way stream
@@ -72,7 +74,12 @@ type ExecStream struct {
 // ExecStream starts a command and returns its stream. With interactive set
 // the connection is upgraded so that input and signals can be sent.
 func (c *Client) ExecStream(ctx context.Context, id string, req api.ExecRequest, interactive bool) (*ExecStream, error) {
-	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/exec", req)
+	return c.openStream(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/exec", req, interactive)
+}
+
+// openStream sends a request whose answer is a frame stream.
+func (c *Client) openStream(ctx context.Context, method, path string, body any, interactive bool) (*ExecStream, error) {
+	hreq, err := c.newRequest(ctx, method, path, body)
 	if err != nil {
 		return nil, err
 	}
@@ -113,9 +120,19 @@ func (s *ExecStream) Send(t wire.Type, payload []byte) error {
 
 // Signal sends a signal ("TERM", "KILL", "INT", ...) to the process.
 func (s *ExecStream) Signal(sig string) error {
-	b, _ := json.Marshal(map[string]string{"signal": sig})
+	b, _ := json.Marshal(api.SignalRequest{Signal: sig})
 	return s.Send(wire.Signal, b)
 }
+
+// Resize sets the size of the process's terminal.
+func (s *ExecStream) Resize(cols, rows uint16) error {
+	b, _ := json.Marshal(api.TTY{Cols: cols, Rows: rows})
+	return s.Send(wire.Resize, b)
+}
+
+// Offset is how much output the stream has delivered (or reported
+// dropped): attach from here to resume after a lost connection.
+func (s *ExecStream) Offset() int64 { return s.off }
 
 // Wait copies output until the exit frame and returns the exit status.
 func (s *ExecStream) Wait(stdout, stderr io.Writer) (*api.ExitStatus, error) {
@@ -132,13 +149,21 @@ func (s *ExecStream) Wait(stdout, stderr io.Writer) (*api.ExitStatus, error) {
 		}
 		switch f.Type {
 		case wire.Stdout:
+			s.off += int64(len(f.Payload))
 			if _, err := stdout.Write(f.Payload); err != nil {
 				return nil, err
 			}
 		case wire.Stderr:
+			s.off += int64(len(f.Payload))
 			if _, err := stderr.Write(f.Payload); err != nil {
 				return nil, err
 			}
+		case wire.Dropped:
+			var d struct {
+				Bytes int64 `json:"bytes"`
+			}
+			json.Unmarshal(f.Payload, &d)
+			s.off += d.Bytes
 		case wire.Exit:
 			var st api.ExitStatus
 			if err := json.Unmarshal(f.Payload, &st); err != nil {

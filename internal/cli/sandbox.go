@@ -5,11 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"sort"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -118,7 +115,7 @@ func splitCommand(cmd *cobra.Command, args []string, before int) (head, command 
 
 func runCmd(g *globals) *cobra.Command {
 	var cf createFlags
-	var interactive bool
+	var interactive, tty bool
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- CMD [ARG...]",
 		Short: "Create a sandbox, run a command in it with live output, and remove it",
@@ -136,8 +133,7 @@ func runCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
+			ctx := cmd.Context()
 			sb, err := c.Create(ctx, req)
 			if err != nil {
 				fmt.Fprintln(g.stderr, "paddock: creating sandbox:", oneLine(err))
@@ -150,35 +146,49 @@ func runCmd(g *globals) *cobra.Command {
 					fmt.Fprintln(g.stderr, "paddock: removing sandbox:", oneLine(err))
 				}
 			}()
-			return runExec(ctx, g, c, sb.ID, command, interactive, nil, "")
+			return runExec(ctx, g, c, sb.ID, command, execOptions{interactive: interactive, tty: tty})
 		},
 	}
 	cf.register(cmd)
 	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "stream stdin to the command")
+	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "run the command on a terminal (raw mode locally)")
 	return cmd
 }
 
+// execOptions are how the CLI runs one command.
+type execOptions struct {
+	interactive bool // stream stdin
+	tty         bool // on a pseudo-terminal
+	env         map[string]string
+	cwd         string
+	user        string
+}
+
 // runExec runs one command and turns its exit into the CLI's exit code.
-func runExec(ctx context.Context, g *globals, c *client.Client, id string, command []string, interactive bool, env map[string]string, cwd string) error {
-	eio := client.ExecIO{Stdout: os.Stdout, Stderr: os.Stderr}
-	if g.stdout != os.Stdout {
-		eio.Stdout, eio.Stderr = g.stdout, g.stderr
+func runExec(ctx context.Context, g *globals, c *client.Client, id string, command []string, o execOptions) error {
+	req := api.ExecRequest{Cmd: command, Env: o.env, Cwd: o.cwd, User: o.user}
+	if o.tty {
+		req.TTY = localSize()
 	}
-	if interactive {
-		eio.Stdin = os.Stdin
-	}
-	st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: command, Env: env, Cwd: cwd}, eio)
+	s, err := c.ExecStream(ctx, id, req, o.interactive || o.tty)
 	if err != nil {
-		if ctx.Err() != nil {
-			return exitError{130}
-		}
 		return err
 	}
+	defer s.Close()
+	return g.follow(ctx, s, o.interactive || o.tty, o.tty)
+}
+
+// exitCode turns an exit status into the CLI's exit, saying why on stderr
+// when the command did not simply return.
+func (g *globals) exitCode(st *api.ExitStatus) error {
 	if st.Error != "" {
 		fmt.Fprintln(g.stderr, "paddock:", st.Error)
 	}
 	if st.OOMKilled {
 		fmt.Fprintln(g.stderr, "paddock: the command was killed for exceeding the sandbox's memory limit")
+	}
+	if st.TimedOut {
+		fmt.Fprintln(g.stderr, "paddock: the command was killed when its timeout was up")
 	}
 	if st.ExitCode != 0 {
 		code := st.ExitCode
@@ -218,9 +228,8 @@ func createCmd(g *globals) *cobra.Command {
 }
 
 func execCmd(g *globals) *cobra.Command {
-	var interactive bool
+	var o execOptions
 	var env []string
-	var cwd string
 	cmd := &cobra.Command{
 		Use:   "exec [flags] ID -- CMD [ARG...]",
 		Short: "Run a command in a running sandbox; exits with its exit code",
@@ -229,23 +238,22 @@ func execCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			envMap, err := keyValues("--env", env)
-			if err != nil {
+			if o.env, err = keyValues("--env", env); err != nil {
 				return err
 			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			return runExec(ctx, g, c, head[0], command, interactive, envMap, cwd)
+			return runExec(cmd.Context(), g, c, head[0], command, o)
 		},
 	}
 	cmd.Flags().SetInterspersed(false)
-	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "stream stdin to the command")
+	cmd.Flags().BoolVarP(&o.interactive, "interactive", "i", false, "stream stdin to the command")
+	cmd.Flags().BoolVarP(&o.tty, "tty", "t", false, "run the command on a terminal (raw mode locally)")
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE; repeatable")
-	cmd.Flags().StringVarP(&cwd, "workdir", "w", "", "working directory inside the sandbox")
+	cmd.Flags().StringVarP(&o.cwd, "workdir", "w", "", "working directory inside the sandbox")
+	cmd.Flags().StringVarP(&o.user, "user", "u", "", "user to run as inside the sandbox (default root)")
 	return cmd
 }
 
@@ -255,7 +263,7 @@ func lsCmd(g *globals) *cobra.Command {
 	var state string
 	cmd := &cobra.Command{
 		Use:     "ls",
-		Aliases: []string{"list", "ps"},
+		Aliases: []string{"list"},
 		Short:   "List sandboxes",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -77,3 +77,19 @@ func FromCode(code string) error {
 	}
 	return nil
 }
+
+// categorized is an error in a category whose message does not repeat the
+// category's name.
+type categorized struct {
+	cat error
+	msg string
+}
+
+func (e *categorized) Error() string        { return e.msg }
+func (e *categorized) Is(target error) bool { return target == e.cat }
+
+// New returns an error in category cat (errors.Is(err, cat)) with exactly
+// the given message.
+func New(cat error, format string, args ...any) error {
+	return &categorized{cat: cat, msg: fmt.Sprintf(format, args...)}
+}

@@ -16,6 +16,7 @@ const (
 	OpSignal     = "signal"
 	OpInput      = "input"
 	OpCloseStdin = "close_stdin"
+	OpResize     = "resize"
 	OpPing       = "ping"
 )
 
@@ -30,6 +31,8 @@ type Request struct {
 	Offset int64  `json:"offset,omitempty"`
 	Signal string `json:"signal,omitempty"`
 	Data   []byte `json:"data,omitempty"`
+	// TTY is the new size for resize.
+	TTY *api.TTY `json:"tty,omitempty"`
 	// File carries the arguments of the file ops (files_protocol.go).
 	File *FileRequest `json:"file,omitempty"`
 	// Port carries the arguments of the port ops (ports_protocol.go).
@@ -46,6 +49,10 @@ type StartRequest struct {
 	// Stdin keeps the process's stdin open for input frames; otherwise it
 	// reads /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
+	// TTY runs the process on a pseudo-terminal of this size.
+	TTY *api.TTY `json:"tty,omitempty"`
+	// TimeoutSeconds kills the process group when the lifetime is up.
+	TimeoutSeconds int64 `json:"timeout_seconds,omitempty"`
 	// Attach streams the output on this connection after the response.
 	Attach bool `json:"attach,omitempty"`
 }
@@ -63,6 +70,9 @@ type Response struct {
 type ProcessInfo struct {
 	PID       int             `json:"pid"`
 	Cmd       []string        `json:"cmd"`
+	User      string          `json:"user,omitempty"`
+	Cwd       string          `json:"cwd"`
+	TTY       bool            `json:"tty,omitempty"`
 	StartedAt time.Time       `json:"started_at"`
 	Running   bool            `json:"running"`
 	Exit      *api.ExitStatus `json:"exit,omitempty"`

@@ -27,7 +27,20 @@ func validateExec(req *api.ExecRequest) error {
 	if err := sandbox.ValidateEnv("env", req.Env); err != nil {
 		return err
 	}
+	if err := validateTTY(req.TTY); err != nil {
+		return err
+	}
+	if req.TimeoutSeconds < 0 {
+		return errdefs.Invalid("timeout_seconds", "must not be negative")
+	}
 	return sandbox.ValidatePath("cwd", req.Cwd)
+}
+
+func validateTTY(t *api.TTY) error {
+	if t != nil && (t.Cols == 0 || t.Rows == 0) {
+		return errdefs.Invalid("tty", "cols and rows must be positive")
+	}
+	return nil
 }
 
 // wantsUpgrade reports whether the client asked for a bidirectional stream.
@@ -58,6 +71,32 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
+	upgrade := wantsUpgrade(r)
+	start := &guest.StartRequest{
+		Cmd: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
+		TimeoutSeconds: req.TimeoutSeconds, Stdin: upgrade || req.Stdin != nil || req.TTY != nil, Attach: true,
+	}
+	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, func(resp *guest.Response, conn *guest.Conn) {
+		if req.Stdin == nil || resp.PID == 0 {
+			return
+		}
+		in := []byte(*req.Stdin)
+		for len(in) > 0 {
+			n := min(len(in), 256<<10)
+			if conn.Send(wire.Stdin, in[:n]) != nil {
+				return
+			}
+			in = in[n:]
+		}
+		conn.Send(wire.CloseStdin, nil)
+	})
+}
+
+// streamOp sends a streaming guest request (start with attach, or attach)
+// and relays its frames to the client: one way, or both ways after a 101
+// when the client asked for an upgrade. before runs once the guest has
+// answered, before any output is relayed.
+func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, before func(*guest.Response, *guest.Conn)) {
 	gc, err := s.mgr.Guest(id)
 	if err != nil {
 		writeError(w, r, s.log, err)
@@ -68,31 +107,19 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	upgrade := wantsUpgrade(r)
-	start := &guest.StartRequest{
-		Cmd: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd,
-		Stdin: upgrade || req.Stdin != nil, Attach: true,
-	}
-	resp, conn, err := gc.Call(r.Context(), guest.Request{Op: guest.OpStart, Start: start})
+	resp, conn, err := gc.Call(r.Context(), greq)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
 	defer conn.Close()
-	if req.Stdin != nil && resp.PID != 0 {
-		in := []byte(*req.Stdin)
-		for len(in) > 0 {
-			n := min(len(in), 256<<10)
-			if conn.Send(wire.Stdin, in[:n]) != nil {
-				break
-			}
-			in = in[n:]
-		}
-		conn.Send(wire.CloseStdin, nil)
+	if before != nil {
+		before(resp, conn)
 	}
-	if !upgrade {
+	pid := strconv.Itoa(resp.PID)
+	if !wantsUpgrade(r) {
 		w.Header().Set("Content-Type", api.StreamContentType)
-		w.Header().Set("X-Paddock-Pid", strconv.Itoa(resp.PID))
+		w.Header().Set("X-Paddock-Pid", pid)
 		w.WriteHeader(http.StatusOK)
 		rc := http.NewResponseController(w)
 		rc.Flush()
@@ -101,12 +128,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	hj, bufrw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		s.log.Warn("hijacking exec connection", "err", err)
+		s.log.Warn("hijacking stream connection", "err", err)
 		return
 	}
 	defer hj.Close()
 	bufrw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.StreamProtocol +
-		"\r\nConnection: Upgrade\r\nX-Paddock-Pid: " + strconv.Itoa(resp.PID) + "\r\n\r\n")
+		"\r\nConnection: Upgrade\r\nX-Paddock-Pid: " + pid + "\r\n\r\n")
 	if err := bufrw.Flush(); err != nil {
 		return
 	}

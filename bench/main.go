@@ -1,0 +1,225 @@
+// Command bench is `make bench`. It starts a private paddock daemon from
+// $PADDOCK_BIN, measures it side by side with bubblewrap and runc doing the
+// same work, and writes medians, percentiles, ratios and the issues' bars
+// (PASS or FAIL) to a markdown file, BENCHMARKS.md by default. It removes
+// every sandbox, container, mount and cgroup it made, also after an error
+// or an interrupt, and reports any it found left behind.
+//
+//	PADDOCK_BIN=bin/paddock go run ./bench -n 50 -out BENCHMARKS.md
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// options are the command-line flags.
+type options struct {
+	n         int
+	out       string
+	bin       string
+	only      []string // benchmark names; empty means all
+	keepGoing bool
+	args      []string // as given, for the reproduce line
+}
+
+// benchmark is one named benchmark; it reports into a section.
+type benchmark struct {
+	name  string // as given to -only
+	title string
+	run   func(ctx context.Context, r *rig) *section
+}
+
+func allBenchmarks() []benchmark {
+	return []benchmark{
+		{"cold", "Cold create → first output of `echo hi`", benchCold},
+		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
+		{"density", fmt.Sprintf("%d sandboxes each running `sleep 3600`", densityCount), benchDensity},
+		{"stream", "Streaming through exec", benchStream},
+	}
+}
+
+func benchmarkNames() []string {
+	var names []string
+	for _, b := range allBenchmarks() {
+		names = append(names, b.name)
+	}
+	return names
+}
+
+func parseFlags(args []string) (options, error) {
+	o := options{args: args}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.IntVar(&o.n, "n", 50, "timed iterations per tool (warm-ups excluded); exec round trips take max(n, 200)")
+	fs.StringVar(&o.out, "out", "BENCHMARKS.md", "markdown file to write")
+	fs.StringVar(&o.bin, "bin", os.Getenv("PADDOCK_BIN"), "paddock binary (default $PADDOCK_BIN)")
+	only := fs.String("only", "", "comma-separated benchmarks to run: "+strings.Join(benchmarkNames(), ","))
+	fs.BoolVar(&o.keepGoing, "keep-going", false, "run the remaining benchmarks after one fails")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if o.n < 1 {
+		return o, fmt.Errorf("-n must be at least 1, got %d", o.n)
+	}
+	if o.bin == "" {
+		return o, errors.New("no paddock binary: set PADDOCK_BIN or -bin (make bench does)")
+	}
+	if *only != "" {
+		for _, name := range strings.Split(*only, ",") {
+			name = strings.TrimSpace(name)
+			if !slices.Contains(benchmarkNames(), name) {
+				return o, fmt.Errorf("-only: unknown benchmark %q (have %s)", name, strings.Join(benchmarkNames(), ", "))
+			}
+			o.only = append(o.only, name)
+		}
+	}
+	return o, nil
+}
+
+func (o options) selected(name string) bool { return len(o.only) == 0 || slices.Contains(o.only, name) }
+
+// command is the line that reproduces this run: `make bench` when it
+// was run as the Makefile runs it.
+func (o options) command() string {
+	if len(o.args) == 0 || slices.Equal(o.args, []string{"-out", "BENCHMARKS.md"}) {
+		return "make bench"
+	}
+	return "make build && PADDOCK_BIN=$PWD/bin/paddock go run ./bench " + strings.Join(o.args, " ")
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// Signals are caught for the whole run, so a second ^C cannot cut the
+	// cleanup short.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = runBench(ctx, opts, log)
+	switch {
+	case ctx.Err() != nil:
+		log.Error("interrupted; cleaned up", "err", err)
+		os.Exit(130)
+	case err != nil:
+		log.Error("bench failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+// runBench sets up, runs the selected benchmarks, cleans up and writes the
+// report, which says what failed: a benchmark error or a failed cleanup is
+// an error, a missed bar is not.
+func runBench(ctx context.Context, opts options, log *slog.Logger) error {
+	if os.Geteuid() != 0 {
+		return errors.New("bench must run as root: it starts a paddock daemon, bwrap and runc")
+	}
+	// Processes whose parents exit (guests of a dead daemon, detached
+	// containers) become ours, so that the cleanup can reap them.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("becoming a child subreaper: %w", err)
+	}
+	rep := &report{Started: time.Now(), Command: opts.command(), BusyBefore: hostBusy(time.Second)}
+	r, err := newRig(ctx, opts, log)
+	if err != nil {
+		return fmt.Errorf("setting up: %w", err)
+	}
+	defer r.close(true) // a no-op after the close below; here for panics
+	rep.Machine = r.machine(ctx)
+
+	runErr := runSelected(ctx, r, opts, rep)
+	log.Info("cleaning up")
+	rep.Cleanup = r.close(runErr != nil)
+	return errors.Join(runErr, finishReport(rep, opts, log))
+}
+
+// settleAfter is the pause between the cleanup and the check for other
+// work on the host.
+const settleAfter = 3 * time.Second
+
+// finishReport completes the report after the cleanup and writes it. A
+// cleanup that found leftovers is an error.
+func finishReport(rep *report, opts options, log *slog.Logger) error {
+	rep.DaemonLog = rep.Cleanup.Log
+	rep.Finished = time.Now()
+	// The kernel finishes tearing down loop devices and cgroups after the
+	// cleanup returns; give it a moment before looking for other work.
+	time.Sleep(settleAfter)
+	rep.BusyAfter = hostBusy(time.Second)
+	rep.Machine = append(rep.Machine,
+		[2]string{"host CPU used by other work", fmt.Sprintf("%s in the second before the run, %s in a second %s after it",
+			percent(rep.BusyBefore), percent(rep.BusyAfter), settleAfter)},
+		[2]string{"load average at end (raised by the run itself)", loadAvg()})
+	if err := writeFileAtomic(opts.out, []byte(rep.markdown())); err != nil {
+		return err
+	}
+	log.Info("wrote report", "file", opts.out)
+	summarizeBars(log, rep)
+	if n := len(rep.Cleanup.Problems); n > 0 {
+		return fmt.Errorf("cleanup found %d problem(s); see %s", n, opts.out)
+	}
+	return nil
+}
+
+// benchTimeout bounds one benchmark, so that a hung stream cannot hang
+// the run; with the defaults each takes well under a minute.
+const benchTimeout = 5 * time.Minute
+
+// runSelected runs the selected benchmarks in order. Without -keep-going
+// the first failure stops the rest, which the report marks as not run.
+func runSelected(ctx context.Context, r *rig, opts options, rep *report) error {
+	var errs []error
+	for _, b := range allBenchmarks() {
+		if !opts.selected(b.name) {
+			continue
+		}
+		if ctx.Err() != nil || (len(errs) > 0 && !opts.keepGoing) {
+			why := "an earlier benchmark failed (-keep-going runs the rest)"
+			if ctx.Err() != nil {
+				why = "interrupted"
+			}
+			rep.Sections = append(rep.Sections, &section{Name: b.name, Title: b.title, Skip: why})
+			continue
+		}
+		r.log.Info("running benchmark", "name", b.name)
+		bctx, cancel := context.WithTimeout(ctx, benchTimeout)
+		s := b.run(bctx, r)
+		cancel()
+		s.Name, s.Title = b.name, b.title
+		rep.Sections = append(rep.Sections, s)
+		if s.Err != nil {
+			r.log.Error("benchmark failed", "name", b.name, "err", s.Err)
+			errs = append(errs, fmt.Errorf("%s: %w", b.name, s.Err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// summarizeBars prints the bars to the log, failures last.
+func summarizeBars(log *slog.Logger, rep *report) {
+	bars := rep.bars()
+	sort.SliceStable(bars, func(i, j int) bool { return bars[i].Verdict == pass && bars[j].Verdict != pass })
+	for _, b := range bars {
+		log.Info("bar", "issue", b.Issue, "what", b.What, "target", b.Target, "measured", b.Value, "result", string(b.Verdict))
+	}
+}

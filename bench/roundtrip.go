@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"paddock/api"
+	"paddock/client"
+)
+
+const (
+	execWarmup     = 20
+	execMinSamples = 200
+	peerWarmup     = 3
+	execBarIssue2  = 5 * time.Millisecond
+	execBarIssue3  = 2 * time.Millisecond
+
+	rowExecSDK   = "paddock exec (Go SDK)"
+	rowExecCLI   = "paddock exec (CLI process)"
+	rowRuncExec  = "runc exec"
+	rowBwrapTrue = "bwrap, cold run of /bin/true (context)"
+)
+
+// execRow is one line of the round-trip table: how to take one sample.
+type execRow struct {
+	name   string
+	n      int
+	warmup int
+	sample func(ctx context.Context) (time.Duration, error)
+}
+
+// benchExec measures an exec round trip of `true` in a sandbox that is
+// already running, and its peers. Each row runs as its own block, so that
+// the short paddock samples are not interleaved with process spawns.
+func benchExec(ctx context.Context, r *rig) *section {
+	s := &section{}
+	n := max(execMinSamples, r.opts.n)
+	s.Method = execMethod(n, r.opts.n)
+	samples := map[string][]time.Duration{}
+	err := r.withSandbox(ctx, api.CreateRequest{}, func(id string) error {
+		rows := []execRow{
+			{rowExecSDK, n, execWarmup, func(ctx context.Context) (time.Duration, error) { return r.execTrue(ctx, id) }},
+			{rowExecCLI, r.opts.n, peerWarmup, func(ctx context.Context) (time.Duration, error) {
+				return timeRun(ctx, []string{r.opts.bin, "--host", r.daemon.host, "exec", id, "--", "true"})
+			}},
+		}
+		if r.bwrap != "" {
+			rows = append(rows, execRow{rowBwrapTrue, r.opts.n, peerWarmup, func(ctx context.Context) (time.Duration, error) {
+				return timeRun(ctx, bwrapArgv(r.bwrap, "/bin/true"))
+			}})
+		}
+		return r.runRows(ctx, rows, samples)
+	})
+	if err == nil && r.runc != nil {
+		err = r.withRuncSleeper(ctx, func(id string) error {
+			return r.runRows(ctx, []execRow{{rowRuncExec, r.opts.n, peerWarmup, func(ctx context.Context) (time.Duration, error) {
+				return timeRun(ctx, r.runc.argv("exec", id, "true"))
+			}}}, samples)
+		})
+	}
+	s.Err = err
+	execTable(s, samples)
+	s.Bars = execBars(samples[rowExecSDK])
+	return s
+}
+
+func execMethod(n, peers int) []string {
+	return []string{
+		fmt.Sprintf("**paddock exec (Go SDK)**: %d samples after %d warm-ups, in one sandbox created beforehand. The clock runs "+
+			"around `client.Exec(ctx, id, {Cmd: [true]}, ExecIO{})`: request, start in the sandbox, exit status back.", n, execWarmup),
+		fmt.Sprintf("**paddock exec (CLI process)**: `paddock --host … exec ID -- true` as a child process, fork/exec to reaped exit; "+
+			"%d samples after %d warm-ups.", peers, peerWarmup),
+		fmt.Sprintf("**runc exec**: `runc exec ID true` into a container started with `runc run -d` running `sleep 3600` "+
+			"(same bundle as the cold table), fork/exec to reaped exit; %d samples after %d warm-ups.", peers, peerWarmup),
+		"**bwrap**: bubblewrap has no exec into a running sandbox; a cold `bwrap … /bin/true` (same flags as the cold table) is shown for context.",
+		"Ratios are this row's median ÷ the peer's median: below 1 is faster. p99 is nearest-rank on the sorted samples.",
+	}
+}
+
+// execTrue is one timed SDK exec round trip.
+func (r *rig) execTrue(ctx context.Context, id string) (time.Duration, error) {
+	req := api.ExecRequest{Cmd: []string{"true"}}
+	t0 := time.Now()
+	st, err := r.client.Exec(ctx, id, req, client.ExecIO{})
+	d := time.Since(t0)
+	return d, execResult(req.Cmd, st, err, "")
+}
+
+// runRows takes each row's warm-ups and samples in turn.
+func (r *rig) runRows(ctx context.Context, rows []execRow, samples map[string][]time.Duration) error {
+	for _, row := range rows {
+		r.idle(ctx)
+		for i := 0; i < row.warmup+row.n; i++ {
+			d, err := row.sample(ctx)
+			if err != nil {
+				return fmt.Errorf("%s, sample %d: %w", row.name, i+1, err)
+			}
+			if i >= row.warmup {
+				samples[row.name] = append(samples[row.name], d)
+			}
+		}
+		r.log.Info("exec round trip", "row", row.name, "samples", row.n)
+	}
+	return nil
+}
+
+// withSandbox creates a sandbox, runs f with its id and removes it, also
+// when f fails.
+func (r *rig) withSandbox(ctx context.Context, req api.CreateRequest, f func(id string) error) error {
+	sb, err := r.create(ctx, req)
+	if err != nil {
+		return err
+	}
+	return errors.Join(f(sb.ID), r.removeAll([]string{sb.ID}))
+}
+
+// withRuncSleeper starts a detached runc container running `sleep 3600`,
+// runs f with its id and deletes it.
+func (r *rig) withRuncSleeper(ctx context.Context, f func(id string) error) error {
+	id := r.runc.newID("sleep")
+	dir, err := r.runc.bundle(id, []string{"sleep", "3600"})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// A fresh context: the container must go also after an interrupt.
+		dctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		if err := r.runc.remove(dctx, id); err != nil {
+			r.log.Warn("removing runc container", "id", id, "err", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		reapOrphans(r.daemon.pid())
+	}()
+	if err := runDetached(ctx, r.runc.argv("run", "-d", "--bundle", dir, id), dir); err != nil {
+		return err
+	}
+	return f(id)
+}
+
+// runDetached runs a command whose children outlive it: they inherit its
+// stdio, so stdout goes to /dev/null and stderr to a file, never to a pipe
+// that would keep Wait waiting.
+func runDetached(ctx context.Context, argv []string, dir string) error {
+	errf, err := os.Create(filepath.Join(dir, "stderr"))
+	if err != nil {
+		return fmt.Errorf("making stderr file: %w", err)
+	}
+	defer errf.Close()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Stderr = errf
+	if err := cmd.Run(); err != nil {
+		msg, _ := os.ReadFile(errf.Name())
+		return fmt.Errorf("running %v: %w (stderr: %s)", argv, err, truncate(string(msg), 300))
+	}
+	return nil
+}
+
+func execTable(s *section, samples map[string][]time.Duration) {
+	runc, bwrap := summarize(samples[rowRuncExec]), summarize(samples[rowBwrapTrue])
+	t := table{Header: []string{"tool", "n", "median", "p90", "p99", "÷ runc exec", "÷ bwrap /bin/true"}}
+	for _, name := range []string{rowExecSDK, rowExecCLI, rowRuncExec, rowBwrapTrue} {
+		if len(samples[name]) == 0 {
+			continue
+		}
+		sm := summarize(samples[name])
+		t.add(name, fmt.Sprint(sm.N), ms(sm.Median), ms(sm.P90), ms(sm.P99), ratio(sm.Median, runc.Median), ratio(sm.Median, bwrap.Median))
+	}
+	s.Tables = append(s.Tables, t)
+}
+
+func execBars(sdk []time.Duration) []bar {
+	b2 := bar{Issue: 2, What: "exec round trip of `true`, median (Go SDK)", Target: "≤ 5 ms", Value: noPeerValue, Verdict: notMeasured}
+	b3 := bar{Issue: 3, What: "exec round trip of `true`, median (Go SDK)", Target: "≤ 2 ms", Value: noPeerValue, Verdict: notMeasured}
+	if len(sdk) > 0 {
+		sm := summarize(sdk)
+		v := fmt.Sprintf("%s (p99 %s)", ms(sm.Median), ms(sm.P99))
+		b2.Value, b2.Verdict = v, check(sm.Median <= execBarIssue2)
+		b3.Value, b3.Verdict = v, check(sm.Median <= execBarIssue3)
+	}
+	return []bar{b2, b3}
+}

@@ -1,0 +1,648 @@
+package guest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/wire"
+)
+
+// processOps are the ops on processes.
+var processOps = map[string]opHandler{
+	OpPing: func(s *server, c *opConn, req Request) {
+		c.respond(Response{PID: os.Getpid()}, nil)
+	},
+	OpStart: (*server).opStart,
+	OpAttach: func(s *server, c *opConn, req Request) {
+		p, err := s.lookup(req.PID)
+		if c.respond(Response{PID: req.PID}, err) != nil || err != nil {
+			return
+		}
+		s.stream(c, p, req.Offset)
+	},
+	OpList: func(s *server, c *opConn, req Request) {
+		c.respond(Response{Processes: s.list()}, nil)
+	},
+	OpSignal:     (*server).opControl,
+	OpInput:      (*server).opControl,
+	OpCloseStdin: (*server).opControl,
+	OpResize:     (*server).opControl,
+}
+
+// process is one command the guest started, and its retained output.
+type process struct {
+	pid     int
+	cmd     []string
+	user    string
+	cwd     string
+	tty     *os.File // the pty master, for a process on a terminal
+	started time.Time
+	out     *ring
+	oomAt   uint64
+
+	mu       sync.Mutex
+	stdin    *os.File // nil when closed or never open (the master for a tty)
+	status   *unix.WaitStatus
+	timedOut bool
+	timer    *time.Timer
+	exited   chan struct{}
+	pumpsWG  sync.WaitGroup
+}
+
+func (s *server) lookup(pid int) (*process, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.procs[pid]
+	if !ok {
+		return nil, errdefs.NotFound("process", strconv.Itoa(pid))
+	}
+	return p, nil
+}
+
+func (s *server) opStart(c *opConn, req Request) {
+	if req.Start == nil || len(req.Start.Cmd) == 0 {
+		c.respond(Response{}, errdefs.Invalid("cmd", "must not be empty"))
+		return
+	}
+	p, err := s.spawn(req.Start)
+	if errors.Is(err, errdefs.ErrInvalid) {
+		c.respond(Response{}, err)
+		return
+	}
+	if err != nil && !req.Start.Attach {
+		c.respond(Response{}, errdefs.Invalid("cmd", "%v", err))
+		return
+	}
+	if err != nil {
+		// A command that cannot run answers like a shell would: the stream
+		// ends at once with 127 (not found) or 126 (not executable).
+		code := 126
+		if errors.Is(err, errdefs.ErrNotFound) {
+			code = 127
+		}
+		c.respond(Response{}, nil)
+		if req.Start.Attach {
+			c.fw.WriteJSON(wire.Exit, api.ExitStatus{ExitCode: code, Error: err.Error()})
+		}
+		return
+	}
+	if c.respond(Response{PID: p.pid}, nil) != nil || !req.Start.Attach {
+		return
+	}
+	s.stream(c, p, 0)
+}
+
+func (s *server) opControl(c *opConn, req Request) {
+	p, err := s.lookup(req.PID)
+	if err == nil {
+		err = s.control(p, req)
+	}
+	c.respond(Response{PID: req.PID}, err)
+}
+
+// stream sends p's output from off until it ends or the client goes away,
+// while applying the client's input frames. The process outlives the
+// connection.
+func (s *server) stream(c *opConn, p *process, off int64) {
+	cur := p.out.attach(off)
+	defer p.out.detach(cur)
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		defer p.out.wake()
+		for {
+			f, err := c.fr.Read()
+			if err != nil {
+				return
+			}
+			if err := s.controlFrame(p, f); err != nil {
+				s.log.Debug("control frame", "pid", p.pid, "err", err)
+			}
+		}
+	}()
+	var hdr [wire.HeaderSize]byte
+	for {
+		chunks, lost, exit := p.out.next(cur, gone)
+		if chunks == nil && exit == nil && lost == 0 {
+			select {
+			case <-gone:
+				return
+			default:
+				continue
+			}
+		}
+		if lost > 0 {
+			b, _ := json.Marshal(map[string]int64{"bytes": lost})
+			if err := writeFrame(c.conn, &hdr, wire.Dropped, b); err != nil {
+				return
+			}
+		}
+		for _, ch := range chunks {
+			if err := writeFrame(c.conn, &hdr, ch.typ, ch.data); err != nil {
+				return
+			}
+			p.out.advance(cur, ch.off+int64(len(ch.data)))
+		}
+		if exit != nil {
+			b, _ := json.Marshal(exit)
+			writeFrame(c.conn, &hdr, wire.Exit, b)
+			return
+		}
+	}
+}
+
+// writeFrame writes a header and payload with one writev.
+func writeFrame(conn net.Conn, hdr *[wire.HeaderSize]byte, t wire.Type, payload []byte) error {
+	for len(payload) > wire.MaxPayload {
+		if err := writeFrame(conn, hdr, t, payload[:wire.MaxPayload]); err != nil {
+			return err
+		}
+		payload = payload[wire.MaxPayload:]
+	}
+	h := wire.AppendFrame(hdr[:0], t, nil)
+	n := len(payload)
+	h[4], h[5], h[6], h[7] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
+	bufs := net.Buffers{h, payload}
+	_, err := bufs.WriteTo(conn)
+	return err
+}
+
+func (s *server) controlFrame(p *process, f wire.Frame) error {
+	switch f.Type {
+	case wire.Stdin:
+		return s.control(p, Request{Op: OpInput, Data: f.Payload})
+	case wire.CloseStdin:
+		return s.control(p, Request{Op: OpCloseStdin})
+	case wire.Signal:
+		var v api.SignalRequest
+		if err := json.Unmarshal(f.Payload, &v); err != nil {
+			return err
+		}
+		return s.control(p, Request{Op: OpSignal, Signal: v.Signal})
+	case wire.Resize:
+		var v api.TTY
+		if err := json.Unmarshal(f.Payload, &v); err != nil {
+			return err
+		}
+		return s.control(p, Request{Op: OpResize, TTY: &v})
+	}
+	return errdefs.Invalid("frame", "unexpected frame type %d", f.Type)
+}
+
+// eot is what closing a terminal's input means: ^D at the start of a line.
+var eot = []byte{4}
+
+func (s *server) control(p *process, req Request) error {
+	switch req.Op {
+	case OpSignal:
+		sig, err := parseSignal(req.Signal)
+		if err != nil {
+			return err
+		}
+		// Each process leads its own session; signal the group so that a
+		// shell's children get it too.
+		if err := unix.Kill(-p.pid, sig); err != nil {
+			if err := unix.Kill(p.pid, sig); err != nil && err != unix.ESRCH {
+				return fmt.Errorf("signalling %d: %w", p.pid, err)
+			}
+		}
+		return nil
+	case OpInput:
+		p.mu.Lock()
+		in := p.stdin
+		p.mu.Unlock()
+		if in == nil {
+			return errdefs.Conflict("stdin of process %d is closed", p.pid)
+		}
+		_, err := in.Write(req.Data)
+		return err
+	case OpCloseStdin:
+		p.mu.Lock()
+		in := p.stdin
+		if p.tty == nil {
+			p.stdin = nil
+		}
+		p.mu.Unlock()
+		switch {
+		case in == nil:
+		case p.tty != nil:
+			// The master stays open: it carries the output too.
+			in.Write(eot)
+		default:
+			in.Close()
+		}
+		return nil
+	case OpResize:
+		if p.tty == nil {
+			return errdefs.Conflict("process %d has no terminal", p.pid)
+		}
+		if req.TTY == nil || req.TTY.Cols == 0 || req.TTY.Rows == 0 {
+			return errdefs.Invalid("tty", "cols and rows must be positive")
+		}
+		return pty.Setsize(p.tty, &pty.Winsize{Cols: req.TTY.Cols, Rows: req.TTY.Rows})
+	}
+	return errdefs.Invalid("op", "unknown op %q", req.Op)
+}
+
+// parseSignal accepts "TERM", "SIGTERM", "sigterm" or "15".
+func parseSignal(name string) (unix.Signal, error) {
+	if n, err := strconv.Atoi(name); err == nil {
+		if n <= 0 || n > 64 {
+			return 0, errdefs.Invalid("signal", "%d is out of range", n)
+		}
+		return unix.Signal(n), nil
+	}
+	up := strings.ToUpper(name)
+	if !strings.HasPrefix(up, "SIG") {
+		up = "SIG" + up
+	}
+	if sig := unix.SignalNum(up); sig != 0 {
+		return sig, nil
+	}
+	return 0, errdefs.Invalid("signal", "unknown signal %q", name)
+}
+
+func (s *server) list() []ProcessInfo {
+	s.mu.Lock()
+	procs := make([]*process, 0, len(s.procs))
+	for _, p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+	sort.Slice(procs, func(i, j int) bool { return procs[i].started.Before(procs[j].started) })
+	out := make([]ProcessInfo, 0, len(procs))
+	for _, p := range procs {
+		end, dropped := p.out.stats()
+		info := ProcessInfo{
+			PID: p.pid, Cmd: p.cmd, User: p.user, Cwd: p.cwd, TTY: p.tty != nil,
+			StartedAt: p.started, OutputBytes: end, DroppedBytes: dropped, Running: true,
+		}
+		p.out.mu.Lock()
+		if p.out.exit != nil {
+			st := *p.out.exit
+			info.Exit = &st
+			info.Running = false
+		}
+		p.out.mu.Unlock()
+		out = append(out, info)
+	}
+	return out
+}
+
+// stdio is a process's side of its standard streams and our side of them.
+type stdio struct {
+	child  [3]*os.File // closed in the parent once the child runs
+	stdin  *os.File    // ours: write end of stdin, or the pty master
+	output []*os.File  // ours: what the pumps read (stdout, stderr / the master)
+	tty    *os.File
+}
+
+func (io *stdio) closeChild() {
+	seen := map[*os.File]bool{}
+	for _, f := range io.child {
+		if f != nil && !seen[f] {
+			seen[f] = true
+			f.Close()
+		}
+	}
+}
+
+func (io *stdio) closeAll() {
+	io.closeChild()
+	if io.stdin != nil {
+		io.stdin.Close()
+	}
+	for _, f := range io.output {
+		if f != io.stdin {
+			f.Close()
+		}
+	}
+}
+
+// pipes makes pipes for stdin (or /dev/null), stdout and stderr.
+func pipes(withStdin bool) (*stdio, error) {
+	io := &stdio{}
+	var err error
+	if withStdin {
+		if io.child[0], io.stdin, err = os.Pipe(); err != nil {
+			return nil, err
+		}
+	} else if io.child[0], err = os.Open(os.DevNull); err != nil {
+		return nil, err
+	}
+	for i := 1; i <= 2; i++ {
+		r, w, err := os.Pipe()
+		if err != nil {
+			io.closeAll()
+			return nil, err
+		}
+		// A larger pipe means fewer wake-ups for a chatty process.
+		unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+		io.child[i] = w
+		io.output = append(io.output, r)
+	}
+	return io, nil
+}
+
+// terminal makes a pseudo-terminal of the given size; the child gets the
+// slave as its stdin, stdout and stderr, owned by uid.
+func terminal(size *api.TTY, cred *syscall.Credential) (*stdio, error) {
+	master, slave, err := pty.Open()
+	if err != nil {
+		return nil, fmt.Errorf("opening a pseudo-terminal: %w", err)
+	}
+	if err := pty.Setsize(master, &pty.Winsize{Cols: size.Cols, Rows: size.Rows}); err != nil {
+		master.Close()
+		slave.Close()
+		return nil, fmt.Errorf("sizing the terminal: %w", err)
+	}
+	if cred != nil {
+		unix.Fchown(int(slave.Fd()), int(cred.Uid), 5) // group tty
+	}
+	return &stdio{child: [3]*os.File{slave, slave, slave}, stdin: master, output: []*os.File{master}, tty: master}, nil
+}
+
+// spawn forks and execs a command in the sandbox.
+func (s *server) spawn(sr *StartRequest) (*process, error) {
+	env := mergeEnv(s.cfg.Env, sr.Env)
+	cwd := sr.Cwd
+	if cwd == "" {
+		cwd = s.cfg.Workdir
+	}
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		return nil, errdefs.Invalid("cwd", "%s is not a directory in the sandbox", cwd)
+	}
+	if sr.TimeoutSeconds < 0 {
+		return nil, errdefs.Invalid("timeout_seconds", "must not be negative")
+	}
+	cred, home, err := credential(sr.User)
+	if err != nil {
+		return nil, err
+	}
+	if home != "" && !hasKey(sr.Env, "HOME") {
+		env = mergeEnv(env, []string{"HOME=" + home})
+	}
+	argv0, err := lookPath(sr.Cmd[0], envValue(env, "PATH"), cwd)
+	if err != nil {
+		return nil, err
+	}
+	var std *stdio
+	sys := &syscall.SysProcAttr{Setsid: true, Credential: cred}
+	if sr.TTY != nil {
+		if sr.TTY.Cols == 0 || sr.TTY.Rows == 0 {
+			return nil, errdefs.Invalid("tty", "cols and rows must be positive")
+		}
+		if !hasKey(env, "TERM") {
+			env = append(env, "TERM=xterm-256color")
+		}
+		std, err = terminal(sr.TTY, cred)
+		sys.Setctty = true
+		sys.Ctty = 0
+	} else {
+		std, err = pipes(sr.Stdin)
+	}
+	if err != nil {
+		return nil, err
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   cwd,
+		Env:   env,
+		Files: []uintptr{std.child[0].Fd(), std.child[1].Fd(), std.child[2].Fd()},
+		Sys:   sys,
+	}
+	p := &process{
+		cmd: sr.Cmd, user: sr.User, cwd: cwd, tty: std.tty,
+		out: newRing(s.cfg.OutputLimit), exited: make(chan struct{}), oomAt: s.oomKills(),
+	}
+	s.mu.Lock()
+	pid, err := s.sp.spawn(argv0, sr.Cmd, attr)
+	if err == nil {
+		p.pid = pid
+		p.started = time.Now()
+		s.dropFinishedLocked(pid)
+		s.procs[pid] = p
+	}
+	s.mu.Unlock()
+	std.closeChild()
+	if err != nil {
+		std.closeAll()
+		return nil, fmt.Errorf("starting %s: %w", sr.Cmd[0], err)
+	}
+	p.stdin = std.stdin
+	if sr.TimeoutSeconds > 0 {
+		p.mu.Lock()
+		p.timer = time.AfterFunc(time.Duration(sr.TimeoutSeconds)*time.Second, func() {
+			p.mu.Lock()
+			running := p.status == nil
+			if running {
+				p.timedOut = true
+			}
+			p.mu.Unlock()
+			if running {
+				unix.Kill(-p.pid, unix.SIGKILL)
+				unix.Kill(p.pid, unix.SIGKILL)
+			}
+		})
+		p.mu.Unlock()
+	}
+	types := []wire.Type{wire.Stdout, wire.Stderr}
+	p.pumpsWG.Add(len(std.output))
+	for i, f := range std.output {
+		go s.pump(p, f, types[i])
+	}
+	go s.finish(p)
+	return p, nil
+}
+
+// pumpBufs recycles the pumps' read buffers: fresh memory costs a page
+// fault per 4 KiB, which on small VMs is more than a short command's run.
+var pumpBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+// pump copies one output stream into the process's ring until EOF. When
+// the process exits, pump reads what is already in the pipe and stops: a
+// background child that keeps the pipe open must not hold the stream open,
+// and what the process wrote before it exited is all there by then.
+func (s *server) pump(p *process, r *os.File, t wire.Type) {
+	defer p.pumpsWG.Done()
+	defer r.Close()
+	go func() {
+		<-p.exited
+		r.SetReadDeadline(time.Now())
+	}()
+	bp := pumpBufs.Get().(*[]byte)
+	defer pumpBufs.Put(bp)
+	buf := *bp
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			p.out.append(t, copyChunk(buf[:n]))
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			drain(p, r, t, buf)
+		}
+		return
+	}
+}
+
+// drain reads without blocking until the pipe is empty.
+func drain(p *process, r *os.File, t wire.Type, buf []byte) {
+	rc, err := r.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		for {
+			n, err := unix.Read(int(fd), buf)
+			if n > 0 {
+				p.out.append(t, copyChunk(buf[:n]))
+			}
+			if err == unix.EINTR {
+				continue
+			}
+			if n <= 0 || err != nil {
+				return
+			}
+		}
+	})
+}
+
+func copyChunk(b []byte) []byte { return append([]byte(nil), b...) }
+
+// finish waits for the exit status and the output, then closes the ring.
+func (s *server) finish(p *process) {
+	<-p.exited
+	p.pumpsWG.Wait()
+	p.mu.Lock()
+	ws := *p.status
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	if p.stdin != nil {
+		p.stdin.Close()
+		p.stdin = nil
+	}
+	timedOut := p.timedOut
+	p.mu.Unlock()
+	st := api.ExitStatus{ExitCode: ws.ExitStatus(), TimedOut: timedOut}
+	if ws.Signaled() {
+		st.ExitCode = 128 + int(ws.Signal())
+		st.Signal = unix.SignalName(ws.Signal())
+		if ws.Signal() == unix.SIGKILL && !timedOut && s.oomKills() > p.oomAt {
+			st.OOMKilled = true
+		}
+	}
+	p.out.close(st)
+	s.mu.Lock()
+	s.finished = append(s.finished, p.pid)
+	for len(s.finished) > s.cfg.Retain {
+		delete(s.procs, s.finished[0])
+		s.finished = s.finished[1:]
+	}
+	s.mu.Unlock()
+}
+
+// dropFinishedLocked forgets a finished process whose pid the kernel has
+// handed to a new one.
+func (s *server) dropFinishedLocked(pid int) {
+	if _, ok := s.procs[pid]; !ok {
+		return
+	}
+	delete(s.procs, pid)
+	for i, f := range s.finished {
+		if f == pid {
+			s.finished = append(s.finished[:i], s.finished[i+1:]...)
+			break
+		}
+	}
+}
+
+func (s *server) oomKills() uint64 {
+	if s.oom == nil {
+		return 0
+	}
+	buf := make([]byte, 4096)
+	n, err := s.oom.ReadAt(buf, 0)
+	if n == 0 && err != nil && err != io.EOF {
+		return 0
+	}
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == "oom_kill" {
+			v, _ := strconv.ParseUint(f[1], 10, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+// reapLoop reaps every child, ours or orphans reparented to us as PID 1.
+func (s *server) reapLoop() {
+	ch := make(chan os.Signal, 64)
+	signal.Notify(ch, unix.SIGCHLD)
+	for range ch {
+		s.reap()
+	}
+}
+
+func (s *server) reap() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if pid <= 0 || err != nil {
+			return
+		}
+		p, ok := s.procs[pid]
+		if !ok {
+			continue
+		}
+		p.mu.Lock()
+		if p.status == nil {
+			p.status = &ws
+			close(p.exited)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// forwardSignals passes the signals PID 1 receives on to every process it
+// started (PID 1 has no default action for them).
+func (s *server) forwardSignals() {
+	ch := make(chan os.Signal, 16)
+	signal.Notify(ch, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	for sig := range ch {
+		s.mu.Lock()
+		for pid, p := range s.procs {
+			p.mu.Lock()
+			running := p.status == nil
+			p.mu.Unlock()
+			if running {
+				unix.Kill(-pid, sig.(unix.Signal))
+			}
+		}
+		s.mu.Unlock()
+	}
+}
