@@ -8,6 +8,7 @@ import (
 
 	"paddock/internal/cli"
 	"paddock/internal/guest"
+	"paddock/internal/runtime/native"
 )
 
 func main() {
@@ -16,6 +17,13 @@ func main() {
 		err := guest.Run()
 		fmt.Fprintln(os.Stderr, "paddock guest:", err)
 		os.Exit(1)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "guest-forker" {
+		if err := native.RunForker(); err != nil {
+			fmt.Fprintln(os.Stderr, "paddock guest-forker:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	os.Exit(cli.Run(os.Args[1:]))
 }

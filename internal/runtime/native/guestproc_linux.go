@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -113,19 +112,8 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string) (_ *guestProc, retErr e
 	}
 	defer devNull.Close()
 
-	pidfd := -1
-	sys := &syscall.SysProcAttr{
-		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
-			unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
-		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(uidBase), Size: idRange}},
-		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(uidBase), Size: idRange}},
-		GidMappingsEnableSetgroups: true,
-		// Our host uid (0) is unmapped in the new namespace: become its
-		// root before exec, or exec drops every capability.
-		Credential: &syscall.Credential{Uid: 0, Gid: 0},
-		Setsid:     true,
-		PidFD:      &pidfd,
-	}
+	fds := []int{int(devNull.Fd()), int(logFile.Fd()), int(childSync.Fd()), int(lnFile.Fd())}
+	req := forkRequest{UIDBase: uidBase}
 	if r.cfg.Cgroups.Mode() == cgroup.V2 {
 		cgfd, err := r.warm.OpenDirFD()
 		if err != nil {
@@ -133,18 +121,13 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string) (_ *guestProc, retErr e
 			return nil, err
 		}
 		defer cgfd.Close()
-		sys.UseCgroupFD = true
-		sys.CgroupFD = int(cgfd.Fd())
+		req.UseCgroup = true
+		fds = append(fds, int(cgfd.Fd()))
 	}
-	exe := fmt.Sprintf("/proc/self/fd/%d", r.guestExe.Fd())
-	pid, err := syscall.ForkExec(exe, []string{"paddock", "guest"}, &syscall.ProcAttr{
-		Env:   []string{},
-		Files: []uintptr{devNull.Fd(), logFile.Fd(), logFile.Fd(), childSync.Fd(), lnFile.Fd()},
-		Sys:   sys,
-	})
+	pid, pidfd, err := r.fork(req, fds)
 	if err != nil {
 		parentSync.Close()
-		return nil, fmt.Errorf("starting guest: %w", err)
+		return nil, err
 	}
 	sb := &Sandbox{socket: socket, done: make(chan struct{}), st: state{PID: pid, UIDBase: uidBase}}
 	if err := sb.watch(pidfd); err != nil {

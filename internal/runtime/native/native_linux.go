@@ -62,6 +62,9 @@ type Runtime struct {
 	warmDir  string
 	warm     *cgroup.Group
 
+	forkMu sync.Mutex
+	forker *forker // started on first use, restarted if it dies
+
 	mu    sync.Mutex
 	idmap bool         // the kernel supports idmapped mounts of our layers
 	ready []*guestProc // warm guests, oldest first
@@ -129,6 +132,29 @@ func New(cfg Config) (*Runtime, error) {
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "native" }
 
+// fork has the forker start a guest, starting (or restarting) the forker
+// when needed.
+func (r *Runtime) fork(req forkRequest, fds []int) (int, int, error) {
+	r.forkMu.Lock()
+	defer r.forkMu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if r.forker == nil {
+			f, err := startForker(r.guestExe)
+			if err != nil {
+				return 0, -1, err
+			}
+			r.forker = f
+		}
+		pid, pidfd, err := r.forker.fork(req, fds)
+		if err == nil || attempt > 0 || r.forker.alive() {
+			return pid, pidfd, err
+		}
+		r.log.Warn("restarting the guest forker", "err", err)
+		r.forker.close()
+		r.forker = nil
+	}
+}
+
 // Idmapped reports whether sandboxes get idmapped host files.
 func (r *Runtime) Idmapped() bool {
 	r.mu.Lock()
@@ -160,6 +186,16 @@ func (r *Runtime) keepWarm() {
 		case <-r.stop:
 			return
 		case <-r.refill:
+		}
+		// Let a burst of creates finish before competing with it.
+		for settled := false; !settled; {
+			select {
+			case <-r.stop:
+				return
+			case <-r.refill:
+			case <-time.After(refillSettle):
+				settled = true
+			}
 		}
 		for {
 			r.mu.Lock()
@@ -196,6 +232,10 @@ func (r *Runtime) keepWarm() {
 		}
 	}
 }
+
+// refillSettle is how long the pool waits after a create before it
+// starts another guest.
+const refillSettle = 50 * time.Millisecond
 
 // warmPrefix names the disks of warm guests; sandbox ids never start
 // with it.
@@ -385,6 +425,8 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		return nil, fmt.Errorf("moving guest into its cgroup: %w", err)
 	}
 	sb.cg = cg
+	// Guests wait at a low priority; a sandbox runs at the normal one.
+	raisePriority(sb.st.PID)
 	mark("cgroup")
 
 	oom, err := cg.OpenOOMEvents()
@@ -614,6 +656,12 @@ func (r *Runtime) Close() error {
 	for _, g := range ready {
 		r.discard(g)
 	}
+	r.forkMu.Lock()
+	if r.forker != nil {
+		r.forker.close()
+		r.forker = nil
+	}
+	r.forkMu.Unlock()
 	r.warm.Kill()
 	return r.warm.Delete(context.Background())
 }

@@ -1,0 +1,254 @@
+package native
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The forker is a small helper process (`paddock guest-forker`) that forks
+// guests for the daemon. Forking into a new user namespace cannot use
+// vfork (the child waits for its uid map), so it copies the forking
+// process's page tables, and every page the forking process writes
+// afterwards costs a copy-on-write fault. Forking from the daemon would
+// make the requests it serves right after a create slow; the forker is
+// idle and small. It runs at a low priority, and so do the guests it forks
+// until the daemon hands one a sandbox: getting guests ready ahead of time
+// must not slow down the sandboxes in use.
+
+// forkerNice is the forker's (and fresh guests') scheduling priority.
+const forkerNice = 10
+
+// Descriptors of a fork request, in order.
+const (
+	forkStdin = iota
+	forkLog
+	forkSync
+	forkListen
+	forkCgroup // v2 only: the cgroup to clone into
+)
+
+// forkRequest asks the forker for a guest.
+type forkRequest struct {
+	UIDBase   uint32 `json:"uid_base"`
+	UseCgroup bool   `json:"use_cgroup"`
+}
+
+// forkReply answers a forkRequest; the guest's pidfd comes with it.
+type forkReply struct {
+	PID   int    `json:"pid"`
+	Error string `json:"error,omitempty"`
+}
+
+// forker is the daemon's handle on the helper process.
+type forker struct {
+	mu   sync.Mutex // one request at a time on the socket
+	sock *os.File
+	cmd  *exec.Cmd
+}
+
+// startForker starts the helper with the sealed guest binary.
+func startForker(exe *os.File) (*forker, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("creating forker socket: %w", err)
+	}
+	ours := os.NewFile(uintptr(pair[0]), "forker")
+	theirs := os.NewFile(uintptr(pair[1]), "forker-child")
+	defer theirs.Close()
+	cmd := exec.Command(fmt.Sprintf("/proc/self/fd/%d", exe.Fd()), "guest-forker")
+	cmd.Args[0] = "paddock"
+	cmd.ExtraFiles = []*os.File{theirs, exe} // fds 3 and 4
+	cmd.Stderr = os.Stderr
+	// It dies with the daemon; the guests it forked do not (they are
+	// reparented), and a new daemon starts a new forker.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		ours.Close()
+		return nil, fmt.Errorf("starting forker: %w", err)
+	}
+	return &forker{sock: ours, cmd: cmd}, nil
+}
+
+// fork asks for a guest; it returns its pid and a pidfd.
+func (f *forker) fork(req forkRequest, fds []int) (int, int, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return 0, -1, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := unix.Sendmsg(int(f.sock.Fd()), b, unix.UnixRights(fds...), nil, 0); err != nil {
+		return 0, -1, fmt.Errorf("asking the forker: %w", err)
+	}
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := unix.Recvmsg(int(f.sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil || n == 0 {
+		return 0, -1, fmt.Errorf("reading the forker's answer: %v", err)
+	}
+	var rep forkReply
+	if err := json.Unmarshal(buf[:n], &rep); err != nil {
+		return 0, -1, fmt.Errorf("decoding the forker's answer: %w", err)
+	}
+	if rep.Error != "" {
+		return 0, -1, errors.New(rep.Error)
+	}
+	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+	for _, m := range msgs {
+		if got, err := unix.ParseUnixRights(&m); err == nil && len(got) == 1 {
+			return rep.PID, got[0], nil
+		}
+	}
+	return 0, -1, errors.New("the forker sent no pidfd")
+}
+
+// alive reports whether the helper process still runs.
+func (f *forker) alive() bool { return unix.Kill(f.cmd.Process.Pid, 0) == nil }
+
+// close stops the helper.
+func (f *forker) close() {
+	f.sock.Close()
+	f.cmd.Process.Kill()
+	f.cmd.Wait()
+}
+
+// RunForker is the helper process: it serves fork requests on fd 3 until
+// the daemon closes it, forking from the sealed binary on fd 4, and reaps
+// the guests it forked.
+func RunForker() error {
+	sock := os.NewFile(3, "forker")
+	// The guest's own descriptors take 0-4 in the child: keep the binary
+	// out of their way, or exec would find a socket at its path.
+	exeFD, err := unix.FcntlInt(4, unix.F_DUPFD_CLOEXEC, 64)
+	if err != nil {
+		return fmt.Errorf("moving the guest binary's fd: %w", err)
+	}
+	unix.Close(4)
+	exe := os.NewFile(uintptr(exeFD), "guest-exe")
+	lowerPriority()
+	go reapChildren()
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(8*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != nil || n == 0 {
+			return err // the daemon is gone
+		}
+		var fds []int
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		for _, m := range msgs {
+			if got, err := unix.ParseUnixRights(&m); err == nil {
+				fds = append(fds, got...)
+			}
+		}
+		var req forkRequest
+		pid, pidfd, err := -1, -1, json.Unmarshal(buf[:n], &req)
+		if err == nil {
+			pid, pidfd, err = forkGuest(exe, req, fds)
+		}
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		rep := forkReply{PID: pid}
+		var rights []byte
+		if err != nil {
+			rep.Error = err.Error()
+		} else {
+			rights = unix.UnixRights(pidfd)
+		}
+		b, _ := json.Marshal(rep)
+		err = unix.Sendmsg(int(sock.Fd()), b, rights, nil, 0)
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// forkGuest starts a guest in new user, mount, pid, net, ipc and uts
+// namespaces with root mapped to req.UIDBase.
+func forkGuest(exe *os.File, req forkRequest, fds []int) (pid, pidfd int, err error) {
+	need := forkCgroup
+	if req.UseCgroup {
+		need++
+	}
+	if len(fds) != need {
+		return -1, -1, fmt.Errorf("fork request carries %d fds, want %d", len(fds), need)
+	}
+	pidfd = -1
+	sys := &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
+			unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(req.UIDBase), Size: idRange}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(req.UIDBase), Size: idRange}},
+		GidMappingsEnableSetgroups: true,
+		// Our host uid (0) is unmapped in the new namespace: become its
+		// root before exec, or exec drops every capability.
+		Credential: &syscall.Credential{Uid: 0, Gid: 0},
+		Setsid:     true,
+		PidFD:      &pidfd,
+	}
+	if req.UseCgroup {
+		sys.UseCgroupFD = true
+		sys.CgroupFD = fds[forkCgroup]
+	}
+	pid, err = syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", exe.Fd()), []string{"paddock", "guest"}, &syscall.ProcAttr{
+		Env:   []string{},
+		Files: []uintptr{uintptr(fds[forkStdin]), uintptr(fds[forkLog]), uintptr(fds[forkLog]), uintptr(fds[forkSync]), uintptr(fds[forkListen])},
+		Sys:   sys,
+	})
+	if err != nil {
+		return -1, -1, fmt.Errorf("starting guest: %w", err)
+	}
+	return pid, pidfd, nil
+}
+
+// lowerPriority sets every thread of this process to forkerNice; threads
+// started later inherit it from the one that starts them.
+func lowerPriority() {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, t := range tasks {
+		if tid, err := strconv.Atoi(t.Name()); err == nil {
+			unix.Setpriority(unix.PRIO_PROCESS, tid, forkerNice)
+		}
+	}
+}
+
+// raisePriority gives every thread of process pid the normal priority.
+func raisePriority(pid int) {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		if tid, err := strconv.Atoi(t.Name()); err == nil {
+			unix.Setpriority(unix.PRIO_PROCESS, tid, 0)
+		}
+	}
+}
+
+// reapChildren reaps the guests this process forked when they exit.
+func reapChildren() {
+	ch := make(chan os.Signal, 16)
+	signal.Notify(ch, unix.SIGCHLD)
+	for range ch {
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if err == unix.EINTR {
+				continue
+			}
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
