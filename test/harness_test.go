@@ -345,3 +345,16 @@ func (d *Daemon) cleanup() {
 	}
 	os.RemoveAll(d.Root)
 }
+
+// ExecAs runs a command as a user of the sandbox.
+func (d *Daemon) ExecAs(id, user string, cmd ...string) (stdout, stderr string, st *api.ExitStatus) {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	st, err := d.client.Exec(ctx, id, api.ExecRequest{Cmd: cmd, User: user}, client.ExecIO{Stdout: &out, Stderr: &errb})
+	if err != nil {
+		d.t.Fatalf("exec %v as %s: %v", cmd, user, err)
+	}
+	return out.String(), errb.String(), st
+}

@@ -135,6 +135,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup under which sandboxes live")
 	f.IntVar(&cfg.DiskPool, "disk-pool", cfg.DiskPool, "ready disks of the default size to keep")
 	f.IntVar(&cfg.WarmGuests, "warm-guests", cfg.WarmGuests, "sandbox init processes to start ahead of time")
+	f.Int64Var(&cfg.OutputLimit, "output-limit", cfg.OutputLimit, "output retained per process, in bytes (oldest dropped first)")
 	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd

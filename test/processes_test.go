@@ -1,0 +1,393 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+
+	"paddock/api"
+	"paddock/client"
+)
+
+// waitState polls a process until it reaches state (bounded).
+func waitState(t *testing.T, c *client.Client, id string, pid int, state string) *api.Process {
+	t.Helper()
+	var p *api.Process
+	var err error
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		p, err = c.Process(context.Background(), id, pid)
+		if err == nil && p.State == state {
+			return p
+		}
+	}
+	t.Fatalf("process %d: state %v (%v), want %s", pid, p, err, state)
+	return nil
+}
+
+func TestProcessesBackgroundAndAttach(t *testing.T) {
+	d := StartDaemon(t)
+	c := d.Client()
+	ctx := context.Background()
+	id := d.Create(api.CreateRequest{})
+
+	// A background process with stdin open: feed it, close it, read all.
+	p, err := c.StartProcess(ctx, id, api.StartRequest{Cmd: []string{"sh", "-c", "tr a-z A-Z; echo done >&2; exit 5"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.PID <= 1 || p.State != "running" {
+		t.Fatalf("started %+v", p)
+	}
+	if err := c.SendInputBytes(ctx, id, p.PID, []byte("hello "), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendInputBytes(ctx, id, p.PID, []byte("world\n"), true); err != nil {
+		t.Fatal(err)
+	}
+	fin := waitState(t, c, id, p.PID, "exited")
+	if fin.Exit == nil || fin.Exit.ExitCode != 5 {
+		t.Fatalf("exit %+v, want 5", fin.Exit)
+	}
+	// It finished while nobody was attached: attach replays everything.
+	s, err := c.Attach(ctx, id, p.PID, client.AttachOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	st, err := s.Wait(&out, &errb)
+	s.Close()
+	if err != nil || st.ExitCode != 5 || out.String() != "HELLO WORLD\n" || errb.String() != "done\n" {
+		t.Fatalf("replay: %q %q %+v %v", out.String(), errb.String(), st, err)
+	}
+	// From an offset: only the rest.
+	s, err = c.Attach(ctx, id, p.PID, client.AttachOptions{Offset: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	s.Wait(&out, io.Discard)
+	s.Close()
+	if out.String() != "WORLD\n" {
+		t.Fatalf("replay from 6: %q", out.String())
+	}
+
+	// ps lists it with its exit; attach through the CLI exits with its code.
+	if o := d.MustCLI("ps", id); !strings.Contains(o, strconv.Itoa(p.PID)) || !strings.Contains(o, "exited") {
+		t.Fatalf("ps: %s", o)
+	}
+	if r := d.CLI("attach", id, strconv.Itoa(p.PID)); r.Code != 5 || r.Stdout != "HELLO WORLD\n" {
+		t.Fatalf("attach: %+v", r)
+	}
+
+	// Errors: unknown pid 404, bad pid 400, input to a finished process
+	// 409, a missing command or cwd 400 naming it.
+	if _, err := c.Process(ctx, id, 99999); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("unknown pid: %v", err)
+	}
+	if r := d.CLI("attach", id, "abc"); r.Code == 0 {
+		t.Fatal("attach to a non-numeric pid succeeded")
+	}
+	if err := c.SendInputBytes(ctx, id, p.PID, []byte("x"), false); !errors.Is(err, client.ErrConflict) {
+		t.Fatalf("input to a finished process: %v", err)
+	}
+	if _, err := c.StartProcess(ctx, id, api.StartRequest{Cmd: []string{"no-such-command"}}); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("starting a missing command: %v", err)
+	}
+	if _, err := c.StartProcess(ctx, id, api.StartRequest{Cmd: []string{"true"}, Cwd: "/no/such/dir"}); !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "cwd") {
+		t.Fatalf("starting in a missing cwd: %v", err)
+	}
+}
+
+func TestProcessSignalsUserAndTimeout(t *testing.T) {
+	d := StartDaemon(t)
+	c := d.Client()
+	ctx := context.Background()
+	id := d.Create(api.CreateRequest{})
+
+	p, err := c.StartProcess(ctx, id, api.StartRequest{Cmd: []string{"sleep", "300"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := d.CLI("kill", id, strconv.Itoa(p.PID), "TERM"); r.Code != 0 {
+		t.Fatalf("kill: %+v", r)
+	}
+	fin := waitState(t, c, id, p.PID, "exited")
+	if fin.Exit.Signal != "SIGTERM" || fin.Exit.ExitCode != 143 {
+		t.Fatalf("after TERM: %+v", fin.Exit)
+	}
+	if err := c.Signal(ctx, id, p.PID, "NOSUCHSIG"); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("bad signal: %v", err)
+	}
+
+	// A lifetime: killed and reported as timed out.
+	p, err = c.StartProcess(ctx, id, api.StartRequest{Cmd: []string{"sleep", "300"}, TimeoutSeconds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fin = waitState(t, c, id, p.PID, "exited")
+	if !fin.Exit.TimedOut || fin.Exit.Signal != "SIGKILL" {
+		t.Fatalf("after timeout: %+v", fin.Exit)
+	}
+
+	// As another user.
+	out, _, st := d.ExecAs(id, "user", "id", "-un")
+	if st.ExitCode != 0 || strings.TrimSpace(out) != "user" {
+		t.Fatalf("id -un as user: %q %+v", out, st)
+	}
+	out, _, _ = d.ExecAs(id, "user", "sh", "-c", "echo $HOME")
+	if strings.TrimSpace(out) != "/home/user" {
+		t.Fatalf("HOME as user: %q", out)
+	}
+}
+
+func TestReattachAfterDropAndRestart(t *testing.T) {
+	d := StartDaemon(t)
+	c := d.Client()
+	ctx := context.Background()
+	id := d.Create(api.CreateRequest{})
+
+	// A process that writes numbered lines for a while.
+	p, err := c.StartProcess(ctx, id, api.StartRequest{Cmd: []string{"sh", "-c", "i=0; while [ $i -lt 40 ]; do echo line$i; i=$((i+1)); sleep 0.05; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Attach, read a little, drop the connection.
+	actx, cancel := context.WithCancel(ctx)
+	s, err := c.Attach(actx, id, p.PID, client.AttachOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := &lineWriter{stop: 3, cancel: cancel}
+	s.Wait(first, io.Discard)
+	s.Close()
+	off := s.Offset()
+	if off == 0 {
+		t.Fatal("read nothing before dropping")
+	}
+
+	// Kill the daemon while the process runs, restart it, resume from
+	// the offset: the rest arrives, nothing twice, nothing missing.
+	d.Kill9()
+	d.Start()
+	c = d.Client()
+	s, err = c.Attach(ctx, id, p.PID, client.AttachOptions{Offset: off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rest bytes.Buffer
+	st, err := s.Wait(&rest, io.Discard)
+	s.Close()
+	if err != nil || st.ExitCode != 0 {
+		t.Fatalf("after restart: %+v %v", st, err)
+	}
+	all := first.String()[:off] + rest.String()
+	var want strings.Builder
+	for i := 0; i < 40; i++ {
+		want.WriteString("line" + strconv.Itoa(i) + "\n")
+	}
+	if all != want.String() {
+		t.Fatalf("output across drop and restart:\n%q\nwant\n%q", all, want.String())
+	}
+}
+
+// lineWriter cancels after stop newlines.
+type lineWriter struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	stop   int
+	cancel func()
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(b)
+	if bytes.Count(w.buf.Bytes(), []byte("\n")) >= w.stop {
+		w.cancel()
+	}
+	return len(b), nil
+}
+
+func (w *lineWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+func TestStreamsEndWhenSandboxIsKilled(t *testing.T) {
+	d := StartDaemon(t)
+	c := d.Client()
+	ctx := context.Background()
+	id := d.Create(api.CreateRequest{})
+	s, err := c.ExecStream(ctx, id, api.ExecRequest{Cmd: []string{"sleep", "300"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	res := make(chan *api.ExitStatus, 1)
+	go func() {
+		st, _ := s.Wait(io.Discard, io.Discard)
+		res <- st
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if err := c.Delete(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case st := <-res:
+		if st == nil || st.Error != "sandbox ended" {
+			t.Fatalf("stream ended with %+v, want \"sandbox ended\"", st)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("stream still open 10s after the sandbox was removed")
+	}
+}
+
+func TestOutputRetentionCap(t *testing.T) {
+	d := StartDaemon(t, "--output-limit", "65536")
+	c := d.Client()
+	ctx := context.Background()
+	id := d.Create(api.CreateRequest{})
+	p, err := c.StartProcess(ctx, id, api.StartRequest{Cmd: []string{"sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fin := waitState(t, c, id, p.PID, "exited")
+	if fin.OutputBytes != 300000 || fin.DroppedBytes < 300000-65536 {
+		t.Fatalf("output %d dropped %d", fin.OutputBytes, fin.DroppedBytes)
+	}
+	s, err := c.Attach(ctx, id, p.PID, client.AttachOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	s.Wait(&out, io.Discard)
+	s.Close()
+	if int64(out.Len()) != 300000-fin.DroppedBytes || s.Offset() != 300000 {
+		t.Fatalf("replay %d bytes, offset %d (dropped %d)", out.Len(), s.Offset(), fin.DroppedBytes)
+	}
+}
+
+// TestPTY drives `paddock shell` and `paddock exec -it` from a real
+// pseudo-terminal: type into bash and python, resize, read stty size.
+func TestPTY(t *testing.T) {
+	d := StartDaemon(t)
+	id := d.Create(api.CreateRequest{})
+
+	sh := startTerminal(t, d, 100, 30, "shell", id)
+	sh.expect("# ")
+	sh.send("stty size\r")
+	sh.expect("30 100")
+	sh.resize(120, 40)
+	sh.send("stty size\r")
+	sh.expect("40 120")
+	sh.send("echo $TERM; tty\r")
+	sh.expect("/dev/pts/")
+	sh.send("exit 3\r")
+	if code := sh.wait(); code != 3 {
+		t.Fatalf("shell exit code %d, want 3", code)
+	}
+
+	py := startTerminal(t, d, 80, 24, "exec", "-it", id, "--", "python3", "-i", "-q")
+	py.expect(">>> ")
+	py.send("print(6*7)\r")
+	py.expect("42")
+	py.send("\x04") // ^D ends the interpreter
+	if code := py.wait(); code != 0 {
+		t.Fatalf("python exit code %d", code)
+	}
+}
+
+type terminal struct {
+	t   *testing.T
+	f   *os.File
+	cmd *exec.Cmd
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func startTerminal(t *testing.T, d *Daemon, cols, rows uint16, args ...string) *terminal {
+	t.Helper()
+	cmd := exec.Command(paddockBin, append([]string{"--host", d.Host}, args...)...)
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Cols: cols, Rows: rows})
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := &terminal{t: t, f: f, cmd: cmd}
+	t.Cleanup(func() { cmd.Process.Kill(); f.Close() })
+	go func() {
+		b := make([]byte, 4096)
+		for {
+			n, err := f.Read(b)
+			term.mu.Lock()
+			term.buf.Write(b[:n])
+			term.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return term
+}
+
+func (term *terminal) expect(s string) {
+	term.t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		term.mu.Lock()
+		got := term.buf.String()
+		i := strings.Index(got, s)
+		if i >= 0 {
+			term.buf.Next(i + len(s))
+		}
+		term.mu.Unlock()
+		if i >= 0 {
+			return
+		}
+	}
+	term.mu.Lock()
+	defer term.mu.Unlock()
+	term.t.Fatalf("terminal never showed %q; it shows:\n%q", s, term.buf.String())
+}
+
+func (term *terminal) send(s string) {
+	if _, err := term.f.Write([]byte(s)); err != nil {
+		term.t.Fatal(err)
+	}
+}
+
+func (term *terminal) resize(cols, rows uint16) {
+	// The CLI learns of a resize from SIGWINCH, as with a real terminal.
+	pty.Setsize(term.f, &pty.Winsize{Cols: cols, Rows: rows})
+	term.cmd.Process.Signal(syscall.SIGWINCH)
+	time.Sleep(200 * time.Millisecond)
+}
+
+func (term *terminal) wait() int {
+	done := make(chan error, 1)
+	go func() { done <- term.cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			term.t.Fatal(err)
+		}
+		return 0
+	case <-time.After(15 * time.Second):
+		term.t.Fatal("CLI did not exit")
+		return -1
+	}
+}
