@@ -54,7 +54,8 @@ type process struct {
 	tty     *os.File // the pty master, for a process on a terminal
 	started time.Time
 	out     *ring
-	oomAt   uint64
+	// outputs are what the pumps read; finish ends their reads at exit.
+	outputs []*os.File
 
 	mu       sync.Mutex
 	stdin    *os.File // nil when closed or never open (the master for a tty)
@@ -427,8 +428,8 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 		Sys:   sys,
 	}
 	p := &process{
-		cmd: sr.Cmd, user: sr.User, cwd: cwd, tty: std.tty,
-		out: newRing(s.cfg.OutputLimit), exited: make(chan struct{}), oomAt: s.oomKills(),
+		cmd: sr.Cmd, user: sr.User, cwd: cwd, tty: std.tty, outputs: std.output,
+		out: newRing(s.cfg.OutputLimit), exited: make(chan struct{}),
 	}
 	s.mu.Lock()
 	pid, err := s.sp.spawn(argv0, sr.Cmd, attr)
@@ -481,10 +482,6 @@ var pumpBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b
 func (s *server) pump(p *process, r *os.File, t wire.Type) {
 	defer p.pumpsWG.Done()
 	defer r.Close()
-	go func() {
-		<-p.exited
-		r.SetReadDeadline(time.Now())
-	}()
 	bp := pumpBufs.Get().(*[]byte)
 	defer pumpBufs.Put(bp)
 	buf := *bp
@@ -530,6 +527,11 @@ func copyChunk(b []byte) []byte { return append([]byte(nil), b...) }
 // finish waits for the exit status and the output, then closes the ring.
 func (s *server) finish(p *process) {
 	<-p.exited
+	// A pump still blocked after the exit is waiting on a pipe someone
+	// else holds open: make it read what is there and stop.
+	for _, f := range p.outputs {
+		f.SetReadDeadline(time.Now())
+	}
 	p.pumpsWG.Wait()
 	p.mu.Lock()
 	ws := *p.status
@@ -546,7 +548,7 @@ func (s *server) finish(p *process) {
 	if ws.Signaled() {
 		st.ExitCode = 128 + int(ws.Signal())
 		st.Signal = unix.SignalName(ws.Signal())
-		if ws.Signal() == unix.SIGKILL && !timedOut && s.oomKills() > p.oomAt {
+		if ws.Signal() == unix.SIGKILL && !timedOut && s.oomKilledSince() {
 			st.OOMKilled = true
 		}
 	}
@@ -573,6 +575,19 @@ func (s *server) dropFinishedLocked(pid int) {
 			break
 		}
 	}
+}
+
+// oomKilledSince reports whether the sandbox's OOM killer has killed a
+// process since it was last asked: a SIGKILL that comes with one is
+// reported as an OOM kill. Reading the counter only for SIGKILLed
+// processes keeps it off the path of every exec.
+func (s *server) oomKilledSince() bool {
+	n := s.oomKills()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	more := n > s.oomSeen
+	s.oomSeen = n
+	return more
 }
 
 func (s *server) oomKills() uint64 {

@@ -60,6 +60,8 @@ type server struct {
 	procs map[int]*process
 	// finished lists retained finished processes, oldest first.
 	finished []int
+	// oomSeen is the cgroup's OOM kill count when last read.
+	oomSeen uint64
 }
 
 func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {
@@ -69,7 +71,9 @@ func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *se
 	if cfg.Retain <= 0 {
 		cfg.Retain = 256
 	}
-	return &server{cfg: cfg, oom: oom, sp: sp, log: log, procs: map[int]*process{}}
+	s := &server{cfg: cfg, oom: oom, sp: sp, log: log, procs: map[int]*process{}}
+	s.oomSeen = s.oomKills()
+	return s
 }
 
 func (s *server) handle(conn net.Conn) {
