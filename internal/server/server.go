@@ -33,6 +33,7 @@ type Server struct {
 	log     *slog.Logger
 	version api.VersionInfo
 	mux     *http.ServeMux
+	routes  []route
 }
 
 // New returns a Server for mgr.
@@ -50,6 +51,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 	routes = append(routes, s.processRoutes()...)
 	routes = append(routes, s.fileRoutes()...)
 	routes = append(routes, s.portRoutes()...)
+	s.routes = routes
 	allowed := map[string][]string{}
 	for _, r := range routes {
 		s.mux.HandleFunc(r.pattern, r.h)
