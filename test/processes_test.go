@@ -70,16 +70,25 @@ func TestProcessesBackgroundAndAttach(t *testing.T) {
 	if err != nil || st.ExitCode != 5 || out.String() != "HELLO WORLD\n" || errb.String() != "done\n" {
 		t.Fatalf("replay: %q %q %+v %v", out.String(), errb.String(), st, err)
 	}
-	// From an offset: only the rest.
-	s, err = c.Attach(ctx, id, p.PID, client.AttachOptions{Offset: 6})
-	if err != nil {
-		t.Fatal(err)
+	// From an offset: only the rest. Offsets count stdout and stderr
+	// together, in the order the guest read them (the two pipes may
+	// interleave either way).
+	combined := func(off int64) string {
+		s, err := c.Attach(ctx, id, p.PID, client.AttachOptions{Offset: off})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		var all bytes.Buffer
+		s.Wait(&all, &all)
+		return all.String()
 	}
-	out.Reset()
-	s.Wait(&out, io.Discard)
-	s.Close()
-	if out.String() != "WORLD\n" {
-		t.Fatalf("replay from 6: %q", out.String())
+	whole := combined(0)
+	if len(whole) != len("HELLO WORLD\ndone\n") {
+		t.Fatalf("combined replay %q", whole)
+	}
+	if got := combined(6); got != whole[6:] {
+		t.Fatalf("replay from 6: %q, want %q", got, whole[6:])
 	}
 
 	// ps lists it with its exit; attach through the CLI exits with its code.

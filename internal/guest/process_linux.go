@@ -471,10 +471,6 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 	return p, nil
 }
 
-// pumpBufs recycles the pumps' read buffers: fresh memory costs a page
-// fault per 4 KiB, which on small VMs is more than a short command's run.
-var pumpBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
-
 // pump copies one output stream into the process's ring until EOF. When
 // the process exits, pump reads what is already in the pipe and stops: a
 // background child that keeps the pipe open must not hold the stream open,
@@ -482,35 +478,34 @@ var pumpBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b
 func (s *server) pump(p *process, r *os.File, t wire.Type) {
 	defer p.pumpsWG.Done()
 	defer r.Close()
-	bp := pumpBufs.Get().(*[]byte)
-	defer pumpBufs.Put(bp)
-	buf := *bp
+	buf := getChunk()
+	defer func() { putChunk(buf) }()
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
-			p.out.append(t, copyChunk(buf[:n]))
+			buf = p.out.appendRead(t, buf, n)
 		}
 		if err == nil {
 			continue
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			drain(p, r, t, buf)
+			buf = drain(p, r, t, buf)
 		}
 		return
 	}
 }
 
 // drain reads without blocking until the pipe is empty.
-func drain(p *process, r *os.File, t wire.Type, buf []byte) {
+func drain(p *process, r *os.File, t wire.Type, buf []byte) []byte {
 	rc, err := r.SyscallConn()
 	if err != nil {
-		return
+		return buf
 	}
 	rc.Control(func(fd uintptr) {
 		for {
 			n, err := unix.Read(int(fd), buf)
 			if n > 0 {
-				p.out.append(t, copyChunk(buf[:n]))
+				buf = p.out.appendRead(t, buf, n)
 			}
 			if err == unix.EINTR {
 				continue
@@ -520,9 +515,8 @@ func drain(p *process, r *os.File, t wire.Type, buf []byte) {
 			}
 		}
 	})
+	return buf
 }
-
-func copyChunk(b []byte) []byte { return append([]byte(nil), b...) }
 
 // finish waits for the exit status and the output, then closes the ring.
 func (s *server) finish(p *process) {

@@ -43,6 +43,38 @@ func newRing(max int64) *ring {
 	return r
 }
 
+// chunkSize is the size of the pumps' read buffers. A read that fills
+// much of one is kept in the ring as it is (no copy) and the pump takes a
+// fresh buffer; a short read is copied out so that a chatty process cannot
+// pin a large buffer per line. Evicted buffers are recycled: fresh memory
+// costs a page fault per 4 KiB, which on small VMs dominates streaming.
+const (
+	chunkSize = 256 << 10
+	keepWhole = 32 << 10
+)
+
+var chunks = sync.Pool{New: func() any { b := make([]byte, chunkSize); return &b }}
+
+func getChunk() []byte { return *(chunks.Get().(*[]byte)) }
+
+func putChunk(b []byte) {
+	if cap(b) == chunkSize {
+		b = b[:chunkSize]
+		chunks.Put(&b)
+	}
+}
+
+// appendRead adds the first n bytes of buf, a buffer from getChunk, and
+// returns the buffer the caller reads into next.
+func (r *ring) appendRead(t wire.Type, buf []byte, n int) []byte {
+	if n < keepWhole {
+		r.append(t, append([]byte(nil), buf[:n]...))
+		return buf
+	}
+	r.append(t, buf[:n])
+	return getChunk()
+}
+
 // append adds output. data is kept; the caller must not reuse it.
 func (r *ring) append(t wire.Type, data []byte) {
 	r.mu.Lock()
@@ -59,6 +91,8 @@ func (r *ring) append(t wire.Type, data []byte) {
 		r.chunks = r.chunks[1:]
 		r.start += int64(len(c.data))
 		r.dropped += int64(len(c.data))
+		// No attached reader still needs it (append waited for them).
+		putChunk(c.data)
 	}
 	r.cond.Broadcast()
 }
