@@ -53,14 +53,27 @@ const (
 	keepWhole = 32 << 10
 )
 
-var chunks = sync.Pool{New: func() any { b := make([]byte, chunkSize); return &b }}
+// freeChunks holds recycled read buffers. Unlike a sync.Pool it keeps
+// them across garbage collections: a streaming process reuses the same
+// few buffers instead of faulting in new ones.
+var freeChunks = make(chan []byte, 32)
 
-func getChunk() []byte { return *(chunks.Get().(*[]byte)) }
+func getChunk() []byte {
+	select {
+	case b := <-freeChunks:
+		return b
+	default:
+		return make([]byte, chunkSize)
+	}
+}
 
 func putChunk(b []byte) {
-	if cap(b) == chunkSize {
-		b = b[:chunkSize]
-		chunks.Put(&b)
+	if cap(b) != chunkSize {
+		return
+	}
+	select {
+	case freeChunks <- b[:chunkSize]:
+	default:
 	}
 }
 
