@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -180,15 +181,56 @@ func (d *Daemon) Kill9() {
 			d.orphans = append(d.orphans, sb.Runtime.HostPID)
 		}
 	}
+	// Its helper (the guest forker) and warm guests are reparented to us
+	// too.
+	d.orphans = append(d.orphans, childrenOf(d.cmd.Process.Pid)...)
+	for _, ctrl := range []string{"memory", "unified", ""} {
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", ctrl, d.Cgroup, "*", "cgroup.procs"))
+		for _, f := range dirs {
+			b, _ := os.ReadFile(f)
+			for _, l := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(l); err == nil {
+					d.orphans = append(d.orphans, pid)
+				}
+			}
+		}
+	}
 	d.cmd.Process.Kill()
 	d.cmd.Wait()
 }
 
-// reapOrphans reaps the guests reparented to the test process, waiting a
-// bounded time for each to exit.
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
+// reapOrphans reaps the processes of a killed daemon reparented to the
+// test process, waiting a bounded time for each to exit. Only those: other
+// children of the test process belong to exec.Cmds that wait for them.
 func (d *Daemon) reapOrphans() {
 	for _, pid := range d.orphans {
-		for i := 0; i < 100; i++ {
+		for i := 0; i < 40; i++ {
 			var ws unix.WaitStatus
 			got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
 			if got == pid || err != nil {
