@@ -22,7 +22,7 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 	defer f.Close()
 	documented := map[string]bool{}
 	pathRE := regexp.MustCompile(`^  (/\S*):\s*$`)
-	methodRE := regexp.MustCompile(`^    (get|post|put|patch|delete):\s*$`)
+	methodRE := regexp.MustCompile(`^    (get|post|put|patch|delete|options):\s*$`)
 	var path string
 	sc := bufio.NewScanner(f)
 	inPaths := false

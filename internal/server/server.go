@@ -102,6 +102,13 @@ func (s *Server) auth(token string, next http.Handler) http.Handler {
 func (s *Server) sanePath(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.EscapedPath()
+		// A proxied request's path beyond /v1/sandboxes/{id}/ports/{port}
+		// belongs to the app in the sandbox, and may hold encoded
+		// separators; only the prefix is the API's to check. (The mux
+		// still cleans literal dot segments and "//" with a redirect.)
+		if prefix, _, ok := splitPortPath(p); ok {
+			p = prefix
+		}
 		lower := strings.ToLower(p)
 		bad := strings.Contains(p, "//") || strings.Contains(lower, "%2f") || strings.Contains(lower, "%5c") ||
 			strings.Contains(lower, "%2e") || strings.Contains(p, "\\")
