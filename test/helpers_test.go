@@ -341,13 +341,18 @@ func (d *Daemon) traces(sb *api.Sandbox) []string {
 	return left
 }
 
-// Warm guests are guests the daemon starts ahead of time (--warm-guests,
-// default 2) for creates to take: a process in the warm cgroup, a run dir
-// under run/warm and a disk named warm-*. They belong to no sandbox.
-const (
-	warmCgroup   = "warm"
-	warmDiskName = "warm-"
-)
+// Warm guests are sandboxes-to-be the daemon makes ahead of time
+// (--warm-guests, default 2) for creates to take: each already has its
+// id, and a cgroup named by it, but its run dir is under run/warm/<id> and
+// its disk is named warm-<id> until a create takes it. They belong to no
+// sandbox yet.
+const warmDiskName = "warm-"
+
+// isWarmID reports whether id is one of the daemon's warm guests.
+func (d *Daemon) isWarmID(id string) bool {
+	_, err := os.Stat(filepath.Join(d.RunDir, "warm", id))
+	return err == nil
+}
 
 // daemonTraces lists every sandbox-shaped thing under the daemon, whatever
 // its id: run dirs, handed-out disks, mounts other than the ready disk pool
@@ -355,6 +360,20 @@ const (
 // of the daemon's first uid ranges outside the warm cgroup. Empty means
 // the daemon holds no sandbox.
 func (d *Daemon) daemonTraces() []string {
+	// A guest the daemon has just forked ahead of time sits in the
+	// forker's cgroup for a moment before it is moved into its own, where
+	// it is recognisably warm: look again before calling it a leftover.
+	var left []string
+	for i := 0; i < 20; i++ {
+		if left = d.daemonTracesOnce(); len(left) == 0 {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return left
+}
+
+func (d *Daemon) daemonTracesOnce() []string {
 	var left []string
 	vol := filepath.Join(d.StateDir, "disks", "vol")
 	for _, dir := range []string{filepath.Join(d.RunDir, "sandboxes"), vol} {
@@ -383,7 +402,7 @@ func (d *Daemon) daemonTraces() []string {
 	for _, dir := range cgroupDirs(d.Cgroup) {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
-			if e.IsDir() && e.Name() != warmCgroup {
+			if e.IsDir() && !d.isWarmID(e.Name()) {
 				left = append(left, "cgroup "+filepath.Join(dir, e.Name()))
 			}
 		}
@@ -399,24 +418,19 @@ func (d *Daemon) daemonTraces() []string {
 }
 
 // isWarm reports whether a host process belongs to one of the daemon's
-// warm guests: it is in the warm cgroup, or (just forked, not moved there
-// yet) its uid range has a warm run dir.
+// warm guests: its cgroup is named by a warm guest's id.
 func (d *Daemon) isWarm(pid int) bool {
-	if uid, err := procUID(pid); err == nil && uid >= d.UIDStart {
-		base := d.UIDStart + (uid-d.UIDStart)/65536*65536
-		if _, err := os.Stat(filepath.Join(d.RunDir, "warm", strconv.FormatUint(uint64(base), 10))); err == nil {
-			return true
-		}
-	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return false
 	}
-	warm := path.Join("/", d.Cgroup, warmCgroup)
+	prefix := path.Join("/", d.Cgroup) + "/"
 	for _, line := range strings.Split(string(b), "\n") {
 		// hierarchy-id:controllers:path
-		if f := strings.SplitN(line, ":", 3); len(f) == 3 && f[2] == warm {
-			return true
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && strings.HasPrefix(f[2], prefix) {
+			if d.isWarmID(strings.TrimPrefix(f[2], prefix)) {
+				return true
+			}
 		}
 	}
 	return false

@@ -33,12 +33,12 @@ var readonlyPaths = []string{
 var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // Run is the guest (`paddock guest`): PID 1 of a sandbox. The daemon
-// starts it in the sandbox's fresh namespaces, usually ahead of time. It
-// waits for its configuration: Prepare assembles the root filesystem and
-// pivots into it; Activate names the sandbox, bounds the guest and
-// everything it will fork (no_new_privs, Docker's capability set, the
-// seccomp filter) and starts serving. It returns only on failure, after
-// telling the daemon why.
+// starts it in the sandbox's fresh namespaces and cgroup, usually ahead of
+// time. Prepare builds the sandbox: the root filesystem, the cgroup
+// namespace, the hostname, and the bounds on the guest and everything it
+// will fork (no_new_privs, Docker's capability set, the seccomp filter).
+// Activate hands it the sandbox's environment and starts serving. It
+// returns only on failure, after telling the daemon why.
 func Run() error {
 	// Mount and cgroup-namespace work is done from this thread.
 	runtime.LockOSThread()
@@ -58,38 +58,42 @@ func Run() error {
 		syncSock.Write(b)
 		return err
 	}
-	prepared := false
+	var oom *os.File
 	for {
 		cfg, fds, err := receiveConfig(syncSock)
 		if err != nil {
 			return fail(err)
 		}
 		if cfg.Prepare != nil {
-			if prepared {
+			if oom != nil {
 				closeAll(fds)
 				return fail(errors.New("guest is already prepared"))
 			}
-			if err := prepare(cfg.Prepare, fds); err != nil {
-				closeAll(fds)
+			if oom, err = prepare(cfg.Prepare, fds, sp); err != nil {
 				return fail(err)
 			}
-			prepared = true
+		} else {
+			closeAll(fds)
 		}
 		if cfg.Activate == nil {
-			closeAll(fds)
 			b, _ := json.Marshal(Ready{Phase: "prepared"})
 			syncSock.Write(b)
 			continue
 		}
-		if !prepared {
-			closeAll(fds)
+		if oom == nil {
 			return fail(errors.New("activate before prepare"))
 		}
-		oom, err := activate(cfg.Activate, fds, sp)
-		if err != nil {
-			return fail(err)
+		serveCfg := cfg.Activate.Serve
+		if h, err := os.Hostname(); err == nil && !hasKey(serveCfg.Env, "HOSTNAME") {
+			serveCfg.Env = append(serveCfg.Env, "HOSTNAME="+h)
 		}
-		return serve(cfg.Activate.Serve, sp, syncSock, oom)
+		// The working directory exists, as Docker makes it.
+		if wd := serveCfg.Workdir; wd != "" {
+			if err := os.MkdirAll(wd, 0o755); err != nil {
+				return fail(fmt.Errorf("creating workdir %s: %w", wd, err))
+			}
+		}
+		return serve(serveCfg, sp, syncSock, oom)
 	}
 }
 
@@ -99,54 +103,87 @@ func closeAll(fds []int) {
 	}
 }
 
-// activate turns the prepared guest into sandbox a.ID. It keeps the OOM
-// counter file from fds and closes the rest.
-func activate(a *Activate, fds []int, sp *spawner) (*os.File, error) {
-	var oom *os.File
+// prepare builds the sandbox and bounds the guest. It consumes fds and
+// returns the cgroup's OOM counter file.
+func prepare(p *Prepare, fds []int, sp *spawner) (*os.File, error) {
+	if p.OOMFD < 0 || p.OOMFD >= len(fds) {
+		closeAll(fds)
+		return nil, fmt.Errorf("OOM counter fd %d not received", p.OOMFD)
+	}
+	oom := os.NewFile(uintptr(fds[p.OOMFD]), "oom")
+	err := buildRoot(p, fds)
 	for i, fd := range fds {
-		if i == a.OOMFD {
-			oom = os.NewFile(uintptr(fd), "oom")
-			continue
+		if i != p.OOMFD {
+			unix.Close(fd)
 		}
-		unix.Close(fd)
 	}
-	// The cgroup namespace is rooted at the cgroup the daemon has put us
-	// in by now. Namespaces are per thread: this one is for the cgroup2
-	// mount, the spawner makes its own for what it forks.
+	if err == nil {
+		err = identify(p)
+	}
+	if err == nil {
+		err = sp.restrict(p.Caps)
+	}
+	if err == nil {
+		err = restrictAll(p.Seccomp)
+	}
+	if err == nil {
+		// Run one command through the whole exec path while nobody waits
+		// on it: its code, memory and the loader's files are then warm for
+		// the sandbox's first command.
+		err = warmUp(sp)
+	}
+	if err != nil {
+		oom.Close()
+		return nil, err
+	}
+	return oom, nil
+}
+
+// identify gives the guest its cgroup namespace (rooted at the sandbox's
+// cgroup, which the daemon started it in) and the sandbox's hostname.
+func identify(p *Prepare) error {
+	// Namespaces are per thread: this one is for the cgroup2 mount; the
+	// spawner makes its own for what it forks.
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-		return nil, fmt.Errorf("unsharing cgroup namespace: %w", err)
+		return fmt.Errorf("unsharing cgroup namespace: %w", err)
 	}
-	if a.CgroupV2 {
+	if p.CgroupV2 {
 		root, err := os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY, 0)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		r := &rootMounter{root: root}
 		err = r.mount("/sys/fs/cgroup", "cgroup2", "cgroup2", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 		root.Close()
 		if err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if err := unix.Sethostname([]byte(a.Hostname)); err != nil {
-		return nil, fmt.Errorf("setting hostname: %w", err)
+	if err := unix.Sethostname([]byte(p.Hostname)); err != nil {
+		return fmt.Errorf("setting hostname: %w", err)
 	}
-	if err := writeIdentity(a.Hostname); err != nil {
-		return nil, err
+	return writeIdentity(p.Hostname)
+}
+
+// warmUp forks /bin/true on the spawner thread and reaps it.
+func warmUp(sp *spawner) error {
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return err
 	}
-	// The working directory exists, as Docker makes it.
-	if a.Serve.Workdir != "" {
-		if err := os.MkdirAll(a.Serve.Workdir, 0o755); err != nil {
-			return nil, fmt.Errorf("creating workdir %s: %w", a.Serve.Workdir, err)
+	defer null.Close()
+	fd := null.Fd()
+	pid, err := sp.spawn("/bin/true", []string{"true"}, &syscall.ProcAttr{Dir: "/", Files: []uintptr{fd, fd, fd}, Sys: &syscall.SysProcAttr{Setsid: true}})
+	if err != nil {
+		return nil // a root without /bin/true is not an error
+	}
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, 0, nil)
+		if err != unix.EINTR {
+			return nil
 		}
 	}
-	if err := sp.restrict(a.Caps); err != nil {
-		return nil, err
-	}
-	if err := restrictAll(a.Seccomp); err != nil {
-		return nil, err
-	}
-	return oom, nil
 }
 
 // restrictAll sets no_new_privs and installs the seccomp filter on every
@@ -195,11 +232,11 @@ func receiveConfig(sock *os.File) (*Config, []int, error) {
 	return &cfg, fds, nil
 }
 
-// prepare builds the root filesystem and pivots into it. Everything it
+// buildRoot builds the root filesystem and pivots into it. Everything it
 // needs from the host arrives as file descriptors: the guest runs as an
 // unprivileged host uid and may not be able to walk the daemon's
 // directories by path.
-func prepare(cfg *Prepare, fds []int) error {
+func buildRoot(cfg *Prepare, fds []int) error {
 	fdOf := func(m Mount, what string) (int, error) {
 		if m.FD < 0 || m.FD >= len(fds) {
 			return -1, fmt.Errorf("%s: fd %d not received", what, m.FD)

@@ -478,12 +478,18 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 func (s *server) pump(p *process, r *os.File, t wire.Type) {
 	defer p.pumpsWG.Done()
 	defer r.Close()
-	buf := getChunk()
+	// Most commands say little: start small, and take a full-size buffer
+	// only once a read fills the small one.
+	buf := make([]byte, smallRead)
 	defer func() { putChunk(buf) }()
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			full := n == len(buf)
 			buf = p.out.appendRead(t, buf, n)
+			if full && len(buf) < chunkSize {
+				buf = getChunk()
+			}
 		}
 		if err == nil {
 			continue

@@ -82,19 +82,20 @@ type ProcessInfo struct {
 	DroppedBytes int64 `json:"dropped_bytes"`
 }
 
-// Config is a message from the daemon on the sync socket. A guest may be
-// started ahead of time: it is sent Prepare (build the root filesystem for
-// an image) while it waits, and Activate (become this sandbox) when a
-// sandbox is made from it. A cold start sends both in one message.
+// Config is a message from the daemon on the sync socket. A guest is
+// usually started ahead of time: it is sent Prepare (become this sandbox,
+// minus its environment) while nobody waits, and Activate (the
+// environment; start serving) when a create asks for a sandbox. A cold
+// start sends both in one message.
 type Config struct {
 	Prepare  *Prepare  `json:"prepare,omitempty"`
 	Activate *Activate `json:"activate,omitempty"`
 }
 
-// Prepare says how to build the root filesystem. Every host directory
-// arrives as a descriptor (Mount.FD indexes those sent with the message):
-// the guest runs as an unprivileged host uid and may not be able to walk
-// the daemon's directories by path.
+// Prepare builds the sandbox. Every host directory arrives as a
+// descriptor (Mount.FD indexes those sent with the message): the guest runs
+// as an unprivileged host uid and may not be able to walk the daemon's
+// directories by path.
 type Prepare struct {
 	// Layers are the read-only lower layers, top-most first.
 	Layers []Mount `json:"layers"`
@@ -103,20 +104,20 @@ type Prepare struct {
 	Disk Mount `json:"disk"`
 	// Binds are host directories mounted read-only into the rootfs.
 	Binds []Mount `json:"binds"`
-}
-
-// Activate makes a prepared guest a sandbox.
-type Activate struct {
-	ID       string `json:"id"`
+	// OOMFD indexes the fd of the cgroup's OOM event counter file.
+	OOMFD    int    `json:"oom_fd"`
 	Hostname string `json:"hostname"`
 	// CgroupV2 mounts the sandbox's own cgroup2 tree at /sys/fs/cgroup.
 	CgroupV2 bool `json:"cgroup_v2"`
-	// Seccomp is a compiled BPF program installed before the guest serves.
+	// Seccomp is a compiled BPF program the guest and its processes run
+	// under.
 	Seccomp []byte `json:"seccomp"`
 	// Caps is the capability set the sandbox keeps ("CAP_CHOWN", ...).
 	Caps []string `json:"caps"`
-	// OOMFD indexes the fd of the cgroup's OOM event counter file.
-	OOMFD int         `json:"oom_fd"`
+}
+
+// Activate starts a prepared guest serving with the sandbox's environment.
+type Activate struct {
 	Serve ServeConfig `json:"serve"`
 }
 

@@ -51,6 +51,7 @@ func newRing(max int64) *ring {
 const (
 	chunkSize = 256 << 10
 	keepWhole = 32 << 10
+	smallRead = 16 << 10
 )
 
 // freeChunks holds recycled read buffers. Unlike a sync.Pool it keeps

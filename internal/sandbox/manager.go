@@ -6,7 +6,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -97,16 +96,6 @@ func NewManager(cfg Config) *Manager {
 // SetRuntime sets the runtime sandboxes run on.
 func (m *Manager) SetRuntime(rt runtime.Runtime) { m.cfg.Runtime = rt }
 
-func newID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 12)
-	rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return string(b)
-}
-
 // Create validates req, starts a sandbox and returns it running.
 func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbox, error) {
 	if err := validateCreate(&req, goruntime.NumCPU()); err != nil {
@@ -151,41 +140,39 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 		rec.ExpiresAt = &exp
 	}
 
-	b := &box{}
-	m.mu.Lock()
 	select {
 	case <-m.closed:
-		m.mu.Unlock()
 		return api.Sandbox{}, fmt.Errorf("%w: daemon is shutting down", errdefs.ErrUnavailable)
 	default:
 	}
-	for {
-		rec.ID = newID()
-		if _, taken := m.boxes[rec.ID]; !taken {
-			break
-		}
-	}
-	b.rec = rec
-	m.boxes[rec.ID] = b
-	b.mu.Lock()
-	m.mu.Unlock()
-	defer b.mu.Unlock()
-
-	log := m.log.With("sandbox", rec.ID)
-	inst, err := m.cfg.Runtime.Start(ctx, m.spec(&b.rec, img))
+	// The runtime picks the id: a sandbox made ahead of time already has
+	// one (its hostname, cgroup and disk are named by it).
+	inst, err := m.cfg.Runtime.Start(ctx, m.spec(&rec, img))
 	if err != nil {
-		log.Warn("create failed", "err", err)
-		if rerr := m.cfg.Runtime.Remove(context.Background(), rec.ID); rerr != nil {
-			log.Warn("removing what a failed create left", "err", rerr)
-		}
-		m.forget(rec.ID)
+		m.log.Warn("create failed", "err", err)
 		return api.Sandbox{}, fmt.Errorf("creating sandbox: %w", err)
 	}
-	b.rec.State = api.StateRunning
-	b.rec.Runtime = inst.State()
-	b.rec.UIDBase = inst.Info().UIDBase
-	m.claimSlot(b.rec.UIDBase, rec.ID)
+	rec.ID = inst.ID()
+	rec.State = api.StateRunning
+	rec.Runtime = inst.State()
+	rec.UIDBase = inst.Info().UIDBase
+	b := &box{rec: rec}
 	b.attach(inst)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m.mu.Lock()
+	_, dup := m.boxes[rec.ID]
+	if !dup {
+		m.boxes[rec.ID] = b
+		m.slots[m.slotOf(rec.UIDBase)] = rec.ID
+	}
+	m.mu.Unlock()
+	log := m.log.With("sandbox", rec.ID)
+	if dup {
+		inst.Kill()
+		<-inst.Done()
+		return api.Sandbox{}, fmt.Errorf("runtime reused sandbox id %s", rec.ID)
+	}
 	if err := m.cfg.Store.Put(bucket, rec.ID, b.rec); err != nil {
 		inst.Kill()
 		<-inst.Done()
@@ -201,7 +188,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 
 func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
 	env := append([]string(nil), img.Env...)
-	env = append(env, "HOSTNAME="+rec.ID, "HOME=/root")
+	env = append(env, "HOME=/root")
 	keys := make([]string, 0, len(rec.Env))
 	for k := range rec.Env {
 		keys = append(keys, k)
@@ -242,12 +229,6 @@ func (m *Manager) Free(base uint32) {
 	if id, ok := m.slots[m.slotOf(base)]; ok && id == "" {
 		delete(m.slots, m.slotOf(base))
 	}
-}
-
-func (m *Manager) claimSlot(base uint32, id string) {
-	m.mu.Lock()
-	m.slots[m.slotOf(base)] = id
-	m.mu.Unlock()
 }
 
 func (b *box) attach(inst runtime.Instance) {

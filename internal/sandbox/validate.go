@@ -21,7 +21,7 @@ const (
 	minMemory   = 16 << 20
 	minDisk     = 16 << 20
 	maxDisk     = 16 << 40
-	minPids     = 8
+	minPids     = 16 // the sandbox's init takes about ten
 	maxTimeout  = 30 * 24 * time.Hour
 	maxLabels   = 64
 	maxLabelVal = 256

@@ -22,20 +22,19 @@ import (
 // idRange is the number of uids and gids each sandbox maps.
 const idRange = 65536
 
-// warmCgroup holds guests started ahead of time until a sandbox takes
-// one (cgroup v2 allows processes only in leaf groups).
-const warmCgroup = "warm"
-
 // guestProc is a started guest that has not been given a sandbox yet: it
 // waits in its fresh namespaces for its Config.
 type guestProc struct {
-	sb   *Sandbox // pid, pidfd watcher, uid base
+	sb   *Sandbox // id, pid, pidfd watcher, uid base, cgroup
 	sync *os.File // our end of the sync socket
-	dir  string   // run dir: guest.sock, guest.log and mount points
-	// volume is the id of the disk the guest's rootfs was prepared on,
-	// and image the image it was prepared from ("" until prepared).
+	dir  string   // run dir: guest.sock and guest.log
+	// image is the image the guest's rootfs was built from ("" until
+	// prepared), size its disk's size; warm marks a guest made ahead of
+	// time.
+	image string
+	// volume is the id of its disk: "warm-<id>" until a create takes it.
 	volume string
-	image  string
+	warm   bool
 }
 
 // sealedSelf copies the running binary into a sealed memfd. Guests are
@@ -66,10 +65,10 @@ func sealedSelf() (*os.File, error) {
 }
 
 // spawnGuest starts a guest in new user, mount, pid, net, ipc and uts
-// namespaces, with root mapped to uidBase, in the warm cgroup, with dir as
-// its run dir. Starting a Go process costs several milliseconds of page
-// faults on small VMs, which is why the pool does it ahead of time.
-func (r *Runtime) spawnGuest(uidBase uint32, dir string) (_ *guestProc, retErr error) {
+// namespaces, with root mapped to uidBase, in cgroup cg, with dir as its
+// run dir. Starting a Go process costs several milliseconds of page faults
+// on small VMs, which is why the pool does it ahead of time.
+func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group) (_ *guestProc, retErr error) {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("creating guest dir: %w", err)
 	}
@@ -115,7 +114,7 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string) (_ *guestProc, retErr e
 	fds := []int{int(devNull.Fd()), int(logFile.Fd()), int(childSync.Fd()), int(lnFile.Fd())}
 	req := forkRequest{UIDBase: uidBase}
 	if r.cfg.Cgroups.Mode() == cgroup.V2 {
-		cgfd, err := r.warm.OpenDirFD()
+		cgfd, err := cg.OpenDirFD()
 		if err != nil {
 			parentSync.Close()
 			return nil, err
@@ -137,9 +136,9 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string) (_ *guestProc, retErr e
 	}
 	g := &guestProc{sb: sb, sync: parentSync, dir: dir}
 	if r.cfg.Cgroups.Mode() == cgroup.V1 {
-		if err := r.warm.AddProc(pid); err != nil {
+		if err := cg.AddProc(pid); err != nil {
 			g.kill()
-			return nil, fmt.Errorf("moving guest into the warm cgroup: %w", err)
+			return nil, fmt.Errorf("moving guest into its cgroup: %w", err)
 		}
 	}
 	return g, nil

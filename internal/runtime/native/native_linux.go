@@ -10,6 +10,7 @@ package native
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,8 +60,7 @@ type Runtime struct {
 	cfg      Config
 	log      *slog.Logger
 	guestExe *os.File // sealed copy of our binary, exec'd as each guest
-	warmDir  string
-	warm     *cgroup.Group
+	warmDir  string   // run dirs of warm guests, until a create takes one
 
 	forkMu sync.Mutex
 	forker *forker // started on first use, restarted if it dies
@@ -68,6 +68,8 @@ type Runtime struct {
 	mu    sync.Mutex
 	idmap bool         // the kernel supports idmapped mounts of our layers
 	ready []*guestProc // warm guests, oldest first
+	// building holds the ids of warm guests being made.
+	building map[string]bool
 
 	refill chan struct{}
 	stop   chan struct{}
@@ -77,25 +79,23 @@ type Runtime struct {
 var _ runtime.Runtime = (*Runtime)(nil)
 
 // New prepares the native runtime. Warm guests left by an earlier daemon
-// are killed: they belong to no sandbox.
+// belong to no sandbox: the manager's reconcile removes them as
+// leftovers.
 func New(cfg Config) (*Runtime, error) {
 	r := &Runtime{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		warmDir: filepath.Join(cfg.RunDir, "warm"),
-		idmap:   true,
-		refill:  make(chan struct{}, 1),
-		stop:    make(chan struct{}),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		warmDir:  filepath.Join(cfg.RunDir, "warm"),
+		idmap:    true,
+		building: map[string]bool{},
+		refill:   make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.RunDir, "sandboxes"), 0o711); err != nil {
 		return nil, fmt.Errorf("creating run dir: %w", err)
 	}
-	if g, err := cfg.Cgroups.Load(warmCgroup); err == nil {
-		g.Kill()
-		if err := g.Delete(context.Background()); err != nil {
-			return nil, fmt.Errorf("removing stale warm cgroup: %w", err)
-		}
-	}
+	// Warm guests of an earlier daemon: their run dirs and disks go now,
+	// their cgroups (named by sandbox ids nobody recorded) at reconcile.
 	os.RemoveAll(r.warmDir)
 	if err := os.MkdirAll(r.warmDir, 0o711); err != nil {
 		return nil, err
@@ -107,15 +107,10 @@ func New(cfg Config) (*Runtime, error) {
 	for _, v := range vols {
 		if strings.HasPrefix(v, warmPrefix) {
 			if err := cfg.Disks.Remove(context.Background(), v); err != nil {
-				return nil, fmt.Errorf("removing stale warm disk: %w", err)
+				return nil, fmt.Errorf("removing a stale warm disk: %w", err)
 			}
 		}
 	}
-	warm, err := cfg.Cgroups.Create(warmCgroup, cgroup.Limits{})
-	if err != nil {
-		return nil, fmt.Errorf("creating warm cgroup: %w", err)
-	}
-	r.warm = warm
 	exe, err := sealedSelf()
 	if err != nil {
 		return nil, fmt.Errorf("sealing guest binary: %w", err)
@@ -204,8 +199,7 @@ func (r *Runtime) keepWarm() {
 			if !need {
 				break
 			}
-			g, err := r.newGuest()
-			if err != nil {
+			if _, err := r.newGuest(); err != nil {
 				select {
 				case <-r.stop:
 					return
@@ -221,9 +215,6 @@ func (r *Runtime) keepWarm() {
 				continue
 			}
 			backoff = 100 * time.Millisecond
-			r.mu.Lock()
-			r.ready = append(r.ready, g)
-			r.mu.Unlock()
 			select {
 			case <-r.stop:
 				return
@@ -237,71 +228,159 @@ func (r *Runtime) keepWarm() {
 // starts another guest.
 const refillSettle = 50 * time.Millisecond
 
-// warmPrefix names the disks of warm guests; sandbox ids never start
-// with it.
+// warmPrefix names warm guests' disks until a create takes one; sandbox
+// ids never start with it.
 const warmPrefix = "warm-"
 
-// newGuest starts a guest on a freshly allocated uid range and prepares
-// its root filesystem from the warm image.
-func (r *Runtime) newGuest() (_ *guestProc, retErr error) {
+// newID returns a fresh sandbox id: 12 lowercase letters and digits.
+func newID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 12)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
+}
+
+// newGuest makes a sandbox-to-be ahead of time: an id, a uid range, a
+// cgroup, a disk and a guest that has built its root filesystem from the
+// warm image and bounded itself. Only its limits and environment are
+// left for the create that takes it.
+func (r *Runtime) newGuest() (*guestProc, error) {
 	img, err := r.cfg.WarmImage()
 	if err != nil {
 		return nil, err
 	}
-	base, err := r.cfg.IDs.Alloc()
-	if err != nil {
-		return nil, err
-	}
-	key := strconv.FormatUint(uint64(base), 10)
-	g, err := r.spawnGuest(base, filepath.Join(r.warmDir, key))
-	if err != nil {
-		r.cfg.IDs.Free(base)
-		return nil, err
-	}
-	defer func() {
-		if retErr != nil {
-			r.discard(g)
-		}
-	}()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := r.prepare(ctx, g, img, warmPrefix+key, r.cfg.WarmDiskBytes); err != nil {
+	id := newID()
+	r.mu.Lock()
+	r.building[id] = true
+	r.mu.Unlock()
+	g, err := r.build(ctx, id, 0, img, r.cfg.WarmDiskBytes, true)
+	r.mu.Lock()
+	delete(r.building, id)
+	if err == nil {
+		r.ready = append(r.ready, g)
+	}
+	r.mu.Unlock()
+	return g, err
+}
+
+// build makes a prepared guest for sandbox id: its cgroup (no limits yet),
+// the guest process in it, its disk (kept if it exists: a sandbox started
+// again) and its root filesystem. uidBase 0 takes a new range. On failure
+// everything it made is removed, except a disk that existed before.
+func (r *Runtime) build(ctx context.Context, id string, uidBase uint32, img *image.Image, size int64, warm bool) (_ *guestProc, retErr error) {
+	var cleanups []func()
+	defer func() {
+		if retErr != nil {
+			for i := len(cleanups) - 1; i >= 0; i-- {
+				cleanups[i]()
+			}
+		}
+	}()
+	dir, vol := r.dir(id), id
+	if warm {
+		dir, vol = filepath.Join(r.warmDir, id), warmPrefix+id
+	}
+	if uidBase == 0 {
+		base, err := r.cfg.IDs.Alloc()
+		if err != nil {
+			return nil, err
+		}
+		uidBase = base
+		cleanups = append(cleanups, func() { r.cfg.IDs.Free(base) })
+	}
+	cg, err := r.cfg.Cgroups.Create(id, cgroup.Limits{})
+	if err != nil {
+		return nil, fmt.Errorf("creating cgroup: %w", err)
+	}
+	cleanups = append(cleanups, func() {
+		cg.Kill()
+		cg.Delete(context.Background())
+	})
+	g, err := r.spawnGuest(uidBase, dir, cg)
+	if err != nil {
+		return nil, fmt.Errorf("starting guest: %w", err)
+	}
+	g.sb.id = id
+	g.sb.cg = cg
+	g.warm = warm
+	cleanups = append(cleanups, g.kill)
+	fresh := false
+	v, err := r.cfg.Disks.Open(vol)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		v, err = r.cfg.Disks.Acquire(ctx, vol, size, int(uidBase), int(uidBase))
+		fresh = err == nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting disk: %w", err)
+	}
+	if fresh {
+		cleanups = append(cleanups, func() { r.cfg.Disks.Remove(context.Background(), vol) })
+	}
+	g.volume = vol
+	if err := r.prepare(ctx, g, img, v); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
-// prepare gives g a disk (the volume named vol: opened if it exists, made
-// otherwise) and has it build its root filesystem from img.
-func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, vol string, size int64) error {
+// prepare has g build its root filesystem from img on disk v, take the
+// sandbox's hostname and cgroup namespace, and bound itself.
+func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v *disk.Volume) error {
 	uid := int(g.sb.st.UIDBase)
-	v, err := r.volume(ctx, vol, size, uid)
-	if err != nil {
-		return err
+	for _, d := range []string{"upper", "work"} {
+		p := filepath.Join(v.Path, d)
+		if err := os.Mkdir(p, 0o755); err != nil && !os.IsExist(err) {
+			return err
+		}
+		if err := os.Lchown(p, uid, uid); err != nil {
+			return err
+		}
 	}
-	g.volume = vol
-	p := &guest.Prepare{}
+	p := &guest.Prepare{
+		Hostname: g.sb.id,
+		CgroupV2: r.cfg.Cgroups.Mode() == cgroup.V2,
+		Seccomp:  r.cfg.Seccomp,
+		Caps:     r.cfg.Caps,
+	}
 	fds, idmapped, err := r.mountFDs(g.sb.st.PID, img, p)
 	defer func() { closeFDs(fds) }()
 	if err != nil {
 		return err
 	}
-	add := func(fd int, err error) (guest.Mount, error) {
+	add := func(fd int, err error) (int, error) {
 		if err != nil {
-			return guest.Mount{}, err
+			return -1, err
 		}
 		fds = append(fds, fd)
-		return guest.Mount{FD: len(fds) - 1}, nil
+		return len(fds) - 1, nil
 	}
-	if p.Disk, err = add(treeClone(v.Path)); err != nil {
+	if p.Disk.FD, err = add(treeClone(v.Path)); err != nil {
+		return err
+	}
+	if p.OOMFD, err = add(openOOM(g.sb.cg)); err != nil {
 		return err
 	}
 	g.sb.st.Idmapped = idmapped
 	if _, err := g.call(ctx, &guest.Config{Prepare: p}, fds, filepath.Join(g.dir, "guest.log")); err != nil {
-		return fmt.Errorf("preparing rootfs: %w", err)
+		return fmt.Errorf("preparing sandbox: %w", err)
 	}
 	g.image = img.ID
 	return nil
+}
+
+// openOOM opens the cgroup's OOM counter for a guest.
+func openOOM(cg *cgroup.Group) (int, error) {
+	f, err := cg.OpenOOMEvents()
+	if err != nil {
+		return -1, fmt.Errorf("opening OOM events: %w", err)
+	}
+	defer f.Close()
+	return unix.Dup(int(f.Fd()))
 }
 
 func closeFDs(fds []int) {
@@ -313,14 +392,11 @@ func closeFDs(fds []int) {
 // takeWarm returns a live warm guest prepared from img on a disk of
 // size, if there is one.
 func (r *Runtime) takeWarm(img *image.Image, size int64) *guestProc {
-	if size != r.cfg.WarmDiskBytes {
-		return nil
-	}
 	for {
 		r.mu.Lock()
 		var g *guestProc
 		for i, c := range r.ready {
-			if c.image == img.ID {
+			if c.image == img.ID && (size == 0 || size == r.cfg.WarmDiskBytes) {
 				g = c
 				r.ready = append(r.ready[:i:i], r.ready[i+1:]...)
 				break
@@ -334,14 +410,16 @@ func (r *Runtime) takeWarm(img *image.Image, size int64) *guestProc {
 	}
 }
 
-// discard kills a guest that will not become a sandbox, and frees its
-// disk and uid range.
+// discard removes a guest that will not become a sandbox: its process
+// and run dir, cgroup, disk and uid range.
 func (r *Runtime) discard(g *guestProc) {
 	g.kill()
-	if g.volume != "" {
-		if err := r.cfg.Disks.Remove(context.Background(), g.volume); err != nil {
-			r.log.Warn("removing a warm guest's disk", "disk", g.volume, "err", err)
-		}
+	ctx := context.Background()
+	if err := r.Stop(ctx, g.sb.id); err != nil {
+		r.log.Warn("removing a guest's cgroup", "sandbox", g.sb.id, "err", err)
+	}
+	if err := r.cfg.Disks.Remove(ctx, g.volume); err != nil {
+		r.log.Warn("removing a guest's disk", "disk", g.volume, "err", err)
 	}
 	r.cfg.IDs.Free(g.sb.st.UIDBase)
 }
@@ -349,105 +427,72 @@ func (r *Runtime) discard(g *guestProc) {
 func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.RunDir, "sandboxes", id) }
 
 // Start implements runtime.Runtime. A sandbox of the warm image and disk
-// size takes a warm guest whose root filesystem is built already; any
-// other starts a guest and builds it now.
+// size takes a warm guest, which is already that sandbox but for its
+// limits and environment; any other builds one now.
 func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Instance, retErr error) {
 	t0 := time.Now()
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
 	defer func() { r.log.Debug("start phases", append([]any{"sandbox", spec.ID}, phases...)...) }()
+	// Refill only after this start: making a guest competes with it.
+	defer r.poke()
 
-	dir := r.dir(spec.ID)
-	var cleanups []func()
-	defer func() {
-		if retErr != nil {
-			for i := len(cleanups) - 1; i >= 0; i-- {
-				cleanups[i]()
-			}
-		}
-		// Refill only now: starting a guest forks the daemon, and the
-		// copy-on-write faults that follow would slow this start down.
-		r.poke()
-	}()
 	var g *guestProc
-	if spec.UIDBase == 0 {
+	if spec.ID == "" {
 		g = r.takeWarm(spec.Image, spec.Resources.DiskBytes)
 	}
 	if g != nil {
-		mark("warm")
-		cleanups = append(cleanups, func() { r.discard(g) })
+		// It becomes the sandbox: its run dir and disk take their names.
+		dir := r.dir(g.sb.id)
 		if err := os.Rename(g.dir, dir); err != nil {
+			r.discard(g)
 			return nil, fmt.Errorf("moving guest dir: %w", err)
 		}
 		g.dir = dir
-		if err := r.cfg.Disks.Rename(g.volume, spec.ID); err != nil {
+		g.sb.socket = filepath.Join(dir, "guest.sock")
+		if err := r.cfg.Disks.Rename(g.volume, g.sb.id); err != nil {
+			r.discard(g)
 			return nil, fmt.Errorf("moving guest disk: %w", err)
 		}
-		g.volume = spec.ID
+		g.volume = g.sb.id
+		mark("warm")
 	} else {
-		base := spec.UIDBase
-		if base == 0 {
-			var err error
-			if base, err = r.cfg.IDs.Alloc(); err != nil {
-				return nil, err
-			}
-			cleanups = append(cleanups, func() { r.cfg.IDs.Free(base) })
+		id := spec.ID
+		if id == "" {
+			id = newID()
 		}
 		var err error
-		if g, err = r.spawnGuest(base, dir); err != nil {
-			return nil, fmt.Errorf("starting guest: %w", err)
-		}
-		// On failure the guest dies, but a disk that existed before
-		// (a stopped sandbox's) must survive.
-		cleanups = append(cleanups, g.kill)
-		mark("spawn")
-		if err := r.prepare(ctx, g, spec.Image, spec.ID, spec.Resources.DiskBytes); err != nil {
+		if g, err = r.build(ctx, id, spec.UIDBase, spec.Image, spec.Resources.DiskBytes, false); err != nil {
 			return nil, err
 		}
-		mark("prepare")
+		mark("built")
 	}
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		if spec.ID == "" {
+			r.discard(g) // nothing of it was the caller's
+			return
+		}
+		g.kill()
+		r.Stop(context.Background(), spec.ID)
+	}()
 	defer g.sync.Close()
 	sb := g.sb
-	sb.id = spec.ID
-	sb.socket = filepath.Join(dir, "guest.sock")
-
-	cg, err := r.cfg.Cgroups.Create(spec.ID, cgroup.Limits{
+	if err := sb.cg.Update(cgroup.Limits{
 		CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("creating cgroup: %w", err)
+	}); err != nil {
+		return nil, fmt.Errorf("setting limits: %w", err)
 	}
-	cleanups = append(cleanups, func() {
-		cg.Kill()
-		cg.Delete(context.Background())
-	})
-	if err := cg.AddProc(sb.st.PID); err != nil {
-		return nil, fmt.Errorf("moving guest into its cgroup: %w", err)
-	}
-	sb.cg = cg
 	// Guests wait at a low priority; a sandbox runs at the normal one.
 	raisePriority(sb.st.PID)
-	mark("cgroup")
-
-	oom, err := cg.OpenOOMEvents()
-	if err != nil {
-		return nil, fmt.Errorf("opening OOM events: %w", err)
-	}
-	defer oom.Close()
-	act := &guest.Activate{
-		ID:       spec.ID,
-		Hostname: spec.ID,
-		CgroupV2: r.cfg.Cgroups.Mode() == cgroup.V2,
-		Seccomp:  r.cfg.Seccomp,
-		Caps:     r.cfg.Caps,
-		OOMFD:    0,
-		Serve: guest.ServeConfig{
-			Env:         spec.Env,
-			Workdir:     spec.Workdir,
-			OutputLimit: r.cfg.OutputLimit,
-		},
-	}
-	ready, err := g.call(ctx, &guest.Config{Activate: act}, []int{int(oom.Fd())}, filepath.Join(dir, "guest.log"))
+	act := &guest.Activate{Serve: guest.ServeConfig{
+		Env:         spec.Env,
+		Workdir:     spec.Workdir,
+		OutputLimit: r.cfg.OutputLimit,
+	}}
+	ready, err := g.call(ctx, &guest.Config{Activate: act}, nil, filepath.Join(g.dir, "guest.log"))
 	if err != nil {
 		return nil, fmt.Errorf("starting sandbox: %w", err)
 	}
@@ -461,28 +506,6 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	}
 	sb.st.StartTime = st
 	return sb, nil
-}
-
-// volume returns the sandbox's writable volume, with the overlay's upper
-// and work dirs owned by the sandbox's root.
-func (r *Runtime) volume(ctx context.Context, id string, size int64, uid int) (*disk.Volume, error) {
-	vol, err := r.cfg.Disks.Open(id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		vol, err = r.cfg.Disks.Acquire(ctx, id, size, uid, uid)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("getting disk: %w", err)
-	}
-	for _, d := range []string{"upper", "work"} {
-		p := filepath.Join(vol.Path, d)
-		if err := os.Mkdir(p, 0o755); err != nil && !os.IsExist(err) {
-			return nil, err
-		}
-		if err := os.Lchown(p, uid, uid); err != nil {
-			return nil, err
-		}
-	}
-	return vol, nil
 }
 
 // mountFDs fills p's layers and binds with descriptors. Where the kernel
@@ -624,10 +647,19 @@ func (r *Runtime) Leftovers() ([]string, error) {
 		return nil, err
 	}
 	entries, _ := os.ReadDir(filepath.Join(r.cfg.RunDir, "sandboxes"))
-	seen := map[string]bool{warmCgroup: true}
+	// Warm guests of this runtime are sandboxes-to-be, not leftovers.
+	seen := map[string]bool{}
+	r.mu.Lock()
+	for _, g := range r.ready {
+		seen[g.sb.id] = true
+	}
+	for id := range r.building {
+		seen[id] = true
+	}
+	r.mu.Unlock()
 	var ids []string
 	add := func(id string) {
-		if !seen[id] && !strings.HasPrefix(id, warmPrefix) {
+		if !seen[id] {
 			seen[id] = true
 			ids = append(ids, id)
 		}
@@ -662,6 +694,5 @@ func (r *Runtime) Close() error {
 		r.forker = nil
 	}
 	r.forkMu.Unlock()
-	r.warm.Kill()
-	return r.warm.Delete(context.Background())
+	return nil
 }
