@@ -169,12 +169,22 @@ func (s *ExecStream) Wait(stdout, stderr io.Writer) (*api.ExitStatus, error) {
 			if err := json.Unmarshal(f.Payload, &st); err != nil {
 				return nil, fmt.Errorf("decoding exit status: %w", err)
 			}
+			s.drain()
 			return &st, nil
 		case wire.Error:
 			var e api.Error
 			json.Unmarshal(f.Payload, &e)
 			return nil, &Error{Code: e.Code, Message: e.Message}
 		}
+	}
+}
+
+// drain reads a one-way stream's body to its end after the exit frame, so
+// that the HTTP connection goes back to the pool instead of being closed
+// (the daemon ends the body right after that frame).
+func (s *ExecStream) drain() {
+	if s.fw == nil {
+		io.Copy(io.Discard, io.LimitReader(s.body, 64<<10))
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"paddock/internal/errdefs"
 	"paddock/wire"
@@ -15,13 +16,64 @@ import (
 // Client talks to one sandbox's guest from the daemon. Each call opens its
 // own connection on the control socket, so calls are independent and a
 // dropped stream never affects another.
+//
+// One connection is kept dialled ahead, so that a call does not wait for
+// the connect and the guest's accept.
 type Client struct {
 	dial func(ctx context.Context) (net.Conn, error)
+
+	mu     sync.Mutex
+	spare  net.Conn
+	closed bool
 }
 
 // NewClient returns a Client that connects with dial.
 func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 	return &Client{dial: dial}
+}
+
+// connect returns the spare connection, or dials one, and dials the next
+// spare in the background.
+func (c *Client) connect(ctx context.Context) (net.Conn, error) {
+	c.mu.Lock()
+	conn := c.spare
+	c.spare = nil
+	c.mu.Unlock()
+	if conn == nil {
+		var err error
+		if conn, err = c.dial(ctx); err != nil {
+			return nil, err
+		}
+	}
+	go c.dialSpare()
+	return conn, nil
+}
+
+func (c *Client) dialSpare() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.spare != nil || c.closed {
+		conn.Close()
+		return
+	}
+	c.spare = conn
+}
+
+// Close drops the spare connection; calls made afterwards still work.
+func (c *Client) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.spare != nil {
+		c.spare.Close()
+		c.spare = nil
+	}
 }
 
 // readers recycles the connections' read buffers: a fresh 64 KiB buffer
@@ -55,7 +107,7 @@ func (c *Conn) Send(t wire.Type, payload []byte) error { return c.out.Write(t, p
 // Call sends req and returns the guest's response and the open connection
 // (the caller closes it).
 func (c *Client) Call(ctx context.Context, req Request) (*Response, *Conn, error) {
-	conn, err := c.dial(ctx)
+	conn, err := c.connect(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to guest: %w", err)
 	}

@@ -237,6 +237,15 @@ func (b *box) attach(inst runtime.Instance) {
 	b.stopping = false
 }
 
+// detach forgets the instance of a sandbox that no longer runs.
+func (b *box) detach() {
+	if b.guest != nil {
+		b.guest.Close()
+	}
+	b.inst = nil
+	b.guest = nil
+}
+
 func (b *box) viewLocked() api.Sandbox {
 	s := b.rec.Sandbox
 	if b.inst != nil {
@@ -276,8 +285,7 @@ func (m *Manager) watch(b *box, inst runtime.Instance) {
 		m.log.Warn("sandbox guest exited unexpectedly", "sandbox", b.rec.ID)
 		b.rec.State = api.StateFailed
 		b.rec.Error = "the sandbox's init process exited"
-		b.inst = nil
-		b.guest = nil
+		b.detach()
 		if err := m.cfg.Runtime.Stop(context.Background(), b.rec.ID); err != nil {
 			m.log.Warn("releasing failed sandbox", "sandbox", b.rec.ID, "err", err)
 		}
@@ -408,8 +416,7 @@ func (m *Manager) stopLocked(ctx context.Context, b *box) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		b.inst = nil
-		b.guest = nil
+		b.detach()
 	}
 	if err := m.cfg.Runtime.Stop(ctx, b.rec.ID); err != nil {
 		return fmt.Errorf("stopping sandbox: %w", err)
