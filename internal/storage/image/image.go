@@ -27,7 +27,7 @@ const HostImage = "host"
 // skeletonVersion changes whenever the skeleton's layout changes, so that a
 // new binary builds a new content-addressed directory instead of reusing a
 // stale one.
-const skeletonVersion = "host-skeleton-2"
+const skeletonVersion = "host-skeleton-3"
 
 // Image is a resolved image: everything the runtime needs to build a root
 // filesystem from it.
@@ -152,7 +152,7 @@ func buildSkeleton(root, hostRoot string, img *Image) error {
 		mode fs.FileMode
 	}{
 		{"", 0o755}, {"dev", 0o755}, {"proc", 0o555}, {"sys", 0o555},
-		{"tmp", 0o1777}, {"run", 0o755}, {"var", 0o755}, {"var/tmp", 0o1777},
+		{"tmp", fs.ModeSticky | 0o777}, {"run", 0o755}, {"var", 0o755}, {"var/tmp", fs.ModeSticky | 0o777},
 		{"var/lib", 0o755}, {"var/cache", 0o755}, {"var/log", 0o755},
 		{"root", 0o700}, {"home", 0o755}, {"home/user", 0o755},
 		{"workspace", 0o755}, {"mnt", 0o755}, {"opt", 0o755}, {"srv", 0o755},

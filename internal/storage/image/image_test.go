@@ -89,6 +89,9 @@ func TestBuildHost(t *testing.T) {
 	if !binds["/usr"] || !binds["/sbin"] || binds["/bin"] {
 		t.Errorf("binds = %v", img.Binds)
 	}
+	if fi, err := os.Stat(filepath.Join(rootfs, "tmp")); err != nil || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
+		t.Errorf("/tmp mode %v, want sticky 0777", fi.Mode())
+	}
 	for _, d := range []string{"workspace", "tmp", "proc", "dev", "home/user"} {
 		if fi, err := os.Stat(filepath.Join(rootfs, d)); err != nil || !fi.IsDir() {
 			t.Errorf("%s missing", d)

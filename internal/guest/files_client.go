@@ -1,0 +1,331 @@
+package guest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/wire"
+)
+
+// The daemon's side of the file ops: each helper makes one call and
+// turns its stream into an io.Reader, an io.Writer's source, or a
+// sequence of values. Nothing is buffered beyond one frame.
+
+// fileChunkSize is the payload of the data frames a file op sends: big enough
+// that framing costs nothing, far below wire.MaxPayload.
+const fileChunkSize = 1 << 20
+
+// fileChunks recycles the data buffers of file streams.
+var fileChunks = sync.Pool{New: func() any { b := make([]byte, fileChunkSize); return &b }}
+
+// ErrStreamCut is the error of a file stream whose guest connection broke
+// before the End frame (the sandbox ended, most likely).
+var ErrStreamCut = errors.New("lost the connection to the sandbox")
+
+// fileEndError turns the error of an End frame back into a category.
+func fileEndError(e *api.Error) error {
+	if e == nil {
+		return nil
+	}
+	cat := errdefs.FromCode(e.Code)
+	if cat == nil {
+		return fmt.Errorf("guest: %s", e.Message)
+	}
+	return fmt.Errorf("%w: %s", cat, stripCategory(e.Message, cat))
+}
+
+func readFileEnd(payload []byte) (FileEnd, error) {
+	var e FileEnd
+	if err := json.Unmarshal(payload, &e); err != nil {
+		return e, fmt.Errorf("decoding end frame: %w", err)
+	}
+	return e, fileEndError(e.Error)
+}
+
+// FileDo makes a file op that has no stream (stat, mkdir, remove, move).
+func (c *Client) FileDo(ctx context.Context, op string, fr FileRequest) (*FileResponse, error) {
+	resp, err := c.Do(ctx, Request{Op: op, File: &fr})
+	if err != nil {
+		return nil, err
+	}
+	if resp.File == nil {
+		resp.File = &FileResponse{}
+	}
+	return resp.File, nil
+}
+
+// DataStream is the data of a read or a tar download.
+type DataStream struct {
+	conn    *Conn
+	stop    func() bool
+	pending []byte
+	end     *FileEnd
+	err     error
+	once    sync.Once
+}
+
+// FileRead starts a read (op file.read) or a tar download (file.tar_get)
+// and returns the guest's answer and the data.
+func (c *Client) FileRead(ctx context.Context, op string, fr FileRequest) (*FileResponse, *DataStream, error) {
+	resp, conn, err := c.Call(ctx, Request{Op: op, File: &fr})
+	if err != nil {
+		return nil, nil, err
+	}
+	if resp.File == nil {
+		resp.File = &FileResponse{}
+	}
+	d := &DataStream{conn: conn}
+	d.stop = context.AfterFunc(ctx, func() { conn.Conn.Close() })
+	return resp.File, d, nil
+}
+
+func (d *DataStream) fill() error {
+	for len(d.pending) == 0 {
+		if d.err != nil {
+			return d.err
+		}
+		f, err := d.conn.Frames.Read()
+		if err != nil {
+			d.err = ErrStreamCut
+			continue
+		}
+		switch f.Type {
+		case wire.Data:
+			d.pending = f.Payload
+		case wire.End:
+			e, err := readFileEnd(f.Payload)
+			d.end = &e
+			if err == nil {
+				err = io.EOF
+			}
+			d.err = err
+		default:
+			d.err = fmt.Errorf("guest sent frame type %d in a data stream", f.Type)
+		}
+	}
+	return nil
+}
+
+// Read reads the data; it returns io.EOF after a clean End frame and the
+// guest's error after a failed one.
+func (d *DataStream) Read(p []byte) (int, error) {
+	if err := d.fill(); err != nil {
+		return 0, err
+	}
+	n := copy(p, d.pending)
+	d.pending = d.pending[n:]
+	return n, nil
+}
+
+// WriteTo writes the data to w frame by frame.
+func (d *DataStream) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	for {
+		if err := d.fill(); err != nil {
+			if err == io.EOF {
+				return total, nil
+			}
+			return total, err
+		}
+		n, err := w.Write(d.pending)
+		total += int64(n)
+		d.pending = d.pending[n:]
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// End returns the End frame once Read has returned io.EOF or the guest's
+// error.
+func (d *DataStream) End() *FileEnd { return d.end }
+
+// Close ends the stream (the guest stops at its next write) and recycles
+// its buffer. It must not run while a Read is in progress; Abort may.
+func (d *DataStream) Close() error {
+	d.once.Do(func() {
+		d.stop()
+		d.conn.Close()
+	})
+	return nil
+}
+
+// Abort cuts the stream's connection, from any goroutine: a Read in
+// progress returns. Close must still be called.
+func (d *DataStream) Abort() { d.conn.Conn.Close() }
+
+// SourceError is the error of a write whose source failed: the client's
+// upload broke, not the guest.
+type SourceError struct{ Err error }
+
+func (e *SourceError) Error() string { return "reading the data to write: " + e.Err.Error() }
+func (e *SourceError) Unwrap() error { return e.Err }
+
+// FileWrite makes a write (op file.write) or a tar upload (file.tar_put)
+// with src's bytes and returns the guest's End frame. An error before any
+// data is sent (the target is a directory, the owner is unknown) comes
+// back without src having been read. A failure to read src is a
+// *SourceError; the guest then drops what it received.
+func (c *Client) FileWrite(ctx context.Context, op string, fr FileRequest, src io.Reader) (*FileEnd, error) {
+	_, conn, err := c.Call(ctx, Request{Op: op, File: &fr})
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Conn.Close() })
+	defer stop()
+	bp := fileChunks.Get().(*[]byte)
+	defer fileChunks.Put(bp)
+	buf := *bp
+	var sent int64
+	for {
+		n, rerr := fill(src, buf)
+		if n > 0 {
+			if err := conn.Send(wire.Data, buf[:n]); err != nil {
+				// The guest gave up (and said why) or went away.
+				return readGuestEnd(ctx, conn)
+			}
+			sent += int64(n)
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			// No End frame: the guest drops what it has.
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, &SourceError{Err: rerr}
+		}
+	}
+	b, _ := json.Marshal(FileEnd{Bytes: sent})
+	if err := conn.Send(wire.End, b); err != nil {
+		return readGuestEnd(ctx, conn)
+	}
+	return readGuestEnd(ctx, conn)
+}
+
+// fill reads into buf until it is full or src fails; only a clean io.EOF
+// ends the data (io.ReadFull would turn a source's own
+// io.ErrUnexpectedEOF, a cut request body, into a normal end).
+func fill(src io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		k, err := src.Read(buf[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// readGuestEnd reads the guest's End frame, skipping nothing else.
+func readGuestEnd(ctx context.Context, conn *Conn) (*FileEnd, error) {
+	f, err := conn.Frames.Read()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, ErrStreamCut
+	}
+	if f.Type != wire.End {
+		return nil, fmt.Errorf("guest sent frame type %d instead of the end of a write", f.Type)
+	}
+	e, err := readFileEnd(f.Payload)
+	return &e, err
+}
+
+// ListStream is the entries of a list, in batches.
+type ListStream struct{ ds *DataStream }
+
+// FileList starts a list; its entries come in batches from Next.
+func (c *Client) FileList(ctx context.Context, fr FileRequest) (*ListStream, error) {
+	_, ds, err := c.FileRead(ctx, OpFileList, fr)
+	if err != nil {
+		return nil, err
+	}
+	return &ListStream{ds: ds}, nil
+}
+
+// Next returns the next batch of entries, or io.EOF after the last.
+func (l *ListStream) Next() ([]FileInfo, error) {
+	f, err := l.ds.conn.Frames.Read()
+	if err != nil {
+		return nil, ErrStreamCut
+	}
+	switch f.Type {
+	case wire.Event:
+		var batch []FileInfo
+		if err := json.Unmarshal(f.Payload, &batch); err != nil {
+			return nil, fmt.Errorf("decoding list entries: %w", err)
+		}
+		return batch, nil
+	case wire.End:
+		if _, err := readFileEnd(f.Payload); err != nil {
+			return nil, err
+		}
+		return nil, io.EOF
+	}
+	return nil, fmt.Errorf("guest sent frame type %d in a list", f.Type)
+}
+
+// Close ends the list; not while Next runs (see DataStream.Close).
+func (l *ListStream) Close() error { return l.ds.Close() }
+
+// Abort cuts the list's connection, from any goroutine.
+func (l *ListStream) Abort() { l.ds.Abort() }
+
+// EventStream is the events of a watch.
+type EventStream struct{ ds *DataStream }
+
+// FileWatch starts a watch; it is in place when FileWatch returns.
+func (c *Client) FileWatch(ctx context.Context, fr FileRequest) (*EventStream, error) {
+	_, ds, err := c.FileRead(ctx, OpFileWatch, fr)
+	if err != nil {
+		return nil, err
+	}
+	return &EventStream{ds: ds}, nil
+}
+
+// WatchEnded is returned by EventStream.Next when the guest ended the
+// watch (the directory was removed).
+type WatchEnded struct{ Reason string }
+
+func (e *WatchEnded) Error() string { return "watch ended: " + e.Reason }
+
+// Next returns the next event. It returns a *WatchEnded when the guest
+// ends the watch and ErrStreamCut when the connection breaks.
+func (e *EventStream) Next() (FileEvent, error) {
+	f, err := e.ds.conn.Frames.Read()
+	if err != nil {
+		return FileEvent{}, ErrStreamCut
+	}
+	switch f.Type {
+	case wire.Event:
+		var ev FileEvent
+		if err := json.Unmarshal(f.Payload, &ev); err != nil {
+			return ev, fmt.Errorf("decoding watch event: %w", err)
+		}
+		return ev, nil
+	case wire.End:
+		end, err := readFileEnd(f.Payload)
+		if err != nil {
+			return FileEvent{}, err
+		}
+		return FileEvent{}, &WatchEnded{Reason: end.Reason}
+	}
+	return FileEvent{}, fmt.Errorf("guest sent frame type %d in a watch", f.Type)
+}
+
+// Close ends the watch; not while Next runs (see DataStream.Close).
+func (e *EventStream) Close() error { return e.ds.Close() }
+
+// Abort ends the watch from any goroutine: Next returns ErrStreamCut.
+func (e *EventStream) Abort() { e.ds.Abort() }
