@@ -308,18 +308,24 @@ func (s *server) list() []ProcessInfo {
 
 // stdio is a process's side of its standard streams and our side of them.
 type stdio struct {
-	child  [3]*os.File // closed in the parent once the child runs
-	stdin  *os.File    // ours: write end of stdin, or the pty master
-	output []*os.File  // ours: what the pumps read (stdout, stderr / the master)
+	child  [3]int     // the child's 0, 1, 2; closed here once it runs
+	stdin  *os.File   // ours: write end of stdin, or the pty master
+	output []*os.File // ours: what the pumps read (stdout, stderr / the master)
 	tty    *os.File
 }
 
+// devNull is the stdin of processes without one; opened once.
+var devNull = sync.OnceValues(func() (int, error) {
+	return unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+})
+
 func (io *stdio) closeChild() {
-	seen := map[*os.File]bool{}
-	for _, f := range io.child {
-		if f != nil && !seen[f] {
-			seen[f] = true
-			f.Close()
+	null, _ := devNull()
+	seen := map[int]bool{null: true}
+	for _, fd := range io.child {
+		if fd > 0 && !seen[fd] {
+			seen[fd] = true
+			unix.Close(fd)
 		}
 	}
 }
@@ -336,27 +342,39 @@ func (io *stdio) closeAll() {
 	}
 }
 
+// ourEnd wraps our end of a pipe for Go's poller: non-blocking, so that
+// reads and writes wait in the netpoller and deadlines work. The child's
+// end stays blocking.
+func ourEnd(fd int, name string) *os.File {
+	unix.SetNonblock(fd, true)
+	return os.NewFile(uintptr(fd), name)
+}
+
 // pipes makes pipes for stdin (or /dev/null), stdout and stderr.
 func pipes(withStdin bool) (*stdio, error) {
 	io := &stdio{}
-	var err error
+	var p [2]int
 	if withStdin {
-		if io.child[0], io.stdin, err = os.Pipe(); err != nil {
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 			return nil, err
 		}
-	} else if io.child[0], err = os.Open(os.DevNull); err != nil {
-		return nil, err
+		io.child[0], io.stdin = p[0], ourEnd(p[1], "stdin")
+	} else {
+		null, err := devNull()
+		if err != nil {
+			return nil, err
+		}
+		io.child[0] = null
 	}
 	for i := 1; i <= 2; i++ {
-		r, w, err := os.Pipe()
-		if err != nil {
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 			io.closeAll()
 			return nil, err
 		}
 		// A larger pipe means fewer wake-ups for a chatty process.
-		unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 1<<20)
-		io.child[i] = w
-		io.output = append(io.output, r)
+		unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, 1<<20)
+		io.child[i] = p[1]
+		io.output = append(io.output, ourEnd(p[0], "output"))
 	}
 	return io, nil
 }
@@ -376,7 +394,15 @@ func terminal(size *api.TTY, cred *syscall.Credential) (*stdio, error) {
 	if cred != nil {
 		unix.Fchown(int(slave.Fd()), int(cred.Uid), 5) // group tty
 	}
-	return &stdio{child: [3]*os.File{slave, slave, slave}, stdin: master, output: []*os.File{master}, tty: master}, nil
+	// The slave's fd is handed to the child and closed here afterwards.
+	fd, err := unix.Dup(int(slave.Fd()))
+	slave.Close()
+	if err != nil {
+		master.Close()
+		return nil, err
+	}
+	unix.CloseOnExec(fd)
+	return &stdio{child: [3]int{fd, fd, fd}, stdin: master, output: []*os.File{master}, tty: master}, nil
 }
 
 // spawn forks and execs a command in the sandbox.
@@ -424,7 +450,7 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 	attr := &syscall.ProcAttr{
 		Dir:   cwd,
 		Env:   env,
-		Files: []uintptr{std.child[0].Fd(), std.child[1].Fd(), std.child[2].Fd()},
+		Files: []uintptr{uintptr(std.child[0]), uintptr(std.child[1]), uintptr(std.child[2])},
 		Sys:   sys,
 	}
 	p := &process{
