@@ -466,6 +466,10 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 		s.procs[pid] = p
 	}
 	s.mu.Unlock()
+	select {
+	case s.forked <- struct{}{}:
+	default:
+	}
 	std.closeChild()
 	if err != nil {
 		std.closeAll()
@@ -636,37 +640,42 @@ func (s *server) oomKills() uint64 {
 }
 
 // reapLoop reaps every child, ours or orphans reparented to us as PID 1.
+// It waits in wait4 itself rather than for SIGCHLD: an exit is seen as
+// soon as it happens, without the signal's trip through the runtime. With
+// no children at all wait4 fails at once, so it then waits for the next
+// fork.
 func (s *server) reapLoop() {
-	ch := make(chan os.Signal, 64)
-	signal.Notify(ch, unix.SIGCHLD)
-	for range ch {
-		s.reap()
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		switch {
+		case err == unix.EINTR:
+		case err == unix.ECHILD:
+			<-s.forked
+		case err != nil:
+			s.log.Warn("waiting for children", "err", err)
+			time.Sleep(10 * time.Millisecond)
+		default:
+			s.exited(pid, ws)
+		}
 	}
 }
 
-func (s *server) reap() {
+// exited records a child's exit. spawn holds s.mu from fork until the
+// process is in the table, so a child that exits at once is still found.
+func (s *server) exited(pid int, ws unix.WaitStatus) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for {
-		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-		if err == unix.EINTR {
-			continue
-		}
-		if pid <= 0 || err != nil {
-			return
-		}
-		p, ok := s.procs[pid]
-		if !ok {
-			continue
-		}
-		p.mu.Lock()
-		if p.status == nil {
-			p.status = &ws
-			close(p.exited)
-		}
-		p.mu.Unlock()
+	p, ok := s.procs[pid]
+	s.mu.Unlock()
+	if !ok {
+		return // an orphan, reparented to us: reaping it was all
 	}
+	p.mu.Lock()
+	if p.status == nil {
+		p.status = &ws
+		close(p.exited)
+	}
+	p.mu.Unlock()
 }
 
 // forwardSignals passes the signals PID 1 receives on to every process it

@@ -62,6 +62,8 @@ type server struct {
 	finished []int
 	// oomSeen is the cgroup's OOM kill count when last read.
 	oomSeen uint64
+	// forked wakes the reaper after a fork when it had no children.
+	forked chan struct{}
 }
 
 func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {
@@ -71,7 +73,7 @@ func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *se
 	if cfg.Retain <= 0 {
 		cfg.Retain = 256
 	}
-	s := &server{cfg: cfg, oom: oom, sp: sp, log: log, procs: map[int]*process{}}
+	s := &server{cfg: cfg, oom: oom, sp: sp, log: log, procs: map[int]*process{}, forked: make(chan struct{}, 1)}
 	s.oomSeen = s.oomKills()
 	return s
 }
