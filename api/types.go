@@ -1,6 +1,7 @@
 // Package api holds paddock's wire types: the JSON bodies of the /v1 HTTP
-// API and the frame types of its streams. It has no logic; the OpenAPI
-// document beside it (openapi.yaml) describes the same shapes.
+// API and the frame types of its streams. It has no logic beyond a file
+// mode's octal form and its os.FileMode bits; the OpenAPI document beside
+// it (openapi.yaml) describes the same shapes.
 package api
 
 import "time"

@@ -14,7 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
+
+	"paddock/api"
 )
 
 // Files in a sandbox. Every path is interpreted inside the sandbox: it is
@@ -23,57 +24,43 @@ import (
 // taken from the sandbox's workdir. Bodies stream both ways: nothing here
 // holds a whole file in memory.
 
-// File types in FileInfo.Type.
-const (
-	TypeFile    = "file"
-	TypeDir     = "dir"
-	TypeSymlink = "symlink"
-	TypeOther   = "other" // devices, fifos, sockets
+// The file types are the API's (package api); the SDK names them too.
+type (
+	// FileInfo describes a file in a sandbox. A symbolic link is
+	// described as a link, with its target.
+	FileInfo = api.FileInfo
+	// FileMode is a file's permission bits with setuid (04000), setgid
+	// (02000) and sticky (01000), as in chmod. JSON carries it as an
+	// octal string ("0644").
+	FileMode = api.FileMode
+	// FileEvent is one change under a watched directory.
+	FileEvent = api.FileEvent
+	// TarResult is the answer to UploadTar.
+	TarResult = api.TarResult
 )
 
-// FileInfo describes a file in a sandbox. A symbolic link is described as
-// a link, with its target.
-type FileInfo struct {
-	Name       string    `json:"name"`
-	Path       string    `json:"path"`
-	Type       string    `json:"type"`
-	Size       int64     `json:"size"`
-	Mode       FileMode  `json:"mode"`
-	UID        uint32    `json:"uid"`
-	GID        uint32    `json:"gid"`
-	User       string    `json:"user,omitempty"`
-	Group      string    `json:"group,omitempty"`
-	ModTime    time.Time `json:"mtime"`
-	LinkTarget string    `json:"link_target,omitempty"`
-}
+// File types in FileInfo.Type.
+const (
+	TypeFile    = api.TypeFile
+	TypeDir     = api.TypeDir
+	TypeSymlink = api.TypeSymlink
+	TypeOther   = api.TypeOther // devices, fifos, sockets
+)
 
-// IsDir reports whether the file is a directory.
-func (fi *FileInfo) IsDir() bool { return fi.Type == TypeDir }
-
-// FileMode is a file's permission bits with setuid (04000), setgid
-// (02000) and sticky (01000), as in chmod. JSON carries it as an octal
-// string ("0644").
-type FileMode uint32
-
-func (m FileMode) String() string { return fmt.Sprintf("%04o", uint32(m)) }
-
-// OS returns the mode as an os.FileMode (permission and special bits).
-func (m FileMode) OS() os.FileMode {
-	fm := os.FileMode(m & 0o777)
-	if m&0o4000 != 0 {
-		fm |= os.ModeSetuid
-	}
-	if m&0o2000 != 0 {
-		fm |= os.ModeSetgid
-	}
-	if m&0o1000 != 0 {
-		fm |= os.ModeSticky
-	}
-	return fm
-}
+// Event types in FileEvent.Type.
+const (
+	EventCreate = api.EventCreate
+	EventWrite  = api.EventWrite
+	EventRemove = api.EventRemove // also: moved out of the watched tree
+	EventRename = api.EventRename // within the watched tree; OldPath is set
+	EventChmod  = api.EventChmod  // mode, owner or times changed
+	// EventOverflow says events were lost: the kernel's queue overflowed
+	// or a new directory could not be watched.
+	EventOverflow = api.EventOverflow
+)
 
 // ModeOf returns the FileMode of an os.FileMode's permission and special
-// bits.
+// bits; FileMode.OS is its inverse.
 func ModeOf(fm os.FileMode) FileMode {
 	m := FileMode(fm.Perm())
 	if fm&os.ModeSetuid != 0 {
@@ -86,50 +73,6 @@ func ModeOf(fm os.FileMode) FileMode {
 		m |= 0o1000
 	}
 	return m
-}
-
-// MarshalJSON writes the mode as an octal string.
-func (m FileMode) MarshalJSON() ([]byte, error) { return json.Marshal(m.String()) }
-
-// UnmarshalJSON reads an octal string.
-func (m *FileMode) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("file mode: %w", err)
-	}
-	v, err := strconv.ParseUint(s, 8, 32)
-	if err != nil || v > 0o7777 {
-		return fmt.Errorf("file mode %q is not octal 0000-7777", s)
-	}
-	*m = FileMode(v)
-	return nil
-}
-
-// Event types in FileEvent.Type.
-const (
-	EventCreate = "create"
-	EventWrite  = "write"
-	EventRemove = "remove" // also: moved out of the watched tree
-	EventRename = "rename" // within the watched tree; OldPath is set
-	EventChmod  = "chmod"  // mode, owner or times changed
-	// EventOverflow says events were lost: the kernel's queue overflowed
-	// or a new directory could not be watched.
-	EventOverflow = "overflow"
-)
-
-// FileEvent is one change under a watched directory.
-type FileEvent struct {
-	Type    string    `json:"type"`
-	Path    string    `json:"path"`
-	OldPath string    `json:"old_path,omitempty"`
-	IsDir   bool      `json:"is_dir,omitempty"`
-	Time    time.Time `json:"time"`
-}
-
-// TarResult is the answer to UploadTar.
-type TarResult struct {
-	Entries int64 `json:"entries"`
-	Bytes   int64 `json:"bytes"`
 }
 
 func filesPath(id, sub string, q url.Values) string {
@@ -168,6 +111,20 @@ func (c *Client) stream(ctx context.Context, method, path string, body io.Reader
 		return nil, readError(resp)
 	}
 	return resp, nil
+}
+
+// upload PUTs a raw body and decodes the JSON answer into out; what
+// names the call in a decoding error.
+func (c *Client) upload(ctx context.Context, path string, body io.Reader, contentType, what string, out any) error {
+	resp, err := c.stream(ctx, http.MethodPut, path, body, contentType)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decoding %s answer: %w", what, err)
+	}
+	return nil
 }
 
 // uploadBody hands the transport the caller's reader in 1 MiB chunks
@@ -234,14 +191,9 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, op
 	if r == nil {
 		r = bytes.NewReader(nil)
 	}
-	resp, err := c.stream(ctx, http.MethodPut, filesPath(id, "", q), r, "application/octet-stream")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
 	var fi FileInfo
-	if err := json.NewDecoder(resp.Body).Decode(&fi); err != nil {
-		return nil, fmt.Errorf("decoding write answer: %w", err)
+	if err := c.upload(ctx, filesPath(id, "", q), r, "application/octet-stream", "write", &fi); err != nil {
+		return nil, err
 	}
 	return &fi, nil
 }
@@ -323,9 +275,9 @@ type MkdirOptions struct {
 
 // Mkdir makes a directory in the sandbox.
 func (c *Client) Mkdir(ctx context.Context, id, path string, opts MkdirOptions) (*FileInfo, error) {
-	body := map[string]any{"path": path, "parents": opts.Parents, "owner": opts.Owner}
+	body := api.MkdirRequest{Path: path, Parents: opts.Parents, Owner: opts.Owner}
 	if opts.Mode != 0 {
-		body["mode"] = ModeOf(opts.Mode).String()
+		body.Mode = ModeOf(opts.Mode).String()
 	}
 	var fi FileInfo
 	return &fi, c.do(ctx, http.MethodPost, filesPath(id, "/mkdir", nil), body, &fi)
@@ -334,14 +286,14 @@ func (c *Client) Mkdir(ctx context.Context, id, path string, opts MkdirOptions) 
 // Remove removes a file, a symbolic link (not its target) or an empty
 // directory; with recursive, a directory and everything in it.
 func (c *Client) Remove(ctx context.Context, id, path string, recursive bool) error {
-	body := map[string]any{"path": path, "recursive": recursive}
+	body := api.RemoveRequest{Path: path, Recursive: recursive}
 	return c.do(ctx, http.MethodPost, filesPath(id, "/remove", nil), body, nil)
 }
 
 // Move renames from to to (exactly: to is the new name, not a directory
 // to move into). An existing to is a conflict unless overwrite is set.
 func (c *Client) Move(ctx context.Context, id, from, to string, overwrite bool) (*FileInfo, error) {
-	body := map[string]any{"from": from, "to": to, "overwrite": overwrite}
+	body := api.MoveRequest{From: from, To: to, Overwrite: overwrite}
 	var fi FileInfo
 	return &fi, c.do(ctx, http.MethodPost, filesPath(id, "/move", nil), body, &fi)
 }
@@ -376,14 +328,9 @@ func (c *Client) UploadTar(ctx context.Context, id, dir string, r io.Reader, opt
 	if opts.Owner != "" {
 		q.Set("owner", opts.Owner)
 	}
-	resp, err := c.stream(ctx, http.MethodPut, filesPath(id, "/tar", q), r, "application/x-tar")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
 	var res TarResult
-	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
-		return nil, fmt.Errorf("decoding upload answer: %w", err)
+	if err := c.upload(ctx, filesPath(id, "/tar", q), r, "application/x-tar", "upload", &res); err != nil {
+		return nil, err
 	}
 	return &res, nil
 }
@@ -420,7 +367,8 @@ func (c *Client) Watch(ctx context.Context, id, path string, recursive bool) (*W
 	return w, nil
 }
 
-// watchLine is one line of a watch stream: an event, or its end.
+// watchLine is one line of a watch stream: an event, or its end (the
+// fields of an api.WatchEnd that a FileEvent lacks).
 type watchLine struct {
 	FileEvent
 	Reason string `json:"reason"`
@@ -444,7 +392,7 @@ func (w *Watcher) read(ctx context.Context, ch chan<- FileEvent) {
 			w.setErr(fmt.Errorf("decoding a watch event: %w", err))
 			return
 		}
-		if l.Type == "end" {
+		if l.Type == api.WatchEndType {
 			switch {
 			case l.Error == "sandbox ended":
 				w.setErr(fmt.Errorf("%w: sandbox ended", ErrConflict))

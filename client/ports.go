@@ -9,8 +9,9 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
+
+	"paddock/api"
+	"paddock/internal/netpipe"
 )
 
 // Reaching a TCP port that listens inside a sandbox. The daemon connects
@@ -19,16 +20,7 @@ import (
 
 // PortForward is a host forward: a listener on the daemon host's loopback
 // that carries each connection to a port in a sandbox.
-type PortForward struct {
-	// Port is the port in the sandbox.
-	Port int `json:"port"`
-	// HostAddress is where the forward listens: "127.0.0.1:N" on the
-	// daemon's host.
-	HostAddress string `json:"host_address"`
-	// Connections is how many connections the forward carries now.
-	Connections int       `json:"connections"`
-	CreatedAt   time.Time `json:"created_at"`
-}
+type PortForward = api.PortForward
 
 func portsPath(id string) string {
 	return "/v1/sandboxes/" + url.PathEscape(id) + "/ports"
@@ -46,7 +38,7 @@ func portPath(id string, port int) string {
 // restarted daemon has none; ask again).
 func (c *Client) ForwardPort(ctx context.Context, id string, port int) (string, error) {
 	var f PortForward
-	if err := c.do(ctx, http.MethodPost, portsPath(id), map[string]int{"port": port}, &f); err != nil {
+	if err := c.do(ctx, http.MethodPost, portsPath(id), api.PortRequest{Port: &port}, &f); err != nil {
 		return "", err
 	}
 	return f.HostAddress, nil
@@ -107,41 +99,9 @@ func (c *Client) DialPort(ctx context.Context, id string, port int) (net.Conn, e
 		conn.Close()
 		return nil, ctx.Err()
 	}
-	var pre []byte
-	if n := br.Buffered(); n > 0 {
-		p, _ := br.Peek(n)
-		pre = append([]byte(nil), p...)
-	}
-	return &portConn{Conn: conn, pre: pre}, nil
-}
-
-// portConn is the API connection after the 101; pre holds the first bytes
-// of the stream if they came in the same read as the answer.
-type portConn struct {
-	net.Conn
-	mu  sync.Mutex
-	pre []byte
-}
-
-func (p *portConn) Read(b []byte) (int, error) {
-	p.mu.Lock()
-	if len(p.pre) > 0 {
-		n := copy(b, p.pre)
-		p.pre = p.pre[n:]
-		p.mu.Unlock()
-		return n, nil
-	}
-	p.mu.Unlock()
-	return p.Conn.Read(b)
-}
-
-// CloseWrite half-closes the connection: the server in the sandbox reads
-// EOF, and its answer still comes back.
-func (p *portConn) CloseWrite() error {
-	if cw, ok := p.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return fmt.Errorf("%w: the connection to the daemon cannot be half-closed", ErrUnavailable)
+	// The first bytes of the stream may have come in the same read as
+	// the answer.
+	return netpipe.WithBuffered(conn, br), nil
 }
 
 // PortURL returns the URL at which the daemon proxies HTTP and WebSocket

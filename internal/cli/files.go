@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"path"
-	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"paddock/api"
 	"paddock/client"
 )
 
@@ -132,22 +132,17 @@ func filesCatCmd(g *globals) *cobra.Command {
 		Short: "Print files",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, p := range args[1:] {
-				rc, err := c.ReadFile(cmd.Context(), args[0], p)
+			return g.eachPath(args, func(c *client.Client, id, p string) error {
+				rc, err := c.ReadFile(cmd.Context(), id, p)
 				if err != nil {
 					return err
 				}
-				_, err = io.Copy(g.stdout, rc)
-				rc.Close()
-				if err != nil {
+				defer rc.Close()
+				if _, err := io.Copy(g.stdout, rc); err != nil {
 					return fmt.Errorf("reading %s: %w", p, err)
 				}
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 }
@@ -159,20 +154,13 @@ func filesRmCmd(g *globals) *cobra.Command {
 		Short: "Remove files (directories with -r; a symbolic link, never its target)",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, p := range args[1:] {
-				err := c.Remove(cmd.Context(), args[0], p, recursive)
+			return g.eachPath(args, func(c *client.Client, id, p string) error {
+				err := c.Remove(cmd.Context(), id, p, recursive)
 				if force && errors.Is(err, client.ErrNotFound) && !strings.Contains(err.Error(), "sandbox") {
-					continue
+					return nil
 				}
-				if err != nil {
-					return err
-				}
-			}
-			return nil
+				return err
+			})
 		},
 	}
 	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "remove directories and their contents")
@@ -188,24 +176,15 @@ func filesMkdirCmd(g *globals) *cobra.Command {
 		Short: "Make directories",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts := client.MkdirOptions{Parents: parents, Owner: owner}
-			if mode != "" {
-				m, err := parseMode(mode)
-				if err != nil {
-					return fmt.Errorf("--mode: %w", err)
-				}
-				opts.Mode = m
-			}
-			c, err := g.client()
+			m, err := modeFlag(mode)
 			if err != nil {
 				return err
 			}
-			for _, p := range args[1:] {
-				if _, err := c.Mkdir(cmd.Context(), args[0], p, opts); err != nil {
-					return err
-				}
-			}
-			return nil
+			opts := client.MkdirOptions{Parents: parents, Mode: m, Owner: owner}
+			return g.eachPath(args, func(c *client.Client, id, p string) error {
+				_, err := c.Mkdir(cmd.Context(), id, p, opts)
+				return err
+			})
 		},
 	}
 	cmd.Flags().BoolVarP(&parents, "parents", "p", false, "make parents as needed; an existing directory is no error")
@@ -214,14 +193,41 @@ func filesMkdirCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// parseMode parses an octal mode into an os.FileMode with its special
-// bits.
-func parseMode(s string) (os.FileMode, error) {
-	v, err := strconv.ParseUint(strings.TrimPrefix(s, "0o"), 8, 32)
-	if err != nil || v > 0o7777 {
-		return 0, fmt.Errorf("%q is not an octal mode from 0000 to 7777", s)
+// eachPath runs fn on each PATH of "ID PATH..." arguments, in order,
+// until one fails.
+func (g *globals) eachPath(args []string, fn func(c *client.Client, id, p string) error) error {
+	c, err := g.client()
+	if err != nil {
+		return err
 	}
-	return client.FileMode(v).OS(), nil
+	for _, p := range args[1:] {
+		if err := fn(c, args[0], p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parseMode parses an octal mode, as the API writes it, into an
+// os.FileMode with its special bits.
+func parseMode(s string) (os.FileMode, error) {
+	m, err := api.ParseFileMode(s)
+	if err != nil {
+		return 0, err
+	}
+	return m.OS(), nil
+}
+
+// modeFlag parses a --mode flag; empty is 0, the command's default.
+func modeFlag(s string) (os.FileMode, error) {
+	if s == "" {
+		return 0, nil
+	}
+	m, err := parseMode(s)
+	if err != nil {
+		return 0, fmt.Errorf("--mode: %w", err)
+	}
+	return m, nil
 }
 
 func filesMvCmd(g *globals) *cobra.Command {
@@ -271,14 +277,11 @@ func filesWriteCmd(g *globals) *cobra.Command {
 		Short: "Write stdin to a file, atomically",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts := client.WriteOptions{Owner: owner}
-			if mode != "" {
-				m, err := parseMode(mode)
-				if err != nil {
-					return fmt.Errorf("--mode: %w", err)
-				}
-				opts.Mode = m
+			m, err := modeFlag(mode)
+			if err != nil {
+				return err
 			}
+			opts := client.WriteOptions{Mode: m, Owner: owner}
 			c, err := g.client()
 			if err != nil {
 				return err

@@ -60,14 +60,15 @@ func (c *Client) FileDo(ctx context.Context, op string, fr FileRequest) (*FileRe
 	return resp.File, nil
 }
 
-// DataStream is the data of a read or a tar download.
+// DataStream is the data of a read or a tar download: Read returns
+// io.EOF after a clean End frame and the guest's error after a failed
+// one; WriteTo writes the data to w frame by frame.
 type DataStream struct {
-	conn    *Conn
-	stop    func() bool
-	pending []byte
-	end     *FileEnd
-	err     error
-	once    sync.Once
+	dataFrames
+	conn *Conn
+	stop func() bool
+	end  *FileEnd
+	once sync.Once
 }
 
 // FileRead starts a read (op file.read) or a tar download (file.tar_get)
@@ -81,65 +82,28 @@ func (c *Client) FileRead(ctx context.Context, op string, fr FileRequest) (*File
 		resp.File = &FileResponse{}
 	}
 	d := &DataStream{conn: conn}
+	d.next = d.nextData
 	d.stop = context.AfterFunc(ctx, func() { conn.Conn.Close() })
 	return resp.File, d, nil
 }
 
-func (d *DataStream) fill() error {
-	for len(d.pending) == 0 {
-		if d.err != nil {
-			return d.err
-		}
-		f, err := d.conn.Frames.Read()
-		if err != nil {
-			d.err = ErrStreamCut
-			continue
-		}
-		switch f.Type {
-		case wire.Data:
-			d.pending = f.Payload
-		case wire.End:
-			e, err := readFileEnd(f.Payload)
-			d.end = &e
-			if err == nil {
-				err = io.EOF
-			}
-			d.err = err
-		default:
-			d.err = fmt.Errorf("guest sent frame type %d in a data stream", f.Type)
-		}
+func (d *DataStream) nextData() ([]byte, error) {
+	f, err := d.conn.Frames.Read()
+	if err != nil {
+		return nil, ErrStreamCut
 	}
-	return nil
-}
-
-// Read reads the data; it returns io.EOF after a clean End frame and the
-// guest's error after a failed one.
-func (d *DataStream) Read(p []byte) (int, error) {
-	if err := d.fill(); err != nil {
-		return 0, err
-	}
-	n := copy(p, d.pending)
-	d.pending = d.pending[n:]
-	return n, nil
-}
-
-// WriteTo writes the data to w frame by frame.
-func (d *DataStream) WriteTo(w io.Writer) (int64, error) {
-	var total int64
-	for {
-		if err := d.fill(); err != nil {
-			if err == io.EOF {
-				return total, nil
-			}
-			return total, err
+	switch f.Type {
+	case wire.Data:
+		return f.Payload, nil
+	case wire.End:
+		e, err := readFileEnd(f.Payload)
+		d.end = &e
+		if err == nil {
+			err = io.EOF
 		}
-		n, err := w.Write(d.pending)
-		total += int64(n)
-		d.pending = d.pending[n:]
-		if err != nil {
-			return total, err
-		}
+		return nil, err
 	}
+	return nil, fmt.Errorf("guest sent frame type %d in a data stream", f.Type)
 }
 
 // End returns the End frame once Read has returned io.EOF or the guest's
@@ -255,14 +219,14 @@ func (c *Client) FileList(ctx context.Context, fr FileRequest) (*ListStream, err
 }
 
 // Next returns the next batch of entries, or io.EOF after the last.
-func (l *ListStream) Next() ([]FileInfo, error) {
+func (l *ListStream) Next() ([]api.FileInfo, error) {
 	f, err := l.ds.conn.Frames.Read()
 	if err != nil {
 		return nil, ErrStreamCut
 	}
 	switch f.Type {
 	case wire.Event:
-		var batch []FileInfo
+		var batch []api.FileInfo
 		if err := json.Unmarshal(f.Payload, &batch); err != nil {
 			return nil, fmt.Errorf("decoding list entries: %w", err)
 		}
@@ -302,14 +266,14 @@ func (e *WatchEnded) Error() string { return "watch ended: " + e.Reason }
 
 // Next returns the next event. It returns a *WatchEnded when the guest
 // ends the watch and ErrStreamCut when the connection breaks.
-func (e *EventStream) Next() (FileEvent, error) {
+func (e *EventStream) Next() (api.FileEvent, error) {
 	f, err := e.ds.conn.Frames.Read()
 	if err != nil {
-		return FileEvent{}, ErrStreamCut
+		return api.FileEvent{}, ErrStreamCut
 	}
 	switch f.Type {
 	case wire.Event:
-		var ev FileEvent
+		var ev api.FileEvent
 		if err := json.Unmarshal(f.Payload, &ev); err != nil {
 			return ev, fmt.Errorf("decoding watch event: %w", err)
 		}
@@ -317,11 +281,11 @@ func (e *EventStream) Next() (FileEvent, error) {
 	case wire.End:
 		end, err := readFileEnd(f.Payload)
 		if err != nil {
-			return FileEvent{}, err
+			return api.FileEvent{}, err
 		}
-		return FileEvent{}, &WatchEnded{Reason: end.Reason}
+		return api.FileEvent{}, &WatchEnded{Reason: end.Reason}
 	}
-	return FileEvent{}, fmt.Errorf("guest sent frame type %d in a watch", f.Type)
+	return api.FileEvent{}, fmt.Errorf("guest sent frame type %d in a watch", f.Type)
 }
 
 // Close ends the watch; not while Next runs (see DataStream.Close).

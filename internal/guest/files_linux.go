@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/wire"
 )
@@ -111,7 +112,7 @@ func (s *server) opFileRead(c *opConn, req Request) {
 // openRead opens a regular file for a read of length bytes (nil: to the
 // end) from off, and says how many bytes it will send (-1: unknown until
 // the end, for files whose size the kernel makes up).
-func (r *fsRoot) openRead(p string, off int64, length *int64) (*os.File, int64, *FileInfo, error) {
+func (r *fsRoot) openRead(p string, off int64, length *int64) (*os.File, int64, *api.FileInfo, error) {
 	if off < 0 {
 		return nil, 0, nil, errdefs.Invalid("offset", "%d is negative", off)
 	}
@@ -213,72 +214,41 @@ func sendFile(c *opConn, f *os.File, off, limit int64, exact bool) (int64, error
 
 // dataReader reads the data frames a client sends up to its End frame.
 type dataReader struct {
-	fr      *wire.Reader
-	pending []byte
-	end     FileEnd
-	n       int64
-	err     error
+	dataFrames
+	fr  *wire.Reader
+	end FileEnd
+	n   int64
+}
+
+func newDataReader(fr *wire.Reader) *dataReader {
+	d := &dataReader{fr: fr}
+	d.next = d.nextData
+	return d
 }
 
 // errClientGone is the error of a data stream whose client went away
 // before its End frame.
 var errClientGone = errors.New("the client went away before the end of the data")
 
-func (d *dataReader) fill() error {
-	for len(d.pending) == 0 {
-		if d.err != nil {
-			return d.err
-		}
-		f, err := d.fr.Read()
-		if err != nil {
-			d.err = errClientGone
-			continue
-		}
-		switch f.Type {
-		case wire.Data:
-			d.pending = f.Payload
-			d.n += int64(len(f.Payload))
-		case wire.End:
-			if err := json.Unmarshal(f.Payload, &d.end); err != nil {
-				d.err = errdefs.Invalid("frame", "malformed end frame: %v", err)
-			} else if d.end.Bytes != 0 && d.end.Bytes != d.n {
-				d.err = errdefs.Invalid("frame", "the client says it sent %d bytes, %d arrived", d.end.Bytes, d.n)
-			} else {
-				d.err = io.EOF
-			}
-		default:
-			d.err = errdefs.Invalid("frame", "unexpected frame type %d in a data stream", f.Type)
-		}
+func (d *dataReader) nextData() ([]byte, error) {
+	f, err := d.fr.Read()
+	if err != nil {
+		return nil, errClientGone
 	}
-	return nil
-}
-
-func (d *dataReader) Read(p []byte) (int, error) {
-	if err := d.fill(); err != nil {
-		return 0, err
-	}
-	n := copy(p, d.pending)
-	d.pending = d.pending[n:]
-	return n, nil
-}
-
-// WriteTo hands each frame's payload to w as it is, without a copy.
-func (d *dataReader) WriteTo(w io.Writer) (int64, error) {
-	var total int64
-	for {
-		if err := d.fill(); err != nil {
-			if err == io.EOF {
-				return total, nil
-			}
-			return total, err
+	switch f.Type {
+	case wire.Data:
+		d.n += int64(len(f.Payload))
+		return f.Payload, nil
+	case wire.End:
+		if err := json.Unmarshal(f.Payload, &d.end); err != nil {
+			return nil, errdefs.Invalid("frame", "malformed end frame: %v", err)
 		}
-		n, err := w.Write(d.pending)
-		total += int64(n)
-		d.pending = d.pending[n:]
-		if err != nil {
-			return total, err
+		if d.end.Bytes != 0 && d.end.Bytes != d.n {
+			return nil, errdefs.Invalid("frame", "the client says it sent %d bytes, %d arrived", d.end.Bytes, d.n)
 		}
+		return nil, io.EOF
 	}
+	return nil, errdefs.Invalid("frame", "unexpected frame type %d in a data stream", f.Type)
 }
 
 // drain reads up to the End frame, discarding data.
@@ -300,7 +270,7 @@ func (s *server) opFileWrite(c *opConn, req Request) {
 		}
 		return
 	}
-	src := &dataReader{fr: c.fr}
+	src := newDataReader(c.fr)
 	_, err = io.Copy(w, src)
 	if err == errClientGone {
 		w.abort()
@@ -335,7 +305,7 @@ type atomicFile struct {
 // a symbolic link, nothing) is replaced, never written through; a
 // directory there is a conflict. With no mode or owner given, an existing
 // regular file's are kept; new files are 0644 and root's.
-func (r *fsRoot) createAtomic(p string, mode *FileMode, owner string) (*atomicFile, error) {
+func (r *fsRoot) createAtomic(p string, mode *api.FileMode, owner string) (*atomicFile, error) {
 	if p == "/" {
 		return nil, errdefs.Conflict("/: is a directory")
 	}
@@ -407,7 +377,7 @@ func (w *atomicFile) Write(b []byte) (int, error) {
 // commit gives the file its owner and mode (in that order: chown clears
 // setuid bits), syncs it, renames it over the target and syncs the
 // directory.
-func (w *atomicFile) commit() (*FileInfo, error) {
+func (w *atomicFile) commit() (*api.FileInfo, error) {
 	defer w.dir.Close()
 	err := setOwnerMode(int(w.f.Fd()), w.p, w.uid, w.gid, w.mode)
 	if err == nil {
@@ -555,7 +525,7 @@ func (s *server) opFileMkdir(c *opConn, req Request) {
 
 // mkdir makes directory p (mode default 0755). With parents, missing
 // parents are made too and an existing directory is not an error.
-func (r *fsRoot) mkdir(p string, parents bool, mode *FileMode, owner string) (*FileInfo, error) {
+func (r *fsRoot) mkdir(p string, parents bool, mode *api.FileMode, owner string) (*api.FileInfo, error) {
 	ids := r.ids()
 	uid, gid, err := ids.owner(owner)
 	if err != nil {
@@ -690,7 +660,7 @@ func (s *server) opFileMove(c *opConn, req Request) {
 	}
 	defer r.Close()
 	to, err := r.clean("to", fr.To)
-	var fi *FileInfo
+	var fi *api.FileInfo
 	if err == nil {
 		fi, err = r.move(p, to, fr.Overwrite)
 	}
@@ -700,7 +670,7 @@ func (s *server) opFileMove(c *opConn, req Request) {
 // move renames from to to, both names acted on as they are (a symbolic
 // link is moved, not its target). Without overwrite an existing to is a
 // conflict.
-func (r *fsRoot) move(from, to string, overwrite bool) (*FileInfo, error) {
+func (r *fsRoot) move(from, to string, overwrite bool) (*api.FileInfo, error) {
 	if from == "/" || to == "/" {
 		return nil, errdefs.Invalid("path", "cannot move /")
 	}
@@ -765,7 +735,7 @@ func (s *server) opFileList(c *opConn, req Request) {
 		return
 	}
 	defer d.Close()
-	l := &lister{ids: r.ids(), depth: depth, emit: func(batch []FileInfo) error { return c.fw.WriteJSON(wire.Event, batch) }}
+	l := &lister{ids: r.ids(), depth: depth, emit: func(batch []api.FileInfo) error { return c.fw.WriteJSON(wire.Event, batch) }}
 	err = l.walk(d, p, 1)
 	if err == nil {
 		err = l.flush()
@@ -782,8 +752,8 @@ const listBatch = 256
 type lister struct {
 	ids   *idNames
 	depth int
-	emit  func([]FileInfo) error
-	batch []FileInfo
+	emit  func([]api.FileInfo) error
+	batch []api.FileInfo
 	n     int64
 }
 
@@ -911,7 +881,7 @@ func (s *server) opFileTarPut(c *opConn, req Request) {
 		return
 	}
 	defer dir.Close()
-	src := &dataReader{fr: c.fr}
+	src := newDataReader(c.fr)
 	stats, err := ExtractTar(dir, src, opts)
 	if err == nil {
 		err = src.drain()

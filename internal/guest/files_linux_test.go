@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"paddock/api"
 	"paddock/internal/errdefs"
 )
 
@@ -88,7 +89,7 @@ func (g *fileGuest) read(p string, off int64, length *int64) (string, error) {
 	return string(b), err
 }
 
-func (g *fileGuest) write(p, data string, mode *FileMode, owner string) (*FileInfo, error) {
+func (g *fileGuest) write(p, data string, mode *api.FileMode, owner string) (*api.FileInfo, error) {
 	end, err := g.c.FileWrite(fileCtx(g.t), OpFileWrite, FileRequest{Path: p, Mode: mode, Owner: owner}, strings.NewReader(data))
 	if err != nil {
 		return nil, err
@@ -100,13 +101,13 @@ func (g *fileGuest) do(op string, fr FileRequest) (*FileResponse, error) {
 	return g.c.FileDo(fileCtx(g.t), op, fr)
 }
 
-func (g *fileGuest) list(p string, depth int) ([]FileInfo, error) {
+func (g *fileGuest) list(p string, depth int) ([]api.FileInfo, error) {
 	ls, err := g.c.FileList(fileCtx(g.t), FileRequest{Path: p, Depth: depth})
 	if err != nil {
 		return nil, err
 	}
 	defer ls.Close()
-	var all []FileInfo
+	var all []api.FileInfo
 	for {
 		b, err := ls.Next()
 		if err == io.EOF {
@@ -119,7 +120,7 @@ func (g *fileGuest) list(p string, depth int) ([]FileInfo, error) {
 	}
 }
 
-func fmode(m FileMode) *FileMode { return &m }
+func fmode(m api.FileMode) *api.FileMode { return &m }
 
 func fi64(v int64) *int64 { return &v }
 
@@ -138,7 +139,7 @@ func TestFileReadWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Type != TypeFile || fi.Size != 11 || fi.Mode != 0o644 || fi.UID != 0 || fi.User != "root" {
+	if fi.Type != api.TypeFile || fi.Size != 11 || fi.Mode != 0o644 || fi.UID != 0 || fi.User != "root" {
 		t.Errorf("write answered %+v", fi)
 	}
 	for _, tc := range []struct {
@@ -311,7 +312,7 @@ func TestFileErrors(t *testing.T) {
 		}, errdefs.ErrConflict, "not empty"},
 		{"list a file", func() error { _, err := g.list("/workspace/file", 1); return err }, errdefs.ErrConflict, "not a directory"},
 		{"list missing", func() error { _, err := g.list("/workspace/nope", 1); return err }, errdefs.ErrNotFound, "/workspace/nope"},
-		{"bad mode", func() error { _, err := ParseFileMode("0999"); return errdefs.Invalid("mode", "%v", err) }, errdefs.ErrInvalid, "0999"},
+		{"bad mode", func() error { _, err := api.ParseFileMode("0999"); return errdefs.Invalid("mode", "%v", err) }, errdefs.ErrInvalid, "0999"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.do()
@@ -330,7 +331,7 @@ func TestFileListStatMkdirRemoveMove(t *testing.T) {
 	os.Symlink("/etc/passwd", g.host("/workspace/p/link"))
 	os.Chown(g.host("/workspace/p/a.txt"), 1000, 50)
 
-	names := func(fis []FileInfo) []string {
+	names := func(fis []api.FileInfo) []string {
 		var out []string
 		for _, fi := range fis {
 			out = append(out, fi.Path)
@@ -347,15 +348,15 @@ func TestFileListStatMkdirRemoveMove(t *testing.T) {
 	for _, fi := range fis {
 		switch fi.Name {
 		case "a.txt":
-			if fi.Type != TypeFile || fi.Size != 3 || fi.User != "alice" || fi.Group != "staff" || fi.UID != 1000 || fi.ModTime.IsZero() {
+			if fi.Type != api.TypeFile || fi.Size != 3 || fi.User != "alice" || fi.Group != "staff" || fi.UID != 1000 || fi.ModTime.IsZero() {
 				t.Errorf("a.txt: %+v", fi)
 			}
 		case "b":
-			if fi.Type != TypeDir {
+			if fi.Type != api.TypeDir {
 				t.Errorf("b: %+v", fi)
 			}
 		case "link":
-			if fi.Type != TypeSymlink || fi.LinkTarget != "/etc/passwd" {
+			if fi.Type != api.TypeSymlink || fi.LinkTarget != "/etc/passwd" {
 				t.Errorf("link: %+v", fi)
 			}
 		}
@@ -379,16 +380,16 @@ func TestFileListStatMkdirRemoveMove(t *testing.T) {
 
 	// stat describes a link as a link.
 	r, err := g.do(OpFileStat, FileRequest{Path: "/workspace/p/link"})
-	if err != nil || r.Info.Type != TypeSymlink || r.Info.LinkTarget != "/etc/passwd" {
+	if err != nil || r.Info.Type != api.TypeSymlink || r.Info.LinkTarget != "/etc/passwd" {
 		t.Errorf("stat link = %+v, %v", r, err)
 	}
-	if r, err := g.do(OpFileStat, FileRequest{Path: "/"}); err != nil || r.Info.Type != TypeDir || r.Info.Name != "/" {
+	if r, err := g.do(OpFileStat, FileRequest{Path: "/"}); err != nil || r.Info.Type != api.TypeDir || r.Info.Name != "/" {
 		t.Errorf("stat / = %+v, %v", r, err)
 	}
 
 	// mkdir, mkdir -p with mode and owner.
 	r, err = g.do(OpFileMkdir, FileRequest{Path: "/workspace/m", Mode: fmode(0o700), Owner: "alice"})
-	if err != nil || r.Info.Type != TypeDir || r.Info.Mode != 0o700 || r.Info.UID != 1000 {
+	if err != nil || r.Info.Type != api.TypeDir || r.Info.Mode != 0o700 || r.Info.UID != 1000 {
 		t.Errorf("mkdir = %+v, %v", r, err)
 	}
 	if _, err := g.do(OpFileMkdir, FileRequest{Path: "/workspace/m/x/y/z", Parents: true, Mode: fmode(0o750)}); err != nil {
@@ -415,7 +416,7 @@ func TestFileListStatMkdirRemoveMove(t *testing.T) {
 	if b, _ := os.ReadFile(g.host("/workspace/m2")); string(b) != "one" {
 		t.Errorf("after move m2 holds %q", b)
 	}
-	if r, err := g.do(OpFileMove, FileRequest{Path: "/workspace/p", To: "/workspace/q"}); err != nil || r.Info.Type != TypeDir || r.Info.Path != "/workspace/q" {
+	if r, err := g.do(OpFileMove, FileRequest{Path: "/workspace/p", To: "/workspace/q"}); err != nil || r.Info.Type != api.TypeDir || r.Info.Path != "/workspace/q" {
 		t.Errorf("move dir = %+v, %v", r, err)
 	}
 

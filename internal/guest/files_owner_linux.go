@@ -101,11 +101,9 @@ func (n *idNames) owner(spec string) (uid, gid int, err error) {
 		return 0, 0, errdefs.Invalid("owner", "%q is not USER[:GROUP]", spec)
 	}
 	if u != "" {
-		id, ok := parseOwnerID(u)
+		id, ok := ownerID(u, n.uidOf)
 		if !ok {
-			if id, ok = n.uidOf[u]; !ok {
-				return 0, 0, errdefs.Invalid("owner", "no user %q in the sandbox's /etc/passwd", u)
-			}
+			return 0, 0, errdefs.Invalid("owner", "no user %q in the sandbox's /etc/passwd", u)
 		}
 		uid = int(id)
 		if pg, ok := n.primary[id]; ok && !hasGroup {
@@ -113,15 +111,23 @@ func (n *idNames) owner(spec string) (uid, gid int, err error) {
 		}
 	}
 	if g != "" {
-		id, ok := parseOwnerID(g)
+		id, ok := ownerID(g, n.gidOf)
 		if !ok {
-			if id, ok = n.gidOf[g]; !ok {
-				return 0, 0, errdefs.Invalid("owner", "no group %q in the sandbox's /etc/group", g)
-			}
+			return 0, 0, errdefs.Invalid("owner", "no group %q in the sandbox's /etc/group", g)
 		}
 		gid = int(id)
 	}
 	return uid, gid, nil
+}
+
+// ownerID resolves a user or group given as a number, or as a name in
+// byName.
+func ownerID(s string, byName map[string]uint32) (uint32, bool) {
+	if id, ok := parseOwnerID(s); ok {
+		return id, true
+	}
+	id, ok := byName[s]
+	return id, ok
 }
 
 // parseOwnerID parses a numeric user or group id (never -1, which means "no

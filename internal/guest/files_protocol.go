@@ -1,14 +1,6 @@
 package guest
 
-import (
-	"encoding/json"
-	"fmt"
-	"strconv"
-	"strings"
-	"time"
-
-	"paddock/api"
-)
+import "paddock/api"
 
 // File ops of the control protocol. Every path names a file inside the
 // sandbox: it is resolved by the guest under the sandbox's root, relative
@@ -26,12 +18,12 @@ import (
 //	              replaces the target until the client's End arrived and
 //	              the file was synced: a client that goes away leaves it
 //	              as it was.
-//	file.list     guest → Event frames, each a JSON array of FileInfo,
+//	file.list     guest → Event frames, each a JSON array of api.FileInfo,
 //	              then End (Entries = how many).
 //	file.tar_get  guest → Data frames of a tar stream, then End.
 //	file.tar_put  like file.write, the Data frames carrying a tar stream;
 //	              the guest's End has Entries and Bytes.
-//	file.watch    guest → Event frames, one FileEvent each, until the
+//	file.watch    guest → Event frames, one api.FileEvent each, until the
 //	              client closes the connection; End if the watch ends on
 //	              the guest's side (the directory was removed).
 //
@@ -60,7 +52,7 @@ type FileRequest struct {
 	Length *int64 `json:"length,omitempty"`
 	// Mode is the permission bits for write and mkdir; nil keeps an
 	// existing file's mode, or uses 0644 (files) and 0755 (directories).
-	Mode *FileMode `json:"mode,omitempty"`
+	Mode *api.FileMode `json:"mode,omitempty"`
 	// Owner is "USER[:GROUP]" (names or numbers, resolved in the
 	// sandbox's /etc/passwd and /etc/group) for write, mkdir and
 	// tar_put; empty keeps an existing file's owner, or root.
@@ -82,7 +74,7 @@ type FileRequest struct {
 type FileResponse struct {
 	// Info describes the file that stat, mkdir and move answer about, or
 	// the file a read is about to send.
-	Info *FileInfo `json:"info,omitempty"`
+	Info *api.FileInfo `json:"info,omitempty"`
 	// Length is how many bytes of data a read sends, or -1 when that is
 	// not known in advance (files whose size the kernel makes up).
 	Length int64 `json:"length,omitempty"`
@@ -95,96 +87,9 @@ type FileEnd struct {
 	// Entries counts list entries or extracted tar entries.
 	Entries int64 `json:"entries,omitempty"`
 	// Info describes the file a write produced.
-	Info *FileInfo `json:"info,omitempty"`
+	Info *api.FileInfo `json:"info,omitempty"`
 	// Error says why the stream failed part way.
 	Error *api.Error `json:"error,omitempty"`
 	// Reason says why a watch ended on the guest's side.
 	Reason string `json:"reason,omitempty"`
-}
-
-// File types in FileInfo.Type.
-const (
-	TypeFile    = "file"
-	TypeDir     = "dir"
-	TypeSymlink = "symlink"
-	TypeOther   = "other"
-)
-
-// FileInfo describes one file. Symbolic links are described as links, not
-// as what they point at.
-type FileInfo struct {
-	// Name is the last element of Path ("/" for the root).
-	Name string `json:"name"`
-	// Path is the absolute path inside the sandbox.
-	Path string `json:"path"`
-	// Type is file, dir, symlink or other (devices, fifos, sockets).
-	Type  string   `json:"type"`
-	Size  int64    `json:"size"`
-	Mode  FileMode `json:"mode"`
-	UID   uint32   `json:"uid"`
-	GID   uint32   `json:"gid"`
-	User  string   `json:"user,omitempty"`
-	Group string   `json:"group,omitempty"`
-	// ModTime is the last modification time.
-	ModTime time.Time `json:"mtime"`
-	// LinkTarget is a symbolic link's target, as stored.
-	LinkTarget string `json:"link_target,omitempty"`
-}
-
-// FileMode is a file's permission bits (with setuid, setgid and sticky),
-// written in JSON as an octal string such as "0644".
-type FileMode uint32
-
-func (m FileMode) String() string { return fmt.Sprintf("%04o", uint32(m)) }
-
-// MarshalJSON writes the mode as an octal string.
-func (m FileMode) MarshalJSON() ([]byte, error) { return json.Marshal(m.String()) }
-
-// UnmarshalJSON reads an octal string ("0644", "644", "0o644").
-func (m *FileMode) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("mode must be an octal string such as \"0644\"")
-	}
-	v, err := ParseFileMode(s)
-	if err != nil {
-		return err
-	}
-	*m = v
-	return nil
-}
-
-// ParseFileMode parses permission bits written in octal: "0644", "644",
-// "0o644"; at most 07777.
-func ParseFileMode(s string) (FileMode, error) {
-	t := strings.TrimPrefix(strings.TrimPrefix(s, "0o"), "0O")
-	v, err := strconv.ParseUint(t, 8, 32)
-	if err != nil || t == "" || v > 0o7777 {
-		return 0, fmt.Errorf("%q is not an octal mode from 0000 to 7777", s)
-	}
-	return FileMode(v), nil
-}
-
-// File event types in FileEvent.Type.
-const (
-	EventCreate = "create"
-	EventWrite  = "write"
-	EventRemove = "remove"
-	EventRename = "rename"
-	EventChmod  = "chmod"
-	// EventOverflow says events were lost (the kernel's queue overflowed,
-	// or a new directory could not be watched).
-	EventOverflow = "overflow"
-)
-
-// FileEvent is one change seen by a watch.
-type FileEvent struct {
-	Type string `json:"type"`
-	// Path is the absolute path of the file that changed (the new name
-	// for a rename).
-	Path string `json:"path"`
-	// OldPath is a renamed file's previous path.
-	OldPath string    `json:"old_path,omitempty"`
-	IsDir   bool      `json:"is_dir,omitempty"`
-	Time    time.Time `json:"time"`
 }

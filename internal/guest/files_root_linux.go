@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"paddock/api"
 	"paddock/internal/errdefs"
 )
 
@@ -212,24 +213,24 @@ func openChildDir(dir int, name string) (*os.File, error) {
 func fileType(mode uint32) string {
 	switch mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		return TypeFile
+		return api.TypeFile
 	case unix.S_IFDIR:
-		return TypeDir
+		return api.TypeDir
 	case unix.S_IFLNK:
-		return TypeSymlink
+		return api.TypeSymlink
 	}
-	return TypeOther
+	return api.TypeOther
 }
 
-// fileInfo builds a FileInfo from a stat; ids may be nil.
-func fileInfo(p string, st *unix.Stat_t, target string, ids *idNames) FileInfo {
+// fileInfo builds an api.FileInfo from a stat; ids may be nil.
+func fileInfo(p string, st *unix.Stat_t, target string, ids *idNames) api.FileInfo {
 	name := path.Base(p)
-	fi := FileInfo{
+	fi := api.FileInfo{
 		Name:       name,
 		Path:       p,
 		Type:       fileType(st.Mode),
 		Size:       st.Size,
-		Mode:       FileMode(st.Mode & 0o7777),
+		Mode:       api.FileMode(st.Mode & 0o7777),
 		UID:        st.Uid,
 		GID:        st.Gid,
 		ModTime:    timespecTime(st.Mtim),
@@ -243,7 +244,7 @@ func fileInfo(p string, st *unix.Stat_t, target string, ids *idNames) FileInfo {
 }
 
 // statPath describes p itself (a symbolic link as a link).
-func (r *fsRoot) statPath(p string, ids *idNames) (*FileInfo, error) {
+func (r *fsRoot) statPath(p string, ids *idNames) (*api.FileInfo, error) {
 	dir, base, err := r.parent(p)
 	if err != nil {
 		return nil, err
@@ -261,46 +262,44 @@ func (r *fsRoot) statPath(p string, ids *idNames) (*FileInfo, error) {
 	return &fi, nil
 }
 
+// fsErrors are the errors file ops meet: each one's category, and what
+// its message says after the path.
+var fsErrors = map[unix.Errno]struct {
+	cat error
+	msg string
+}{
+	unix.ENOENT:       {errdefs.ErrNotFound, "no such file or directory"},
+	unix.EEXIST:       {errdefs.ErrConflict, "already exists"},
+	unix.ENOTEMPTY:    {errdefs.ErrConflict, "directory not empty"},
+	unix.EISDIR:       {errdefs.ErrConflict, "is a directory"},
+	unix.ENOTDIR:      {errdefs.ErrConflict, "not a directory"},
+	unix.EBUSY:        {errdefs.ErrConflict, "busy (a mount point?)"},
+	unix.ETXTBSY:      {errdefs.ErrConflict, "text file busy"},
+	unix.EMLINK:       {errdefs.ErrConflict, "too many links"},
+	unix.ELOOP:        {errdefs.ErrDenied, "refused: a symbolic link loop, or a /proc magic link (file operations never follow those)"},
+	unix.EXDEV:        {errdefs.ErrInvalid, "crosses file systems or leaves the directory it must stay in"},
+	unix.EACCES:       {errdefs.ErrDenied, "operation not permitted"},
+	unix.EPERM:        {errdefs.ErrDenied, "operation not permitted"},
+	unix.EROFS:        {errdefs.ErrDenied, "read-only file system"},
+	unix.ENOSPC:       {errdefs.ErrTooLarge, "no space left on the sandbox's disk"},
+	unix.EDQUOT:       {errdefs.ErrTooLarge, "no space left on the sandbox's disk"},
+	unix.EFBIG:        {errdefs.ErrTooLarge, "file too large"},
+	unix.ENAMETOOLONG: {errdefs.ErrInvalid, "name too long"},
+	unix.EINVAL:       {errdefs.ErrInvalid, "invalid argument"},
+}
+
 // fsError turns a syscall error about p into an error category with a
 // message that names p.
 func fsError(p string, err error) error {
 	var errno unix.Errno
-	if !errors.As(err, &errno) {
-		return fmt.Errorf("%s: %w", p, err)
-	}
-	switch errno {
-	case unix.ENOENT:
-		return fmt.Errorf("%w: %s: no such file or directory", errdefs.ErrNotFound, p)
-	case unix.EEXIST:
-		return errdefs.Conflict("%s: already exists", p)
-	case unix.ENOTEMPTY:
-		return errdefs.Conflict("%s: directory not empty", p)
-	case unix.EISDIR:
-		return errdefs.Conflict("%s: is a directory", p)
-	case unix.ENOTDIR:
-		return errdefs.Conflict("%s: not a directory", p)
-	case unix.EBUSY:
-		return errdefs.Conflict("%s: busy (a mount point?)", p)
-	case unix.ETXTBSY:
-		return errdefs.Conflict("%s: text file busy", p)
-	case unix.EMLINK:
-		return errdefs.Conflict("%s: too many links", p)
-	case unix.ELOOP:
-		return fmt.Errorf("%w: %s: refused: a symbolic link loop, or a /proc magic link (file operations never follow those)", errdefs.ErrDenied, p)
-	case unix.EXDEV:
-		return errdefs.Invalid("path", "%s: crosses file systems or leaves the directory it must stay in", p)
-	case unix.EACCES, unix.EPERM:
-		return fmt.Errorf("%w: %s: operation not permitted", errdefs.ErrDenied, p)
-	case unix.EROFS:
-		return fmt.Errorf("%w: %s: read-only file system", errdefs.ErrDenied, p)
-	case unix.ENOSPC, unix.EDQUOT:
-		return fmt.Errorf("%w: %s: no space left on the sandbox's disk", errdefs.ErrTooLarge, p)
-	case unix.EFBIG:
-		return fmt.Errorf("%w: %s: file too large", errdefs.ErrTooLarge, p)
-	case unix.ENAMETOOLONG:
-		return errdefs.Invalid("path", "%s: name too long", p)
-	case unix.EINVAL:
-		return errdefs.Invalid("path", "%s: invalid argument", p)
+	if errors.As(err, &errno) {
+		if e, ok := fsErrors[errno]; ok {
+			if e.cat == errdefs.ErrInvalid {
+				// The path is what is invalid: name the field.
+				return errdefs.Invalid("path", "%s: %s", p, e.msg)
+			}
+			return fmt.Errorf("%w: %s: %s", e.cat, p, e.msg)
+		}
 	}
 	return fmt.Errorf("%s: %w", p, err)
 }

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/wire"
 )
@@ -50,7 +51,7 @@ func (s *server) opFileWatch(c *opConn, req Request) {
 			}
 		}
 	}()
-	reason, err := w.run(func(ev FileEvent) error { return c.fw.WriteJSON(wire.Event, ev) })
+	reason, err := w.run(func(ev api.FileEvent) error { return c.fw.WriteJSON(wire.Event, ev) })
 	if reason != "" {
 		c.end(FileEnd{Reason: reason}, nil)
 	}
@@ -79,7 +80,7 @@ type watcher struct {
 
 	// pending is a "moved from" waiting for its "moved to".
 	pending *rawEvent
-	last    FileEvent // the last event sent, to fold repeated writes
+	last    api.FileEvent // the last event sent, to fold repeated writes
 }
 
 type rawEvent struct {
@@ -218,7 +219,7 @@ func (w *watcher) addWatch(rel string) (bool, error) {
 // addTree watches rel and, when recursive, the directories under it. With
 // emit set it reports what it finds under rel as created: a directory
 // made and filled before its watch was added would otherwise be silent.
-func (w *watcher) addTree(rel string, emit func(FileEvent) error) error {
+func (w *watcher) addTree(rel string, emit func(api.FileEvent) error) error {
 	ok, err := w.addWatch(rel)
 	if err != nil || !ok || !w.recursive {
 		return err
@@ -245,7 +246,7 @@ func (w *watcher) addTree(rel string, emit func(FileEvent) error) error {
 	d.Close()
 	for _, k := range kids {
 		if emit != nil {
-			if err := emit(w.event(EventCreate, k.rel, k.isDir)); err != nil {
+			if err := emit(w.event(api.EventCreate, k.rel, k.isDir)); err != nil {
 				return err
 			}
 		}
@@ -262,16 +263,16 @@ func (w *watcher) addTree(rel string, emit func(FileEvent) error) error {
 }
 
 // overflow reports, once, that part of the tree is not watched.
-func (w *watcher) overflow(emit func(FileEvent) error) error {
+func (w *watcher) overflow(emit func(api.FileEvent) error) error {
 	if w.full {
 		return nil
 	}
 	w.full = true
-	return emit(FileEvent{Type: EventOverflow, Path: w.p, Time: time.Now().UTC()})
+	return emit(api.FileEvent{Type: api.EventOverflow, Path: w.p, Time: time.Now().UTC()})
 }
 
-func (w *watcher) event(typ, rel string, isDir bool) FileEvent {
-	return FileEvent{Type: typ, Path: path.Join(w.p, rel), IsDir: isDir, Time: time.Now().UTC()}
+func (w *watcher) event(typ, rel string, isDir bool) api.FileEvent {
+	return api.FileEvent{Type: typ, Path: path.Join(w.p, rel), IsDir: isDir, Time: time.Now().UTC()}
 }
 
 // renameTree updates the watched directories under old to be under new.
@@ -303,7 +304,7 @@ func (w *watcher) dropTree(rel string) {
 // run reads events and hands them to emit until the watch is closed (an
 // error wrapping os.ErrClosed), emit fails, or the watched directory goes
 // away (a reason).
-func (w *watcher) run(emit func(FileEvent) error) (string, error) {
+func (w *watcher) run(emit func(api.FileEvent) error) (string, error) {
 	buf := make([]byte, 64<<10)
 	for {
 		if w.pending != nil {
@@ -320,7 +321,7 @@ func (w *watcher) run(emit func(FileEvent) error) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		w.last = FileEvent{}
+		w.last = api.FileEvent{}
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
 			raw := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			nameLen := int(raw.Len)
@@ -339,8 +340,8 @@ func (w *watcher) run(emit func(FileEvent) error) (string, error) {
 	}
 }
 
-func (w *watcher) send(emit func(FileEvent) error, ev FileEvent) error {
-	if ev.Type == EventWrite && w.last.Type == EventWrite && w.last.Path == ev.Path {
+func (w *watcher) send(emit func(api.FileEvent) error, ev api.FileEvent) error {
+	if ev.Type == api.EventWrite && w.last.Type == api.EventWrite && w.last.Path == ev.Path {
 		return nil
 	}
 	w.last = ev
@@ -349,7 +350,7 @@ func (w *watcher) send(emit func(FileEvent) error, ev FileEvent) error {
 
 // flushPending reports a "moved from" whose pair never came: the file
 // left the watched tree.
-func (w *watcher) flushPending(emit func(FileEvent) error) error {
+func (w *watcher) flushPending(emit func(api.FileEvent) error) error {
 	ev := w.pending
 	if ev == nil {
 		return nil
@@ -364,12 +365,12 @@ func (w *watcher) flushPending(emit func(FileEvent) error) error {
 	if isDir {
 		w.dropTree(rel)
 	}
-	return w.send(emit, w.event(EventRemove, rel, isDir))
+	return w.send(emit, w.event(api.EventRemove, rel, isDir))
 }
 
-func (w *watcher) handle(ev rawEvent, emit func(FileEvent) error) (string, error) {
+func (w *watcher) handle(ev rawEvent, emit func(api.FileEvent) error) (string, error) {
 	if ev.mask&unix.IN_Q_OVERFLOW != 0 {
-		return "", emit(FileEvent{Type: EventOverflow, Path: w.p, Time: time.Now().UTC()})
+		return "", emit(api.FileEvent{Type: api.EventOverflow, Path: w.p, Time: time.Now().UTC()})
 	}
 	if w.pending != nil && !(ev.mask&unix.IN_MOVED_TO != 0 && ev.cookie == w.pending.cookie) {
 		if err := w.flushPending(emit); err != nil {
@@ -398,7 +399,7 @@ func (w *watcher) handle(ev rawEvent, emit func(FileEvent) error) (string, error
 		// Reported by the parent's watch (or, for the watched directory
 		// itself, by IN_IGNORED).
 	case ev.mask&unix.IN_CREATE != 0:
-		if err := w.send(emit, w.event(EventCreate, rel, isDir)); err != nil {
+		if err := w.send(emit, w.event(api.EventCreate, rel, isDir)); err != nil {
 			return "", err
 		}
 		if isDir && w.recursive {
@@ -407,11 +408,11 @@ func (w *watcher) handle(ev rawEvent, emit func(FileEvent) error) (string, error
 			}
 		}
 	case ev.mask&unix.IN_MODIFY != 0:
-		return "", w.send(emit, w.event(EventWrite, rel, isDir))
+		return "", w.send(emit, w.event(api.EventWrite, rel, isDir))
 	case ev.mask&unix.IN_ATTRIB != 0:
-		return "", w.send(emit, w.event(EventChmod, rel, isDir))
+		return "", w.send(emit, w.event(api.EventChmod, rel, isDir))
 	case ev.mask&unix.IN_DELETE != 0:
-		return "", w.send(emit, w.event(EventRemove, rel, isDir))
+		return "", w.send(emit, w.event(api.EventRemove, rel, isDir))
 	case ev.mask&unix.IN_MOVED_FROM != 0:
 		e := ev
 		w.pending = &e
@@ -420,13 +421,13 @@ func (w *watcher) handle(ev rawEvent, emit func(FileEvent) error) (string, error
 			w.pending = nil
 			if isFileTemp(p.name) {
 				// The file API's atomic write landing: one write.
-				return "", w.send(emit, w.event(EventWrite, rel, isDir))
+				return "", w.send(emit, w.event(api.EventWrite, rel, isDir))
 			}
 			old := path.Join(w.wds[p.wd], p.name)
 			if isDir && w.recursive {
 				w.renameTree(old, rel)
 			}
-			e := w.event(EventRename, rel, isDir)
+			e := w.event(api.EventRename, rel, isDir)
 			e.OldPath = path.Join(w.p, old)
 			return "", w.send(emit, e)
 		}
@@ -439,7 +440,7 @@ func (w *watcher) handle(ev rawEvent, emit func(FileEvent) error) (string, error
 				}
 			}
 		}
-		return "", w.send(emit, w.event(EventCreate, rel, isDir))
+		return "", w.send(emit, w.event(api.EventCreate, rel, isDir))
 	}
 	return "", nil
 }
@@ -454,7 +455,7 @@ func isFileTemp(name string) bool {
 
 // treeError turns a failure to watch a new directory into an overflow
 // event: the watch goes on without it.
-func (w *watcher) treeError(err error, emit func(FileEvent) error) error {
+func (w *watcher) treeError(err error, emit func(api.FileEvent) error) error {
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrConflict), errors.Is(err, errdefs.ErrDenied):
 		return nil // gone, or swapped for a file or link, meanwhile

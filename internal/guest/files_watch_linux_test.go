@@ -7,17 +7,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"paddock/api"
 )
 
 // watchEvents collects a watch's events on a channel.
-func watchEvents(t *testing.T, g *fileGuest, p string, recursive bool) (<-chan FileEvent, <-chan error, *EventStream) {
+func watchEvents(t *testing.T, g *fileGuest, p string, recursive bool) (<-chan api.FileEvent, <-chan error, *EventStream) {
 	t.Helper()
 	es, err := g.c.FileWatch(fileCtx(t), FileRequest{Path: p, Recursive: recursive})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(es.Abort)
-	ch := make(chan FileEvent, 256)
+	ch := make(chan api.FileEvent, 256)
 	done := make(chan error, 1)
 	go func() {
 		for {
@@ -36,7 +38,7 @@ func watchEvents(t *testing.T, g *fileGuest, p string, recursive bool) (<-chan F
 
 // expectEvents waits (a bounded time) until each wanted "type path" has
 // been seen, in order; other events may come between.
-func expectEvents(t *testing.T, ch <-chan FileEvent, want ...string) {
+func expectEvents(t *testing.T, ch <-chan api.FileEvent, want ...string) {
 	t.Helper()
 	var seen []string
 	timeout := time.After(5 * time.Second)
@@ -109,8 +111,8 @@ func TestFileWatch(t *testing.T) {
 	}
 }
 
-func drainEvents(ch <-chan FileEvent) <-chan FileEvent {
-	out := make(chan FileEvent, 256)
+func drainEvents(ch <-chan api.FileEvent) <-chan api.FileEvent {
+	out := make(chan api.FileEvent, 256)
 	go func() {
 		defer close(out)
 		for {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"paddock/internal/errdefs"
+	"paddock/internal/netpipe"
 )
 
 func init() {
@@ -34,7 +35,7 @@ func (s *server) opPortConnect(c *opConn, req Request) {
 		}
 		return
 	}
-	Splice(c.conn, tc)
+	netpipe.Splice(c.conn, tc)
 }
 
 // dialLoopback connects to 127.0.0.1:port, or to [::1]:port when nothing

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
 )
@@ -72,11 +73,11 @@ func int64Param(r *http.Request, name string) (*int64, error) {
 	return &n, nil
 }
 
-func modeArg(field, v string) (*guest.FileMode, error) {
+func modeArg(field, v string) (*api.FileMode, error) {
 	if v == "" {
 		return nil, nil
 	}
-	m, err := guest.ParseFileMode(v)
+	m, err := api.ParseFileMode(v)
 	if err != nil {
 		return nil, errdefs.Invalid(field, "%v", err)
 	}
@@ -90,14 +91,205 @@ func ownerArg(field, v string) (string, error) {
 	return v, nil
 }
 
-// guestFor returns the guest of a running sandbox.
-func (s *Server) guestFor(w http.ResponseWriter, r *http.Request) (*guest.Client, bool) {
+// fileArgs reads the arguments of a file endpoint (from the query, or
+// from a JSON body) into the request for the guest.
+type fileArgs func(w http.ResponseWriter, r *http.Request) (guest.FileRequest, error)
+
+// pathArgs reads the path of the ops that take nothing else.
+func pathArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+	p, err := queryPath(r)
+	return guest.FileRequest{Path: p}, err
+}
+
+func readArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+	p, err := queryPath(r)
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	off, err := int64Param(r, "offset")
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	length, err := int64Param(r, "length")
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	fr := guest.FileRequest{Path: p, Length: length}
+	if off != nil {
+		fr.Offset = *off
+	}
+	return fr, nil
+}
+
+func writeArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+	p, err := queryPath(r)
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	mode, err := modeArg("mode", r.URL.Query().Get("mode"))
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	owner, err := ownerArg("owner", r.URL.Query().Get("owner"))
+	return guest.FileRequest{Path: p, Mode: mode, Owner: owner}, err
+}
+
+func listArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+	p, err := queryPath(r)
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	d, err := int64Param(r, "depth")
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	depth := 1
+	if d != nil {
+		if *d < 1 || *d > 1<<16 {
+			return guest.FileRequest{}, errdefs.Invalid("depth", "%d is outside 1..65536", *d)
+		}
+		depth = int(*d)
+	}
+	return guest.FileRequest{Path: p, Depth: depth}, nil
+}
+
+func mkdirArgs(w http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+	var req api.MkdirRequest
+	if err := decode(w, r, &req); err != nil {
+		return guest.FileRequest{}, err
+	}
+	p, err := filePath("path", req.Path)
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	mode, err := modeArg("mode", req.Mode)
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	owner, err := ownerArg("owner", req.Owner)
+	return guest.FileRequest{Path: p, Parents: req.Parents, Mode: mode, Owner: owner}, err
+}
+
+func removeArgs(w http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+	var req api.RemoveRequest
+	if err := decode(w, r, &req); err != nil {
+		return guest.FileRequest{}, err
+	}
+	p, err := filePath("path", req.Path)
+	return guest.FileRequest{Path: p, Recursive: req.Recursive}, err
+}
+
+func moveArgs(w http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+	var req api.MoveRequest
+	if err := decode(w, r, &req); err != nil {
+		return guest.FileRequest{}, err
+	}
+	from, err := filePath("from", req.From)
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	to, err := filePath("to", req.To)
+	return guest.FileRequest{Path: from, To: to, Overwrite: req.Overwrite}, err
+}
+
+func tarPutArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+	p, err := queryPath(r)
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	owner, err := ownerArg("owner", r.URL.Query().Get("owner"))
+	return guest.FileRequest{Path: p, Owner: owner}, err
+}
+
+func watchArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+	p, err := queryPath(r)
+	if err != nil {
+		return guest.FileRequest{}, err
+	}
+	recursive, err := boolParam(r, "recursive")
+	return guest.FileRequest{Path: p, Recursive: recursive}, err
+}
+
+// fileGuest reads a file request's arguments, then finds the guest of the
+// running sandbox: bad arguments are refused before the sandbox is looked
+// up. On error it has answered.
+func (s *Server) fileGuest(w http.ResponseWriter, r *http.Request, args fileArgs) (*guest.Client, guest.FileRequest, bool) {
+	fr, err := args(w, r)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return nil, guest.FileRequest{}, false
+	}
 	gc, err := s.mgr.Guest(r.PathValue("id"))
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return nil, guest.FileRequest{}, false
+	}
+	return gc, fr, true
+}
+
+// fileDo makes a file op that has no stream. On error it has answered.
+func (s *Server) fileDo(w http.ResponseWriter, r *http.Request, op string, args fileArgs) (*guest.FileResponse, bool) {
+	gc, fr, ok := s.fileGuest(w, r, args)
+	if !ok {
+		return nil, false
+	}
+	resp, err := gc.FileDo(r.Context(), op, fr)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return nil, false
 	}
-	return gc, true
+	return resp, true
+}
+
+// fileRead starts a file op whose answer is a data stream; the caller
+// closes it. On error it has answered.
+func (s *Server) fileRead(w http.ResponseWriter, r *http.Request, op string, args fileArgs) (*guest.FileResponse, *guest.DataStream, bool) {
+	gc, fr, ok := s.fileGuest(w, r, args)
+	if !ok {
+		return nil, nil, false
+	}
+	resp, ds, err := gc.FileRead(r.Context(), op, fr)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return nil, nil, false
+	}
+	return resp, ds, true
+}
+
+// fileWrite makes a file op that streams the request body to the guest.
+// On error it has answered.
+func (s *Server) fileWrite(w http.ResponseWriter, r *http.Request, op string, args fileArgs) (*guest.FileEnd, bool) {
+	gc, fr, ok := s.fileGuest(w, r, args)
+	if !ok {
+		return nil, false
+	}
+	end, err := gc.FileWrite(r.Context(), op, fr, r.Body)
+	if err != nil {
+		writeError(w, r, s.log, bodyError(err))
+		return nil, false
+	}
+	return end, true
+}
+
+// bodyError names the request body when it is what failed.
+func bodyError(err error) error {
+	var se *guest.SourceError
+	if errors.As(err, &se) {
+		return errdefs.Invalid("body", "reading the request body: %v", se.Err)
+	}
+	return err
+}
+
+// sendData answers 200, with the headers set so far, and the data as the
+// body (none to a HEAD).
+func (s *Server) sendData(w http.ResponseWriter, r *http.Request, ds *guest.DataStream) {
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	if _, err := ds.WriteTo(w); err != nil {
+		s.abortStream(r, err)
+	}
 }
 
 // abortStream ends a response whose status is already sent: the
@@ -116,29 +308,8 @@ func (s *Server) abortStream(r *http.Request, err error) {
 // readFile streams a file's bytes: the whole file, or length bytes from
 // offset. Content-Length is set when the size is known.
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
-	var off, length *int64
-	if err == nil {
-		off, err = int64Param(r, "offset")
-	}
-	if err == nil {
-		length, err = int64Param(r, "length")
-	}
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	gc, ok := s.guestFor(w, r)
+	resp, ds, ok := s.fileRead(w, r, guest.OpFileRead, readArgs)
 	if !ok {
-		return
-	}
-	fr := guest.FileRequest{Path: p, Length: length}
-	if off != nil {
-		fr.Offset = *off
-	}
-	resp, ds, err := gc.FileRead(r.Context(), guest.OpFileRead, fr)
-	if err != nil {
-		writeError(w, r, s.log, err)
 		return
 	}
 	defer ds.Close()
@@ -152,92 +323,29 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		h.Set("X-Paddock-File-Size", strconv.FormatInt(fi.Size, 10))
 		h.Set("X-Paddock-File-Mode", fi.Mode.String())
 	}
-	w.WriteHeader(http.StatusOK)
-	if r.Method == http.MethodHead {
-		return
-	}
-	if _, err := ds.WriteTo(w); err != nil {
-		s.abortStream(r, err)
-	}
+	s.sendData(w, r, ds)
 }
 
 // writeFile writes the request body to a file atomically.
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
-	var mode *guest.FileMode
-	var owner string
-	if err == nil {
-		mode, err = modeArg("mode", r.URL.Query().Get("mode"))
+	if end, ok := s.fileWrite(w, r, guest.OpFileWrite, writeArgs); ok {
+		writeJSON(w, http.StatusOK, end.Info)
 	}
-	if err == nil {
-		owner, err = ownerArg("owner", r.URL.Query().Get("owner"))
-	}
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	gc, ok := s.guestFor(w, r)
-	if !ok {
-		return
-	}
-	end, err := gc.FileWrite(r.Context(), guest.OpFileWrite, guest.FileRequest{Path: p, Mode: mode, Owner: owner}, r.Body)
-	if err != nil {
-		writeError(w, r, s.log, bodyError(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, end.Info)
-}
-
-// bodyError names the request body when it is what failed.
-func bodyError(err error) error {
-	var se *guest.SourceError
-	if errors.As(err, &se) {
-		return errdefs.Invalid("body", "reading the request body: %v", se.Err)
-	}
-	return err
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
+	if resp, ok := s.fileDo(w, r, guest.OpFileStat, pathArgs); ok {
+		writeJSON(w, http.StatusOK, resp.Info)
 	}
-	gc, ok := s.guestFor(w, r)
-	if !ok {
-		return
-	}
-	resp, err := gc.FileDo(r.Context(), guest.OpFileStat, guest.FileRequest{Path: p})
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, resp.Info)
 }
 
 // listFiles answers a JSON array of entries, written as the guest walks.
 func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
-	depth := 1
-	if err == nil {
-		var d *int64
-		if d, err = int64Param(r, "depth"); err == nil && d != nil {
-			if *d < 1 || *d > 1<<16 {
-				err = errdefs.Invalid("depth", "%d is outside 1..65536", *d)
-			} else {
-				depth = int(*d)
-			}
-		}
-	}
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	gc, ok := s.guestFor(w, r)
+	gc, fr, ok := s.fileGuest(w, r, listArgs)
 	if !ok {
 		return
 	}
-	ls, err := gc.FileList(r.Context(), guest.FileRequest{Path: p, Depth: depth})
+	ls, err := gc.FileList(r.Context(), fr)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -273,188 +381,48 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// mkdirRequest is the body of POST .../files/mkdir.
-type mkdirRequest struct {
-	Path    string `json:"path"`
-	Parents bool   `json:"parents"`
-	// Mode is octal, e.g. "0755".
-	Mode  string `json:"mode"`
-	Owner string `json:"owner"`
-}
-
 func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
-	var req mkdirRequest
-	if err := decode(w, r, &req); err != nil {
-		writeError(w, r, s.log, err)
-		return
+	if resp, ok := s.fileDo(w, r, guest.OpFileMkdir, mkdirArgs); ok {
+		writeJSON(w, http.StatusOK, resp.Info)
 	}
-	p, err := filePath("path", req.Path)
-	var mode *guest.FileMode
-	if err == nil {
-		mode, err = modeArg("mode", req.Mode)
-	}
-	if err == nil {
-		_, err = ownerArg("owner", req.Owner)
-	}
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	gc, ok := s.guestFor(w, r)
-	if !ok {
-		return
-	}
-	resp, err := gc.FileDo(r.Context(), guest.OpFileMkdir, guest.FileRequest{Path: p, Parents: req.Parents, Mode: mode, Owner: req.Owner})
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, resp.Info)
-}
-
-// removeRequest is the body of POST .../files/remove.
-type removeRequest struct {
-	Path      string `json:"path"`
-	Recursive bool   `json:"recursive"`
 }
 
 func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
-	var req removeRequest
-	if err := decode(w, r, &req); err != nil {
-		writeError(w, r, s.log, err)
-		return
+	if _, ok := s.fileDo(w, r, guest.OpFileRemove, removeArgs); ok {
+		w.WriteHeader(http.StatusNoContent)
 	}
-	p, err := filePath("path", req.Path)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	gc, ok := s.guestFor(w, r)
-	if !ok {
-		return
-	}
-	if _, err := gc.FileDo(r.Context(), guest.OpFileRemove, guest.FileRequest{Path: p, Recursive: req.Recursive}); err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// moveRequest is the body of POST .../files/move.
-type moveRequest struct {
-	From      string `json:"from"`
-	To        string `json:"to"`
-	Overwrite bool   `json:"overwrite"`
 }
 
 func (s *Server) moveFile(w http.ResponseWriter, r *http.Request) {
-	var req moveRequest
-	if err := decode(w, r, &req); err != nil {
-		writeError(w, r, s.log, err)
-		return
+	if resp, ok := s.fileDo(w, r, guest.OpFileMove, moveArgs); ok {
+		writeJSON(w, http.StatusOK, resp.Info)
 	}
-	from, err := filePath("from", req.From)
-	var to string
-	if err == nil {
-		to, err = filePath("to", req.To)
-	}
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	gc, ok := s.guestFor(w, r)
-	if !ok {
-		return
-	}
-	resp, err := gc.FileDo(r.Context(), guest.OpFileMove, guest.FileRequest{Path: from, To: to, Overwrite: req.Overwrite})
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, resp.Info)
 }
 
 // downloadTar streams a file or directory tree as a tar.
 func (s *Server) downloadTar(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	gc, ok := s.guestFor(w, r)
+	_, ds, ok := s.fileRead(w, r, guest.OpFileTarGet, pathArgs)
 	if !ok {
-		return
-	}
-	_, ds, err := gc.FileRead(r.Context(), guest.OpFileTarGet, guest.FileRequest{Path: p})
-	if err != nil {
-		writeError(w, r, s.log, err)
 		return
 	}
 	defer ds.Close()
 	w.Header().Set("Content-Type", tarType)
-	w.WriteHeader(http.StatusOK)
-	if r.Method == http.MethodHead {
-		return
-	}
-	if _, err := ds.WriteTo(w); err != nil {
-		s.abortStream(r, err)
-	}
-}
-
-// TarResult is the answer to a tar upload.
-type TarResult struct {
-	// Entries is how many entries were extracted.
-	Entries int64 `json:"entries"`
-	// Bytes is the size of the tar stream received.
-	Bytes int64 `json:"bytes"`
+	s.sendData(w, r, ds)
 }
 
 // uploadTar extracts the request body, a tar, into a directory (made,
 // with its parents, if missing).
 func (s *Server) uploadTar(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
-	var owner string
-	if err == nil {
-		owner, err = ownerArg("owner", r.URL.Query().Get("owner"))
+	if end, ok := s.fileWrite(w, r, guest.OpFileTarPut, tarPutArgs); ok {
+		writeJSON(w, http.StatusOK, api.TarResult{Entries: end.Entries, Bytes: end.Bytes})
 	}
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	gc, ok := s.guestFor(w, r)
-	if !ok {
-		return
-	}
-	end, err := gc.FileWrite(r.Context(), guest.OpFileTarPut, guest.FileRequest{Path: p, Owner: owner}, r.Body)
-	if err != nil {
-		writeError(w, r, s.log, bodyError(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, TarResult{Entries: end.Entries, Bytes: end.Bytes})
-}
-
-// watchEnd is the last line of a watch stream that the daemon ends: the
-// directory went away, or the sandbox did.
-type watchEnd struct {
-	Type   string `json:"type"` // "end"
-	Reason string `json:"reason,omitempty"`
-	Error  string `json:"error,omitempty"`
 }
 
 // watchFiles streams a directory's changes as newline-delimited JSON, one
 // event per line, until the client goes away. The answer's headers are
 // sent once the watch is in place.
 func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
-	var recursive bool
-	if err == nil {
-		recursive, err = boolParam(r, "recursive")
-	}
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	gc, ok := s.guestFor(w, r)
+	gc, fr, ok := s.fileGuest(w, r, watchArgs)
 	if !ok {
 		return
 	}
@@ -463,7 +431,7 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	es, err := gc.FileWatch(r.Context(), guest.FileRequest{Path: p, Recursive: recursive})
+	es, err := gc.FileWatch(r.Context(), fr)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -483,7 +451,7 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) {
 			if r.Context().Err() != nil {
 				return
 			}
-			end := watchEnd{Type: "end"}
+			end := api.WatchEnd{Type: api.WatchEndType}
 			var we *guest.WatchEnded
 			switch {
 			case errors.As(err, &we):

@@ -10,8 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
+	"paddock/internal/netpipe"
 )
 
 // PortProtocol is the Upgrade token of a raw connection to a sandbox port.
@@ -159,11 +161,6 @@ func upgradeTo(r *http.Request, proto string) bool {
 	return false
 }
 
-// portRequest is the body of POST /v1/sandboxes/{id}/ports.
-type portRequest struct {
-	Port *int `json:"port"`
-}
-
 func (s *Server) listPorts(t *portTable) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
@@ -179,7 +176,7 @@ func (s *Server) listPorts(t *portTable) http.HandlerFunc {
 // port (200 instead of 201).
 func (s *Server) openPort(t *portTable) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var req portRequest
+		var req api.PortRequest
 		if err := decode(w, r, &req); err != nil {
 			writeError(w, r, s.log, err)
 			return
@@ -274,5 +271,5 @@ func (s *Server) connectPort(w http.ResponseWriter, r *http.Request) {
 		up.Close()
 		return
 	}
-	guest.Splice(guest.WithBuffered(hj, bufrw.Reader), up)
+	netpipe.Splice(netpipe.WithBuffered(hj, bufrw.Reader), up)
 }

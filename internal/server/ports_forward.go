@@ -11,8 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
+	"paddock/internal/netpipe"
 )
 
 // Bounds on host forwards, so that a flood of connections or requests
@@ -30,17 +32,6 @@ const (
 
 // portDialFunc opens a byte pipe to a port in a sandbox.
 type portDialFunc func(ctx context.Context, id string, port int) (net.Conn, error)
-
-// portForward is the JSON of a host forward.
-type portForward struct {
-	// Port is the port in the sandbox.
-	Port int `json:"port"`
-	// HostAddress is where the forward listens on the host: 127.0.0.1:N.
-	HostAddress string `json:"host_address"`
-	// Connections is how many connections the forward carries now.
-	Connections int       `json:"connections"`
-	CreatedAt   time.Time `json:"created_at"`
-}
 
 type portKey struct {
 	id   string
@@ -89,13 +80,13 @@ type forward struct {
 
 // open returns the forward of a port of a running sandbox, opening it if
 // there is none; created says which.
-func (t *portTable) open(id string, port int) (f portForward, created bool, err error) {
+func (t *portTable) open(id string, port int) (f api.PortForward, created bool, err error) {
 	if err := guest.ValidPort(port); err != nil {
-		return portForward{}, false, err
+		return api.PortForward{}, false, err
 	}
 	done, err := t.done(id)
 	if err != nil {
-		return portForward{}, false, err
+		return api.PortForward{}, false, err
 	}
 	key := portKey{id, port}
 	t.mu.Lock()
@@ -110,11 +101,11 @@ func (t *portTable) open(id string, port int) (f portForward, created bool, err 
 		}
 	}
 	if n >= maxForwards {
-		return portForward{}, false, errdefs.Conflict("sandbox %s already has %d port forwards; remove one first", id, n)
+		return api.PortForward{}, false, errdefs.Conflict("sandbox %s already has %d port forwards; remove one first", id, n)
 	}
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
-		return portForward{}, false, fmt.Errorf("opening a host listener: %w", err)
+		return api.PortForward{}, false, fmt.Errorf("opening a host listener: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	fw := &forward{t: t, key: key, ln: ln, created: time.Now().UTC(), ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
@@ -134,7 +125,7 @@ func (t *portTable) open(id string, port int) (f portForward, created bool, err 
 }
 
 // list returns a sandbox's forwards by port.
-func (t *portTable) list(id string) []portForward {
+func (t *portTable) list(id string) []api.PortForward {
 	t.mu.Lock()
 	var fws []*forward
 	for k, fw := range t.m {
@@ -144,7 +135,7 @@ func (t *portTable) list(id string) []portForward {
 	}
 	t.mu.Unlock()
 	sort.Slice(fws, func(i, j int) bool { return fws[i].key.port < fws[j].key.port })
-	out := make([]portForward, 0, len(fws))
+	out := make([]api.PortForward, 0, len(fws))
 	for _, fw := range fws {
 		out = append(out, fw.info())
 	}
@@ -187,10 +178,10 @@ func (t *portTable) remove(fw *forward) {
 	t.mu.Unlock()
 }
 
-func (f *forward) info() portForward {
+func (f *forward) info() api.PortForward {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return portForward{Port: f.key.port, HostAddress: f.ln.Addr().String(), Connections: len(f.conns), CreatedAt: f.created}
+	return api.PortForward{Port: f.key.port, HostAddress: f.ln.Addr().String(), Connections: len(f.conns), CreatedAt: f.created}
 }
 
 func (f *forward) serve() {
@@ -259,7 +250,7 @@ func (f *forward) pipe(c net.Conn) {
 		resetConn(c)
 		return
 	}
-	guest.Splice(c, up)
+	netpipe.Splice(c, up)
 }
 
 func (f *forward) close() {
