@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"paddock/api"
@@ -24,6 +25,7 @@ const (
 	rowExecCLI   = "paddock exec (CLI process)"
 	rowRuncExec  = "runc exec"
 	rowBwrapTrue = "bwrap, cold run of /bin/true (context)"
+	rowFloor     = "floor: fork+exec+wait of /bin/true, no sandbox"
 )
 
 // execRow is one line of the round-trip table: how to take one sample.
@@ -49,6 +51,7 @@ func benchExec(ctx context.Context, r *rig) *section {
 				return timeRun(ctx, []string{r.opts.bin, "--host", r.daemon.host, "exec", id, "--", "true"})
 			}},
 		}
+		rows = append(rows, execRow{rowFloor, n, execWarmup, func(context.Context) (time.Duration, error) { return forkExecTrue() }})
 		if r.bwrap != "" {
 			rows = append(rows, execRow{rowBwrapTrue, r.opts.n, peerWarmup, func(ctx context.Context) (time.Duration, error) {
 				return timeRun(ctx, bwrapArgv(r.bwrap, "/bin/true"))
@@ -77,9 +80,31 @@ func execMethod(n, peers int) []string {
 			"%d samples after %d warm-ups.", peers, peerWarmup),
 		fmt.Sprintf("**runc exec**: `runc exec ID true` into a container started with `runc run -d` running `sleep 3600` "+
 			"(same bundle as the cold table), fork/exec to reaped exit; %d samples after %d warm-ups.", peers, peerWarmup),
+		"**floor**: the harness itself forks and execs `/bin/true` (vfork, as the guest does) and reaps it, without any sandbox or RPC: "+
+			"what the kernel alone costs on this machine for the process the round trip runs.",
 		"**bwrap**: bubblewrap has no exec into a running sandbox; a cold `bwrap … /bin/true` (same flags as the cold table) is shown for context.",
 		"Ratios are this row's median ÷ the peer's median: below 1 is faster. p99 is nearest-rank on the sorted samples.",
 	}
+}
+
+// forkExecTrue times a bare fork, exec and wait of /bin/true.
+func forkExecTrue() (time.Duration, error) {
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return 0, err
+	}
+	defer null.Close()
+	fd := null.Fd()
+	t0 := time.Now()
+	pid, err := syscall.ForkExec("/bin/true", []string{"true"}, &syscall.ProcAttr{Files: []uintptr{fd, fd, fd}})
+	if err != nil {
+		return 0, err
+	}
+	var ws syscall.WaitStatus
+	if _, err := syscall.Wait4(pid, &ws, 0, nil); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
 }
 
 // execTrue is one timed SDK exec round trip.
@@ -164,7 +189,7 @@ func runDetached(ctx context.Context, argv []string, dir string) error {
 func execTable(s *section, samples map[string][]time.Duration) {
 	runc, bwrap := summarize(samples[rowRuncExec]), summarize(samples[rowBwrapTrue])
 	t := table{Header: []string{"tool", "n", "median", "p90", "p99", "÷ runc exec", "÷ bwrap /bin/true"}}
-	for _, name := range []string{rowExecSDK, rowExecCLI, rowRuncExec, rowBwrapTrue} {
+	for _, name := range []string{rowExecSDK, rowExecCLI, rowRuncExec, rowBwrapTrue, rowFloor} {
 		if len(samples[name]) == 0 {
 			continue
 		}
