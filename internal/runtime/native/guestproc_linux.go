@@ -266,12 +266,30 @@ func detachedTree(path string, usernsFD int) (int, error) {
 	return fd, nil
 }
 
-// treeClone clones the mount at path as a detached mount, so that a guest
-// whose mount namespace predates the mount can attach it.
-func treeClone(path string) (int, error) {
+// diskTree clones the writable mount at path as a detached mount for a
+// guest to attach, idmapped through the user namespace of process
+// usernsPID when that is not -1.
+func diskTree(path string, usernsPID int) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("open_tree %s: %w", path, err)
+	}
+	if usernsPID < 0 {
+		return fd, nil
+	}
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", usernsPID))
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	defer userns.Close()
+	attr := unix.MountAttr{
+		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID,
+		Userns_fd: uint64(userns.Fd()),
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("idmapping disk %s: %w", path, err)
 	}
 	return fd, nil
 }

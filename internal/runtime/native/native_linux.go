@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -312,7 +313,7 @@ func (r *Runtime) build(ctx context.Context, id string, uidBase uint32, img *ima
 	fresh := false
 	v, err := r.cfg.Disks.Open(vol)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		v, err = r.cfg.Disks.Acquire(ctx, vol, size, int(uidBase), int(uidBase))
+		v, err = r.cfg.Disks.Acquire(ctx, vol, size, 0, 0)
 		fresh = err == nil
 	}
 	if err != nil {
@@ -331,13 +332,25 @@ func (r *Runtime) build(ctx context.Context, id string, uidBase uint32, img *ima
 // prepare has g build its root filesystem from img on disk v, take the
 // sandbox's hostname and cgroup namespace, and bound itself.
 func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v *disk.Volume) error {
-	uid := int(g.sb.st.UIDBase)
+	// With idmapped mounts, a disk keeps canonical owners (root is uid 0
+	// on disk) and is attached through the sandbox's user namespace, so
+	// that it can be snapshotted, forked or resumed under any uid range.
+	// Without them its files belong to the sandbox's range on the host.
+	owner := 0
+	if !r.Idmapped() {
+		owner = int(g.sb.st.UIDBase)
+	}
 	for _, d := range []string{"upper", "work"} {
 		p := filepath.Join(v.Path, d)
 		if err := os.Mkdir(p, 0o755); err != nil && !os.IsExist(err) {
 			return err
 		}
-		if err := os.Lchown(p, uid, uid); err != nil {
+		if fi, err := os.Stat(p); err == nil && fi.Sys().(*syscall.Stat_t).Uid != 0 && owner == 0 {
+			owner = int(fi.Sys().(*syscall.Stat_t).Uid) // a disk made without idmapping stays as it is
+		}
+	}
+	for _, d := range []string{"", "upper", "work"} {
+		if err := os.Lchown(filepath.Join(v.Path, d), owner, owner); err != nil {
 			return err
 		}
 	}
@@ -359,7 +372,11 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		fds = append(fds, fd)
 		return len(fds) - 1, nil
 	}
-	if p.Disk.FD, err = add(treeClone(v.Path)); err != nil {
+	diskUserns := -1
+	if owner == 0 && idmapped {
+		diskUserns = g.sb.st.PID
+	}
+	if p.Disk.FD, err = add(diskTree(v.Path, diskUserns)); err != nil {
 		return err
 	}
 	if p.OOMFD, err = add(openOOM(g.sb.cg)); err != nil {
