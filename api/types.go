@@ -15,8 +15,13 @@ type State string
 const (
 	StateCreating State = "creating"
 	StateRunning  State = "running"
-	StateStopped  State = "stopped"
-	StateFailed   State = "failed"
+	// StateFrozen: processes frozen in place (cgroup freezer); memory kept.
+	StateFrozen State = "frozen"
+	// StatePaused: hibernated: no processes, no memory or CPU; files,
+	// environment, limits and policy kept; resumes with the same id.
+	StatePaused  State = "paused"
+	StateStopped State = "stopped"
+	StateFailed  State = "failed"
 )
 
 // Resources are a sandbox's limits. Zero means "the daemon's default".
@@ -41,6 +46,12 @@ type CreateRequest struct {
 	// sandbox is ended and removed. 0 means no timeout.
 	TimeoutSeconds int64             `json:"timeout_seconds,omitempty"`
 	Labels         map[string]string `json:"labels,omitempty"`
+	// AutoPauseSeconds pauses the sandbox after this long without an API
+	// call, an open stream or network traffic. 0: never.
+	AutoPauseSeconds int64 `json:"auto_pause_seconds,omitempty"`
+	// AutoResume resumes a paused (or thaws a frozen) sandbox on the next
+	// API call that needs it running. Default true.
+	AutoResume *bool `json:"auto_resume,omitempty"`
 }
 
 // Sandbox describes one sandbox.
@@ -54,7 +65,11 @@ type Sandbox struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	// ExpiresAt is when the timeout ends the sandbox, if it has one.
-	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	ExpiresAt        *time.Time `json:"expires_at,omitempty"`
+	AutoPauseSeconds int64      `json:"auto_pause_seconds,omitempty"`
+	AutoResume       bool       `json:"auto_resume"`
+	// LastActiveAt is the last API call, stream or network traffic.
+	LastActiveAt *time.Time `json:"last_active_at,omitempty"`
 	// Error says why a sandbox failed.
 	Error string `json:"error,omitempty"`
 	// Runtime details useful to operators.

@@ -252,8 +252,34 @@ func (c *Client) Delete(ctx context.Context, id string, force bool) error {
 
 // Stop ends a sandbox's processes and keeps its filesystem.
 func (c *Client) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
+	return c.lifecycle(ctx, id, "stop")
+}
+
+// Pause hibernates a sandbox: its processes end, its memory and CPU are
+// released, its files, environment and limits are kept.
+func (c *Client) Pause(ctx context.Context, id string) (*api.Sandbox, error) {
+	return c.lifecycle(ctx, id, "pause")
+}
+
+// Resume starts a paused or stopped sandbox again with the same id (or
+// thaws a frozen one).
+func (c *Client) Resume(ctx context.Context, id string) (*api.Sandbox, error) {
+	return c.lifecycle(ctx, id, "resume")
+}
+
+// Freeze stops a sandbox's processes in place (memory kept).
+func (c *Client) Freeze(ctx context.Context, id string) (*api.Sandbox, error) {
+	return c.lifecycle(ctx, id, "freeze")
+}
+
+// Thaw lets a frozen sandbox's processes run again.
+func (c *Client) Thaw(ctx context.Context, id string) (*api.Sandbox, error) {
+	return c.lifecycle(ctx, id, "thaw")
+}
+
+func (c *Client) lifecycle(ctx context.Context, id, verb string) (*api.Sandbox, error) {
 	var sb api.Sandbox
-	return &sb, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/stop", nil, &sb)
+	return &sb, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/"+verb, nil, &sb)
 }
 
 // IsNotFound is errors.Is(err, ErrNotFound), for brevity.

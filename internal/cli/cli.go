@@ -97,8 +97,8 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		lsCmd(g),
 		inspectCmd(g),
 		rmCmd(g),
-		stopCmd(g),
 	)
+	root.AddCommand(stateCmds(g)...)
 	root.AddCommand(processCmds(g)...)
 	root.AddCommand(fileCmds(g)...)
 	root.AddCommand(portCmds(g)...)

@@ -27,6 +27,10 @@ type createFlags struct {
 	workdir string
 	timeout time.Duration
 	labels  []string
+	// autoPause pauses the sandbox after this long idle; noAutoResume
+	// keeps it paused until resumed explicitly.
+	autoPause    time.Duration
+	noAutoResume bool
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -40,6 +44,8 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory inside the sandbox")
 	fl.DurationVar(&f.timeout, "timeout", 0, "lifetime, after which the sandbox is removed, e.g. 10m")
 	fl.StringArrayVarP(&f.labels, "label", "l", nil, "label KEY=VALUE; repeatable")
+	fl.DurationVar(&f.autoPause, "auto-pause", 0, "pause the sandbox after it has been idle this long, e.g. 10m")
+	fl.BoolVar(&f.noAutoResume, "no-auto-resume", false, "do not resume a paused sandbox on the next call that needs it")
 }
 
 func (f *createFlags) request() (api.CreateRequest, error) {
@@ -64,6 +70,14 @@ func (f *createFlags) request() (api.CreateRequest, error) {
 		return req, fmt.Errorf("--timeout: %s is shorter than a second", f.timeout)
 	}
 	req.TimeoutSeconds = int64(f.timeout / time.Second)
+	if f.autoPause < 0 {
+		return req, fmt.Errorf("--auto-pause: %s is negative", f.autoPause)
+	}
+	req.AutoPauseSeconds = int64((f.autoPause + time.Second - 1) / time.Second)
+	if f.noAutoResume {
+		no := false
+		req.AutoResume = &no
+	}
 	if req.Env, err = keyValues("--env", f.env); err != nil {
 		return req, err
 	}
@@ -392,23 +406,39 @@ func rmCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func stopCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "stop ID...",
-		Short: "End a sandbox's processes, keeping its files",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, id := range args {
-				if _, err := c.Stop(cmd.Context(), id); err != nil {
-					return fmt.Errorf("%s: %w", id, err)
-				}
-				fmt.Fprintln(g.stdout, id)
-			}
-			return nil
-		},
+// stateCmds are stop, pause, resume, freeze and thaw: each changes the
+// state of the sandboxes named and prints their ids.
+func stateCmds(g *globals) []*cobra.Command {
+	verbs := []struct {
+		use, short string
+		call       func(c *client.Client, ctx context.Context, id string) (*api.Sandbox, error)
+	}{
+		{"stop", "End a sandbox's processes, keeping its files", (*client.Client).Stop},
+		{"pause", "Hibernate a sandbox: no processes, memory or CPU; files, environment and limits kept", (*client.Client).Pause},
+		{"resume", "Start a paused or stopped sandbox again with the same id (or thaw a frozen one)", (*client.Client).Resume},
+		{"freeze", "Stop a sandbox's processes in place (memory kept): the cheap pause", (*client.Client).Freeze},
+		{"thaw", "Let a frozen sandbox's processes run again", (*client.Client).Thaw},
 	}
+	var cmds []*cobra.Command
+	for _, v := range verbs {
+		cmds = append(cmds, &cobra.Command{
+			Use:   v.use + " ID...",
+			Short: v.short,
+			Args:  cobra.MinimumNArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := g.client()
+				if err != nil {
+					return err
+				}
+				for _, id := range args {
+					if _, err := v.call(c, cmd.Context(), id); err != nil {
+						return fmt.Errorf("%s: %w", id, err)
+					}
+					fmt.Fprintln(g.stdout, id)
+				}
+				return nil
+			},
+		})
+	}
+	return cmds
 }

@@ -69,5 +69,9 @@ type Instance interface {
 	Done() <-chan struct{}
 	// Kill ends every process in the sandbox; Done closes afterwards.
 	Kill() error
+	// Freeze stops every process in place (memory kept); Thaw lets them
+	// run again.
+	Freeze(ctx context.Context) error
+	Thaw() error
 	Info() api.RuntimeInfo
 }

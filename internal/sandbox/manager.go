@@ -74,6 +74,11 @@ type box struct {
 	guest    *guest.Client
 	timer    *time.Timer
 	stopping bool // an exit of the guest is expected
+
+	// lastActive and streams decide auto-pause; guarded by activity.
+	activity   sync.Mutex
+	lastActive time.Time
+	streams    int
 }
 
 var _ runtime.IDs = (*Manager)(nil)
@@ -84,13 +89,16 @@ func NewManager(cfg Config) *Manager {
 	if cfg.MaxSandboxes <= 0 {
 		cfg.MaxSandboxes = 4096
 	}
-	return &Manager{
+	m := &Manager{
 		cfg:    cfg,
 		log:    cfg.Logger,
 		boxes:  map[string]*box{},
 		slots:  map[int]string{},
 		closed: make(chan struct{}),
 	}
+	m.wg.Add(1)
+	go m.autoPause(time.Second)
+	return m
 }
 
 // SetRuntime sets the runtime sandboxes run on.
@@ -127,13 +135,15 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 	}
 	now := time.Now().UTC()
 	rec := record{Sandbox: api.Sandbox{
-		State:     api.StateCreating,
-		Image:     img.Name,
-		Env:       req.Env,
-		Workdir:   workdir,
-		Resources: res,
-		Labels:    req.Labels,
-		CreatedAt: now,
+		State:            api.StateCreating,
+		Image:            img.Name,
+		Env:              req.Env,
+		Workdir:          workdir,
+		Resources:        res,
+		Labels:           req.Labels,
+		CreatedAt:        now,
+		AutoPauseSeconds: req.AutoPauseSeconds,
+		AutoResume:       req.AutoResume == nil || *req.AutoResume,
 	}}
 	if req.TimeoutSeconds > 0 {
 		exp := now.Add(time.Duration(req.TimeoutSeconds) * time.Second)
@@ -158,6 +168,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 	rec.UIDBase = inst.Info().UIDBase
 	b := &box{rec: rec}
 	b.attach(inst)
+	b.touch()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	m.mu.Lock()
@@ -248,6 +259,12 @@ func (b *box) detach() {
 
 func (b *box) viewLocked() api.Sandbox {
 	s := b.rec.Sandbox
+	b.activity.Lock()
+	if !b.lastActive.IsZero() {
+		t := b.lastActive.UTC()
+		s.LastActiveAt = &t
+	}
+	b.activity.Unlock()
 	if b.inst != nil {
 		info := b.inst.Info()
 		s.Runtime = &info
@@ -279,7 +296,7 @@ func (m *Manager) watch(b *box, inst runtime.Instance) {
 		}
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		if b.inst != inst || b.stopping || b.rec.State != api.StateRunning {
+		if b.inst != inst || b.stopping || (b.rec.State != api.StateRunning && b.rec.State != api.StateFrozen) {
 			return
 		}
 		m.log.Warn("sandbox guest exited unexpectedly", "sandbox", b.rec.ID)
@@ -394,7 +411,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (api.Sandbox, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.rec.State != api.StateRunning {
+	if b.rec.State != api.StateRunning && b.rec.State != api.StateFrozen {
 		return api.Sandbox{}, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
 	}
 	if err := m.stopLocked(ctx, b); err != nil {
@@ -407,6 +424,10 @@ func (m *Manager) Stop(ctx context.Context, id string) (api.Sandbox, error) {
 
 func (m *Manager) stopLocked(ctx context.Context, b *box) error {
 	if b.inst != nil {
+		if b.rec.State == api.StateFrozen {
+			// Frozen processes cannot die until they are thawed.
+			b.inst.Thaw()
+		}
 		b.stopping = true
 		if err := b.inst.Kill(); err != nil {
 			return fmt.Errorf("killing sandbox: %w", err)
@@ -436,7 +457,7 @@ func (m *Manager) Delete(ctx context.Context, id string, force bool) error {
 	if _, err := m.lookup(id); err != nil {
 		return err // deleted while we waited for the lock
 	}
-	if b.rec.State == api.StateRunning && !force {
+	if (b.rec.State == api.StateRunning || b.rec.State == api.StateFrozen) && !force {
 		return errdefs.Conflict("sandbox %s is running; stop it first or force the removal", id)
 	}
 	if b.timer != nil {
@@ -457,16 +478,20 @@ func (m *Manager) Delete(ctx context.Context, id string, force bool) error {
 }
 
 // Guest returns the guest client of a running sandbox.
-func (m *Manager) Guest(id string) (*guest.Client, error) {
+func (m *Manager) Guest(ctx context.Context, id string) (*guest.Client, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if err := m.wakeLocked(ctx, b); err != nil {
+		return nil, err
+	}
 	if b.rec.State != api.StateRunning || b.guest == nil {
 		return nil, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
 	}
+	b.touch()
 	return b.guest, nil
 }
 
@@ -525,7 +550,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		known[r.ID] = true
 		log := m.log.With("sandbox", r.ID)
 		switch r.State {
-		case api.StateRunning:
+		case api.StateRunning, api.StateFrozen:
 			inst, err := m.cfg.Runtime.Restore(ctx, r.ID, r.Runtime)
 			if err != nil {
 				log.Warn("sandbox did not survive; marking it stopped", "err", err)

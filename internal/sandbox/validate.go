@@ -98,6 +98,8 @@ func validateCreate(req *api.CreateRequest, hostCPUs int) error {
 		return errdefs.Invalid("resources.disk_bytes", "%d is above the maximum of 16 TiB", r.DiskBytes)
 	case req.TimeoutSeconds < 0 || time.Duration(req.TimeoutSeconds)*time.Second > maxTimeout:
 		return errdefs.Invalid("timeout_seconds", "%d is outside 0..%d", req.TimeoutSeconds, int64(maxTimeout/time.Second))
+	case req.AutoPauseSeconds < 0 || time.Duration(req.AutoPauseSeconds)*time.Second > maxTimeout:
+		return errdefs.Invalid("auto_pause_seconds", "%d is outside 0..%d", req.AutoPauseSeconds, int64(maxTimeout/time.Second))
 	}
 	return ValidateLabels(req.Labels)
 }

@@ -97,11 +97,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 // when the client asked for an upgrade. before runs once the guest has
 // answered, before any output is relayed.
 func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, before func(*guest.Response, *guest.Conn)) {
-	gc, err := s.mgr.Guest(id)
+	gc, err := s.mgr.Guest(r.Context(), id)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
+	defer s.mgr.Busy(id)()
 	done, err := s.mgr.Done(id)
 	if err != nil {
 		writeError(w, r, s.log, err)

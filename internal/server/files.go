@@ -219,7 +219,7 @@ func (s *Server) fileGuest(w http.ResponseWriter, r *http.Request, args fileArgs
 		writeError(w, r, s.log, err)
 		return nil, guest.FileRequest{}, false
 	}
-	gc, err := s.mgr.Guest(r.PathValue("id"))
+	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return nil, guest.FileRequest{}, false

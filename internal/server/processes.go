@@ -56,7 +56,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	gc, err := s.mgr.Guest(r.PathValue("id"))
+	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -80,7 +80,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 
 // process looks one process up in the guest's table.
 func (s *Server) process(r *http.Request, pid int) (api.Process, error) {
-	gc, err := s.mgr.Guest(r.PathValue("id"))
+	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return api.Process{}, err
 	}
@@ -97,7 +97,7 @@ func (s *Server) process(r *http.Request, pid int) (api.Process, error) {
 }
 
 func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
-	gc, err := s.mgr.Guest(r.PathValue("id"))
+	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -158,7 +158,7 @@ func (s *Server) processInput(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	gc, err := s.mgr.Guest(r.PathValue("id"))
+	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -218,7 +218,7 @@ func (s *Server) processControl(op string) http.HandlerFunc {
 			}
 			req.TTY = &body
 		}
-		gc, err := s.mgr.Guest(r.PathValue("id"))
+		gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 		if err != nil {
 			writeError(w, r, s.log, err)
 			return

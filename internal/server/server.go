@@ -3,6 +3,7 @@
 package server
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -46,6 +47,10 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 		{"GET /v1/sandboxes/{id}", s.get},
 		{"DELETE /v1/sandboxes/{id}", s.remove},
 		{"POST /v1/sandboxes/{id}/stop", s.stop},
+		{"POST /v1/sandboxes/{id}/pause", s.lifecycle(s.mgr.Pause)},
+		{"POST /v1/sandboxes/{id}/resume", s.lifecycle(s.mgr.Resume)},
+		{"POST /v1/sandboxes/{id}/freeze", s.lifecycle(s.mgr.Freeze)},
+		{"POST /v1/sandboxes/{id}/thaw", s.lifecycle(func(_ context.Context, id string) (api.Sandbox, error) { return s.mgr.Thaw(id) })},
 		{"POST /v1/sandboxes/{id}/exec", s.exec},
 	}
 	routes = append(routes, s.processRoutes()...)
@@ -204,9 +209,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := sandbox.Filter{State: api.State(q.Get("state"))}
 	switch f.State {
-	case "", api.StateCreating, api.StateRunning, api.StateStopped, api.StateFailed:
+	case "", api.StateCreating, api.StateRunning, api.StateFrozen, api.StatePaused, api.StateStopped, api.StateFailed:
 	default:
-		writeError(w, r, s.log, errdefs.Invalid("state", "%q is not a state (creating, running, stopped, failed)", f.State))
+		writeError(w, r, s.log, errdefs.Invalid("state", "%q is not a state (creating, running, frozen, paused, stopped, failed)", f.State))
 		return
 	}
 	for _, l := range q["label"] {
@@ -246,12 +251,19 @@ func (s *Server) remove(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) stop(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.mgr.Stop(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
+	s.lifecycle(s.mgr.Stop)(w, r)
+}
+
+// lifecycle serves a state change that answers with the sandbox.
+func (s *Server) lifecycle(change func(ctx context.Context, id string) (api.Sandbox, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sb, err := change(r.Context(), r.PathValue("id"))
+		if err != nil {
+			writeError(w, r, s.log, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, sb)
 	}
-	writeJSON(w, http.StatusOK, sb)
 }
 
 func boolParam(r *http.Request, name string) (bool, error) {

@@ -80,6 +80,12 @@ func (s *Sandbox) Kill() error {
 	return err
 }
 
+// Freeze implements runtime.Instance.
+func (s *Sandbox) Freeze(ctx context.Context) error { return s.cg.Freeze(ctx) }
+
+// Thaw implements runtime.Instance.
+func (s *Sandbox) Thaw() error { return s.cg.Thaw() }
+
 // Info implements runtime.Instance.
 func (s *Sandbox) Info() api.RuntimeInfo {
 	info := api.RuntimeInfo{Name: "native", HostPID: s.st.PID, UIDBase: s.st.UIDBase, Idmapped: s.st.Idmapped}

@@ -1,0 +1,249 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+)
+
+// touch records activity on the sandbox (an API call that reached it).
+func (b *box) touch() {
+	b.activity.Lock()
+	b.lastActive = time.Now()
+	b.activity.Unlock()
+}
+
+// Busy marks a stream open on the sandbox: it is active until the
+// returned func is called.
+func (m *Manager) Busy(id string) func() {
+	b, err := m.lookup(id)
+	if err != nil {
+		return func() {}
+	}
+	b.activity.Lock()
+	b.streams++
+	b.lastActive = time.Now()
+	b.activity.Unlock()
+	return func() {
+		b.activity.Lock()
+		b.streams--
+		b.lastActive = time.Now()
+		b.activity.Unlock()
+	}
+}
+
+// Touch records activity on a sandbox that the API did not see, such as
+// network traffic through the egress proxy.
+func (m *Manager) Touch(id string) {
+	if b, err := m.lookup(id); err == nil {
+		b.touch()
+	}
+}
+
+// idleFor reports how long the sandbox has had no activity and no open
+// stream (0 while a stream is open).
+func (b *box) idleFor(now time.Time) time.Duration {
+	b.activity.Lock()
+	defer b.activity.Unlock()
+	if b.streams > 0 || b.lastActive.IsZero() {
+		return 0
+	}
+	return now.Sub(b.lastActive)
+}
+
+// wakeLocked brings a paused or frozen sandbox back for an API call that
+// needs it running, when the sandbox allows that.
+func (m *Manager) wakeLocked(ctx context.Context, b *box) error {
+	if !b.rec.AutoResume {
+		return nil
+	}
+	switch b.rec.State {
+	case api.StateFrozen:
+		return m.thawLocked(b)
+	case api.StatePaused:
+		return m.startLocked(ctx, b)
+	}
+	return nil
+}
+
+// Pause hibernates a sandbox: its processes end and its memory and CPU
+// are released; its files, environment, limits and policy are kept, and
+// Resume brings it back with the same id. (The native runtime keeps no
+// memory image; a checkpointing runtime would hand one back here.)
+func (m *Manager) Pause(ctx context.Context, id string) (api.Sandbox, error) {
+	b, err := m.lookup(id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := m.pauseLocked(ctx, b); err != nil {
+		return api.Sandbox{}, err
+	}
+	return b.viewLocked(), nil
+}
+
+func (m *Manager) pauseLocked(ctx context.Context, b *box) error {
+	switch b.rec.State {
+	case api.StatePaused:
+		return nil
+	case api.StateRunning, api.StateFrozen:
+	default:
+		return errdefs.Conflict("sandbox %s is %s; only a running or frozen sandbox can be paused", b.rec.ID, b.rec.State)
+	}
+	start := time.Now()
+	if err := m.stopLocked(ctx, b); err != nil {
+		return err
+	}
+	b.rec.State = api.StatePaused
+	b.rec.Error = ""
+	m.persistLocked(b)
+	m.log.Info("sandbox paused", "sandbox", b.rec.ID, "took", time.Since(start).Round(time.Microsecond))
+	return nil
+}
+
+// Resume starts a paused or stopped sandbox again with the same id, files,
+// environment and limits, or thaws a frozen one.
+func (m *Manager) Resume(ctx context.Context, id string) (api.Sandbox, error) {
+	b, err := m.lookup(id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.rec.State {
+	case api.StateRunning:
+	case api.StateFrozen:
+		err = m.thawLocked(b)
+	case api.StatePaused, api.StateStopped, api.StateFailed:
+		err = m.startLocked(ctx, b)
+	default:
+		err = errdefs.Conflict("sandbox %s is %s", id, b.rec.State)
+	}
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	return b.viewLocked(), nil
+}
+
+// startLocked starts the sandbox's guest again on its disk and uid range.
+func (m *Manager) startLocked(ctx context.Context, b *box) error {
+	img, err := m.cfg.Images.Get(b.rec.Image)
+	if err != nil {
+		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
+	}
+	start := time.Now()
+	spec := m.spec(&b.rec, img)
+	spec.ID = b.rec.ID
+	inst, err := m.cfg.Runtime.Start(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
+	}
+	b.attach(inst)
+	b.touch()
+	b.rec.State = api.StateRunning
+	b.rec.Error = ""
+	b.rec.Runtime = inst.State()
+	m.persistLocked(b)
+	m.watch(b, inst)
+	m.log.Info("sandbox resumed", "sandbox", b.rec.ID, "took", time.Since(start).Round(time.Microsecond))
+	return nil
+}
+
+// Freeze stops a sandbox's processes in place with the cgroup freezer: the
+// cheap pause for seconds to minutes (memory is kept).
+func (m *Manager) Freeze(ctx context.Context, id string) (api.Sandbox, error) {
+	b, err := m.lookup(id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.rec.State {
+	case api.StateFrozen:
+	case api.StateRunning:
+		if err := b.inst.Freeze(ctx); err != nil {
+			return api.Sandbox{}, fmt.Errorf("freezing %s: %w", id, err)
+		}
+		b.rec.State = api.StateFrozen
+		m.persistLocked(b)
+	default:
+		return api.Sandbox{}, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
+	}
+	return b.viewLocked(), nil
+}
+
+// Thaw lets a frozen sandbox's processes run again.
+func (m *Manager) Thaw(id string) (api.Sandbox, error) {
+	b, err := m.lookup(id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.rec.State {
+	case api.StateRunning:
+	case api.StateFrozen:
+		if err := m.thawLocked(b); err != nil {
+			return api.Sandbox{}, err
+		}
+	default:
+		return api.Sandbox{}, errdefs.Conflict("sandbox %s is %s, not frozen", id, b.rec.State)
+	}
+	return b.viewLocked(), nil
+}
+
+func (m *Manager) thawLocked(b *box) error {
+	if err := b.inst.Thaw(); err != nil {
+		return fmt.Errorf("thawing %s: %w", b.rec.ID, err)
+	}
+	b.rec.State = api.StateRunning
+	b.touch()
+	m.persistLocked(b)
+	return nil
+}
+
+// autoPause pauses running sandboxes that have been idle for longer than
+// their auto-pause time. It runs until the manager closes.
+func (m *Manager) autoPause(every time.Duration) {
+	defer m.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.closed:
+			return
+		case now := <-t.C:
+			m.mu.Lock()
+			boxes := make([]*box, 0, len(m.boxes))
+			for _, b := range m.boxes {
+				boxes = append(boxes, b)
+			}
+			m.mu.Unlock()
+			for _, b := range boxes {
+				m.pauseIfIdle(b, now)
+			}
+		}
+	}
+}
+
+func (m *Manager) pauseIfIdle(b *box, now time.Time) {
+	if !b.mu.TryLock() {
+		return // busy: not idle
+	}
+	defer b.mu.Unlock()
+	limit := time.Duration(b.rec.AutoPauseSeconds) * time.Second
+	if limit <= 0 || b.rec.State != api.StateRunning || b.idleFor(now) < limit {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := m.pauseLocked(ctx, b); err != nil {
+		m.log.Warn("auto-pausing", "sandbox", b.rec.ID, "err", err)
+		return
+	}
+	m.log.Info("sandbox auto-paused", "sandbox", b.rec.ID, "idle", limit)
+}
