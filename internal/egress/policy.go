@@ -1,0 +1,172 @@
+package egress
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"paddock/internal/errdefs"
+)
+
+// Policy is what a sandbox may reach. Nothing is reachable unless a rule
+// in Allow or a preset allows it; a rule in Deny wins over every allow.
+//
+// JSON (the API's and `--policy FILE`'s form; field names are stable):
+//
+//	{
+//	  "allow":   [{"match": "api.example.com"},
+//	              {"match": "https://api.example.com/v1/", "methods": ["GET"]},
+//	              "10.0.0.0/8:5432"],
+//	  "deny":    [{"match": "https://api.example.com/v1/admin/"}],
+//	  "presets": ["internet", "pypi"],
+//	  "secrets": [{"name": "GITHUB_TOKEN", "hosts": ["api.github.com"],
+//	               "paths": ["/repos/"], "methods": ["GET"],
+//	               "inject": {"header": "Authorization", "format": "Bearer %s"}}]
+//	}
+//
+// A rule is written as an object; a bare string is read as {"match": s}.
+type Policy struct {
+	Allow   []Rule          `json:"allow,omitempty"`
+	Deny    []Rule          `json:"deny,omitempty"`
+	Presets []string        `json:"presets,omitempty"`
+	Secrets []SecretBinding `json:"secrets,omitempty"`
+}
+
+// Rule is one entry of an allow or deny list, kept as the user wrote it so
+// that decisions can name it. Match is one of:
+//
+//	example.com              that name exactly (any port; example.com:443 for one)
+//	*.example.com            any name below example.com, at any depth, but not
+//	                         example.com itself (list it too for both)
+//	203.0.113.7              an address; with :PORT one port of it
+//	10.0.0.0/8               a network; 10.0.0.0/8:5432 one port of it
+//	[2001:db8::1]:443        IPv6 with a port; [2001:db8::/32]:443 a network
+//	https://api.example.com/v1/        HTTP: scheme, host (a name, *.name or
+//	                                   an address), optional :PORT (default
+//	                                   the scheme's), and a path: ending in
+//	                                   "/" it is a prefix, otherwise exact;
+//	                                   no path means every path
+//	re:https://api.example.com/v1/[0-9]+/items   the path is a regular
+//	                                   expression (RE2) matched against the
+//	                                   whole path
+//
+// Methods limits an HTTP rule to those methods (none: every method). Names
+// and addresses decide TLS connections (by SNI) and plain HTTP (by Host);
+// an address rule also decides other TCP. A URL rule is decided request
+// by request, so the proxy intercepts TLS for its host (and checks that
+// every request's Host is the SNI); a domain rule is decided once per
+// connection and its TLS is passed through unread. A domain rule does not allow raw
+// TCP to the addresses the name resolves to. Paths are matched on the
+// decoded, cleaned path of the request (never its query), case-sensitively.
+type Rule struct {
+	Match   string   `json:"match"`
+	Methods []string `json:"methods,omitempty"`
+}
+
+// ParseRule parses one rule in the CLI's syntax (see Rule), with the
+// methods given by --method. Its errors are errdefs.ErrInvalid.
+func ParseRule(s string, methods []string) (Rule, error) {
+	r := Rule{Match: strings.TrimSpace(s), Methods: normMethods(methods)}
+	if _, err := compileRule(r, ""); err != nil {
+		return Rule{}, errdefs.New(errdefs.ErrInvalid, "%q: %v", s, err)
+	}
+	return r, nil
+}
+
+// String is the rule as the CLI takes it: the match, then --method if any.
+func (r Rule) String() string {
+	if len(r.Methods) == 0 {
+		return r.Match
+	}
+	return r.Match + " --method " + strings.Join(r.Methods, ",")
+}
+
+// UnmarshalJSON takes the object form or a bare string.
+func (r *Rule) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*r = Rule{Match: s}
+		return nil
+	}
+	type plain Rule
+	var p plain
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return err
+	}
+	*r = Rule(p)
+	return nil
+}
+
+// Validate checks every entry and names the first bad one, as in
+// `allow[3]: "*.": not a domain`. Its errors are errdefs.ErrInvalid.
+func (p *Policy) Validate() error {
+	_, err := compilePolicy(p)
+	return err
+}
+
+// Clone returns a deep copy of p.
+func (p *Policy) Clone() *Policy {
+	if p == nil {
+		return nil
+	}
+	c := &Policy{
+		Allow:   cloneRules(p.Allow),
+		Deny:    cloneRules(p.Deny),
+		Presets: append([]string(nil), p.Presets...),
+	}
+	for _, b := range p.Secrets {
+		b.Hosts = append([]string(nil), b.Hosts...)
+		b.Paths = append([]string(nil), b.Paths...)
+		b.Methods = append([]string(nil), b.Methods...)
+		if b.Inject.Basic != nil {
+			bb := *b.Inject.Basic
+			b.Inject.Basic = &bb
+		}
+		c.Secrets = append(c.Secrets, b)
+	}
+	return c
+}
+
+func cloneRules(rs []Rule) []Rule {
+	if rs == nil {
+		return nil
+	}
+	out := make([]Rule, len(rs))
+	for i, r := range rs {
+		out[i] = Rule{Match: r.Match, Methods: append([]string(nil), r.Methods...)}
+	}
+	return out
+}
+
+func normMethods(ms []string) []string {
+	var out []string
+	for _, m := range ms {
+		for _, f := range strings.Split(m, ",") {
+			f = strings.ToUpper(strings.TrimSpace(f))
+			if f == "" {
+				continue
+			}
+			dup := false
+			for _, o := range out {
+				dup = dup || o == f
+			}
+			if !dup {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+func invalidEntry(list string, i int, entry string, err error) error {
+	return errdefs.New(errdefs.ErrInvalid, "%s[%d]: %q: %v", list, i, entry, err)
+}
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
