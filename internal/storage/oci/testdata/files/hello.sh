@@ -1,0 +1,2 @@
+#!/bin/sh
+echo "hello from paddock's test image"
