@@ -1,0 +1,292 @@
+package execlog
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/wire"
+)
+
+func open(t *testing.T, cfg Config) *Store {
+	t.Helper()
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
+	}
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// readAll returns what Read gives from offset from, as "stream:data" runs,
+// and the offset of the first chunk.
+func readAll(t *testing.T, s *Store, id string, seq uint64, from int64) (string, int64) {
+	t.Helper()
+	var out strings.Builder
+	first := int64(-1)
+	err := s.Read(context.Background(), id, seq, from, false, func(c Chunk) error {
+		if first < 0 {
+			first = c.Offset
+		}
+		fmt.Fprintf(&out, "%d:%s|", c.Stream, c.Data)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), first
+}
+
+func TestWriteRead(t *testing.T) {
+	s := open(t, Config{})
+	w, err := s.Start("sbx", 42, []string{"sh", "-c", "echo hi"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(wire.Stdout, []byte("hello "))
+	w.Write(wire.Stderr, []byte("oops "))
+	w.Write(wire.Stdout, []byte("world"))
+	if err := w.Finish(api.ExitStatus{ExitCode: 3}); err != nil {
+		t.Fatal(err)
+	}
+	got, first := readAll(t, s, "sbx", w.Seq(), 0)
+	if got != "1:hello |2:oops |1:world|" || first != 0 {
+		t.Errorf("Read = %q from %d", got, first)
+	}
+	// From the middle of a record.
+	if got, first := readAll(t, s, "sbx", w.Seq(), 8); got != "2:ps |1:world|" || first != 8 {
+		t.Errorf("Read from 8 = %q from %d", got, first)
+	}
+	p, err := s.Find("sbx", 42)
+	if err != nil || p.Seq != 1 || p.End != 16 || p.Start != 0 || p.Exit == nil || p.Exit.ExitCode != 3 || p.EndedAt == nil {
+		t.Errorf("Find = %+v, %v", p, err)
+	}
+	if _, err := s.Find("sbx", 7); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Find of an unknown pid = %v", err)
+	}
+	// A pid reused: Find gives the newest.
+	w2, _ := s.Start("sbx", 42, []string{"true"}, time.Now())
+	w2.Finish(api.ExitStatus{})
+	if p, _ := s.Find("sbx", 42); p.Seq != 2 {
+		t.Errorf("Find of a reused pid = seq %d, want 2", p.Seq)
+	}
+	for _, id := range []string{"", "../etc", "A"} {
+		if _, err := s.Start(id, 1, nil, time.Now()); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("Start(%q) = %v, want ErrInvalid", id, err)
+		}
+	}
+}
+
+func TestProcessCap(t *testing.T) {
+	s := open(t, Config{MaxProcessBytes: 64 << 10})
+	w, _ := s.Start("sbx", 1, nil, time.Now())
+	var all bytes.Buffer
+	for i := 0; i < 1000; i++ {
+		line := fmt.Sprintf("line %04d %s\n", i, strings.Repeat("x", 1000))
+		all.WriteString(line)
+		if err := w.Write(wire.Stdout, []byte(line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Finish(api.ExitStatus{})
+	p, _ := s.Find("sbx", 1)
+	kept := p.End - p.Start
+	if p.End != int64(all.Len()) || kept > 64<<10 || kept < 16<<10 {
+		t.Errorf("kept [%d, %d) of %d bytes", p.Start, p.End, all.Len())
+	}
+	var got bytes.Buffer
+	first := int64(-1)
+	s.Read(context.Background(), "sbx", p.Seq, 0, false, func(c Chunk) error {
+		if first < 0 {
+			first = c.Offset
+		}
+		got.Write(c.Data)
+		return nil
+	})
+	if first != p.Start || !bytes.Equal(got.Bytes(), all.Bytes()[p.Start:]) {
+		t.Errorf("read %d bytes from %d; want the newest %d from %d", got.Len(), first, kept, p.Start)
+	}
+	if n, _ := s.Bytes("sbx"); n > 64<<10+2*hdrSize*64 {
+		t.Errorf("%d bytes on disk", n)
+	}
+}
+
+func TestSandboxCaps(t *testing.T) {
+	s := open(t, Config{MaxProcessBytes: 64 << 10, MaxSandboxBytes: 128 << 10, MaxProcesses: 5})
+	chunk := bytes.Repeat([]byte("y"), 8<<10)
+	for pid := 1; pid <= 8; pid++ {
+		w, _ := s.Start("sbx", pid, nil, time.Now())
+		for i := 0; i < 6; i++ { // 48 KiB each
+			w.Write(wire.Stdout, chunk)
+		}
+		w.Finish(api.ExitStatus{})
+		if n, _ := s.Bytes("sbx"); n > 128<<10 {
+			t.Fatalf("after process %d: %d bytes on disk, cap %d", pid, n, 128<<10)
+		}
+	}
+	procs, _ := s.List("sbx")
+	if len(procs) != 5 || procs[0].PID != 4 || procs[4].PID != 8 {
+		t.Fatalf("kept processes %v, want the newest 5", procs)
+	}
+	// The newest keeps its output; the oldest kept have lost theirs first.
+	if last := procs[4]; last.End-last.Start != 48<<10 {
+		t.Errorf("newest process kept %d bytes, want all 48 KiB", last.End-last.Start)
+	}
+	if procs[0].End-procs[0].Start >= procs[4].End-procs[4].Start {
+		t.Errorf("oldest kept %d bytes, newest %d: oldest should go first", procs[0].End-procs[0].Start, procs[4].End-procs[4].Start)
+	}
+	entries, _ := os.ReadDir(filepath.Join(s.cfg.Dir, "sbx"))
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "1.") || strings.HasPrefix(e.Name(), "2.") {
+			t.Errorf("%s of a dropped process is still on disk", e.Name())
+		}
+	}
+}
+
+func TestFollow(t *testing.T) {
+	s := open(t, Config{})
+	w, _ := s.Start("sbx", 9, nil, time.Now())
+	w.Write(wire.Stdout, []byte("a"))
+	var mu sync.Mutex
+	var got strings.Builder
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Read(context.Background(), "sbx", w.Seq(), 0, true, func(c Chunk) error {
+			mu.Lock()
+			defer mu.Unlock()
+			got.Write(c.Data)
+			return nil
+		})
+	}()
+	for _, p := range []string{"b", "c", "d"} {
+		time.Sleep(10 * time.Millisecond)
+		w.Write(wire.Stdout, []byte(p))
+	}
+	w.Skip(100) // lost in the guest
+	w.Write(wire.Stderr, []byte("e"))
+	time.Sleep(10 * time.Millisecond)
+	w.Finish(api.ExitStatus{ExitCode: 0})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a follow did not end with the process")
+	}
+	if got.String() != "abcde" {
+		t.Errorf("followed %q", got.String())
+	}
+	if p, _ := s.Find("sbx", 9); p.End != 105 {
+		t.Errorf("End = %d after a skip of 100, want 105", p.End)
+	}
+	// A follow ends with ctx too.
+	w2, _ := s.Start("sbx", 10, nil, time.Now())
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.Read(ctx, "sbx", w2.Seq(), 0, true, func(Chunk) error { return nil }); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Read with an ended ctx = %v", err)
+	}
+}
+
+// TestRestart: a new store carries on; an unfinished process's copy
+// resumes at its offset after a torn record is cut off.
+func TestRestart(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Config{Dir: dir})
+	w, _ := s.Start("sbx", 5, []string{"make"}, time.Now())
+	w.Write(wire.Stdout, []byte("building\n"))
+	w.Close() // the daemon stops
+	// A crash mid-record.
+	f, _ := os.OpenFile(filepath.Join(dir, "sbx", "1.log"), os.O_WRONLY|os.O_APPEND, 0)
+	f.Write([]byte{1, 0, 0, 0, 0, 0, 0, 50, 0, 0})
+	f.Close()
+
+	s2 := open(t, Config{Dir: dir})
+	procs, err := s2.List("sbx")
+	if err != nil || len(procs) != 1 || procs[0].End != 9 || procs[0].Exit != nil {
+		t.Fatalf("List after restart = %+v, %v", procs, err)
+	}
+	w2, err := s2.Resume("sbx", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w2.Offset() != 9 {
+		t.Errorf("Offset = %d, want 9", w2.Offset())
+	}
+	if _, err := s2.Resume("sbx", 1); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("a second Resume = %v, want ErrConflict", err)
+	}
+	w2.Write(wire.Stdout, []byte("done\n"))
+	w2.Finish(api.ExitStatus{ExitCode: 0})
+	if got, _ := readAll(t, s2, "sbx", 1, 0); got != "1:building\n|1:done\n|" {
+		t.Errorf("after resume: %q", got)
+	}
+	w3, _ := s2.Start("sbx", 6, nil, time.Now())
+	if w3.Seq() != 2 {
+		t.Errorf("seq after restart = %d, want 2", w3.Seq())
+	}
+	w3.Finish(api.ExitStatus{})
+
+	ids, _ := s2.IDs()
+	if fmt.Sprint(ids) != "[sbx]" {
+		t.Errorf("IDs = %v", ids)
+	}
+	if err := s2.Remove("sbx"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sbx")); !os.IsNotExist(err) {
+		t.Errorf("sandbox dir after Remove: %v", err)
+	}
+	if procs, _ := s2.List("sbx"); len(procs) != 0 {
+		t.Errorf("List after Remove = %v", procs)
+	}
+}
+
+func TestConcurrentWritersAndReaders(t *testing.T) {
+	s := open(t, Config{MaxProcessBytes: 64 << 10, MaxSandboxBytes: 256 << 10})
+	var wg sync.WaitGroup
+	for pid := 1; pid <= 4; pid++ {
+		w, err := s.Start("sbx", pid, nil, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 300; i++ {
+				w.Write(wire.Stdout, bytes.Repeat([]byte{'a' + byte(pid)}, 512))
+			}
+			w.Finish(api.ExitStatus{})
+		}()
+		go func() {
+			defer wg.Done()
+			last := int64(-1)
+			err := s.Read(context.Background(), "sbx", w.Seq(), 0, true, func(c Chunk) error {
+				if c.Offset <= last {
+					return fmt.Errorf("offset %d after %d", c.Offset, last)
+				}
+				last = c.Offset
+				return nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n, _ := s.Bytes("sbx"); n > 256<<10 {
+		t.Errorf("%d bytes on disk, cap %d", n, 256<<10)
+	}
+}

@@ -1,0 +1,113 @@
+package metrics
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"paddock/internal/cgroup"
+	"paddock/internal/errdefs"
+)
+
+// TestCgroupFilesV2 reads a v2 group's files from a directory of
+// fixtures: the host here may be v1, and the parsing is the same.
+func TestCgroupFilesV2(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"cpu.stat":        "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\nnr_periods 10\nnr_throttled 3\nthrottled_usec 120000\n",
+		"memory.current":  "314572800\n",
+		"memory.peak":     "419430400\n",
+		"memory.max":      "536870912\n",
+		"memory.events":   "low 0\nhigh 0\nmax 17\noom 2\noom_kill 2\noom_group_kill 0\n",
+		"memory.pressure": "some avg10=1.50 avg60=0.30 avg300=0.05 total=765432\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1000\n",
+		"memory.stat":     "anon 200000000\nfile 100000000\nactive_file 40000000\ninactive_file 60000000\n",
+		"pids.current":    "7\n",
+		"pids.max":        "max\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := OpenCgroupFiles(CgroupDirs{Mode: cgroup.V2, CPU: dir, CPUAcct: dir, Memory: dir, Pid: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var r Reading
+	if err := f.ReadCgroup(&r); err != nil {
+		t.Fatal(err)
+	}
+	want := Reading{
+		CPUNanos: 2_500_000_000, CPUThrottledNanos: 120_000_000,
+		MemoryBytes: 314572800, MemoryPeakBytes: 419430400, MemoryLimitBytes: 536870912,
+		Pids: 7, PidsLimit: 0, OOMKills: 2,
+		MemoryFailcnt: 17, MemoryStallNanos: 765_432_000, MemoryReclaimableBytes: 60000000,
+	}
+	if r != want {
+		t.Errorf("read\n %+v\nwant\n %+v", r, want)
+	}
+
+	// Below half the limit, memory.stat is not read.
+	os.WriteFile(filepath.Join(dir, "memory.current"), []byte("1000\n"), 0o600)
+	r = Reading{}
+	f.ReadCgroup(&r)
+	if r.MemoryBytes != 1000 || r.MemoryReclaimableBytes != 0 {
+		t.Errorf("at low usage: memory %d, reclaimable %d", r.MemoryBytes, r.MemoryReclaimableBytes)
+	}
+
+	// Optional files may be missing (memory.peak before 5.19, no memory
+	// controller); the group's own cpu.stat may not.
+	os.Remove(filepath.Join(dir, "memory.peak"))
+	f2, err := OpenCgroupFiles(CgroupDirs{Mode: cgroup.V2, CPU: dir, CPUAcct: dir, Memory: dir, Pid: dir})
+	if err != nil {
+		t.Fatalf("without memory.peak: %v", err)
+	}
+	f2.Close()
+	_, err = OpenCgroupFiles(CgroupDirs{Mode: cgroup.V2, CPU: dir + "/gone", CPUAcct: dir + "/gone", Memory: dir + "/gone", Pid: dir + "/gone"})
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("opening a missing group = %v, want ErrNotFound", err)
+	}
+}
+
+func TestParseHelpers(t *testing.T) {
+	for _, tt := range []struct {
+		in    string
+		num   int64
+		limit int64
+	}{
+		{"123\n", 123, 123},
+		{"max\n", 0, 0},
+		{"9223372036854771712\n", 9223372036854771712, 0}, // v1 unlimited
+		{"-1\n", 0, 0},
+		{"", 0, 0},
+		{"99999999999999999999999\n", 1<<63 - 1, 0},
+	} {
+		if got := number([]byte(tt.in)); got != tt.num {
+			t.Errorf("number(%q) = %d, want %d", tt.in, got, tt.num)
+		}
+		if got := limit([]byte(tt.in)); got != tt.limit {
+			t.Errorf("limit(%q) = %d, want %d", tt.in, got, tt.limit)
+		}
+	}
+	stat := []byte("throttled_time 5\nnr_throttled 2\nthrottled 9\n")
+	if keyed(stat, "throttled") != 9 || keyed(stat, "throttled_time") != 5 || keyed(stat, "nope") != 0 {
+		t.Error("keyed matched a prefix or missed a key")
+	}
+}
+
+func TestParseCgroupMounts(t *testing.T) {
+	mi := `25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+26 25 0:23 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+30 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+31 25 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+32 25 0:29 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+33 25 0:30 /sub /mnt/other rw - cgroup cgroup rw,memory
+`
+	m := parseCgroupMounts([]byte(mi))
+	if m.v2 != "/sys/fs/cgroup/unified" || m.v1["cpu"] != "/sys/fs/cgroup/cpu,cpuacct" || m.v1["cpuacct"] != "/sys/fs/cgroup/cpu,cpuacct" ||
+		m.v1["memory"] != "/sys/fs/cgroup/memory" || m.v1["pids"] != "/sys/fs/cgroup/pids" {
+		t.Errorf("parseCgroupMounts = %+v", m)
+	}
+}
