@@ -52,6 +52,16 @@ type CreateRequest struct {
 	// AutoResume resumes a paused (or thaws a frozen) sandbox on the next
 	// API call that needs it running. Default true.
 	AutoResume *bool `json:"auto_resume,omitempty"`
+	// Volumes are named volumes to mount.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// From starts the sandbox from a snapshot (by id) or a template (by
+	// name) instead of a bare image: its files, and the environment,
+	// workdir and limits it was captured with unless the request sets
+	// them. An image name is accepted too.
+	From string `json:"from,omitempty"`
+	// Budget and Autoscale are optional.
+	Budget    *Budget    `json:"budget,omitempty"`
+	Autoscale *Autoscale `json:"autoscale,omitempty"`
 }
 
 // Sandbox describes one sandbox.
@@ -69,7 +79,12 @@ type Sandbox struct {
 	AutoPauseSeconds int64      `json:"auto_pause_seconds,omitempty"`
 	AutoResume       bool       `json:"auto_resume"`
 	// LastActiveAt is the last API call, stream or network traffic.
-	LastActiveAt *time.Time `json:"last_active_at,omitempty"`
+	LastActiveAt *time.Time    `json:"last_active_at,omitempty"`
+	Volumes      []VolumeMount `json:"volumes,omitempty"`
+	// From is the snapshot or template the sandbox started from.
+	From      string     `json:"from,omitempty"`
+	Budget    *Budget    `json:"budget,omitempty"`
+	Autoscale *Autoscale `json:"autoscale,omitempty"`
 	// Error says why a sandbox failed.
 	Error string `json:"error,omitempty"`
 	// Runtime details useful to operators.

@@ -32,6 +32,7 @@ var (
 	ErrDenied      = errdefs.ErrDenied
 	ErrUnavailable = errdefs.ErrUnavailable
 	ErrTooLarge    = errdefs.ErrTooLarge
+	ErrNoSpace     = errdefs.ErrNoSpace
 )
 
 // DefaultHost is where the daemon listens by default.
@@ -196,6 +197,8 @@ func codeForStatus(status int) string {
 		return "unavailable"
 	case http.StatusRequestEntityTooLarge:
 		return "too_large"
+	case http.StatusInsufficientStorage:
+		return "no_space"
 	}
 	return "internal"
 }
@@ -253,6 +256,13 @@ func (c *Client) Delete(ctx context.Context, id string, force bool) error {
 // Stop ends a sandbox's processes and keeps its filesystem.
 func (c *Client) Stop(ctx context.Context, id string) (*api.Sandbox, error) {
 	return c.lifecycle(ctx, id, "stop")
+}
+
+// Update changes a running sandbox's limits (and budget or autoscale
+// bounds) in place.
+func (c *Client) Update(ctx context.Context, id string, req api.UpdateRequest) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	return &sb, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/update", req, &sb)
 }
 
 // Pause hibernates a sandbox: its processes end, its memory and CPU are

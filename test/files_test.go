@@ -526,8 +526,11 @@ func treeDigest(t *testing.T, root string, skip ...string) string {
 			return nil
 		}
 		for _, s := range skip {
-			if p == s {
+			if p == s && e.IsDir() {
 				return filepath.SkipDir
+			}
+			if p == s {
+				return nil
 			}
 		}
 		fi, err := e.Info()
@@ -566,9 +569,10 @@ func TestFilesHostile(t *testing.T) {
 	}
 	t.Cleanup(func() { os.Remove(marker) })
 	shadowSum := fileSHA256(t, "/etc/shadow")
-	// The state dir (the store included), less the disks: the sandbox's
-	// writable layer is what file ops change, and the pool refills.
-	stateSkip := []string{filepath.Join(d.StateDir, "disks")}
+	// The state dir (the store included), less the storage (disks and
+	// the image they live in): the sandbox's writable layer is what file
+	// ops change, and the pool refills.
+	stateSkip := []string{filepath.Join(d.StateDir, "storage"), filepath.Join(d.StateDir, "storage.xfs")}
 	stateSum := treeDigest(t, d.StateDir, stateSkip...)
 	hostEvil := []string{"/evil-" + tag, "/tmp/evil-" + tag, "/etc/evil-" + tag, "/root/evil-" + tag, filepath.Join(d.StateDir, "evil-"+tag)}
 

@@ -25,6 +25,7 @@ import (
 
 	"paddock/api"
 	"paddock/client"
+	"paddock/internal/storage/disk"
 )
 
 var paddockBin string
@@ -353,10 +354,31 @@ func (d *Daemon) cleanup() {
 				}
 			}
 		}
+		// Volumes and snapshots outlive sandboxes (and daemons): remove
+		// them so that their filesystems are unmounted.
+		if vols, err := d.client.Volumes(ctx); err == nil {
+			for _, v := range vols {
+				if err := d.client.DeleteVolume(ctx, v.Name); err != nil {
+					t.Errorf("cleanup: removing volume %s: %v", v.Name, err)
+				}
+			}
+		}
+		if snaps, err := d.client.Snapshots(ctx, ""); err == nil {
+			for _, s := range snaps {
+				if err := d.client.DeleteSnapshot(ctx, s.ID); err != nil {
+					t.Errorf("cleanup: removing snapshot %s: %v", s.ID, err)
+				}
+			}
+		}
 		cancel()
 		d.Stop()
 	}
 	d.reapOrphans()
+	// The storage filesystem stays mounted when a daemon exits (the
+	// sandboxes' disks live on it); take it down now that nothing is on it.
+	if err := disk.Unmount(filepath.Join(d.StateDir, "storage")); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
 	if t.Failed() {
 		t.Logf("daemon log:\n%s", d.log)
 	}

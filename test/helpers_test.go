@@ -375,7 +375,8 @@ func (d *Daemon) daemonTraces() []string {
 
 func (d *Daemon) daemonTracesOnce() []string {
 	var left []string
-	vol := filepath.Join(d.StateDir, "disks", "vol")
+	storage := filepath.Join(d.StateDir, "storage")
+	vol := filepath.Join(storage, "disks", "vol")
 	for _, dir := range []string{filepath.Join(d.RunDir, "sandboxes"), vol} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
@@ -385,7 +386,7 @@ func (d *Daemon) daemonTracesOnce() []string {
 			left = append(left, "path "+filepath.Join(dir, e.Name()))
 		}
 	}
-	pool := filepath.Join(d.StateDir, "disks", "pool") + "/"
+	pool := filepath.Join(storage, "disks", "pool") + "/"
 	warmDisks := filepath.Join(vol, warmDiskName)
 	warmRun := filepath.Join(d.RunDir, "warm") + "/"
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
@@ -394,7 +395,8 @@ func (d *Daemon) daemonTracesOnce() []string {
 		if len(f) <= 4 || !strings.HasPrefix(f[4], d.Root+"/") {
 			continue
 		}
-		if strings.HasPrefix(f[4], pool) || strings.HasPrefix(f[4], warmDisks) || strings.HasPrefix(f[4], warmRun) {
+		// The storage filesystem itself is the daemon's, not a sandbox's.
+		if f[4] == storage || strings.HasPrefix(f[4], pool) || strings.HasPrefix(f[4], warmDisks) || strings.HasPrefix(f[4], warmRun) {
 			continue
 		}
 		left = append(left, "mount "+f[4])

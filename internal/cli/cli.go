@@ -102,6 +102,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(processCmds(g)...)
 	root.AddCommand(fileCmds(g)...)
 	root.AddCommand(portCmds(g)...)
+	root.AddCommand(snapshotCmd(g), forkCmd(g), volumeCmd(g))
 	return root
 }
 
@@ -134,6 +135,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.TokenFile, "token-file", "", "file holding the bearer token TCP listeners require")
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup under which sandboxes live")
 	f.IntVar(&cfg.DiskPool, "disk-pool", cfg.DiskPool, "ready disks of the default size to keep")
+	f.Var(sizeFlag{&cfg.StorageSize}, "storage-size", "size of the XFS image made for disks, snapshots and volumes when the state directory cannot reflink, e.g. 200g (default: its filesystem's size)")
 	f.IntVar(&cfg.WarmGuests, "warm-guests", cfg.WarmGuests, "sandbox init processes to start ahead of time")
 	f.Int64Var(&cfg.OutputLimit, "output-limit", cfg.OutputLimit, "output retained per process, in bytes (oldest dropped first)")
 	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")

@@ -31,6 +31,8 @@ type createFlags struct {
 	// keeps it paused until resumed explicitly.
 	autoPause    time.Duration
 	noAutoResume bool
+	from         string
+	volumes      []string
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -46,10 +48,12 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.StringArrayVarP(&f.labels, "label", "l", nil, "label KEY=VALUE; repeatable")
 	fl.DurationVar(&f.autoPause, "auto-pause", 0, "pause the sandbox after it has been idle this long, e.g. 10m")
 	fl.BoolVar(&f.noAutoResume, "no-auto-resume", false, "do not resume a paused sandbox on the next call that needs it")
+	fl.StringVar(&f.from, "from", "", "start from a snapshot id, a template or an image")
+	fl.StringArrayVarP(&f.volumes, "volume", "v", nil, "mount a volume NAME:/path[:ro] (or a directory snapshot SNAPSHOT:/path); repeatable")
 }
 
 func (f *createFlags) request() (api.CreateRequest, error) {
-	req := api.CreateRequest{Image: f.image, Workdir: f.workdir}
+	req := api.CreateRequest{Image: f.image, Workdir: f.workdir, From: f.from}
 	req.Resources.CPUs = f.cpus
 	req.Resources.Pids = f.pids
 	var err error
@@ -84,7 +88,37 @@ func (f *createFlags) request() (api.CreateRequest, error) {
 	if req.Labels, err = keyValues("--label", f.labels); err != nil {
 		return req, err
 	}
+	for _, v := range f.volumes {
+		m, err := parseVolume(v)
+		if err != nil {
+			return req, err
+		}
+		req.Volumes = append(req.Volumes, m)
+	}
 	return req, nil
+}
+
+// parseVolume reads NAME:/path[:ro|:rw]; a NAME that is a snapshot id
+// mounts that directory snapshot.
+func parseVolume(s string) (api.VolumeMount, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
+		return api.VolumeMount{}, fmt.Errorf("--volume: %q is not NAME:/path[:ro]", s)
+	}
+	m := api.VolumeMount{Name: parts[0], Path: parts[1]}
+	if strings.HasPrefix(m.Name, "snap-") {
+		m.Snapshot, m.Name = m.Name, ""
+	}
+	if len(parts) == 3 {
+		switch parts[2] {
+		case "ro":
+			m.ReadOnly = true
+		case "rw":
+		default:
+			return api.VolumeMount{}, fmt.Errorf("--volume: %q: mode must be ro or rw", s)
+		}
+	}
+	return m, nil
 }
 
 func keyValues(flag string, kvs []string) (map[string]string, error) {

@@ -48,3 +48,24 @@ func formatSize(n int64) string {
 	}
 	return fmt.Sprintf("%dB", n)
 }
+
+// sizeFlag is a pflag.Value holding a size like "512m".
+type sizeFlag struct{ p *int64 }
+
+func (f sizeFlag) String() string {
+	if f.p == nil || *f.p == 0 {
+		return ""
+	}
+	return formatSize(*f.p)
+}
+
+func (f sizeFlag) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*f.p = n
+	return nil
+}
+
+func (f sizeFlag) Type() string { return "size" }

@@ -24,9 +24,11 @@ import (
 	"paddock/internal/sandbox"
 	"paddock/internal/seccomp"
 	"paddock/internal/server"
+	"paddock/internal/snapshot"
 	"paddock/internal/storage/disk"
 	"paddock/internal/storage/image"
 	"paddock/internal/store"
+	"paddock/internal/volume"
 )
 
 // Version is set at build time (-ldflags "-X paddock/internal/daemon.Version=...").
@@ -50,6 +52,10 @@ type Config struct {
 	Defaults api.Resources
 	// DiskPool is how many ready disks of the default size to keep.
 	DiskPool int
+	// StorageSize sizes the XFS image made for sandbox disks, snapshots
+	// and volumes when the state directory's filesystem cannot reflink;
+	// 0 means the size of that filesystem (the image is sparse).
+	StorageSize int64
 	// UIDStart is the first host uid given to sandboxes.
 	UIDStart uint32
 	// OutputLimit is the output retained per process, in bytes.
@@ -108,8 +114,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("setting up cgroups: %w", err)
 	}
+	// Disks, snapshots and volumes share one filesystem, so that a
+	// snapshot or a fork clones blocks instead of copying them.
+	storage := filepath.Join(cfg.StateDir, "storage")
+	sub, err := disk.PrepareSubstrate(storage, disk.SubstrateOptions{Size: cfg.StorageSize}, log.With("component", "disk"))
+	if err != nil {
+		return fmt.Errorf("setting up storage: %w", err)
+	}
 	disks, err := disk.NewPool(disk.Config{
-		Dir:         filepath.Join(cfg.StateDir, "disks"),
+		Dir:         filepath.Join(storage, "disks"),
 		DefaultSize: cfg.Defaults.DiskBytes,
 		PoolSize:    cfg.DiskPool,
 		Logger:      log.With("component", "disk"),
@@ -118,6 +131,26 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("setting up disks: %w", err)
 	}
 	defer disks.Close()
+	volPool, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "volumes"), DefaultSize: cfg.Defaults.DiskBytes, Logger: log.With("component", "volume")})
+	if err != nil {
+		return fmt.Errorf("setting up volumes: %w", err)
+	}
+	vols, err := volume.Open(volume.Config{Disks: volPool, Store: st, DefaultSize: cfg.Defaults.DiskBytes, Logger: log.With("component", "volume")})
+	if err != nil {
+		volPool.Close()
+		return fmt.Errorf("loading volumes: %w", err)
+	}
+	defer vols.Close()
+	snapMounts, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "snapmounts"), DefaultSize: cfg.Defaults.DiskBytes, Logger: log.With("component", "snapshot")})
+	if err != nil {
+		return fmt.Errorf("setting up snapshot mounts: %w", err)
+	}
+	snaps, err := snapshot.Open(snapshot.Config{Dir: filepath.Join(storage, "snapshots"), Store: st, Mounts: snapMounts, Logger: log.With("component", "snapshot")})
+	if err != nil {
+		snapMounts.Close()
+		return fmt.Errorf("loading snapshots: %w", err)
+	}
+	defer snaps.Close()
 	images, err := image.NewStore(filepath.Join(cfg.StateDir, "images"), log.With("component", "image"))
 	if err != nil {
 		return err
@@ -130,11 +163,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("compiling seccomp profile: %w", err)
 	}
 	mgr := sandbox.NewManager(sandbox.Config{
-		Images:   images,
-		Store:    st,
-		Defaults: cfg.Defaults,
-		UIDStart: cfg.UIDStart,
-		Logger:   log,
+		Images:    images,
+		Store:     st,
+		Volumes:   vols,
+		Snapshots: snaps,
+		Defaults:  cfg.Defaults,
+		UIDStart:  cfg.UIDStart,
+		Logger:    log,
 	})
 	defer mgr.Close()
 	// Records first: the runtime's warm guests take uid ranges, which
@@ -185,7 +220,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		go func(l net.Listener) { errc <- hs.Serve(l) }(l)
 		log.Info("listening", "addr", l.Addr().Network()+"://"+l.Addr().String())
 	}
-	log.Info("paddock ready", "version", Version, "state_dir", cfg.StateDir, "cgroup_v2", cgroups.Mode() == cgroup.V2, "idmapped", rt.Idmapped())
+	log.Info("paddock ready", "version", Version, "state_dir", cfg.StateDir, "cgroup_v2", cgroups.Mode() == cgroup.V2, "idmapped", rt.Idmapped(), "storage", sub.Mode(), "reflink", sub.Reflink())
 
 	select {
 	case <-ctx.Done():

@@ -6,6 +6,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 var (
@@ -21,6 +22,9 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrTooLarge: a request body or value exceeds a limit.
 	ErrTooLarge = errors.New("too large")
+	// ErrNoSpace: the disk that was to hold the result is full. A wrapped
+	// ENOSPC counts as this category too.
+	ErrNoSpace = errors.New("no space left")
 )
 
 // Invalid returns an ErrInvalid naming the offending field.
@@ -54,6 +58,8 @@ func Code(err error) string {
 		return "unavailable"
 	case errors.Is(err, ErrTooLarge):
 		return "too_large"
+	case IsNoSpace(err):
+		return "no_space"
 	}
 	return "internal"
 }
@@ -74,8 +80,15 @@ func FromCode(code string) error {
 		return ErrUnavailable
 	case "too_large":
 		return ErrTooLarge
+	case "no_space":
+		return ErrNoSpace
 	}
 	return nil
+}
+
+// IsNoSpace reports whether err is ErrNoSpace or wraps ENOSPC.
+func IsNoSpace(err error) bool {
+	return errors.Is(err, ErrNoSpace) || errors.Is(err, syscall.ENOSPC)
 }
 
 // categorized is an error in a category whose message does not repeat the

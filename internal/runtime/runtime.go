@@ -6,7 +6,9 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
 	"net"
+	"time"
 
 	"paddock/api"
 	"paddock/internal/storage/image"
@@ -25,6 +27,30 @@ type Spec struct {
 	// runtime take a range from its IDs (a sandbox started again must keep
 	// its range: its files are owned by it). Instance.Info reports it.
 	UIDBase uint32
+	// Mounts are host directories (volumes) mounted into the sandbox.
+	// They are owned by canonical ids and attached idmapped.
+	Mounts []Mount
+	// DiskFrom, for a sandbox without a disk yet, is an image file (a
+	// snapshot) whose copy becomes its disk.
+	DiskFrom string
+}
+
+// Mount is a host directory mounted into a sandbox.
+type Mount struct {
+	Source   string
+	Dest     string
+	ReadOnly bool
+}
+
+// NewID returns a fresh sandbox id: 12 lowercase letters and digits.
+func NewID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 12)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b)
 }
 
 // IDs hands out host uid/gid ranges of 65536 ids. The sandbox manager
@@ -50,12 +76,31 @@ type Runtime interface {
 	Stop(ctx context.Context, id string) error
 	// Remove deletes every trace of a sandbox, running or not.
 	Remove(ctx context.Context, id string) error
+	// Snapshot copies sandbox id's writable layer into the new file dst,
+	// consistently: pause, when not nil, freezes the sandbox's processes
+	// around the moment of capture and returns the function that thaws
+	// them.
+	Snapshot(ctx context.Context, id, dst string, pause func() (resume func(), err error)) (Capture, error)
+	// DiskUsage reports the bytes used on sandbox id's disk and its size.
+	DiskUsage(id string) (used, size int64, err error)
 	// Leftovers lists ids that have host resources, so that the caller
 	// can remove those it has no record of.
 	Leftovers() ([]string, error)
 	// Close releases what the runtime holds for sandboxes not yet made;
 	// running sandboxes are left alone.
 	Close() error
+}
+
+// Capture reports a snapshot of a writable layer.
+type Capture struct {
+	// Frozen is how long the sandbox's processes were paused.
+	Frozen time.Duration
+	Total  time.Duration
+	// Size is the captured filesystem's size; Allocated what its data
+	// takes.
+	Size, Allocated int64
+	// Shared says the copy shares blocks with its source (reflink).
+	Shared bool
 }
 
 // Instance is a started sandbox.
@@ -73,5 +118,8 @@ type Instance interface {
 	// run again.
 	Freeze(ctx context.Context) error
 	Thaw() error
+	// Update changes the CPU, memory and pids limits in place (zero
+	// fields are left as they are).
+	Update(res api.Resources) error
 	Info() api.RuntimeInfo
 }

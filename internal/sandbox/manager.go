@@ -19,8 +19,10 @@ import (
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
 	"paddock/internal/runtime"
+	"paddock/internal/snapshot"
 	"paddock/internal/storage/image"
 	"paddock/internal/store"
+	"paddock/internal/volume"
 )
 
 const bucket = "sandboxes"
@@ -32,6 +34,9 @@ type Config struct {
 	Runtime runtime.Runtime
 	Images  *image.Store
 	Store   *store.Store
+	// Volumes and Snapshots may be nil, which refuses their use.
+	Volumes   *volume.Store
+	Snapshots *snapshot.Store
 	// Defaults fill the resources a create leaves at zero.
 	Defaults api.Resources
 	// UIDStart is the first host uid handed to sandboxes; each sandbox
@@ -46,6 +51,7 @@ type Config struct {
 type Manager struct {
 	cfg Config
 	log *slog.Logger
+	obs Observer
 
 	mu    sync.Mutex
 	boxes map[string]*box
@@ -92,6 +98,7 @@ func NewManager(cfg Config) *Manager {
 	m := &Manager{
 		cfg:    cfg,
 		log:    cfg.Logger,
+		obs:    nopObserver{},
 		boxes:  map[string]*box{},
 		slots:  map[int]string{},
 		closed: make(chan struct{}),
@@ -101,14 +108,103 @@ func NewManager(cfg Config) *Manager {
 	return m
 }
 
+func hostCPUs() int { return goruntime.NumCPU() }
+
 // SetRuntime sets the runtime sandboxes run on.
 func (m *Manager) SetRuntime(rt runtime.Runtime) { m.cfg.Runtime = rt }
 
 // Create validates req, starts a sandbox and returns it running.
 func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbox, error) {
-	if err := validateCreate(&req, goruntime.NumCPU()); err != nil {
+	if err := validateCreate(&req, hostCPUs()); err != nil {
 		return api.Sandbox{}, err
 	}
+	var src source
+	if req.From != "" {
+		var err error
+		if src, err = m.resolveFrom(&req); err != nil {
+			return api.Sandbox{}, err
+		}
+		defer src.release()
+	}
+	return m.create(ctx, req, src)
+}
+
+// source is what a sandbox starts from besides its image: a copy of a
+// captured disk.
+type source struct {
+	from     string // recorded as the sandbox's From
+	diskFrom string
+	release  func()
+}
+
+// resolveFrom fills req from a snapshot named by req.From (its image,
+// environment, workdir and limits, where req leaves them unset), or takes
+// req.From as an image name.
+func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
+	if !snapshot.IsID(req.From) {
+		if req.Image != "" && req.Image != req.From {
+			return source{}, errdefs.Invalid("from", "names image %q but image is %q", req.From, req.Image)
+		}
+		req.Image = req.From
+		return source{release: func() {}}, nil
+	}
+	if m.cfg.Snapshots == nil {
+		return source{}, errdefs.New(errdefs.ErrUnavailable, "snapshots are not configured")
+	}
+	snap, err := m.cfg.Snapshots.Get(req.From)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return source{}, errdefs.Invalid("from", "unknown snapshot %q", req.From)
+		}
+		return source{}, err
+	}
+	if snap.Path != "" {
+		return source{}, errdefs.Invalid("from", "snapshot %s is of the directory %s; mount it with volumes instead", snap.ID, snap.Path)
+	}
+	if req.Image != "" && req.Image != snap.Image {
+		return source{}, errdefs.Invalid("image", "%q differs from snapshot %s's image %q", req.Image, snap.ID, snap.Image)
+	}
+	req.Image = snap.Image
+	if len(snap.Env) > 0 {
+		env := make(map[string]string, len(snap.Env)+len(req.Env))
+		for k, v := range snap.Env {
+			env[k] = v
+		}
+		for k, v := range req.Env {
+			env[k] = v
+		}
+		req.Env = env
+	}
+	if req.Workdir == "" {
+		req.Workdir = snap.Workdir
+	}
+	r := &req.Resources
+	if r.CPUs == 0 {
+		r.CPUs = snap.Resources.CPUs
+	}
+	if r.MemoryBytes == 0 {
+		r.MemoryBytes = snap.Resources.MemoryBytes
+	}
+	if r.Pids == 0 {
+		r.Pids = snap.Resources.Pids
+	}
+	if r.DiskBytes != 0 && r.DiskBytes != snap.SizeBytes {
+		return source{}, errdefs.Invalid("resources.disk_bytes", "a sandbox made from snapshot %s keeps its disk size of %d bytes", snap.ID, snap.SizeBytes)
+	}
+	r.DiskBytes = snap.SizeBytes
+	img, err := m.cfg.Snapshots.ImagePath(snap.ID)
+	if err != nil {
+		return source{}, err
+	}
+	// Held while it is copied, so that a removal waits for the copy.
+	holder := "creating:" + runtime.NewID()
+	if err := m.cfg.Snapshots.Hold(snap.ID, holder); err != nil {
+		return source{}, err
+	}
+	return source{from: snap.ID, diskFrom: img, release: func() { m.cfg.Snapshots.Drop(snap.ID, holder) }}, nil
+}
+
+func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source) (api.Sandbox, error) {
 	img, err := m.cfg.Images.Get(req.Image)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -144,6 +240,10 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 		CreatedAt:        now,
 		AutoPauseSeconds: req.AutoPauseSeconds,
 		AutoResume:       req.AutoResume == nil || *req.AutoResume,
+		Volumes:          req.Volumes,
+		From:             src.from,
+		Budget:           req.Budget,
+		Autoscale:        req.Autoscale,
 	}}
 	if req.TimeoutSeconds > 0 {
 		exp := now.Add(time.Duration(req.TimeoutSeconds) * time.Second)
@@ -155,10 +255,38 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 		return api.Sandbox{}, fmt.Errorf("%w: daemon is shutting down", errdefs.ErrUnavailable)
 	default:
 	}
-	// The runtime picks the id: a sandbox made ahead of time already has
-	// one (its hostname, cgroup and disk are named by it).
-	inst, err := m.cfg.Runtime.Start(ctx, m.spec(&rec, img))
+	spec := m.spec(&rec, img)
+	spec.DiskFrom = src.diskFrom
+	if len(req.Volumes) > 0 || src.diskFrom != "" {
+		// Not a warm guest: this sandbox is built now, under an id
+		// chosen here so that its mounts can be recorded against it.
+		spec.ID = runtime.NewID()
+		if spec.Mounts, err = m.mounts(ctx, spec.ID, req.Volumes); err != nil {
+			m.releaseMounts(spec.ID, req.Volumes)
+			return api.Sandbox{}, err
+		}
+	}
+	// Otherwise the runtime picks the id: a sandbox made ahead of time
+	// already has one (its hostname, cgroup and disk are named by it).
+	key := spec.ID
+	if key == "" {
+		key = "creating-" + runtime.NewID()
+	}
+	if err := m.obs.Admit(key, res); err != nil {
+		if spec.ID != "" {
+			m.releaseMounts(spec.ID, req.Volumes)
+		}
+		return api.Sandbox{}, err
+	}
+	inst, err := m.cfg.Runtime.Start(ctx, spec)
 	if err != nil {
+		m.obs.Release(key)
+		if spec.ID != "" {
+			m.releaseMounts(spec.ID, req.Volumes)
+			if err := m.cfg.Runtime.Remove(context.Background(), spec.ID); err != nil {
+				m.log.Warn("removing a failed sandbox", "sandbox", spec.ID, "err", err)
+			}
+		}
 		m.log.Warn("create failed", "err", err)
 		return api.Sandbox{}, fmt.Errorf("creating sandbox: %w", err)
 	}
@@ -180,21 +308,99 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 	m.mu.Unlock()
 	log := m.log.With("sandbox", rec.ID)
 	if dup {
+		m.obs.Release(key)
 		inst.Kill()
 		<-inst.Done()
 		return api.Sandbox{}, fmt.Errorf("runtime reused sandbox id %s", rec.ID)
 	}
 	if err := m.cfg.Store.Put(bucket, rec.ID, b.rec); err != nil {
+		m.obs.Release(key)
 		inst.Kill()
 		<-inst.Done()
 		m.cfg.Runtime.Remove(context.Background(), rec.ID)
+		m.releaseMounts(rec.ID, rec.Volumes)
 		m.forget(rec.ID)
 		return api.Sandbox{}, fmt.Errorf("recording sandbox: %w", err)
 	}
 	m.watch(b, inst)
 	m.armTimer(b)
-	log.Info("sandbox created", "image", img.Name, "cpus", res.CPUs, "memory", res.MemoryBytes)
-	return b.viewLocked(), nil
+	view := b.viewLocked()
+	m.obs.Running(key, view)
+	m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
+	log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
+	return view, nil
+}
+
+// mounts records that sandbox id mounts vols and returns them as runtime
+// mounts, attaching directory snapshots as needed. On failure what it
+// recorded stays: the caller releases it if the sandbox is not kept.
+func (m *Manager) mounts(ctx context.Context, id string, vols []api.VolumeMount) ([]runtime.Mount, error) {
+	if len(vols) == 0 {
+		return nil, nil
+	}
+	out := make([]runtime.Mount, 0, len(vols))
+	var names []string
+	for _, v := range vols {
+		if v.Name != "" {
+			names = append(names, v.Name)
+		}
+	}
+	var paths []string
+	if len(names) > 0 {
+		if m.cfg.Volumes == nil {
+			return nil, errdefs.New(errdefs.ErrUnavailable, "volumes are not configured")
+		}
+		var err error
+		if paths, err = m.cfg.Volumes.Use(id, names); err != nil {
+			return nil, err
+		}
+	}
+	for _, v := range vols {
+		mt := runtime.Mount{Dest: v.Path, ReadOnly: v.ReadOnly}
+		if v.Name != "" {
+			mt.Source, paths = paths[0], paths[1:]
+		} else {
+			if m.cfg.Snapshots == nil {
+				return nil, errdefs.New(errdefs.ErrUnavailable, "snapshots are not configured")
+			}
+			p, err := m.cfg.Snapshots.Mount(ctx, v.Snapshot, id)
+			if err != nil {
+				return nil, err
+			}
+			mt.Source, mt.ReadOnly = p, true
+		}
+		out = append(out, mt)
+	}
+	return out, nil
+}
+
+// holdMounts records, without attaching anything, that sandbox id mounts
+// vols (after a daemon restart).
+func (m *Manager) holdMounts(id string, vols []api.VolumeMount) {
+	for _, v := range vols {
+		var err error
+		switch {
+		case v.Name != "" && m.cfg.Volumes != nil:
+			_, err = m.cfg.Volumes.Use(id, []string{v.Name})
+		case v.Snapshot != "" && m.cfg.Snapshots != nil:
+			err = m.cfg.Snapshots.Hold(v.Snapshot, "sandbox:"+id)
+		}
+		if err != nil {
+			m.log.Warn("a sandbox's volume is missing", "sandbox", id, "volume", v.Name+v.Snapshot, "err", err)
+		}
+	}
+}
+
+// releaseMounts forgets that sandbox id mounts vols.
+func (m *Manager) releaseMounts(id string, vols []api.VolumeMount) {
+	for _, v := range vols {
+		switch {
+		case v.Name != "" && m.cfg.Volumes != nil:
+			m.cfg.Volumes.Release(id, []string{v.Name})
+		case v.Snapshot != "" && m.cfg.Snapshots != nil:
+			m.cfg.Snapshots.Unmount(v.Snapshot, id)
+		}
+	}
 }
 
 func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
@@ -307,6 +513,8 @@ func (m *Manager) watch(b *box, inst runtime.Instance) {
 			m.log.Warn("releasing failed sandbox", "sandbox", b.rec.ID, "err", err)
 		}
 		m.persistLocked(b)
+		m.obs.Stopped(b.viewLocked())
+		m.obs.Event(b.rec.ID, "lifecycle", "failed", map[string]any{"error": b.rec.Error})
 	}()
 }
 
@@ -419,7 +627,10 @@ func (m *Manager) Stop(ctx context.Context, id string) (api.Sandbox, error) {
 	}
 	b.rec.State = api.StateStopped
 	m.persistLocked(b)
-	return b.viewLocked(), nil
+	view := b.viewLocked()
+	m.obs.Stopped(view)
+	m.obs.Event(id, "lifecycle", "stopped", nil)
+	return view, nil
 }
 
 func (m *Manager) stopLocked(ctx context.Context, b *box) error {
@@ -472,7 +683,9 @@ func (m *Manager) Delete(ctx context.Context, id string, force bool) error {
 	if err := m.cfg.Store.Delete(bucket, id); err != nil {
 		return fmt.Errorf("deleting record: %w", err)
 	}
+	m.releaseMounts(id, b.rec.Volumes)
 	m.forget(id)
+	m.obs.Removed(id)
 	m.log.Info("sandbox deleted", "sandbox", id)
 	return nil
 }
@@ -519,6 +732,7 @@ func (m *Manager) Load() error {
 			m.log.Error("skipping unreadable record", "sandbox", key, "err", err)
 			return nil
 		}
+		m.holdMounts(r.ID, r.Volumes)
 		m.mu.Lock()
 		m.boxes[r.ID] = &box{rec: r}
 		if r.UIDBase != 0 {
@@ -564,6 +778,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			}
 			b.attach(inst)
 			m.watch(b, inst)
+			m.obs.Running(r.ID, b.viewLocked())
 			log.Info("sandbox re-attached")
 		case api.StateCreating:
 			// A create the daemon did not finish: remove it.
@@ -571,6 +786,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				log.Warn("removing half-created sandbox", "err", err)
 			}
 			m.cfg.Store.Delete(bucket, r.ID)
+			m.releaseMounts(r.ID, r.Volumes)
 			b.mu.Unlock()
 			m.forget(r.ID)
 			continue

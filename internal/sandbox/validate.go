@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"path"
 	"regexp"
 	"strings"
@@ -8,6 +9,8 @@ import (
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/snapshot"
+	"paddock/internal/volume"
 )
 
 var (
@@ -101,7 +104,65 @@ func validateCreate(req *api.CreateRequest, hostCPUs int) error {
 	case req.AutoPauseSeconds < 0 || time.Duration(req.AutoPauseSeconds)*time.Second > maxTimeout:
 		return errdefs.Invalid("auto_pause_seconds", "%d is outside 0..%d", req.AutoPauseSeconds, int64(maxTimeout/time.Second))
 	}
+	if len(req.From) > 256 || strings.ContainsRune(req.From, 0) {
+		return errdefs.Invalid("from", "not a snapshot id, template or image name")
+	}
+	if err := validateVolumes(req.Volumes); err != nil {
+		return err
+	}
+	if err := validateBudget(req.Budget); err != nil {
+		return err
+	}
+	if err := validateAutoscale(req.Autoscale, hostCPUs); err != nil {
+		return err
+	}
 	return ValidateLabels(req.Labels)
+}
+
+// maxVolumes bounds the volumes one sandbox mounts.
+const maxVolumes = 32
+
+// validateVolumes checks volume mounts: each names a volume or a
+// directory snapshot and an absolute, clean path that is not the root, not
+// in a kernel filesystem and not used twice.
+func validateVolumes(vols []api.VolumeMount) error {
+	if len(vols) > maxVolumes {
+		return errdefs.Invalid("volumes", "more than %d mounts", maxVolumes)
+	}
+	seen := map[string]bool{}
+	for i, v := range vols {
+		field := fmt.Sprintf("volumes[%d]", i)
+		switch {
+		case (v.Name == "") == (v.Snapshot == ""):
+			return errdefs.Invalid(field, "needs exactly one of name and snapshot")
+		case v.Name != "":
+			if err := volume.ValidName(v.Name); err != nil {
+				return errdefs.Invalid(field+".name", "%q is not a volume name", v.Name)
+			}
+		case !snapshot.IsID(v.Snapshot):
+			return errdefs.Invalid(field+".snapshot", "%q is not a snapshot id", v.Snapshot)
+		}
+		if v.Path == "" {
+			return errdefs.Invalid(field+".path", "is required")
+		}
+		if err := ValidatePath(field+".path", v.Path); err != nil {
+			return err
+		}
+		p := strings.TrimSuffix(v.Path, "/")
+		if p == "" {
+			return errdefs.Invalid(field+".path", "cannot be the root")
+		}
+		for _, k := range []string{"/proc", "/sys", "/dev"} {
+			if p == k || strings.HasPrefix(p, k+"/") {
+				return errdefs.Invalid(field+".path", "%s is in %s", p, k)
+			}
+		}
+		if seen[p] {
+			return errdefs.Invalid(field+".path", "%s is mounted twice", p)
+		}
+		seen[p] = true
+	}
+	return nil
 }
 
 // ValidateLabels checks label keys and values.
@@ -116,6 +177,49 @@ func ValidateLabels(labels map[string]string) error {
 		if len(v) > maxLabelVal || strings.ContainsRune(v, 0) {
 			return errdefs.Invalid("labels", "value of %q is too long or contains NUL", k)
 		}
+	}
+	return nil
+}
+
+func validateBudget(b *api.Budget) error {
+	if b == nil {
+		return nil
+	}
+	switch {
+	case b.CPUSeconds < 0:
+		return errdefs.Invalid("budget.cpu_seconds", "%g is negative", b.CPUSeconds)
+	case b.WallSeconds < 0:
+		return errdefs.Invalid("budget.wall_seconds", "%d is negative", b.WallSeconds)
+	case b.EgressBytes < 0:
+		return errdefs.Invalid("budget.egress_bytes", "%d is negative", b.EgressBytes)
+	case b.EgressRequests < 0:
+		return errdefs.Invalid("budget.egress_requests", "%d is negative", b.EgressRequests)
+	case b.Cost < 0:
+		return errdefs.Invalid("budget.cost", "%g is negative", b.Cost)
+	case b.WarnAt < 0 || b.WarnAt > 1:
+		return errdefs.Invalid("budget.warn_at", "%g is outside 0..1", b.WarnAt)
+	}
+	switch b.Action {
+	case "", "pause", "kill", "cut_network", "none":
+	default:
+		return errdefs.Invalid("budget.action", "%q is not pause, kill, cut_network or none", b.Action)
+	}
+	return nil
+}
+
+func validateAutoscale(a *api.Autoscale, hostCPUs int) error {
+	if a == nil {
+		return nil
+	}
+	switch {
+	case a.MinMemoryBytes < 0 || (a.MinMemoryBytes > 0 && a.MinMemoryBytes < minMemory):
+		return errdefs.Invalid("autoscale.min_memory_bytes", "%d is below the minimum of 16 MiB", a.MinMemoryBytes)
+	case a.MaxMemoryBytes < a.MinMemoryBytes:
+		return errdefs.Invalid("autoscale.max_memory_bytes", "%d is below min_memory_bytes", a.MaxMemoryBytes)
+	case a.MinCPUs < 0 || a.MaxCPUs < a.MinCPUs:
+		return errdefs.Invalid("autoscale.max_cpus", "%g..%g is not a range", a.MinCPUs, a.MaxCPUs)
+	case a.MaxCPUs > float64(hostCPUs):
+		return errdefs.Invalid("autoscale.max_cpus", "%g is more than the host's %d", a.MaxCPUs, hostCPUs)
 	}
 	return nil
 }

@@ -39,6 +39,8 @@ func status(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable
+	case errdefs.IsNoSpace(err):
+		return http.StatusInsufficientStorage
 	}
 	return http.StatusInternalServerError
 }
@@ -59,11 +61,16 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 			body.Code = "unauthenticated"
 		}
 	}
-	if code >= 500 && code != http.StatusServiceUnavailable {
+	switch {
+	case code == http.StatusInsufficientStorage && !errors.Is(err, errdefs.ErrNoSpace):
+		// A bare ENOSPC names host paths: the client gets the category.
+		log.Warn("request failed: out of space", "method", r.Method, "path", r.URL.Path, "err", err)
+		body.Message = "no space left on the host's storage; see the daemon log"
+	case code >= 500 && code != http.StatusServiceUnavailable && code != http.StatusInsufficientStorage:
 		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		body.Code = "internal"
 		body.Message = "internal error; see the daemon log"
-	} else {
+	default:
 		log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)
 	}
 	writeJSON(w, code, body)

@@ -51,11 +51,13 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 		{"POST /v1/sandboxes/{id}/resume", s.lifecycle(s.mgr.Resume)},
 		{"POST /v1/sandboxes/{id}/freeze", s.lifecycle(s.mgr.Freeze)},
 		{"POST /v1/sandboxes/{id}/thaw", s.lifecycle(func(_ context.Context, id string) (api.Sandbox, error) { return s.mgr.Thaw(id) })},
+		{"POST /v1/sandboxes/{id}/update", s.update},
 		{"POST /v1/sandboxes/{id}/exec", s.exec},
 	}
 	routes = append(routes, s.processRoutes()...)
 	routes = append(routes, s.fileRoutes()...)
 	routes = append(routes, s.portRoutes()...)
+	routes = append(routes, s.storageRoutes()...)
 	s.routes = routes
 	allowed := map[string][]string{}
 	for _, r := range routes {
@@ -264,6 +266,20 @@ func (s *Server) lifecycle(change func(ctx context.Context, id string) (api.Sand
 		}
 		writeJSON(w, http.StatusOK, sb)
 	}
+}
+
+func (s *Server) update(w http.ResponseWriter, r *http.Request) {
+	var req api.UpdateRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	sb, err := s.mgr.Update(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
 }
 
 func boolParam(r *http.Request, name string) (bool, error) {

@@ -266,30 +266,32 @@ func detachedTree(path string, usernsFD int) (int, error) {
 	return fd, nil
 }
 
-// diskTree clones the writable mount at path as a detached mount for a
-// guest to attach, idmapped through the user namespace of process
-// usernsPID when that is not -1.
-func diskTree(path string, usernsPID int) (int, error) {
+// writableTree clones the mount at path as a detached mount for a guest
+// to attach, idmapped through the user namespace of process usernsPID when
+// that is not -1, and read-only if asked. It serves the sandbox's disk and
+// the volumes it mounts.
+func writableTree(path string, usernsPID int, readOnly bool) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("open_tree %s: %w", path, err)
 	}
-	if usernsPID < 0 {
-		return fd, nil
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID}
+	if readOnly {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
 	}
-	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", usernsPID))
-	if err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	defer userns.Close()
-	attr := unix.MountAttr{
-		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID,
-		Userns_fd: uint64(userns.Fd()),
+	if usernsPID >= 0 {
+		userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", usernsPID))
+		if err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		defer userns.Close()
+		attr.Attr_set |= unix.MOUNT_ATTR_IDMAP
+		attr.Userns_fd = uint64(userns.Fd())
 	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("idmapping disk %s: %w", path, err)
+		return -1, fmt.Errorf("mount_setattr %s: %w", path, err)
 	}
 	return fd, nil
 }

@@ -10,7 +10,6 @@ package native
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"paddock/api"
 	"paddock/internal/cgroup"
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
@@ -233,17 +233,6 @@ const refillSettle = 50 * time.Millisecond
 // ids never start with it.
 const warmPrefix = "warm-"
 
-// newID returns a fresh sandbox id: 12 lowercase letters and digits.
-func newID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 12)
-	rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return string(b)
-}
-
 // newGuest makes a sandbox-to-be ahead of time: an id, a uid range, a
 // cgroup, a disk and a guest that has built its root filesystem from the
 // warm image and bounded itself. Only its limits and environment are
@@ -255,11 +244,11 @@ func (r *Runtime) newGuest() (*guestProc, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	id := newID()
+	id := runtime.NewID()
 	r.mu.Lock()
 	r.building[id] = true
 	r.mu.Unlock()
-	g, err := r.build(ctx, id, 0, img, r.cfg.WarmDiskBytes, true)
+	g, err := r.build(ctx, runtime.Spec{ID: id, Image: img, Resources: api.Resources{DiskBytes: r.cfg.WarmDiskBytes}}, true)
 	r.mu.Lock()
 	delete(r.building, id)
 	if err == nil {
@@ -269,11 +258,13 @@ func (r *Runtime) newGuest() (*guestProc, error) {
 	return g, err
 }
 
-// build makes a prepared guest for sandbox id: its cgroup (no limits yet),
-// the guest process in it, its disk (kept if it exists: a sandbox started
-// again) and its root filesystem. uidBase 0 takes a new range. On failure
-// everything it made is removed, except a disk that existed before.
-func (r *Runtime) build(ctx context.Context, id string, uidBase uint32, img *image.Image, size int64, warm bool) (_ *guestProc, retErr error) {
+// build makes a prepared guest for sandbox spec.ID: its cgroup (no limits
+// yet), the guest process in it, its disk (kept if it exists: a sandbox
+// started again; else new, or a copy of spec.DiskFrom) and its root
+// filesystem. UIDBase 0 takes a new range. On failure everything it made
+// is removed, except a disk that existed before.
+func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *guestProc, retErr error) {
+	id, uidBase := spec.ID, spec.UIDBase
 	var cleanups []func()
 	defer func() {
 		if retErr != nil {
@@ -313,7 +304,11 @@ func (r *Runtime) build(ctx context.Context, id string, uidBase uint32, img *ima
 	fresh := false
 	v, err := r.cfg.Disks.Open(vol)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		v, err = r.cfg.Disks.Acquire(ctx, vol, size, 0, 0)
+		if spec.DiskFrom != "" {
+			v, err = r.cfg.Disks.AcquireFrom(ctx, vol, spec.DiskFrom, 0, 0)
+		} else {
+			v, err = r.cfg.Disks.Acquire(ctx, vol, spec.Resources.DiskBytes, 0, 0)
+		}
 		fresh = err == nil
 	}
 	if err != nil {
@@ -323,7 +318,7 @@ func (r *Runtime) build(ctx context.Context, id string, uidBase uint32, img *ima
 		cleanups = append(cleanups, func() { r.cfg.Disks.Remove(context.Background(), vol) })
 	}
 	g.volume = vol
-	if err := r.prepare(ctx, g, img, v); err != nil {
+	if err := r.prepare(ctx, g, spec.Image, v, spec.Mounts); err != nil {
 		return nil, err
 	}
 	return g, nil
@@ -331,7 +326,7 @@ func (r *Runtime) build(ctx context.Context, id string, uidBase uint32, img *ima
 
 // prepare has g build its root filesystem from img on disk v, take the
 // sandbox's hostname and cgroup namespace, and bound itself.
-func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v *disk.Volume) error {
+func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v *disk.Volume, mounts []runtime.Mount) error {
 	// With idmapped mounts, a disk keeps canonical owners (root is uid 0
 	// on disk) and is attached through the sandbox's user namespace, so
 	// that it can be snapshotted, forked or resumed under any uid range.
@@ -376,8 +371,18 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	if owner == 0 && idmapped {
 		diskUserns = g.sb.st.PID
 	}
-	if p.Disk.FD, err = add(diskTree(v.Path, diskUserns)); err != nil {
+	if p.Disk.FD, err = add(writableTree(v.Path, diskUserns, false)); err != nil {
 		return err
+	}
+	if len(mounts) > 0 && !idmapped {
+		return fmt.Errorf("%w: volumes need idmapped mounts, which this kernel or filesystem lacks", errdefs.ErrUnavailable)
+	}
+	for _, m := range mounts {
+		i, err := add(writableTree(m.Source, g.sb.st.PID, m.ReadOnly))
+		if err != nil {
+			return fmt.Errorf("mounting a volume at %s: %w", m.Dest, err)
+		}
+		p.Binds = append(p.Binds, guest.Mount{Source: m.Source, Dest: m.Dest, FD: i})
 	}
 	if p.OOMFD, err = add(openOOM(g.sb.cg)); err != nil {
 		return err
@@ -455,7 +460,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	defer r.poke()
 
 	var g *guestProc
-	if spec.ID == "" {
+	if spec.ID == "" && len(spec.Mounts) == 0 && spec.DiskFrom == "" {
 		g = r.takeWarm(spec.Image, spec.Resources.DiskBytes)
 	}
 	if g != nil {
@@ -474,12 +479,11 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		g.volume = g.sb.id
 		mark("warm")
 	} else {
-		id := spec.ID
-		if id == "" {
-			id = newID()
+		if spec.ID == "" {
+			spec.ID = runtime.NewID()
 		}
 		var err error
-		if g, err = r.build(ctx, id, spec.UIDBase, spec.Image, spec.Resources.DiskBytes, false); err != nil {
+		if g, err = r.build(ctx, spec, false); err != nil {
 			return nil, err
 		}
 		mark("built")
@@ -651,6 +655,28 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("removing run dir: %w", err)
 	}
 	return nil
+}
+
+// Snapshot implements runtime.Runtime.
+func (r *Runtime) Snapshot(ctx context.Context, id, dst string, pause func() (func(), error)) (runtime.Capture, error) {
+	c, err := r.cfg.Disks.Snapshot(ctx, id, dst, pause)
+	if err != nil {
+		return runtime.Capture{}, err
+	}
+	v, err := r.cfg.Disks.Open(id)
+	if err != nil {
+		return runtime.Capture{}, err
+	}
+	return runtime.Capture{Frozen: c.Frozen, Total: c.Total, Size: v.Size, Allocated: c.Bytes, Shared: c.Reflink}, nil
+}
+
+// DiskUsage implements runtime.Runtime.
+func (r *Runtime) DiskUsage(id string) (used, size int64, err error) {
+	v, err := r.cfg.Disks.Open(id)
+	if err != nil {
+		return 0, 0, err
+	}
+	return v.Usage()
 }
 
 // Leftovers implements runtime.Runtime.

@@ -86,6 +86,11 @@ func (s *Sandbox) Freeze(ctx context.Context) error { return s.cg.Freeze(ctx) }
 // Thaw implements runtime.Instance.
 func (s *Sandbox) Thaw() error { return s.cg.Thaw() }
 
+// Update implements runtime.Instance.
+func (s *Sandbox) Update(res api.Resources) error {
+	return s.cg.Update(cgroup.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryBytes, Pids: res.Pids})
+}
+
 // Info implements runtime.Instance.
 func (s *Sandbox) Info() api.RuntimeInfo {
 	info := api.RuntimeInfo{Name: "native", HostPID: s.st.PID, UIDBase: s.st.UIDBase, Idmapped: s.st.Idmapped}

@@ -17,11 +17,38 @@ import (
 // free device between LOOP_CTL_GET_FREE and LOOP_CONFIGURE.
 const loopAttachTries = 16
 
+// loopOptions say how attachLoop binds a backing file.
+type loopOptions struct {
+	// blockSize is the device's logical block size; 0 keeps the kernel's
+	// default. Direct I/O needs it at least as large as the backing
+	// filesystem's direct I/O alignment.
+	blockSize uint32
+	// directIO asks the loop driver to read and write the backing file
+	// with O_DIRECT. The kernel drops the flag silently when the backing
+	// file cannot take it.
+	directIO bool
+}
+
+// volumeLoop is how volumes are attached: direct I/O, 4 KiB blocks.
+//
+// Buffered, the loop driver copies every block the volume writes into the
+// page cache of the image file, so the host caches it twice and fsync in
+// the volume waits for both write-backs. Direct, the block goes from the
+// volume's page cache to the host's disk. BenchmarkLoopIO here (ext4 on
+// virtio; 1 GiB written and fsynced into a fresh 10 GiB volume; buffered
+// and direct runs interleaved on a busy shared host): buffered 1.3-3.9 s
+// plus 1 GiB of page cache for the image, direct 1.0-1.6 s and none; on
+// the XFS substrate 3.7-4.5 s against 1.5-2.0 s. Cold sequential reads
+// were equal within the noise (2-3 GB/s either way). 4 KiB is the block
+// size of every image this package formats (mkfsArgs) and the substrate's
+// sector size, so the kernel can enable direct I/O on both.
+var volumeLoop = loopOptions{blockSize: 4096, directIO: true}
+
 // attachLoop binds img to a free loop device with autoclear set and returns
 // an open fd on the device. The caller must mount the device before closing
 // the fd: with autoclear the device frees itself on the last close, which is
 // what makes a failed mount, an unmount and a crash all leave nothing behind.
-func attachLoop(img string) (fd int, dev string, err error) {
+func attachLoop(img string, opts loopOptions) (fd int, dev string, err error) {
 	backing, err := unix.Open(img, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, "", fmt.Errorf("opening %s: %w", img, err)
@@ -43,11 +70,12 @@ func attachLoop(img string) (fd int, dev string, err error) {
 		if err != nil {
 			return -1, "", fmt.Errorf("opening %s: %w", dev, err)
 		}
-		// Direct I/O stays off: it needs aligned I/O all the way down and
-		// buys nothing for a sparse file in the host's page cache.
-		cfg := unix.LoopConfig{Fd: uint32(backing)}
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
-		err = unix.IoctlLoopConfigure(fd, &cfg)
+		err = configureLoop(fd, backing, opts)
+		if errors.Is(err, unix.EINVAL) && opts != (loopOptions{}) {
+			// An older kernel refusing the block size or the flag:
+			// buffered I/O with default blocks still works.
+			err = configureLoop(fd, backing, loopOptions{})
+		}
 		if err == nil {
 			return fd, dev, nil
 		}
@@ -57,6 +85,22 @@ func attachLoop(img string) (fd int, dev string, err error) {
 		}
 	}
 	return -1, "", fmt.Errorf("%w: other processes took %d free loop devices in a row", errdefs.ErrUnavailable, loopAttachTries)
+}
+
+func configureLoop(fd, backing int, opts loopOptions) error {
+	cfg := unix.LoopConfig{Fd: uint32(backing), Size: opts.blockSize}
+	cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+	if opts.directIO {
+		cfg.Info.Flags |= unix.LO_FLAGS_DIRECT_IO
+	}
+	return unix.IoctlLoopConfigure(fd, &cfg)
+}
+
+// loopDirectIO reports whether the loop device dev (/dev/loopN) does direct
+// I/O: the kernel may have refused the flag.
+func loopDirectIO(dev string) bool {
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "dio"))
+	return err == nil && strings.TrimSpace(string(b)) == "1"
 }
 
 // loopsBacking returns the names (loopN) of the loop devices whose backing

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,7 +46,13 @@ type Pool struct {
 
 	// volMu serialises Open's re-mount with other Opens and with Remove's
 	// rename, so a volume is never mounted twice nor re-mounted in trash.
-	volMu sync.Mutex
+	// It also guards snapping: the ids Snapshot is capturing, each with a
+	// channel closed when it is done, which Remove waits for.
+	volMu    sync.Mutex
+	snapping map[string]chan struct{}
+
+	// copyOpts say how Snapshot and AcquireFrom clone images.
+	copyOpts cloneOptions
 
 	wake   chan struct{} // pokes refill; buffered 1
 	cancel context.CancelFunc
@@ -78,6 +85,9 @@ func NewPool(cfg Config) (*Pool, error) {
 	if cfg.Dir, err = filepath.EvalSymlinks(cfg.Dir); err != nil {
 		return nil, fmt.Errorf("resolving disk dir: %w", err)
 	}
+	if s := cfg.Substrate; s != nil && cfg.Dir != s.Dir() && !strings.HasPrefix(cfg.Dir, s.Dir()+"/") {
+		return nil, errdefs.Invalid("dir", "%s is not on the substrate %s", cfg.Dir, s.Dir())
+	}
 	p := &Pool{
 		cfg:      cfg,
 		mkfs:     mkfs,
@@ -85,6 +95,8 @@ func NewPool(cfg Config) (*Pool, error) {
 		poolDir:  filepath.Join(cfg.Dir, "pool"),
 		volDir:   filepath.Join(cfg.Dir, "vol"),
 		trashDir: filepath.Join(cfg.Dir, "trash"),
+		snapping: make(map[string]chan struct{}),
+		copyOpts: cloneOptions{copyOnly: cfg.Substrate != nil && !cfg.Substrate.Reflink()},
 		wake:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
@@ -99,6 +111,7 @@ func NewPool(cfg Config) (*Pool, error) {
 		return nil, err
 	}
 	p.sweep()
+	p.thawStale()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
@@ -398,8 +411,18 @@ func (p *Pool) Remove(ctx context.Context, id string) error {
 	src := filepath.Join(p.volDir, id)
 	dst := filepath.Join(p.trashDir, strconv.FormatUint(p.seq.Add(1), 10))
 	// Only the rename races with Open's re-mount; once in trash the volume
-	// is this call's alone.
+	// is this call's alone. A snapshot in progress is waited for: tearing
+	// down a frozen filesystem would leave it frozen for good.
 	p.volMu.Lock()
+	for ch := p.snapping[id]; ch != nil; ch = p.snapping[id] {
+		p.volMu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("removing disk of %q: waiting for its snapshot: %w", id, ctx.Err())
+		}
+		p.volMu.Lock()
+	}
 	err := os.Rename(src, dst)
 	p.volMu.Unlock()
 	if err != nil {
@@ -437,6 +460,11 @@ func (p *Pool) Rename(from, to string) error {
 		return errdefs.Conflict("sandbox %q already has a disk", to)
 	case err != nil:
 		return fmt.Errorf("renaming disk %q to %q: %w", from, to, err)
+	}
+	// A snapshot in progress now guards the new id against Remove.
+	if ch := p.snapping[from]; ch != nil {
+		delete(p.snapping, from)
+		p.snapping[to] = ch
 	}
 	return nil
 }

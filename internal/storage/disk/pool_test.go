@@ -100,21 +100,6 @@ func mountsUnder(t testing.TB, dir string) []string {
 	return mounts
 }
 
-func unescapeMountinfo(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // assertNoLoops fails if a loop device backed by a file under dir remains
 // after a short grace period.
 func assertNoLoops(t testing.TB, dir string) {

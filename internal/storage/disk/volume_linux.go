@@ -64,6 +64,21 @@ func findMkfs(configured string) (string, error) {
 // makeVolume makes a mounted volume of size bytes in the new directory dir
 // and returns its loop device. On failure it leaves nothing behind.
 func makeVolume(ctx context.Context, mkfs, dir string, size int64, log *slog.Logger) (dev string, err error) {
+	return buildVolume(dir, log, func(img string) error {
+		if err := createSparse(img, size); err != nil {
+			return err
+		}
+		cmd := exec.CommandContext(ctx, mkfs, append(mkfsArgs, img)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("formatting disk: %w: %s", err, bytes.TrimSpace(out))
+		}
+		return nil
+	})
+}
+
+// buildVolume makes the new directory dir, has fill create its image, and
+// mounts it. On failure it leaves nothing behind.
+func buildVolume(dir string, log *slog.Logger, fill func(img string) error) (dev string, err error) {
 	if err := os.Mkdir(dir, 0o711); err != nil {
 		return "", fmt.Errorf("making volume directory: %w", err)
 	}
@@ -79,12 +94,8 @@ func makeVolume(ctx context.Context, mkfs, dir string, size int64, log *slog.Log
 		return "", fmt.Errorf("making mountpoint: %w", err)
 	}
 	img := filepath.Join(dir, imageName)
-	if err := createSparse(img, size); err != nil {
+	if err := fill(img); err != nil {
 		return "", err
-	}
-	cmd := exec.CommandContext(ctx, mkfs, append(mkfsArgs, img)...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("formatting disk: %w: %s", err, bytes.TrimSpace(out))
 	}
 	return mountImage(img, root)
 }
@@ -106,15 +117,20 @@ func createSparse(img string, size int64) error {
 
 // mountImage attaches img to a loop device and mounts it at root.
 func mountImage(img, root string) (string, error) {
-	fd, dev, err := attachLoop(img)
+	return mountLoop(img, root, "ext4", mountFlags, mountData, volumeLoop)
+}
+
+// mountLoop attaches img to a loop device with opts and mounts it at root.
+func mountLoop(img, root, fstype string, flags uintptr, data string, opts loopOptions) (string, error) {
+	fd, dev, err := attachLoop(img, opts)
 	if err != nil {
 		return "", fmt.Errorf("attaching loop device: %w", err)
 	}
 	// After a successful mount the mount holds the device; after a failed
 	// one this close is the last and autoclear frees it.
 	defer unix.Close(fd)
-	if err := unix.Mount(dev, root, "ext4", mountFlags, mountData); err != nil {
-		return "", fmt.Errorf("mounting %s: %w", dev, err)
+	if err := unix.Mount(dev, root, fstype, flags, data); err != nil {
+		return "", fmt.Errorf("mounting %s on %s: %w", dev, root, err)
 	}
 	return dev, nil
 }
@@ -227,7 +243,8 @@ func teardown(ctx context.Context, dir string, log *slog.Logger) error {
 	if err := detachLoops(img); err != nil {
 		return err
 	}
-	for _, path := range []string{img, root, dir} {
+	// img.tmp is what a crash in the middle of AcquireFrom's clone leaves.
+	for _, path := range []string{img + tmpSuffix, img, root, dir} {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("deleting disk: %w", err)
 		}

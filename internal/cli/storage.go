@@ -1,0 +1,259 @@
+package cli
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"paddock/api"
+)
+
+// snapshotCmd is `paddock snapshot ID [--path DIR]` with ls and rm.
+func snapshotCmd(g *globals) *cobra.Command {
+	var path string
+	var labels []string
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "snapshot ID",
+		Short: "Capture a running sandbox's files (or one directory) and print the snapshot id",
+		Long: "Capture a sandbox's filesystem without stopping it: its processes are frozen only for\n" +
+			"the moment of the copy. With --path, capture one directory (a directory snapshot),\n" +
+			"which other sandboxes can mount with --volume SNAPSHOT:/path.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			lm, err := keyValues("--label", labels)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.Snapshot(cmd.Context(), args[0], api.SnapshotRequest{Path: path, Labels: lm})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, s.ID)
+			if verbose {
+				fmt.Fprintf(g.stderr, "frozen %.1f ms, total %.1f ms, shared %v\n", s.FrozenMS, s.TotalMS, s.Shared)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&path, "path", "", "capture only this directory of the sandbox")
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label KEY=VALUE; repeatable")
+	cmd.Flags().BoolVar(&verbose, "verbose", false, "report the freeze window on stderr")
+
+	var sandbox string
+	var asJSON, quiet bool
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List snapshots",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.Snapshots(cmd.Context(), sandbox)
+			if err != nil {
+				return err
+			}
+			switch {
+			case asJSON:
+				return writeJSON(g.stdout, list)
+			case quiet:
+				for _, s := range list {
+					fmt.Fprintln(g.stdout, s.ID)
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSANDBOX\tPATH\tIMAGE\tCREATED\tSIZE\tDATA\tFROZEN\tUSED BY")
+			for _, s := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1fms\t%d\n", s.ID, s.Sandbox, s.Path, s.Image,
+					ago(s.CreatedAt), formatSize(s.SizeBytes), formatSize(s.AllocatedBytes), s.FrozenMS, len(s.UsedBy))
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().StringVar(&sandbox, "sandbox", "", "only snapshots of this sandbox")
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	ls.Flags().BoolVarP(&quiet, "quiet", "q", false, "print ids only")
+	rm := &cobra.Command{
+		Use:   "rm SNAPSHOT...",
+		Short: "Remove snapshots that nothing uses",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, id := range args {
+				if err := c.DeleteSnapshot(cmd.Context(), id); err != nil {
+					return fmt.Errorf("%s: %w", id, err)
+				}
+				fmt.Fprintln(g.stdout, id)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, rm)
+	return cmd
+}
+
+// forkCmd is `paddock fork ID [-n N]`.
+func forkCmd(g *globals) *cobra.Command {
+	var n int
+	var labels []string
+	var copyVolumes, verbose bool
+	cmd := &cobra.Command{
+		Use:   "fork ID",
+		Short: "Copy a running sandbox N times and print the new ids",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			lm, err := keyValues("--label", labels)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Fork(cmd.Context(), args[0], api.ForkRequest{Count: n, Labels: lm, CopyVolumes: copyVolumes})
+			if err != nil {
+				return err
+			}
+			for _, sb := range res.Sandboxes {
+				fmt.Fprintln(g.stdout, sb.ID)
+			}
+			if verbose {
+				fmt.Fprintf(g.stderr, "frozen %.1f ms, total %.1f ms, shared %v\n", res.FrozenMS, res.TotalMS, res.Shared)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&n, "count", "n", 1, "how many copies")
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label KEY=VALUE for the copies; repeatable")
+	cmd.Flags().BoolVar(&copyVolumes, "copy-volumes", false, "give each copy its own copy of the volumes (default: shared)")
+	cmd.Flags().BoolVar(&verbose, "verbose", false, "report the freeze window on stderr")
+	return cmd
+}
+
+// volumeCmd is `paddock volume create|ls|rm|inspect`.
+func volumeCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "volume",
+		Short: "Manage named volumes, mounted into sandboxes with --volume NAME:/path[:ro]",
+	}
+	var size, fromSnap string
+	var labels []string
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a volume",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := api.VolumeRequest{Name: args[0], FromSnapshot: fromSnap}
+			var err error
+			if size != "" {
+				if req.SizeBytes, err = parseSize(size); err != nil {
+					return fmt.Errorf("--size: %w", err)
+				}
+			}
+			if req.Labels, err = keyValues("--label", labels); err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.CreateVolume(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, v.Name)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&size, "size", "", "size cap, e.g. 5g (default: the daemon's disk size)")
+	create.Flags().StringVar(&fromSnap, "from-snapshot", "", "fill it with a directory snapshot's files")
+	create.Flags().StringArrayVarP(&labels, "label", "l", nil, "label KEY=VALUE; repeatable")
+
+	var asJSON, quiet bool
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List volumes",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.Volumes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			switch {
+			case asJSON:
+				return writeJSON(g.stdout, list)
+			case quiet:
+				for _, v := range list {
+					fmt.Fprintln(g.stdout, v.Name)
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSIZE\tUSED\tCREATED\tMOUNTED BY\tLABELS")
+			for _, v := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", v.Name, formatSize(v.SizeBytes), formatSize(v.UsedBytes),
+					ago(v.CreatedAt), len(v.UsedBy), labelString(v.Labels))
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	ls.Flags().BoolVarP(&quiet, "quiet", "q", false, "print names only")
+	rm := &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "Remove volumes that no sandbox mounts",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, n := range args {
+				if err := c.DeleteVolume(cmd.Context(), n); err != nil {
+					return fmt.Errorf("%s: %w", n, err)
+				}
+				fmt.Fprintln(g.stdout, n)
+			}
+			return nil
+		},
+	}
+	inspect := &cobra.Command{
+		Use:   "inspect NAME...",
+		Short: "Print volumes as JSON",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var out []*api.Volume
+			for _, n := range args {
+				v, err := c.GetVolume(cmd.Context(), n)
+				if err != nil {
+					return fmt.Errorf("%s: %w", n, err)
+				}
+				out = append(out, v)
+			}
+			return writeJSON(g.stdout, out)
+		},
+	}
+	cmd.AddCommand(create, ls, rm, inspect)
+	return cmd
+}

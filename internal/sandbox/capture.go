@@ -1,0 +1,327 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/runtime"
+	"paddock/internal/snapshot"
+)
+
+// maxForks bounds one fork request.
+const maxForks = 64
+
+// Snapshot captures a sandbox's filesystem, or one directory of it, without
+// stopping it: its processes are frozen only while the disk is copied
+// (a reflink: metadata, not data, where the filesystem allows).
+func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotRequest) (api.Snapshot, error) {
+	if m.cfg.Snapshots == nil {
+		return api.Snapshot{}, errdefs.New(errdefs.ErrUnavailable, "snapshots are not configured")
+	}
+	if err := ValidateLabels(req.Labels); err != nil {
+		return api.Snapshot{}, err
+	}
+	if req.Path != "" {
+		if err := ValidatePath("path", req.Path); err != nil {
+			return api.Snapshot{}, err
+		}
+		req.Path = strings.TrimSuffix(req.Path, "/")
+		if req.Path == "" {
+			return api.Snapshot{}, errdefs.Invalid("path", "a directory snapshot needs a directory below /; leave path empty to capture the whole sandbox")
+		}
+	}
+	b, err := m.lookup(id)
+	if err != nil {
+		return api.Snapshot{}, err
+	}
+	p, err := m.cfg.Snapshots.Begin()
+	if err != nil {
+		return api.Snapshot{}, err
+	}
+	snap, err := m.snapshot(ctx, b, p, req)
+	if err != nil {
+		p.Abort()
+		if errdefs.IsNoSpace(err) {
+			m.log.Warn("snapshot does not fit", "sandbox", id, "err", err)
+			why := "the host's storage is full"
+			if errors.Is(err, errdefs.ErrNoSpace) {
+				why = err.Error() // says how much, without host paths
+			}
+			return api.Snapshot{}, errdefs.New(errdefs.ErrNoSpace, "the snapshot of %s does not fit (%s); the sandbox is unchanged", id, why)
+		}
+		return api.Snapshot{}, err
+	}
+	snap, err = p.Commit(snap)
+	if err != nil {
+		return api.Snapshot{}, err
+	}
+	m.obs.Event(id, "snapshot", "snapshot taken", snap)
+	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "path", snap.Path, "frozen_ms", snap.FrozenMS, "total_ms", snap.TotalMS, "shared", snap.Shared)
+	return snap, nil
+}
+
+// snapshot captures b into p and describes the capture.
+func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req api.SnapshotRequest) (api.Snapshot, error) {
+	start := time.Now()
+	dst := p.Path
+	if req.Path != "" {
+		dst = p.Path + ".full"
+		defer os.Remove(dst)
+	}
+	b.mu.Lock()
+	rec := b.rec.Sandbox
+	for _, v := range rec.Volumes {
+		if req.Path != "" && (req.Path == v.Path || strings.HasPrefix(req.Path, v.Path+"/")) {
+			b.mu.Unlock()
+			return api.Snapshot{}, errdefs.Invalid("path", "%s is on a mounted volume, which a snapshot does not capture", req.Path)
+		}
+	}
+	c, err := m.captureLocked(ctx, b, dst)
+	b.mu.Unlock()
+	if err != nil {
+		return api.Snapshot{}, err
+	}
+	b.touch()
+	snap := api.Snapshot{
+		Sandbox:        rec.ID,
+		Path:           req.Path,
+		Image:          rec.Image,
+		Env:            rec.Env,
+		Workdir:        rec.Workdir,
+		Resources:      rec.Resources,
+		Labels:         req.Labels,
+		SizeBytes:      c.Size,
+		AllocatedBytes: c.Allocated,
+		FrozenMS:       ms(c.Frozen),
+		Shared:         c.Shared,
+	}
+	if req.Path != "" {
+		img, err := m.cfg.Images.Get(rec.Image)
+		if err != nil {
+			return api.Snapshot{}, err
+		}
+		if err := m.cfg.Snapshots.Extract(ctx, p, dst, img.Layers, req.Path, rec.Resources.DiskBytes); err != nil {
+			return api.Snapshot{}, err
+		}
+		if fi, err := os.Stat(p.Path); err == nil {
+			snap.SizeBytes = fi.Size()
+			snap.AllocatedBytes = allocated(fi)
+		}
+	}
+	snap.CreatedAt = time.Now().UTC()
+	snap.TotalMS = ms(time.Since(start))
+	return snap, nil
+}
+
+// captureLocked copies b's disk to dst, freezing its processes for the
+// moment of the copy if they run.
+func (m *Manager) captureLocked(ctx context.Context, b *box, dst string) (runtime.Capture, error) {
+	var pause func() (func(), error)
+	switch b.rec.State {
+	case api.StateRunning:
+		inst := b.inst
+		pause = func() (func(), error) {
+			if err := inst.Freeze(ctx); err != nil {
+				return nil, fmt.Errorf("freezing: %w", err)
+			}
+			return func() {
+				if err := inst.Thaw(); err != nil {
+					m.log.Error("thawing a sandbox after a snapshot", "sandbox", b.rec.ID, "err", err)
+				}
+			}, nil
+		}
+	case api.StateFrozen, api.StatePaused, api.StateStopped:
+		// Nothing runs that could write.
+	default:
+		return runtime.Capture{}, errdefs.Conflict("sandbox %s is %s; it cannot be snapshotted", b.rec.ID, b.rec.State)
+	}
+	c, err := m.cfg.Runtime.Snapshot(ctx, b.rec.ID, dst, pause)
+	if err != nil {
+		return runtime.Capture{}, fmt.Errorf("capturing %s: %w", b.rec.ID, err)
+	}
+	return c, nil
+}
+
+// Fork makes req.Count new sandboxes from a capture of a running (or
+// paused) sandbox. Each fork has its own copy of the disk; volumes are
+// shared with the source unless req.CopyVolumes gives each its own copy.
+func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api.ForkResult, error) {
+	if m.cfg.Snapshots == nil {
+		return api.ForkResult{}, errdefs.New(errdefs.ErrUnavailable, "snapshots are not configured")
+	}
+	if req.Count == 0 {
+		req.Count = 1
+	}
+	if req.Count < 1 || req.Count > maxForks {
+		return api.ForkResult{}, errdefs.Invalid("count", "%d is outside 1..%d", req.Count, maxForks)
+	}
+	if err := ValidateLabels(req.Labels); err != nil {
+		return api.ForkResult{}, err
+	}
+	start := time.Now()
+	b, err := m.lookup(id)
+	if err != nil {
+		return api.ForkResult{}, err
+	}
+	p, err := m.cfg.Snapshots.Begin()
+	if err != nil {
+		return api.ForkResult{}, err
+	}
+	defer p.Abort() // the capture is only a means here
+
+	b.mu.Lock()
+	rec := b.rec
+	c, err := m.captureLocked(ctx, b, p.Path)
+	var volImages map[string]string
+	if err == nil && req.CopyVolumes {
+		volImages, err = m.captureVolumesLocked(ctx, b, p.Path)
+	}
+	b.mu.Unlock()
+	if err != nil {
+		return api.ForkResult{}, err
+	}
+	b.touch()
+
+	labels := map[string]string{}
+	for k, v := range rec.Labels {
+		labels[k] = v
+	}
+	for k, v := range req.Labels {
+		labels[k] = v
+	}
+	labels["paddock.fork-of"] = rec.ID
+	if err := ValidateLabels(labels); err != nil {
+		return api.ForkResult{}, err
+	}
+	base := api.CreateRequest{
+		Image:            rec.Image,
+		Env:              rec.Env,
+		Workdir:          rec.Workdir,
+		Resources:        rec.Resources,
+		Labels:           labels,
+		AutoPauseSeconds: rec.AutoPauseSeconds,
+		AutoResume:       &rec.AutoResume,
+		Volumes:          rec.Volumes,
+	}
+	if rec.ExpiresAt != nil {
+		base.TimeoutSeconds = int64(time.Until(*rec.ExpiresAt)/time.Second) + 1
+	}
+	out := make([]api.Sandbox, req.Count)
+	errs := make([]error, req.Count)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for i := range req.Count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cr := base
+			if req.CopyVolumes {
+				vols, err := m.copyVolumes(ctx, rec.Volumes, volImages)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				cr.Volumes = vols
+			}
+			out[i], errs[i] = m.create(ctx, cr, source{from: "fork:" + rec.ID, diskFrom: p.Path})
+			if errs[i] != nil && req.CopyVolumes {
+				for j, v := range cr.Volumes {
+					if v.Name != rec.Volumes[j].Name {
+						m.cfg.Volumes.Remove(context.Background(), v.Name)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			// All or nothing: remove the forks that were made.
+			for _, s := range out {
+				if s.ID != "" {
+					m.Delete(context.Background(), s.ID, true)
+				}
+			}
+			return api.ForkResult{}, fmt.Errorf("forking %s: %w", id, err)
+		}
+	}
+	res := api.ForkResult{Sandboxes: out, FrozenMS: ms(c.Frozen), TotalMS: ms(time.Since(start)), Shared: c.Shared}
+	ids := make([]string, len(out))
+	for i, s := range out {
+		ids[i] = s.ID
+	}
+	m.obs.Event(id, "fork", fmt.Sprintf("forked into %d", len(out)), map[string]any{"sandboxes": ids, "frozen_ms": res.FrozenMS})
+	m.log.Info("sandbox forked", "sandbox", id, "count", req.Count, "frozen_ms", res.FrozenMS, "total_ms", res.TotalMS)
+	return res, nil
+}
+
+// captureVolumesLocked copies the volumes b mounts read-write, beside
+// base, while b's processes are frozen; it returns the copies by volume.
+func (m *Manager) captureVolumesLocked(ctx context.Context, b *box, base string) (map[string]string, error) {
+	out := map[string]string{}
+	for i, v := range b.rec.Volumes {
+		if v.Name == "" || out[v.Name] != "" {
+			continue
+		}
+		dst := fmt.Sprintf("%s.vol%d", base, i)
+		var pause func() (func(), error)
+		if b.rec.State == api.StateRunning {
+			inst := b.inst
+			pause = func() (func(), error) {
+				if err := inst.Freeze(ctx); err != nil {
+					return nil, err
+				}
+				return func() { inst.Thaw() }, nil
+			}
+		}
+		if err := m.cfg.Volumes.Capture(ctx, v.Name, dst, pause); err != nil {
+			return nil, err
+		}
+		out[v.Name] = dst
+	}
+	return out, nil
+}
+
+// copyVolumes makes a new volume from each captured one and returns vols
+// pointing at the copies.
+func (m *Manager) copyVolumes(ctx context.Context, vols []api.VolumeMount, images map[string]string) ([]api.VolumeMount, error) {
+	out := make([]api.VolumeMount, len(vols))
+	copy(out, vols)
+	suffix := runtime.NewID()[:8]
+	for i, v := range out {
+		img := images[v.Name]
+		if img == "" {
+			continue
+		}
+		name := v.Name
+		if len(name) > 64-len(suffix)-1 {
+			name = name[:64-len(suffix)-1]
+		}
+		nv, err := m.cfg.Volumes.Create(ctx, api.VolumeRequest{Name: name + "-" + suffix}, img)
+		if err != nil {
+			return nil, err
+		}
+		out[i].Name = nv.Name
+	}
+	return out, nil
+}
+
+// allocated is the space a file's data takes.
+func allocated(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return fi.Size()
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

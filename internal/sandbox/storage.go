@@ -1,0 +1,108 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/runtime"
+)
+
+var (
+	errNoVolumes   = errdefs.New(errdefs.ErrUnavailable, "volumes are not configured")
+	errNoSnapshots = errdefs.New(errdefs.ErrUnavailable, "snapshots are not configured")
+)
+
+// CreateVolume makes a named volume, empty or filled from a directory
+// snapshot.
+func (m *Manager) CreateVolume(ctx context.Context, req api.VolumeRequest) (api.Volume, error) {
+	if m.cfg.Volumes == nil {
+		return api.Volume{}, errNoVolumes
+	}
+	if err := ValidateLabels(req.Labels); err != nil {
+		return api.Volume{}, err
+	}
+	if req.FromSnapshot == "" {
+		return m.cfg.Volumes.Create(ctx, req, "")
+	}
+	if m.cfg.Snapshots == nil {
+		return api.Volume{}, errNoSnapshots
+	}
+	snap, err := m.cfg.Snapshots.Get(req.FromSnapshot)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
+			return api.Volume{}, errdefs.Invalid("from_snapshot", "unknown snapshot %q", req.FromSnapshot)
+		}
+		return api.Volume{}, err
+	}
+	if snap.Path == "" {
+		return api.Volume{}, errdefs.Invalid("from_snapshot", "snapshot %s is of a whole sandbox; a volume is made from a directory snapshot", snap.ID)
+	}
+	if req.SizeBytes != 0 && req.SizeBytes != snap.SizeBytes {
+		return api.Volume{}, errdefs.Invalid("size_bytes", "a volume made from snapshot %s keeps its size of %d bytes", snap.ID, snap.SizeBytes)
+	}
+	holder := "creating:" + runtime.NewID()
+	if err := m.cfg.Snapshots.Hold(snap.ID, holder); err != nil {
+		return api.Volume{}, err
+	}
+	defer m.cfg.Snapshots.Drop(snap.ID, holder)
+	img, err := m.cfg.Snapshots.ImagePath(snap.ID)
+	if err != nil {
+		return api.Volume{}, err
+	}
+	return m.cfg.Volumes.Create(ctx, req, img)
+}
+
+// Volumes lists the named volumes.
+func (m *Manager) Volumes() ([]api.Volume, error) {
+	if m.cfg.Volumes == nil {
+		return nil, errNoVolumes
+	}
+	return m.cfg.Volumes.List(), nil
+}
+
+// Volume describes one volume.
+func (m *Manager) Volume(name string) (api.Volume, error) {
+	if m.cfg.Volumes == nil {
+		return api.Volume{}, errNoVolumes
+	}
+	return m.cfg.Volumes.Get(name)
+}
+
+// RemoveVolume deletes a volume no sandbox mounts.
+func (m *Manager) RemoveVolume(ctx context.Context, name string) error {
+	if m.cfg.Volumes == nil {
+		return errNoVolumes
+	}
+	return m.cfg.Volumes.Remove(ctx, name)
+}
+
+// Snapshots lists snapshots, all or those of one sandbox.
+func (m *Manager) Snapshots(sandbox string) ([]api.Snapshot, error) {
+	if m.cfg.Snapshots == nil {
+		return nil, errNoSnapshots
+	}
+	if sandbox != "" {
+		if err := ValidID(sandbox); err != nil {
+			return nil, err
+		}
+	}
+	return m.cfg.Snapshots.List(sandbox), nil
+}
+
+// GetSnapshot describes one snapshot.
+func (m *Manager) GetSnapshot(id string) (api.Snapshot, error) {
+	if m.cfg.Snapshots == nil {
+		return api.Snapshot{}, errNoSnapshots
+	}
+	return m.cfg.Snapshots.Get(id)
+}
+
+// RemoveSnapshot deletes a snapshot nothing holds.
+func (m *Manager) RemoveSnapshot(id string) error {
+	if m.cfg.Snapshots == nil {
+		return errNoSnapshots
+	}
+	return m.cfg.Snapshots.Remove(id)
+}
