@@ -59,6 +59,8 @@ type Snapshot struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Workdir   string            `json:"workdir,omitempty"`
 	Resources Resources         `json:"resources"`
+	// Policy is the sandbox's network policy when it was taken.
+	Policy    *Policy           `json:"policy,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	// SizeBytes is the captured filesystem's size (its cap);

@@ -62,6 +62,9 @@ type CreateRequest struct {
 	// Budget and Autoscale are optional.
 	Budget    *Budget    `json:"budget,omitempty"`
 	Autoscale *Autoscale `json:"autoscale,omitempty"`
+	// Policy is what the sandbox may reach on the network; absent means
+	// nothing.
+	Policy *Policy `json:"policy,omitempty"`
 }
 
 // Sandbox describes one sandbox.
@@ -85,6 +88,7 @@ type Sandbox struct {
 	From      string     `json:"from,omitempty"`
 	Budget    *Budget    `json:"budget,omitempty"`
 	Autoscale *Autoscale `json:"autoscale,omitempty"`
+	Policy    *Policy    `json:"policy,omitempty"`
 	// Error says why a sandbox failed.
 	Error string `json:"error,omitempty"`
 	// Runtime details useful to operators.

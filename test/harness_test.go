@@ -25,6 +25,7 @@ import (
 
 	"paddock/api"
 	"paddock/client"
+	"paddock/internal/network"
 	"paddock/internal/storage/disk"
 )
 
@@ -97,6 +98,7 @@ type Daemon struct {
 	Host     string
 	Cgroup   string
 	UIDStart uint32
+	NetName  string // the daemon's nftables table and interface prefix
 	args     []string
 	cmd      *exec.Cmd
 	log      *syncBuffer
@@ -128,6 +130,9 @@ func StartDaemon(t *testing.T, extra ...string) *Daemon {
 		UIDStart: 1<<29 + uint32(time.Now().UnixNano()%4096)*(1<<16)*8,
 	}
 	d.Host = "unix://" + d.Sock
+	netName, netArgs := networkArgs()
+	d.NetName = netName
+	extra = append(netArgs, extra...)
 	d.args = append([]string{"serve",
 		"--state-dir", d.StateDir, "--run-dir", d.RunDir,
 		"--listen", d.Host, "--cgroup-parent", d.Cgroup,
@@ -378,6 +383,11 @@ func (d *Daemon) cleanup() {
 	// sandboxes' disks live on it); take it down now that nothing is on it.
 	if err := disk.Unmount(filepath.Join(d.StateDir, "storage")); err != nil {
 		t.Errorf("cleanup: %v", err)
+	}
+	// Its network's rules and links stay when a daemon exits (sandboxes
+	// may keep running); remove them.
+	if err := network.Uninstall(d.NetName); err != nil {
+		t.Errorf("cleanup: removing network %s: %v", d.NetName, err)
 	}
 	if t.Failed() {
 		t.Logf("daemon log:\n%s", d.log)

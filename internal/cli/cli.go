@@ -103,6 +103,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(fileCmds(g)...)
 	root.AddCommand(portCmds(g)...)
 	root.AddCommand(snapshotCmd(g), forkCmd(g), volumeCmd(g))
+	root.AddCommand(policyCmd(g), secretCmd(g))
 	return root
 }
 
@@ -137,6 +138,11 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&cfg.DiskPool, "disk-pool", cfg.DiskPool, "ready disks of the default size to keep")
 	f.Var(sizeFlag{&cfg.StorageSize}, "storage-size", "size of the XFS image made for disks, snapshots and volumes when the state directory cannot reflink, e.g. 200g (default: its filesystem's size)")
 	f.IntVar(&cfg.WarmGuests, "warm-guests", cfg.WarmGuests, "sandbox init processes to start ahead of time")
+	f.BoolVar(&cfg.Network.Disabled, "no-network", false, "give sandboxes loopback only (no egress gateway)")
+	f.StringVar(&cfg.Network.Name, "network-name", "", `prefix of host interfaces and name of the nftables table (default "paddock"; distinct per daemon on one host)`)
+	f.StringVar(&cfg.Network.Subnet, "network-subnet", "", "IPv4 subnet for sandboxes' links, a /30 each (default 10.224.0.0/16)")
+	f.StringArrayVar(&cfg.Network.DNS, "dns-upstream", nil, "upstream DNS server ip:port for the sandboxes' resolver; repeatable (default: the host's)")
+	f.StringVar(&cfg.Network.RootCA, "egress-root-ca", "", "PEM file of CAs that verify intercepted upstreams, instead of the host's roots")
 	f.Int64Var(&cfg.OutputLimit, "output-limit", cfg.OutputLimit, "output retained per process, in bytes (oldest dropped first)")
 	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -33,6 +34,7 @@ type createFlags struct {
 	noAutoResume bool
 	from         string
 	volumes      []string
+	policy       policyFlags
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -50,6 +52,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.noAutoResume, "no-auto-resume", false, "do not resume a paused sandbox on the next call that needs it")
 	fl.StringVar(&f.from, "from", "", "start from a snapshot id, a template or an image")
 	fl.StringArrayVarP(&f.volumes, "volume", "v", nil, "mount a volume NAME:/path[:ro] (or a directory snapshot SNAPSHOT:/path); repeatable")
+	f.policy.register(cmd)
 }
 
 func (f *createFlags) request() (api.CreateRequest, error) {
@@ -86,6 +89,9 @@ func (f *createFlags) request() (api.CreateRequest, error) {
 		return req, err
 	}
 	if req.Labels, err = keyValues("--label", f.labels); err != nil {
+		return req, err
+	}
+	if req.Policy, err = f.policy.policy(os.Stdin); err != nil {
 		return req, err
 	}
 	for _, v := range f.volumes {

@@ -20,6 +20,7 @@ import (
 
 	"paddock/api"
 	"paddock/internal/cgroup"
+	"paddock/internal/gateway"
 	"paddock/internal/runtime/native"
 	"paddock/internal/sandbox"
 	"paddock/internal/seccomp"
@@ -52,6 +53,9 @@ type Config struct {
 	Defaults api.Resources
 	// DiskPool is how many ready disks of the default size to keep.
 	DiskPool int
+	// Network configures sandboxes' egress; Network.Disabled leaves them
+	// with loopback only.
+	Network NetworkConfig
 	// StorageSize sizes the XFS image made for sandbox disks, snapshots
 	// and volumes when the state directory's filesystem cannot reflink;
 	// 0 means the size of that filesystem (the image is sparse).
@@ -63,6 +67,21 @@ type Config struct {
 	// WarmGuests is how many sandbox init processes to start ahead of
 	// time, so that a create does not wait for one to start.
 	WarmGuests int
+}
+
+// NetworkConfig configures the egress gateway.
+type NetworkConfig struct {
+	Disabled bool
+	// Name prefixes host interfaces and names the nftables table; Subnet
+	// holds the sandboxes' addresses. Two daemons on one host need
+	// distinct ones.
+	Name   string
+	Subnet string
+	// DNS lists upstream resolvers ("ip:port"); empty: the host's.
+	DNS []string
+	// RootCA, a PEM file, replaces the host's roots for verifying the
+	// upstreams of intercepted TLS (for tests and private CAs).
+	RootCA string
 }
 
 // Defaults returns the default configuration.
@@ -123,6 +142,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	disks, err := disk.NewPool(disk.Config{
 		Dir:         filepath.Join(storage, "disks"),
+		Substrate:   sub,
 		DefaultSize: cfg.Defaults.DiskBytes,
 		PoolSize:    cfg.DiskPool,
 		Logger:      log.With("component", "disk"),
@@ -131,7 +151,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("setting up disks: %w", err)
 	}
 	defer disks.Close()
-	volPool, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "volumes"), DefaultSize: cfg.Defaults.DiskBytes, Logger: log.With("component", "volume")})
+	volPool, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "volumes"), Substrate: sub, DefaultSize: cfg.Defaults.DiskBytes, Logger: log.With("component", "volume")})
 	if err != nil {
 		return fmt.Errorf("setting up volumes: %w", err)
 	}
@@ -141,7 +161,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("loading volumes: %w", err)
 	}
 	defer vols.Close()
-	snapMounts, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "snapmounts"), DefaultSize: cfg.Defaults.DiskBytes, Logger: log.With("component", "snapshot")})
+	snapMounts, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "snapmounts"), Substrate: sub, DefaultSize: cfg.Defaults.DiskBytes, Logger: log.With("component", "snapshot")})
 	if err != nil {
 		return fmt.Errorf("setting up snapshot mounts: %w", err)
 	}
@@ -162,11 +182,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("compiling seccomp profile: %w", err)
 	}
+	gw, err := startGateway(cfg, log.With("component", "egress"))
+	if err != nil {
+		return err
+	}
+	if gw != nil {
+		defer gw.Close()
+	}
 	mgr := sandbox.NewManager(sandbox.Config{
 		Images:    images,
 		Store:     st,
 		Volumes:   vols,
 		Snapshots: snaps,
+		Egress:    egressOf(gw),
 		Defaults:  cfg.Defaults,
 		UIDStart:  cfg.UIDStart,
 		Logger:    log,
@@ -190,6 +218,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return images.Get(image.HostImage)
 		},
 		WarmDiskBytes: cfg.Defaults.DiskBytes,
+		Network:       networkOf(gw),
 		Logger:        log.With("component", "runtime"),
 	})
 	if err != nil {
@@ -200,6 +229,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return err
 	}
+	if gw != nil {
+		gw.Prune(func(id string) bool {
+			_, err := mgr.Get(id)
+			return err == nil || rt.IsWarm(id)
+		})
+		elog := log.With("component", "egress")
+		gw.SetEvents(func(id string, e gateway.Event) {
+			// Network traffic is activity: it keeps auto-pause away.
+			mgr.Touch(id)
+			switch {
+			case e.Egress != nil:
+				elog.Debug("egress", "sandbox", id, "kind", e.Egress.Kind, "action", e.Egress.Action, "host", e.Egress.Host, "ip", e.Egress.IP, "port", e.Egress.Port, "path", e.Egress.Path, "rule", e.Egress.Rule, "reason", e.Egress.Reason, "error", e.Egress.Error)
+			case e.DNS != nil:
+				elog.Debug("dns", "sandbox", id, "name", e.DNS.Name, "type", e.DNS.Type, "rcode", e.DNS.Rcode, "allowed", e.DNS.Allowed)
+			}
+		})
+	}
 
 	srv := server.New(mgr, api.VersionInfo{
 		Version:   Version,
@@ -208,6 +254,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Idmapped:  rt.Idmapped(),
 		GoVersion: goruntime.Version(),
 	}, log.With("component", "server"))
+	if gw != nil {
+		srv.SetSecrets(gw.Secrets())
+	}
 	errc := make(chan error, len(listeners))
 	var servers []*http.Server
 	for _, l := range listeners {

@@ -397,7 +397,7 @@ func (r *rootMounter) mount(path, source, fstype string, flags uintptr, data str
 // bind attaches a host directory at b.Dest: a detached, read-only mount
 // the daemon made (idmapped where the kernel allows).
 func (r *rootMounter) bind(b Mount, fd int) error {
-	t, err := r.target(b.Dest, false)
+	t, err := r.target(b.Dest, b.File)
 	if err != nil {
 		return err
 	}
@@ -578,7 +578,9 @@ func pivot(root *os.File) error {
 // (sudo, Java and others stall or complain otherwise).
 func writeIdentity(hostname string) error {
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost %[1]s\n::1\tlocalhost ip6-localhost ip6-loopback %[1]s\n", hostname)
-	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil {
+	// The daemon may have bound its own (read-only, naming the sandbox and
+	// paddock.internal) over it.
+	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil && !errors.Is(err, unix.EROFS) {
 		return fmt.Errorf("writing /etc/hosts: %w", err)
 	}
 	if err := os.WriteFile("/etc/hostname", []byte(hostname+"\n"), 0o644); err != nil {

@@ -131,6 +131,8 @@ type Mount struct {
 	// FD indexes the descriptors sent with the message.
 	FD   int    `json:"fd"`
 	Dest string `json:"dest,omitempty"`
+	// File: the mount is of a file, not a directory.
+	File bool `json:"file,omitempty"`
 }
 
 // ServeConfig is what the guest needs once the sandbox is built.

@@ -33,6 +33,43 @@ type Spec struct {
 	// DiskFrom, for a sandbox without a disk yet, is an image file (a
 	// snapshot) whose copy becomes its disk.
 	DiskFrom string
+	// Setup, if set, is called once the sandbox's id is known and before
+	// any of its processes run (a warm guest's id is only known when it is
+	// taken); it returns more environment (KEY=VALUE).
+	Setup func(id string) ([]string, error)
+}
+
+// Network connects sandboxes to the host's egress path. The runtime calls
+// it when it makes a sandbox's network namespace and when the sandbox goes.
+type Network interface {
+	// Attach wires the network namespace open at netnsFD to sandbox id.
+	Attach(id string, netnsFD int) (NetSetup, error)
+	// Restore re-adopts a sandbox's wiring after a daemon restart, from
+	// the state Attach returned.
+	Restore(id string, state []byte) error
+	// Detach releases the wiring of a sandbox whose processes are gone;
+	// what it needs to start again (its CA) is kept.
+	Detach(id string)
+	// Forget releases everything of a removed sandbox.
+	Forget(id string)
+}
+
+// NetSetup is what Attach made for a sandbox.
+type NetSetup struct {
+	// State is opaque, for Restore.
+	State []byte
+	// Files are host files (or directories) bound read-only into the
+	// sandbox (resolv.conf, hosts, the CA bundle, /run/paddock).
+	Files []FileBind
+	// Env points the sandbox's tools at the proxy and the CA.
+	Env []string
+}
+
+// FileBind is a host file or directory bound read-only into a sandbox.
+type FileBind struct {
+	Source string
+	Dest   string
+	Dir    bool
 }
 
 // Mount is a host directory mounted into a sandbox.

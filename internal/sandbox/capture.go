@@ -97,6 +97,7 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 		Env:            rec.Env,
 		Workdir:        rec.Workdir,
 		Resources:      rec.Resources,
+		Policy:         rec.Policy,
 		Labels:         req.Labels,
 		SizeBytes:      c.Size,
 		AllocatedBytes: c.Allocated,
@@ -210,6 +211,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 		AutoPauseSeconds: rec.AutoPauseSeconds,
 		AutoResume:       &rec.AutoResume,
 		Volumes:          rec.Volumes,
+		Policy:           rec.Policy,
 	}
 	if rec.ExpiresAt != nil {
 		base.TimeoutSeconds = int64(time.Until(*rec.ExpiresAt)/time.Second) + 1

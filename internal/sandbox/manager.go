@@ -37,6 +37,9 @@ type Config struct {
 	// Volumes and Snapshots may be nil, which refuses their use.
 	Volumes   *volume.Store
 	Snapshots *snapshot.Store
+	// Egress applies network policies; nil leaves sandboxes with no
+	// network at all and refuses policies.
+	Egress Egress
 	// Defaults fill the resources a create leaves at zero.
 	Defaults api.Resources
 	// UIDStart is the first host uid handed to sandboxes; each sandbox
@@ -88,6 +91,15 @@ type box struct {
 }
 
 var _ runtime.IDs = (*Manager)(nil)
+
+// Egress is what the manager needs of the egress path (package gateway).
+type Egress interface {
+	// ValidatePolicy checks a policy, naming its first bad entry.
+	ValidatePolicy(p *api.Policy) error
+	// SetPolicy applies a sandbox's policy (nil: nothing reachable) and
+	// returns the environment of its secrets' placeholders.
+	SetPolicy(id string, p *api.Policy) ([]string, error)
+}
 
 // NewManager returns a Manager; call SetRuntime and Reconcile before
 // serving.
@@ -178,6 +190,9 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 	if req.Workdir == "" {
 		req.Workdir = snap.Workdir
 	}
+	if req.Policy == nil {
+		req.Policy = snap.Policy
+	}
 	r := &req.Resources
 	if r.CPUs == 0 {
 		r.CPUs = snap.Resources.CPUs
@@ -205,6 +220,9 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 }
 
 func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source) (api.Sandbox, error) {
+	if err := m.validatePolicy(req.Policy); err != nil {
+		return api.Sandbox{}, err
+	}
 	img, err := m.cfg.Images.Get(req.Image)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -244,6 +262,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		From:             src.from,
 		Budget:           req.Budget,
 		Autoscale:        req.Autoscale,
+		Policy:           req.Policy,
 	}}
 	if req.TimeoutSeconds > 0 {
 		exp := now.Add(time.Duration(req.TimeoutSeconds) * time.Second)
@@ -414,7 +433,7 @@ func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
 	for _, k := range keys {
 		env = append(env, k+"="+rec.Env[k])
 	}
-	return runtime.Spec{
+	spec := runtime.Spec{
 		ID:        rec.ID,
 		Image:     img,
 		Resources: rec.Resources,
@@ -422,6 +441,22 @@ func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
 		Workdir:   rec.Workdir,
 		UIDBase:   rec.UIDBase,
 	}
+	if m.cfg.Egress != nil {
+		// The policy is in force before the sandbox's first process runs.
+		policy := rec.Policy
+		spec.Setup = func(id string) ([]string, error) { return m.cfg.Egress.SetPolicy(id, policy) }
+	}
+	return spec
+}
+
+func (m *Manager) validatePolicy(p *api.Policy) error {
+	if m.cfg.Egress == nil {
+		if p != nil {
+			return errdefs.New(errdefs.ErrUnavailable, "this daemon has no network egress; a policy cannot be applied")
+		}
+		return nil
+	}
+	return m.cfg.Egress.ValidatePolicy(p)
 }
 
 func (m *Manager) slotOf(base uint32) int { return int((base - m.cfg.UIDStart) / 65536) }
@@ -778,6 +813,11 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			}
 			b.attach(inst)
 			m.watch(b, inst)
+			if m.cfg.Egress != nil {
+				if _, err := m.cfg.Egress.SetPolicy(r.ID, r.Policy); err != nil {
+					log.Warn("restoring the network policy", "err", err)
+				}
+			}
 			m.obs.Running(r.ID, b.viewLocked())
 			log.Info("sandbox re-attached")
 		case api.StateCreating:

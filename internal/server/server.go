@@ -35,6 +35,7 @@ type Server struct {
 	version api.VersionInfo
 	mux     *http.ServeMux
 	routes  []route
+	secrets Secrets
 }
 
 // New returns a Server for mgr.
@@ -58,6 +59,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 	routes = append(routes, s.fileRoutes()...)
 	routes = append(routes, s.portRoutes()...)
 	routes = append(routes, s.storageRoutes()...)
+	routes = append(routes, s.policyRoutes()...)
 	s.routes = routes
 	allowed := map[string][]string{}
 	for _, r := range routes {

@@ -17,6 +17,7 @@ import (
 
 	"paddock/internal/cgroup"
 	"paddock/internal/guest"
+	"paddock/internal/runtime"
 )
 
 // idRange is the number of uids and gids each sandbox maps.
@@ -35,6 +36,8 @@ type guestProc struct {
 	// volume is the id of its disk: "warm-<id>" until a create takes it.
 	volume string
 	warm   bool
+	// net is what the network made for it (files to bind, environment).
+	net runtime.NetSetup
 }
 
 // sealedSelf copies the running binary into a sealed memfd. Guests are

@@ -53,7 +53,10 @@ type Config struct {
 	WarmGuests    int
 	WarmImage     func() (*image.Image, error)
 	WarmDiskBytes int64
-	Logger        *slog.Logger
+	// Network wires each sandbox's network namespace to the egress path;
+	// nil leaves sandboxes with loopback only.
+	Network runtime.Network
+	Logger  *slog.Logger
 }
 
 // Runtime is the native tier.
@@ -95,8 +98,16 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.RunDir, "sandboxes"), 0o711); err != nil {
 		return nil, fmt.Errorf("creating run dir: %w", err)
 	}
-	// Warm guests of an earlier daemon: their run dirs and disks go now,
-	// their cgroups (named by sandbox ids nobody recorded) at reconcile.
+	// Warm guests of an earlier daemon: their run dirs, disks and network
+	// state go now, their cgroups (named by sandbox ids nobody recorded)
+	// at reconcile.
+	if cfg.Network != nil {
+		if old, err := os.ReadDir(r.warmDir); err == nil {
+			for _, e := range old {
+				cfg.Network.Forget(e.Name())
+			}
+		}
+	}
 	os.RemoveAll(r.warmDir)
 	if err := os.MkdirAll(r.warmDir, 0o711); err != nil {
 		return nil, err
@@ -149,6 +160,22 @@ func (r *Runtime) fork(req forkRequest, fds []int) (int, int, error) {
 		r.forker.close()
 		r.forker = nil
 	}
+}
+
+// IsWarm reports whether id is a warm guest of this runtime (ready or
+// being made).
+func (r *Runtime) IsWarm(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.building[id] {
+		return true
+	}
+	for _, g := range r.ready {
+		if g.sb.id == id {
+			return true
+		}
+	}
+	return false
 }
 
 // Idmapped reports whether sandboxes get idmapped host files.
@@ -301,6 +328,12 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 	g.sb.cg = cg
 	g.warm = warm
 	cleanups = append(cleanups, g.kill)
+	if r.cfg.Network != nil {
+		if err := r.attachNetwork(g); err != nil {
+			return nil, err
+		}
+		cleanups = append(cleanups, func() { r.cfg.Network.Detach(id) })
+	}
 	fresh := false
 	v, err := r.cfg.Disks.Open(vol)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -374,6 +407,18 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	if p.Disk.FD, err = add(writableTree(v.Path, diskUserns, false)); err != nil {
 		return err
 	}
+	for _, f := range g.net.Files {
+		src := f.Source
+		fd, err := detachedTree(src, -1)
+		if idmapped {
+			fd, err = r.idmappedOne(g.sb.st.PID, src)
+		}
+		i, err := add(fd, err)
+		if err != nil {
+			return fmt.Errorf("binding %s: %w", f.Dest, err)
+		}
+		p.Binds = append(p.Binds, guest.Mount{Source: src, Dest: f.Dest, FD: i, File: !f.Dir})
+	}
 	if len(mounts) > 0 && !idmapped {
 		return fmt.Errorf("%w: volumes need idmapped mounts, which this kernel or filesystem lacks", errdefs.ErrUnavailable)
 	}
@@ -393,6 +438,36 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	}
 	g.image = img.ID
 	return nil
+}
+
+// attachNetwork wires g's network namespace to the egress path.
+func (r *Runtime) attachNetwork(g *guestProc) error {
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", g.sb.st.PID))
+	if err != nil {
+		return fmt.Errorf("opening the guest's network namespace: %w", err)
+	}
+	defer ns.Close()
+	// The pid could have been reused if the guest died: check it is still
+	// ours now that the namespace is open.
+	if g.sb.exited() {
+		return errors.New("guest exited before its network was wired")
+	}
+	setup, err := r.cfg.Network.Attach(g.sb.id, int(ns.Fd()))
+	if err != nil {
+		return fmt.Errorf("wiring network: %w", err)
+	}
+	g.net = setup
+	g.sb.st.Net = setup.State
+	return nil
+}
+
+// idmappedOne makes one idmapped, read-only detached mount of src.
+func (r *Runtime) idmappedOne(pid int, src string) (int, error) {
+	fds, err := r.idmappedFDs(pid, []string{src})
+	if err != nil {
+		return -1, err
+	}
+	return fds[0], nil
 }
 
 // openOOM opens the cgroup's OOM counter for a guest.
@@ -436,6 +511,9 @@ func (r *Runtime) takeWarm(img *image.Image, size int64) *guestProc {
 // and run dir, cgroup, disk and uid range.
 func (r *Runtime) discard(g *guestProc) {
 	g.kill()
+	if r.cfg.Network != nil {
+		r.cfg.Network.Forget(g.sb.id)
+	}
 	ctx := context.Background()
 	if err := r.Stop(ctx, g.sb.id); err != nil {
 		r.log.Warn("removing a guest's cgroup", "sandbox", g.sb.id, "err", err)
@@ -508,8 +586,16 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	}
 	// Guests wait at a low priority; a sandbox runs at the normal one.
 	raisePriority(sb.st.PID)
+	env := append(append([]string(nil), spec.Env...), g.net.Env...)
+	if spec.Setup != nil {
+		more, err := spec.Setup(sb.id)
+		if err != nil {
+			return nil, err
+		}
+		env = append(env, more...)
+	}
 	act := &guest.Activate{Serve: guest.ServeConfig{
-		Env:         spec.Env,
+		Env:         env,
 		Workdir:     spec.Workdir,
 		OutputLimit: r.cfg.OutputLimit,
 	}}
@@ -622,6 +708,14 @@ func (r *Runtime) Restore(ctx context.Context, id string, raw []byte) (runtime.I
 		sb.Kill()
 		return nil, fmt.Errorf("pinging guest: %w", err)
 	}
+	if r.cfg.Network != nil && len(st.Net) > 0 {
+		if err := r.cfg.Network.Restore(id, st.Net); err != nil {
+			// Its network is gone; nothing it had may be given back by
+			// mistake, so the sandbox is ended rather than left half-wired.
+			sb.Kill()
+			return nil, fmt.Errorf("restoring network: %w", err)
+		}
+	}
 	return sb, nil
 }
 
@@ -640,6 +734,9 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 		}
 	}
 	os.Remove(filepath.Join(r.dir(id), "guest.sock"))
+	if r.cfg.Network != nil {
+		r.cfg.Network.Detach(id)
+	}
 	return nil
 }
 
@@ -653,6 +750,9 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	}
 	if err := os.RemoveAll(r.dir(id)); err != nil {
 		return fmt.Errorf("removing run dir: %w", err)
+	}
+	if r.cfg.Network != nil {
+		r.cfg.Network.Forget(id)
 	}
 	return nil
 }

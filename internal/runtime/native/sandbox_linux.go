@@ -21,6 +21,8 @@ type state struct {
 	StartTime uint64 `json:"start_time"`
 	UIDBase   uint32 `json:"uid_base"`
 	Idmapped  bool   `json:"idmapped"`
+	// Net is the network's state for Restore (runtime.NetSetup.State).
+	Net json.RawMessage `json:"net,omitempty"`
 }
 
 // Sandbox is a running native sandbox: its guest process, control socket

@@ -1,0 +1,75 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Policy is what a sandbox may reach on the network. Nothing is reachable
+// unless an allow rule or a preset allows it; a deny rule wins over every
+// allow. The rule syntax is described in openapi.yaml (PolicyRule).
+type Policy struct {
+	Allow   []PolicyRule    `json:"allow,omitempty"`
+	Deny    []PolicyRule    `json:"deny,omitempty"`
+	Presets []string        `json:"presets,omitempty"`
+	Secrets []SecretBinding `json:"secrets,omitempty"`
+}
+
+// PolicyRule is one allow or deny entry: a domain, *.domain, an IP or CIDR
+// with an optional :PORT, or a URL (https://host/path/ is a path prefix),
+// optionally limited to some HTTP methods.
+type PolicyRule struct {
+	Match   string   `json:"match"`
+	Methods []string `json:"methods,omitempty"`
+}
+
+// UnmarshalJSON takes the object form or a bare string.
+func (r *PolicyRule) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		*r = PolicyRule{}
+		return json.Unmarshal(b, &r.Match)
+	}
+	type plain PolicyRule
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode((*plain)(r))
+}
+
+// SecretBinding attaches a stored secret to a sandbox: the sandbox sees a
+// placeholder in $PADDOCK_SECRET_<NAME>, and the egress proxy puts the
+// real value into requests within the scope (hosts, and optionally paths
+// and methods) in the form Inject says.
+type SecretBinding struct {
+	Name    string          `json:"name"`
+	Hosts   []string        `json:"hosts"`
+	Paths   []string        `json:"paths,omitempty"`
+	Methods []string        `json:"methods,omitempty"`
+	Inject  SecretInjection `json:"inject"`
+}
+
+// SecretInjection is where a secret goes: exactly one of a header (with a
+// format such as "Bearer %s"), basic auth (the secret is the password) or
+// a query parameter.
+type SecretInjection struct {
+	Header string     `json:"header,omitempty"`
+	Format string     `json:"format,omitempty"`
+	Basic  *BasicAuth `json:"basic,omitempty"`
+	Query  string     `json:"query,omitempty"`
+}
+
+// BasicAuth names the user of basic-auth injection.
+type BasicAuth struct {
+	User string `json:"user"`
+}
+
+// SecretRequest is the body of POST /v1/secrets.
+type SecretRequest struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// Secret describes a stored secret; its value is never returned.
+type Secret struct {
+	Name string `json:"name"`
+}

@@ -1,0 +1,68 @@
+package daemon
+
+import (
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"paddock/internal/gateway"
+	"paddock/internal/runtime"
+	"paddock/internal/sandbox"
+)
+
+// startGateway starts the egress gateway, or returns nil when the network
+// is disabled.
+func startGateway(cfg Config, log *slog.Logger) (*gateway.Gateway, error) {
+	n := cfg.Network
+	if n.Disabled {
+		log.Warn("network egress disabled: sandboxes have loopback only")
+		return nil, nil
+	}
+	gc := gateway.Config{
+		Dir:      filepath.Join(cfg.StateDir, "gateway"),
+		Name:     n.Name,
+		Upstream: n.DNS,
+		Logger:   log,
+	}
+	if n.Subnet != "" {
+		p, err := netip.ParsePrefix(n.Subnet)
+		if err != nil {
+			return nil, fmt.Errorf("network subnet %q: %w", n.Subnet, err)
+		}
+		gc.Subnet = p
+	}
+	if n.RootCA != "" {
+		b, err := os.ReadFile(n.RootCA)
+		if err != nil {
+			return nil, fmt.Errorf("reading the egress root CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("%s holds no PEM certificate", n.RootCA)
+		}
+		gc.RootCAs = pool
+	}
+	gw, err := gateway.Start(gc)
+	if err != nil {
+		return nil, fmt.Errorf("starting the egress gateway: %w", err)
+	}
+	return gw, nil
+}
+
+// egressOf and networkOf keep a nil gateway a nil interface.
+func egressOf(gw *gateway.Gateway) sandbox.Egress {
+	if gw == nil {
+		return nil
+	}
+	return gw
+}
+
+func networkOf(gw *gateway.Gateway) runtime.Network {
+	if gw == nil {
+		return nil
+	}
+	return gw
+}

@@ -1,0 +1,502 @@
+// Package gateway is each sandbox's way out: it runs the egress proxy, the
+// DNS resolver and the self endpoint on the host, wires every sandbox's
+// network namespace to them (package network), and keeps per sandbox what
+// that needs: its CA (for the hosts whose TLS the proxy intercepts), the
+// resolv.conf, hosts and CA bundle bound into it, the /run/paddock tree the
+// agent reads about itself, and its policy in the egress engine.
+//
+// Layout under Config.Dir:
+//
+//	secrets/                the encrypted secret store (package egress)
+//	sandboxes/<id>/ca.pem   the sandbox's CA certificate (and ca.key, 0600)
+//	sandboxes/<id>/files/   resolv.conf, hosts, ca-bundle.crt (bound read-only)
+//	sandboxes/<id>/self/    the /run/paddock tree (bound read-only, kept current)
+//
+// A sandbox with no policy reaches nothing: the network's nftables rules
+// send all of its TCP to the proxy and its DNS to the resolver, which
+// allow nothing without a rule.
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/egress"
+	"paddock/internal/egress/dns"
+	"paddock/internal/errdefs"
+	"paddock/internal/network"
+	"paddock/internal/runtime"
+)
+
+// Inside the sandbox.
+const (
+	bundlePath = "/etc/ssl/certs/ca-certificates.crt"
+	caPath     = "/etc/paddock/ca.pem"
+	selfPath   = "/run/paddock"
+	// SelfHost is the name that reaches the self endpoint.
+	SelfHost = "paddock.internal"
+)
+
+// Config configures a Gateway.
+type Config struct {
+	// Dir holds secrets and per-sandbox files (StateDir/gateway).
+	Dir string
+	// Name and Subnet configure the network (defaults: "paddock",
+	// 10.224.0.0/16). Daemons on one host need distinct ones.
+	Name   string
+	Subnet netip.Prefix
+	// Upstream lists the DNS servers ("ip:port") the resolver asks;
+	// empty reads the host's /etc/resolv.conf.
+	Upstream []string
+	// RootCAs verifies upstream TLS of intercepted hosts; nil: the host's.
+	RootCAs *x509.CertPool
+	// SystemBundle is the host's CA bundle, the base of every sandbox's
+	// bundle. Default /etc/ssl/certs/ca-certificates.crt.
+	SystemBundle string
+	Logger *slog.Logger
+}
+
+// Event is one egress decision (Egress set) or DNS query (DNS set).
+type Event struct {
+	Egress *egress.Event
+	DNS    *dns.Query
+}
+
+// Gateway is the running egress path.
+type Gateway struct {
+	cfg     Config
+	log     *slog.Logger
+	net     *network.Manager
+	eng     *egress.Engine
+	secrets *egress.SecretStore
+	proxy   *egress.Proxy
+	dns     *dns.Server
+	self    *http.Server
+	selfLn  net.Listener
+	proxyLn net.Listener
+	bundle  []byte // the host's CA bundle
+
+	mu      sync.Mutex
+	events  func(id string, e Event)
+	selfFn  func(id string) (map[string]any, error)
+	cas     map[string]*egress.CA
+	denials map[string][]egress.Event // recent denials per sandbox, newest last
+
+	stop chan struct{}
+	wake chan struct{} // refresh the self trees now
+	wg   sync.WaitGroup
+}
+
+var _ runtime.Network = (*Gateway)(nil)
+
+// maxDenials is how many recent denials each sandbox's self view keeps.
+const maxDenials = 50
+
+// Start starts the proxy, resolver and self endpoint and installs the
+// network's rules.
+func Start(cfg Config) (_ *Gateway, retErr error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.SystemBundle == "" {
+		cfg.SystemBundle = "/etc/ssl/certs/ca-certificates.crt"
+	}
+	if len(cfg.Upstream) == 0 {
+		cfg.Upstream = hostResolvers("/etc/resolv.conf")
+	}
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, cas: map[string]*egress.CA{}, denials: map[string][]egress.Event{}, stop: make(chan struct{}), wake: make(chan struct{}, 1)}
+	var cleanups []func()
+	defer func() {
+		if retErr != nil {
+			for i := len(cleanups) - 1; i >= 0; i-- {
+				cleanups[i]()
+			}
+		}
+	}()
+	var err error
+	if g.bundle, err = os.ReadFile(cfg.SystemBundle); err != nil {
+		g.log.Warn("no host CA bundle; sandboxes trust only their own CA", "path", cfg.SystemBundle, "err", err)
+	}
+	if g.secrets, err = egress.OpenSecretStore(filepath.Join(cfg.Dir, "secrets")); err != nil {
+		return nil, err
+	}
+	g.eng = egress.NewEngine(egress.EngineConfig{})
+
+	// The listeners take any port; the network's rules redirect to them.
+	if g.proxyLn, err = net.Listen("tcp4", "0.0.0.0:0"); err != nil {
+		return nil, fmt.Errorf("listening for the egress proxy: %w", err)
+	}
+	cleanups = append(cleanups, func() { g.proxyLn.Close() })
+	if g.selfLn, err = net.Listen("tcp4", "0.0.0.0:0"); err != nil {
+		return nil, fmt.Errorf("listening for the self endpoint: %w", err)
+	}
+	cleanups = append(cleanups, func() { g.selfLn.Close() })
+	g.dns, err = dns.Start(dns.Config{
+		Addr:     "0.0.0.0:0",
+		Upstream: cfg.Upstream,
+		Sandbox:  g.lookup,
+		Allowed: func(id, name string) (bool, string) {
+			d := g.eng.DecideName(id, name)
+			return d.Allow, d.Rule
+		},
+		Special: map[string]func(string) []netip.Addr{SelfHost: g.hostAddr},
+		Log: func(id string, q dns.Query) {
+			if f := g.eventSink(); f != nil {
+				f(id, Event{DNS: &q})
+			}
+		},
+		Logger: g.log.With("part", "dns"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting the resolver: %w", err)
+	}
+	cleanups = append(cleanups, func() { g.dns.Close() })
+	g.net, err = network.New(network.Config{
+		Subnet:    cfg.Subnet,
+		Name:      cfg.Name,
+		ProxyPort: port(g.proxyLn.Addr()),
+		DNSPort:   g.dns.Addr().Port(),
+		SelfPort:  port(g.selfLn.Addr()),
+		Logger:    g.log.With("part", "network"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up the network: %w", err)
+	}
+	cleanups = append(cleanups, func() { g.net.Close() })
+	g.proxy, err = egress.Start(egress.ProxyConfig{
+		Listener: g.proxyLn,
+		Engine:   g.eng,
+		Sandbox:  g.lookup,
+		CA:       g.ca,
+		Secrets:  g.secrets,
+		Resolve:  g.dns.Resolve,
+		RootCAs:  cfg.RootCAs,
+		Events:   g.event,
+		Logger:   g.log.With("part", "proxy"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting the egress proxy: %w", err)
+	}
+	g.self = &http.Server{Handler: http.HandlerFunc(g.serveSelf), ReadHeaderTimeout: 5 * time.Second}
+	go g.self.Serve(g.selfLn)
+	g.wg.Add(1)
+	go g.refreshSelf(time.Second)
+	g.log.Info("egress gateway up", "proxy_port", port(g.proxyLn.Addr()), "dns_port", g.dns.Addr().Port(), "self_port", port(g.selfLn.Addr()), "upstream_dns", cfg.Upstream)
+	return g, nil
+}
+
+func port(a net.Addr) uint16 { return uint16(a.(*net.TCPAddr).Port) }
+
+// hostResolvers reads the nameservers of a resolv.conf.
+func hostResolvers(path string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "nameserver" {
+			if a, err := netip.ParseAddr(fields[1]); err == nil {
+				out = append(out, netip.AddrPortFrom(a, 53).String())
+			}
+		}
+	}
+	return out
+}
+
+func (g *Gateway) lookup(a netip.Addr) (string, bool) { return g.net.Lookup(a) }
+
+// hostAddr is the host side of a sandbox's link: what paddock.internal
+// resolves to for it.
+func (g *Gateway) hostAddr(id string) []netip.Addr {
+	if l, ok := g.net.Link(id); ok {
+		return []netip.Addr{l.HostAddr}
+	}
+	return nil
+}
+
+func (g *Gateway) event(id string, e egress.Event) {
+	if e.Action == "deny" {
+		g.mu.Lock()
+		d := append(g.denials[id], e)
+		if len(d) > maxDenials {
+			d = d[len(d)-maxDenials:]
+		}
+		g.denials[id] = d
+		g.mu.Unlock()
+		g.poke()
+	}
+	if f := g.eventSink(); f != nil {
+		f(id, Event{Egress: &e})
+	}
+}
+
+// poke asks for the self trees to be refreshed now.
+func (g *Gateway) poke() {
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+// SetEvents sets where every egress decision and DNS query goes (the
+// sandbox's event log); f must not block.
+func (g *Gateway) SetEvents(f func(id string, e Event)) {
+	g.mu.Lock()
+	g.events = f
+	g.mu.Unlock()
+}
+
+// SetSelf sets what is added to a sandbox's self view (limits, usage,
+// budgets).
+func (g *Gateway) SetSelf(f func(id string) (map[string]any, error)) {
+	g.mu.Lock()
+	g.selfFn = f
+	g.mu.Unlock()
+}
+
+func (g *Gateway) eventSink() func(string, Event) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.events
+}
+
+func (g *Gateway) dir(id string) string { return filepath.Join(g.cfg.Dir, "sandboxes", id) }
+
+// ca returns sandbox id's CA, loading it from disk the first time.
+func (g *Gateway) ca(id string) (*egress.CA, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if ca := g.cas[id]; ca != nil {
+		return ca, nil
+	}
+	cert, err := os.ReadFile(filepath.Join(g.dir(id), "ca.pem"))
+	if err != nil {
+		return nil, fmt.Errorf("loading the CA of %s: %w", id, err)
+	}
+	key, err := os.ReadFile(filepath.Join(g.dir(id), "ca.key"))
+	if err != nil {
+		return nil, fmt.Errorf("loading the CA of %s: %w", id, err)
+	}
+	ca, err := egress.LoadCA(cert, key)
+	if err != nil {
+		return nil, err
+	}
+	g.cas[id] = ca
+	return ca, nil
+}
+
+// Attach implements runtime.Network: it wires the namespace and writes
+// the files the sandbox gets. A sandbox that had a CA keeps it.
+func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
+	dir := g.dir(id)
+	for _, d := range []string{dir, filepath.Join(dir, "files"), filepath.Join(dir, "self")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return runtime.NetSetup{}, err
+		}
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return runtime.NetSetup{}, err
+	}
+	ca, err := g.ca(id)
+	if err != nil {
+		if ca, err = egress.NewCA(id); err != nil {
+			return runtime.NetSetup{}, err
+		}
+		if err := writeFile(filepath.Join(dir, "ca.key"), ca.KeyPEM(), 0o600); err != nil {
+			return runtime.NetSetup{}, err
+		}
+		if err := writeFile(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
+			return runtime.NetSetup{}, err
+		}
+		g.mu.Lock()
+		g.cas[id] = ca
+		g.mu.Unlock()
+	}
+	link, err := g.net.Attach(id, netnsFD)
+	if err != nil {
+		return runtime.NetSetup{}, err
+	}
+	files := map[string][]byte{
+		"resolv.conf":    []byte("# paddock: every query goes to paddock's resolver, which answers\n# only the names this sandbox's policy allows.\nnameserver " + link.HostAddr.String() + "\noptions ndots:0\n"),
+		"hosts":          []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + link.HostAddr.String() + "\t" + SelfHost + "\n"),
+		"ca-bundle.crt":  append(append(append([]byte(nil), g.bundle...), '\n'), ca.CertPEM()...),
+		"paddock-ca.pem": ca.CertPEM(),
+	}
+	for name, b := range files {
+		if err := writeFile(filepath.Join(dir, "files", name), b, 0o644); err != nil {
+			g.net.Detach(id)
+			return runtime.NetSetup{}, err
+		}
+	}
+	state, _ := json.Marshal(link)
+	f := filepath.Join(dir, "files")
+	proxy := fmt.Sprintf("http://%s:%d", link.HostAddr, port(g.proxyLn.Addr()))
+	var env []string
+	for k, v := range egress.SandboxEnv(proxy, bundlePath) {
+		env = append(env, k+"="+v)
+	}
+	env = append(env, "NO_PROXY=localhost,127.0.0.1,::1,"+SelfHost, "no_proxy=localhost,127.0.0.1,::1,"+SelfHost)
+	return runtime.NetSetup{
+		State: state,
+		Files: []runtime.FileBind{
+			{Source: filepath.Join(f, "resolv.conf"), Dest: "/etc/resolv.conf"},
+			{Source: filepath.Join(f, "hosts"), Dest: "/etc/hosts"},
+			{Source: filepath.Join(f, "ca-bundle.crt"), Dest: bundlePath},
+			{Source: filepath.Join(f, "paddock-ca.pem"), Dest: caPath},
+			{Source: filepath.Join(dir, "self"), Dest: selfPath, Dir: true},
+		},
+		Env: env,
+	}, nil
+}
+
+func writeFile(path string, b []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// Restore implements runtime.Network.
+func (g *Gateway) Restore(id string, state []byte) error {
+	var l network.Link
+	if err := json.Unmarshal(state, &l); err != nil {
+		return fmt.Errorf("decoding network state: %w", err)
+	}
+	return g.net.Restore(id, l)
+}
+
+// Detach implements runtime.Network.
+func (g *Gateway) Detach(id string) {
+	if err := g.net.Detach(id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		g.log.Warn("detaching network", "sandbox", id, "err", err)
+	}
+}
+
+// Forget implements runtime.Network.
+func (g *Gateway) Forget(id string) {
+	g.Detach(id)
+	g.eng.Remove(id)
+	g.mu.Lock()
+	delete(g.cas, id)
+	delete(g.denials, id)
+	g.mu.Unlock()
+	if err := os.RemoveAll(g.dir(id)); err != nil {
+		g.log.Warn("removing a sandbox's gateway files", "sandbox", id, "err", err)
+	}
+}
+
+// Prune removes what sandboxes not in keep left behind (after a daemon
+// restart, once the manager has reconciled).
+func (g *Gateway) Prune(keep func(id string) bool) {
+	ents, _ := os.ReadDir(filepath.Join(g.cfg.Dir, "sandboxes"))
+	for _, e := range ents {
+		if !keep(e.Name()) {
+			g.Forget(e.Name())
+		}
+	}
+	if n := g.net.Prune(); n > 0 {
+		g.log.Info("removed stale sandbox links", "count", n)
+	}
+}
+
+// toEgress converts a wire policy to the engine's.
+func toEgress(p *api.Policy) (*egress.Policy, error) {
+	if p == nil {
+		return &egress.Policy{}, nil
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, err
+	}
+	var ep egress.Policy
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ep); err != nil {
+		return nil, errdefs.Invalid("policy", "%v", err)
+	}
+	return &ep, nil
+}
+
+// ValidatePolicy checks a policy and names its first bad entry.
+func (g *Gateway) ValidatePolicy(p *api.Policy) error {
+	ep, err := toEgress(p)
+	if err != nil {
+		return err
+	}
+	if err := ep.Validate(); err != nil {
+		return errdefs.Invalid("policy", "%s", strings.TrimPrefix(err.Error(), errdefs.ErrInvalid.Error()+": "))
+	}
+	for _, b := range ep.Secrets {
+		if _, err := g.secrets.Get(b.Name); err != nil {
+			return errdefs.Invalid("policy", "secrets: no secret named %q (create it with `paddock secret create %s`)", b.Name, b.Name)
+		}
+	}
+	return nil
+}
+
+// SetPolicy applies sandbox id's policy to new connections and requests
+// (nil: nothing is reachable) and returns the environment its secrets'
+// placeholders take.
+func (g *Gateway) SetPolicy(id string, p *api.Policy) ([]string, error) {
+	ep, err := toEgress(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.eng.Set(id, ep); err != nil {
+		return nil, err
+	}
+	g.poke()
+	var env []string
+	for k, v := range g.secrets.Placeholders(id, ep.Secrets) {
+		env = append(env, k+"="+v)
+	}
+	return env, nil
+}
+
+// Secrets is the secret store.
+func (g *Gateway) Secrets() *egress.SecretStore { return g.secrets }
+
+// Denials returns a sandbox's recent denials, newest last.
+func (g *Gateway) Denials(id string) []egress.Event {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]egress.Event(nil), g.denials[id]...)
+}
+
+// Close stops the gateway's listeners; the network's rules and links stay
+// for the sandboxes that keep running.
+func (g *Gateway) Close() error {
+	close(g.stop)
+	g.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	g.self.Shutdown(ctx)
+	g.proxy.Close()
+	g.dns.Close()
+	return g.net.Close()
+}
