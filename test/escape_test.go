@@ -242,7 +242,9 @@ os.waitpid(pid, 0)
 				t.Errorf("reached the host at %s: %v", external, r)
 			}
 		}, skip: map[bool]string{true: "host has no non-loopback IPv4 address"}[external == ""]},
-		{name: "only loopback", cmd: py("import socket; print(' '.join(n for _, n in socket.if_nameindex()))"), check: prints("lo")},
+		// Loopback, and eth0: the link to paddock's egress gateway, which
+		// with no policy reaches nothing (the egress tests go further).
+		{name: "only loopback and the gateway link", cmd: py("import socket; print(' '.join(n for _, n in socket.if_nameindex()))"), check: prints("lo eth0")},
 		{name: "control: loopback service inside", cmd: py(`
 import socket
 srv = socket.socket()
