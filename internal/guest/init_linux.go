@@ -52,6 +52,7 @@ func Run() error {
 	}
 	sp := startSpawner()
 	prefault()
+	spareThreads(8)
 	syncSock := os.NewFile(fdSync, "sync")
 	fail := func(err error) error {
 		b, _ := json.Marshal(Ready{Error: err.Error()})

@@ -3,8 +3,10 @@ package guest
 import (
 	"bufio"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,4 +41,29 @@ func prefault() {
 		// faults as before.
 		unix.Syscall(unix.SYS_MADVISE, uintptr(start), uintptr(end-start), unix.MADV_POPULATE_READ)
 	}
+}
+
+// spareThreads makes the Go runtime start n OS threads and keep them idle.
+// Threads count against the sandbox's pids limit: a fork bomb that holds
+// the sandbox at its cap would otherwise leave the guest unable to start
+// the thread a blocking syscall needs, and the runtime aborts when
+// clone fails. Idle threads are never given back, so the guest keeps
+// these for its life.
+func spareThreads(n int) {
+	var locked, release, done sync.WaitGroup
+	locked.Add(n)
+	release.Add(1)
+	done.Add(n)
+	for range n {
+		go func() {
+			defer done.Done()
+			runtime.LockOSThread()
+			locked.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	locked.Wait()
+	release.Done()
+	done.Wait()
 }
