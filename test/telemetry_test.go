@@ -320,8 +320,9 @@ func TestTelemetryBudgets(t *testing.T) {
 	defer cancel()
 	spin := []string{"python3", "-c", "while True: pass"}
 
-	// CPU seconds, kill.
-	kill := d.Create(api.CreateRequest{Budget: &api.Budget{CPUSeconds: 1.5, Action: "kill"}})
+	// CPU seconds, kill, with a warning half way (a wide margin: one core
+	// uses at most a CPU-second between two samples).
+	kill := d.Create(api.CreateRequest{Budget: &api.Budget{CPUSeconds: 3, WarnAt: 0.5, Action: "kill"}})
 	// Wall time, pause (freeze).
 	pause := d.Create(api.CreateRequest{Budget: &api.Budget{WallSeconds: 4, Action: "pause"}})
 	// Egress requests, cut the network.
@@ -343,10 +344,14 @@ func TestTelemetryBudgets(t *testing.T) {
 		Action      string
 	}
 	json.Unmarshal(e.Data, &n)
-	if n.Used < 1.5 || n.Used > 3.5 || n.Action != "kill" {
-		t.Errorf("cpu budget of 1.5 s acted at %+v", n)
+	if n.Used < 3 || n.Used > 5 || n.Action != "kill" {
+		t.Errorf("cpu budget of 3 s acted at %+v", n)
 	}
-	d.waitEvent(kill, "budget", func(e api.Event) bool { return strings.Contains(string(e.Data), `"exceeded":false`) })
+	w := d.waitEvent(kill, "budget", func(e api.Event) bool { return strings.Contains(string(e.Data), `"exceeded":false`) })
+	json.Unmarshal(w.Data, &n)
+	if n.Used < 1.5 || n.Used > 3 || w.Seq > e.Seq {
+		t.Errorf("cpu budget warning at half of 3 s came at %+v (seq %d, exceeded at %d)", n, w.Seq, e.Seq)
+	}
 
 	budgetState(d, pause, api.StateFrozen)
 	d.waitEvent(pause, "budget", func(e api.Event) bool {
@@ -366,12 +371,16 @@ func TestTelemetryBudgets(t *testing.T) {
 		t.Fatalf("the network was not cut")
 	}
 	mustFail(t, curl(d, cut, "http://allowed.test/"), "egress after the network was cut")
-	if len(d.events(cut, "policy")) < 3 {
-		t.Errorf("egress decisions are not events: %+v", d.events(cut, "policy"))
-	}
-	m := d.metrics(cut)
-	if m.Current == nil || m.Current.EgressAllowed < 3 || m.Current.EgressDenied < 1 || m.Current.NetRxBytes == 0 {
+	mustFail(t, curl(d, cut, "http://"+u.IP+"/"), "egress to an address after the network was cut")
+	var m *api.Metrics
+	if !waitFor(10*time.Second, 200*time.Millisecond, func() bool {
+		m = d.metrics(cut)
+		return m.Current != nil && m.Current.EgressDenied >= 1
+	}) || m.Current.EgressAllowed < 3 || m.Current.NetRxBytes == 0 {
 		t.Errorf("egress counters: %+v", m.Current)
+	}
+	if len(d.events(cut, "policy")) < 4 {
+		t.Errorf("egress decisions are not events:\n%s", eventLines(d.events(cut, "policy")))
 	}
 }
 
