@@ -157,7 +157,6 @@ func threadCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-
 // resizeLatency switches a running sandbox's limits back and forth and
 // times each until the cgroup holds the new memory limit.
 func (r *rig) resizeLatency(ctx context.Context) (summary, error) {
