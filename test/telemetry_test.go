@@ -442,6 +442,15 @@ func TestTelemetrySelfView(t *testing.T) {
 		t.Fatal(r)
 	}
 	check("paddock.internal/v1/self", r.Stdout)
+	// A refused name says why, and what would allow it.
+	mustFail(t, curl(d, a, "http://nowhere.test/"), "a name no policy allows")
+	if !waitFor(10*time.Second, 200*time.Millisecond, func() bool {
+		den := d.Sh(a, "cat /run/paddock/denials.json")
+		return strings.Contains(den, `"host": "nowhere.test"`) && strings.Contains(den, `"kind": "dns"`) && strings.Contains(den, "--allow nowhere.test")
+	}) {
+		t.Errorf("denials.json after a refused name: %s", d.Sh(a, "cat /run/paddock/denials.json"))
+	}
+	d.waitEvent(a, "policy", func(e api.Event) bool { return strings.Contains(e.Message, "nowhere.test") })
 	// It stays current: a resize shows.
 	if _, err := d.Client().Update(context.Background(), a, api.UpdateRequest{Resources: api.Resources{MemoryBytes: 512 * mib}}); err != nil {
 		t.Fatal(err)

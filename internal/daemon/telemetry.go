@@ -96,7 +96,11 @@ func gatewayTelemetry(gw *gateway.Gateway, h *hub.Hub, mgr *sandbox.Manager, log
 			}
 			h.Egress(id, x.Action == "allow", x.BytesIn, x.BytesOut, fmt.Sprintf("%s %s %s: %s", x.Action, x.Kind, dest, x.Reason), x)
 		case e.DNS != nil:
-			log.Debug("dns", "sandbox", id, "name", e.DNS.Name, "type", e.DNS.Type, "rcode", e.DNS.Rcode, "allowed", e.DNS.Allowed)
+			q := e.DNS
+			log.Debug("dns", "sandbox", id, "name", q.Name, "type", q.Type, "rcode", q.Rcode, "allowed", q.Allowed)
+			if !q.Allowed {
+				h.Event(id, "policy", fmt.Sprintf("deny dns %s: %s", q.Name, q.Reason), q)
+			}
 		}
 	})
 }
