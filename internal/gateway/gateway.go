@@ -254,10 +254,22 @@ func (g *Gateway) event(id string, e egress.Event) {
 	}
 }
 
-// noteDenial keeps a refusal for the sandbox's self view.
+// noteDenial keeps a refusal for the sandbox's self view. A refused name
+// is asked again at once (A and AAAA, retries, search domains): one entry
+// stands for the repeats of the last few seconds.
 func (g *Gateway) noteDenial(id string, e egress.Event) {
 	g.mu.Lock()
-	d := append(g.denials[id], e)
+	d := g.denials[id]
+	if e.Kind == egress.KindDNS {
+		for i := len(d) - 1; i >= max(0, len(d)-4); i-- {
+			if p := &d[i]; p.Kind == e.Kind && p.Host == e.Host && e.Time.Sub(p.Time) < 5*time.Second {
+				p.Time = e.Time
+				g.mu.Unlock()
+				return
+			}
+		}
+	}
+	d = append(d, e)
 	if len(d) > maxDenials {
 		d = d[len(d)-maxDenials:]
 	}
