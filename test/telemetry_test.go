@@ -578,3 +578,61 @@ func TestTelemetryAutoscale(t *testing.T) {
 		t.Errorf("autoscaled limits after the ramp: %+v", l)
 	}
 }
+
+// TestTelemetryRestart: across a daemon restart the events stay, a
+// running process's output copy carries on to its exit, and budget usage
+// is not forgotten.
+func TestTelemetryRestart(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	id := d.Create(api.CreateRequest{Budget: &api.Budget{CPUSeconds: 1000}})
+	if r := d.py(id, "import time\nwhile time.process_time() < 1: pass"); r.ExitCode != 0 {
+		t.Fatal(r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := d.Client().StartProcess(ctx, id, api.StartRequest{Cmd: []string{"sh", "-c", "for i in 1 2 3 4 5 6; do echo line$i; sleep 1; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used float64
+	if !waitFor(10*time.Second, 200*time.Millisecond, func() bool {
+		m := d.metrics(id)
+		if m.Budgets != nil && len(m.Budgets.Budgets) == 1 {
+			used = m.Budgets.Budgets[0].Used
+		}
+		return used >= 0.9
+	}) {
+		t.Fatalf("cpu budget used %.2f s before the restart", used)
+	}
+	time.Sleep(time.Second)
+	d.Stop()
+	d.Start()
+
+	s, err := d.Client().Log(ctx, id, p.PID, client.LogOptions{Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	st, err := s.Wait(&out, nil)
+	s.Close()
+	if err != nil || st == nil || st.ExitCode != 0 || out.String() != "line1\nline2\nline3\nline4\nline5\nline6\n" {
+		t.Fatalf("output copied across the restart %q, exit %+v, err %v", out.String(), st, err)
+	}
+	d.waitEvent(id, "exec", func(e api.Event) bool {
+		return strings.Contains(e.Message, "pid "+strconv.Itoa(p.PID)+" exited with code 0")
+	})
+	if evs := d.events(id, "lifecycle"); len(evs) == 0 || evs[0].Message != "created" || evs[0].Seq != 1 {
+		t.Errorf("events before the restart: %s", eventLines(evs))
+	}
+	var after float64
+	if !waitFor(10*time.Second, 200*time.Millisecond, func() bool {
+		m := d.metrics(id)
+		if m.Budgets != nil && len(m.Budgets.Budgets) == 1 {
+			after = m.Budgets.Budgets[0].Used
+		}
+		return after >= used
+	}) {
+		t.Errorf("cpu budget used %.2f s before the restart, %.2f s after", used, after)
+	}
+}

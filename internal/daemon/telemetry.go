@@ -75,6 +75,7 @@ func startTelemetry(cfg Config, cgroups *cgroup.Manager, mgr *sandbox.Manager, l
 			return err
 		},
 	})
+	h.SetGuests(mgr.Guest)
 	mgr.SetObserver(h)
 	return h, nil
 }

@@ -104,3 +104,69 @@ func (h *Hub) pump(gc *guest.Client, pid int, w *execlog.Writer) (*api.ExitStatu
 		}
 	}
 }
+
+// SetGuests sets how the hub reaches a running sandbox's guest, to carry
+// on the output copies a daemon restart cut short.
+func (h *Hub) SetGuests(f func(ctx context.Context, id string) (*guest.Client, error)) {
+	h.mu.Lock()
+	h.guests = f
+	h.mu.Unlock()
+}
+
+// resumeCopies carries on copying the output of sandbox id's processes
+// whose copy the last daemon left unfinished; those the guest no longer
+// knows are closed with an error. It runs on a goroutine of its own.
+func (h *Hub) resumeCopies(id string) {
+	ps, err := h.execs.List(id)
+	if err != nil {
+		return
+	}
+	var open []execlog.Process
+	for _, p := range ps {
+		if p.Exit == nil {
+			open = append(open, p)
+		}
+	}
+	h.mu.Lock()
+	guests := h.guests
+	h.mu.Unlock()
+	if len(open) == 0 || guests == nil {
+		return
+	}
+	log := h.log.With("sandbox", id)
+	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
+	defer cancel()
+	gc, err := guests(ctx, id)
+	var listed map[int]guest.ProcessInfo
+	if err == nil {
+		var resp *guest.Response
+		if resp, err = gc.Do(ctx, guest.Request{Op: guest.OpList}); err == nil {
+			listed = map[int]guest.ProcessInfo{}
+			for _, pi := range resp.Processes {
+				listed[pi.PID] = pi
+			}
+		}
+	}
+	if err != nil {
+		log.Warn("resuming exec output copies", "err", err)
+		return
+	}
+	for _, p := range open {
+		w, err := h.execs.Resume(id, p.Seq)
+		if err != nil {
+			continue // a copy of it runs already
+		}
+		cut := events.CutCmd(p.Cmd)
+		pi, ok := listed[p.PID]
+		// A pid the guest reused for a later process is not this one.
+		if !ok || pi.StartedAt.Sub(p.StartedAt).Abs() > 5*time.Second {
+			w.Finish(api.ExitStatus{ExitCode: -1, Error: "the process was lost while the daemon was down"})
+			continue
+		}
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			h.copyOutput(id, gc, p.PID, cut, p.StartedAt, w)
+		}()
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"paddock/api"
 	"paddock/internal/cgroup"
 	"paddock/internal/errdefs"
+	"paddock/internal/guest"
 	"paddock/internal/sandbox"
 	"paddock/internal/telemetry/admission"
 	"paddock/internal/telemetry/autoscale"
@@ -89,6 +90,7 @@ type Hub struct {
 
 	mu       sync.Mutex
 	actions  Actions
+	guests   func(ctx context.Context, id string) (*guest.Client, error)
 	admitted map[string]time.Time // keys given to Admit, when
 	boxes    map[string]*state
 }
@@ -257,6 +259,13 @@ func (h *Hub) Running(key string, s api.Sandbox) {
 		st.group = g
 		h.mu.Unlock()
 		h.sampler.Register(id, h.source(id, g))
+	}
+	if !fresh && s.State == api.StateRunning {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			h.resumeCopies(id)
+		}()
 	}
 	if fresh {
 		h.oom.Started(id)
