@@ -66,6 +66,9 @@ type ExecStream struct {
 	body io.ReadCloser
 	fr   *wire.Reader
 	off  int64 // output bytes received (and dropped) so far
+	// eofOK: the stream may end without an exit frame (a kept log of a
+	// process still running); Wait then returns a nil status.
+	eofOK bool
 
 	mu sync.Mutex
 	fw *wire.Writer // nil on a one-way stream
@@ -144,6 +147,9 @@ func (s *ExecStream) Wait(stdout, stderr io.Writer) (*api.ExitStatus, error) {
 	}
 	for {
 		f, err := s.fr.Read()
+		if err == io.EOF && s.eofOK {
+			return nil, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("reading exec stream: %w", err)
 		}

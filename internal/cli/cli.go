@@ -104,6 +104,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(portCmds(g)...)
 	root.AddCommand(snapshotCmd(g), forkCmd(g), volumeCmd(g))
 	root.AddCommand(policyCmd(g), secretCmd(g))
+	root.AddCommand(telemetryCmds(g)...)
 	return root
 }
 
@@ -145,6 +146,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.Network.RootCA, "egress-root-ca", "", "PEM file of CAs that verify intercepted upstreams, instead of the host's roots")
 	f.Int64Var(&cfg.OutputLimit, "output-limit", cfg.OutputLimit, "output retained per process, in bytes (oldest dropped first)")
 	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")
+	telemetryFlags(f, &cfg.Telemetry)
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
 }

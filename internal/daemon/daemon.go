@@ -20,7 +20,6 @@ import (
 
 	"paddock/api"
 	"paddock/internal/cgroup"
-	"paddock/internal/gateway"
 	"paddock/internal/runtime/native"
 	"paddock/internal/sandbox"
 	"paddock/internal/seccomp"
@@ -67,6 +66,8 @@ type Config struct {
 	// WarmGuests is how many sandbox init processes to start ahead of
 	// time, so that a create does not wait for one to start.
 	WarmGuests int
+	// Telemetry configures metrics, budgets and admission control.
+	Telemetry TelemetryConfig
 }
 
 // NetworkConfig configures the egress gateway.
@@ -200,6 +201,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Logger:    log,
 	})
 	defer mgr.Close()
+	tel, err := startTelemetry(cfg, cgroups, mgr, log.With("component", "telemetry"))
+	if err != nil {
+		return err
+	}
+	defer tel.Close()
 	// Records first: the runtime's warm guests take uid ranges, which
 	// must not collide with those of recorded sandboxes.
 	if err := mgr.Load(); err != nil {
@@ -234,18 +240,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			_, err := mgr.Get(id)
 			return err == nil || rt.IsWarm(id)
 		})
-		elog := log.With("component", "egress")
-		gw.SetEvents(func(id string, e gateway.Event) {
-			// Network traffic is activity: it keeps auto-pause away.
-			mgr.Touch(id)
-			switch {
-			case e.Egress != nil:
-				elog.Debug("egress", "sandbox", id, "kind", e.Egress.Kind, "action", e.Egress.Action, "host", e.Egress.Host, "ip", e.Egress.IP, "port", e.Egress.Port, "path", e.Egress.Path, "rule", e.Egress.Rule, "reason", e.Egress.Reason, "error", e.Egress.Error)
-			case e.DNS != nil:
-				elog.Debug("dns", "sandbox", id, "name", e.DNS.Name, "type", e.DNS.Type, "rcode", e.DNS.Rcode, "allowed", e.DNS.Allowed)
-			}
-		})
+		gatewayTelemetry(gw, tel, mgr, log.With("component", "egress"))
 	}
+
+	tel.Prune(func(id string) bool {
+		_, err := mgr.Get(id)
+		return err == nil
+	})
+	tel.Run()
 
 	srv := server.New(mgr, api.VersionInfo{
 		Version:   Version,
@@ -257,6 +259,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if gw != nil {
 		srv.SetSecrets(gw.Secrets())
 	}
+	srv.SetTelemetry(tel)
 	errc := make(chan error, len(listeners))
 	var servers []*http.Server
 	for _, l := range listeners {

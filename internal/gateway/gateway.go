@@ -68,7 +68,7 @@ type Config struct {
 	// SystemBundle is the host's CA bundle, the base of every sandbox's
 	// bundle. Default /etc/ssl/certs/ca-certificates.crt.
 	SystemBundle string
-	Logger *slog.Logger
+	Logger       *slog.Logger
 }
 
 // Event is one egress decision (Egress set) or DNS query (DNS set).
@@ -161,6 +161,13 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 		},
 		Special: map[string]func(string) []netip.Addr{SelfHost: g.hostAddr},
 		Log: func(id string, q dns.Query) {
+			if !q.Allowed && q.Rcode == "REFUSED" {
+				// A refused name is the first thing an agent's curl hits:
+				// its self view must say why and what would allow it.
+				d := g.eng.DecideName(id, q.Name)
+				g.noteDenial(id, egress.Event{Time: q.Time, Kind: egress.KindDNS, Action: "deny", Host: q.Name,
+					Rule: d.Rule, Reason: "the resolver refused the name: " + d.Reason, Suggest: d.Suggest})
+			}
 			if f := g.eventSink(); f != nil {
 				f(id, Event{DNS: &q})
 			}
@@ -240,18 +247,35 @@ func (g *Gateway) hostAddr(id string) []netip.Addr {
 
 func (g *Gateway) event(id string, e egress.Event) {
 	if e.Action == "deny" {
-		g.mu.Lock()
-		d := append(g.denials[id], e)
-		if len(d) > maxDenials {
-			d = d[len(d)-maxDenials:]
-		}
-		g.denials[id] = d
-		g.mu.Unlock()
-		g.poke()
+		g.noteDenial(id, e)
 	}
 	if f := g.eventSink(); f != nil {
 		f(id, Event{Egress: &e})
 	}
+}
+
+// noteDenial keeps a refusal for the sandbox's self view. A refused name
+// is asked again at once (A and AAAA, retries, search domains): one entry
+// stands for the repeats of the last few seconds.
+func (g *Gateway) noteDenial(id string, e egress.Event) {
+	g.mu.Lock()
+	d := g.denials[id]
+	if e.Kind == egress.KindDNS {
+		for i := len(d) - 1; i >= max(0, len(d)-4); i-- {
+			if p := &d[i]; p.Kind == e.Kind && p.Host == e.Host && e.Time.Sub(p.Time) < 5*time.Second {
+				p.Time = e.Time
+				g.mu.Unlock()
+				return
+			}
+		}
+	}
+	d = append(d, e)
+	if len(d) > maxDenials {
+		d = d[len(d)-maxDenials:]
+	}
+	g.denials[id] = d
+	g.mu.Unlock()
+	g.poke()
 }
 
 // poke asks for the self trees to be refreshed now.

@@ -76,7 +76,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		Cmd: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
 		TimeoutSeconds: req.TimeoutSeconds, Stdin: upgrade || req.Stdin != nil || req.TTY != nil, Attach: true,
 	}
-	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, func(resp *guest.Response, conn *guest.Conn) {
+	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, func(gc *guest.Client, resp *guest.Response, conn *guest.Conn) {
+		s.execStarted(id, gc, resp.PID, req.Cmd)
 		if req.Stdin == nil || resp.PID == 0 {
 			return
 		}
@@ -96,7 +97,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 // and relays its frames to the client: one way, or both ways after a 101
 // when the client asked for an upgrade. before runs once the guest has
 // answered, before any output is relayed.
-func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, before func(*guest.Response, *guest.Conn)) {
+func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, before func(*guest.Client, *guest.Response, *guest.Conn)) {
 	gc, err := s.mgr.Guest(r.Context(), id)
 	if err != nil {
 		writeError(w, r, s.log, err)
@@ -115,7 +116,7 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 	}
 	defer conn.Close()
 	if before != nil {
-		before(resp, conn)
+		before(gc, resp, conn)
 	}
 	pid := strconv.Itoa(resp.PID)
 	if !wantsUpgrade(r) {

@@ -70,6 +70,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
+	s.execStarted(r.PathValue("id"), gc, resp.PID, req.Cmd)
 	p, err := s.process(r, resp.PID)
 	if err != nil {
 		writeError(w, r, s.log, err)

@@ -17,6 +17,7 @@ import (
 	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/internal/sandbox"
+	"paddock/internal/telemetry/hub"
 )
 
 // maxBody caps JSON request bodies.
@@ -36,6 +37,7 @@ type Server struct {
 	mux     *http.ServeMux
 	routes  []route
 	secrets Secrets
+	tel     *hub.Hub
 }
 
 // New returns a Server for mgr.
@@ -60,6 +62,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 	routes = append(routes, s.portRoutes()...)
 	routes = append(routes, s.storageRoutes()...)
 	routes = append(routes, s.policyRoutes()...)
+	routes = append(routes, s.telemetryRoutes()...)
 	s.routes = routes
 	allowed := map[string][]string{}
 	for _, r := range routes {

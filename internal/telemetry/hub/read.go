@@ -1,0 +1,188 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/telemetry/budget"
+	"paddock/internal/telemetry/events"
+	"paddock/internal/telemetry/execlog"
+	"paddock/internal/telemetry/metrics"
+)
+
+func toSample(s metrics.Sample) api.Sample {
+	return api.Sample{Time: s.Time, CPUSeconds: s.CPUSeconds, CPUPercent: s.CPUPercent, CPUThrottledSeconds: s.CPUThrottledSeconds,
+		MemoryBytes: s.MemoryBytes, MemoryPeakBytes: s.MemoryPeakBytes, MemoryLimitBytes: s.MemoryLimitBytes,
+		Pids: s.Pids, PidsLimit: s.PidsLimit, DiskUsedBytes: s.DiskUsedBytes, DiskBytes: s.DiskBytes,
+		NetRxBytes: s.NetRxBytes, NetTxBytes: s.NetTxBytes, EgressAllowed: s.EgressAllowed, EgressDenied: s.EgressDenied,
+		OOMKills: s.OOMKills}
+}
+
+func toEvent(e events.Event) api.Event {
+	return api.Event{Seq: e.Seq, Time: e.Time, Sandbox: e.Sandbox, Type: string(e.Type), Message: e.Message, Data: e.Data}
+}
+
+func toBudgets(st budget.Status) *api.BudgetStatus {
+	out := &api.BudgetStatus{Budgets: make([]api.BudgetLine, 0, len(st.Budgets))}
+	for _, l := range st.Budgets {
+		out.Budgets = append(out.Budgets, api.BudgetLine{Budget: string(l.Budget), Used: l.Used, Limit: l.Limit,
+			Remaining: l.Remaining, Warned: l.Warned, Exceeded: l.Exceeded, Action: string(l.Action)})
+	}
+	out.Usage, _ = json.Marshal(st.Usage)
+	return out
+}
+
+// Metrics returns sandbox id's current sample, its history between from
+// and to, and its budgets and autoscaled limits while it runs.
+func (h *Hub) Metrics(id string, from, to time.Time) (api.Metrics, error) {
+	out := api.Metrics{Sandbox: id, IntervalSeconds: h.cfg.Interval.Seconds(), History: []api.Sample{}}
+	cur, ok, err := h.sampler.Current(id)
+	if err != nil {
+		return out, err
+	}
+	if ok {
+		s := toSample(cur)
+		out.Current = &s
+	}
+	hist, err := h.sampler.History(id, from, to)
+	if err != nil {
+		return out, err
+	}
+	for _, s := range hist {
+		out.History = append(out.History, toSample(s))
+	}
+	if st, err := h.budgets.Status(id); err == nil {
+		out.Budgets = toBudgets(st)
+	}
+	if l, ok := h.scaler.Limits(id); ok {
+		out.Autoscale = &api.Resources{CPUs: l.CPUs, MemoryBytes: l.MemoryBytes, Pids: l.Pids}
+	}
+	return out, nil
+}
+
+// Latest returns the latest sample of every sandbox being sampled.
+func (h *Hub) Latest() []api.SandboxSample {
+	latest := h.sampler.Running(nil)
+	out := make([]api.SandboxSample, 0, len(latest))
+	for _, l := range latest {
+		out = append(out, api.SandboxSample{ID: l.ID, Sample: toSample(l.Sample)})
+	}
+	return out
+}
+
+// EventQuery selects events.
+type EventQuery struct {
+	After uint64
+	Since time.Time
+	Types []string
+	Limit int
+}
+
+// Events returns sandbox id's retained events matching q, oldest first.
+func (h *Hub) Events(id string, q EventQuery) ([]api.Event, error) {
+	eq := events.Query{After: q.After, Since: q.Since, Limit: q.Limit}
+	for _, t := range q.Types {
+		eq.Types = append(eq.Types, events.Type(t))
+	}
+	evs, err := h.events.List(id, eq)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Event, 0, len(evs))
+	for _, e := range evs {
+		out = append(out, toEvent(e))
+	}
+	return out, nil
+}
+
+// FollowEvents streams sandbox id's events after seq after, then each
+// new one, until ctx ends.
+func (h *Hub) FollowEvents(ctx context.Context, id string, after uint64) (<-chan api.Event, error) {
+	in, err := h.events.Follow(ctx, id, after)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan api.Event)
+	go func() {
+		defer close(out)
+		for e := range in {
+			select {
+			case out <- toEvent(e):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// Logs lists sandbox id's processes with kept output, oldest first.
+func (h *Hub) Logs(id string) ([]api.ExecLog, error) {
+	ps, err := h.execs.List(id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.ExecLog, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, api.ExecLog(p))
+	}
+	return out, nil
+}
+
+// Log finds the newest process of sandbox id with pid.
+func (h *Hub) Log(id string, pid int) (api.ExecLog, error) {
+	p, err := h.execs.Find(id, pid)
+	if err != nil {
+		return api.ExecLog{}, err
+	}
+	return api.ExecLog(p), nil
+}
+
+// ReadLog calls fn with process seq's kept output from offset from on;
+// with follow it waits for more until the process ends or ctx does.
+func (h *Hub) ReadLog(ctx context.Context, id string, seq uint64, from int64, follow bool, fn func(execlog.Chunk) error) error {
+	return h.execs.Read(ctx, id, seq, from, follow, fn)
+}
+
+// selfLimits are a sandbox's limits as it sees them.
+type selfLimits struct {
+	CPUs        float64 `json:"cpus"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	Pids        int64   `json:"pids"`
+	DiskBytes   int64   `json:"disk_bytes"`
+}
+
+// Self is what sandbox id may know of itself, for /run/paddock and
+// http://paddock.internal/v1/self: its limits (as in force now, autoscale
+// included), its usage, and its budgets with what remains.
+func (h *Hub) Self(id string) (map[string]any, error) {
+	h.mu.Lock()
+	st := h.boxes[id]
+	var lim selfLimits
+	var auto *api.Autoscale
+	if st != nil {
+		lim = selfLimits{CPUs: st.res.CPUs, MemoryBytes: st.res.MemoryBytes, Pids: st.res.Pids, DiskBytes: st.res.DiskBytes}
+		auto = st.autoscale
+	}
+	h.mu.Unlock()
+	if st == nil {
+		return nil, errdefs.NotFound("sandbox", id)
+	}
+	if l, ok := h.scaler.Limits(id); ok {
+		lim.CPUs, lim.MemoryBytes = l.CPUs, l.MemoryBytes
+	}
+	v := map[string]any{"limits": lim}
+	if cur, ok, err := h.sampler.Current(id); err == nil && ok {
+		v["usage"] = toSample(cur)
+	}
+	if bs, err := h.budgets.Status(id); err == nil {
+		v["budgets"] = toBudgets(bs).Budgets
+	}
+	if auto != nil {
+		v["autoscale"] = auto
+	}
+	return v, nil
+}
