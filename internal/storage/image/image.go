@@ -18,7 +18,7 @@ import (
 	"strings"
 	"sync"
 
-	"paddock/internal/errdefs"
+	"paddock/internal/storage/oci"
 )
 
 // HostImage is the name of the built-in image.
@@ -59,6 +59,7 @@ type Store struct {
 
 	mu   sync.Mutex
 	host *Image
+	oci  *oci.Store // OCI images (oci.go); nil: none
 }
 
 // NewStore returns a Store keeping its files under dir.
@@ -75,7 +76,7 @@ func (s *Store) Get(name string) (*Image, error) {
 		name = HostImage
 	}
 	if name != HostImage {
-		return nil, errdefs.NotFound("image", name)
+		return s.getOCI(name)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
