@@ -224,7 +224,7 @@ func (c contentReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	var se sourceError
 	if err != nil && err != io.EOF && !errors.As(err, &se) && !errors.Is(err, errdefs.ErrTooLarge) {
-		err = fmt.Errorf("%w: layer is corrupt: %w", errdefs.ErrInvalid, err)
+		err = errdefs.New(errdefs.ErrInvalid, "layer is corrupt: %v", err)
 	}
 	return n, err
 }
