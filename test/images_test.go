@@ -130,6 +130,23 @@ cat /data/link.txt; read first < /etc/resolv.conf; echo "$first"`)
 		t.Fatalf("sandbox of the second image: %q", out)
 	}
 
+	// A fork and a snapshot of it keep the exact image.
+	d.Sh(id2, "echo forked > /srv/mine.txt")
+	fork := strings.TrimSpace(d.MustCLI("fork", id2))
+	if sb := d.get(fork); sb.ImageID != other.ID || sb.Image != "e2e/other:oci" {
+		t.Fatalf("fork: image %q id %q, want %s", sb.Image, sb.ImageID, other.ID)
+	}
+	if out := d.Sh(fork, "cat /srv/mine.txt /srv/other.txt"); out != "forked\nother image\n" {
+		t.Fatalf("fork sees %q", out)
+	}
+	snap, err := c.Snapshot(ctx, id2, api.SnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, fork, true); err != nil {
+		t.Fatal(err)
+	}
+
 	// Not removable while a sandbox uses it; the error names the user.
 	r = d.CLI("image", "rm", "e2e/app:v1")
 	if r.Code == 0 || !strings.Contains(r.Stderr, "in use") || !strings.Contains(r.Stderr, id) {
@@ -169,6 +186,20 @@ cat /data/link.txt; read first < /etc/resolv.conf; echo "$first"`)
 		t.Fatalf("after removing one image: %v", dirs)
 	}
 	if err := c.Delete(ctx, id2, true); err != nil {
+		t.Fatal(err)
+	}
+	// The snapshot still holds the image: a sandbox can be made from it.
+	if r := d.CLI("image", "rm", "e2e/other:oci"); r.Code == 0 || !strings.Contains(r.Stderr, "snapshot "+snap.ID) {
+		t.Fatalf("image rm while a snapshot holds it: exit %d, %s", r.Code, r.Stderr)
+	}
+	fromSnap := d.Create(api.CreateRequest{From: snap.ID})
+	if out := d.Sh(fromSnap, "cat /srv/mine.txt"); out != "forked\n" {
+		t.Fatalf("sandbox from the snapshot sees %q", out)
+	}
+	if err := c.Delete(ctx, fromSnap, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatal(err)
 	}
 	d.MustCLI("image", "rm", "e2e/other:oci")
@@ -338,5 +369,40 @@ func TestImageImportCorrupt(t *testing.T) {
 	// The undamaged archive imports.
 	if _, err := d.Client().ImportImage(context.Background(), bytes.NewReader(saved), "e2e/app:v1"); err != nil {
 		t.Fatalf("import of the intact archive: %v", err)
+	}
+}
+
+// TestImageImportLimit: an archive past the daemon's import limit is
+// refused with 413 while it streams in, and a bad name with 400 naming it.
+func TestImageImportLimit(t *testing.T) {
+	fx := buildImages(t)
+	d := StartDaemon(t, "--image-import-limit", "512k")
+	f, err := os.Open(dockerSave(t, fx.app, "e2e/app:v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, err = d.Client().ImportImage(context.Background(), f, "")
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Status != http.StatusRequestEntityTooLarge || !strings.Contains(err.Error(), "larger than 524288 bytes") {
+		t.Fatalf("import past the limit: %v", err)
+	}
+	if tmp, _ := os.ReadDir(filepath.Join(d.StateDir, "images", "oci", "tmp")); len(tmp) != 0 {
+		t.Fatalf("spooled files left: %v", tmp)
+	}
+	for _, bad := range []string{"host", "Bad Name", "e2e/app:v1:v2"} {
+		_, err = d.Client().ImportImage(context.Background(), strings.NewReader("not read"), bad)
+		if !errors.As(err, &ce) || ce.Status != http.StatusBadRequest || !strings.Contains(err.Error(), "name") {
+			t.Errorf("import as %q: %v", bad, err)
+		}
+	}
+	if r := d.do("POST", "/v1/images/import", "not a tar"); r.Status != http.StatusBadRequest {
+		t.Errorf("import of a non-archive: %d %s", r.Status, r.Body)
+	}
+	if r := d.do("GET", "/v1/images/inspect", ""); r.Status != http.StatusBadRequest || !strings.Contains(string(r.Body), "name") {
+		t.Errorf("inspect without a name: %d %s", r.Status, r.Body)
+	}
+	if r := d.do("DELETE", "/v1/images?name=nosuch/image", ""); r.Status != http.StatusNotFound {
+		t.Errorf("rm of an unknown image: %d %s", r.Status, r.Body)
 	}
 }
