@@ -265,8 +265,8 @@ func ociLayoutTar(t *testing.T, img v1.Image, refName string) []byte {
 // optional credentials (basic, or a bearer token) and a blob it serves
 // damaged.
 type e2eRegistry struct {
-	host string
-	mu   sync.Mutex
+	host                  string
+	mu                    sync.Mutex
 	user, password, token string
 	damaged               string // a digest ("sha256:...") whose blob is served with a byte flipped
 }

@@ -1,8 +1,8 @@
 // Package image owns the read-only bottom of every sandbox's root
 // filesystem. Today that is the built-in "host" image: the host's /usr (and
 // /bin, /lib*, /sbin where they are real directories) bind-mounted read-only,
-// over a small skeleton with a curated /etc. OCI images arrive later behind
-// the same Image shape: a list of read-only layers plus binds and defaults.
+// over a small skeleton with a curated /etc. Any other name is an OCI image
+// (oci.go), behind the same Image shape: read-only layers plus defaults.
 package image
 
 import (
