@@ -72,6 +72,7 @@ type Sandbox struct {
 	ID        string            `json:"id"`
 	State     State             `json:"state"`
 	Image     string            `json:"image"`
+	ImageID   string            `json:"image_id,omitempty"` // the exact image (an OCI image's config digest); its name may move
 	Env       map[string]string `json:"env,omitempty"`
 	Workdir   string            `json:"workdir"`
 	Resources Resources         `json:"resources"`

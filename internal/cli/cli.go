@@ -105,6 +105,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(snapshotCmd(g), forkCmd(g), volumeCmd(g))
 	root.AddCommand(policyCmd(g), secretCmd(g))
 	root.AddCommand(telemetryCmds(g)...)
+	root.AddCommand(imageCmd(g))
 	return root
 }
 
@@ -144,6 +145,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.Network.Subnet, "network-subnet", "", "IPv4 subnet for sandboxes' links, a /30 each (default 10.224.0.0/16)")
 	f.StringArrayVar(&cfg.Network.DNS, "dns-upstream", nil, "upstream DNS server ip:port for the sandboxes' resolver; repeatable (default: the host's)")
 	f.StringVar(&cfg.Network.RootCA, "egress-root-ca", "", "PEM file of CAs that verify intercepted upstreams, instead of the host's roots")
+	f.Var(sizeFlag{&cfg.Images.MaxArchiveBytes}, "image-import-limit", "largest image archive an import accepts, e.g. 8g (default 32g)")
+	f.BoolVar(&cfg.Images.AllowInsecureRegistries, "allow-insecure-registries", false, "let pulls ask for plain HTTP to registries not on loopback")
 	f.Int64Var(&cfg.OutputLimit, "output-limit", cfg.OutputLimit, "output retained per process, in bytes (oldest dropped first)")
 	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")
 	telemetryFlags(f, &cfg.Telemetry)

@@ -27,6 +27,7 @@ import (
 	"paddock/internal/snapshot"
 	"paddock/internal/storage/disk"
 	"paddock/internal/storage/image"
+	"paddock/internal/storage/oci"
 	"paddock/internal/store"
 	"paddock/internal/volume"
 )
@@ -68,6 +69,18 @@ type Config struct {
 	WarmGuests int
 	// Telemetry configures metrics, budgets and admission control.
 	Telemetry TelemetryConfig
+	// Images bounds OCI images and says where they may be pulled from.
+	Images ImageConfig
+}
+
+// ImageConfig configures OCI images.
+type ImageConfig struct {
+	// MaxArchiveBytes caps an archive given to an import (0: the image
+	// store's default, 32 GiB).
+	MaxArchiveBytes int64
+	// AllowInsecureRegistries lets a pull use plain HTTP to a registry
+	// that is not on loopback.
+	AllowInsecureRegistries bool
 }
 
 // NetworkConfig configures the egress gateway.
@@ -179,6 +192,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if _, err := images.Get(image.HostImage); err != nil {
 		return err
 	}
+	ociImages, err := images.OpenOCI(log.With("component", "image"), oci.WithLimits(oci.Limits{MaxArchiveSize: cfg.Images.MaxArchiveBytes}))
+	if err != nil {
+		return err
+	}
+	defer ociImages.Close()
 	prog, err := seccomp.Compile(seccomp.DockerDefaultCaps)
 	if err != nil {
 		return fmt.Errorf("compiling seccomp profile: %w", err)
@@ -206,6 +224,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer tel.Close()
+	mgr.AllowInsecureRegistries(cfg.Images.AllowInsecureRegistries)
 	// Records first: the runtime's warm guests take uid ranges, which
 	// must not collide with those of recorded sandboxes.
 	if err := mgr.Load(); err != nil {

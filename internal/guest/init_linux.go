@@ -205,7 +205,8 @@ func restrictAll(prog []byte) error {
 
 func receiveConfig(sock *os.File) (*Config, []int, error) {
 	buf := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(64*4))
+	// SCM_MAX_FD (253): an image may have many layers, each its own fd.
+	oob := make([]byte, unix.CmsgSpace(253*4))
 	n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receiving config: %w", err)
@@ -362,6 +363,14 @@ func (r *rootMounter) target(path string, file bool) (*os.File, error) {
 		defer dir.Close()
 		name := filepath.Base(path)
 		fd, err := unix.Openat(int(dir.Fd()), name, unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_RDONLY, 0o644)
+		if errors.Is(err, unix.ELOOP) {
+			// A symlink where a file is bound (an image's /etc/resolv.conf
+			// pointing at a resolver's runtime file): a mount cannot sit on
+			// a symlink, so it is replaced, in the writable layer only.
+			if err = unix.Unlinkat(int(dir.Fd()), name, 0); err == nil {
+				fd, err = unix.Openat(int(dir.Fd()), name, unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_RDONLY, 0o644)
+			}
+		}
 		if err != nil && !errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("creating %s: %w", path, err)
 		}
@@ -579,6 +588,10 @@ func pivot(root *os.File) error {
 // (sudo, Java and others stall or complain otherwise).
 func writeIdentity(hostname string) error {
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost %[1]s\n::1\tlocalhost ip6-localhost ip6-loopback %[1]s\n", hostname)
+	// An OCI image need not have an /etc.
+	if err := os.MkdirAll("/etc", 0o755); err != nil {
+		return fmt.Errorf("creating /etc: %w", err)
+	}
 	// The daemon may have bound its own (read-only, naming the sandbox and
 	// paddock.internal) over it.
 	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil && !errors.Is(err, unix.EROFS) {

@@ -93,7 +93,7 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 	snap := api.Snapshot{
 		Sandbox:        rec.ID,
 		Path:           req.Path,
-		Image:          rec.Image,
+		Image:          imageRef(rec),
 		Env:            rec.Env,
 		Workdir:        rec.Workdir,
 		Resources:      rec.Resources,
@@ -105,7 +105,7 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 		Shared:         c.Shared,
 	}
 	if req.Path != "" {
-		img, err := m.cfg.Images.Get(rec.Image)
+		img, err := m.cfg.Images.Get(imageRef(rec))
 		if err != nil {
 			return api.Snapshot{}, err
 		}
@@ -203,7 +203,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 		return api.ForkResult{}, err
 	}
 	base := api.CreateRequest{
-		Image:            rec.Image,
+		Image:            imageRef(rec.Sandbox),
 		Env:              rec.Env,
 		Workdir:          rec.Workdir,
 		Resources:        rec.Resources,

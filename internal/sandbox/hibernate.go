@@ -133,7 +133,7 @@ func (m *Manager) Resume(ctx context.Context, id string) (api.Sandbox, error) {
 
 // startLocked starts the sandbox's guest again on its disk and uid range.
 func (m *Manager) startLocked(ctx context.Context, b *box) error {
-	img, err := m.cfg.Images.Get(b.rec.Image)
+	img, err := m.cfg.Images.Get(imageRef(b.rec.Sandbox))
 	if err != nil {
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}

@@ -63,6 +63,8 @@ type Manager struct {
 	// yet.
 	slots map[int]string
 
+	img imageState // images.go
+
 	wg     sync.WaitGroup
 	closed chan struct{}
 }
@@ -223,6 +225,8 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	if err := m.validatePolicy(req.Policy); err != nil {
 		return api.Sandbox{}, err
 	}
+	m.img.mu.RLock() // the image stays until the sandbox is recorded
+	defer m.img.mu.RUnlock()
 	img, err := m.cfg.Images.Get(req.Image)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -251,6 +255,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	rec := record{Sandbox: api.Sandbox{
 		State:            api.StateCreating,
 		Image:            img.Name,
+		ImageID:          img.ID,
 		Env:              req.Env,
 		Workdir:          workdir,
 		Resources:        res,

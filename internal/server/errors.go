@@ -49,6 +49,13 @@ func status(err error) int {
 // Internal errors are logged with their detail and reach the client as a
 // generic message.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	code, body := errorBody(r, log, err)
+	writeJSON(w, code, body)
+}
+
+// errorBody is the status and body an error answers with; streams that
+// already sent their status carry the body in their last frame.
+func errorBody(r *http.Request, log *slog.Logger, err error) (int, api.Error) {
 	code := status(err)
 	body := api.Error{Code: errdefs.Code(err), Message: err.Error()}
 	var he *HTTPError
@@ -73,7 +80,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	default:
 		log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)
 	}
-	writeJSON(w, code, body)
+	return code, body
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -63,6 +63,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 	routes = append(routes, s.storageRoutes()...)
 	routes = append(routes, s.policyRoutes()...)
 	routes = append(routes, s.telemetryRoutes()...)
+	routes = append(routes, s.imageRoutes()...)
 	s.routes = routes
 	allowed := map[string][]string{}
 	for _, r := range routes {

@@ -1,8 +1,8 @@
 // Package image owns the read-only bottom of every sandbox's root
 // filesystem. Today that is the built-in "host" image: the host's /usr (and
 // /bin, /lib*, /sbin where they are real directories) bind-mounted read-only,
-// over a small skeleton with a curated /etc. OCI images arrive later behind
-// the same Image shape: a list of read-only layers plus binds and defaults.
+// over a small skeleton with a curated /etc. Any other name is an OCI image
+// (oci.go), behind the same Image shape: read-only layers plus defaults.
 package image
 
 import (
@@ -18,7 +18,7 @@ import (
 	"strings"
 	"sync"
 
-	"paddock/internal/errdefs"
+	"paddock/internal/storage/oci"
 )
 
 // HostImage is the name of the built-in image.
@@ -59,6 +59,7 @@ type Store struct {
 
 	mu   sync.Mutex
 	host *Image
+	oci  *oci.Store // OCI images (oci.go); nil: none
 }
 
 // NewStore returns a Store keeping its files under dir.
@@ -75,7 +76,7 @@ func (s *Store) Get(name string) (*Image, error) {
 		name = HostImage
 	}
 	if name != HostImage {
-		return nil, errdefs.NotFound("image", name)
+		return s.getOCI(name)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

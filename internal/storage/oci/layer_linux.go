@@ -159,13 +159,13 @@ func (s *Store) extract(ctx context.Context, b blob, rootfd int, imageLeft *atom
 	if b.size >= 0 {
 		rawLimit = b.size
 	}
-	raw := newDigester(rc, rawLimit, "blob")
+	raw := newDigester(sourceReader{rc}, rawLimit, "blob")
 	br := bufio.NewReaderSize(raw, 256<<10)
 	dec, err := decompress(br)
 	if err != nil {
 		return layerStats{}, err
 	}
-	diff := newDigester(dec, s.lim.MaxLayerSize, "uncompressed layer")
+	diff := newDigester(contentReader{dec}, s.lim.MaxLayerSize, "uncompressed layer")
 	a := newApplier(rootfd, s.lim, imageLeft, s.log)
 	err = a.apply(ctx, diff)
 	if err == nil {
@@ -196,6 +196,37 @@ func (s *Store) extract(ctx context.Context, b blob, rootfd int, imageLeft *atom
 		return layerStats{}, errdefs.New(errdefs.ErrInvalid, "layer content is corrupt: it hashes to sha256:%s, not to its diff ID", got)
 	}
 	return a.stats, nil
+}
+
+// sourceError is an error of the stream a blob is read from (network,
+// disk): it says nothing about the blob's content.
+type sourceError struct{ err error }
+
+func (e sourceError) Error() string { return e.err.Error() }
+func (e sourceError) Unwrap() error { return e.err }
+
+type sourceReader struct{ r io.Reader }
+
+func (s sourceReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = sourceError{err}
+	}
+	return n, err
+}
+
+// contentReader reads a decompressed layer: an error the decompressor
+// raised itself (bad data, a checksum, a truncated stream) means the
+// layer is corrupt, which is the caller's input, not a daemon failure.
+type contentReader struct{ r io.Reader }
+
+func (c contentReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	var se sourceError
+	if err != nil && err != io.EOF && !errors.As(err, &se) && !errors.Is(err, errdefs.ErrTooLarge) {
+		err = errdefs.New(errdefs.ErrInvalid, "layer is corrupt: %v", err)
+	}
+	return n, err
 }
 
 // digester hashes and counts what is read through it and refuses to read
