@@ -60,6 +60,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 	routes = append(routes, s.portRoutes()...)
 	routes = append(routes, s.storageRoutes()...)
 	routes = append(routes, s.policyRoutes()...)
+	routes = append(routes, s.templateRoutes()...)
 	s.routes = routes
 	allowed := map[string][]string{}
 	for _, r := range routes {
