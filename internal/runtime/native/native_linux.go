@@ -484,6 +484,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	}
 	// Guests wait at a low priority; a sandbox runs at the normal one.
 	raisePriority(sb.st.PID)
+	mark("limits")
 	env := append(append([]string(nil), spec.Env...), g.net.Env...)
 	if spec.Setup != nil {
 		more, err := spec.Setup(sb.id)
@@ -491,6 +492,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 			return nil, err
 		}
 		env = append(env, more...)
+		mark("setup")
 	}
 	act := &guest.Activate{Serve: guest.ServeConfig{
 		Env:         env,
