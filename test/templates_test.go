@@ -100,6 +100,14 @@ func TestTemplateBuildCache(t *testing.T) {
 		}
 	}
 
+	// Holds live in memory: a restarted daemon takes them again.
+	d.Kill9()
+	d.Start()
+	c = d.Client()
+	if err := c.DeleteSnapshot(ctx, first.Snapshot); !errors.Is(err, client.ErrConflict) {
+		t.Fatalf("removing the template's snapshot after a restart: %v", err)
+	}
+
 	// Unchanged: every step is a hit, the snapshots are the same.
 	r = d.CLI("template", "build", dir)
 	if r.Code != 0 || strings.Count(r.Stderr, "(cached)") != 6 || strings.Contains(r.Stdout, "built-one") {

@@ -226,7 +226,6 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec api.TemplateSpec, file
 	}
 	m.setTemplatePool(t)
 	t.WarmReady = m.poolSizes()[poolName(name)]
-	m.obs.Event("", "template", "template built", map[string]any{"template": name, "hits": hits, "misses": t.CacheMisses})
 	m.log.Info("template built", "template", name, "steps", len(steps), "cache_hits", hits, "cache_misses", t.CacheMisses, "build_ms", t.BuildMS)
 	return t, nil
 }

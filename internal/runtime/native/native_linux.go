@@ -206,6 +206,10 @@ func (r *Runtime) Warm() int {
 // is removed, except a disk that existed before.
 func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *guestProc, retErr error) {
 	id, uidBase := spec.ID, spec.UIDBase
+	t0 := time.Now()
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
+	defer func() { r.log.Debug("build phases", append([]any{"sandbox", id, "warm", warm}, phases...)...) }()
 	var cleanups []func()
 	defer func() {
 		if retErr != nil {
@@ -234,6 +238,7 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 		cg.Kill()
 		cg.Delete(context.Background())
 	})
+	mark("cgroup")
 	g, err := r.spawnGuest(uidBase, dir, cg)
 	if err != nil {
 		return nil, fmt.Errorf("starting guest: %w", err)
@@ -248,6 +253,7 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 		}
 		cleanups = append(cleanups, func() { r.cfg.Network.Detach(id) })
 	}
+	mark("guest")
 	fresh := false
 	v, err := r.cfg.Disks.Open(vol)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -265,9 +271,11 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 		cleanups = append(cleanups, func() { r.cfg.Disks.Remove(context.Background(), vol) })
 	}
 	g.volume = vol
+	mark("disk")
 	if err := r.prepare(ctx, g, spec.Image, v, spec.Mounts); err != nil {
 		return nil, err
 	}
+	mark("prepared")
 	return g, nil
 }
 
