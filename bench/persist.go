@@ -22,6 +22,7 @@ import (
 
 const (
 	tplName       = "bench-tpl"
+	hostImage     = "host"
 	tplWarm       = 2
 	tplWarmBarMax = 2 * time.Millisecond
 	tplColdBarMax = 15 * time.Millisecond
@@ -50,7 +51,8 @@ func templateMethod() []string {
 	return []string{
 		fmt.Sprintf("A template of four steps (run, copy, env, workdir) is built once. **Through a warm pool**: the template has `warm: %d`; before each sample the harness waits until its pool is full again and the daemon is idle, then the clock runs around `client.Create({from: template})` and stops when it returns with the sandbox running (create call → ready). The sandbox's id is checked to be one of the pool's frozen sandboxes (a hand-out), and `cat run.txt` checked to print the step's output, outside the clock.", tplWarm),
 		"**Without a pool**: the same template rebuilt with `warm: 0` (every step a cache hit, so the same snapshot); the clock is the same. The sandbox is built on the spot: a reflink clone of the template's snapshot as its disk, a guest started and prepared.",
-		"Each sandbox is removed after its sample, outside the clock.",
+		"For comparison, the same clock around `client.Create({})` of the default image, from its own pool (`--warm-guests`, default 2), waiting for that pool the same way.",
+		"Each sandbox is removed after its sample, outside the clock. The create's answer includes the daemon recording the sandbox in its store (bbolt, fsync) before it answers.",
 	}
 }
 
@@ -58,13 +60,16 @@ func templateMethod() []string {
 // without one.
 func benchTemplate(ctx context.Context, r *rig) *section {
 	s := &section{Method: templateMethod()}
-	var warm, cold []time.Duration
+	var warm, plain, cold []time.Duration
 	var build time.Duration
-	s.Err = r.templateCreates(ctx, &warm, &cold, &build)
-	ws, cs := summarize(warm), summarize(cold)
+	s.Err = r.templateCreates(ctx, &warm, &plain, &cold, &build)
+	ws, ps, cs := summarize(warm), summarize(plain), summarize(cold)
 	t := table{Header: []string{"create from a template", "n", "median", "p90", "min", "max"}}
 	if ws.N > 0 {
 		t.add("through the warm pool (hand-out)", fmt.Sprint(ws.N), ms(ws.Median), ms(ws.P90), ms(ws.Min), ms(ws.Max))
+	}
+	if ps.N > 0 {
+		t.add("for comparison: the default image from its pool (no template)", fmt.Sprint(ps.N), ms(ps.Median), ms(ps.P90), ms(ps.Min), ms(ps.Max))
 	}
 	if cs.N > 0 {
 		t.add("without a pool (clone + new guest)", fmt.Sprint(cs.N), ms(cs.Median), ms(cs.P90), ms(cs.Min), ms(cs.Max))
@@ -85,7 +90,7 @@ func benchTemplate(ctx context.Context, r *rig) *section {
 	return s
 }
 
-func (r *rig) templateCreates(ctx context.Context, warm, cold *[]time.Duration, build *time.Duration) (retErr error) {
+func (r *rig) templateCreates(ctx context.Context, warm, plain, cold *[]time.Duration, build *time.Duration) (retErr error) {
 	t0 := time.Now()
 	if _, err := r.client.BuildTemplate(ctx, tplSpec(tplWarm), nil); err != nil {
 		return fmt.Errorf("building the template: %w", err)
@@ -121,6 +126,24 @@ func (r *rig) templateCreates(ctx context.Context, warm, cold *[]time.Duration, 
 		}
 		if i >= 0 {
 			*warm = append(*warm, d)
+		}
+	}
+	// For comparison: a create of the default image from its own pool.
+	for i := -coldWarmup; i < n; i++ {
+		if err := r.waitPool(ctx, "image:"+hostImage, 1); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		sb, err := r.create(ctx, api.CreateRequest{})
+		d := time.Since(t0)
+		if err != nil {
+			return err
+		}
+		if err := r.remove(ctx, sb.ID); err != nil {
+			return err
+		}
+		if i >= 0 {
+			*plain = append(*plain, d)
 		}
 	}
 	// The same template without a pool: a rebuild of cached steps.

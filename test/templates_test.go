@@ -236,6 +236,28 @@ func TestTemplateBadSpecs(t *testing.T) {
 	if list, _ := c.List(ctx, client.ListOptions{}); len(list) != 0 {
 		t.Fatalf("a failed build left %d sandboxes", len(list))
 	}
+	// A failed rebuild keeps the previous version, and its holds.
+	steps := []api.TemplateStep{{Copy: &api.TemplateCopy{Content: &content, Dest: "/opt/f"}}, run("true")}
+	kept, err := c.BuildTemplate(ctx, api.TemplateSpec{Name: "keep", Steps: steps}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps[1] = run("exit 3")
+	if _, err := c.BuildTemplate(ctx, api.TemplateSpec{Name: "keep", Steps: steps}, nil); err == nil {
+		t.Fatal("a failing rebuild succeeded")
+	}
+	now, err := c.GetTemplate(ctx, "keep")
+	if err != nil || now.Snapshot != kept.Snapshot {
+		t.Fatalf("after a failed rebuild: %+v, %v", now, err)
+	}
+	for _, st := range kept.Steps {
+		if err := c.DeleteSnapshot(ctx, st.Snapshot); !errors.Is(err, client.ErrConflict) {
+			t.Fatalf("removing a kept step's snapshot: %v", err)
+		}
+	}
+	if snaps, _ := c.Snapshots(ctx, ""); len(snaps) != 2 {
+		t.Fatalf("%d snapshots after a failed rebuild, want the 2 kept", len(snaps))
+	}
 }
 
 // TestTemplateWarmPool: a template with warm: 2 keeps two sandboxes

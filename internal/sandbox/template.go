@@ -139,14 +139,25 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec api.TemplateSpec, file
 	start := time.Now()
 	name := spec.Name
 	results := make([]api.TemplateStepResult, len(steps))
-	var made []string // snapshots this build made, removed if it fails
+	// The previous version's snapshots stay held if this build fails.
+	before := map[string]bool{}
+	if old, err := m.cfg.Templates.Get(name); err == nil {
+		for _, s := range old.Steps {
+			before[s.Snapshot] = true
+		}
+	}
+	var held, made []string // holds taken and snapshots made by this build
 	ok := false
 	defer func() {
 		if ok {
 			return
 		}
+		for _, id := range held {
+			if !before[id] {
+				m.cfg.Snapshots.Drop(id, holder(name))
+			}
+		}
 		for _, id := range made {
-			m.cfg.Snapshots.Drop(id, holder(name))
 			if !m.cfg.Templates.Holds(id) {
 				m.cfg.Snapshots.Remove(id)
 			}
@@ -158,6 +169,7 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec api.TemplateSpec, file
 		if !cached || m.cfg.Snapshots.Hold(id, holder(name)) != nil {
 			break
 		}
+		held = append(held, id)
 		results[i] = api.TemplateStepResult{Key: s.key, Snapshot: id, Cached: true}
 		emit(api.TemplateEvent{Step: i + 1, Steps: len(steps), Action: template.Action(s.step), Cache: "hit"})
 		hits++
@@ -189,6 +201,7 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec api.TemplateSpec, file
 			if err := m.cfg.Snapshots.Hold(id, holder(name)); err != nil {
 				return api.Template{}, err
 			}
+			held = append(held, id)
 			results[i] = api.TemplateStepResult{Key: steps[i].key, Snapshot: id}
 		}
 	}
@@ -221,10 +234,11 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec api.TemplateSpec, file
 		return api.Template{}, err
 	}
 	ok = true
+	// The pool moves to the new snapshot before the old one can go.
+	m.setTemplatePool(t)
 	if old != nil {
 		m.releaseSteps(name, old.Steps, results)
 	}
-	m.setTemplatePool(t)
 	t.WarmReady = m.poolSizes()[poolName(name)]
 	m.log.Info("template built", "template", name, "steps", len(steps), "cache_hits", hits, "cache_misses", t.CacheMisses, "build_ms", t.BuildMS)
 	return t, nil
