@@ -348,3 +348,31 @@ func freezerState(d *Daemon, id string) string {
 	b, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", d.Cgroup, id, "cgroup.freeze"))
 	return strings.TrimSpace(string(b))
 }
+
+// TestTemplateBuildNetwork: a build's run steps reach the network only as
+// the spec's policy allows (default: nothing), and sandboxes made from the
+// template keep that policy.
+func TestTemplateBuildNetwork(t *testing.T) {
+	u := newUpstream(t, egressNames)
+	d := netDaemon(t, u)
+	c := d.Client()
+	ctx := context.Background()
+	fetch := "curl -sS --max-time 5 --noproxy '*' http://allowed.test/fetched > /opt/got.txt"
+	if _, err := c.BuildTemplate(ctx, api.TemplateSpec{Name: "offline", Steps: []api.TemplateStep{{Run: fetch}}}, nil); err == nil || !strings.Contains(err.Error(), "exited with code") {
+		t.Fatalf("a fetch without a policy: %v", err)
+	}
+	policy := &api.Policy{Allow: []api.PolicyRule{{Match: "allowed.test"}}}
+	tpl, err := c.BuildTemplate(ctx, api.TemplateSpec{Name: "online", Policy: policy, Steps: []api.TemplateStep{{Run: fetch}}}, nil)
+	if err != nil {
+		t.Fatalf("a fetch the policy allows: %v", err)
+	}
+	if tpl.Policy == nil || len(tpl.Policy.Allow) != 1 {
+		t.Fatalf("template policy: %+v", tpl.Policy)
+	}
+	id := d.Create(api.CreateRequest{From: "online"})
+	if got := d.Sh(id, "cat /opt/got.txt"); got != "hello from allowed.test GET /fetched\n" {
+		t.Fatalf("the fetched file holds %q", got)
+	}
+	mustSay(t, curl(d, id, "http://allowed.test/again"), "hello from allowed.test GET /again")
+	mustFail(t, curl(d, id, "http://other.test/"), "a host the template's policy does not allow")
+}
