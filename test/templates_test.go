@@ -376,3 +376,40 @@ func TestTemplateBuildNetwork(t *testing.T) {
 	mustSay(t, curl(d, id, "http://allowed.test/again"), "hello from allowed.test GET /again")
 	mustFail(t, curl(d, id, "http://other.test/"), "a host the template's policy does not allow")
 }
+
+// TestTemplateBuildCutShort: a build does not outlive its daemon: after a
+// kill -9 in the middle of one, the next daemon removes its build sandbox
+// and the step snapshots no template recorded.
+func TestTemplateBuildCutShort(t *testing.T) {
+	d := StartDaemon(t)
+	c := d.Client()
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.BuildTemplate(ctx, api.TemplateSpec{Name: "cut", Steps: []api.TemplateStep{
+			{Run: "echo one > /opt/one"}, {Run: "sleep 60"},
+		}}, nil)
+		done <- err
+	}()
+	if !waitFor(30*time.Second, 20*time.Millisecond, func() bool {
+		snaps, _ := c.Snapshots(ctx, "")
+		return len(snaps) == 1
+	}) {
+		t.Fatal("the build's first step was not captured")
+	}
+	d.Kill9()
+	if err := <-done; err == nil {
+		t.Fatal("a build whose daemon was killed succeeded")
+	}
+	d.Start()
+	c = d.Client()
+	if snaps, _ := c.Snapshots(ctx, ""); len(snaps) != 0 {
+		t.Fatalf("%d step snapshots of the cut build remain", len(snaps))
+	}
+	if list, _ := c.List(ctx, client.ListOptions{}); len(list) != 0 {
+		t.Fatalf("the cut build's sandbox remains: %+v", list)
+	}
+	if _, err := c.GetTemplate(ctx, "cut"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("the cut template: %v", err)
+	}
+}

@@ -235,7 +235,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return err
 	}
-	mgr.RestoreTemplates()
+	mgr.RestoreTemplates(ctx)
 	if gw != nil {
 		gw.Prune(func(id string) bool {
 			_, err := mgr.Get(id)

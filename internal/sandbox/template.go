@@ -30,6 +30,13 @@ type templates struct {
 
 var errNoTemplates = errdefs.New(errdefs.ErrUnavailable, "templates are not configured")
 
+// Labels of a build's sandbox and of the snapshots of its steps.
+const (
+	buildLabel    = "paddock.template-build"
+	templateLabel = "paddock.template"
+	stepLabel     = "paddock.template-step"
+)
+
 // stepTimeout bounds one run step of a build.
 const stepTimeout = time.Hour
 
@@ -252,7 +259,7 @@ func (m *Manager) buildSandbox(ctx context.Context, spec api.TemplateSpec, resul
 		Resources:      spec.Resources,
 		Policy:         spec.Policy,
 		TimeoutSeconds: int64(2 * stepTimeout / time.Second),
-		Labels:         map[string]string{"paddock.template-build": spec.Name},
+		Labels:         map[string]string{buildLabel: spec.Name},
 	}
 	if hits > 0 {
 		req.From = results[hits-1].Snapshot
@@ -368,7 +375,7 @@ func (m *Manager) captureStep(ctx context.Context, id string, spec api.TemplateS
 	if err != nil {
 		return "", err
 	}
-	labels := map[string]string{"paddock.template": spec.Name, "paddock.template-step": strconv.Itoa(i + 1)}
+	labels := map[string]string{templateLabel: spec.Name, stepLabel: strconv.Itoa(i + 1)}
 	snap, err := m.snapshot(ctx, b, p, api.SnapshotRequest{Labels: labels})
 	if err != nil {
 		p.Abort()
@@ -459,8 +466,10 @@ func (m *Manager) RemoveTemplate(name string) error {
 }
 
 // RestoreTemplates, at start-up, holds the templates' step snapshots again
-// (holds live in memory) and starts their warm pools.
-func (m *Manager) RestoreTemplates() {
+// (holds live in memory) and starts their warm pools. What a build cut
+// short by the daemon's end left (its build sandbox, the step snapshots
+// no template recorded) is removed: a build does not outlive the daemon.
+func (m *Manager) RestoreTemplates(ctx context.Context) {
 	if m.cfg.Templates == nil || m.cfg.Snapshots == nil {
 		return
 	}
@@ -471,6 +480,24 @@ func (m *Manager) RestoreTemplates() {
 			}
 		}
 		m.setTemplatePool(t)
+	}
+	for _, sb := range m.List(Filter{}) {
+		if sb.Labels[buildLabel] == "" {
+			continue
+		}
+		m.log.Info("removing the sandbox of an unfinished template build", "sandbox", sb.ID, "template", sb.Labels[buildLabel])
+		if err := m.Delete(ctx, sb.ID, true); err != nil {
+			m.log.Warn("removing an unfinished build's sandbox", "sandbox", sb.ID, "err", err)
+		}
+	}
+	for _, s := range m.cfg.Snapshots.List("") {
+		if s.Labels[stepLabel] == "" || m.cfg.Templates.Holds(s.ID) {
+			continue
+		}
+		m.log.Info("removing a step snapshot of an unfinished template build", "snapshot", s.ID, "template", s.Labels[templateLabel])
+		if err := m.cfg.Snapshots.Remove(s.ID); err != nil {
+			m.log.Warn("removing an unfinished build's snapshot", "snapshot", s.ID, "err", err)
+		}
 	}
 }
 
