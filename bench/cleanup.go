@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"paddock/client"
+	"paddock/internal/storage/disk"
 )
 
 // cleanupReport says what the final sweep found and removed. Problems are
@@ -51,6 +52,11 @@ func (r *rig) close(keepLog bool) cleanupReport {
 		r.removeSandboxes(ctx, &rep)
 		if err := r.daemon.stop(); err != nil {
 			rep.problem("stopping the daemon: %v", err)
+		}
+		// The storage filesystem stays mounted when a daemon exits (the
+		// sandboxes' disks live on it); take it down now that nothing is.
+		if err := disk.Unmount(filepath.Join(r.root, "state", "storage")); err != nil {
+			rep.problem("unmounting the storage filesystem: %v", err)
 		}
 	}
 	if r.runc != nil {

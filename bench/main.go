@@ -49,6 +49,10 @@ func allBenchmarks() []benchmark {
 		{"density", fmt.Sprintf("%d sandboxes each running `sleep 3600`", densityCount), benchDensity},
 		{"stream", "Streaming through exec", benchStream},
 		{"telemetry", "Telemetry: metrics collection cost and resize latency", benchTelemetry},
+		{"template", "Create from a template, through a warm pool and without one", benchTemplate},
+		{"snapshot", "Snapshot of a sandbox that wrote 1 GiB", benchSnapshot},
+		{"resume", "Resume of a paused sandbox → first exec output", benchResume},
+		{"fork", fmt.Sprintf("Fork ×%d of a sandbox holding 1 GiB", forkCount), benchFork},
 	}
 }
 

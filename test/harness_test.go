@@ -359,6 +359,14 @@ func (d *Daemon) cleanup() {
 				}
 			}
 		}
+		// Templates hold snapshots: they go first.
+		if tpls, err := d.client.Templates(ctx); err == nil {
+			for _, tp := range tpls {
+				if err := d.client.DeleteTemplate(ctx, tp.Name); err != nil {
+					t.Errorf("cleanup: removing template %s: %v", tp.Name, err)
+				}
+			}
+		}
 		// Volumes and snapshots outlive sandboxes (and daemons): remove
 		// them so that their filesystems are unmounted.
 		if vols, err := d.client.Volumes(ctx); err == nil {

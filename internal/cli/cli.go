@@ -106,6 +106,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(policyCmd(g), secretCmd(g))
 	root.AddCommand(telemetryCmds(g)...)
 	root.AddCommand(imageCmd(g))
+	root.AddCommand(templateCmd(g))
 	return root
 }
 
@@ -139,7 +140,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup under which sandboxes live")
 	f.IntVar(&cfg.DiskPool, "disk-pool", cfg.DiskPool, "ready disks of the default size to keep")
 	f.Var(sizeFlag{&cfg.StorageSize}, "storage-size", "size of the XFS image made for disks, snapshots and volumes when the state directory cannot reflink, e.g. 200g (default: its filesystem's size)")
-	f.IntVar(&cfg.WarmGuests, "warm-guests", cfg.WarmGuests, "sandbox init processes to start ahead of time")
+	f.IntVar(&cfg.WarmGuests, "warm-guests", cfg.WarmGuests, "sandboxes of the default image to keep ready (its warm pool; templates set their own with warm: N)")
 	f.BoolVar(&cfg.Network.Disabled, "no-network", false, "give sandboxes loopback only (no egress gateway)")
 	f.StringVar(&cfg.Network.Name, "network-name", "", `prefix of host interfaces and name of the nftables table (default "paddock"; distinct per daemon on one host)`)
 	f.StringVar(&cfg.Network.Subnet, "network-subnet", "", "IPv4 subnet for sandboxes' links, a /30 each (default 10.224.0.0/16)")

@@ -29,6 +29,7 @@ import (
 	"paddock/internal/storage/image"
 	"paddock/internal/storage/oci"
 	"paddock/internal/store"
+	"paddock/internal/template"
 	"paddock/internal/volume"
 )
 
@@ -208,11 +209,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if gw != nil {
 		defer gw.Close()
 	}
+	tpls, err := template.Open(st, log.With("component", "template"))
+	if err != nil {
+		return err
+	}
 	mgr := sandbox.NewManager(sandbox.Config{
 		Images:    images,
 		Store:     st,
 		Volumes:   vols,
 		Snapshots: snaps,
+		Templates: tpls,
 		Egress:    egressOf(gw),
 		Defaults:  cfg.Defaults,
 		UIDStart:  cfg.UIDStart,
@@ -254,6 +260,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return err
 	}
+	mgr.RestoreTemplates(ctx)
 	if gw != nil {
 		gw.Prune(func(id string) bool {
 			_, err := mgr.Get(id)

@@ -160,3 +160,23 @@ type Instance interface {
 	Update(res api.Resources) error
 	Info() api.RuntimeInfo
 }
+
+// PoolSource is what a warm pool's sandboxes are made from: an image and,
+// for a template, the snapshot image their disk is a copy of. A create
+// whose image, DiskFrom and disk size match takes one of them.
+type PoolSource struct {
+	Image     func() (*image.Image, error)
+	DiskFrom  string
+	DiskBytes int64
+}
+
+// Pools is offered by runtimes that keep sandboxes ready ahead of time.
+type Pools interface {
+	// SetPool keeps size sandboxes of src ready under name ("image:host",
+	// "template:web"); size 0 removes the pool.
+	SetPool(name string, src PoolSource, size int)
+	// PoolSizes reports the ready sandboxes by pool name.
+	PoolSizes() map[string]int
+	// PoolTargets reports the size each pool is kept at.
+	PoolTargets() map[string]int
+}

@@ -22,6 +22,7 @@ import (
 	"paddock/internal/snapshot"
 	"paddock/internal/storage/image"
 	"paddock/internal/store"
+	"paddock/internal/template"
 	"paddock/internal/volume"
 )
 
@@ -37,6 +38,8 @@ type Config struct {
 	// Volumes and Snapshots may be nil, which refuses their use.
 	Volumes   *volume.Store
 	Snapshots *snapshot.Store
+	// Templates may be nil, which refuses templates.
+	Templates *template.Store
 	// Egress applies network policies; nil leaves sandboxes with no
 	// network at all and refuses policies.
 	Egress Egress
@@ -55,6 +58,8 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 	obs Observer
+
+	tpl templates
 
 	mu    sync.Mutex
 	boxes map[string]*box
@@ -155,6 +160,11 @@ type source struct {
 // environment, workdir and limits, where req leaves them unset), or takes
 // req.From as an image name.
 func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
+	// A template is its final snapshot, recorded under its name.
+	from := ""
+	if id, ok := m.templateSnapshot(req.From); ok {
+		from, req.From = req.From, id
+	}
 	if !snapshot.IsID(req.From) {
 		if req.Image != "" && req.Image != req.From {
 			return source{}, errdefs.Invalid("from", "names image %q but image is %q", req.From, req.Image)
@@ -218,7 +228,10 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 	if err := m.cfg.Snapshots.Hold(snap.ID, holder); err != nil {
 		return source{}, err
 	}
-	return source{from: snap.ID, diskFrom: img, release: func() { m.cfg.Snapshots.Drop(snap.ID, holder) }}, nil
+	if from == "" {
+		from = snap.ID
+	}
+	return source{from: from, diskFrom: img, release: func() { m.cfg.Snapshots.Drop(snap.ID, holder) }}, nil
 }
 
 func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source) (api.Sandbox, error) {
@@ -281,7 +294,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	}
 	spec := m.spec(&rec, img)
 	spec.DiskFrom = src.diskFrom
-	if len(req.Volumes) > 0 || src.diskFrom != "" {
+	if len(req.Volumes) > 0 {
 		// Not a warm guest: this sandbox is built now, under an id
 		// chosen here so that its mounts can be recorded against it.
 		spec.ID = runtime.NewID()

@@ -64,6 +64,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 	routes = append(routes, s.policyRoutes()...)
 	routes = append(routes, s.telemetryRoutes()...)
 	routes = append(routes, s.imageRoutes()...)
+	routes = append(routes, s.templateRoutes()...)
 	s.routes = routes
 	allowed := map[string][]string{}
 	for _, r := range routes {

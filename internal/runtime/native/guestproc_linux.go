@@ -36,6 +36,10 @@ type guestProc struct {
 	// volume is the id of its disk: "warm-<id>" until a create takes it.
 	volume string
 	warm   bool
+	// diskFrom and diskBytes are the pool source a warm guest's disk was
+	// made from (a snapshot image, or "" for a new disk) and its size.
+	diskFrom  string
+	diskBytes int64
 	// net is what the network made for it (files to bind, environment).
 	net runtime.NetSetup
 }

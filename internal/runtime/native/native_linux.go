@@ -24,7 +24,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
 	"paddock/internal/cgroup"
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
@@ -70,8 +69,9 @@ type Runtime struct {
 	forker *forker // started on first use, restarted if it dies
 
 	mu    sync.Mutex
-	idmap bool         // the kernel supports idmapped mounts of our layers
-	ready []*guestProc // warm guests, oldest first
+	idmap bool // the kernel supports idmapped mounts of our layers
+	// pools hold warm guests by pool name, each list oldest first.
+	pools map[string]*pool
 	// building holds the ids of warm guests being made.
 	building map[string]bool
 
@@ -92,6 +92,7 @@ func New(cfg Config) (*Runtime, error) {
 		warmDir:  filepath.Join(cfg.RunDir, "warm"),
 		idmap:    true,
 		building: map[string]bool{},
+		pools:    map[string]*pool{},
 		refill:   make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 	}
@@ -129,10 +130,10 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r.guestExe = exe
 	if cfg.WarmGuests > 0 {
-		r.wg.Add(1)
-		go r.keepWarm()
-		r.poke()
+		r.SetPool(r.defaultPoolName(), runtime.PoolSource{Image: cfg.WarmImage, DiskBytes: cfg.WarmDiskBytes}, cfg.WarmGuests)
 	}
+	r.wg.Add(1)
+	go r.keepWarm()
 	return r, nil
 }
 
@@ -170,9 +171,11 @@ func (r *Runtime) IsWarm(id string) bool {
 	if r.building[id] {
 		return true
 	}
-	for _, g := range r.ready {
-		if g.sb.id == id {
-			return true
+	for _, p := range r.pools {
+		for _, g := range p.ready {
+			if g.sb.id == id {
+				return true
+			}
 		}
 	}
 	return false
@@ -189,100 +192,11 @@ func (r *Runtime) Idmapped() bool {
 func (r *Runtime) Warm() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.ready)
-}
-
-func (r *Runtime) poke() {
-	select {
-	case r.refill <- struct{}{}:
-	default:
+	n := 0
+	for _, p := range r.pools {
+		n += len(p.ready)
 	}
-}
-
-// keepWarm keeps WarmGuests guests started, one at a time, backing off on
-// errors.
-func (r *Runtime) keepWarm() {
-	defer r.wg.Done()
-	backoff := 100 * time.Millisecond
-	for {
-		select {
-		case <-r.stop:
-			return
-		case <-r.refill:
-		}
-		// Let a burst of creates finish before competing with it.
-		for settled := false; !settled; {
-			select {
-			case <-r.stop:
-				return
-			case <-r.refill:
-			case <-time.After(refillSettle):
-				settled = true
-			}
-		}
-		for {
-			r.mu.Lock()
-			need := len(r.ready) < r.cfg.WarmGuests
-			r.mu.Unlock()
-			if !need {
-				break
-			}
-			if _, err := r.newGuest(); err != nil {
-				select {
-				case <-r.stop:
-					return
-				default:
-				}
-				r.log.Warn("starting a warm guest", "err", err, "retry_in", backoff)
-				select {
-				case <-r.stop:
-					return
-				case <-time.After(backoff):
-				}
-				backoff = min(backoff*2, 30*time.Second)
-				continue
-			}
-			backoff = 100 * time.Millisecond
-			select {
-			case <-r.stop:
-				return
-			default:
-			}
-		}
-	}
-}
-
-// refillSettle is how long the pool waits after a create before it
-// starts another guest.
-const refillSettle = 50 * time.Millisecond
-
-// warmPrefix names warm guests' disks until a create takes one; sandbox
-// ids never start with it.
-const warmPrefix = "warm-"
-
-// newGuest makes a sandbox-to-be ahead of time: an id, a uid range, a
-// cgroup, a disk and a guest that has built its root filesystem from the
-// warm image and bounded itself. Only its limits and environment are
-// left for the create that takes it.
-func (r *Runtime) newGuest() (*guestProc, error) {
-	img, err := r.cfg.WarmImage()
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	id := runtime.NewID()
-	r.mu.Lock()
-	r.building[id] = true
-	r.mu.Unlock()
-	g, err := r.build(ctx, runtime.Spec{ID: id, Image: img, Resources: api.Resources{DiskBytes: r.cfg.WarmDiskBytes}}, true)
-	r.mu.Lock()
-	delete(r.building, id)
-	if err == nil {
-		r.ready = append(r.ready, g)
-	}
-	r.mu.Unlock()
-	return g, err
+	return n
 }
 
 // build makes a prepared guest for sandbox spec.ID: its cgroup (no limits
@@ -292,6 +206,10 @@ func (r *Runtime) newGuest() (*guestProc, error) {
 // is removed, except a disk that existed before.
 func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *guestProc, retErr error) {
 	id, uidBase := spec.ID, spec.UIDBase
+	t0 := time.Now()
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
+	defer func() { r.log.Debug("build phases", append([]any{"sandbox", id, "warm", warm}, phases...)...) }()
 	var cleanups []func()
 	defer func() {
 		if retErr != nil {
@@ -320,6 +238,7 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 		cg.Kill()
 		cg.Delete(context.Background())
 	})
+	mark("cgroup")
 	g, err := r.spawnGuest(uidBase, dir, cg)
 	if err != nil {
 		return nil, fmt.Errorf("starting guest: %w", err)
@@ -334,6 +253,7 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 		}
 		cleanups = append(cleanups, func() { r.cfg.Network.Detach(id) })
 	}
+	mark("guest")
 	fresh := false
 	v, err := r.cfg.Disks.Open(vol)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -351,9 +271,11 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 		cleanups = append(cleanups, func() { r.cfg.Disks.Remove(context.Background(), vol) })
 	}
 	g.volume = vol
+	mark("disk")
 	if err := r.prepare(ctx, g, spec.Image, v, spec.Mounts); err != nil {
 		return nil, err
 	}
+	mark("prepared")
 	return g, nil
 }
 
@@ -486,30 +408,11 @@ func closeFDs(fds []int) {
 	}
 }
 
-// takeWarm returns a live warm guest prepared from img on a disk of
-// size, if there is one.
-func (r *Runtime) takeWarm(img *image.Image, size int64) *guestProc {
-	for {
-		r.mu.Lock()
-		var g *guestProc
-		for i, c := range r.ready {
-			if c.image == img.ID && (size == 0 || size == r.cfg.WarmDiskBytes) {
-				g = c
-				r.ready = append(r.ready[:i:i], r.ready[i+1:]...)
-				break
-			}
-		}
-		r.mu.Unlock()
-		if g == nil || !g.sb.exited() {
-			return g
-		}
-		r.discard(g)
-	}
-}
-
 // discard removes a guest that will not become a sandbox: its process
 // and run dir, cgroup, disk and uid range.
 func (r *Runtime) discard(g *guestProc) {
+	// A frozen guest only dies once thawed (cgroup v1).
+	g.sb.cg.Thaw()
 	g.kill()
 	if r.cfg.Network != nil {
 		r.cfg.Network.Forget(g.sb.id)
@@ -537,9 +440,12 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	// Refill only after this start: making a guest competes with it.
 	defer r.poke()
 
+	// A sandbox whose id the runtime picks is the runtime's to clean up
+	// if it fails.
+	picked := spec.ID == ""
 	var g *guestProc
-	if spec.ID == "" && len(spec.Mounts) == 0 && spec.DiskFrom == "" {
-		g = r.takeWarm(spec.Image, spec.Resources.DiskBytes)
+	if picked && len(spec.Mounts) == 0 {
+		g = r.takeWarm(spec)
 	}
 	if g != nil {
 		// It becomes the sandbox: its run dir and disk take their names.
@@ -570,7 +476,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		if retErr == nil {
 			return
 		}
-		if spec.ID == "" {
+		if picked {
 			r.discard(g) // nothing of it was the caller's
 			return
 		}
@@ -586,6 +492,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	}
 	// Guests wait at a low priority; a sandbox runs at the normal one.
 	raisePriority(sb.st.PID)
+	mark("limits")
 	env := append(append([]string(nil), spec.Env...), g.net.Env...)
 	if spec.Setup != nil {
 		more, err := spec.Setup(sb.id)
@@ -593,6 +500,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 			return nil, err
 		}
 		env = append(env, more...)
+		mark("setup")
 	}
 	act := &guest.Activate{Serve: guest.ServeConfig{
 		Env:         env,
@@ -793,8 +701,10 @@ func (r *Runtime) Leftovers() ([]string, error) {
 	// Warm guests of this runtime are sandboxes-to-be, not leftovers.
 	seen := map[string]bool{}
 	r.mu.Lock()
-	for _, g := range r.ready {
-		seen[g.sb.id] = true
+	for _, p := range r.pools {
+		for _, g := range p.ready {
+			seen[g.sb.id] = true
+		}
 	}
 	for id := range r.building {
 		seen[id] = true
@@ -825,8 +735,11 @@ func (r *Runtime) Close() error {
 	close(r.stop)
 	r.wg.Wait()
 	r.mu.Lock()
-	ready := r.ready
-	r.ready = nil
+	var ready []*guestProc
+	for _, p := range r.pools {
+		ready = append(ready, p.ready...)
+		p.ready = nil
+	}
 	r.mu.Unlock()
 	for _, g := range ready {
 		r.discard(g)
