@@ -146,6 +146,7 @@ func serveCmd() *cobra.Command {
 	f.Int64Var(&cfg.OutputLimit, "output-limit", cfg.OutputLimit, "output retained per process, in bytes (oldest dropped first)")
 	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&cfg.E2BListen, "e2b-listen", "", "serve the E2B-compatible API on tcp://HOST:PORT (needs --token-file; see docs/e2b.md)")
 	return cmd
 }
 

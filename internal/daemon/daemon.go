@@ -67,6 +67,9 @@ type Config struct {
 	// WarmGuests is how many sandbox init processes to start ahead of
 	// time, so that a create does not wait for one to start.
 	WarmGuests int
+	// E2BListen, tcp://HOST:PORT, serves the E2B-compatible facade
+	// (package e2b); it needs TokenFile.
+	E2BListen string
 }
 
 // NetworkConfig configures the egress gateway.
@@ -117,6 +120,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	listeners, token, err := listen(cfg)
 	if err != nil {
 		return err
+	}
+	e2bL, e2bToken, err := listenE2B(cfg)
+	if err != nil {
+		for _, l := range listeners {
+			l.Close()
+		}
+		return err
+	}
+	if e2bL != nil {
+		defer e2bL.Close()
 	}
 	defer func() {
 		for _, l := range listeners {
@@ -257,8 +270,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if gw != nil {
 		srv.SetSecrets(gw.Secrets())
 	}
-	errc := make(chan error, len(listeners))
+	errc := make(chan error, len(listeners)+1)
 	var servers []*http.Server
+	if e2bL != nil {
+		hs, err := serveE2B(e2bL, e2bToken, mgr, st, cgroups, log.With("component", "e2b"), errc)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, hs)
+	}
 	for _, l := range listeners {
 		tok := ""
 		if l.Addr().Network() == "tcp" {

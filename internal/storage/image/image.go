@@ -59,6 +59,7 @@ type Store struct {
 
 	mu   sync.Mutex
 	host *Image
+	base *Image // base.go
 }
 
 // NewStore returns a Store keeping its files under dir.
@@ -73,6 +74,9 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 func (s *Store) Get(name string) (*Image, error) {
 	if name == "" {
 		name = HostImage
+	}
+	if name == BaseImage {
+		return s.getBase()
 	}
 	if name != HostImage {
 		return nil, errdefs.NotFound("image", name)
