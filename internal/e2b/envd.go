@@ -18,13 +18,13 @@ func (s *Server) envdRoutes() *http.ServeMux {
 	mux.Handle("GET /files", s.sandboxCall(true, s.download))
 	mux.Handle("POST /files", s.sandboxCall(true, s.upload))
 	for name, h := range map[string]http.HandlerFunc{
-		"process.Process/Start":      s.processStart,
-		"process.Process/Connect":    s.processConnect,
-		"process.Process/List":       unary(s, s.processList),
-		"process.Process/SendInput":  unary(s, s.processInput),
-		"process.Process/CloseStdin": unary(s, s.processCloseStdin),
-		"process.Process/SendSignal": unary(s, s.processSignal),
-		"process.Process/Update":     unary(s, s.processUpdate),
+		"process.Process/Start":          s.processStart,
+		"process.Process/Connect":        s.processConnect,
+		"process.Process/List":           unary(s, s.processList),
+		"process.Process/SendInput":      unary(s, s.processInput),
+		"process.Process/CloseStdin":     unary(s, s.processCloseStdin),
+		"process.Process/SendSignal":     unary(s, s.processSignal),
+		"process.Process/Update":         unary(s, s.processUpdate),
 		"filesystem.Filesystem/Stat":     unary(s, s.fsStat),
 		"filesystem.Filesystem/ListDir":  unary(s, s.fsListDir),
 		"filesystem.Filesystem/MakeDir":  unary(s, s.fsMakeDir),
@@ -66,7 +66,18 @@ func (s *Server) running(id string, wake bool) bool {
 	}
 	switch sb.State {
 	case api.StateRunning:
-		return true
+		// A removal in progress answered Get with the state it had
+		// before; Done sees the sandbox gone.
+		done, err := s.mgr.Done(id)
+		if err != nil {
+			return false
+		}
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
 	case api.StatePaused, api.StateFrozen:
 		return wake && sb.AutoResume
 	}

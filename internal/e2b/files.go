@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"bufio"
 	"compress/gzip"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -103,7 +104,11 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	if acceptsGzip(r) {
 		h.Set("Content-Encoding", "gzip")
 		h.Add("Vary", "Accept-Encoding")
-		zw := gzip.NewWriter(w)
+		// Large chunks: a client's gunzip pays per chunk, and the
+		// compressor's own writes are small.
+		bw := bufio.NewWriterSize(w, 256<<10)
+		zw, _ := gzip.NewWriterLevel(bw, gzip.BestSpeed)
+		defer bw.Flush()
 		defer zw.Close()
 		out = zw
 	} else if resp.Length >= 0 {
@@ -207,7 +212,10 @@ func (s *Server) uploadParts(r *http.Request, user, target string, mr *multipart
 		}
 		dest := target
 		if dest == "" || len(out) > 0 {
-			dest = part.FileName()
+			// The raw file name: Part.FileName keeps only its base, and
+			// the SDKs send the whole path there.
+			_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			dest = params["filename"]
 		}
 		if dest == "" {
 			return nil, errdefs.Invalid("path", "a part has no file name and no ?path= was given")

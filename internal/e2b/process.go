@@ -428,6 +428,19 @@ func (s *Server) processOp(r *http.Request, sel *selector, req guest.Request) (a
 	if err != nil {
 		return nil, err
 	}
+	// envd knows running processes only; the guest also keeps finished
+	// ones (for reattach), which accept signals as a no-op.
+	list, err := gc.Do(r.Context(), guest.Request{Op: guest.OpList})
+	if err != nil {
+		return nil, err
+	}
+	running := false
+	for _, pi := range list.Processes {
+		running = running || (pi.PID == pid && pi.Running)
+	}
+	if !running {
+		return nil, errdefs.NotFound("process", strconv.Itoa(pid))
+	}
 	req.PID = pid
 	if _, err := gc.Do(r.Context(), req); err != nil {
 		return nil, err

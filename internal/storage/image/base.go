@@ -90,8 +90,10 @@ func addBase(root, hostRoot string) error {
 			return fmt.Errorf("copying /etc/%s: %w", name, err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(etc, "sudoers.d"), 0o755); err != nil {
-		return err
+	for _, d := range []string{"sudoers.d", "profile.d"} {
+		if err := os.MkdirAll(filepath.Join(etc, d), 0o755); err != nil {
+			return err
+		}
 	}
 	files := []struct {
 		path    string
@@ -101,6 +103,9 @@ func addBase(root, hostRoot string) error {
 		{"etc/sudoers", "Defaults env_reset\nDefaults secure_path=\"/" + baseBinDir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"\n" +
 			"root ALL=(ALL:ALL) ALL\n%sudo ALL=(ALL:ALL) ALL\n@includedir /etc/sudoers.d\n", 0o440},
 		{"etc/sudoers.d/user", "user ALL=(ALL:ALL) NOPASSWD: ALL\n", 0o440},
+		// Login shells (E2B runs commands with bash -l) reset PATH in
+		// /etc/profile, then read profile.d.
+		{"etc/profile.d/paddock-base.sh", "case \":$PATH:\" in *:/" + baseBinDir + ":*) ;; *) PATH=\"/" + baseBinDir + ":$PATH\" ;; esac\n", 0o644},
 	}
 	for _, f := range files {
 		if err := os.WriteFile(filepath.Join(root, f.path), []byte(f.content), f.mode); err != nil {
