@@ -48,6 +48,7 @@ func allBenchmarks() []benchmark {
 		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
 		{"density", fmt.Sprintf("%d sandboxes each running `sleep 3600`", densityCount), benchDensity},
 		{"stream", "Streaming through exec", benchStream},
+		{"e2b", "E2B SDK: create + run('echo hi') + kill, against the native API", benchE2B},
 	}
 }
 

@@ -284,20 +284,22 @@ const scenarios = {
     console.log('ok killed')
   },
 
-  // The benchmark's flow, timed: create + run('echo hi') + kill.
+  // The benchmark's flow (bench/e2b.go drives it): for each line read, a
+  // template name, time Sandbox.create() + commands.run('echo hi') +
+  // kill() and print "ms MILLISECONDS ID".
   async bench() {
-    const n = Number(process.env.E2B_BENCH_N || 20)
-    const times = []
-    for (let i = 0; i < n + 2; i++) {
+    const rl = (await import('node:readline')).createInterface({ input: process.stdin })
+    console.log('ready')
+    for await (const line of rl) {
+      const template = line.trim()
       const t = process.hrtime.bigint()
-      const sbx = await Sandbox.create()
+      const sbx = await Sandbox.create(template)
       const r = await sbx.commands.run('echo hi')
       await sbx.kill()
       const ms = Number(process.hrtime.bigint() - t) / 1e6
       assert.equal(r.stdout, 'hi\n')
-      if (i >= 2) times.push(ms)
+      console.log(`ms ${ms.toFixed(3)} ${sbx.sandboxId}`)
     }
-    console.log('times ' + times.map((t) => t.toFixed(3)).join(' '))
   },
 }
 
