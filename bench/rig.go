@@ -36,6 +36,7 @@ type rig struct {
 	bwrap        string   // "" when bubblewrap is not installed
 	runc         *runcRig // nil when runc is not installed
 	served       bool     // the daemon came up at least once
+	e2b          *e2bEndpoint
 
 	mu      sync.Mutex
 	made    map[string]bool // sandboxes created and not yet removed
@@ -74,6 +75,9 @@ func newRig(ctx context.Context, opts options, log *slog.Logger) (_ *rig, retErr
 		return nil, err
 	}
 	r.client = r.daemon.client
+	if r.e2b, err = setupE2B(root, r.daemon); err != nil {
+		return nil, err
+	}
 	log.Info("starting daemon", "bin", opts.bin, "dir", root, "cgroup_parent", r.cgroupParent)
 	if err := r.daemon.start(ctx); err != nil {
 		return nil, err

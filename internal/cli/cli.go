@@ -152,6 +152,7 @@ func serveCmd() *cobra.Command {
 	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")
 	telemetryFlags(f, &cfg.Telemetry)
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&cfg.E2BListen, "e2b-listen", "", "serve the E2B-compatible API on tcp://HOST:PORT (needs --token-file; see docs/e2b.md)")
 	return cmd
 }
 

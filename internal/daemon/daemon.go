@@ -72,6 +72,9 @@ type Config struct {
 	Telemetry TelemetryConfig
 	// Images bounds OCI images and says where they may be pulled from.
 	Images ImageConfig
+	// E2BListen, tcp://HOST:PORT, serves the E2B-compatible facade
+	// (package e2b); it needs TokenFile.
+	E2BListen string
 }
 
 // ImageConfig configures OCI images.
@@ -132,6 +135,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	listeners, token, err := listen(cfg)
 	if err != nil {
 		return err
+	}
+	e2bL, e2bToken, err := listenE2B(cfg)
+	if err != nil {
+		for _, l := range listeners {
+			l.Close()
+		}
+		return err
+	}
+	if e2bL != nil {
+		defer e2bL.Close()
 	}
 	defer func() {
 		for _, l := range listeners {
@@ -286,8 +299,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		srv.SetSecrets(gw.Secrets())
 	}
 	srv.SetTelemetry(tel)
-	errc := make(chan error, len(listeners))
+	errc := make(chan error, len(listeners)+1)
 	var servers []*http.Server
+	if e2bL != nil {
+		hs, err := serveE2B(e2bL, e2bToken, mgr, st, cgroups, log.With("component", "e2b"), errc)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, hs)
+	}
 	for _, l := range listeners {
 		tok := ""
 		if l.Addr().Network() == "tcp" {

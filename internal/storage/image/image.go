@@ -60,6 +60,7 @@ type Store struct {
 	mu   sync.Mutex
 	host *Image
 	oci  *oci.Store // OCI images (oci.go); nil: none
+	base *Image // base.go
 }
 
 // NewStore returns a Store keeping its files under dir.
@@ -74,6 +75,9 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 func (s *Store) Get(name string) (*Image, error) {
 	if name == "" {
 		name = HostImage
+	}
+	if name == BaseImage {
+		return s.getBase()
 	}
 	if name != HostImage {
 		return s.getOCI(name)

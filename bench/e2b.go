@@ -1,0 +1,335 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"paddock/api"
+	"paddock/client"
+	"paddock/internal/e2b"
+)
+
+// The E2B facade benchmark: Sandbox.create() + commands.run('echo hi') +
+// kill() through the npm e2b SDK, against the same flow through
+// paddock's Go SDK, and through a Go client speaking E2B's wire format
+// (the same three requests as the SDK) to tell the facade's cost from
+// Node's.
+
+const (
+	toolE2BNode = "npm e2b SDK → facade"
+	toolE2BWire = "Go HTTP, E2B wire → facade"
+	toolE2BGo   = "paddock Go SDK → native API"
+	// e2bBarMax is issue 7's bar: what the facade may add.
+	e2bBarMax = 2 * time.Millisecond
+)
+
+// e2bEndpoint is the facade of the rig's daemon.
+type e2bEndpoint struct {
+	url, key string
+}
+
+// setupE2B gives the rig's daemon a token and an E2B listener on a free
+// loopback port, before it starts.
+func setupE2B(root string, d *daemon) (*e2bEndpoint, error) {
+	tok := make([]byte, 24)
+	rand.Read(tok)
+	token := hex.EncodeToString(tok)
+	file := filepath.Join(root, "token")
+	if err := os.WriteFile(file, []byte(token), 0o600); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	d.args = append(d.args, "--token-file", file, "--e2b-listen", "tcp://"+addr)
+	return &e2bEndpoint{url: "http://" + addr, key: e2b.APIKey(token)}, nil
+}
+
+// nodeFlow is a running `node scenarios.mjs bench`: each template name
+// written to it is one timed flow.
+type nodeFlow struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+}
+
+func (r *rig) startNodeFlow(ctx context.Context) (*nodeFlow, error) {
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%s is not installed (apt-get install nodejs npm)", tool)
+		}
+	}
+	lock, err := os.ReadFile("test/e2b/package-lock.json")
+	if err != nil {
+		return nil, fmt.Errorf("reading the npm harness (run from the repository's root): %w", err)
+	}
+	// The e2e tests install into the same directory.
+	dir := filepath.Join(os.TempDir(), "paddock-e2b-npm-"+e2bHash(lock))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	for _, f := range []string{"package.json", "package-lock.json", "scenarios.mjs"} {
+		b, err := os.ReadFile(filepath.Join("test/e2b", f))
+		if err != nil {
+			return nil, fmt.Errorf("reading the npm harness (run from the repository's root): %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules/e2b")); err != nil {
+		npm := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+		npm.Dir = dir
+		if out, err := npm.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("npm ci: %v: %s", err, out)
+		}
+	}
+	cmd := exec.CommandContext(ctx, "node", "scenarios.mjs", "bench")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "E2B_API_KEY="+r.e2b.key, "E2B_API_URL="+r.e2b.url, "E2B_SANDBOX_URL="+r.e2b.url)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	f := &nodeFlow{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	if !f.out.Scan() || f.out.Text() != "ready" {
+		f.close()
+		return nil, errors.New("node harness did not start")
+	}
+	return f, nil
+}
+
+func (f *nodeFlow) run(r *rig, template string) (time.Duration, error) {
+	if _, err := io.WriteString(f.in, template+"\n"); err != nil {
+		return 0, err
+	}
+	if !f.out.Scan() {
+		return 0, errors.New("node harness exited (see stderr)")
+	}
+	fields := strings.Fields(f.out.Text())
+	if len(fields) != 3 || fields[0] != "ms" {
+		return 0, fmt.Errorf("node harness said %q", f.out.Text())
+	}
+	ms, err := strconv.ParseFloat(fields[1], 64)
+	return time.Duration(ms * float64(time.Millisecond)), err
+}
+
+func (f *nodeFlow) close() {
+	f.in.Close()
+	f.cmd.Wait()
+}
+
+// wireFlow runs the SDK's three requests from Go: create, a streamed
+// process start of echo hi, kill.
+func (r *rig) wireFlow(ctx context.Context, hc *http.Client, template string) (time.Duration, error) {
+	t0 := time.Now()
+	req, _ := http.NewRequestWithContext(ctx, "POST", r.e2b.url+"/v2/sandboxes", strings.NewReader(`{"templateID":"`+template+`"}`))
+	req.Header.Set("X-API-KEY", r.e2b.key)
+	req.Header.Set("Content-Type", "application/json")
+	var sb struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	if err := doJSON(hc, req, http.StatusCreated, &sb); err != nil {
+		return 0, fmt.Errorf("create: %w", err)
+	}
+	r.track(sb.SandboxID)
+	msg := []byte(`{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"]},"stdin":false}`)
+	body := make([]byte, 5, 5+len(msg))
+	binary.BigEndian.PutUint32(body[1:], uint32(len(msg)))
+	req, _ = http.NewRequestWithContext(ctx, "POST", r.e2b.url+"/process.Process/Start", bytes.NewReader(append(body, msg...)))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	out, err := readProcessStream(resp.Body)
+	resp.Body.Close()
+	if err != nil || out != "hi\n" {
+		return 0, fmt.Errorf("process start: output %q, %v", out, err)
+	}
+	req, _ = http.NewRequestWithContext(ctx, "DELETE", r.e2b.url+"/sandboxes/"+sb.SandboxID, nil)
+	req.Header.Set("X-API-KEY", r.e2b.key)
+	if err := doJSON(hc, req, http.StatusNoContent, nil); err != nil {
+		return 0, fmt.Errorf("kill: %w", err)
+	}
+	d := time.Since(t0)
+	r.untrack(sb.SandboxID)
+	return d, nil
+}
+
+func doJSON(hc *http.Client, req *http.Request, want int, v any) error {
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		return fmt.Errorf("status %d: %s", resp.StatusCode, truncate(string(b), 200))
+	}
+	if v != nil {
+		return json.Unmarshal(b, v)
+	}
+	return nil
+}
+
+// readProcessStream reads Connect envelopes of process events until the
+// end of the stream and returns the stdout they carried.
+func readProcessStream(body io.Reader) (string, error) {
+	var out bytes.Buffer
+	hdr := make([]byte, 5)
+	for {
+		if _, err := io.ReadFull(body, hdr); err != nil {
+			return out.String(), fmt.Errorf("reading envelope: %w", err)
+		}
+		msg := make([]byte, binary.BigEndian.Uint32(hdr[1:]))
+		if _, err := io.ReadFull(body, msg); err != nil {
+			return out.String(), err
+		}
+		if hdr[0]&2 != 0 {
+			if string(msg) != "{}" {
+				return out.String(), fmt.Errorf("stream ended with %s", msg)
+			}
+			return out.String(), nil
+		}
+		var ev struct {
+			Event struct {
+				Data *struct {
+					Stdout []byte `json:"stdout"`
+				} `json:"data"`
+			} `json:"event"`
+		}
+		if err := json.Unmarshal(msg, &ev); err != nil {
+			return out.String(), err
+		}
+		if ev.Event.Data != nil {
+			out.Write(ev.Event.Data.Stdout)
+		}
+	}
+}
+
+// goFlow is the same flow through paddock's Go SDK on the unix socket.
+func (r *rig) goFlow(ctx context.Context, image string) (time.Duration, error) {
+	t0 := time.Now()
+	sb, err := r.create(ctx, api.CreateRequest{Image: image})
+	if err != nil {
+		return 0, err
+	}
+	var out bytes.Buffer
+	st, err := r.client.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"/bin/bash", "-l", "-c", "echo hi"}}, client.ExecIO{Stdout: &out})
+	if err := errors.Join(execResult(nil, st, err, ""), wantOutput(toolE2BGo, out.Bytes(), coldOutput)); err != nil {
+		return 0, errors.Join(err, r.remove(ctx, sb.ID))
+	}
+	if err := r.remove(ctx, sb.ID); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+func benchE2B(ctx context.Context, r *rig) *section {
+	s := &section{Method: []string{
+		fmt.Sprintf("%d timed rounds after %d warm-up rounds per template; each round runs the three flows once, in an order that rotates every round, "+
+			"each after the daemon is idle (as in the cold benchmark).", r.opts.n, coldWarmup),
+		"Every flow is the same work: create a sandbox, run `/bin/bash -l -c 'echo hi'` in it as E2B's `commands.run` does, wait for its exit, remove the sandbox; the output is checked to be `hi\\n`.",
+		"**" + toolE2BNode + "**: `Sandbox.create(template)`, `commands.run('echo hi')`, `kill()` in one Node process that stays up across rounds (`test/e2b/scenarios.mjs bench`), timed in Node with `process.hrtime`; 3 HTTP requests over loopback TCP.",
+		"**" + toolE2BWire + "**: the same 3 requests (POST /v2/sandboxes, a streamed `process.Process/Start`, DELETE) from Go's net/http with keep-alive: the facade's cost without Node's.",
+		"**" + toolE2BGo + "**: `client.Create`, `client.Exec`, `client.Delete` on the daemon's unix socket: 3 requests too.",
+		"Template `host` takes a warm guest (the path the bar is judged on); `base`, E2B's default, is built on the cold path (it has no warm pool) and is shown for reference.",
+	}}
+	flow, err := r.startNodeFlow(ctx)
+	if err != nil {
+		s.Err = err
+		return s
+	}
+	defer flow.close()
+	hc := &http.Client{Timeout: time.Minute}
+	tools := []struct {
+		name string
+		run  func(template string) (time.Duration, error)
+	}{
+		{toolE2BNode, func(t string) (time.Duration, error) { return flow.run(r, t) }},
+		{toolE2BWire, func(t string) (time.Duration, error) { return r.wireFlow(ctx, hc, t) }},
+		{toolE2BGo, func(t string) (time.Duration, error) { return r.goFlow(ctx, t) }},
+	}
+	medians := map[string]map[string]time.Duration{}
+	for _, template := range []string{"host", "base"} {
+		samples := map[string][]time.Duration{}
+		for i := 0; i < coldWarmup+r.opts.n; i++ {
+			for j := range tools {
+				t := tools[(i+j)%len(tools)]
+				r.idle(ctx)
+				d, err := t.run(template)
+				if err != nil {
+					s.Err = fmt.Errorf("%s, template %s, round %d: %w", t.name, template, i+1, err)
+					return s
+				}
+				if i >= coldWarmup {
+					samples[t.name] = append(samples[t.name], d)
+				}
+			}
+		}
+		tb := table{Caption: "Template `" + template + "`:", Header: []string{"flow", "n", "median", "p90", "÷ Go SDK"}}
+		medians[template] = map[string]time.Duration{}
+		goMed := summarize(samples[toolE2BGo]).Median
+		for _, t := range tools {
+			sm := summarize(samples[t.name])
+			medians[template][t.name] = sm.Median
+			tb.add(t.name, fmt.Sprint(sm.N), ms(sm.Median), ms(sm.P90), ratio(sm.Median, goMed))
+		}
+		s.Tables = append(s.Tables, tb)
+	}
+	m := medians["host"]
+	added := m[toolE2BWire] - m[toolE2BGo]
+	s.Bars = []bar{
+		{Issue: 7, What: "create + run('echo hi') + kill, medians: npm e2b SDK vs paddock's Go SDK (template host)", Target: "reported",
+			Value: fmt.Sprintf("%s vs %s", ms(m[toolE2BNode]), ms(m[toolE2BGo])), Verdict: reported},
+		{Issue: 7, What: "what the facade adds: the E2B wire flow from Go minus the Go SDK flow, medians (template host)", Target: "≤ 2 ms",
+			Value: fmt.Sprintf("%s (%s vs %s)", ms(added), ms(m[toolE2BWire]), ms(m[toolE2BGo])), Verdict: check(added <= e2bBarMax)},
+	}
+	s.note("The npm SDK's flow minus the Go wire flow (%s, template host) is Node's own cost (its fetch stack, Connect client and JSON handling), outside paddock.", ms(m[toolE2BNode]-m[toolE2BWire]))
+	return s
+}
+
+// untrack forgets a sandbox removed other than through r.remove.
+func (r *rig) untrack(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.made, id)
+}
+
+// e2bHash names a lock file's install, so that a changed lock reinstalls.
+func e2bHash(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:6])
+}

@@ -1,0 +1,70 @@
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"paddock/internal/cgroup"
+	"paddock/internal/e2b"
+	"paddock/internal/sandbox"
+	"paddock/internal/store"
+)
+
+// listenE2B opens the E2B facade's listener (tcp://HOST:PORT), early with
+// the others so that a taken port fails the start before any reconcile.
+func listenE2B(cfg Config) (net.Listener, string, error) {
+	if cfg.E2BListen == "" {
+		return nil, "", nil
+	}
+	u, err := url.Parse(cfg.E2BListen)
+	if err != nil || u.Scheme != "tcp" || u.Host == "" {
+		return nil, "", fmt.Errorf("--e2b-listen %q is not tcp://HOST:PORT", cfg.E2BListen)
+	}
+	if cfg.TokenFile == "" {
+		return nil, "", fmt.Errorf("--e2b-listen needs --token-file: the E2B API key is derived from the daemon's token")
+	}
+	b, err := os.ReadFile(cfg.TokenFile)
+	if err != nil {
+		return nil, "", fmt.Errorf("reading token file: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if len(token) < 16 {
+		return nil, "", fmt.Errorf("token in %s is shorter than 16 characters", cfg.TokenFile)
+	}
+	l, err := net.Listen("tcp", u.Host)
+	if err != nil {
+		return nil, "", fmt.Errorf("listening on %s: %w", cfg.E2BListen, err)
+	}
+	return l, token, nil
+}
+
+// serveE2B serves the E2B facade on l over the same manager as the
+// native API.
+func serveE2B(l net.Listener, token string, mgr *sandbox.Manager, st *store.Store, cgroups *cgroup.Manager, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+	srv, err := e2b.New(e2b.Config{
+		Manager: mgr,
+		Store:   st,
+		Token:   token,
+		Stats: func(id string) (cgroup.Stats, error) {
+			g, err := cgroups.Load(id)
+			if err != nil {
+				return cgroup.Stats{}, err
+			}
+			return g.Stats()
+		},
+		Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	go func() { errc <- hs.Serve(l) }()
+	log.Info("E2B facade listening", "addr", "tcp://"+l.Addr().String())
+	return hs, nil
+}

@@ -1,0 +1,642 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/sandbox"
+	"paddock/internal/server"
+	"paddock/internal/snapshot"
+)
+
+// Labels that carry E2B's view of a sandbox in paddock's record, so that
+// create costs no write beyond the manager's own.
+const (
+	metaPrefix     = "e2b.meta/"
+	labelAutoPause = "e2b.auto-pause"
+	clientID       = "paddock"
+	// defaultTimeout is E2B's default sandbox lifetime, in seconds.
+	defaultTimeout = 300
+	maxListLimit   = 1000
+)
+
+var metaKeyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,53}$`)
+
+func (s *Server) controlRoutes() *http.ServeMux {
+	mux := http.NewServeMux()
+	for _, r := range []struct {
+		pattern string
+		h       http.HandlerFunc
+	}{
+		{"POST /sandboxes", s.create},
+		{"POST /v2/sandboxes", s.create},
+		{"GET /sandboxes", s.listV1},
+		{"GET /v2/sandboxes", s.listV2},
+		{"GET /sandboxes/{id}", s.info},
+		{"DELETE /sandboxes/{id}", s.kill},
+		{"POST /sandboxes/{id}/timeout", s.setTimeout},
+		{"POST /sandboxes/{id}/refreshes", s.refresh},
+		{"POST /sandboxes/{id}/pause", s.pause},
+		{"POST /sandboxes/{id}/resume", s.connect},
+		{"POST /sandboxes/{id}/connect", s.connect},
+		{"POST /v2/sandboxes/{id}/connect", s.connect},
+		{"GET /sandboxes/{id}/metrics", s.metrics},
+	} {
+		mux.HandleFunc(r.pattern, r.h)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeAPIError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// fail answers a control-plane call with err's status (paddock's one
+// mapping) in E2B's error body.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	code := server.Status(err)
+	msg := err.Error()
+	if code >= 500 && code != http.StatusServiceUnavailable {
+		s.log.Error("E2B request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		msg = "internal error; see the daemon log"
+	}
+	writeAPIError(w, code, msg)
+}
+
+// createRequest is the body of POST /sandboxes and /v2/sandboxes. Fields
+// paddock has no counterpart for (network, mcp, volumeMounts, ...) are
+// accepted and ignored, as an older server would.
+type createRequest struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *int64            `json:"timeout"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+	AutoPause  bool              `json:"autoPause"`
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+}
+
+// decodeBody reads a JSON body (empty is allowed) into v.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("%w: request body exceeds 1 MiB", errdefs.ErrTooLarge)
+	}
+	if strings.TrimSpace(string(b)) == "" {
+		return nil
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			return errdefs.Invalid(ute.Field, "expected %s, got JSON %s", ute.Type, ute.Value)
+		}
+		return errdefs.Invalid("body", "malformed JSON: %v", err)
+	}
+	return nil
+}
+
+// sandboxRef is the answer to create and connect.
+type sandboxRef struct {
+	SandboxID       string  `json:"sandboxID"`
+	TemplateID      string  `json:"templateID"`
+	ClientID        string  `json:"clientID"`
+	EnvdVersion     string  `json:"envdVersion"`
+	EnvdAccessToken string  `json:"envdAccessToken"`
+	Domain          *string `json:"domain"`
+}
+
+func (s *Server) ref(sb api.Sandbox) sandboxRef {
+	return sandboxRef{SandboxID: sb.ID, TemplateID: templateOf(sb), ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: s.accessToken(sb.ID)}
+}
+
+func templateOf(sb api.Sandbox) string {
+	if sb.From != "" {
+		return sb.From
+	}
+	return sb.Image
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req createRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	timeout := int64(defaultTimeout)
+	if req.Timeout != nil {
+		timeout = *req.Timeout
+	}
+	if timeout <= 0 || timeout > math.MaxInt32 {
+		s.fail(w, r, errdefs.Invalid("timeout", "%d is not a positive number of seconds", timeout))
+		return
+	}
+	labels := map[string]string{}
+	for k, v := range req.Metadata {
+		if !metaKeyPattern.MatchString(k) {
+			s.fail(w, r, errdefs.Invalid("metadata", "key %q must be 1-54 letters, digits, '.', '_', '/' or '-', starting with a letter or digit", k))
+			return
+		}
+		labels[metaPrefix+k] = v
+	}
+	creq := api.CreateRequest{Env: req.EnvVars, Labels: labels, Workdir: homeOf(DefaultUser)}
+	// Without autoResume, a paused sandbox stays paused until connect:
+	// envd calls to it fail as E2B's do.
+	autoResume := req.AutoResume != nil && req.AutoResume.Enabled
+	creq.AutoResume = &autoResume
+	template := req.TemplateID
+	if template == "" {
+		template = DefaultTemplate
+	}
+	if snapshot.IsID(template) {
+		creq.From = template
+	} else {
+		creq.Image = template
+	}
+	if req.AutoPause {
+		labels[labelAutoPause] = "true"
+	} else {
+		creq.TimeoutSeconds = timeout
+	}
+	sb, err := s.mgr.Create(r.Context(), creq)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.AutoPause {
+		s.armPause(sb.ID, time.Duration(timeout)*time.Second)
+	}
+	writeJSON(w, http.StatusCreated, s.ref(sb))
+}
+
+// detail is a sandbox as getInfo and list describe it.
+type detail struct {
+	SandboxID       string            `json:"sandboxID"`
+	TemplateID      string            `json:"templateID"`
+	ClientID        string            `json:"clientID"`
+	StartedAt       time.Time         `json:"startedAt"`
+	EndAt           time.Time         `json:"endAt"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	Domain          *string           `json:"domain"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int64             `json:"memoryMB"`
+	DiskSizeMB      int64             `json:"diskSizeMB"`
+	Metadata        map[string]string `json:"metadata"`
+	State           string            `json:"state"`
+}
+
+// stateOf is E2B's state of a sandbox: running or paused; "" for states
+// E2B has no name for (failed, being created), which are not listed.
+func stateOf(st api.State) string {
+	switch st {
+	case api.StateRunning, api.StateFrozen:
+		return "running"
+	case api.StatePaused, api.StateStopped:
+		return "paused"
+	}
+	return ""
+}
+
+// metadataOf is a sandbox's E2B metadata: the labels set through this
+// facade, and those set through the native API as they are.
+func metadataOf(sb api.Sandbox) map[string]string {
+	md := map[string]string{}
+	for k, v := range sb.Labels {
+		switch {
+		case strings.HasPrefix(k, metaPrefix):
+			md[strings.TrimPrefix(k, metaPrefix)] = v
+		case k == labelAutoPause:
+		default:
+			md[k] = v
+		}
+	}
+	return md
+}
+
+func (s *Server) detail(sb api.Sandbox) detail {
+	d := detail{
+		SandboxID: sb.ID, TemplateID: templateOf(sb), ClientID: clientID,
+		StartedAt: sb.CreatedAt, EndAt: sb.CreatedAt, EnvdVersion: EnvdVersion,
+		CPUCount:   int(math.Ceil(sb.Resources.CPUs)),
+		MemoryMB:   sb.Resources.MemoryBytes >> 20,
+		DiskSizeMB: sb.Resources.DiskBytes >> 20,
+		Metadata:   metadataOf(sb),
+		State:      stateOf(sb.State),
+	}
+	if sb.ExpiresAt != nil {
+		d.EndAt = *sb.ExpiresAt
+	} else if end, ok := s.pauseAt(sb.ID); ok {
+		d.EndAt = end
+	}
+	return d
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Get(r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	d := s.detail(sb)
+	d.EnvdAccessToken = s.accessToken(sb.ID)
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := s.mgr.Delete(r.Context(), id, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.forget(id)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// forget drops what the facade holds in memory for a removed sandbox.
+func (s *Server) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.tags, id)
+	if t := s.pauseTimers[id]; t != nil {
+		t.timer.Stop()
+		delete(s.pauseTimers, id)
+	}
+}
+
+type timeoutRequest struct {
+	Timeout *int64 `json:"timeout"`
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var req timeoutRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Timeout == nil || *req.Timeout < 0 || *req.Timeout > math.MaxInt32 {
+		s.fail(w, r, errdefs.Invalid("timeout", "must be a number of seconds from 0"))
+		return
+	}
+	if err := s.extend(r.PathValue("id"), time.Duration(*req.Timeout)*time.Second, false); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// refresh is the older keep-alive: {duration} seconds more, at most an
+// hour, never shortening.
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Duration int64 `json:"duration"`
+	}
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Duration < 0 || req.Duration > 3600 {
+		s.fail(w, r, errdefs.Invalid("duration", "must be 0 to 3600 seconds"))
+		return
+	}
+	if err := s.extend(r.PathValue("id"), time.Duration(req.Duration)*time.Second, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// extend makes sandbox id end d from now (a kill, or a pause for those
+// created with autoPause); with onlyLater an earlier end is kept.
+func (s *Server) extend(id string, d time.Duration, onlyLater bool) error {
+	sb, err := s.mgr.Get(id)
+	if err != nil {
+		return err
+	}
+	end := time.Now().Add(d)
+	if sb.Labels[labelAutoPause] == "true" {
+		if cur, ok := s.pauseAt(id); ok && onlyLater && cur.After(end) {
+			return nil
+		}
+		s.armPause(id, d)
+		return nil
+	}
+	if onlyLater && sb.ExpiresAt != nil && sb.ExpiresAt.After(end) {
+		return nil
+	}
+	if d == 0 {
+		// E2B ends the sandbox now; paddock's 0 would mean "never".
+		d = time.Millisecond
+	}
+	_, err = s.mgr.SetTimeout(id, d)
+	return err
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	sb, err := s.mgr.Get(id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if sb.State == api.StatePaused {
+		s.fail(w, r, errdefs.Conflict("sandbox %s is already paused", id))
+		return
+	}
+	if _, err := s.mgr.Pause(r.Context(), id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.hold(id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// hold stops a paused sandbox's timeout: E2B keeps paused sandboxes until
+// they are killed or resumed.
+func (s *Server) hold(id string) error {
+	s.mu.Lock()
+	if t := s.pauseTimers[id]; t != nil {
+		t.timer.Stop()
+		delete(s.pauseTimers, id)
+	}
+	s.mu.Unlock()
+	_, err := s.mgr.SetTimeout(id, 0)
+	return err
+}
+
+// connect answers with the sandbox, resuming it first if it is paused
+// (201) or as it is (200); a timeout given is applied from now on
+// resume and extends a running sandbox's.
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var req timeoutRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Timeout != nil && (*req.Timeout <= 0 || *req.Timeout > math.MaxInt32) {
+		s.fail(w, r, errdefs.Invalid("timeout", "%d is not a positive number of seconds", *req.Timeout))
+		return
+	}
+	sb, err := s.mgr.Get(id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	code := http.StatusOK
+	switch sb.State {
+	case api.StatePaused, api.StateStopped, api.StateFrozen:
+		if sb, err = s.mgr.Resume(r.Context(), id); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if sb.State == api.StateRunning && code == http.StatusOK {
+			code = http.StatusCreated
+		}
+		d := time.Duration(defaultTimeout) * time.Second
+		if req.Timeout != nil {
+			d = time.Duration(*req.Timeout) * time.Second
+		}
+		err = s.extend(id, d, false)
+	case api.StateRunning:
+		if req.Timeout != nil {
+			err = s.extend(id, time.Duration(*req.Timeout)*time.Second, true)
+		}
+	default:
+		err = errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, code, s.ref(sb))
+}
+
+// listFilter selects sandboxes for list.
+type listFilter struct {
+	metadata map[string]string
+	states   map[string]bool
+}
+
+func parseListFilter(q url.Values, defaultStates ...string) (listFilter, error) {
+	f := listFilter{metadata: map[string]string{}, states: map[string]bool{}}
+	if raw := q.Get("metadata"); raw != "" {
+		// The SDKs encode each key and value, then the whole query.
+		pairs, err := url.ParseQuery(raw)
+		if err != nil {
+			return f, errdefs.Invalid("metadata", "%q is not key=value pairs", raw)
+		}
+		for k, vs := range pairs {
+			dk, err1 := url.QueryUnescape(k)
+			dv, err2 := url.QueryUnescape(vs[0])
+			if err1 != nil || err2 != nil {
+				return f, errdefs.Invalid("metadata", "%q is not URL-encoded", raw)
+			}
+			f.metadata[dk] = dv
+		}
+	}
+	for _, v := range q["state"] {
+		for _, st := range strings.Split(v, ",") {
+			if st != "running" && st != "paused" {
+				return f, errdefs.Invalid("state", "%q is not running or paused", st)
+			}
+			f.states[st] = true
+		}
+	}
+	if len(f.states) == 0 {
+		for _, st := range defaultStates {
+			f.states[st] = true
+		}
+	}
+	return f, nil
+}
+
+func (s *Server) list(f listFilter) []detail {
+	var out []detail
+	for _, sb := range s.mgr.List(sandbox.Filter{}) {
+		d := s.detail(sb)
+		if d.State == "" || !f.states[d.State] {
+			continue
+		}
+		match := true
+		for k, v := range f.metadata {
+			if got, ok := d.Metadata[k]; !ok || got != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			out = append(out, d)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].StartedAt.Equal(out[j].StartedAt) {
+			return out[i].StartedAt.After(out[j].StartedAt)
+		}
+		return out[i].SandboxID < out[j].SandboxID
+	})
+	return out
+}
+
+func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
+	f, err := parseListFilter(r.URL.Query(), "running")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := s.list(f)
+	if out == nil {
+		out = []detail{}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// listV2 pages through the sandboxes, newest first; X-Next-Token names
+// the first sandbox of the next page.
+func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f, err := parseListFilter(q, "running", "paused")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > maxListLimit {
+			s.fail(w, r, errdefs.Invalid("limit", "%q is not 1 to %d", v, maxListLimit))
+			return
+		}
+	}
+	all := s.list(f)
+	start := 0
+	if tok := q.Get("nextToken"); tok != "" {
+		start = -1
+		for i, d := range all {
+			if d.SandboxID == tok {
+				start = i
+				break
+			}
+		}
+		if start < 0 {
+			// The sandbox that started the page went away: the page
+			// starts after where it was, by time.
+			start = len(all)
+		}
+	}
+	page := all[start:]
+	if len(page) > limit {
+		w.Header().Set("X-Next-Token", page[limit].SandboxID)
+		page = page[:limit]
+	}
+	if page == nil {
+		page = []detail{}
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+// metric is one sample of getMetrics.
+type metric struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int       `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
+// metrics answers with one sample taken now (paddock keeps no history
+// here): CPU use is the average since the sandbox started.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Get(r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := []metric{}
+	if sb.State == api.StateRunning || sb.State == api.StateFrozen {
+		now := time.Now().UTC()
+		m := metric{
+			Timestamp: now, TimestampUnix: now.Unix(),
+			CPUCount: int(math.Ceil(sb.Resources.CPUs)), MemTotal: sb.Resources.MemoryBytes,
+			DiskTotal: sb.Resources.DiskBytes,
+		}
+		if s.stats != nil {
+			st, err := s.stats(sb.ID)
+			if err != nil {
+				s.fail(w, r, err)
+				return
+			}
+			m.MemUsed = st.MemoryCurrent
+			if st.MemoryLimit > 0 {
+				m.MemTotal = st.MemoryLimit
+			}
+			if up := now.Sub(sb.CreatedAt); up > 0 && sb.Resources.CPUs > 0 {
+				m.CPUUsedPct = math.Min(100, float64(st.CPUUsageNanos)/float64(up.Nanoseconds())/sb.Resources.CPUs*100)
+			}
+		}
+		if used, size, err := s.mgr.DiskUsage(sb.ID); err == nil {
+			m.DiskUsed, m.DiskTotal = used, size
+		}
+		out = append(out, m)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// pauseTimer pauses a sandbox created with autoPause when its time is up.
+type pauseTimer struct {
+	timer *time.Timer
+	at    time.Time
+}
+
+func (s *Server) armPause(id string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.pauseTimers[id]; t != nil {
+		t.timer.Stop()
+	}
+	pt := &pauseTimer{at: time.Now().Add(d)}
+	pt.timer = time.AfterFunc(d, func() {
+		s.mu.Lock()
+		if s.pauseTimers[id] != pt {
+			s.mu.Unlock()
+			return
+		}
+		delete(s.pauseTimers, id)
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := s.mgr.Pause(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			s.log.Warn("pausing a sandbox whose E2B timeout is up", "sandbox", id, "err", err)
+			return
+		}
+		s.log.Info("sandbox paused at the end of its E2B timeout", "sandbox", id)
+	})
+	s.pauseTimers[id] = pt
+}
+
+func (s *Server) pauseAt(id string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.pauseTimers[id]; t != nil {
+		return t.at, true
+	}
+	return time.Time{}, false
+}

@@ -1,0 +1,239 @@
+// Package e2b owns paddock's E2B-compatible facade: the control plane
+// (/sandboxes, /v2/sandboxes) and each sandbox's envd surface (the
+// process and filesystem Connect services, REST /files and /health), so
+// that the unchanged E2B SDKs drive paddock's sandboxes. It is a
+// translation layer over sandbox.Manager and the guest client: one sandbox
+// is the same sandbox through this surface and the native API.
+//
+// The wire formats follow E2B's published specifications (the control
+// plane's OpenAPI document, envd's .proto files and REST spec); docs/e2b.md
+// lists what is served and how it maps onto paddock.
+package e2b
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+
+	"paddock/internal/cgroup"
+	"paddock/internal/errdefs"
+	"paddock/internal/sandbox"
+	"paddock/internal/store"
+)
+
+// EnvdVersion is the envd version the facade reports. The SDKs gate
+// features on it: 0.5.7 enables everything implemented here (stdin
+// choice, default user, closeStdin, octet-stream and gzip uploads) and
+// nothing that is not (file metadata in xattrs is 0.6.2, watch entries
+// 0.6.3).
+const EnvdVersion = "0.5.7"
+
+// DefaultTemplate is the template E2B SDKs ask for when none is named; it
+// maps to the built-in image of the same name.
+const DefaultTemplate = "base"
+
+// DefaultUser is the user envd calls run as when none is named.
+const DefaultUser = "user"
+
+// Config configures the facade.
+type Config struct {
+	Manager *sandbox.Manager
+	// Store keeps the facade's secret (which envd access tokens are
+	// derived from) across restarts.
+	Store *store.Store
+	// Token is the daemon's bearer token: the one API key accepted is
+	// derived from it (APIKey).
+	Token string
+	// Stats reads a running sandbox's cgroup counters, for metrics; nil
+	// answers metrics with zeros.
+	Stats  func(id string) (cgroup.Stats, error)
+	Logger *slog.Logger
+}
+
+// Server serves the facade.
+type Server struct {
+	mgr    *sandbox.Manager
+	stats  func(string) (cgroup.Stats, error)
+	log    *slog.Logger
+	apiKey string
+	secret []byte
+
+	control *http.ServeMux
+	envd    *http.ServeMux
+
+	mu sync.Mutex
+	// tags maps sandbox → process tag → pid, for tag selectors.
+	tags map[string]map[string]uint32
+	// pauseTimers pause sandboxes created with autoPause when their
+	// timeout is up (in memory: they do not survive a daemon restart).
+	pauseTimers map[string]*pauseTimer
+}
+
+const secretBucket = "e2b"
+
+// New returns the facade's server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Token == "" {
+		return nil, errors.New("the E2B facade needs the daemon's token (--token-file): its API key is derived from it")
+	}
+	secret, err := loadSecret(cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		mgr:         cfg.Manager,
+		stats:       cfg.Stats,
+		log:         cfg.Logger,
+		apiKey:      APIKey(cfg.Token),
+		secret:      secret,
+		tags:        map[string]map[string]uint32{},
+		pauseTimers: map[string]*pauseTimer{},
+	}
+	s.control = s.controlRoutes()
+	s.envd = s.envdRoutes()
+	return s, nil
+}
+
+// loadSecret returns the facade's random secret, made on first use.
+func loadSecret(st *store.Store) ([]byte, error) {
+	var v struct {
+		Secret string `json:"secret"`
+	}
+	err := st.Get(secretBucket, "secret", &v)
+	if err == nil {
+		if b, err := hex.DecodeString(v.Secret); err == nil && len(b) == 32 {
+			return b, nil
+		}
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, fmt.Errorf("reading the E2B secret: %w", err)
+	}
+	b := make([]byte, 32)
+	rand.Read(b)
+	v.Secret = hex.EncodeToString(b)
+	if err := st.Put(secretBucket, "secret", v); err != nil {
+		return nil, fmt.Errorf("recording the E2B secret: %w", err)
+	}
+	return b, nil
+}
+
+// APIKey returns the E2B API key that stands for the daemon token token:
+// "e2b_" and 40 hex digits (the shape E2B SDKs check), derived with
+// HMAC-SHA256 so that the key does not reveal the token.
+func APIKey(token string) string {
+	m := hmac.New(sha256.New, []byte(token))
+	m.Write([]byte("paddock e2b api key"))
+	return "e2b_" + hex.EncodeToString(m.Sum(nil))[:40]
+}
+
+// accessToken is sandbox id's envd access token, derived from the secret
+// so that nothing per sandbox is stored.
+func (s *Server) accessToken(id string) string {
+	m := hmac.New(sha256.New, s.secret)
+	m.Write([]byte("envd access token\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))[:32]
+}
+
+// Handler routes requests carrying E2b-Sandbox-Id to that sandbox's envd
+// surface and all others to the control plane.
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("panic serving E2B request", "path", r.URL.Path, "err", v)
+				writeAPIError(w, http.StatusInternalServerError, "internal error; see the daemon log")
+			}
+		}()
+		if r.Header.Get("E2b-Sandbox-Id") != "" {
+			s.envd.ServeHTTP(w, r)
+			return
+		}
+		if !s.checkAPIKey(r) {
+			writeAPIError(w, http.StatusUnauthorized, "missing or wrong API key (X-API-KEY)")
+			return
+		}
+		s.control.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) checkAPIKey(r *http.Request) bool {
+	got := r.Header.Get("X-API-Key")
+	if got == "" {
+		got = strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	}
+	return subtle.ConstantTimeCompare([]byte(got), []byte(s.apiKey)) == 1
+}
+
+// apiError is the control plane's error body.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeAPIError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, apiError{Code: code, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	if v != nil {
+		json.NewEncoder(w).Encode(v)
+	}
+}
+
+// userOf returns the user an envd call runs as: the name in a Basic
+// authorization header ("user:" with no password, as the SDKs send it),
+// or DefaultUser.
+func userOf(r *http.Request) (string, error) {
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return DefaultUser, nil
+	}
+	enc, ok := strings.CutPrefix(h, "Basic ")
+	if !ok {
+		return "", errdefs.Invalid("authorization", "only Basic authorization names a user")
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return "", errdefs.Invalid("authorization", "malformed Basic credentials")
+	}
+	name, _, _ := strings.Cut(string(b), ":")
+	if name == "" {
+		return DefaultUser, nil
+	}
+	return name, validUser(name)
+}
+
+// validUser refuses names the sandbox's /etc/passwd could not hold.
+func validUser(name string) error {
+	if len(name) > 32 {
+		return errdefs.Invalid("user", "name longer than 32 characters")
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return errdefs.Invalid("user", "%q is not a user name", name)
+		}
+	}
+	return nil
+}
+
+// homeOf is a user's home directory in E2B's templates.
+func homeOf(user string) string {
+	if user == "root" {
+		return "/root"
+	}
+	return "/home/" + user
+}

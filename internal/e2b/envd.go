@@ -1,0 +1,139 @@
+package e2b
+
+import (
+	"crypto/subtle"
+	"net/http"
+	"path"
+	"strings"
+
+	"paddock/api"
+	"paddock/internal/sandbox"
+)
+
+// envdRoutes is each sandbox's envd surface; the sandbox is named by the
+// E2b-Sandbox-Id header.
+func (s *Server) envdRoutes() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", s.health)
+	mux.Handle("GET /files", s.sandboxCall(true, s.download))
+	mux.Handle("POST /files", s.sandboxCall(true, s.upload))
+	for name, h := range map[string]http.HandlerFunc{
+		"process.Process/Start":          s.processStart,
+		"process.Process/Connect":        s.processConnect,
+		"process.Process/List":           unary(s, s.processList),
+		"process.Process/SendInput":      unary(s, s.processInput),
+		"process.Process/CloseStdin":     unary(s, s.processCloseStdin),
+		"process.Process/SendSignal":     unary(s, s.processSignal),
+		"process.Process/Update":         unary(s, s.processUpdate),
+		"filesystem.Filesystem/Stat":     unary(s, s.fsStat),
+		"filesystem.Filesystem/ListDir":  unary(s, s.fsListDir),
+		"filesystem.Filesystem/MakeDir":  unary(s, s.fsMakeDir),
+		"filesystem.Filesystem/Move":     unary(s, s.fsMove),
+		"filesystem.Filesystem/Remove":   unary(s, s.fsRemove),
+		"filesystem.Filesystem/WatchDir": s.fsWatchDir,
+	} {
+		mux.Handle("POST /"+name, s.sandboxCall(false, h))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/process.") || strings.HasPrefix(r.URL.Path, "/filesystem.") {
+			s.writeUnaryError(w, r, &rpcError{Code: "unimplemented", Message: r.URL.Path + " is not implemented"})
+			return
+		}
+		writeAPIError(w, http.StatusNotFound, "no such envd endpoint: "+r.Method+" "+r.URL.Path)
+	})
+	return mux
+}
+
+func sandboxID(r *http.Request) string { return r.Header.Get("E2b-Sandbox-Id") }
+
+// unreachable answers as E2B's edge does for a sandbox that is not
+// running (killed, paused, never there): 502.
+func unreachable(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{
+		"code": http.StatusBadGateway, "message": "the sandbox is not running", "sandboxId": id,
+	})
+}
+
+// running reports whether sandbox id can take envd calls now: running,
+// or paused with auto-resume (the call resumes it).
+func (s *Server) running(id string, wake bool) bool {
+	if sandbox.ValidID(id) != nil {
+		return false
+	}
+	sb, err := s.mgr.Get(id)
+	if err != nil {
+		return false
+	}
+	switch sb.State {
+	case api.StateRunning:
+		// A removal in progress answered Get with the state it had
+		// before; Done sees the sandbox gone.
+		done, err := s.mgr.Done(id)
+		if err != nil {
+			return false
+		}
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
+	case api.StatePaused, api.StateFrozen:
+		return wake && sb.AutoResume
+	}
+	return false
+}
+
+// health is envd's liveness probe: 204 while the sandbox runs, 502 once
+// it is killed or paused (the SDKs read a dropped stream followed by a
+// 502 as "the sandbox ended"). It never resumes a sandbox.
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if !s.running(sandboxID(r), false) {
+		unreachable(w, sandboxID(r))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// sandboxCall checks that the sandbox runs and that the caller holds its
+// access token (or, for /files with signed, a valid signature) before h.
+func (s *Server) sandboxCall(signed bool, h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := sandboxID(r)
+		if !s.running(id, true) {
+			unreachable(w, id)
+			return
+		}
+		tok := r.Header.Get("X-Access-Token")
+		ok := subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) == 1
+		if !ok && signed && r.URL.Query().Has("signature") {
+			if err := s.checkSignature(r, id); err != nil {
+				writeAPIError(w, http.StatusUnauthorized, err.Error())
+				return
+			}
+			ok = true
+		}
+		if !ok {
+			if strings.HasPrefix(r.URL.Path, "/files") {
+				writeAPIError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token")
+			} else {
+				s.writeUnaryError(w, r, &rpcError{Code: "unauthenticated", Message: "missing or wrong X-Access-Token"})
+			}
+			return
+		}
+		h(w, r)
+	})
+}
+
+// resolve makes a path from an envd call absolute: relative paths are
+// under the user's home. The guest resolves the result under the
+// sandbox's root, so ".." cannot leave it.
+func resolve(user, p string) string {
+	if p == "~" || strings.HasPrefix(p, "~/") {
+		p = homeOf(user) + strings.TrimPrefix(p, "~")
+	}
+	if !path.IsAbs(p) {
+		p = path.Join(homeOf(user), p)
+	}
+	return path.Clean(p)
+}

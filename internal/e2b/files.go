@@ -1,0 +1,264 @@
+package e2b
+
+import (
+	"bufio"
+	"compress/gzip"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/guest"
+	"paddock/internal/server"
+)
+
+// envd's REST /files: GET downloads one file, POST uploads one or more
+// (multipart, field "file"; or the raw body as application/octet-stream),
+// either optionally gzip-encoded.
+
+// fileUser is the user of a /files call: ?username=, else Basic auth,
+// else the default.
+func fileUser(r *http.Request) (string, error) {
+	if u := r.URL.Query().Get("username"); u != "" {
+		return u, validUser(u)
+	}
+	return userOf(r)
+}
+
+// checkSignature verifies a signed /files URL: signature is "v1_" and the
+// unpadded base64 of sha256("path:operation:user:token[:expiration]").
+func (s *Server) checkSignature(r *http.Request, id string) error {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + s.accessToken(id)
+	if exp := q.Get("signature_expiration"); exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil {
+			return errors.New("signature_expiration is not a Unix time")
+		}
+		if time.Now().Unix() > n {
+			return errors.New("the signature has expired")
+		}
+		raw += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(raw))
+	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
+		return errors.New("invalid signature")
+	}
+	return nil
+}
+
+// filesError answers a /files call with err's status and E2B's body.
+func (s *Server) filesError(w http.ResponseWriter, r *http.Request, err error) {
+	code := server.Status(err)
+	msg := err.Error()
+	if code >= 500 && code != http.StatusServiceUnavailable {
+		s.log.Error("envd /files failed", "method", r.Method, "err", err)
+		msg = "internal error; see the daemon log"
+	}
+	writeAPIError(w, code, msg)
+}
+
+func (s *Server) download(w http.ResponseWriter, r *http.Request) {
+	user, err := fileUser(r)
+	if err != nil {
+		s.filesError(w, r, err)
+		return
+	}
+	p := r.URL.Query().Get("path")
+	if p == "" || strings.ContainsRune(p, 0) {
+		s.filesError(w, r, errdefs.Invalid("path", "must name a file"))
+		return
+	}
+	p = resolve(user, p)
+	gc, err := s.guestOf(r)
+	if err != nil {
+		s.filesError(w, r, err)
+		return
+	}
+	resp, data, err := gc.FileRead(r.Context(), guest.OpFileRead, guest.FileRequest{Path: p})
+	if err != nil {
+		s.filesError(w, r, err)
+		return
+	}
+	defer data.Close()
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
+	var out io.Writer = w
+	if acceptsGzip(r) {
+		h.Set("Content-Encoding", "gzip")
+		h.Add("Vary", "Accept-Encoding")
+		// Large chunks: a client's gunzip pays per chunk, and the
+		// compressor's own writes are small.
+		bw := bufio.NewWriterSize(w, 256<<10)
+		zw, _ := gzip.NewWriterLevel(bw, gzip.BestSpeed)
+		defer bw.Flush()
+		defer zw.Close()
+		out = zw
+	} else if resp.Length >= 0 {
+		h.Set("Content-Length", strconv.FormatInt(resp.Length, 10))
+	}
+	w.WriteHeader(http.StatusOK)
+	if _, err := data.WriteTo(out); err != nil {
+		// The status is sent: a cut connection is all the client can
+		// be told.
+		s.log.Debug("download cut", "sandbox", sandboxID(r), "path", p, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func acceptsGzip(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
+		name, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.TrimSpace(name) == "gzip" && !strings.Contains(strings.ReplaceAll(params, " ", ""), "q=0") {
+			return true
+		}
+	}
+	return false
+}
+
+// writtenFile is one entry of an upload's answer.
+type writtenFile struct {
+	Path string `json:"path"`
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	user, err := fileUser(r)
+	if err != nil {
+		s.filesError(w, r, err)
+		return
+	}
+	q := r.URL.Query().Get("path")
+	if strings.ContainsRune(q, 0) {
+		s.filesError(w, r, errdefs.Invalid("path", "contains a NUL byte"))
+		return
+	}
+	body, err := decoded(r.Header.Get("Content-Encoding"), r.Body)
+	if err != nil {
+		s.filesError(w, r, err)
+		return
+	}
+	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var out []writtenFile
+	switch ct {
+	case "multipart/form-data":
+		out, err = s.uploadParts(r, user, q, multipart.NewReader(body, params["boundary"]))
+	case "application/octet-stream", "":
+		if q == "" {
+			err = errdefs.Invalid("path", "an octet-stream upload needs ?path=")
+			break
+		}
+		var f writtenFile
+		if f, err = s.writeFile(r, user, q, body); err == nil {
+			out = append(out, f)
+		}
+	default:
+		err = errdefs.Invalid("content-type", "%q is neither multipart/form-data nor application/octet-stream", ct)
+	}
+	if err != nil {
+		s.filesError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func decoded(encoding string, body io.Reader) (io.Reader, error) {
+	switch strings.ToLower(strings.TrimSpace(encoding)) {
+	case "", "identity":
+		return body, nil
+	case "gzip":
+		zr, err := gzip.NewReader(body)
+		if err != nil {
+			return nil, errdefs.Invalid("body", "not gzip data: %v", err)
+		}
+		return zr, nil
+	}
+	return nil, errdefs.Invalid("content-encoding", "%q is not supported (gzip is)", encoding)
+}
+
+// uploadParts writes each "file" part: to ?path= when it is given and
+// there is one part, else to the part's file name.
+func (s *Server) uploadParts(r *http.Request, user, target string, mr *multipart.Reader) ([]writtenFile, error) {
+	var out []writtenFile
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, errdefs.Invalid("body", "malformed multipart data: %v", err)
+		}
+		if part.FormName() != "file" {
+			part.Close()
+			continue
+		}
+		dest := target
+		if dest == "" || len(out) > 0 {
+			// The raw file name: Part.FileName keeps only its base, and
+			// the SDKs send the whole path there.
+			_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			dest = params["filename"]
+		}
+		if dest == "" {
+			return nil, errdefs.Invalid("path", "a part has no file name and no ?path= was given")
+		}
+		f, err := s.writeFile(r, user, dest, part)
+		part.Close()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	if len(out) == 0 {
+		return nil, errdefs.Invalid("file", "no file part in the upload")
+	}
+	return out, nil
+}
+
+// writeFile writes src to p as user (the owner of the file and of
+// missing parents).
+func (s *Server) writeFile(r *http.Request, user, p string, src io.Reader) (writtenFile, error) {
+	if strings.ContainsRune(p, 0) {
+		return writtenFile{}, errdefs.Invalid("path", "contains a NUL byte")
+	}
+	p = resolve(user, p)
+	gc, err := s.guestOf(r)
+	if err != nil {
+		return writtenFile{}, err
+	}
+	end, err := gc.FileWrite(r.Context(), guest.OpFileWrite, guest.FileRequest{Path: p, Owner: user}, src)
+	if err != nil {
+		var se *guest.SourceError
+		if errors.As(err, &se) {
+			return writtenFile{}, errdefs.Invalid("body", "reading the upload: %v", se.Err)
+		}
+		return writtenFile{}, fmt.Errorf("writing %s: %w", p, err)
+	}
+	name := path.Base(p)
+	typ := "file"
+	if end != nil && end.Info != nil {
+		name = end.Info.Name
+		if end.Info.Type == api.TypeDir {
+			typ = "dir"
+		}
+	}
+	return writtenFile{Path: p, Name: name, Type: typ}, nil
+}

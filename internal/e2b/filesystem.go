@@ -1,0 +1,309 @@
+package e2b
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/guest"
+)
+
+// The filesystem.Filesystem service, over the guest's file ops. The
+// guest resolves every path under the sandbox's root.
+
+type entryInfo struct {
+	Name          string    `json:"name"`
+	Type          string    `json:"type"`
+	Path          string    `json:"path"`
+	Size          string    `json:"size"` // int64: a string in proto3 JSON
+	Mode          uint32    `json:"mode"`
+	Permissions   string    `json:"permissions"`
+	Owner         string    `json:"owner"`
+	Group         string    `json:"group"`
+	ModifiedTime  time.Time `json:"modifiedTime"`
+	SymlinkTarget *string   `json:"symlinkTarget,omitempty"`
+}
+
+// entryOf describes a file as envd does: mode and permissions as Go's
+// os.FileMode has them (type bits included), owners by name.
+func entryOf(fi api.FileInfo) entryInfo {
+	mode := fi.Mode.OS()
+	typ := "FILE_TYPE_UNSPECIFIED"
+	switch fi.Type {
+	case api.TypeFile:
+		typ = "FILE_TYPE_FILE"
+	case api.TypeDir:
+		typ, mode = "FILE_TYPE_DIRECTORY", mode|fs.ModeDir
+	case api.TypeSymlink:
+		typ, mode = "FILE_TYPE_SYMLINK", mode|fs.ModeSymlink
+	}
+	e := entryInfo{
+		Name: fi.Name, Type: typ, Path: fi.Path, Size: strconv.FormatInt(fi.Size, 10),
+		Mode: uint32(mode), Permissions: mode.String(),
+		Owner: nameOr(fi.User, fi.UID), Group: nameOr(fi.Group, fi.GID),
+		ModifiedTime: fi.ModTime.UTC(),
+	}
+	if fi.Type == api.TypeSymlink {
+		t := fi.LinkTarget
+		e.SymlinkTarget = &t
+	}
+	return e
+}
+
+func nameOr(name string, id uint32) string {
+	if name != "" {
+		return name
+	}
+	return strconv.FormatUint(uint64(id), 10)
+}
+
+type pathRequest struct {
+	Path string `json:"path"`
+}
+
+// callPath resolves a request path for the call's user.
+func callPath(r *http.Request, p string, field string) (string, string, error) {
+	user, err := userOf(r)
+	if err != nil {
+		return "", "", err
+	}
+	if strings.ContainsRune(p, 0) {
+		return "", "", errdefs.Invalid(field, "contains a NUL byte")
+	}
+	return user, resolve(user, p), nil
+}
+
+func (s *Server) fileDo(r *http.Request, op string, fr guest.FileRequest) (*guest.FileResponse, error) {
+	gc, err := s.guestOf(r)
+	if err != nil {
+		return nil, err
+	}
+	return gc.FileDo(r.Context(), op, fr)
+}
+
+func (s *Server) fsStat(r *http.Request, req *pathRequest) (any, error) {
+	_, p, err := callPath(r, req.Path, "path")
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.fileDo(r, guest.OpFileStat, guest.FileRequest{Path: p})
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"entry": entryOf(*resp.Info)}, nil
+}
+
+type listDirRequest struct {
+	Path  string `json:"path"`
+	Depth uint32 `json:"depth"`
+}
+
+func (s *Server) fsListDir(r *http.Request, req *listDirRequest) (any, error) {
+	_, p, err := callPath(r, req.Path, "path")
+	if err != nil {
+		return nil, err
+	}
+	depth := max(int(min(req.Depth, 64)), 1)
+	gc, err := s.guestOf(r)
+	if err != nil {
+		return nil, err
+	}
+	ls, err := gc.FileList(r.Context(), guest.FileRequest{Path: p, Depth: depth})
+	if err != nil {
+		return nil, err
+	}
+	defer ls.Close()
+	out := []entryInfo{}
+	for {
+		batch, err := ls.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, fi := range batch {
+			out = append(out, entryOf(fi))
+		}
+	}
+	return map[string]any{"entries": out}, nil
+}
+
+func (s *Server) fsMakeDir(r *http.Request, req *pathRequest) (any, error) {
+	user, p, err := callPath(r, req.Path, "path")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.fileDo(r, guest.OpFileStat, guest.FileRequest{Path: p}); err == nil {
+		return nil, &rpcError{Code: "already_exists", Message: p + " already exists"}
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	resp, err := s.fileDo(r, guest.OpFileMkdir, guest.FileRequest{Path: p, Parents: true, Owner: user})
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"entry": entryOf(*resp.Info)}, nil
+}
+
+type moveRequest struct {
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
+}
+
+func (s *Server) fsMove(r *http.Request, req *moveRequest) (any, error) {
+	_, from, err := callPath(r, req.Source, "source")
+	if err != nil {
+		return nil, err
+	}
+	_, to, err := callPath(r, req.Destination, "destination")
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.fileDo(r, guest.OpFileMove, guest.FileRequest{Path: from, To: to, Overwrite: true})
+	if err != nil {
+		return nil, err
+	}
+	if resp.Info == nil {
+		if resp, err = s.fileDo(r, guest.OpFileStat, guest.FileRequest{Path: to}); err != nil {
+			return nil, err
+		}
+	}
+	return map[string]any{"entry": entryOf(*resp.Info)}, nil
+}
+
+func (s *Server) fsRemove(r *http.Request, req *pathRequest) (any, error) {
+	_, p, err := callPath(r, req.Path, "path")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.fileDo(r, guest.OpFileRemove, guest.FileRequest{Path: p, Recursive: true}); err != nil {
+		return nil, err
+	}
+	return struct{}{}, nil
+}
+
+type watchRequest struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive"`
+}
+
+type watchEvent struct {
+	Start      *struct{}        `json:"start,omitempty"`
+	Filesystem *filesystemEvent `json:"filesystem,omitempty"`
+	Keepalive  *struct{}        `json:"keepalive,omitempty"`
+}
+
+type filesystemEvent struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+var eventTypes = map[string]string{
+	api.EventCreate: "EVENT_TYPE_CREATE",
+	api.EventWrite:  "EVENT_TYPE_WRITE",
+	api.EventRemove: "EVENT_TYPE_REMOVE",
+	api.EventRename: "EVENT_TYPE_RENAME",
+	api.EventChmod:  "EVENT_TYPE_CHMOD",
+}
+
+func (s *Server) fsWatchDir(w http.ResponseWriter, r *http.Request) {
+	var req watchRequest
+	st, err := openStream(w, r, &req)
+	if err == nil {
+		err = s.watch(r, st, &req)
+	}
+	if err != nil {
+		st.end(s, r, err)
+	}
+}
+
+// watch streams a directory's changes: a start event once the watch is
+// in place, then one event per change, named relative to the directory.
+// A rename within the tree is reported as envd does: the old name
+// renamed, the new one created.
+func (s *Server) watch(r *http.Request, st *stream, req *watchRequest) error {
+	_, dir, err := callPath(r, req.Path, "path")
+	if err != nil {
+		return err
+	}
+	gc, err := s.guestOf(r)
+	if err != nil {
+		return err
+	}
+	info, err := gc.FileDo(r.Context(), guest.OpFileStat, guest.FileRequest{Path: dir})
+	if err != nil {
+		return err
+	}
+	if info.Info.Type != api.TypeDir {
+		return errdefs.Invalid("path", "%s is not a directory", dir)
+	}
+	id := sandboxID(r)
+	defer s.mgr.Busy(id)()
+	done, err := s.mgr.Done(id)
+	if err != nil {
+		return err
+	}
+	ev, err := gc.FileWatch(r.Context(), guest.FileRequest{Path: dir, Recursive: req.Recursive})
+	if err != nil {
+		return err
+	}
+	defer ev.Close()
+	stop := context.AfterFunc(r.Context(), ev.Abort)
+	defer stop()
+	if st.send(watchEvent{Start: &struct{}{}}) != nil {
+		return nil
+	}
+	quit := make(chan struct{})
+	defer close(quit)
+	go st.keepalive(keepaliveInterval(r), watchEvent{Keepalive: &struct{}{}}, quit)
+	rel := func(p string) string {
+		if rp, ok := strings.CutPrefix(p, strings.TrimSuffix(dir, "/")+"/"); ok {
+			return rp
+		}
+		return path.Base(p)
+	}
+	for {
+		e, err := ev.Next()
+		if err != nil {
+			var ended *guest.WatchEnded
+			switch {
+			case r.Context().Err() != nil:
+			case errors.As(err, &ended):
+				st.end(s, r, nil)
+			case errors.Is(err, guest.ErrStreamCut) && sandboxGone(done):
+				panic(http.ErrAbortHandler)
+			default:
+				st.end(s, r, err)
+			}
+			return nil
+		}
+		var out []filesystemEvent
+		switch e.Type {
+		case api.EventRename:
+			if e.OldPath != "" {
+				out = append(out, filesystemEvent{Name: rel(e.OldPath), Type: "EVENT_TYPE_RENAME"})
+			}
+			out = append(out, filesystemEvent{Name: rel(e.Path), Type: "EVENT_TYPE_CREATE"})
+		default:
+			t, ok := eventTypes[e.Type]
+			if !ok {
+				continue // overflow: envd has no event for it
+			}
+			out = append(out, filesystemEvent{Name: rel(e.Path), Type: t})
+		}
+		for i := range out {
+			if st.send(watchEvent{Filesystem: &out[i]}) != nil {
+				return nil
+			}
+		}
+	}
+}

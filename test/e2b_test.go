@@ -1,0 +1,252 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"paddock/api"
+	"paddock/client"
+	"paddock/internal/e2b"
+)
+
+// e2bDaemon is a daemon serving the E2B facade on a loopback port, and
+// the environment that points E2B SDKs at it.
+type e2bDaemon struct {
+	*Daemon
+	URL    string
+	APIKey string
+}
+
+func (e *e2bDaemon) env() []string {
+	return append(os.Environ(), "E2B_API_KEY="+e.APIKey, "E2B_API_URL="+e.URL, "E2B_SANDBOX_URL="+e.URL)
+}
+
+func startE2BDaemon(t *testing.T) *e2bDaemon {
+	t.Helper()
+	token := randHex(24)
+	tokFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokFile, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeLoopbackPort(t)
+	d := newDaemon(t, "--token-file", tokFile, "--e2b-listen", "tcp://"+addr)
+	return &e2bDaemon{Daemon: d, URL: "http://" + addr, APIKey: e2b.APIKey(token)}
+}
+
+func freeLoopbackPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// npmHarness installs test/e2b's pinned npm packages (once per lock file,
+// into a cache directory) and returns the directory to run node in. It
+// skips the test when node or npm is not installed.
+func npmHarness(t *testing.T) string {
+	t.Helper()
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("skipping: %s is not installed (apt-get install nodejs npm)", tool)
+		}
+	}
+	lock, err := os.ReadFile("e2b/package-lock.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(lock)
+	dir := os.Getenv("PADDOCK_E2B_NPM_DIR")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "paddock-e2b-npm-"+hex.EncodeToString(sum[:6]))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"package.json", "package-lock.json", "scenarios.mjs"} {
+		b, err := os.ReadFile(filepath.Join("e2b", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules/e2b/package.json")); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
+		}
+	}
+	return dir
+}
+
+// runScenario runs one scenario of scenarios.mjs and returns its "info"
+// lines as key → values.
+func runScenario(t *testing.T, e *e2bDaemon, dir, name string) map[string][]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "scenarios.mjs", name)
+	cmd.Dir = dir
+	cmd.Env = e.env()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	t.Logf("node scenarios.mjs %s:\n%s", name, out.String())
+	if err != nil {
+		t.Fatalf("scenario %s failed: %v", name, err)
+	}
+	if !strings.Contains(out.String(), "ok "+name+"\n") {
+		t.Fatalf("scenario %s did not report ok", name)
+	}
+	info := map[string][]string{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.SplitN(line, " ", 3); len(f) == 3 && f[0] == "info" {
+			info[f[1]] = append(info[f[1]], f[2])
+		}
+	}
+	return info
+}
+
+// TestE2BSDK drives the facade with the unchanged npm e2b SDK.
+func TestE2BSDK(t *testing.T) {
+	dir := npmHarness(t)
+	e := startE2BDaemon(t)
+	ctx := context.Background()
+	for _, name := range []string{"commands", "pty", "files", "bigfile", "lifecycle", "killed"} {
+		t.Run(name, func(t *testing.T) {
+			info := runScenario(t, e, dir, name)
+			// Every sandbox a scenario made is gone, through the native
+			// API too.
+			for _, id := range info["sandbox"] {
+				if _, err := e.Client().Get(ctx, id); err == nil {
+					t.Errorf("sandbox %s outlived its scenario", id)
+				}
+			}
+		})
+	}
+}
+
+// TestE2BSameSandbox checks that the facade and the native API share one
+// manager: a sandbox made through either is seen and used through both.
+func TestE2BSameSandbox(t *testing.T) {
+	e := startE2BDaemon(t)
+	ctx := context.Background()
+	native, err := e.Client().Create(ctx, api.CreateRequest{Labels: map[string]string{"team": "infra"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Listed by the facade with its labels as metadata.
+	ans := e2bCall(t, e, "GET", "/v2/sandboxes?metadata=team%3Dinfra", "")
+	if ans.status != 200 || !strings.Contains(ans.body, `"sandboxID":"`+native.ID+`"`) || !strings.Contains(ans.body, `"team":"infra"`) {
+		t.Fatalf("facade list: %d %s", ans.status, ans.body)
+	}
+	// A facade sandbox is a native sandbox of image base, with user's
+	// home as its workdir and the E2B metadata among its labels.
+	ans = e2bCall(t, e, "POST", "/sandboxes", `{"metadata":{"via":"e2b"}}`)
+	if ans.status != 201 {
+		t.Fatalf("create: %d %s", ans.status, ans.body)
+	}
+	id := jsonField(t, ans.body, "sandboxID")
+	sb := e.get(id)
+	if sb.Image != "base" || sb.Workdir != "/home/user" || sb.Labels["e2b.meta/via"] != "e2b" || sb.ExpiresAt == nil {
+		t.Fatalf("native view of an E2B sandbox: %+v", sb)
+	}
+	if got := time.Until(*sb.ExpiresAt); got < 250*time.Second || got > 301*time.Second {
+		t.Errorf("default E2B timeout: expires in %v, want about 300 s", got)
+	}
+	// Files written natively are read through envd.
+	if _, err := e.Client().WriteFile(ctx, id, "/home/user/native.txt", strings.NewReader("from native"), client.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	token := jsonField(t, ans.body, "envdAccessToken")
+	req, _ := http.NewRequest("GET", e.URL+"/files?path=native.txt", nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("X-Access-Token", token)
+	got := do(t, req)
+	if got.status != 200 || got.body != "from native" {
+		t.Fatalf("envd read of a native write: %d %q", got.status, got.body)
+	}
+	// Another sandbox's token does not open this one.
+	req.Header.Set("E2b-Sandbox-Id", native.ID)
+	if got := do(t, req); got.status != 401 {
+		t.Fatalf("a token used on another sandbox: %d %s", got.status, got.body)
+	}
+	// Killed natively: the facade reports it gone.
+	if err := e.Client().Delete(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if ans := e2bCall(t, e, "GET", "/sandboxes/"+id, ""); ans.status != 404 || !strings.Contains(ans.body, `"code":404`) {
+		t.Fatalf("info after a native kill: %d %s", ans.status, ans.body)
+	}
+}
+
+// TestE2BPython drives the same flows from Python's standard library.
+func TestE2BPython(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("skipping: python3 is not installed")
+	}
+	e := startE2BDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "python3", "e2b/client.py", e.URL, e.APIKey).CombinedOutput()
+	t.Logf("client.py:\n%s", out)
+	if err != nil || !strings.Contains(string(out), "ok python\n") {
+		t.Fatalf("client.py failed: %v", err)
+	}
+}
+
+type e2bAnswer struct {
+	status int
+	body   string
+}
+
+func do(t *testing.T, req *http.Request) e2bAnswer {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	return e2bAnswer{resp.StatusCode, b.String()}
+}
+
+func e2bCall(t *testing.T, e *e2bDaemon, method, path, body string) e2bAnswer {
+	t.Helper()
+	req, err := http.NewRequest(method, e.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-KEY", e.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	return do(t, req)
+}
+
+func jsonField(t *testing.T, body, field string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(body, `"`+field+`":"`)
+	v, _, ok2 := strings.Cut(rest, `"`)
+	if !ok || !ok2 || v == "" {
+		t.Fatalf("no %s in %s", field, body)
+	}
+	return v
+}
