@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"paddock/client"
+	"paddock/internal/network"
 )
 
 // cleanupReport says what the final sweep found and removed. Problems are
@@ -51,6 +52,21 @@ func (r *rig) close(keepLog bool) cleanupReport {
 		r.removeSandboxes(ctx, &rep)
 		if err := r.daemon.stop(); err != nil {
 			rep.problem("stopping the daemon: %v", err)
+		}
+	}
+	if r.served {
+		// The daemon leaves its network in place for sandboxes that outlive
+		// it; none of the run's may.
+		if err := network.Uninstall(r.netName); err != nil {
+			rep.problem("removing the daemon's network %s: %v", r.netName, err)
+		}
+	}
+	if r.egress != nil {
+		if err := r.egress.Close(); err != nil {
+			rep.problem("removing the egress benchmark's network: %v", err)
+		}
+		for _, l := range r.egress.Leftovers() {
+			rep.problem("%s left behind", l)
 		}
 	}
 	if r.runc != nil {

@@ -48,6 +48,7 @@ func allBenchmarks() []benchmark {
 		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
 		{"density", fmt.Sprintf("%d sandboxes each running `sleep 3600`", densityCount), benchDensity},
 		{"stream", "Streaming through exec", benchStream},
+		{"egress", "HTTPS through the egress proxy", benchEgress},
 	}
 }
 
