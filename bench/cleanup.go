@@ -15,6 +15,7 @@ import (
 
 	"paddock/client"
 	"paddock/internal/network"
+	"paddock/internal/storage/disk"
 )
 
 // cleanupReport says what the final sweep found and removed. Problems are
@@ -55,8 +56,11 @@ func (r *rig) close(keepLog bool) cleanupReport {
 		}
 	}
 	if r.served {
-		// The daemon leaves its network in place for sandboxes that outlive
-		// it; none of the run's may.
+		// The daemon leaves its storage filesystem mounted and its network
+		// in place for sandboxes that outlive it; none of the run's may.
+		if err := disk.Unmount(filepath.Join(r.root, "state", "storage")); err != nil {
+			rep.problem("unmounting the daemon's storage: %v", err)
+		}
 		if err := network.Uninstall(r.netName); err != nil {
 			rep.problem("removing the daemon's network %s: %v", r.netName, err)
 		}

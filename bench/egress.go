@@ -56,10 +56,16 @@ type egressRateRun struct {
 	err  error
 }
 
+// egressCPU is the CPU time one download took from each party.
+type egressCPU struct {
+	client, server, daemon time.Duration
+}
+
 // egressRun is what the egress benchmark measured.
 type egressRun struct {
 	latency  map[string][]time.Duration
 	download map[string][]float64 // MB/s per run
+	dlCPU    map[string][]egressCPU
 	rates    []egressRateRun
 }
 
@@ -68,7 +74,7 @@ type egressRun struct {
 func benchEgress(ctx context.Context, r *rig) *section {
 	samples := max(10*r.opts.n, 500)
 	s := &section{Method: egressMethod(samples)}
-	run := &egressRun{latency: map[string][]time.Duration{}, download: map[string][]float64{}}
+	run := &egressRun{latency: map[string][]time.Duration{}, download: map[string][]float64{}, dlCPU: map[string][]egressCPU{}}
 	s.Err = r.egressRun(ctx, samples, run)
 	egressTables(s, run)
 	s.Bars = egressBars(run)
@@ -216,10 +222,15 @@ func (r *rig) egressDownload(ctx context.Context, paths []egressPath, run *egres
 		for k := range paths {
 			p := paths[(round+k)%len(paths)]
 			r.idle(ctx)
+			// The upstream server runs in this process, which does
+			// nothing else meanwhile: its CPU is the server's.
+			m := startCPU(r.daemon.pid(), nil)
 			res, err := p.run(ctx, "-mode", "download", "-path", fmt.Sprintf("/blob?n=%d", egressDownloadSize), "-n", "1")
+			u := m.stop()
 			if err != nil {
 				return fmt.Errorf("download, %s: %w", p.name, err)
 			}
+			run.dlCPU[p.name] = append(run.dlCPU[p.name], egressCPU{client: time.Duration(res.CPUNS), server: u.Harness, daemon: u.Daemon})
 			for i := range res.Bytes {
 				if res.Bytes[i] != egressDownloadSize {
 					return fmt.Errorf("download, %s: got %d bytes, want %d", p.name, res.Bytes[i], egressDownloadSize)
@@ -292,7 +303,8 @@ func egressTables(s *section, run *egressRun) {
 	}
 	s.Tables = append(s.Tables, t)
 
-	d := table{Caption: "1 GiB download:", Header: []string{"path", "runs", "median", "min", "max", "÷ direct"}}
+	d := table{Caption: "1 GiB download (CPU: median seconds per download, of each party):",
+		Header: []string{"path", "runs", "median", "min", "max", "÷ direct", "CPU client", "CPU upstream server", "CPU paddock daemon"}}
 	directTP := medianFloat(run.download[pathDirect])
 	for _, p := range []string{pathDirect, pathSpliced, pathIntercepted} {
 		v := run.download[p]
@@ -300,7 +312,12 @@ func egressTables(s *section, run *egressRun) {
 			continue
 		}
 		m := medianFloat(v)
-		d.add(p, fmt.Sprint(len(v)), rateMB(m), rateMB(slices.Min(v)), rateMB(slices.Max(v)), percentOf(m, directTP))
+		var client, server, daemon []time.Duration
+		for _, c := range run.dlCPU[p] {
+			client, server, daemon = append(client, c.client), append(server, c.server), append(daemon, c.daemon)
+		}
+		d.add(p, fmt.Sprint(len(v)), rateMB(m), rateMB(slices.Min(v)), rateMB(slices.Max(v)), percentOf(m, directTP),
+			seconds(summarize(client).Median), seconds(summarize(server).Median), seconds(summarize(daemon).Median))
 	}
 	s.Tables = append(s.Tables, d)
 

@@ -29,6 +29,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"paddock/bench/egresswire"
@@ -67,6 +68,10 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "egressclient:", err)
 		os.Exit(1)
+	}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		res.CPUNS = ru.Utime.Nano() + ru.Stime.Nano()
 	}
 	json.NewEncoder(os.Stdout).Encode(res)
 }

@@ -17,6 +17,8 @@ type Result struct {
 	Errors    int64    `json:"errors,omitempty"`
 	ElapsedNS int64    `json:"elapsed_ns,omitempty"`
 	FirstErrs []string `json:"first_errors,omitempty"`
+	// CPUNS is the client's own CPU time (user and system) over the run.
+	CPUNS int64 `json:"cpu_ns,omitempty"`
 }
 
 // Achieved is a rate run's successful requests per second.

@@ -68,7 +68,7 @@ type Config struct {
 	// SystemBundle is the host's CA bundle, the base of every sandbox's
 	// bundle. Default /etc/ssl/certs/ca-certificates.crt.
 	SystemBundle string
-	Logger *slog.Logger
+	Logger       *slog.Logger
 }
 
 // Event is one egress decision (Egress set) or DNS query (DNS set).
