@@ -295,24 +295,18 @@ func (p *Proxy) handleStream(f *flow, c net.Conn, pre []byte) {
 		p.denyConn(f, c, KindTCP, "", noPolicy)
 		return
 	}
-	ipDecision := func() Decision {
-		if f.connectHost != "" {
-			return pol.decideTLS(f.connectHost, f.port)
-		}
-		return pol.decideIP(f.dst.Addr(), f.port, p.public)
-	}
 	// Refuse at once, without waiting for bytes that cannot change the
 	// answer, when the address is denied and no name could allow the
 	// connection: the policy allows no names, or the address is one no
 	// allowed name may lead to (private, loopback, metadata, ... without
 	// a rule naming it; the resolver never answers with one).
 	if f.connectHost == "" {
-		if d := ipDecision(); !d.Allow && (!pol.allowsNames() || !pol.checkAddr(f.dst.Addr(), f.port, p.public).Allow) {
+		if d := pol.decideIP(f.dst.Addr(), f.port, p.public); !d.Allow && (!pol.allowsNames() || !pol.checkAddr(f.dst.Addr(), f.port, p.public).Allow) {
 			p.denyConn(f, c, KindTCP, "", d)
 			return
 		}
 	}
-	buf, kind, hello, err := p.peek(c, pre, func() bool { return ipDecision().Allow })
+	buf, kind, hello, err := p.peek(c, pre, func() bool { return p.rawAllowed(f, pol) })
 	if err != nil && len(buf) == 0 {
 		c.Close() // the client went away before saying anything
 		return
@@ -325,6 +319,22 @@ func (p *Proxy) handleStream(f *flow, c net.Conn, pre []byte) {
 	default:
 		p.handleTCP(f, c, pol, buf)
 	}
+}
+
+// rawAllowed reports whether f would be allowed as raw TCP, decided by
+// address and port (handleTCP): what a silent client gets. A CONNECT
+// tunnel goes to the first address its host resolves to, so a host that
+// only a TLS rule allows is not enough: its client, slow to send its
+// ClientHello, must not be taken for a protocol where the server speaks
+// first (and refused).
+func (p *Proxy) rawAllowed(f *flow, pol *compiled) bool {
+	if f.connectHost == "" {
+		return pol.decideIP(f.dst.Addr(), f.port, p.public).Allow
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DialTimeout)
+	defer cancel()
+	addrs, err := p.cfg.Resolve(ctx, f.connectHost)
+	return err == nil && len(addrs) > 0 && pol.decideIP(addrs[0].Unmap(), f.port, p.public).Allow
 }
 
 // allowsNames reports whether anything in the policy can allow a
