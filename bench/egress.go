@@ -19,7 +19,7 @@ import (
 )
 
 const (
-	egressLatencyRounds = 5
+	egressLatencyRounds = 10
 	egressLatencyWarmup = 10
 	egressDownloadSize  = 1 << 30
 	egressDownloadRuns  = 3
