@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"paddock/client"
+	"paddock/internal/network"
 	"paddock/internal/storage/disk"
 )
 
@@ -53,10 +54,23 @@ func (r *rig) close(keepLog bool) cleanupReport {
 		if err := r.daemon.stop(); err != nil {
 			rep.problem("stopping the daemon: %v", err)
 		}
-		// The storage filesystem stays mounted when a daemon exits (the
-		// sandboxes' disks live on it); take it down now that nothing is.
+	}
+	if r.served {
+		// The daemon leaves its storage filesystem mounted and its network
+		// in place for sandboxes that outlive it; none of the run's may.
 		if err := disk.Unmount(filepath.Join(r.root, "state", "storage")); err != nil {
-			rep.problem("unmounting the storage filesystem: %v", err)
+			rep.problem("unmounting the daemon's storage: %v", err)
+		}
+		if err := network.Uninstall(r.netName); err != nil {
+			rep.problem("removing the daemon's network %s: %v", r.netName, err)
+		}
+	}
+	if r.egress != nil {
+		if err := r.egress.Close(); err != nil {
+			rep.problem("removing the egress benchmark's network: %v", err)
+		}
+		for _, l := range r.egress.Leftovers() {
+			rep.problem("%s left behind", l)
 		}
 	}
 	if r.runc != nil {

@@ -35,8 +35,8 @@ type daemon struct {
 
 // newDaemon describes a daemon whose state, run directory and socket are
 // under root, whose sandboxes live under cgroupParent and get host uids from
-// uidStart.
-func newDaemon(bin, root, cgroupParent string, uidStart uint32) (*daemon, error) {
+// uidStart; extra are more flags of `paddock serve`.
+func newDaemon(bin, root, cgroupParent string, uidStart uint32, extra ...string) (*daemon, error) {
 	sock := filepath.Join(root, "paddock.sock")
 	d := &daemon{
 		bin:     bin,
@@ -51,6 +51,7 @@ func newDaemon(bin, root, cgroupParent string, uidStart uint32) (*daemon, error)
 			"--log-level", "info",
 		},
 	}
+	d.args = append(d.args, extra...)
 	c, err := client.New(d.host)
 	if err != nil {
 		return nil, fmt.Errorf("making client: %w", err)

@@ -54,6 +54,7 @@ func allBenchmarks() []benchmark {
 		{"resume", "Resume of a paused sandbox → first exec output", benchResume},
 		{"fork", fmt.Sprintf("Fork ×%d of a sandbox holding 1 GiB", forkCount), benchFork},
 		{"e2b", "E2B SDK: create + run('echo hi') + kill, against the native API", benchE2B},
+		{"egress", "HTTPS through the egress proxy", benchEgress},
 	}
 }
 

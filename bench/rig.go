@@ -33,9 +33,11 @@ type rig struct {
 	cgroupParent string
 	daemon       *daemon
 	client       *client.Client
-	bwrap        string   // "" when bubblewrap is not installed
-	runc         *runcRig // nil when runc is not installed
-	served       bool     // the daemon came up at least once
+	bwrap        string     // "" when bubblewrap is not installed
+	runc         *runcRig   // nil when runc is not installed
+	served       bool       // the daemon came up at least once
+	netName      string     // the daemon's network (nftables table, link prefix)
+	egress       *egressNet // the egress benchmark's upstream; nil unless it runs
 	e2b          *e2bEndpoint
 
 	mu      sync.Mutex
@@ -71,7 +73,17 @@ func newRig(ctx context.Context, opts options, log *slog.Logger) (_ *rig, retErr
 	}()
 	// A uid window of its own, away from the default daemon's 1<<28.
 	uidStart := uint32(1<<30 + (pid%8)<<27)
-	if r.daemon, err = newDaemon(opts.bin, root, r.cgroupParent, uidStart); err != nil {
+	// A network of its own too: a daemon running on the host keeps its
+	// nftables table and addresses.
+	r.netName = fmt.Sprintf("pb%05x", pid&0xfffff)
+	extra := []string{"--network-name", r.netName, "--network-subnet", fmt.Sprintf("10.%d.0.0/16", 232+pid%16)}
+	if opts.selected("egress") {
+		if r.egress, err = newEgressNet(root, log); err != nil {
+			return nil, fmt.Errorf("making the egress benchmark's network: %w", err)
+		}
+		extra = append(extra, r.egress.DaemonArgs()...)
+	}
+	if r.daemon, err = newDaemon(opts.bin, root, r.cgroupParent, uidStart, extra...); err != nil {
 		return nil, err
 	}
 	r.client = r.daemon.client

@@ -143,7 +143,9 @@ func (ca *CA) Leaf(host string) (*tls.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &tls.Certificate{Certificate: [][]byte{der, ca.certDER}, PrivateKey: ca.leafKey, Leaf: leaf}
+	// The chain is the leaf alone: the sandbox trusts the CA itself, so
+	// sending it would cost every handshake bytes and a parse for nothing.
+	c := &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: ca.leafKey, Leaf: leaf}
 	ca.mu.Lock()
 	if len(ca.leaves) >= leafCacheMax {
 		for k := range ca.leaves { // drop an arbitrary half

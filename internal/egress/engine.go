@@ -241,11 +241,7 @@ func (r *rule) name() string {
 }
 
 func allowedBy(r *rule) Decision {
-	reason := fmt.Sprintf("allowed by %q", r.src)
-	if r.preset != "" {
-		reason = fmt.Sprintf("allowed by preset %s (%s)", r.preset, r.src)
-	}
-	return Decision{Allow: true, Rule: r.name(), Reason: reason}
+	return Decision{Allow: true, Rule: r.name(), Reason: r.allowed}
 }
 
 func deniedBy(r *rule) Decision {

@@ -98,12 +98,22 @@ type Proxy struct {
 	done     chan struct{}
 }
 
-// sandboxState is a sandbox's upstream HTTP transport, made for one
-// version of its policy: the transport's dials check addresses against
+// sandboxState is a sandbox's upstream HTTP transports, made for one
+// version of its policy: the transports' dials check addresses against
 // that version, so pooled connections never outlive a policy change.
+// There are two, so that a request goes upstream in the HTTP version its
+// client chose: h1 speaks only HTTP/1.1, h2 prefers HTTP/2 (for clients
+// that spoke HTTP/2 to the proxy: gRPC needs it end to end). Upgrading an
+// HTTP/1.1 client's requests to HTTP/2 would only cost it: Go's HTTP/2
+// client moves a bulk download at a third of HTTP/1.1's rate.
 type sandboxState struct {
-	pol *compiled
-	tr  *http.Transport
+	pol    *compiled
+	h1, h2 *http.Transport
+}
+
+func (st *sandboxState) closeIdle() {
+	st.h1.CloseIdleConnections()
+	st.h2.CloseIdleConnections()
 }
 
 // Start listens and serves until Close.
@@ -192,7 +202,7 @@ func (p *Proxy) Close() error {
 	<-p.done
 	p.stateMu.Lock()
 	for id, st := range p.states {
-		st.tr.CloseIdleConnections()
+		st.closeIdle()
 		delete(p.states, id)
 	}
 	p.stateMu.Unlock()
@@ -285,24 +295,18 @@ func (p *Proxy) handleStream(f *flow, c net.Conn, pre []byte) {
 		p.denyConn(f, c, KindTCP, "", noPolicy)
 		return
 	}
-	ipDecision := func() Decision {
-		if f.connectHost != "" {
-			return pol.decideTLS(f.connectHost, f.port)
-		}
-		return pol.decideIP(f.dst.Addr(), f.port, p.public)
-	}
 	// Refuse at once, without waiting for bytes that cannot change the
 	// answer, when the address is denied and no name could allow the
 	// connection: the policy allows no names, or the address is one no
 	// allowed name may lead to (private, loopback, metadata, ... without
 	// a rule naming it; the resolver never answers with one).
 	if f.connectHost == "" {
-		if d := ipDecision(); !d.Allow && (!pol.allowsNames() || !pol.checkAddr(f.dst.Addr(), f.port, p.public).Allow) {
+		if d := pol.decideIP(f.dst.Addr(), f.port, p.public); !d.Allow && (!pol.allowsNames() || !pol.checkAddr(f.dst.Addr(), f.port, p.public).Allow) {
 			p.denyConn(f, c, KindTCP, "", d)
 			return
 		}
 	}
-	buf, kind, hello, err := p.peek(c, pre, func() bool { return ipDecision().Allow })
+	buf, kind, hello, err := p.peek(c, pre, func() bool { return p.rawAllowed(f, pol) })
 	if err != nil && len(buf) == 0 {
 		c.Close() // the client went away before saying anything
 		return
@@ -315,6 +319,22 @@ func (p *Proxy) handleStream(f *flow, c net.Conn, pre []byte) {
 	default:
 		p.handleTCP(f, c, pol, buf)
 	}
+}
+
+// rawAllowed reports whether f would be allowed as raw TCP, decided by
+// address and port (handleTCP): what a silent client gets. A CONNECT
+// tunnel goes to the first address its host resolves to, so a host that
+// only a TLS rule allows is not enough: its client, slow to send its
+// ClientHello, must not be taken for a protocol where the server speaks
+// first (and refused).
+func (p *Proxy) rawAllowed(f *flow, pol *compiled) bool {
+	if f.connectHost == "" {
+		return pol.decideIP(f.dst.Addr(), f.port, p.public).Allow
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DialTimeout)
+	defer cancel()
+	addrs, err := p.cfg.Resolve(ctx, f.connectHost)
+	return err == nil && len(addrs) > 0 && pol.decideIP(addrs[0].Unmap(), f.port, p.public).Allow
 }
 
 // allowsNames reports whether anything in the policy can allow a
@@ -756,10 +776,20 @@ func (p *Proxy) state(id string, pol *compiled) *sandboxState {
 		if st.pol == pol {
 			return st
 		}
-		st.tr.CloseIdleConnections()
+		st.closeIdle()
 	}
-	st := &sandboxState{pol: pol}
-	st.tr = &http.Transport{
+	st := &sandboxState{pol: pol, h1: p.transport(pol, false), h2: p.transport(pol, true)}
+	p.states[id] = st
+	return st
+}
+
+// transport makes an upstream transport whose dials check addresses
+// against pol; h2 prefers HTTP/2 where the upstream offers it.
+func (p *Proxy) transport(pol *compiled, h2 bool) *http.Transport {
+	protos := new(http.Protocols)
+	protos.SetHTTP1(true)
+	protos.SetHTTP2(h2)
+	return &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			host, port, err := splitHostPort(addr)
 			if err != nil {
@@ -769,7 +799,7 @@ func (p *Proxy) state(id string, pol *compiled) *sandboxState {
 			return c, err
 		},
 		TLSClientConfig:       &tls.Config{RootCAs: p.cfg.RootCAs},
-		ForceAttemptHTTP2:     true,
+		Protocols:             protos,
 		MaxIdleConns:          256,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,
@@ -778,8 +808,6 @@ func (p *Proxy) state(id string, pol *compiled) *sandboxState {
 		ReadBufferSize:        64 << 10,
 		WriteBufferSize:       64 << 10,
 	}
-	p.states[id] = st
-	return st
 }
 
 // forget drops a sandbox's upstream connections when its policy changes
@@ -790,6 +818,6 @@ func (p *Proxy) forget(id string) {
 	delete(p.states, id)
 	p.stateMu.Unlock()
 	if st != nil {
-		st.tr.CloseIdleConnections()
+		st.closeIdle()
 	}
 }

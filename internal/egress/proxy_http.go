@@ -282,7 +282,11 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 
 func (p *Proxy) roundTrip(r *http.Request) (*http.Response, error) {
 	rs := r.Context().Value(reqKey{}).(*reqState)
-	return p.state(rs.f.id, rs.pol).tr.RoundTrip(r)
+	st := p.state(rs.f.id, rs.pol)
+	if r.ProtoMajor == 2 {
+		return st.h2.RoundTrip(r)
+	}
+	return st.h1.RoundTrip(r)
 }
 
 var errEncoded = errors.New("the upstream sent an encoded body that cannot be scrubbed of secrets")

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"fmt"
 	"net/netip"
 	"net/url"
 	"path"
@@ -28,6 +29,9 @@ type rule struct {
 	scheme string       // kindHTTP
 	path   pathPattern  // kindHTTP
 	method []string     // kindHTTP; empty: every method
+	// allowed is the reason of a decision this rule allows, made once:
+	// the proxy decides every connection and request.
+	allowed string
 }
 
 // hostPattern is a name, *.name, or an address (a URL rule's host may be
@@ -132,6 +136,10 @@ func compileRule(r Rule, preset string) (*rule, error) {
 			return nil, errorf("%q is not an HTTP method", m)
 		}
 		c.method = append(c.method, m)
+	}
+	c.allowed = fmt.Sprintf("allowed by %q", c.src)
+	if preset != "" {
+		c.allowed = fmt.Sprintf("allowed by preset %s (%s)", preset, c.src)
 	}
 	return c, nil
 }

@@ -427,11 +427,19 @@ func (s *Server) Resolve(ctx context.Context, name string) ([]netip.Addr, error)
 		err error
 	}
 	var v4, v6 result
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); v4.e, _, v4.err = s.lookup(ctx, n, mdns.TypeA) }()
-	go func() { defer wg.Done(); v6.e, _, v6.err = s.lookup(ctx, n, mdns.TypeAAAA) }()
-	wg.Wait()
+	// The proxy resolves on every connection: answer from the cache
+	// without goroutines when both answers are there.
+	now := time.Now()
+	var ok4, ok6 bool
+	v4.e, ok4 = s.cache.get(cacheKey{name: n, qtype: mdns.TypeA}, now)
+	v6.e, ok6 = s.cache.get(cacheKey{name: n, qtype: mdns.TypeAAAA}, now)
+	if !ok4 || !ok6 {
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); v4.e, _, v4.err = s.lookup(ctx, n, mdns.TypeA) }()
+		go func() { defer wg.Done(); v6.e, _, v6.err = s.lookup(ctx, n, mdns.TypeAAAA) }()
+		wg.Wait()
+	}
 	if v4.err != nil && v6.err != nil {
 		return nil, fmt.Errorf("resolving %s: %w", n, v4.err)
 	}
