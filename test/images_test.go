@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"paddock/api"
 	"paddock/client"
 )
@@ -404,5 +406,27 @@ func TestImageImportLimit(t *testing.T) {
 	}
 	if r := d.do("DELETE", "/v1/images?name=nosuch/image", ""); r.Status != http.StatusNotFound {
 		t.Errorf("rm of an unknown image: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestImageBare: an image of programs and libraries only (no /etc, /tmp,
+// /proc or /dev) on a daemon without networking runs: the guest makes
+// every mount target and its /etc/hostname in the sandbox's own layer.
+func TestImageBare(t *testing.T) {
+	layer := gzLayer(t, layerBytes(t, hostProgramEntries(t, map[string]string{"bin/sh": "/bin/sh", "bin/cat": "/bin/cat"})))
+	img := withConfig(t, layer, gzLayer(t, layerBytes(t, []tarEntry{{name: "README", mode: 0o644, body: []byte("bare\n")}})), v1.Config{})
+	d := StartDaemon(t, "--no-network")
+	if _, err := d.Client().ImportImage(context.Background(), bytes.NewReader(ociLayoutTar(t, img, "e2e/bare:1")), ""); err != nil {
+		t.Fatal(err)
+	}
+	id := d.createCLI("--image", "e2e/bare:1")
+	out := d.Sh(id, `cat /README /etc/hostname; echo "$PATH"; pwd; [ -c /dev/null ] && echo dev-ok`)
+	if want := "bare\n" + id + "\n/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n/\ndev-ok\n"; out != want {
+		t.Fatalf("bare image sandbox: %q, want %q", out, want)
+	}
+	for _, l := range layerDirs(t, d) {
+		if _, err := os.Lstat(filepath.Join(d.StateDir, "images", "oci", "layers", l, "root", "etc")); err == nil {
+			t.Fatalf("layer %s gained an /etc", l)
+		}
 	}
 }

@@ -129,7 +129,8 @@ func (m *Manager) PullImage(ctx context.Context, req api.PullRequest, progress f
 	if req.Token != "" && (req.Username != "" || req.Password != "") {
 		return api.Image{}, errdefs.Invalid("token", "give a token or a username and password, not both")
 	}
-	if req.Insecure && !m.img.allowInsecure.Load() {
+	loopbackOnly := req.Insecure && !m.img.allowInsecure.Load()
+	if loopbackOnly {
 		if host, ok := loopbackRegistry(ref); !ok {
 			return api.Image{}, errdefs.Invalid("insecure", "plain HTTP is allowed only to loopback registries (%s is not one); the daemon allows more with --allow-insecure-registries", host)
 		}
@@ -143,9 +144,10 @@ func (m *Manager) PullImage(ctx context.Context, req api.PullRequest, progress f
 	if req.Token != "" {
 		opts.Auth = authn.FromConfig(authn.AuthConfig{RegistryToken: req.Token})
 	}
-	if progress != nil {
-		opts.Transport = &countingTransport{next: remote.DefaultTransport, report: progress}
+	if progress == nil {
+		progress = func(int64) {}
 	}
+	opts.Transport = &pullTransport{next: remote.DefaultTransport, report: progress, httpLoopbackOnly: loopbackOnly}
 	img, err := o.Pull(ctx, ref, opts)
 	if err != nil {
 		return api.Image{}, err
@@ -301,15 +303,27 @@ func ociView(img *oci.Image) api.Image {
 	return v
 }
 
-// countingTransport tells report the bytes of response bodies received
-// so far (registry blobs, mostly), for a pull's progress.
-type countingTransport struct {
-	next   http.RoundTripper
-	report func(int64)
-	n      atomic.Int64
+// pullTransport carries a pull's requests: it tells report the bytes of
+// response bodies received so far (registry blobs, mostly), and, when
+// plain HTTP was allowed only because the registry is on loopback, keeps
+// it there: a redirect (to blob storage, a token service) may not lead a
+// plain-HTTP request off the host.
+type pullTransport struct {
+	next             http.RoundTripper
+	report           func(int64)
+	httpLoopbackOnly bool
+	n                atomic.Int64
 }
 
-func (t *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *pullTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.httpLoopbackOnly && req.URL.Scheme == "http" {
+		if _, ok := loopbackRegistry(req.URL.Host + "/x"); !ok {
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			return nil, errdefs.Invalid("insecure", "refusing plain HTTP to %s: only loopback registries get plain HTTP", req.URL.Host)
+		}
+	}
 	resp, err := t.next.RoundTrip(req)
 	if err != nil {
 		return nil, err
@@ -320,7 +334,7 @@ func (t *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 
 type countingBody struct {
 	io.ReadCloser
-	t *countingTransport
+	t *pullTransport
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {

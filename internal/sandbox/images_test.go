@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"errors"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -60,5 +62,44 @@ func TestLoopbackRegistry(t *testing.T) {
 		if _, got := loopbackRegistry(ref); got != want {
 			t.Errorf("loopbackRegistry(%q) = %v, want %v", ref, got, want)
 		}
+	}
+}
+
+// roundTripFunc answers requests that get past the guard.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func TestPullTransportKeepsPlainHTTPOnLoopback(t *testing.T) {
+	var reached []string
+	var got int64
+	tr := &pullTransport{
+		next: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			reached = append(reached, r.URL.String())
+			return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("12345"))}, nil
+		}),
+		report:           func(n int64) { got = n },
+		httpLoopbackOnly: true,
+	}
+	for url, allowed := range map[string]bool{
+		"http://127.0.0.1:5000/v2/":              true,
+		"https://blobs.example/x":                true,
+		"http://10.0.0.1/v2/app/blobs/sha256:00": false,
+		"http://169.254.169.254/latest":          false,
+	} {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		resp, err := tr.RoundTrip(req)
+		if allowed != (err == nil) {
+			t.Errorf("%s: err = %v, want allowed=%v", url, err, allowed)
+			continue
+		}
+		if err == nil {
+			io.ReadAll(resp.Body)
+		} else if !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%s: err = %v, want invalid", url, err)
+		}
+	}
+	if len(reached) != 2 || got != 10 {
+		t.Fatalf("reached %v, counted %d bytes", reached, got)
 	}
 }
