@@ -29,6 +29,7 @@ type entry struct {
 	mode int64
 	link string
 	data []byte
+	sum  [sha256.Size]byte // of data, computed once
 	mod  time.Time
 }
 
@@ -94,6 +95,7 @@ func ReadContext(r io.Reader, specName string) (*Context, []byte, error) {
 				return nil, nil, errdefs.Invalid("body", "reading %s from the build context: %v", trunc(name), err)
 			}
 			total += int64(len(e.data))
+			e.sum = sha256.Sum256(e.data)
 		case tar.TypeDir:
 			e.typ = tar.TypeDir
 		case tar.TypeSymlink:
@@ -149,7 +151,8 @@ func (c *Context) Resolve(cp api.TemplateCopy) (Put, error) {
 			mode = int64(*cp.Mode) & 0o7777
 		}
 		dir = path.Dir(cp.Dest)
-		sel = append(sel, &entry{name: path.Base(cp.Dest), typ: tar.TypeReg, mode: mode, data: []byte(*cp.Content)})
+		data := []byte(*cp.Content)
+		sel = append(sel, &entry{name: path.Base(cp.Dest), typ: tar.TypeReg, mode: mode, data: data, sum: sha256.Sum256(data)})
 	} else {
 		src, err := cleanRel(cp.Src)
 		if err != nil {
@@ -189,8 +192,7 @@ func (c *Context) Resolve(cp api.TemplateCopy) (Put, error) {
 	sort.Slice(sel, func(i, j int) bool { return sel[i].name < sel[j].name })
 	h := sha256.New()
 	for _, e := range sel {
-		d := sha256.Sum256(e.data)
-		fmt.Fprintf(h, "%q %c %o %q %x\n", e.name, e.typ, e.mode, e.link, d)
+		fmt.Fprintf(h, "%q %c %o %q %x\n", e.name, e.typ, e.mode, e.link, e.sum)
 	}
 	return Put{Dir: path.Clean(dir), Hash: hex.EncodeToString(h.Sum(nil)), entries: sel}, nil
 }
