@@ -319,6 +319,23 @@ func TestTemplateWarmPool(t *testing.T) {
 		p, _ := c.Pools(ctx)
 		t.Fatalf("pool did not refill: %+v", p)
 	}
+	// A restarted daemon refills the template's pool, and hands out of it.
+	d.Stop()
+	d.Start()
+	c = d.Client()
+	if !waitFor(30*time.Second, 50*time.Millisecond, full) {
+		p, _ := c.Pools(ctx)
+		t.Fatalf("pools did not fill after a restart: %+v", p)
+	}
+	ents, _ = os.ReadDir(filepath.Join(d.RunDir, "warm"))
+	warm = map[string]bool{}
+	for _, e := range ents {
+		warm[e.Name()] = true
+	}
+	again, err := c.Create(ctx, api.CreateRequest{From: "pooled"})
+	if err != nil || !warm[again.ID] {
+		t.Fatalf("create after a restart: %v, %s not handed out of %v", err, again.ID, warm)
+	}
 	// A create with another disk size cannot use the pool's sandboxes.
 	if _, err := c.Create(ctx, api.CreateRequest{From: "pooled", Resources: api.Resources{DiskBytes: 64 << 20}}); !errors.Is(err, client.ErrInvalid) {
 		t.Fatalf("create from a template with another disk size: %v", err)

@@ -291,7 +291,11 @@ func (m *Manager) runStep(ctx context.Context, id string, s planned, env map[str
 		if err := mkdirAll(ctx, gc, s.put.Dir); err != nil {
 			return err
 		}
-		end, err := gc.FileWrite(ctx, guest.OpFileTarPut, guest.FileRequest{Path: s.put.Dir}, bytes.NewReader(s.put.Tar))
+		var tarball bytes.Buffer
+		if err := s.put.WriteTar(&tarball); err != nil {
+			return err
+		}
+		end, err := gc.FileWrite(ctx, guest.OpFileTarPut, guest.FileRequest{Path: s.put.Dir}, &tarball)
 		if err != nil {
 			return err
 		}

@@ -2,7 +2,6 @@ package template
 
 import (
 	"archive/tar"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -30,6 +29,7 @@ type entry struct {
 	mode int64
 	link string
 	data []byte
+	sum  [sha256.Size]byte // of data, computed once
 	mod  time.Time
 }
 
@@ -95,6 +95,7 @@ func ReadContext(r io.Reader, specName string) (*Context, []byte, error) {
 				return nil, nil, errdefs.Invalid("body", "reading %s from the build context: %v", trunc(name), err)
 			}
 			total += int64(len(e.data))
+			e.sum = sha256.Sum256(e.data)
 		case tar.TypeDir:
 			e.typ = tar.TypeDir
 		case tar.TypeSymlink:
@@ -111,13 +112,33 @@ func ReadContext(r io.Reader, specName string) (*Context, []byte, error) {
 	return c, spec, nil
 }
 
-// Put is what a copy step writes: a tar to extract at Dir in the sandbox,
-// and Hash, the digest of its content (names, types, modes, link targets
-// and bytes; not times), which goes into the step's cache key.
+// Put is what a copy step writes: entries to extract at Dir in the
+// sandbox, and Hash, the digest of their content (names, types, modes,
+// link targets and bytes; not times), which goes into the step's cache
+// key. The entries share the context's bytes; the tar is only made when
+// the step runs.
 type Put struct {
-	Dir  string
-	Tar  []byte
-	Hash string
+	Dir     string
+	Hash    string
+	entries []*entry
+}
+
+// WriteTar writes the entries as a tar stream.
+func (p Put) WriteTar(w io.Writer) error {
+	tw := tar.NewWriter(w)
+	for _, e := range p.entries {
+		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Linkname: e.link, ModTime: e.mod, Size: int64(len(e.data))}
+		if e.typ == tar.TypeDir {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
 }
 
 // Resolve prepares a copy step.
@@ -130,7 +151,8 @@ func (c *Context) Resolve(cp api.TemplateCopy) (Put, error) {
 			mode = int64(*cp.Mode) & 0o7777
 		}
 		dir = path.Dir(cp.Dest)
-		sel = append(sel, &entry{name: path.Base(cp.Dest), typ: tar.TypeReg, mode: mode, data: []byte(*cp.Content)})
+		data := []byte(*cp.Content)
+		sel = append(sel, &entry{name: path.Base(cp.Dest), typ: tar.TypeReg, mode: mode, data: data, sum: sha256.Sum256(data)})
 	} else {
 		src, err := cleanRel(cp.Src)
 		if err != nil {
@@ -167,29 +189,12 @@ func (c *Context) Resolve(cp api.TemplateCopy) (Put, error) {
 			}
 		}
 	}
-	dir = path.Clean(dir)
 	sort.Slice(sel, func(i, j int) bool { return sel[i].name < sel[j].name })
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
 	h := sha256.New()
 	for _, e := range sel {
-		hdr := &tar.Header{Name: e.name, Typeflag: e.typ, Mode: e.mode, Linkname: e.link, ModTime: e.mod, Size: int64(len(e.data))}
-		if e.typ == tar.TypeDir {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return Put{}, err
-		}
-		if _, err := tw.Write(e.data); err != nil {
-			return Put{}, err
-		}
-		d := sha256.Sum256(e.data)
-		fmt.Fprintf(h, "%q %c %o %q %x\n", e.name, e.typ, e.mode, e.link, d)
+		fmt.Fprintf(h, "%q %c %o %q %x\n", e.name, e.typ, e.mode, e.link, e.sum)
 	}
-	if err := tw.Close(); err != nil {
-		return Put{}, err
-	}
-	return Put{Dir: dir, Tar: buf.Bytes(), Hash: hex.EncodeToString(h.Sum(nil))}, nil
+	return Put{Dir: path.Clean(dir), Hash: hex.EncodeToString(h.Sum(nil)), entries: sel}, nil
 }
 
 func sorted(s []string) []string { sort.Strings(s); return s }

@@ -153,7 +153,11 @@ func TestContextResolve(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Resolve(%+v): %v", tc.cp, err)
 		}
-		if got := strings.Join(names(t, put.Tar), " "); put.Dir != tc.dir || got != tc.entries {
+		var buf bytes.Buffer
+		if err := put.WriteTar(&buf); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Join(names(t, buf.Bytes()), " "); put.Dir != tc.dir || got != tc.entries {
 			t.Errorf("Resolve(%+v): dir %s, entries %q; want %s, %q", tc.cp, put.Dir, got, tc.dir, tc.entries)
 		}
 	}
