@@ -252,6 +252,16 @@ func (m *Manager) imageUsers(o *oci.Store, id string) []string {
 		}
 	}
 	m.mu.Unlock()
+	if m.cfg.Templates != nil {
+		for _, t := range m.cfg.Templates.List() {
+			if t.Image == "" || t.Image == image.HostImage {
+				continue
+			}
+			if img, err := o.Get(t.Image); err == nil && img.ID == id {
+				users = append(users, "template "+t.Name)
+			}
+		}
+	}
 	if m.cfg.Snapshots != nil {
 		for _, s := range m.cfg.Snapshots.List("") {
 			if s.Image == "" || s.Image == image.HostImage {
