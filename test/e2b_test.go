@@ -153,6 +153,10 @@ func TestE2BSameSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The host image keeps no_new_privs; only base (E2B's sudo) drops it.
+	if out, _, st := e.Exec(native.ID, "grep", "NoNewPrivs", "/proc/self/status"); st == nil || st.ExitCode != 0 || !strings.Contains(out, "NoNewPrivs:\t1") {
+		t.Fatalf("host image's no_new_privs: %q %+v", out, st)
+	}
 	// Listed by the facade with its labels as metadata.
 	ans := e2bCall(t, e, "GET", "/v2/sandboxes?metadata=team%3Dinfra", "")
 	if ans.status != 200 || !strings.Contains(ans.body, `"sandboxID":"`+native.ID+`"`) || !strings.Contains(ans.body, `"team":"infra"`) {

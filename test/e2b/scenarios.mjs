@@ -49,6 +49,11 @@ const scenarios = {
       assert.equal((await sbx.commands.run('echo $FOO', { envs: { FOO: 'bar baz' } })).stdout, 'bar baz\n')
       assert.equal((await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout, '/tmp\n')
       assert.equal((await sbx.commands.run('python --version && git --version >/dev/null && echo ok')).stdout.trim().split('\n').pop(), 'ok')
+      // Passwordless sudo to the sandbox's root, bounded like root's calls:
+      // Docker's capabilities (no CAP_SYS_ADMIN: no mounts) and seccomp.
+      assert.equal((await sbx.commands.run('sudo -n whoami')).stdout, 'root\n')
+      assert.match((await sbx.commands.run('sudo -n grep -E "^(CapEff|Seccomp):" /proc/self/status')).stdout, /CapEff:\s+00000000a80425fb\nSeccomp:\s+2/)
+      await assert.rejects(sbx.commands.run('sudo -n mount -t tmpfs t /mnt'), CommandExitError)
 
       // A background command, listed, then killed.
       const bg = await sbx.commands.run('sleep 600', { background: true })
@@ -292,10 +297,18 @@ const scenarios = {
     console.log('ready')
     for await (const line of rl) {
       const template = line.trim()
+      let step = 'create'
+      const watchdog = setTimeout(() => {
+        console.error(`bench flow stuck in ${step} for 60 s`)
+        process.exit(1)
+      }, 60000)
       const t = process.hrtime.bigint()
       const sbx = await Sandbox.create(template)
+      step = 'run ' + sbx.sandboxId
       const r = await sbx.commands.run('echo hi')
+      step = 'kill ' + sbx.sandboxId
       await sbx.kill()
+      clearTimeout(watchdog)
       const ms = Number(process.hrtime.bigint() - t) / 1e6
       assert.equal(r.stdout, 'hi\n')
       console.log(`ms ${ms.toFixed(3)} ${sbx.sandboxId}`)
