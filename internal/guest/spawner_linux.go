@@ -21,10 +21,10 @@ type spawnReq struct {
 	// restrict, when set, asks the spawner thread to drop to caps.
 	restrict   []string
 	noNewPrivs bool
-	argv0    string
-	argv     []string
-	attr     *syscall.ProcAttr
-	done     chan spawnResult
+	argv0      string
+	argv       []string
+	attr       *syscall.ProcAttr
+	done       chan spawnResult
 }
 
 type spawnResult struct {
