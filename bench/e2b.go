@@ -151,34 +151,14 @@ func (f *nodeFlow) close() {
 // process start of echo hi, kill.
 func (r *rig) wireFlow(ctx context.Context, hc *http.Client, template string) (time.Duration, error) {
 	t0 := time.Now()
-	req, _ := http.NewRequestWithContext(ctx, "POST", r.e2b.url+"/v2/sandboxes", strings.NewReader(`{"templateID":"`+template+`"}`))
-	req.Header.Set("X-API-KEY", r.e2b.key)
-	req.Header.Set("Content-Type", "application/json")
-	var sb struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	if err := doJSON(hc, req, http.StatusCreated, &sb); err != nil {
-		return 0, fmt.Errorf("create: %w", err)
-	}
-	r.track(sb.SandboxID)
-	msg := []byte(`{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"]},"stdin":false}`)
-	body := make([]byte, 5, 5+len(msg))
-	binary.BigEndian.PutUint32(body[1:], uint32(len(msg)))
-	req, _ = http.NewRequestWithContext(ctx, "POST", r.e2b.url+"/process.Process/Start", bytes.NewReader(append(body, msg...)))
-	req.Header.Set("Content-Type", "application/connect+json")
-	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
-	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
-	resp, err := hc.Do(req)
+	sb, err := r.e2bCreate(ctx, hc, template)
 	if err != nil {
 		return 0, err
 	}
-	out, err := readProcessStream(resp.Body)
-	resp.Body.Close()
-	if err != nil || out != "hi\n" {
+	if out, err := r.e2bStart(ctx, hc, sb, `{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"]},"stdin":false}`); err != nil || out != "hi\n" {
 		return 0, fmt.Errorf("process start: output %q, %v", out, err)
 	}
-	req, _ = http.NewRequestWithContext(ctx, "DELETE", r.e2b.url+"/sandboxes/"+sb.SandboxID, nil)
+	req, _ := http.NewRequestWithContext(ctx, "DELETE", r.e2b.url+"/sandboxes/"+sb.SandboxID, nil)
 	req.Header.Set("X-API-KEY", r.e2b.key)
 	if err := doJSON(hc, req, http.StatusNoContent, nil); err != nil {
 		return 0, fmt.Errorf("kill: %w", err)
@@ -186,6 +166,41 @@ func (r *rig) wireFlow(ctx context.Context, hc *http.Client, template string) (t
 	d := time.Since(t0)
 	r.untrack(sb.SandboxID)
 	return d, nil
+}
+
+// e2bSandbox is what create answers that the flows use.
+type e2bSandbox struct {
+	SandboxID       string `json:"sandboxID"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+}
+
+func (r *rig) e2bCreate(ctx context.Context, hc *http.Client, template string) (e2bSandbox, error) {
+	req, _ := http.NewRequestWithContext(ctx, "POST", r.e2b.url+"/v2/sandboxes", strings.NewReader(`{"templateID":"`+template+`"}`))
+	req.Header.Set("X-API-KEY", r.e2b.key)
+	req.Header.Set("Content-Type", "application/json")
+	var sb e2bSandbox
+	if err := doJSON(hc, req, http.StatusCreated, &sb); err != nil {
+		return sb, fmt.Errorf("create: %w", err)
+	}
+	r.track(sb.SandboxID)
+	return sb, nil
+}
+
+// e2bStart runs process.Process/Start with the JSON message msg and
+// returns the stdout its stream carried.
+func (r *rig) e2bStart(ctx context.Context, hc *http.Client, sb e2bSandbox, msg string) (string, error) {
+	body := make([]byte, 5, 5+len(msg))
+	binary.BigEndian.PutUint32(body[1:], uint32(len(msg)))
+	req, _ := http.NewRequestWithContext(ctx, "POST", r.e2b.url+"/process.Process/Start", bytes.NewReader(append(body, msg...)))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	return readProcessStream(resp.Body)
 }
 
 func doJSON(hc *http.Client, req *http.Request, want int, v any) error {
@@ -339,33 +354,14 @@ type roundTrips struct {
 }
 
 func (r *rig) e2bRoundTrips(ctx context.Context, hc *http.Client) (roundTrips, error) {
-	req, _ := http.NewRequestWithContext(ctx, "POST", r.e2b.url+"/v2/sandboxes", strings.NewReader(`{"templateID":"host"}`))
-	req.Header.Set("X-API-KEY", r.e2b.key)
-	var sb struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
+	sb, err := r.e2bCreate(ctx, hc, "host")
+	if err != nil {
+		return roundTrips{}, err
 	}
-	if err := doJSON(hc, req, http.StatusCreated, &sb); err != nil {
-		return roundTrips{}, fmt.Errorf("create: %w", err)
-	}
-	r.track(sb.SandboxID)
 	defer r.remove(ctx, sb.SandboxID)
-	msg := []byte(`{"process":{"cmd":"echo","args":["hi"]},"stdin":false}`)
-	env := make([]byte, 5, 5+len(msg))
-	binary.BigEndian.PutUint32(env[1:], uint32(len(msg)))
-	env = append(env, msg...)
 	viaE2B := func() (time.Duration, error) {
 		t0 := time.Now()
-		req, _ := http.NewRequestWithContext(ctx, "POST", r.e2b.url+"/process.Process/Start", bytes.NewReader(env))
-		req.Header.Set("Content-Type", "application/connect+json")
-		req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
-		req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		out, err := readProcessStream(resp.Body)
-		resp.Body.Close()
+		out, err := r.e2bStart(ctx, hc, sb, `{"process":{"cmd":"echo","args":["hi"]},"stdin":false}`)
 		if err != nil || out != "hi\n" {
 			return 0, fmt.Errorf("e2b start: %q, %v", out, err)
 		}
