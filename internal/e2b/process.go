@@ -271,7 +271,7 @@ func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream
 			if es.Error == "sandbox ended" {
 				panic(http.ErrAbortHandler)
 			}
-			if st.send(processEvent{Event: eventBody{End: endOf(es)}}) == nil {
+			if st.write(processEvent{Event: eventBody{End: endOf(es)}}, false) == nil {
 				st.end(s, r, nil)
 			}
 			return nil
@@ -283,7 +283,7 @@ func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream
 		default:
 			continue
 		}
-		if st.send(processEvent{Event: ev}) != nil {
+		if st.write(processEvent{Event: ev}, conn.Frames.Buffered() == 0) != nil {
 			return nil
 		}
 	}
