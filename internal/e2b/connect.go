@@ -241,20 +241,32 @@ func (st *stream) end(s *Server, r *http.Request, err error) {
 	st.envelope(flagEndStream, body, true)
 }
 
-// keepalive sends msg every interval until stop is closed, so that
-// proxies and the SDK do not cut a quiet stream.
-func (st *stream) keepalive(interval time.Duration, msg any, stop <-chan struct{}) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			if st.send(msg) != nil {
+// keepalive sends msg every interval, so that proxies and the SDK do not
+// cut a quiet stream, until the returned func is called; that func waits
+// for the sender to stop, so that nothing is written after the handler
+// returns.
+func (st *stream) keepalive(interval time.Duration, msg any) (stop func()) {
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
 				return
+			case <-t.C:
+				if st.send(msg) != nil {
+					return
+				}
 			}
 		}
+	}()
+	return func() {
+		close(quit)
+		wg.Wait()
 	}
 }
 

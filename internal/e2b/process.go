@@ -240,9 +240,7 @@ func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream
 	if err := st.send(processEvent{Event: eventBody{Start: &startEvent{PID: uint32(pid)}}}); err != nil {
 		return nil
 	}
-	quit := make(chan struct{})
-	defer close(quit)
-	go st.keepalive(keepaliveInterval(r), processEvent{Event: eventBody{Keepalive: &struct{}{}}}, quit)
+	defer st.keepalive(keepaliveInterval(r), processEvent{Event: eventBody{Keepalive: &struct{}{}}})()
 	for {
 		f, err := conn.Frames.Read()
 		if err != nil {
