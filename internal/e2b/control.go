@@ -19,7 +19,6 @@ import (
 	"paddock/internal/errdefs"
 	"paddock/internal/sandbox"
 	"paddock/internal/server"
-	"paddock/internal/snapshot"
 )
 
 // Labels that carry E2B's view of a sandbox in paddock's record, so that
@@ -160,11 +159,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if template == "" {
 		template = DefaultTemplate
 	}
-	if snapshot.IsID(template) {
-		creq.From = template
-	} else {
-		creq.Image = template
-	}
+	// From takes an image name, a template name or a snapshot id.
+	creq.From = template
 	if req.AutoPause {
 		labels[labelAutoPause] = "true"
 	} else {
