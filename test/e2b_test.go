@@ -188,6 +188,23 @@ func TestE2BSameSandbox(t *testing.T) {
 	if got.status != 200 || got.body != "from native" {
 		t.Fatalf("envd read of a native write: %d %q", got.status, got.body)
 	}
+	// A snapshot of it is a template: a sandbox made from it through the
+	// facade starts with its files.
+	snap, err := e.Client().Snapshot(ctx, id, api.SnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := e2bCall(t, e, "POST", "/v2/sandboxes", `{"templateID":"`+snap.ID+`"}`)
+	if from.status != 201 || !strings.Contains(from.body, `"templateID":"`+snap.ID+`"`) {
+		t.Fatalf("create from snapshot %s: %d %s", snap.ID, from.status, from.body)
+	}
+	fromID := jsonField(t, from.body, "sandboxID")
+	if out, _, st := e.Exec(fromID, "cat", "/home/user/native.txt"); st == nil || out != "from native" {
+		t.Fatalf("file in a sandbox made from the snapshot: %q %+v", out, st)
+	}
+	if ans := e2bCall(t, e, "DELETE", "/sandboxes/"+fromID, ""); ans.status != 204 {
+		t.Fatalf("kill: %d %s", ans.status, ans.body)
+	}
 	// Another sandbox's token does not open this one.
 	req.Header.Set("E2b-Sandbox-Id", native.ID)
 	if got := do(t, req); got.status != 401 {
