@@ -258,6 +258,16 @@ const scenarios = {
       await until('sandbox b to time out', async () => !(await b.isRunning()), 15000)
       await assert.rejects(b.getInfo(), (e) => e.name === 'SandboxNotFoundError' || e.name === 'NotFoundError')
 
+      // autoPause + autoResume: the timeout pauses, the next envd call
+      // resumes.
+      const c = await Sandbox.create({ timeoutMs: 1500, lifecycle: { onTimeout: 'pause', autoResume: true } })
+      info('sandbox', c.sandboxId)
+      await c.files.write('auto.txt', 'kept')
+      await until('sandbox c to pause on its timeout', async () => (await c.getInfo()).state === 'paused', 15000)
+      assert.equal((await c.commands.run('cat auto.txt')).stdout, 'kept')
+      assert.equal((await c.getInfo()).state, 'running')
+      await c.kill()
+
       assert.equal(await resumed.kill(), true)
       assert.equal(await Sandbox.kill(a.sandboxId), false, 'a second kill finds nothing')
       const none = await Sandbox.list({ query: { metadata: { suite: tag } } }).nextItems()
