@@ -153,6 +153,10 @@ func TestE2BSameSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The host image keeps no_new_privs; only base (E2B's sudo) drops it.
+	if out, _, st := e.Exec(native.ID, "grep", "NoNewPrivs", "/proc/self/status"); st == nil || st.ExitCode != 0 || !strings.Contains(out, "NoNewPrivs:\t1") {
+		t.Fatalf("host image's no_new_privs: %q %+v", out, st)
+	}
 	// Listed by the facade with its labels as metadata.
 	ans := e2bCall(t, e, "GET", "/v2/sandboxes?metadata=team%3Dinfra", "")
 	if ans.status != 200 || !strings.Contains(ans.body, `"sandboxID":"`+native.ID+`"`) || !strings.Contains(ans.body, `"team":"infra"`) {
@@ -183,6 +187,23 @@ func TestE2BSameSandbox(t *testing.T) {
 	got := do(t, req)
 	if got.status != 200 || got.body != "from native" {
 		t.Fatalf("envd read of a native write: %d %q", got.status, got.body)
+	}
+	// A snapshot of it is a template: a sandbox made from it through the
+	// facade starts with its files.
+	snap, err := e.Client().Snapshot(ctx, id, api.SnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := e2bCall(t, e, "POST", "/v2/sandboxes", `{"templateID":"`+snap.ID+`"}`)
+	if from.status != 201 || !strings.Contains(from.body, `"templateID":"`+snap.ID+`"`) {
+		t.Fatalf("create from snapshot %s: %d %s", snap.ID, from.status, from.body)
+	}
+	fromID := jsonField(t, from.body, "sandboxID")
+	if out, _, st := e.Exec(fromID, "cat", "/home/user/native.txt"); st == nil || out != "from native" {
+		t.Fatalf("file in a sandbox made from the snapshot: %q %+v", out, st)
+	}
+	if ans := e2bCall(t, e, "DELETE", "/sandboxes/"+fromID, ""); ans.status != 204 {
+		t.Fatalf("kill: %d %s", ans.status, ans.body)
 	}
 	// Another sandbox's token does not open this one.
 	req.Header.Set("E2b-Sandbox-Id", native.ID)
@@ -249,4 +270,79 @@ func jsonField(t *testing.T, body, field string) string {
 		t.Fatalf("no %s in %s", field, body)
 	}
 	return v
+}
+
+// TestE2BHostileInput sends what a confused or hostile client would: bad
+// fields get a 400 naming them, paths stay inside the sandbox whatever
+// links it holds, and a sandbox header never reaches past its sandbox.
+func TestE2BHostileInput(t *testing.T) {
+	e := startE2BDaemon(t)
+	for _, tc := range []struct{ method, path, body, field string }{
+		{"POST", "/sandboxes", `{"metadata":{"bad key!":"x"}}`, "metadata"},
+		{"POST", "/sandboxes", `{"timeout":-5}`, "timeout"},
+		{"POST", "/sandboxes", `{"timeout":"soon"}`, "timeout"},
+		{"GET", "/v2/sandboxes?limit=0", "", "limit"},
+		{"GET", "/v2/sandboxes?state=exploded", "", "state"},
+	} {
+		ans := e2bCall(t, e, tc.method, tc.path, tc.body)
+		if ans.status != 400 || !strings.Contains(ans.body, `"code":400`) || !strings.Contains(ans.body, tc.field) {
+			t.Errorf("%s %s %s: %d %s, want 400 naming %s", tc.method, tc.path, tc.body, ans.status, ans.body, tc.field)
+		}
+	}
+	ans := e2bCall(t, e, "POST", "/sandboxes", `{}`)
+	if ans.status != 201 {
+		t.Fatalf("create: %d %s", ans.status, ans.body)
+	}
+	id, token := jsonField(t, ans.body, "sandboxID"), jsonField(t, ans.body, "envdAccessToken")
+	envd := func(method, path, ctype, body string) e2bAnswer {
+		req, _ := http.NewRequest(method, e.URL+path, strings.NewReader(body))
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("X-Access-Token", token)
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		return do(t, req)
+	}
+	// A link to / inside the sandbox leads to the sandbox's root, not the
+	// host's, for reads and for writes.
+	e.Sh(id, "ln -s / /home/user/hostroot && ln -s /etc/shadow /home/user/shadow")
+	marker := "e2b-hostile-" + randHex(6)
+	for _, p := range []string{"hostroot/etc/shadow", "shadow", "../../etc/shadow"} {
+		got := envd("GET", "/files?path="+p, "", "")
+		if got.status != 200 || !strings.Contains(got.body, "user:*:") {
+			t.Errorf("read %s: %d %.80q, want the sandbox's shadow", p, got.status, got.body)
+		}
+	}
+	if got := envd("POST", "/files?path=hostroot/tmp/"+marker, "application/octet-stream", "x"); got.status != 200 {
+		t.Fatalf("write through the link: %d %s", got.status, got.body)
+	}
+	if _, err := os.Stat("/tmp/" + marker); err == nil {
+		os.Remove("/tmp/" + marker)
+		t.Fatal("a write through a link in the sandbox reached the host's /tmp")
+	}
+	if out := e.Sh(id, "cat /tmp/"+marker); out != "x" {
+		t.Fatalf("the write did not land in the sandbox's /tmp: %q", out)
+	}
+	// Bad envd input: a malformed message, a wrong content type, a NUL.
+	if got := envd("POST", "/filesystem.Filesystem/Stat", "application/json", `{"path":`); got.status != 400 || !strings.Contains(got.body, "invalid_argument") {
+		t.Errorf("malformed message: %d %s", got.status, got.body)
+	}
+	if got := envd("POST", "/filesystem.Filesystem/Stat", "application/proto", `x`); got.status != 400 {
+		t.Errorf("binary codec: %d %s", got.status, got.body)
+	}
+	if got := envd("GET", "/files?path=a%00b", "", ""); got.status != 400 {
+		t.Errorf("NUL in a path: %d %s", got.status, got.body)
+	}
+	if got := envd("POST", "/process.Process/SendSignal", "application/json", `{"process":{"pid":999999},"signal":"SIGNAL_SIGKILL"}`); got.status != 404 {
+		t.Errorf("signal to no process: %d %s", got.status, got.body)
+	}
+	// Sandbox headers that name nothing, or something that is not an id.
+	for _, bad := range []string{"../../etc", "nosuchsandbox", strings.Repeat("a", 200)} {
+		req, _ := http.NewRequest("GET", e.URL+"/files?path=x", nil)
+		req.Header.Set("E2b-Sandbox-Id", bad)
+		req.Header.Set("X-Access-Token", token)
+		if got := do(t, req); got.status != 502 {
+			t.Errorf("sandbox header %.20q: %d %s", bad, got.status, got.body)
+		}
+	}
 }

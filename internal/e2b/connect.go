@@ -196,15 +196,20 @@ func (st *stream) beginLocked() {
 }
 
 // send writes one message and flushes it.
-func (st *stream) send(msg any) error {
+func (st *stream) send(msg any) error { return st.write(msg, true) }
+
+// write writes one message, flushing it if asked: a message that more
+// follow at once (buffered output, the end event before the end of the
+// stream) goes out with them.
+func (st *stream) write(msg any, flush bool) error {
 	b, err := json.Marshal(msg)
 	if err != nil {
 		return err
 	}
-	return st.envelope(0, b)
+	return st.envelope(0, b, flush)
 }
 
-func (st *stream) envelope(flag byte, b []byte) error {
+func (st *stream) envelope(flag byte, b []byte, flush bool) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.ended {
@@ -220,6 +225,9 @@ func (st *stream) envelope(flag byte, b []byte) error {
 	if flag == flagEndStream {
 		st.ended = true
 	}
+	if !flush {
+		return nil
+	}
 	return st.rc.Flush()
 }
 
@@ -230,23 +238,35 @@ func (st *stream) end(s *Server, r *http.Request, err error) {
 		e := s.errorBody(r, err)
 		body, _ = json.Marshal(map[string]any{"error": e})
 	}
-	st.envelope(flagEndStream, body)
+	st.envelope(flagEndStream, body, true)
 }
 
-// keepalive sends msg every interval until stop is closed, so that
-// proxies and the SDK do not cut a quiet stream.
-func (st *stream) keepalive(interval time.Duration, msg any, stop <-chan struct{}) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			if st.send(msg) != nil {
+// keepalive sends msg every interval, so that proxies and the SDK do not
+// cut a quiet stream, until the returned func is called; that func waits
+// for the sender to stop, so that nothing is written after the handler
+// returns.
+func (st *stream) keepalive(interval time.Duration, msg any) (stop func()) {
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
 				return
+			case <-t.C:
+				if st.send(msg) != nil {
+					return
+				}
 			}
 		}
+	}()
+	return func() {
+		close(quit)
+		wg.Wait()
 	}
 }
 

@@ -19,7 +19,6 @@ import (
 	"paddock/internal/errdefs"
 	"paddock/internal/sandbox"
 	"paddock/internal/server"
-	"paddock/internal/snapshot"
 )
 
 // Labels that carry E2B's view of a sandbox in paddock's record, so that
@@ -160,11 +159,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if template == "" {
 		template = DefaultTemplate
 	}
-	if snapshot.IsID(template) {
-		creq.From = template
-	} else {
-		creq.Image = template
-	}
+	// From takes an image name, a template name or a snapshot id.
+	creq.From = template
 	if req.AutoPause {
 		labels[labelAutoPause] = "true"
 	} else {
@@ -401,18 +397,12 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	code := http.StatusOK
 	switch sb.State {
 	case api.StatePaused, api.StateStopped, api.StateFrozen:
-		if sb, err = s.mgr.Resume(r.Context(), id); err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		if sb.State == api.StateRunning && code == http.StatusOK {
-			code = http.StatusCreated
-		}
 		d := time.Duration(defaultTimeout) * time.Second
 		if req.Timeout != nil {
 			d = time.Duration(*req.Timeout) * time.Second
 		}
-		err = s.extend(id, d, false)
+		err = s.resume(r.Context(), id, d)
+		code = http.StatusCreated
 	case api.StateRunning:
 		if req.Timeout != nil {
 			err = s.extend(id, time.Duration(*req.Timeout)*time.Second, true)
@@ -425,6 +415,14 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, code, s.ref(sb))
+}
+
+// resume brings a paused sandbox back and gives it d to live.
+func (s *Server) resume(ctx context.Context, id string, d time.Duration) error {
+	if _, err := s.mgr.Resume(ctx, id); err != nil {
+		return err
+	}
+	return s.extend(id, d, false)
 }
 
 // listFilter selects sandboxes for list.

@@ -215,3 +215,22 @@ func TestStreamRefusesBadRequests(t *testing.T) {
 		t.Errorf("oversized message: %v", err)
 	}
 }
+
+func TestKeepaliveStopsBeforeReturning(t *testing.T) {
+	w := httptest.NewRecorder()
+	st := &stream{w: w, rc: http.NewResponseController(w)}
+	stop := st.keepalive(5*time.Millisecond, watchEvent{Keepalive: &struct{}{}})
+	time.Sleep(40 * time.Millisecond)
+	stop()
+	n := w.Body.Len()
+	if n == 0 {
+		t.Fatal("no keepalive was sent")
+	}
+	time.Sleep(20 * time.Millisecond)
+	if w.Body.Len() != n {
+		t.Fatal("a keepalive was written after stop returned")
+	}
+	if !bytes.HasPrefix(w.Body.Bytes()[5:], []byte(`{"keepalive":{}}`)) {
+		t.Fatalf("keepalive message: %q", w.Body.Bytes())
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"path"
 	"strings"
+	"time"
 
 	"paddock/api"
 	"paddock/internal/sandbox"
@@ -54,15 +55,15 @@ func unreachable(w http.ResponseWriter, id string) {
 	})
 }
 
-// running reports whether sandbox id can take envd calls now: running,
-// or paused with auto-resume (the call resumes it).
-func (s *Server) running(id string, wake bool) bool {
+// running reports whether sandbox id runs; paused reports whether it is
+// paused (or frozen) with auto-resume, so that a call may wake it.
+func (s *Server) running(id string) (running, paused bool) {
 	if sandbox.ValidID(id) != nil {
-		return false
+		return false, false
 	}
 	sb, err := s.mgr.Get(id)
 	if err != nil {
-		return false
+		return false, false
 	}
 	switch sb.State {
 	case api.StateRunning:
@@ -70,25 +71,25 @@ func (s *Server) running(id string, wake bool) bool {
 		// before; Done sees the sandbox gone.
 		done, err := s.mgr.Done(id)
 		if err != nil {
-			return false
+			return false, false
 		}
 		select {
 		case <-done:
-			return false
+			return false, false
 		default:
-			return true
+			return true, false
 		}
 	case api.StatePaused, api.StateFrozen:
-		return wake && sb.AutoResume
+		return false, sb.AutoResume
 	}
-	return false
+	return false, false
 }
 
 // health is envd's liveness probe: 204 while the sandbox runs, 502 once
 // it is killed or paused (the SDKs read a dropped stream followed by a
 // 502 as "the sandbox ended"). It never resumes a sandbox.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	if !s.running(sandboxID(r), false) {
+	if ok, _ := s.running(sandboxID(r)); !ok {
 		unreachable(w, sandboxID(r))
 		return
 	}
@@ -100,12 +101,13 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 func (s *Server) sandboxCall(signed bool, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := sandboxID(r)
-		if !s.running(id, true) {
+		ok, wake := s.running(id)
+		if !ok && !wake {
 			unreachable(w, id)
 			return
 		}
 		tok := r.Header.Get("X-Access-Token")
-		ok := subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) == 1
+		ok = subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) == 1
 		if !ok && signed && r.URL.Query().Has("signature") {
 			if err := s.checkSignature(r, id); err != nil {
 				writeAPIError(w, http.StatusUnauthorized, err.Error())
@@ -120,6 +122,15 @@ func (s *Server) sandboxCall(signed bool, h http.HandlerFunc) http.Handler {
 				s.writeUnaryError(w, r, &rpcError{Code: "unauthenticated", Message: "missing or wrong X-Access-Token"})
 			}
 			return
+		}
+		if wake {
+			// Paused with auto-resume: the call brings it back, with
+			// E2B's default lifetime from now.
+			if err := s.resume(r.Context(), id, time.Duration(defaultTimeout)*time.Second); err != nil {
+				s.log.Warn("auto-resuming for an envd call", "sandbox", id, "err", err)
+				unreachable(w, id)
+				return
+			}
 		}
 		h(w, r)
 	})

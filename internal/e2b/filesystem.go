@@ -262,9 +262,7 @@ func (s *Server) watch(r *http.Request, st *stream, req *watchRequest) error {
 	if st.send(watchEvent{Start: &struct{}{}}) != nil {
 		return nil
 	}
-	quit := make(chan struct{})
-	defer close(quit)
-	go st.keepalive(keepaliveInterval(r), watchEvent{Keepalive: &struct{}{}}, quit)
+	defer st.keepalive(keepaliveInterval(r), watchEvent{Keepalive: &struct{}{}})()
 	rel := func(p string) string {
 		if rp, ok := strings.CutPrefix(p, strings.TrimSuffix(dir, "/")+"/"); ok {
 			return rp

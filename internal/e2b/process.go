@@ -240,9 +240,7 @@ func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream
 	if err := st.send(processEvent{Event: eventBody{Start: &startEvent{PID: uint32(pid)}}}); err != nil {
 		return nil
 	}
-	quit := make(chan struct{})
-	defer close(quit)
-	go st.keepalive(keepaliveInterval(r), processEvent{Event: eventBody{Keepalive: &struct{}{}}}, quit)
+	defer st.keepalive(keepaliveInterval(r), processEvent{Event: eventBody{Keepalive: &struct{}{}}})()
 	for {
 		f, err := conn.Frames.Read()
 		if err != nil {
@@ -271,7 +269,7 @@ func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream
 			if es.Error == "sandbox ended" {
 				panic(http.ErrAbortHandler)
 			}
-			if st.send(processEvent{Event: eventBody{End: endOf(es)}}) == nil {
+			if st.write(processEvent{Event: eventBody{End: endOf(es)}}, false) == nil {
 				st.end(s, r, nil)
 			}
 			return nil
@@ -283,7 +281,7 @@ func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream
 		default:
 			continue
 		}
-		if st.send(processEvent{Event: ev}) != nil {
+		if st.write(processEvent{Event: ev}, conn.Frames.Buffered() == 0) != nil {
 			return nil
 		}
 	}

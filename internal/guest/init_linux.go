@@ -122,10 +122,10 @@ func prepare(p *Prepare, fds []int, sp *spawner) (*os.File, error) {
 		err = identify(p)
 	}
 	if err == nil {
-		err = sp.restrict(p.Caps)
+		err = sp.restrict(p.Caps, !p.AllowSetuid)
 	}
 	if err == nil {
-		err = restrictAll(p.Seccomp)
+		err = restrictAll(p.Seccomp, !p.AllowSetuid)
 	}
 	if err == nil {
 		// Run one command through the whole exec path while nobody waits
@@ -187,12 +187,16 @@ func warmUp(sp *spawner) error {
 	}
 }
 
-// restrictAll sets no_new_privs and installs the seccomp filter on every
-// thread of the guest, so that neither the guest nor anything it starts
-// can make the syscalls the profile refuses.
-func restrictAll(prog []byte) error {
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("setting no_new_privs: %w", err)
+// restrictAll sets no_new_privs (unless the image allows setuid
+// programs; the filter is then loaded with the guest's CAP_SYS_ADMIN in
+// its user namespace) and installs the seccomp filter on every thread of
+// the guest, so that neither the guest nor anything it starts can make
+// the syscalls the profile refuses.
+func restrictAll(prog []byte, noNewPrivs bool) error {
+	if noNewPrivs {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("setting no_new_privs: %w", err)
+		}
 	}
 	if len(prog) == 0 {
 		return nil

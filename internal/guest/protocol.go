@@ -114,6 +114,9 @@ type Prepare struct {
 	Seccomp []byte `json:"seccomp"`
 	// Caps is the capability set the sandbox keeps ("CAP_CHOWN", ...).
 	Caps []string `json:"caps"`
+	// AllowSetuid leaves no_new_privs unset, so that setuid programs
+	// (sudo) raise a process to the sandbox's root, within Caps.
+	AllowSetuid bool `json:"allow_setuid,omitempty"`
 }
 
 // Activate starts a prepared guest serving with the sandbox's environment.

@@ -19,11 +19,12 @@ type spawner struct {
 
 type spawnReq struct {
 	// restrict, when set, asks the spawner thread to drop to caps.
-	restrict []string
-	argv0    string
-	argv     []string
-	attr     *syscall.ProcAttr
-	done     chan spawnResult
+	restrict   []string
+	noNewPrivs bool
+	argv0      string
+	argv       []string
+	attr       *syscall.ProcAttr
+	done       chan spawnResult
 }
 
 type spawnResult struct {
@@ -45,7 +46,7 @@ func (sp *spawner) loop() {
 	for req := range sp.reqs {
 		switch {
 		case req.restrict != nil:
-			err := restrictThread(req.restrict)
+			err := restrictThread(req.restrict, req.noNewPrivs)
 			restricted = err == nil
 			req.done <- spawnResult{err: err}
 		case !restricted:
@@ -59,9 +60,9 @@ func (sp *spawner) loop() {
 
 // restrict drops the spawner thread to the sandbox's credentials. The
 // daemon has put the guest in its cgroup by now.
-func (sp *spawner) restrict(caps []string) error {
+func (sp *spawner) restrict(caps []string, noNewPrivs bool) error {
 	done := make(chan spawnResult, 1)
-	sp.reqs <- spawnReq{restrict: append([]string{}, caps...), done: done}
+	sp.reqs <- spawnReq{restrict: append([]string{}, caps...), noNewPrivs: noNewPrivs, done: done}
 	return (<-done).err
 }
 
@@ -73,12 +74,14 @@ func (sp *spawner) spawn(argv0 string, argv []string, attr *syscall.ProcAttr) (i
 	return r.pid, r.err
 }
 
-func restrictThread(caps []string) error {
+func restrictThread(caps []string, noNewPrivs bool) error {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("unsharing cgroup namespace: %w", err)
 	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("setting no_new_privs: %w", err)
+	if noNewPrivs {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("setting no_new_privs: %w", err)
+		}
 	}
 	return limitCaps(caps)
 }

@@ -49,6 +49,11 @@ const scenarios = {
       assert.equal((await sbx.commands.run('echo $FOO', { envs: { FOO: 'bar baz' } })).stdout, 'bar baz\n')
       assert.equal((await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout, '/tmp\n')
       assert.equal((await sbx.commands.run('python --version && git --version >/dev/null && echo ok')).stdout.trim().split('\n').pop(), 'ok')
+      // Passwordless sudo to the sandbox's root, bounded like root's calls:
+      // Docker's capabilities (no CAP_SYS_ADMIN: no mounts) and seccomp.
+      assert.equal((await sbx.commands.run('sudo -n whoami')).stdout, 'root\n')
+      assert.match((await sbx.commands.run('sudo -n grep -E "^(CapEff|Seccomp):" /proc/self/status')).stdout, /CapEff:\s+00000000a80425fb\nSeccomp:\s+2/)
+      await assert.rejects(sbx.commands.run('sudo -n mount -t tmpfs t /mnt'), CommandExitError)
 
       // A background command, listed, then killed.
       const bg = await sbx.commands.run('sleep 600', { background: true })
@@ -253,6 +258,16 @@ const scenarios = {
       await until('sandbox b to time out', async () => !(await b.isRunning()), 15000)
       await assert.rejects(b.getInfo(), (e) => e.name === 'SandboxNotFoundError' || e.name === 'NotFoundError')
 
+      // autoPause + autoResume: the timeout pauses, the next envd call
+      // resumes.
+      const c = await Sandbox.create({ timeoutMs: 1500, lifecycle: { onTimeout: 'pause', autoResume: true } })
+      info('sandbox', c.sandboxId)
+      await c.files.write('auto.txt', 'kept')
+      await until('sandbox c to pause on its timeout', async () => (await c.getInfo()).state === 'paused', 15000)
+      assert.equal((await c.commands.run('cat auto.txt')).stdout, 'kept')
+      assert.equal((await c.getInfo()).state, 'running')
+      await c.kill()
+
       assert.equal(await resumed.kill(), true)
       assert.equal(await Sandbox.kill(a.sandboxId), false, 'a second kill finds nothing')
       const none = await Sandbox.list({ query: { metadata: { suite: tag } } }).nextItems()
@@ -292,10 +307,18 @@ const scenarios = {
     console.log('ready')
     for await (const line of rl) {
       const template = line.trim()
+      let step = 'create'
+      const watchdog = setTimeout(() => {
+        console.error(`bench flow stuck in ${step} for 60 s`)
+        process.exit(1)
+      }, 60000)
       const t = process.hrtime.bigint()
       const sbx = await Sandbox.create(template)
+      step = 'run ' + sbx.sandboxId
       const r = await sbx.commands.run('echo hi')
+      step = 'kill ' + sbx.sandboxId
       await sbx.kill()
+      clearTimeout(watchdog)
       const ms = Number(process.hrtime.bigint() - t) / 1e6
       assert.equal(r.stdout, 'hi\n')
       console.log(`ms ${ms.toFixed(3)} ${sbx.sandboxId}`)

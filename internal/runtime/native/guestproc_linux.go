@@ -256,12 +256,17 @@ func procStartTime(pid int) (uint64, error) {
 // detachedTree clones the mount tree at path as a detached, read-only
 // mount for a guest to attach. With a user namespace (usernsFD >= 0) its
 // owners are mapped through it (an idmapped mount).
-func detachedTree(path string, usernsFD int) (int, error) {
+func detachedTree(path string, usernsFD int, setuid bool) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
 		return -1, fmt.Errorf("open_tree %s: %w", path, err)
 	}
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID}
+	if setuid {
+		// The image allows setuid programs: their bits count.
+		attr.Attr_set &^= unix.MOUNT_ATTR_NOSUID
+		attr.Attr_clr = unix.MOUNT_ATTR_NOSUID
+	}
 	if usernsFD >= 0 {
 		attr.Attr_set |= unix.MOUNT_ATTR_IDMAP
 		attr.Userns_fd = uint64(usernsFD)

@@ -309,6 +309,8 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		CgroupV2: r.cfg.Cgroups.Mode() == cgroup.V2,
 		Seccomp:  r.cfg.Seccomp,
 		Caps:     r.cfg.Caps,
+		// base.go's images: sudo works, within Caps.
+		AllowSetuid: img.AllowSetuid,
 	}
 	fds, idmapped, err := r.mountFDs(g.sb.st.PID, img, p)
 	defer func() { closeFDs(fds) }()
@@ -331,7 +333,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	}
 	for _, f := range g.net.Files {
 		src := f.Source
-		fd, err := detachedTree(src, -1)
+		fd, err := detachedTree(src, -1, false)
 		if idmapped {
 			fd, err = r.idmappedOne(g.sb.st.PID, src)
 		}
@@ -385,7 +387,7 @@ func (r *Runtime) attachNetwork(g *guestProc) error {
 
 // idmappedOne makes one idmapped, read-only detached mount of src.
 func (r *Runtime) idmappedOne(pid int, src string) (int, error) {
-	fds, err := r.idmappedFDs(pid, []string{src})
+	fds, err := r.idmappedFDs(pid, []string{src}, false)
 	if err != nil {
 		return -1, err
 	}
@@ -534,7 +536,7 @@ func (r *Runtime) mountFDs(pid int, img *image.Image, p *guest.Prepare) (fds []i
 		srcs = append(srcs, b.Source)
 	}
 	if r.Idmapped() {
-		fds, err = r.idmappedFDs(pid, srcs)
+		fds, err = r.idmappedFDs(pid, srcs, img.AllowSetuid)
 		if err != nil {
 			r.log.Warn("idmapped mounts unavailable; host files will show as nobody", "err", err)
 			r.mu.Lock()
@@ -545,7 +547,7 @@ func (r *Runtime) mountFDs(pid int, img *image.Image, p *guest.Prepare) (fds []i
 	idmapped = fds != nil
 	if !idmapped {
 		for _, src := range srcs {
-			fd, err := detachedTree(src, -1)
+			fd, err := detachedTree(src, -1, img.AllowSetuid)
 			if err != nil {
 				closeFDs(fds)
 				return nil, false, err
@@ -565,7 +567,7 @@ func (r *Runtime) mountFDs(pid int, img *image.Image, p *guest.Prepare) (fds []i
 // idmappedFDs makes an idmapped detached mount of each source through the
 // user namespace of pid: all of them or none, since a half-idmapped
 // rootfs would have inconsistent owners.
-func (r *Runtime) idmappedFDs(pid int, srcs []string) ([]int, error) {
+func (r *Runtime) idmappedFDs(pid int, srcs []string, setuid bool) ([]int, error) {
 	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
 	if err != nil {
 		return nil, fmt.Errorf("opening sandbox user namespace: %w", err)
@@ -573,7 +575,7 @@ func (r *Runtime) idmappedFDs(pid int, srcs []string) ([]int, error) {
 	defer userns.Close()
 	var fds []int
 	for _, src := range srcs {
-		fd, err := detachedTree(src, int(userns.Fd()))
+		fd, err := detachedTree(src, int(userns.Fd()), setuid)
 		if err != nil {
 			closeFDs(fds)
 			return nil, err

@@ -50,7 +50,7 @@ func buildBase(dir, hostRoot string) (*Image, error) {
 	}
 	defer os.RemoveAll(tmp)
 	root := filepath.Join(tmp, "rootfs")
-	img := &Image{Name: BaseImage, Workdir: "/home/user"}
+	img := &Image{Name: BaseImage, Workdir: "/home/user", AllowSetuid: true}
 	if err := buildSkeleton(root, hostRoot, img); err != nil {
 		return nil, err
 	}

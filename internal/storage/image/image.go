@@ -44,6 +44,10 @@ type Image struct {
 	Env []string
 	// Workdir is the default working directory.
 	Workdir string
+	// AllowSetuid lets the image's setuid programs (sudo) work: its
+	// layers and binds are attached without nosuid and the sandbox's
+	// processes run without no_new_privs (base.go).
+	AllowSetuid bool
 }
 
 // Bind is a host directory mounted into the rootfs.
