@@ -478,7 +478,7 @@ func TestTelemetrySelfView(t *testing.T) {
 // saying why.
 func TestTelemetryUpdateAndAdmission(t *testing.T) {
 	t.Parallel()
-	d := newDaemon(t, "--admission-memory", "2g")
+	d := newDaemon(t, "--admission-memory", "2g", "--memory-overcommit", "1")
 	id := d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 512 * mib, CPUs: 1, Pids: 100}})
 	out := d.MustCLI("update", id, "--memory", "1g", "--cpus", "2", "--pids", "200")
 	if !strings.Contains(out, "2 CPUs, 1G memory, 200 pids") {
@@ -512,20 +512,25 @@ func TestTelemetryUpdateAndAdmission(t *testing.T) {
 	if a.Status != 503 || !strings.Contains(a.apiError(t).Message, "memory") {
 		t.Fatalf("create beyond capacity: %d %s", a.Status, a.Body)
 	}
-	a = d.do("POST", "/v1/sandboxes/"+id+"/update", `{"resources":{"memory_bytes":2147483648}}`)
+	// One sandbox bigger than the host is refused whatever the overcommit.
+	a = d.do("POST", "/v1/sandboxes", `{"resources":{"memory_bytes":4294967296}}`)
+	if a.Status != 503 || !strings.Contains(a.apiError(t).Message, "more than the 1.5 GiB this host has") {
+		t.Fatalf("create bigger than the host: %d %s", a.Status, a.Body)
+	}
+	// A growth that would pass the capacity with the others is refused.
+	d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 256 * mib}})
+	a = d.do("POST", "/v1/sandboxes/"+id+"/update", `{"resources":{"memory_bytes":1610612736}}`)
 	if a.Status != 503 || !strings.Contains(a.apiError(t).Message, "memory") {
 		t.Fatalf("growth beyond capacity: %d %s", a.Status, a.Body)
 	}
 	if got := read("memory", "memory.limit_in_bytes") + read("", "memory.max"); got != strconv.Itoa(1<<30) {
 		t.Errorf("a refused growth changed the cgroup: %q", got)
 	}
-	// What fits is admitted; a stopped sandbox gives its share back.
-	small := d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 256 * mib}})
+	// A stopped sandbox gives its share back.
 	if _, err := d.Client().Stop(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
 	d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 1 << 30}})
-	_ = small
 }
 
 // ramp is a workload that grows its memory from 100 MB to 2 GB, 8% at a

@@ -21,8 +21,8 @@ import (
 
 // telemetryFlags are `paddock serve`'s admission and budget settings.
 func telemetryFlags(f *pflag.FlagSet, tc *daemon.TelemetryConfig) {
-	f.Float64Var(&tc.CPUOvercommit, "cpu-overcommit", 4, "CPU overcommit ratio for admission control")
-	f.Float64Var(&tc.MemoryOvercommit, "memory-overcommit", 1, "memory overcommit ratio for admission control")
+	f.Float64Var(&tc.CPUOvercommit, "cpu-overcommit", tc.CPUOvercommit, "admission control: CPU limits of all sandboxes together per host CPU")
+	f.Float64Var(&tc.MemoryOvercommit, "memory-overcommit", tc.MemoryOvercommit, "admission control: memory limits of all sandboxes together per byte of host memory (1: strict)")
 	f.Var(sizeFlag{&tc.MemoryCapacity}, "admission-memory", "memory admission control hands out, e.g. 16g (default: the host's)")
 	f.Float64Var(&tc.Prices.CPUSecond, "price-cpu-second", 0, "price of a CPU-second, for cost budgets")
 	f.Float64Var(&tc.Prices.MemoryGBHour, "price-memory-gb-hour", 0, "price of a GB-hour of memory limit, for cost budgets")
