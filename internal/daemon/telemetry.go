@@ -17,11 +17,10 @@ import (
 
 // Admission control's default overcommit ratios. A sandbox's limits are
 // ceilings that idle agents rarely reach, so the defaults admit a dense
-// fleet (100 two-CPU sandboxes on two cores, 16 GiB of limits per GiB of
+// fleet (256 two-CPU sandboxes on two cores, 16 GiB of limits per GiB of
 // memory) and refuse only what cannot fit at all; 1 reserves strictly.
-// The admission library allows at most 100.
 const (
-	DefaultCPUOvercommit    = 100
+	DefaultCPUOvercommit    = 256
 	DefaultMemoryOvercommit = 16
 )
 
