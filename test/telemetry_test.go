@@ -242,6 +242,22 @@ func TestTelemetryEventsFollow(t *testing.T) {
 			t.Fatalf("followed events lack some of %v", want)
 		}
 	}
+	// A client that leaves an exec early does not cut the kept output.
+	st, err := d.Client().ExecStream(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "echo early; sleep 1; echo late"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	s, err := d.Client().Log(ctx, id, st.PID, client.LogOptions{Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	exit, err := s.Wait(&out, nil)
+	s.Close()
+	if err != nil || exit == nil || exit.ExitCode != 0 || out.String() != "early\nlate\n" {
+		t.Errorf("output of an exec left early: %q, %+v, %v", out.String(), exit, err)
+	}
 	// Bad filters name the field.
 	if a := d.do("GET", "/v1/sandboxes/"+id+"/events?type=bogus", ""); a.Status != 400 || !strings.Contains(a.apiError(t).Message, "type") {
 		t.Errorf("bad type filter: %d %s", a.Status, a.Body)
