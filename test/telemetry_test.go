@@ -522,6 +522,11 @@ func TestTelemetryUpdateAndAdmission(t *testing.T) {
 	if s := d.current(id, time.Now()); s.MemoryLimitBytes != 1<<30 || s.PidsLimit != 200 {
 		t.Errorf("metrics after update: %+v", s)
 	}
+	// A budget given to a running sandbox.
+	d.MustCLI("update", id, "--budget-cpu-seconds", "500", "--budget-action", "kill")
+	if m := d.metrics(id); m.Budgets == nil || len(m.Budgets.Budgets) != 1 || m.Budgets.Budgets[0].Limit != 500 || m.Budgets.Budgets[0].Action != "kill" {
+		t.Errorf("budget after paddock update: %+v", m.Budgets)
+	}
 	// 2 GiB capacity less 512 MiB kept back: 1 GiB is taken, 1 GiB more
 	// does not fit.
 	a := d.do("POST", "/v1/sandboxes", `{"resources":{"memory_bytes":1073741824}}`)
