@@ -554,16 +554,19 @@ func TestTelemetryUpdateAndAdmission(t *testing.T) {
 	d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 1 << 30}})
 }
 
-// ramp is a workload that grows its memory from 100 MB to 2 GB, 8% at a
-// time, about ten times a second, touching every page.
+// ramp is a workload that grows its memory from 100 MB to 2 GB, 2.5%
+// four times a second (about 10% a second), touching every page. The
+// autoscaler decides once a second and grows a limit when the working set
+// passes 85% of it, so a workload growing by less than 1/0.85 between two
+// samples never meets its limit.
 const ramp = `
 import time
 chunks, total, step = [], 0, 100 << 20
 while total < (2000 << 20):
     chunks.append(b"x" * step)
     total += step
-    step = max(int(total * 0.08), 1 << 20)
-    time.sleep(0.1)
+    step = max(int(total * 0.025), 1 << 20)
+    time.sleep(0.25)
 print("reached", total >> 20, "MiB", flush=True)
 `
 
@@ -571,7 +574,7 @@ print("reached", total >> 20, "MiB", flush=True)
 // from 100 MB to 2 GB completes; with a fixed 256M limit it is OOM-killed.
 func TestTelemetryAutoscale(t *testing.T) {
 	if testing.Short() {
-		t.Skip("ramps to 2 GB over about 40 s")
+		t.Skip("ramps to 2 GB over about 35 s")
 	}
 	t.Parallel()
 	d := newDaemon(t)
