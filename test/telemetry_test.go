@@ -608,6 +608,14 @@ func TestTelemetryAutoscale(t *testing.T) {
 	}
 }
 
+func lines12() string {
+	var b strings.Builder
+	for i := 1; i <= 12; i++ {
+		b.WriteString("x" + strconv.Itoa(i) + "\n")
+	}
+	return b.String()
+}
+
 // TestTelemetryRestart: across a daemon restart the events stay, a
 // running process's output copy carries on to its exit, and budget usage
 // is not forgotten.
@@ -634,9 +642,29 @@ func TestTelemetryRestart(t *testing.T) {
 	}) {
 		t.Fatalf("cpu budget used %.2f s before the restart", used)
 	}
+	// An exec whose stream is still open when the daemon stops.
+	open, err := d.Client().ExecStream(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "for i in $(seq 12); do echo x$i; sleep 1; done"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
 	time.Sleep(time.Second)
+	t0 := time.Now()
 	d.Stop()
+	if took := time.Since(t0); took > 8*time.Second {
+		t.Errorf("the daemon took %s to stop with an exec stream open", took)
+	}
 	d.Start()
+	ls, err := d.Client().Log(ctx, id, open.PID, client.LogOptions{Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lo bytes.Buffer
+	lst, err := ls.Wait(&lo, nil)
+	ls.Close()
+	if err != nil || lst == nil || lst.ExitCode != 0 || lo.String() != lines12() {
+		t.Errorf("output of an exec streamed across the restart %q, exit %+v, err %v", lo.String(), lst, err)
+	}
 
 	s, err := d.Client().Log(ctx, id, p.PID, client.LogOptions{Follow: true})
 	if err != nil {

@@ -58,7 +58,12 @@ func (c *ExecCopy) Frame(t wire.Type, payload []byte) {
 	if c.closed {
 		return
 	}
-	c.frames <- relayed{t, bytes.Clone(payload)}
+	select {
+	case c.frames <- relayed{t, bytes.Clone(payload)}:
+	case <-c.h.ctx.Done(): // the daemon is stopping: the next one resumes
+		c.Detach()
+		return
+	}
 	if t == wire.Exit || t == wire.Error {
 		c.Detach()
 	}
@@ -85,7 +90,22 @@ func (c *ExecCopy) run(cmd []string) {
 	}
 	c.w = w
 	failed, exited := err != nil, false
-	for f := range c.frames {
+	for {
+		var f relayed
+		var ok bool
+		select {
+		case f, ok = <-c.frames:
+		case <-h.ctx.Done():
+			// The daemon is stopping while the stream goes on: leave the
+			// copy unfinished for the next daemon to resume.
+			if !failed && !exited {
+				w.Close()
+			}
+			return
+		}
+		if !ok {
+			break
+		}
 		if failed || exited {
 			continue
 		}
