@@ -242,6 +242,22 @@ func TestTelemetryEventsFollow(t *testing.T) {
 			t.Fatalf("followed events lack some of %v", want)
 		}
 	}
+	// A client that leaves an exec early does not cut the kept output.
+	st, err := d.Client().ExecStream(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "echo early; sleep 1; echo late"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	s, err := d.Client().Log(ctx, id, st.PID, client.LogOptions{Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	exit, err := s.Wait(&out, nil)
+	s.Close()
+	if err != nil || exit == nil || exit.ExitCode != 0 || out.String() != "early\nlate\n" {
+		t.Errorf("output of an exec left early: %q, %+v, %v", out.String(), exit, err)
+	}
 	// Bad filters name the field.
 	if a := d.do("GET", "/v1/sandboxes/"+id+"/events?type=bogus", ""); a.Status != 400 || !strings.Contains(a.apiError(t).Message, "type") {
 		t.Errorf("bad type filter: %d %s", a.Status, a.Body)
@@ -478,7 +494,7 @@ func TestTelemetrySelfView(t *testing.T) {
 // saying why.
 func TestTelemetryUpdateAndAdmission(t *testing.T) {
 	t.Parallel()
-	d := newDaemon(t, "--admission-memory", "2g")
+	d := newDaemon(t, "--admission-memory", "2g", "--memory-overcommit", "1")
 	id := d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 512 * mib, CPUs: 1, Pids: 100}})
 	out := d.MustCLI("update", id, "--memory", "1g", "--cpus", "2", "--pids", "200")
 	if !strings.Contains(out, "2 CPUs, 1G memory, 200 pids") {
@@ -506,38 +522,51 @@ func TestTelemetryUpdateAndAdmission(t *testing.T) {
 	if s := d.current(id, time.Now()); s.MemoryLimitBytes != 1<<30 || s.PidsLimit != 200 {
 		t.Errorf("metrics after update: %+v", s)
 	}
+	// A budget given to a running sandbox.
+	d.MustCLI("update", id, "--budget-cpu-seconds", "500", "--budget-action", "kill")
+	if m := d.metrics(id); m.Budgets == nil || len(m.Budgets.Budgets) != 1 || m.Budgets.Budgets[0].Limit != 500 || m.Budgets.Budgets[0].Action != "kill" {
+		t.Errorf("budget after paddock update: %+v", m.Budgets)
+	}
 	// 2 GiB capacity less 512 MiB kept back: 1 GiB is taken, 1 GiB more
 	// does not fit.
 	a := d.do("POST", "/v1/sandboxes", `{"resources":{"memory_bytes":1073741824}}`)
 	if a.Status != 503 || !strings.Contains(a.apiError(t).Message, "memory") {
 		t.Fatalf("create beyond capacity: %d %s", a.Status, a.Body)
 	}
-	a = d.do("POST", "/v1/sandboxes/"+id+"/update", `{"resources":{"memory_bytes":2147483648}}`)
+	// One sandbox bigger than the host is refused whatever the overcommit.
+	a = d.do("POST", "/v1/sandboxes", `{"resources":{"memory_bytes":4294967296}}`)
+	if a.Status != 503 || !strings.Contains(a.apiError(t).Message, "more than the 1.5 GiB this host has") {
+		t.Fatalf("create bigger than the host: %d %s", a.Status, a.Body)
+	}
+	// A growth that would pass the capacity with the others is refused.
+	d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 256 * mib}})
+	a = d.do("POST", "/v1/sandboxes/"+id+"/update", `{"resources":{"memory_bytes":1610612736}}`)
 	if a.Status != 503 || !strings.Contains(a.apiError(t).Message, "memory") {
 		t.Fatalf("growth beyond capacity: %d %s", a.Status, a.Body)
 	}
 	if got := read("memory", "memory.limit_in_bytes") + read("", "memory.max"); got != strconv.Itoa(1<<30) {
 		t.Errorf("a refused growth changed the cgroup: %q", got)
 	}
-	// What fits is admitted; a stopped sandbox gives its share back.
-	small := d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 256 * mib}})
+	// A stopped sandbox gives its share back.
 	if _, err := d.Client().Stop(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
 	d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 1 << 30}})
-	_ = small
 }
 
-// ramp is a workload that grows its memory from 100 MB to 2 GB, 8% at a
-// time, about ten times a second, touching every page.
+// ramp is a workload that grows its memory from 100 MB to 2 GB, 2.5%
+// four times a second (about 10% a second), touching every page. The
+// autoscaler decides once a second and grows a limit when the working set
+// passes 85% of it, so a workload growing by less than 1/0.85 between two
+// samples never meets its limit.
 const ramp = `
 import time
 chunks, total, step = [], 0, 100 << 20
 while total < (2000 << 20):
     chunks.append(b"x" * step)
     total += step
-    step = max(int(total * 0.08), 1 << 20)
-    time.sleep(0.1)
+    step = max(int(total * 0.025), 1 << 20)
+    time.sleep(0.25)
 print("reached", total >> 20, "MiB", flush=True)
 `
 
@@ -545,7 +574,7 @@ print("reached", total >> 20, "MiB", flush=True)
 // from 100 MB to 2 GB completes; with a fixed 256M limit it is OOM-killed.
 func TestTelemetryAutoscale(t *testing.T) {
 	if testing.Short() {
-		t.Skip("ramps to 2 GB over about 40 s")
+		t.Skip("ramps to 2 GB over about 35 s")
 	}
 	t.Parallel()
 	d := newDaemon(t)
@@ -579,6 +608,14 @@ func TestTelemetryAutoscale(t *testing.T) {
 	}
 }
 
+func lines12() string {
+	var b strings.Builder
+	for i := 1; i <= 12; i++ {
+		b.WriteString("x" + strconv.Itoa(i) + "\n")
+	}
+	return b.String()
+}
+
 // TestTelemetryRestart: across a daemon restart the events stay, a
 // running process's output copy carries on to its exit, and budget usage
 // is not forgotten.
@@ -605,9 +642,29 @@ func TestTelemetryRestart(t *testing.T) {
 	}) {
 		t.Fatalf("cpu budget used %.2f s before the restart", used)
 	}
+	// An exec whose stream is still open when the daemon stops.
+	open, err := d.Client().ExecStream(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "for i in $(seq 12); do echo x$i; sleep 1; done"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
 	time.Sleep(time.Second)
+	t0 := time.Now()
 	d.Stop()
+	if took := time.Since(t0); took > 8*time.Second {
+		t.Errorf("the daemon took %s to stop with an exec stream open", took)
+	}
 	d.Start()
+	ls, err := d.Client().Log(ctx, id, open.PID, client.LogOptions{Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lo bytes.Buffer
+	lst, err := ls.Wait(&lo, nil)
+	ls.Close()
+	if err != nil || lst == nil || lst.ExitCode != 0 || lo.String() != lines12() {
+		t.Errorf("output of an exec streamed across the restart %q, exit %+v, err %v", lo.String(), lst, err)
+	}
 
 	s, err := d.Client().Log(ctx, id, p.PID, client.LogOptions{Follow: true})
 	if err != nil {

@@ -21,8 +21,8 @@ import (
 
 // telemetryFlags are `paddock serve`'s admission and budget settings.
 func telemetryFlags(f *pflag.FlagSet, tc *daemon.TelemetryConfig) {
-	f.Float64Var(&tc.CPUOvercommit, "cpu-overcommit", 4, "CPU overcommit ratio for admission control")
-	f.Float64Var(&tc.MemoryOvercommit, "memory-overcommit", 1, "memory overcommit ratio for admission control")
+	f.Float64Var(&tc.CPUOvercommit, "cpu-overcommit", tc.CPUOvercommit, "admission control: CPU limits of all sandboxes together per host CPU")
+	f.Float64Var(&tc.MemoryOvercommit, "memory-overcommit", tc.MemoryOvercommit, "admission control: memory limits of all sandboxes together per byte of host memory (1: strict)")
 	f.Var(sizeFlag{&tc.MemoryCapacity}, "admission-memory", "memory admission control hands out, e.g. 16g (default: the host's)")
 	f.Float64Var(&tc.Prices.CPUSecond, "price-cpu-second", 0, "price of a CPU-second, for cost budgets")
 	f.Float64Var(&tc.Prices.MemoryGBHour, "price-memory-gb-hour", 0, "price of a GB-hour of memory limit, for cost budgets")
@@ -268,9 +268,10 @@ func updateCmd(g *globals) *cobra.Command {
 	var memory, minMem, maxMem string
 	var cpus, minCPUs, maxCPUs float64
 	var pids int64
+	var bud api.Budget
 	cmd := &cobra.Command{
 		Use:   "update ID",
-		Short: "Change a running sandbox's limits in place (and its autoscale range)",
+		Short: "Change a running sandbox's limits in place (and its autoscale range or budget)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var req api.UpdateRequest
@@ -295,8 +296,11 @@ func updateCmd(g *globals) *cobra.Command {
 				}
 				req.Autoscale = a
 			}
-			if req.Resources == (api.Resources{}) && req.Autoscale == nil {
-				return fmt.Errorf("nothing to change: give --memory, --cpus, --pids or an --autoscale-* bound")
+			if bud != (api.Budget{}) {
+				req.Budget = &bud
+			}
+			if req.Resources == (api.Resources{}) && req.Autoscale == nil && req.Budget == nil {
+				return fmt.Errorf("nothing to change: give --memory, --cpus, --pids, an --autoscale-* bound or a --budget-*")
 			}
 			c, err := g.client()
 			if err != nil {
@@ -318,5 +322,12 @@ func updateCmd(g *globals) *cobra.Command {
 	f.StringVar(&maxMem, "autoscale-max-memory", "", "autoscale: largest memory limit")
 	f.Float64Var(&minCPUs, "autoscale-min-cpus", 0, "autoscale: smallest CPU limit")
 	f.Float64Var(&maxCPUs, "autoscale-max-cpus", 0, "autoscale: largest CPU limit")
+	f.Float64Var(&bud.CPUSeconds, "budget-cpu-seconds", 0, "budget: CPU-seconds (replaces the whole budget)")
+	f.Int64Var(&bud.WallSeconds, "budget-wall-seconds", 0, "budget: seconds since the sandbox was created")
+	f.Int64Var(&bud.EgressBytes, "budget-egress-bytes", 0, "budget: bytes through the egress proxy, both ways")
+	f.Int64Var(&bud.EgressRequests, "budget-egress-requests", 0, "budget: requests through the egress proxy")
+	f.Float64Var(&bud.Cost, "budget-cost", 0, "budget: cost from the daemon's prices")
+	f.Float64Var(&bud.WarnAt, "budget-warn-at", 0, "budget: fraction at which a warning event fires (default 0.8)")
+	f.StringVar(&bud.Action, "budget-action", "", "budget: pause (default), kill, cut_network or none")
 	return cmd
 }

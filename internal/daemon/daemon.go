@@ -119,6 +119,10 @@ func Defaults() Config {
 		WarmGuests:  2,
 		UIDStart:    1 << 28,
 		OutputLimit: 16 << 20,
+		Telemetry: TelemetryConfig{
+			CPUOvercommit:    DefaultCPUOvercommit,
+			MemoryOvercommit: DefaultMemoryOvercommit,
+		},
 	}
 }
 

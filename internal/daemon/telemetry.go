@@ -15,10 +15,19 @@ import (
 	"paddock/internal/telemetry/hub"
 )
 
+// Admission control's default overcommit ratios. A sandbox's limits are
+// ceilings that idle agents rarely reach, so the defaults admit a dense
+// fleet (256 two-CPU sandboxes on two cores, 16 GiB of limits per GiB of
+// memory) and refuse only what cannot fit at all; 1 reserves strictly.
+const (
+	DefaultCPUOvercommit    = 256
+	DefaultMemoryOvercommit = 16
+)
+
 // TelemetryConfig configures metrics, budgets and host admission.
 type TelemetryConfig struct {
-	// CPUOvercommit (default 4) and MemoryOvercommit (default 1) multiply
-	// the host's capacity for admission control.
+	// CPUOvercommit and MemoryOvercommit multiply the host's capacity for
+	// admission control (zero: the hub's strict defaults, 4 and 1).
 	CPUOvercommit    float64
 	MemoryOvercommit float64
 	// MemoryCapacity, if set, replaces the host's memory as the capacity

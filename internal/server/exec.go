@@ -76,10 +76,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		Cmd: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
 		TimeoutSeconds: req.TimeoutSeconds, Stdin: upgrade || req.Stdin != nil || req.TTY != nil, Attach: true,
 	}
-	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, func(gc *guest.Client, resp *guest.Response, conn *guest.Conn) {
-		s.execStarted(id, gc, resp.PID, req.Cmd)
+	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, func(gc *guest.Client, resp *guest.Response, conn *guest.Conn) (tee frameTee) {
+		if c := s.execStarted(id, gc, resp.PID, req.Cmd); c != nil {
+			tee = c
+		}
 		if req.Stdin == nil || resp.PID == 0 {
-			return
+			return tee
 		}
 		in := []byte(*req.Stdin)
 		for len(in) > 0 {
@@ -90,14 +92,23 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 			in = in[n:]
 		}
 		conn.Send(wire.CloseStdin, nil)
+		return tee
 	})
+}
+
+// frameTee gets a copy of the frames relayed (the exec log) and is told
+// when the relay stops.
+type frameTee interface {
+	Frame(t wire.Type, payload []byte)
+	Detach()
 }
 
 // streamOp sends a streaming guest request (start with attach, or attach)
 // and relays its frames to the client: one way, or both ways after a 101
 // when the client asked for an upgrade. before runs once the guest has
-// answered, before any output is relayed.
-func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, before func(*guest.Client, *guest.Response, *guest.Conn)) {
+// answered, before any output is relayed; the tee it returns, if any, gets
+// a copy of the frames.
+func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, before func(*guest.Client, *guest.Response, *guest.Conn) frameTee) {
 	gc, err := s.mgr.Guest(r.Context(), id)
 	if err != nil {
 		writeError(w, r, s.log, err)
@@ -115,8 +126,11 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 		return
 	}
 	defer conn.Close()
+	var tee frameTee
 	if before != nil {
-		before(gc, resp, conn)
+		if tee = before(gc, resp, conn); tee != nil {
+			defer tee.Detach()
+		}
 	}
 	pid := strconv.Itoa(resp.PID)
 	if !wantsUpgrade(r) {
@@ -125,7 +139,7 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 		w.WriteHeader(http.StatusOK)
 		rc := http.NewResponseController(w)
 		rc.Flush()
-		relay(conn, wire.NewWriter(w), func() error { return rc.Flush() }, done)
+		relay(conn, wire.NewWriter(w), func() error { return rc.Flush() }, done, tee)
 		return
 	}
 	hj, bufrw, err := http.NewResponseController(w).Hijack()
@@ -140,7 +154,7 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 		return
 	}
 	go forwardInput(bufrw.Reader, conn)
-	relay(conn, wire.NewWriter(bufrw.Writer), bufrw.Flush, done)
+	relay(conn, wire.NewWriter(bufrw.Writer), bufrw.Flush, done, tee)
 }
 
 // forwardInput passes the client's input frames to the guest until the
@@ -163,8 +177,8 @@ func forwardInput(client *bufio.Reader, conn *guest.Conn) {
 
 // relay copies the guest's frames to the client until the exit frame. If
 // the guest connection breaks first, the stream still ends with an exit
-// frame saying why.
-func relay(conn *guest.Conn, out *wire.Writer, flush func() error, done <-chan struct{}) {
+// frame saying why. tee, if set, gets each frame after the client.
+func relay(conn *guest.Conn, out *wire.Writer, flush func() error, done <-chan struct{}, tee frameTee) {
 	for {
 		f, err := conn.Frames.Read()
 		if err != nil {
@@ -187,7 +201,13 @@ func relay(conn *guest.Conn, out *wire.Writer, flush func() error, done <-chan s
 		}
 		if f.Type == wire.Exit || f.Type == wire.Error {
 			flush()
+			if tee != nil {
+				tee.Frame(f.Type, f.Payload)
+			}
 			return
+		}
+		if tee != nil {
+			tee.Frame(f.Type, f.Payload)
 		}
 		if conn.Frames.Buffered() == 0 {
 			if err := flush(); err != nil {

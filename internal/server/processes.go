@@ -70,7 +70,9 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	s.execStarted(r.PathValue("id"), gc, resp.PID, req.Cmd)
+	if c := s.execStarted(r.PathValue("id"), gc, resp.PID, req.Cmd); c != nil {
+		c.Detach() // nobody reads its stream here
+	}
 	p, err := s.process(r, resp.PID)
 	if err != nil {
 		writeError(w, r, s.log, err)

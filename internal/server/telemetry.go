@@ -33,11 +33,13 @@ func (s *Server) telemetryRoutes() []route {
 	}
 }
 
-// execStarted hands a process that just started to the exec log.
-func (s *Server) execStarted(id string, gc *guest.Client, pid int, cmd []string) {
-	if s.tel != nil && pid > 0 {
-		s.tel.ExecStarted(id, gc, pid, cmd)
+// execStarted hands a process that just started to the exec log, and
+// returns the copy of its output (nil without telemetry).
+func (s *Server) execStarted(id string, gc *guest.Client, pid int, cmd []string) *hub.ExecCopy {
+	if s.tel == nil || pid <= 0 {
+		return nil
 	}
+	return s.tel.ExecStarted(id, gc, pid, cmd)
 }
 
 // telemetry returns the hub, or answers 503 and nil.

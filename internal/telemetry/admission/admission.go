@@ -56,8 +56,8 @@ func New(cfg Config) (*Controller, error) {
 		cfg.MemoryOvercommit = 1
 	}
 	switch {
-	case !(cfg.CPUOvercommit >= 1 && cfg.CPUOvercommit <= 100):
-		return nil, errdefs.Invalid("cpu_overcommit", "must be between 1 and 100, got %v", cfg.CPUOvercommit)
+	case !(cfg.CPUOvercommit >= 1 && cfg.CPUOvercommit <= 1000):
+		return nil, errdefs.Invalid("cpu_overcommit", "must be between 1 and 1000, got %v", cfg.CPUOvercommit)
 	case !(cfg.MemoryOvercommit >= 1 && cfg.MemoryOvercommit <= 100):
 		return nil, errdefs.Invalid("memory_overcommit", "must be between 1 and 100, got %v", cfg.MemoryOvercommit)
 	case cfg.Capacity.CPUs <= 0 || cfg.Capacity.MemoryBytes <= 0:

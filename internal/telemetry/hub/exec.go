@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,62 +15,177 @@ import (
 	"paddock/wire"
 )
 
+// ExecCopy is the exec log's copy of one process's output. Whoever reads
+// the process's frames anyway (the exec stream the server relays) hands
+// them to Frame; when that reader stops before the exit, Detach carries on
+// from a connection of the hub's own.
+type ExecCopy struct {
+	h       *Hub
+	id      string
+	gc      *guest.Client
+	pid     int
+	cmd     []string // cut for events
+	started time.Time
+	w       *execlog.Writer // the copy's goroutine's
+
+	// frames go from the feeder to the copy's goroutine, which owns the
+	// files, so that the stream never waits on the log's disk work.
+	frames chan relayed
+	closed bool // the feeder's: frames is closed
+}
+
+type relayed struct {
+	t wire.Type
+	p []byte
+}
+
 // ExecStarted records that process pid of sandbox id started running cmd
-// and copies its output, as it comes, into the exec log from a connection
-// of its own to the guest; its exit becomes an exec event with the exit
-// code and run time. The copy outlives the request that started the
-// process.
-func (h *Hub) ExecStarted(id string, gc *guest.Client, pid int, cmd []string) {
-	now := time.Now()
-	cut := events.CutCmd(cmd)
-	h.append(id, events.Event{Type: events.Exec, Message: "started " + strings.Join(cut, " "),
-		Data: events.Data(events.ExecData{PID: pid, Cmd: cut})})
-	w, err := h.execs.Start(id, pid, cmd, now)
-	if err != nil {
-		h.log.Warn("keeping exec output", "sandbox", id, "pid", pid, "err", err)
-		return
-	}
+// and returns the copy of its output: feed it with Frame, and call Detach
+// when no longer feeding it. The recording and the copy run on a
+// goroutine of their own.
+func (h *Hub) ExecStarted(id string, gc *guest.Client, pid int, cmd []string) *ExecCopy {
+	c := &ExecCopy{h: h, id: id, gc: gc, pid: pid, cmd: events.CutCmd(cmd), started: time.Now(), frames: make(chan relayed, 64)}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		h.copyOutput(id, gc, pid, cut, now, w)
+		c.run(cmd)
 	}()
+	return c
 }
 
-// copyOutput attaches to the process at the writer's offset and copies
-// frames until the exit frame.
-func (h *Hub) copyOutput(id string, gc *guest.Client, pid int, cmd []string, started time.Time, w *execlog.Writer) {
-	log := h.log.With("sandbox", id, "pid", pid)
-	exit, err := h.pump(gc, pid, w)
+// Frame copies one frame of the process's stream.
+func (c *ExecCopy) Frame(t wire.Type, payload []byte) {
+	if c.closed {
+		return
+	}
+	select {
+	case c.frames <- relayed{t, bytes.Clone(payload)}:
+	case <-c.h.ctx.Done(): // the daemon is stopping: the next one resumes
+		c.Detach()
+		return
+	}
+	if t == wire.Exit || t == wire.Error {
+		c.Detach()
+	}
+}
+
+// Detach ends the feeding: if the exit has not come, a connection of the
+// hub's own attaches where the copy is and carries on to the exit.
+func (c *ExecCopy) Detach() {
+	if !c.closed {
+		c.closed = true
+		close(c.frames)
+	}
+}
+
+// run records the start, writes what the feeder hands over and, if the
+// feeder stopped before the exit, follows the process itself.
+func (c *ExecCopy) run(cmd []string) {
+	h := c.h
+	h.append(c.id, events.Event{Type: events.Exec, Message: "started " + strings.Join(c.cmd, " "),
+		Data: events.Data(events.ExecData{PID: c.pid, Cmd: c.cmd})})
+	w, err := h.execs.Start(c.id, c.pid, cmd, c.started)
 	if err != nil {
-		if h.ctx.Err() != nil {
-			w.Close() // the daemon is stopping
+		h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+	}
+	c.w = w
+	failed, exited := err != nil, false
+	for {
+		var f relayed
+		var ok bool
+		select {
+		case f, ok = <-c.frames:
+		case <-h.ctx.Done():
+			// The daemon is stopping while the stream goes on: leave the
+			// copy unfinished for the next daemon to resume.
+			if !failed && !exited {
+				w.Close()
+			}
 			return
 		}
-		log.Debug("exec output copy ended early", "err", err)
+		if !ok {
+			break
+		}
+		if failed || exited {
+			continue
+		}
+		exit, err := c.frame(f.t, f.p)
+		switch {
+		case err != nil:
+			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+			failed = true
+			w.Close()
+		case exit != nil:
+			exited = true
+			c.finish(exit)
+		}
+	}
+	if !failed && !exited {
+		c.follow()
+	}
+}
+
+func (c *ExecCopy) frame(t wire.Type, payload []byte) (*api.ExitStatus, error) {
+	switch t {
+	case wire.Stdout, wire.Stderr:
+		return nil, c.w.Write(t, payload)
+	case wire.Dropped:
+		var d struct {
+			Bytes int64 `json:"bytes"`
+		}
+		if json.Unmarshal(payload, &d) == nil {
+			c.w.Skip(d.Bytes)
+		}
+	case wire.Exit:
+		var st api.ExitStatus
+		if err := json.Unmarshal(payload, &st); err != nil {
+			return nil, fmt.Errorf("decoding exit status: %w", err)
+		}
+		return &st, nil
+	case wire.Error:
+		return nil, fmt.Errorf("guest: %s", payload)
+	}
+	return nil, nil
+}
+
+// follow attaches to the process at the copy's offset and copies frames
+// until the exit.
+func (c *ExecCopy) follow() {
+	exit, err := c.h.pump(c)
+	if err != nil {
+		if c.h.ctx.Err() != nil {
+			c.w.Close() // the daemon is stopping; the next one resumes
+			return
+		}
+		c.h.log.Debug("exec output copy ended early", "sandbox", c.id, "pid", c.pid, "err", err)
 		exit = &api.ExitStatus{ExitCode: -1, Error: "lost the process: " + err.Error()}
 	}
-	if err := w.Finish(*exit); err != nil {
-		log.Warn("recording exec exit", "err", err)
+	c.finish(exit)
+}
+
+// finish records the exit in the exec log and as an exec event.
+func (c *ExecCopy) finish(exit *api.ExitStatus) {
+	if err := c.w.Finish(*exit); err != nil {
+		c.h.log.Warn("recording exec exit", "sandbox", c.id, "pid", c.pid, "err", err)
 	}
-	d := events.ExecData{PID: pid, Cmd: cmd, Exited: true, Signal: exit.Signal, OOMKilled: exit.OOMKilled,
-		DurationMS: time.Since(started).Milliseconds()}
+	d := events.ExecData{PID: c.pid, Cmd: c.cmd, Exited: true, Signal: exit.Signal, OOMKilled: exit.OOMKilled,
+		DurationMS: time.Since(c.started).Milliseconds()}
 	code := exit.ExitCode
 	d.ExitCode = &code
-	msg := fmt.Sprintf("pid %d exited with code %d", pid, code)
+	msg := fmt.Sprintf("pid %d exited with code %d", c.pid, code)
 	switch {
 	case exit.OOMKilled:
-		msg = fmt.Sprintf("pid %d was killed by the OOM killer", pid)
+		msg = fmt.Sprintf("pid %d was killed by the OOM killer", c.pid)
 	case exit.Signal != "":
-		msg = fmt.Sprintf("pid %d was killed by %s", pid, exit.Signal)
+		msg = fmt.Sprintf("pid %d was killed by %s", c.pid, exit.Signal)
 	case exit.Error != "":
 		msg += ": " + exit.Error
 	}
-	h.append(id, events.Event{Type: events.Exec, Message: msg, Data: events.Data(d)})
+	c.h.append(c.id, events.Event{Type: events.Exec, Message: msg, Data: events.Data(d)})
 }
 
-func (h *Hub) pump(gc *guest.Client, pid int, w *execlog.Writer) (*api.ExitStatus, error) {
-	_, conn, err := gc.Call(h.ctx, guest.Request{Op: guest.OpAttach, PID: pid, Offset: w.Offset()})
+func (h *Hub) pump(c *ExecCopy) (*api.ExitStatus, error) {
+	_, conn, err := c.gc.Call(h.ctx, guest.Request{Op: guest.OpAttach, PID: c.pid, Offset: c.w.Offset()})
 	if err != nil {
 		return nil, err
 	}
@@ -81,26 +197,8 @@ func (h *Hub) pump(gc *guest.Client, pid int, w *execlog.Writer) (*api.ExitStatu
 		if err != nil {
 			return nil, err
 		}
-		switch f.Type {
-		case wire.Stdout, wire.Stderr:
-			if err := w.Write(f.Type, f.Payload); err != nil {
-				return nil, err
-			}
-		case wire.Dropped:
-			var d struct {
-				Bytes int64 `json:"bytes"`
-			}
-			if json.Unmarshal(f.Payload, &d) == nil {
-				w.Skip(d.Bytes)
-			}
-		case wire.Exit:
-			var st api.ExitStatus
-			if err := json.Unmarshal(f.Payload, &st); err != nil {
-				return nil, fmt.Errorf("decoding exit status: %w", err)
-			}
-			return &st, nil
-		case wire.Error:
-			return nil, fmt.Errorf("guest: %s", f.Payload)
+		if exit, err := c.frame(f.Type, f.Payload); err != nil || exit != nil {
+			return exit, err
 		}
 	}
 }
@@ -163,10 +261,11 @@ func (h *Hub) resumeCopies(id string) {
 			w.Finish(api.ExitStatus{ExitCode: -1, Error: "the process was lost while the daemon was down"})
 			continue
 		}
+		c := &ExecCopy{h: h, id: id, gc: gc, pid: p.PID, cmd: cut, started: p.StartedAt, w: w}
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
-			h.copyOutput(id, gc, p.PID, cut, p.StartedAt, w)
+			c.follow()
 		}()
 	}
 }

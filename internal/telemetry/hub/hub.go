@@ -83,6 +83,9 @@ type Hub struct {
 	sampler  *metrics.Sampler
 	col      *prom.Collector
 	registry *prometheus.Registry
+	// room is the host's capacity less what is kept back: no one sandbox
+	// may have a memory limit above it, whatever the overcommit.
+	room admission.Resources
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -141,6 +144,7 @@ func New(cfg Config) (*Hub, error) {
 			return nil, err
 		}
 	}
+	h.room = admission.Resources{CPUs: capy.CPUs - cfg.Reserved.CPUs, MemoryBytes: capy.MemoryBytes - cfg.Reserved.MemoryBytes}
 	if h.adm, err = admission.New(admission.Config{Capacity: capy, Reserved: cfg.Reserved,
 		CPUOvercommit: cfg.CPUOvercommit, MemoryOvercommit: cfg.MemoryOvercommit}); err != nil {
 		return nil, err
@@ -209,6 +213,10 @@ func (h *Hub) Sampler() *metrics.Sampler { return h.sampler }
 
 // Admit implements sandbox.Observer.
 func (h *Hub) Admit(key string, res api.Resources) error {
+	if err := h.fitsHost(res); err != nil {
+		h.col.CreateFailed()
+		return err
+	}
 	if err := h.adm.Reserve(key, admission.Resources{CPUs: res.CPUs, MemoryBytes: res.MemoryBytes}); err != nil {
 		h.col.CreateFailed()
 		return err
@@ -216,6 +224,17 @@ func (h *Hub) Admit(key string, res api.Resources) error {
 	h.mu.Lock()
 	h.admitted[key] = time.Now()
 	h.mu.Unlock()
+	return nil
+}
+
+// fitsHost refuses a memory limit larger than the host can ever give one
+// sandbox: overcommit shares the host among sandboxes, it does not make
+// the host bigger.
+func (h *Hub) fitsHost(res api.Resources) error {
+	if res.MemoryBytes > h.room.MemoryBytes {
+		return errdefs.New(errdefs.ErrUnavailable, "memory: %.1f GiB requested, more than the %.1f GiB this host has for sandboxes",
+			float64(res.MemoryBytes)/(1<<30), float64(h.room.MemoryBytes)/(1<<30))
+	}
 	return nil
 }
 
@@ -409,6 +428,9 @@ func (h *Hub) Removed(id string) {
 
 // Resize implements sandbox.Observer: a growth must fit on the host.
 func (h *Hub) Resize(id string, res api.Resources) error {
+	if err := h.fitsHost(res); err != nil {
+		return err
+	}
 	return h.adm.Resize(id, admission.Resources{CPUs: res.CPUs, MemoryBytes: res.MemoryBytes})
 }
 
