@@ -8,7 +8,7 @@ VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 # The guest runs inside sandboxes whose root may have no C library, so the
 # one binary is linked statically (cgo is needed for libseccomp).
 GOFLAGS_STATIC := -tags 'netgo osusergo' -ldflags '-linkmode external -extldflags "-static" -X paddock/internal/daemon.Version=$(VERSION)'
-APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo nodejs npm
+APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
 .PHONY: all build deps up down test test-short bench lint fmt clean
@@ -23,6 +23,10 @@ build:
 deps:
 	@missing=""; for p in $(APT_DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+	@# Node and npm (the E2B SDK tests): Debian's packages only when there is
+	@# no node at all; a NodeSource nodejs already carries npm and conflicts
+	@# with Debian's.
+	@command -v npm >/dev/null || { echo "installing: nodejs npm"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
 	@command -v go >/dev/null || { echo "Go is missing: install Go 1.26+ at /usr/local/go"; exit 1; }
 
 # up installs what is missing, builds, installs and starts the daemon with
