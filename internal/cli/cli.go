@@ -62,18 +62,26 @@ func (g *globals) client() (*client.Client, error) {
 		host = client.DefaultHost
 	}
 	var opts []client.Option
-	token := os.Getenv("PADDOCK_TOKEN")
-	if g.tokenFile != "" {
-		b, err := os.ReadFile(g.tokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("reading token file: %w", err)
-		}
-		token = strings.TrimSpace(string(b))
+	token, err := g.token()
+	if err != nil {
+		return nil, err
 	}
 	if token != "" {
 		opts = append(opts, client.WithToken(token))
 	}
 	return client.New(host, opts...)
+}
+
+// token is the bearer token from --token-file or $PADDOCK_TOKEN.
+func (g *globals) token() (string, error) {
+	if g.tokenFile == "" {
+		return os.Getenv("PADDOCK_TOKEN"), nil
+	}
+	b, err := os.ReadFile(g.tokenFile)
+	if err != nil {
+		return "", fmt.Errorf("reading token file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
 }
 
 func newRoot(stdout, stderr io.Writer) *cobra.Command {
@@ -103,7 +111,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(fileCmds(g)...)
 	root.AddCommand(portCmds(g)...)
 	root.AddCommand(snapshotCmd(g), forkCmd(g), volumeCmd(g))
-	root.AddCommand(policyCmd(g), secretCmd(g))
+	root.AddCommand(policyCmd(g), secretCmd(g), e2bKeyCmd(g))
 	root.AddCommand(telemetryCmds(g)...)
 	root.AddCommand(imageCmd(g))
 	root.AddCommand(templateCmd(g))
