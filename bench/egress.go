@@ -279,7 +279,9 @@ func egressMethod(samples int) []string {
 			"response, close) as a harness's `curl` does; %d rounds whose order rotates, %d untimed GETs at the start of each. The clock runs in "+
 			"the client around one GET. Added latency is the path's median minus the direct median.", samples, egressLatencyRounds, egressLatencyWarmup),
 		fmt.Sprintf("**Download**: one GET of 1 GiB, body read in 256 KiB chunks and dropped, %d runs per path in rotating order; "+
-			"throughput is 1 GiB over the time from request to last byte, median of the runs.", egressDownloadRuns),
+			"throughput is 1 GiB over the time from request to last byte, median of the runs. CPU is each party's user+system time over "+
+			"one download: the client's own (getrusage), the upstream server's (it runs in the harness, idle otherwise) and the daemon's "+
+			"(the proxy; the kernel's network work is charged partly to whichever process sends).", egressDownloadRuns),
 		fmt.Sprintf("**Rate**: an open-loop schedule of %d GET/s for %s from %d workers (request i due at start + i/%d s), over keep-alive "+
 			"connections (%d, opened and warmed before the clock). Latency runs from each request's due time, so falling behind shows in the "+
 			"tail. The achieved rate is successful requests over the time from the first due time to the last answer; a pass needs no error and "+
@@ -306,6 +308,7 @@ func egressTables(s *section, run *egressRun) {
 	d := table{Caption: "1 GiB download (CPU: median seconds per download, of each party):",
 		Header: []string{"path", "runs", "median", "min", "max", "÷ direct", "CPU client", "CPU upstream server", "CPU paddock daemon"}}
 	directTP := medianFloat(run.download[pathDirect])
+	total := map[string]time.Duration{}
 	for _, p := range []string{pathDirect, pathSpliced, pathIntercepted} {
 		v := run.download[p]
 		if len(v) == 0 {
@@ -316,10 +319,21 @@ func egressTables(s *section, run *egressRun) {
 		for _, c := range run.dlCPU[p] {
 			client, server, daemon = append(client, c.client), append(server, c.server), append(daemon, c.daemon)
 		}
+		c, sv, dm := summarize(client).Median, summarize(server).Median, summarize(daemon).Median
 		d.add(p, fmt.Sprint(len(v)), rateMB(m), rateMB(slices.Min(v)), rateMB(slices.Max(v)), percentOf(m, directTP),
-			seconds(summarize(client).Median), seconds(summarize(server).Median), seconds(summarize(daemon).Median))
+			seconds(c), seconds(sv), seconds(dm))
+		total[p] = c + sv + dm
 	}
 	s.Tables = append(s.Tables, d)
+	if direct := total[pathDirect]; direct > 0 {
+		for _, p := range []string{pathSpliced, pathIntercepted} {
+			if total[p] > 0 {
+				s.note("%s: a GiB cost the machine %s of CPU (client, server and daemon) against %s direct; when the cores are the "+
+					"limit, as on a small machine, the throughput ratio cannot exceed about %s.",
+					p, seconds(total[p]), seconds(direct), percentOf(float64(direct), float64(total[p])))
+			}
+		}
+	}
 
 	rt := table{Caption: fmt.Sprintf("%d GET/s for %s:", egressRate, egressRateFor),
 		Header: []string{"path", "connections", "achieved", "ok", "errors", "median", "p90", "p99"}}
