@@ -84,6 +84,9 @@ func benchEgress(ctx context.Context, r *rig) *section {
 func (r *rig) egressRun(ctx context.Context, samples int, run *egressRun) error {
 	n := r.egress
 	if n == nil {
+		if r.egressErr != nil {
+			return fmt.Errorf("making the upstream's network: %w", r.egressErr)
+		}
 		return errors.New("the rig made no egress network")
 	}
 	bin := filepath.Join(r.root, "egressclient")

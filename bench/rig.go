@@ -38,6 +38,7 @@ type rig struct {
 	served       bool       // the daemon came up at least once
 	netName      string     // the daemon's network (nftables table, link prefix)
 	egress       *egressNet // the egress benchmark's upstream; nil unless it runs
+	egressErr    error      // why egress is nil when it should run
 
 	mu      sync.Mutex
 	made    map[string]bool // sandboxes created and not yet removed
@@ -77,10 +78,11 @@ func newRig(ctx context.Context, opts options, log *slog.Logger) (_ *rig, retErr
 	r.netName = fmt.Sprintf("pb%05x", pid&0xfffff)
 	extra := []string{"--network-name", r.netName, "--network-subnet", fmt.Sprintf("10.%d.0.0/16", 232+pid%16)}
 	if opts.selected("egress") {
-		if r.egress, err = newEgressNet(root, log); err != nil {
-			return nil, fmt.Errorf("making the egress benchmark's network: %w", err)
+		// Made before the daemon, which must know its DNS server and CA. A
+		// failure fails that benchmark only.
+		if r.egress, r.egressErr = newEgressNet(root, log); r.egressErr == nil {
+			extra = append(extra, r.egress.DaemonArgs()...)
 		}
-		extra = append(extra, r.egress.DaemonArgs()...)
 	}
 	if r.daemon, err = newDaemon(opts.bin, root, r.cgroupParent, uidStart, extra...); err != nil {
 		return nil, err
