@@ -64,7 +64,8 @@ type egressCPU struct {
 // egressRun is what the egress benchmark measured.
 type egressRun struct {
 	latency  map[string][]time.Duration
-	download map[string][]float64 // MB/s per run
+	phases   map[string]*[3][]time.Duration // connect, TLS handshake, first byte
+	download map[string][]float64           // MB/s per run
 	dlCPU    map[string][]egressCPU
 	rates    []egressRateRun
 }
@@ -74,7 +75,12 @@ type egressRun struct {
 func benchEgress(ctx context.Context, r *rig) *section {
 	samples := max(10*r.opts.n, 500)
 	s := &section{Method: egressMethod(samples)}
-	run := &egressRun{latency: map[string][]time.Duration{}, download: map[string][]float64{}, dlCPU: map[string][]egressCPU{}}
+	run := &egressRun{
+		latency:  map[string][]time.Duration{},
+		phases:   map[string]*[3][]time.Duration{},
+		download: map[string][]float64{},
+		dlCPU:    map[string][]egressCPU{},
+	}
 	s.Err = r.egressRun(ctx, samples, run)
 	egressTables(s, run)
 	s.Bars = egressBars(run)
@@ -209,8 +215,14 @@ func (r *rig) egressLatency(ctx context.Context, paths []egressPath, samples int
 			if err != nil {
 				return fmt.Errorf("latency, %s: %w", p.name, err)
 			}
-			for _, ns := range res.Samples {
-				run.latency[p.name] = append(run.latency[p.name], time.Duration(ns))
+			run.latency[p.name] = append(run.latency[p.name], nanos(res.Samples)...)
+			ph := run.phases[p.name]
+			if ph == nil {
+				ph = new([3][]time.Duration)
+				run.phases[p.name] = ph
+			}
+			for k, v := range [][]int64{res.ConnectNS, res.HandshakeNS, res.FirstByteNS} {
+				ph[k] = append(ph[k], nanos(v)...)
 			}
 		}
 	}
@@ -307,6 +319,7 @@ func egressTables(s *section, run *egressRun) {
 		t.add(p, fmt.Sprint(sm.N), ms(sm.Median), ms(sm.P90), ms(sm.P99), added, ratio(sm.Median, direct.Median))
 	}
 	s.Tables = append(s.Tables, t)
+	s.Tables = append(s.Tables, phaseTable(run))
 
 	d := table{Caption: "1 GiB download (CPU: median seconds per download, of each party):",
 		Header: []string{"path", "runs", "median", "min", "max", "÷ direct", "CPU client", "CPU upstream server", "CPU paddock daemon"}}
@@ -447,4 +460,29 @@ func medianFloat(v []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// phaseTable splits the GET into its phases, as the client saw them
+// (httptrace): where the proxy's cost lands.
+func phaseTable(run *egressRun) table {
+	t := table{Caption: "Where a GET's time goes (medians; added: minus the direct median):",
+		Header: []string{"path", "TCP connect", "TLS handshake", "request → first byte"}}
+	direct := run.phases[pathDirect]
+	for _, p := range []string{pathDirect, pathSpliced, pathIntercepted} {
+		ph := run.phases[p]
+		if ph == nil {
+			continue
+		}
+		row := []string{p}
+		for k := range ph {
+			m := summarize(ph[k]).Median
+			cellText := ms(m)
+			if p != pathDirect && direct != nil {
+				cellText += " (" + signedMS(m-summarize(direct[k]).Median) + ")"
+			}
+			row = append(row, cellText)
+		}
+		t.add(row...)
+	}
+	return t
 }
