@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,13 +37,15 @@ const (
 	// Where the client and the upstream's CA go in the sandbox.
 	egressClientPath = "/tmp/egressclient"
 	egressCAPath     = "/tmp/upstream-ca.pem"
+	sandboxCAPath    = "/etc/paddock/ca.pem" // the sandbox's own CA, which paddock installs
 )
 
 // egressPath is one way to the upstream: direct (paddock out of the
 // path), or through a sandbox's egress proxy, spliced or intercepted.
 type egressPath struct {
-	name string
-	run  func(ctx context.Context, args ...string) (*egresswire.Result, error)
+	name   string
+	issuer string // of the certificate the client must see
+	run    func(ctx context.Context, args ...string) (*egresswire.Result, error)
 }
 
 const (
@@ -104,14 +109,18 @@ func (r *rig) egressRun(ctx context.Context, samples int, run *egressRun) error 
 		if err := r.egressInstall(ctx, id, bin); err != nil {
 			return err
 		}
+		sandboxCA, err := r.sandboxCAName(ctx, id)
+		if err != nil {
+			return err
+		}
 		paths := []egressPath{
-			{pathDirect, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
+			{pathDirect, n.CAName, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
 				return runDirect(ctx, n, bin, append(args, "-connect", n.DirectIP+":443", "-ca", n.CAFile, "-host", spliceHost)...)
 			}},
-			{pathSpliced, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
+			{pathSpliced, n.CAName, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
 				return r.runInSandbox(ctx, id, append(args, "-connect", n.UpIP+":443", "-ca", egressCAPath, "-host", spliceHost)...)
 			}},
-			{pathIntercepted, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
+			{pathIntercepted, sandboxCA, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
 				return r.runInSandbox(ctx, id, append(args, "-connect", n.UpIP+":443", "-host", interceptHost)...)
 			}},
 		}
@@ -155,6 +164,29 @@ func (r *rig) egressInstall(ctx context.Context, id, bin string) error {
 		}
 	}
 	return nil
+}
+
+// sandboxCAName reads the common name of the sandbox's own CA, which
+// only an intercepted connection shows.
+func (r *rig) sandboxCAName(ctx context.Context, id string) (string, error) {
+	rc, err := r.client.ReadFile(ctx, id, sandboxCAPath)
+	if err != nil {
+		return "", fmt.Errorf("reading the sandbox's CA: %w", err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return "", fmt.Errorf("reading the sandbox's CA: %w", err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return "", fmt.Errorf("%s holds no PEM block", sandboxCAPath)
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return "", fmt.Errorf("parsing the sandbox's CA: %w", err)
+	}
+	return cert.Subject.CommonName, nil
 }
 
 func (r *rig) runInSandbox(ctx context.Context, id string, args ...string) (*egresswire.Result, error) {
@@ -214,6 +246,11 @@ func (r *rig) egressLatency(ctx context.Context, paths []egressPath, samples int
 			res, err := p.run(ctx, "-mode", "latency", "-path", "/x", "-n", fmt.Sprint(per), "-warmup", fmt.Sprint(egressLatencyWarmup))
 			if err != nil {
 				return fmt.Errorf("latency, %s: %w", p.name, err)
+			}
+			// The path is what it claims: only interception shows the
+			// sandbox's CA.
+			if want := p.issuer; res.Issuer != want {
+				return fmt.Errorf("latency, %s: the client saw a certificate issued by %q, want %q", p.name, res.Issuer, want)
 			}
 			run.latency[p.name] = append(run.latency[p.name], nanos(res.Samples)...)
 			ph := run.phases[p.name]

@@ -160,9 +160,15 @@ func latency(c *http.Client, o options) (*egresswire.Result, error) {
 	res := &egresswire.Result{}
 	for i := range o.warmup + o.n {
 		var connected, handshaken, wrote, firstByte time.Time
+		var issuer string
 		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
-			ConnectDone:          func(string, string, error) { connected = time.Now() },
-			TLSHandshakeDone:     func(tls.ConnectionState, error) { handshaken = time.Now() },
+			ConnectDone: func(string, string, error) { connected = time.Now() },
+			TLSHandshakeDone: func(cs tls.ConnectionState, _ error) {
+				handshaken = time.Now()
+				if len(cs.PeerCertificates) > 0 {
+					issuer = cs.PeerCertificates[0].Issuer.CommonName
+				}
+			},
 			WroteRequest:         func(httptrace.WroteRequestInfo) { wrote = time.Now() },
 			GotFirstResponseByte: func() { firstByte = time.Now() },
 		})
@@ -173,6 +179,9 @@ func latency(c *http.Client, o options) (*egresswire.Result, error) {
 		t0 := time.Now()
 		if _, err := do(c, req, buf); err != nil {
 			return nil, fmt.Errorf("GET %d: %w", i+1, err)
+		}
+		if i == 0 {
+			res.Issuer = issuer
 		}
 		if i >= o.warmup {
 			res.Samples = append(res.Samples, int64(time.Since(t0)))

@@ -22,6 +22,10 @@ type Result struct {
 	Errors    int64    `json:"errors,omitempty"`
 	ElapsedNS int64    `json:"elapsed_ns,omitempty"`
 	FirstErrs []string `json:"first_errors,omitempty"`
+	// Issuer is the common name of the issuer of the server certificate
+	// the client saw (the upstream's CA when spliced, the sandbox's when
+	// intercepted).
+	Issuer string `json:"issuer,omitempty"`
 	// CPUNS is the client's own CPU time (user and system) over the run.
 	CPUNS int64 `json:"cpu_ns,omitempty"`
 }
