@@ -381,8 +381,8 @@ func egressTables(s *section, run *egressRun) {
 	if direct := total[pathDirect]; direct > 0 {
 		for _, p := range []string{pathSpliced, pathIntercepted} {
 			if total[p] > 0 {
-				s.note("%s: a GiB cost the machine %s of CPU (client, server and daemon) against %s direct; when the cores are the "+
-					"limit, as on a small machine, the throughput ratio cannot exceed about %s.",
+				s.note("%s: a GiB cost the machine %s of CPU (client, server and daemon) against %s direct; were the cores "+
+					"the only limit (every core busy with this transfer), the throughput ratio would be about %s.",
 					p, seconds(total[p]), seconds(direct), percentOf(float64(direct), float64(total[p])))
 			}
 		}
