@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,13 +37,15 @@ const (
 	// Where the client and the upstream's CA go in the sandbox.
 	egressClientPath = "/tmp/egressclient"
 	egressCAPath     = "/tmp/upstream-ca.pem"
+	sandboxCAPath    = "/etc/paddock/ca.pem" // the sandbox's own CA, which paddock installs
 )
 
 // egressPath is one way to the upstream: direct (paddock out of the
 // path), or through a sandbox's egress proxy, spliced or intercepted.
 type egressPath struct {
-	name string
-	run  func(ctx context.Context, args ...string) (*egresswire.Result, error)
+	name   string
+	issuer string // of the certificate the client must see
+	run    func(ctx context.Context, args ...string) (*egresswire.Result, error)
 }
 
 const (
@@ -64,7 +69,8 @@ type egressCPU struct {
 // egressRun is what the egress benchmark measured.
 type egressRun struct {
 	latency  map[string][]time.Duration
-	download map[string][]float64 // MB/s per run
+	phases   map[string]*[3][]time.Duration // connect, TLS handshake, first byte
+	download map[string][]float64           // MB/s per run
 	dlCPU    map[string][]egressCPU
 	rates    []egressRateRun
 }
@@ -74,7 +80,12 @@ type egressRun struct {
 func benchEgress(ctx context.Context, r *rig) *section {
 	samples := max(10*r.opts.n, 500)
 	s := &section{Method: egressMethod(samples)}
-	run := &egressRun{latency: map[string][]time.Duration{}, download: map[string][]float64{}, dlCPU: map[string][]egressCPU{}}
+	run := &egressRun{
+		latency:  map[string][]time.Duration{},
+		phases:   map[string]*[3][]time.Duration{},
+		download: map[string][]float64{},
+		dlCPU:    map[string][]egressCPU{},
+	}
 	s.Err = r.egressRun(ctx, samples, run)
 	egressTables(s, run)
 	s.Bars = egressBars(run)
@@ -84,6 +95,9 @@ func benchEgress(ctx context.Context, r *rig) *section {
 func (r *rig) egressRun(ctx context.Context, samples int, run *egressRun) error {
 	n := r.egress
 	if n == nil {
+		if r.egressErr != nil {
+			return fmt.Errorf("making the upstream's network: %w", r.egressErr)
+		}
 		return errors.New("the rig made no egress network")
 	}
 	bin := filepath.Join(r.root, "egressclient")
@@ -95,14 +109,18 @@ func (r *rig) egressRun(ctx context.Context, samples int, run *egressRun) error 
 		if err := r.egressInstall(ctx, id, bin); err != nil {
 			return err
 		}
+		sandboxCA, err := r.sandboxCAName(ctx, id)
+		if err != nil {
+			return err
+		}
 		paths := []egressPath{
-			{pathDirect, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
+			{pathDirect, n.CAName, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
 				return runDirect(ctx, n, bin, append(args, "-connect", n.DirectIP+":443", "-ca", n.CAFile, "-host", spliceHost)...)
 			}},
-			{pathSpliced, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
+			{pathSpliced, n.CAName, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
 				return r.runInSandbox(ctx, id, append(args, "-connect", n.UpIP+":443", "-ca", egressCAPath, "-host", spliceHost)...)
 			}},
-			{pathIntercepted, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
+			{pathIntercepted, sandboxCA, func(ctx context.Context, args ...string) (*egresswire.Result, error) {
 				return r.runInSandbox(ctx, id, append(args, "-connect", n.UpIP+":443", "-host", interceptHost)...)
 			}},
 		}
@@ -146,6 +164,29 @@ func (r *rig) egressInstall(ctx context.Context, id, bin string) error {
 		}
 	}
 	return nil
+}
+
+// sandboxCAName reads the common name of the sandbox's own CA, which
+// only an intercepted connection shows.
+func (r *rig) sandboxCAName(ctx context.Context, id string) (string, error) {
+	rc, err := r.client.ReadFile(ctx, id, sandboxCAPath)
+	if err != nil {
+		return "", fmt.Errorf("reading the sandbox's CA: %w", err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return "", fmt.Errorf("reading the sandbox's CA: %w", err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return "", fmt.Errorf("%s holds no PEM block", sandboxCAPath)
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return "", fmt.Errorf("parsing the sandbox's CA: %w", err)
+	}
+	return cert.Subject.CommonName, nil
 }
 
 func (r *rig) runInSandbox(ctx context.Context, id string, args ...string) (*egresswire.Result, error) {
@@ -206,8 +247,19 @@ func (r *rig) egressLatency(ctx context.Context, paths []egressPath, samples int
 			if err != nil {
 				return fmt.Errorf("latency, %s: %w", p.name, err)
 			}
-			for _, ns := range res.Samples {
-				run.latency[p.name] = append(run.latency[p.name], time.Duration(ns))
+			// The path is what it claims: only interception shows the
+			// sandbox's CA.
+			if want := p.issuer; res.Issuer != want {
+				return fmt.Errorf("latency, %s: the client saw a certificate issued by %q, want %q", p.name, res.Issuer, want)
+			}
+			run.latency[p.name] = append(run.latency[p.name], nanos(res.Samples)...)
+			ph := run.phases[p.name]
+			if ph == nil {
+				ph = new([3][]time.Duration)
+				run.phases[p.name] = ph
+			}
+			for k, v := range [][]int64{res.ConnectNS, res.HandshakeNS, res.FirstByteNS} {
+				ph[k] = append(ph[k], nanos(v)...)
 			}
 		}
 	}
@@ -279,7 +331,9 @@ func egressMethod(samples int) []string {
 			"response, close) as a harness's `curl` does; %d rounds whose order rotates, %d untimed GETs at the start of each. The clock runs in "+
 			"the client around one GET. Added latency is the path's median minus the direct median.", samples, egressLatencyRounds, egressLatencyWarmup),
 		fmt.Sprintf("**Download**: one GET of 1 GiB, body read in 256 KiB chunks and dropped, %d runs per path in rotating order; "+
-			"throughput is 1 GiB over the time from request to last byte, median of the runs.", egressDownloadRuns),
+			"throughput is 1 GiB over the time from request to last byte, median of the runs. CPU is each party's user+system time over "+
+			"one download: the client's own (getrusage), the upstream server's (it runs in the harness, idle otherwise) and the daemon's "+
+			"(the proxy; the kernel's network work is charged partly to whichever process sends).", egressDownloadRuns),
 		fmt.Sprintf("**Rate**: an open-loop schedule of %d GET/s for %s from %d workers (request i due at start + i/%d s), over keep-alive "+
 			"connections (%d, opened and warmed before the clock). Latency runs from each request's due time, so falling behind shows in the "+
 			"tail. The achieved rate is successful requests over the time from the first due time to the last answer; a pass needs no error and "+
@@ -302,10 +356,12 @@ func egressTables(s *section, run *egressRun) {
 		t.add(p, fmt.Sprint(sm.N), ms(sm.Median), ms(sm.P90), ms(sm.P99), added, ratio(sm.Median, direct.Median))
 	}
 	s.Tables = append(s.Tables, t)
+	s.Tables = append(s.Tables, phaseTable(run))
 
 	d := table{Caption: "1 GiB download (CPU: median seconds per download, of each party):",
 		Header: []string{"path", "runs", "median", "min", "max", "÷ direct", "CPU client", "CPU upstream server", "CPU paddock daemon"}}
 	directTP := medianFloat(run.download[pathDirect])
+	total := map[string]time.Duration{}
 	for _, p := range []string{pathDirect, pathSpliced, pathIntercepted} {
 		v := run.download[p]
 		if len(v) == 0 {
@@ -316,10 +372,21 @@ func egressTables(s *section, run *egressRun) {
 		for _, c := range run.dlCPU[p] {
 			client, server, daemon = append(client, c.client), append(server, c.server), append(daemon, c.daemon)
 		}
+		c, sv, dm := summarize(client).Median, summarize(server).Median, summarize(daemon).Median
 		d.add(p, fmt.Sprint(len(v)), rateMB(m), rateMB(slices.Min(v)), rateMB(slices.Max(v)), percentOf(m, directTP),
-			seconds(summarize(client).Median), seconds(summarize(server).Median), seconds(summarize(daemon).Median))
+			seconds(c), seconds(sv), seconds(dm))
+		total[p] = c + sv + dm
 	}
 	s.Tables = append(s.Tables, d)
+	if direct := total[pathDirect]; direct > 0 {
+		for _, p := range []string{pathSpliced, pathIntercepted} {
+			if total[p] > 0 {
+				s.note("%s: a GiB cost the machine %s of CPU (client, server and daemon) against %s direct; were the cores "+
+					"the only limit (every core busy with this transfer), the throughput ratio would be about %s.",
+					p, seconds(total[p]), seconds(direct), percentOf(float64(direct), float64(total[p])))
+			}
+		}
+	}
 
 	rt := table{Caption: fmt.Sprintf("%d GET/s for %s:", egressRate, egressRateFor),
 		Header: []string{"path", "connections", "achieved", "ok", "errors", "median", "p90", "p99"}}
@@ -430,4 +497,29 @@ func medianFloat(v []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// phaseTable splits the GET into its phases, as the client saw them
+// (httptrace): where the proxy's cost lands.
+func phaseTable(run *egressRun) table {
+	t := table{Caption: "Where a GET's time goes (medians; added: minus the direct median):",
+		Header: []string{"path", "TCP connect", "TLS handshake", "request → first byte"}}
+	direct := run.phases[pathDirect]
+	for _, p := range []string{pathDirect, pathSpliced, pathIntercepted} {
+		ph := run.phases[p]
+		if ph == nil {
+			continue
+		}
+		row := []string{p}
+		for k := range ph {
+			m := summarize(ph[k]).Median
+			cellText := ms(m)
+			if p != pathDirect && direct != nil {
+				cellText += " (" + signedMS(m-summarize(direct[k]).Median) + ")"
+			}
+			row = append(row, cellText)
+		}
+		t.add(row...)
+	}
+	return t
 }

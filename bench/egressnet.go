@@ -50,6 +50,7 @@ type egressNet struct {
 	// DirectIP is the upstream's address on the direct link.
 	DirectIP string
 	CAFile   string // PEM of the CA that signed the server's certificate
+	CAName   string // its common name
 	DNS      string // ip:port of the DNS server
 
 	srv   *http.Server
@@ -133,6 +134,7 @@ func newEgressNet(dir string, log *slog.Logger) (_ *egressNet, retErr error) {
 	if err != nil {
 		return nil, err
 	}
+	n.CAName = ca.Certificate().Subject.CommonName
 	n.CAFile = filepath.Join(dir, "upstream-ca.pem")
 	if err := os.WriteFile(n.CAFile, ca.CertPEM(), 0o644); err != nil {
 		return nil, err

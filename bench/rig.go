@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +41,7 @@ type rig struct {
 	netName      string     // the daemon's network (nftables table, link prefix)
 	egress       *egressNet // the egress benchmark's upstream; nil unless it runs
 	e2b          *e2bEndpoint
+	egressErr    error // why egress is nil when it should run
 
 	mu      sync.Mutex
 	made    map[string]bool // sandboxes created and not yet removed
@@ -76,12 +79,13 @@ func newRig(ctx context.Context, opts options, log *slog.Logger) (_ *rig, retErr
 	// A network of its own too: a daemon running on the host keeps its
 	// nftables table and addresses.
 	r.netName = fmt.Sprintf("pb%05x", pid&0xfffff)
-	extra := []string{"--network-name", r.netName, "--network-subnet", fmt.Sprintf("10.%d.0.0/16", 232+pid%16)}
+	extra := []string{"--network-name", r.netName, "--network-subnet", freeSubnet(pid)}
 	if opts.selected("egress") {
-		if r.egress, err = newEgressNet(root, log); err != nil {
-			return nil, fmt.Errorf("making the egress benchmark's network: %w", err)
+		// Made before the daemon, which must know its DNS server and CA. A
+		// failure fails that benchmark only.
+		if r.egress, r.egressErr = newEgressNet(root, log); r.egressErr == nil {
+			extra = append(extra, r.egress.DaemonArgs()...)
 		}
-		extra = append(extra, r.egress.DaemonArgs()...)
 	}
 	if r.daemon, err = newDaemon(opts.bin, root, r.cgroupParent, uidStart, extra...); err != nil {
 		return nil, err
@@ -216,4 +220,31 @@ func signalSuffix(st *api.ExitStatus) string {
 		s += ", OOM-killed"
 	}
 	return s
+}
+
+// freeSubnet picks a /16 of 10.232.0.0/12 for the daemon's sandboxes,
+// starting from one chosen by seed, that no address on the host falls in
+// (other daemons' sandbox links among them). If all are taken it returns
+// the first, and the daemon says why it cannot start.
+func freeSubnet(seed int) string {
+	addrs, _ := net.InterfaceAddrs()
+	var first string
+	for i := range 16 {
+		p := netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/16", 232+(seed+i)%16))
+		if first == "" {
+			first = p.String()
+		}
+		used := false
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(ipn.IP); ok && p.Contains(ip.Unmap()) {
+					used = true
+				}
+			}
+		}
+		if !used {
+			return p.String()
+		}
+	}
+	return first
 }

@@ -26,6 +26,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -121,7 +122,16 @@ func run(o options) (*egresswire.Result, error) {
 
 // get GETs url and reads the whole body into buf-sized chunks.
 func get(c *http.Client, url string, buf []byte) (int64, error) {
-	resp, err := c.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	return do(c, req, buf)
+}
+
+func do(c *http.Client, req *http.Request, buf []byte) (int64, error) {
+	url := req.URL.String()
+	resp, err := c.Do(req)
 	if err != nil {
 		return 0, err
 	}
@@ -149,12 +159,35 @@ func latency(c *http.Client, o options) (*egresswire.Result, error) {
 	buf := make([]byte, 64<<10)
 	res := &egresswire.Result{}
 	for i := range o.warmup + o.n {
+		var connected, handshaken, wrote, firstByte time.Time
+		var issuer string
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+			ConnectDone: func(string, string, error) { connected = time.Now() },
+			TLSHandshakeDone: func(cs tls.ConnectionState, _ error) {
+				handshaken = time.Now()
+				if len(cs.PeerCertificates) > 0 {
+					issuer = cs.PeerCertificates[0].Issuer.CommonName
+				}
+			},
+			WroteRequest:         func(httptrace.WroteRequestInfo) { wrote = time.Now() },
+			GotFirstResponseByte: func() { firstByte = time.Now() },
+		})
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, o.url, nil)
+		if err != nil {
+			return nil, err
+		}
 		t0 := time.Now()
-		if _, err := get(c, o.url, buf); err != nil {
+		if _, err := do(c, req, buf); err != nil {
 			return nil, fmt.Errorf("GET %d: %w", i+1, err)
+		}
+		if i == 0 {
+			res.Issuer = issuer
 		}
 		if i >= o.warmup {
 			res.Samples = append(res.Samples, int64(time.Since(t0)))
+			res.ConnectNS = append(res.ConnectNS, int64(connected.Sub(t0)))
+			res.HandshakeNS = append(res.HandshakeNS, int64(handshaken.Sub(connected)))
+			res.FirstByteNS = append(res.FirstByteNS, int64(firstByte.Sub(wrote)))
 		}
 	}
 	return res, nil

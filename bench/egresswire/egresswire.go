@@ -8,6 +8,11 @@ type Result struct {
 	// Samples: latency mode, one per GET; rate mode, one per successful
 	// request, from its due time (so that falling behind shows).
 	Samples []int64 `json:"samples,omitempty"`
+	// Latency mode, per GET: TCP connect (from the start), TLS handshake
+	// (from connected) and first response byte (from the request written).
+	ConnectNS   []int64 `json:"connect_ns,omitempty"`
+	HandshakeNS []int64 `json:"handshake_ns,omitempty"`
+	FirstByteNS []int64 `json:"first_byte_ns,omitempty"`
 	// Bytes and Nanos: download mode, one per download.
 	Bytes []int64 `json:"bytes,omitempty"`
 	Nanos []int64 `json:"nanos,omitempty"`
@@ -17,6 +22,10 @@ type Result struct {
 	Errors    int64    `json:"errors,omitempty"`
 	ElapsedNS int64    `json:"elapsed_ns,omitempty"`
 	FirstErrs []string `json:"first_errors,omitempty"`
+	// Issuer is the common name of the issuer of the server certificate
+	// the client saw (the upstream's CA when spliced, the sandbox's when
+	// intercepted).
+	Issuer string `json:"issuer,omitempty"`
 	// CPUNS is the client's own CPU time (user and system) over the run.
 	CPUNS int64 `json:"cpu_ns,omitempty"`
 }

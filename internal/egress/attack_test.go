@@ -402,8 +402,13 @@ func TestAttacks(t *testing.T) {
 		if !strings.HasPrefix(raw, "HTTP/1.1 403") || !strings.Contains(raw, "differs from the TLS server name") {
 			t.Errorf("absolute URI to another host: %q", raw)
 		}
-		if len(s.rec.all()) != before {
-			t.Fatalf("a smuggled request reached the upstream: %+v", s.rec.all()[before:])
+		// Only /v1/x counts: the refused upload of an earlier subtest is
+		// recorded when the upstream's read of its cut body ends, which
+		// may be now.
+		for _, r := range s.rec.all()[before:] {
+			if strings.Contains(r.URL, "/v1/x") {
+				t.Fatalf("a smuggled request reached the upstream: %+v", r)
+			}
 		}
 		// An obsolete folded line stays one header: nothing new is injected.
 		rawTLS(t, h, "api.example.com", s.dst, "GET /v1/x HTTP/1.1\r\nHost: api.example.com\r\nX-A: a\r\n Injected: 1\r\n\r\n")

@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -185,55 +184,5 @@ func BenchmarkRequestRate(b *testing.B) {
 				b.Fatalf("%d errors", errs.Load())
 			}
 		})
-	}
-}
-
-// TestSustainedRate holds 1000 requests/s for 3 seconds through one
-// sandbox's proxy (intercepted, 16 keep-alive connections) and checks
-// that none fails and the rate is kept.
-func TestSustainedRate(t *testing.T) {
-	if testing.Short() || raceEnabled {
-		t.Skip("load test: not in -short or under the race detector")
-	}
-	h := newHarness(t)
-	srv := startTLS(t, nil, bulk, "api.example.com")
-	dst := serverAddr(t, srv)
-	port := strconv.Itoa(int(dst.Port()))
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/")})
-	s := &benchSetup{h: h, dst: dst, port: port}
-	c, base := s.clientFor("intercepted", true)
-	defer c.CloseIdleConnections()
-	const rate, seconds, workers = 1000, 3, 16
-	var errs, done atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Worker w sends request w, w+16, ... each at its due time.
-			for i := w; i < rate*seconds; i += workers {
-				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / rate)))
-				resp, err := c.Get(base + "/x")
-				if err != nil {
-					errs.Add(1)
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					errs.Add(1)
-					continue
-				}
-				done.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	got := float64(done.Load()) / elapsed.Seconds()
-	t.Logf("%d requests in %v: %.0f req/s, %d errors", done.Load(), elapsed.Round(time.Millisecond), got, errs.Load())
-	if errs.Load() > 0 || got < rate*0.95 {
-		t.Fatalf("%.0f req/s with %d errors", got, errs.Load())
 	}
 }

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -91,6 +92,11 @@ type Proxy struct {
 
 	stateMu sync.Mutex
 	states  map[string]*sandboxState
+	// tlsBase is, per sandbox, the config its intercepted connections'
+	// configs are cloned from: they share its session ticket keys, so a
+	// client that resumes (curl, git and Node within one process) skips
+	// the signature and certificate of a full handshake.
+	tlsBase map[string]*tls.Config
 
 	activeMu sync.Mutex
 	active   map[net.Conn]struct{}
@@ -150,15 +156,16 @@ func Start(cfg ProxyConfig) (*Proxy, error) {
 		}
 	}
 	p := &Proxy{
-		cfg:    cfg,
-		ln:     ln,
-		log:    log,
-		public: cfg.Engine.public,
-		dialer: net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
-		hl:     newConnListener(ln.Addr()),
-		states: map[string]*sandboxState{},
-		active: map[net.Conn]struct{}{},
-		done:   make(chan struct{}),
+		cfg:     cfg,
+		ln:      ln,
+		log:     log,
+		public:  cfg.Engine.public,
+		dialer:  net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
+		hl:      newConnListener(ln.Addr()),
+		states:  map[string]*sandboxState{},
+		tlsBase: map[string]*tls.Config{},
+		active:  map[net.Conn]struct{}{},
+		done:    make(chan struct{}),
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
@@ -657,11 +664,10 @@ func (p *Proxy) intercept(f *flow, c net.Conn, buf []byte, host string, d Decisi
 	f2 := *f
 	f2.sni = host
 	fc := &flowConn{Conn: netpipe.WithPrefix(c, buf), f: &f2, ev: &ev, p: p}
-	tc := tls.Server(fc, &tls.Config{
-		Certificates: []tls.Certificate{*leaf},
-		NextProtos:   protos,
-		MinVersion:   tls.VersionTLS12,
-	})
+	cfg := p.interceptConfig(f.id)
+	cfg.Certificates = []tls.Certificate{*leaf}
+	cfg.NextProtos = protos
+	tc := tls.Server(fc, cfg)
 	tc.SetDeadline(time.Now().Add(10 * time.Second))
 	if err := tc.Handshake(); err != nil {
 		ev.Error = "TLS handshake with the sandbox: " + err.Error() + " (is the sandbox's CA installed?)"
@@ -670,6 +676,24 @@ func (p *Proxy) intercept(f *flow, c net.Conn, buf []byte, host string, d Decisi
 	}
 	tc.SetDeadline(time.Time{})
 	p.hl.push(tc)
+}
+
+// interceptConfig returns a config for one intercepted connection of
+// sandbox id, cloned from the sandbox's base (made on first use).
+func (p *Proxy) interceptConfig(id string) *tls.Config {
+	p.stateMu.Lock()
+	defer p.stateMu.Unlock()
+	base := p.tlsBase[id]
+	if base == nil {
+		// The sandbox's own ticket keys: no other sandbox can resume
+		// its sessions.
+		base = &tls.Config{MinVersion: tls.VersionTLS12}
+		var key [32]byte
+		rand.Read(key[:])
+		base.SetSessionTicketKeys([][32]byte{key})
+		p.tlsBase[id] = base
+	}
+	return base.Clone()
 }
 
 // flowConn is a connection served by the HTTP server. For an intercepted
@@ -816,6 +840,7 @@ func (p *Proxy) forget(id string) {
 	p.stateMu.Lock()
 	st := p.states[id]
 	delete(p.states, id)
+	delete(p.tlsBase, id) // a new policy: sessions start afresh
 	p.stateMu.Unlock()
 	if st != nil {
 		st.closeIdle()

@@ -1,5 +1,0 @@
-//go:build race
-
-package egress
-
-const raceEnabled = true
