@@ -672,6 +672,10 @@ func TestRefillBacksOff(t *testing.T) {
 	if _, err := p.Acquire(context.Background(), "z", 0, 0, 0); err == nil {
 		t.Error("Acquire with a broken mkfs succeeded")
 	}
+	// Stop the refiller first: an attempt in flight has its directory.
+	if err := p.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
 	if ents, _ := os.ReadDir(filepath.Join(dir, "pool")); len(ents) != 0 {
 		t.Errorf("failed makes left %v", ents)
 	}
