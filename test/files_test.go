@@ -574,7 +574,7 @@ func TestFilesHostile(t *testing.T) {
 	// ops change, and the pool refills.
 	// The gateway's per-sandbox files (the /run/paddock tree) are kept
 	// current by the daemon.
-	stateSkip := []string{filepath.Join(d.StateDir, "storage"), filepath.Join(d.StateDir, "storage.xfs"), filepath.Join(d.StateDir, "gateway")}
+	stateSkip := []string{filepath.Join(d.StateDir, "storage"), filepath.Join(d.StateDir, "storage.xfs"), filepath.Join(d.StateDir, "gateway"), filepath.Join(d.StateDir, "telemetry")}
 	stateSum := treeDigest(t, d.StateDir, stateSkip...)
 	hostEvil := []string{"/evil-" + tag, "/tmp/evil-" + tag, "/etc/evil-" + tag, "/root/evil-" + tag, filepath.Join(d.StateDir, "evil-"+tag)}
 

@@ -41,14 +41,18 @@ type relayed struct {
 
 // ExecStarted records that process pid of sandbox id started running cmd
 // and returns the copy of its output: feed it with Frame, and call Detach
-// when no longer feeding it. The recording and the copy run on a
-// goroutine of their own.
+// when no longer feeding it. The process's log entry exists when it
+// returns (a client may ask for it at once); the copy runs on a goroutine
+// of its own.
 func (h *Hub) ExecStarted(id string, gc *guest.Client, pid int, cmd []string) *ExecCopy {
 	c := &ExecCopy{h: h, id: id, gc: gc, pid: pid, cmd: events.CutCmd(cmd), started: time.Now(), frames: make(chan relayed, 64)}
+	h.append(c.id, events.Event{Type: events.Exec, Message: "started " + strings.Join(c.cmd, " "),
+		Data: events.Data(events.ExecData{PID: c.pid, Cmd: c.cmd})})
+	w, err := h.execs.Start(c.id, c.pid, cmd, c.started)
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		c.run(cmd)
+		c.run(w, err)
 	}()
 	return c
 }
@@ -78,13 +82,11 @@ func (c *ExecCopy) Detach() {
 	}
 }
 
-// run records the start, writes what the feeder hands over and, if the
-// feeder stopped before the exit, follows the process itself.
-func (c *ExecCopy) run(cmd []string) {
+// run writes what the feeder hands over to w (the log entry, or err if
+// it could not be made) and, if the feeder stopped before the exit,
+// follows the process itself.
+func (c *ExecCopy) run(w *execlog.Writer, err error) {
 	h := c.h
-	h.append(c.id, events.Event{Type: events.Exec, Message: "started " + strings.Join(c.cmd, " "),
-		Data: events.Data(events.ExecData{PID: c.pid, Cmd: c.cmd})})
-	w, err := h.execs.Start(c.id, c.pid, cmd, c.started)
 	if err != nil {
 		h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
 	}
