@@ -80,7 +80,7 @@ func execMethod(n, peers int) []string {
 			"%d samples after %d warm-ups.", peers, peerWarmup),
 		fmt.Sprintf("**runc exec**: `runc exec ID true` into a container started with `runc run -d` running `sleep 3600` "+
 			"(same bundle as the cold table), fork/exec to reaped exit; %d samples after %d warm-ups.", peers, peerWarmup),
-		"**floor**: the harness itself forks and execs `/bin/true` (vfork, as the guest does) and reaps it, without any sandbox or RPC: "+
+		"**floor**: the harness itself forks and execs `/bin/true` (vfork, as the guest does) and reaps it, without any sandbox or RPC: " +
 			"what the kernel alone costs on this machine for the process the round trip runs.",
 		"**bwrap**: bubblewrap has no exec into a running sandbox; a cold `bwrap … /bin/true` (same flags as the cold table) is shown for context.",
 		"Ratios are this row's median ÷ the peer's median: below 1 is faster. p99 is nearest-rank on the sorted samples.",

@@ -64,7 +64,7 @@ type Store struct {
 	mu   sync.Mutex
 	host *Image
 	oci  *oci.Store // OCI images (oci.go); nil: none
-	base *Image // base.go
+	base *Image     // base.go
 }
 
 // NewStore returns a Store keeping its files under dir.
