@@ -35,6 +35,7 @@ type createFlags struct {
 	from         string
 	volumes      []string
 	policy       policyFlags
+	elastic      elasticFlags
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
@@ -53,6 +54,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.from, "from", "", "start from a snapshot id, a template or an image")
 	fl.StringArrayVarP(&f.volumes, "volume", "v", nil, "mount a volume NAME:/path[:ro] (or a directory snapshot SNAPSHOT:/path); repeatable")
 	f.policy.register(cmd)
+	f.elastic.register(fl)
 }
 
 func (f *createFlags) request() (api.CreateRequest, error) {
@@ -92,6 +94,9 @@ func (f *createFlags) request() (api.CreateRequest, error) {
 		return req, err
 	}
 	if req.Policy, err = f.policy.policy(os.Stdin); err != nil {
+		return req, err
+	}
+	if req.Autoscale, req.Budget, err = f.elastic.values(); err != nil {
 		return req, err
 	}
 	for _, v := range f.volumes {

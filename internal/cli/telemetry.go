@@ -264,11 +264,59 @@ func logsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// elasticFlags are the autoscale range and the budget, shared by create,
+// run and update.
+type elasticFlags struct {
+	minMem, maxMem   string
+	minCPUs, maxCPUs float64
+	bud              api.Budget
+}
+
+func (e *elasticFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&e.minMem, "autoscale-min-memory", "", "autoscale: smallest memory limit")
+	f.StringVar(&e.maxMem, "autoscale-max-memory", "", "autoscale: largest memory limit")
+	f.Float64Var(&e.minCPUs, "autoscale-min-cpus", 0, "autoscale: smallest CPU limit")
+	f.Float64Var(&e.maxCPUs, "autoscale-max-cpus", 0, "autoscale: largest CPU limit")
+	f.Float64Var(&e.bud.CPUSeconds, "budget-cpu-seconds", 0, "budget: CPU-seconds (replaces the whole budget)")
+	f.Int64Var(&e.bud.WallSeconds, "budget-wall-seconds", 0, "budget: seconds since the sandbox was created")
+	f.Int64Var(&e.bud.EgressBytes, "budget-egress-bytes", 0, "budget: bytes through the egress proxy, both ways")
+	f.Int64Var(&e.bud.EgressRequests, "budget-egress-requests", 0, "budget: requests through the egress proxy")
+	f.Float64Var(&e.bud.Cost, "budget-cost", 0, "budget: cost from the daemon's prices")
+	f.Float64Var(&e.bud.WarnAt, "budget-warn-at", 0, "budget: fraction at which a warning event fires (default 0.8)")
+	f.StringVar(&e.bud.Action, "budget-action", "", "budget: pause (default), kill, cut_network or none")
+}
+
+// values returns the autoscale range and budget the flags give, nil for
+// those not given.
+func (e *elasticFlags) values() (*api.Autoscale, *api.Budget, error) {
+	var a *api.Autoscale
+	var err error
+	if e.minMem != "" || e.maxMem != "" || e.minCPUs != 0 || e.maxCPUs != 0 {
+		a = &api.Autoscale{MinCPUs: e.minCPUs, MaxCPUs: e.maxCPUs}
+		if e.minMem != "" {
+			if a.MinMemoryBytes, err = parseSize(e.minMem); err != nil {
+				return nil, nil, fmt.Errorf("--autoscale-min-memory: %w", err)
+			}
+		}
+		if e.maxMem != "" {
+			if a.MaxMemoryBytes, err = parseSize(e.maxMem); err != nil {
+				return nil, nil, fmt.Errorf("--autoscale-max-memory: %w", err)
+			}
+		}
+	}
+	var b *api.Budget
+	if e.bud != (api.Budget{}) {
+		bud := e.bud
+		b = &bud
+	}
+	return a, b, nil
+}
+
 func updateCmd(g *globals) *cobra.Command {
-	var memory, minMem, maxMem string
-	var cpus, minCPUs, maxCPUs float64
+	var memory string
+	var cpus float64
 	var pids int64
-	var bud api.Budget
+	var el elasticFlags
 	cmd := &cobra.Command{
 		Use:   "update ID",
 		Short: "Change a running sandbox's limits in place (and its autoscale range or budget)",
@@ -282,22 +330,8 @@ func updateCmd(g *globals) *cobra.Command {
 				}
 			}
 			req.Resources.CPUs, req.Resources.Pids = cpus, pids
-			if minMem != "" || maxMem != "" || minCPUs != 0 || maxCPUs != 0 {
-				a := &api.Autoscale{MinCPUs: minCPUs, MaxCPUs: maxCPUs}
-				if minMem != "" {
-					if a.MinMemoryBytes, err = parseSize(minMem); err != nil {
-						return fmt.Errorf("--autoscale-min-memory: %w", err)
-					}
-				}
-				if maxMem != "" {
-					if a.MaxMemoryBytes, err = parseSize(maxMem); err != nil {
-						return fmt.Errorf("--autoscale-max-memory: %w", err)
-					}
-				}
-				req.Autoscale = a
-			}
-			if bud != (api.Budget{}) {
-				req.Budget = &bud
+			if req.Autoscale, req.Budget, err = el.values(); err != nil {
+				return err
 			}
 			if req.Resources == (api.Resources{}) && req.Autoscale == nil && req.Budget == nil {
 				return fmt.Errorf("nothing to change: give --memory, --cpus, --pids, an --autoscale-* bound or a --budget-*")
@@ -318,16 +352,6 @@ func updateCmd(g *globals) *cobra.Command {
 	f.StringVarP(&memory, "memory", "m", "", "memory limit, e.g. 4g")
 	f.Float64Var(&cpus, "cpus", 0, "CPU limit in cores, e.g. 2 or 0.5")
 	f.Int64Var(&pids, "pids", 0, "process and thread limit")
-	f.StringVar(&minMem, "autoscale-min-memory", "", "autoscale: smallest memory limit")
-	f.StringVar(&maxMem, "autoscale-max-memory", "", "autoscale: largest memory limit")
-	f.Float64Var(&minCPUs, "autoscale-min-cpus", 0, "autoscale: smallest CPU limit")
-	f.Float64Var(&maxCPUs, "autoscale-max-cpus", 0, "autoscale: largest CPU limit")
-	f.Float64Var(&bud.CPUSeconds, "budget-cpu-seconds", 0, "budget: CPU-seconds (replaces the whole budget)")
-	f.Int64Var(&bud.WallSeconds, "budget-wall-seconds", 0, "budget: seconds since the sandbox was created")
-	f.Int64Var(&bud.EgressBytes, "budget-egress-bytes", 0, "budget: bytes through the egress proxy, both ways")
-	f.Int64Var(&bud.EgressRequests, "budget-egress-requests", 0, "budget: requests through the egress proxy")
-	f.Float64Var(&bud.Cost, "budget-cost", 0, "budget: cost from the daemon's prices")
-	f.Float64Var(&bud.WarnAt, "budget-warn-at", 0, "budget: fraction at which a warning event fires (default 0.8)")
-	f.StringVar(&bud.Action, "budget-action", "", "budget: pause (default), kill, cut_network or none")
+	el.register(f)
 	return cmd
 }
