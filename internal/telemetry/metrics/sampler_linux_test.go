@@ -57,7 +57,9 @@ sys.stdin.read()
 	s.Tick(time.Now())
 	cur, _, _ = s.Current("work")
 	mb := float64(cur.MemoryBytes) / (1 << 20)
-	if mb < 300 || mb > 340 {
+	// Memory is the working set (usage less inactive file cache), and
+	// cgroup v1 charges in per-CPU batches: within 10% below, 15% above.
+	if mb < 270 || mb > 345 {
 		t.Errorf("after allocating 300 MB: memory %.1f MB, want about 300", mb)
 	}
 	if cur.MemoryLimitBytes != 1<<30 || cur.PidsLimit != 64 || cur.Pids < 1 {
