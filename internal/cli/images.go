@@ -7,12 +7,12 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"paddock/api"
+	"paddock/client"
 )
 
 // imageCmd is `paddock image ls|pull|import|inspect|rm`.
@@ -31,56 +31,30 @@ func imageCmd(g *globals) *cobra.Command {
 }
 
 func imageLsCmd(g *globals) *cobra.Command {
-	var asJSON, quiet bool
-	ls := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List images",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
+	return listCmd(g, listing[api.Image]{
+		short:  "List images",
+		fetch:  (*client.Client).Images,
+		key:    func(img api.Image) string { return img.Name },
+		header: "NAME\tID\tLAYERS\tSIZE\tCREATED",
+		row: func(img api.Image) string {
+			created := "-"
+			if img.CreatedAt != nil {
+				created = ago(*img.CreatedAt)
 			}
-			list, err := c.Images(cmd.Context())
-			if err != nil {
-				return err
+			size := "-"
+			if !img.BuiltIn {
+				size = formatSize(img.SizeBytes)
 			}
-			switch {
-			case asJSON:
-				return writeJSON(g.stdout, list)
-			case quiet:
-				for _, img := range list {
-					fmt.Fprintln(g.stdout, img.Name)
-				}
-				return nil
+			name := img.Name
+			if name == "" {
+				name = "<none>"
 			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tID\tLAYERS\tSIZE\tCREATED")
-			for _, img := range list {
-				created := "-"
-				if img.CreatedAt != nil {
-					created = ago(*img.CreatedAt)
-				}
-				size := "-"
-				if !img.BuiltIn {
-					size = formatSize(img.SizeBytes)
-				}
-				name := img.Name
-				if name == "" {
-					name = "<none>"
-				}
-				if len(img.Names) > 1 {
-					name += fmt.Sprintf(" (+%d)", len(img.Names)-1)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", name, shortID(img.ID), img.Layers, size, created)
+			if len(img.Names) > 1 {
+				name += fmt.Sprintf(" (+%d)", len(img.Names)-1)
 			}
-			return tw.Flush()
+			return fmt.Sprintf("%s\t%s\t%d\t%s\t%s", name, shortID(img.ID), img.Layers, size, created)
 		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	ls.Flags().BoolVarP(&quiet, "quiet", "q", false, "print names only")
-	return ls
+	})
 }
 
 // shortID abbreviates an image ID for tables.

@@ -1,12 +1,13 @@
 package cli
 
 import (
+	"context"
 	"fmt"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"paddock/api"
+	"paddock/client"
 )
 
 // snapshotCmd is `paddock snapshot ID [--path DIR]` with ls and rm.
@@ -46,42 +47,17 @@ func snapshotCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "report the freeze window on stderr")
 
 	var sandbox string
-	var asJSON, quiet bool
-	ls := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List snapshots",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			list, err := c.Snapshots(cmd.Context(), sandbox)
-			if err != nil {
-				return err
-			}
-			switch {
-			case asJSON:
-				return writeJSON(g.stdout, list)
-			case quiet:
-				for _, s := range list {
-					fmt.Fprintln(g.stdout, s.ID)
-				}
-				return nil
-			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSANDBOX\tPATH\tIMAGE\tCREATED\tSIZE\tDATA\tFROZEN\tUSED BY")
-			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1fms\t%d\n", s.ID, s.Sandbox, s.Path, s.Image,
-					ago(s.CreatedAt), formatSize(s.SizeBytes), formatSize(s.AllocatedBytes), s.FrozenMS, len(s.UsedBy))
-			}
-			return tw.Flush()
+	ls := listCmd(g, listing[api.Snapshot]{
+		short:  "List snapshots",
+		fetch:  func(c *client.Client, ctx context.Context) ([]api.Snapshot, error) { return c.Snapshots(ctx, sandbox) },
+		key:    func(s api.Snapshot) string { return s.ID },
+		header: "ID\tSANDBOX\tPATH\tIMAGE\tCREATED\tSIZE\tDATA\tFROZEN\tUSED BY",
+		row: func(s api.Snapshot) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1fms\t%d", s.ID, s.Sandbox, s.Path, s.Image,
+				ago(s.CreatedAt), formatSize(s.SizeBytes), formatSize(s.AllocatedBytes), s.FrozenMS, len(s.UsedBy))
 		},
-	}
+	})
 	ls.Flags().StringVar(&sandbox, "sandbox", "", "only snapshots of this sandbox")
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	ls.Flags().BoolVarP(&quiet, "quiet", "q", false, "print ids only")
 	rm := &cobra.Command{
 		Use:   "rm SNAPSHOT...",
 		Short: "Remove snapshots that nothing uses",
@@ -181,41 +157,16 @@ func volumeCmd(g *globals) *cobra.Command {
 	create.Flags().StringVar(&fromSnap, "from-snapshot", "", "fill it with a directory snapshot's files")
 	create.Flags().StringArrayVarP(&labels, "label", "l", nil, "label KEY=VALUE; repeatable")
 
-	var asJSON, quiet bool
-	ls := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List volumes",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			list, err := c.Volumes(cmd.Context())
-			if err != nil {
-				return err
-			}
-			switch {
-			case asJSON:
-				return writeJSON(g.stdout, list)
-			case quiet:
-				for _, v := range list {
-					fmt.Fprintln(g.stdout, v.Name)
-				}
-				return nil
-			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tUSED\tCREATED\tMOUNTED BY\tLABELS")
-			for _, v := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", v.Name, formatSize(v.SizeBytes), formatSize(v.UsedBytes),
-					ago(v.CreatedAt), len(v.UsedBy), labelString(v.Labels))
-			}
-			return tw.Flush()
+	ls := listCmd(g, listing[api.Volume]{
+		short:  "List volumes",
+		fetch:  (*client.Client).Volumes,
+		key:    func(v api.Volume) string { return v.Name },
+		header: "NAME\tSIZE\tUSED\tCREATED\tMOUNTED BY\tLABELS",
+		row: func(v api.Volume) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s", v.Name, formatSize(v.SizeBytes), formatSize(v.UsedBytes),
+				ago(v.CreatedAt), len(v.UsedBy), labelString(v.Labels))
 		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	ls.Flags().BoolVarP(&quiet, "quiet", "q", false, "print names only")
+	})
 	rm := &cobra.Command{
 		Use:   "rm NAME...",
 		Short: "Remove volumes that no sandbox mounts",

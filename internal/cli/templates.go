@@ -9,7 +9,6 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -89,33 +88,15 @@ func templateCmd(g *globals) *cobra.Command {
 	build.Flags().StringVar(&name, "name", "", "the template's name (default: the spec's)")
 	build.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the template's name")
 
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List templates",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			list, err := c.Templates(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(g.stdout, list)
-			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tIMAGE\tSTEPS\tSNAPSHOT\tWARM\tBUILT")
-			for _, t := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d/%d\t%s\n", t.Name, t.Image, len(t.Steps), t.Snapshot, t.WarmReady, t.Warm, ago(t.CreatedAt))
-			}
-			return tw.Flush()
+	ls := listCmd(g, listing[api.Template]{
+		short:  "List templates",
+		fetch:  (*client.Client).Templates,
+		key:    func(t api.Template) string { return t.Name },
+		header: "NAME\tIMAGE\tSTEPS\tSNAPSHOT\tWARM\tBUILT",
+		row: func(t api.Template) string {
+			return fmt.Sprintf("%s\t%s\t%d\t%s\t%d/%d\t%s", t.Name, t.Image, len(t.Steps), t.Snapshot, t.WarmReady, t.Warm, ago(t.CreatedAt))
 		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	})
 
 	rm := &cobra.Command{
 		Use:   "rm NAME...",
