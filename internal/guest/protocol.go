@@ -114,6 +114,10 @@ type Prepare struct {
 	Seccomp []byte `json:"seccomp"`
 	// Caps is the capability set the sandbox keeps ("CAP_CHOWN", ...).
 	Caps []string `json:"caps"`
+	// SkipWarmUp leaves out the warm-up command: the daemon waits for
+	// this guest (a resume, a create with no warm guest), and the
+	// command would only delay the sandbox's first one.
+	SkipWarmUp bool `json:"skip_warm_up,omitempty"`
 }
 
 // Activate starts a prepared guest serving with the sandbox's environment.
