@@ -48,7 +48,7 @@ func newDaemon(bin, root, cgroupParent string, uidStart uint32, extra ...string)
 			"--listen", "unix://" + sock,
 			"--cgroup-parent", cgroupParent,
 			"--uid-start", fmt.Sprint(uidStart),
-			"--log-level", "info",
+			"--log-level", logLevel(),
 		},
 	}
 	d.args = append(d.args, extra...)
@@ -223,4 +223,14 @@ func (s daemonLogSummary) write(b *strings.Builder) {
 		b.WriteString(l + "\n")
 	}
 	b.WriteString("```\n\n")
+}
+
+// logLevel is the daemon's log level: $PADDOCK_BENCH_LOG_LEVEL, or info.
+// At debug the daemon logs the phases of each build and start, and the
+// log is kept after the run.
+func logLevel() string {
+	if l := os.Getenv("PADDOCK_BENCH_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
 }

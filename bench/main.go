@@ -156,7 +156,7 @@ func runBench(ctx context.Context, opts options, log *slog.Logger) error {
 
 	runErr := runSelected(ctx, r, opts, rep)
 	log.Info("cleaning up")
-	rep.Cleanup = r.close(runErr != nil)
+	rep.Cleanup = r.close(runErr != nil || logLevel() == "debug")
 	return errors.Join(runErr, finishReport(rep, opts, log))
 }
 

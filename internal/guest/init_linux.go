@@ -127,7 +127,7 @@ func prepare(p *Prepare, fds []int, sp *spawner) (*os.File, error) {
 	if err == nil {
 		err = restrictAll(p.Seccomp, !p.AllowSetuid)
 	}
-	if err == nil {
+	if err == nil && !p.SkipWarmUp {
 		// Run one command through the whole exec path while nobody waits
 		// on it: its code, memory and the loader's files are then warm for
 		// the sandbox's first command.

@@ -117,6 +117,10 @@ type Prepare struct {
 	// AllowSetuid leaves no_new_privs unset, so that setuid programs
 	// (sudo) raise a process to the sandbox's root, within Caps.
 	AllowSetuid bool `json:"allow_setuid,omitempty"`
+	// SkipWarmUp leaves out the warm-up command: the daemon waits for
+	// this guest (a resume, a create with no warm guest), and the
+	// command would only delay the sandbox's first one.
+	SkipWarmUp bool `json:"skip_warm_up,omitempty"`
 }
 
 // Activate starts a prepared guest serving with the sandbox's environment.

@@ -235,6 +235,10 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 }
 
 func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source) (api.Sandbox, error) {
+	t0 := time.Now()
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
+	defer func() { m.log.Debug("create phases", phases...) }()
 	if err := m.validatePolicy(req.Policy); err != nil {
 		return api.Sandbox{}, err
 	}
@@ -315,7 +319,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		}
 		return api.Sandbox{}, err
 	}
+	mark("admitted")
 	inst, err := m.cfg.Runtime.Start(ctx, spec)
+	mark("started")
 	if err != nil {
 		m.obs.Release(key)
 		if spec.ID != "" {
@@ -359,11 +365,13 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		m.forget(rec.ID)
 		return api.Sandbox{}, fmt.Errorf("recording sandbox: %w", err)
 	}
+	mark("recorded")
 	m.watch(b, inst)
 	m.armTimer(b)
 	view := b.viewLocked()
 	m.obs.Running(key, view)
 	m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
+	mark("observed")
 	log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
 	return view, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	goruntime "runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -40,6 +41,9 @@ const (
 type forkRequest struct {
 	UIDBase   uint32 `json:"uid_base"`
 	UseCgroup bool   `json:"use_cgroup"`
+	// Urgent forks the guest at the normal priority: a sandbox waits for
+	// it (a resume, a create that found no warm guest).
+	Urgent bool `json:"urgent,omitempty"`
 }
 
 // forkReply answers a forkRequest; the guest's pidfd comes with it.
@@ -153,7 +157,7 @@ func RunForker() error {
 		var req forkRequest
 		pid, pidfd, err := -1, -1, json.Unmarshal(buf[:n], &req)
 		if err == nil {
-			pid, pidfd, err = forkGuest(exe, req, fds)
+			pid, pidfd, err = forkAt(exe, req, fds)
 		}
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -174,6 +178,20 @@ func RunForker() error {
 			return err
 		}
 	}
+}
+
+// forkAt forks the guest from a thread at the priority it should start
+// with: the forker's own, or the normal one for an urgent request (a child
+// inherits the nice value of the thread that forks it).
+func forkAt(exe *os.File, req forkRequest, fds []int) (int, int, error) {
+	if !req.Urgent {
+		return forkGuest(exe, req, fds)
+	}
+	goruntime.LockOSThread()
+	defer goruntime.UnlockOSThread()
+	unix.Setpriority(unix.PRIO_PROCESS, 0, 0) // 0: this thread
+	defer unix.Setpriority(unix.PRIO_PROCESS, 0, forkerNice)
+	return forkGuest(exe, req, fds)
 }
 
 // forkGuest starts a guest in new user, mount, pid, net, ipc and uts

@@ -74,8 +74,10 @@ func sealedSelf() (*os.File, error) {
 // spawnGuest starts a guest in new user, mount, pid, net, ipc and uts
 // namespaces, with root mapped to uidBase, in cgroup cg, with dir as its
 // run dir. Starting a Go process costs several milliseconds of page faults
-// on small VMs, which is why the pool does it ahead of time.
-func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group) (_ *guestProc, retErr error) {
+// on small VMs, which is why the pool does it ahead of time. A guest made
+// ahead of time (warm) starts at the forker's low priority; any other is
+// awaited, and starts at the normal one.
+func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm bool) (_ *guestProc, retErr error) {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("creating guest dir: %w", err)
 	}
@@ -119,7 +121,7 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group) (_ *g
 	defer devNull.Close()
 
 	fds := []int{int(devNull.Fd()), int(logFile.Fd()), int(childSync.Fd()), int(lnFile.Fd())}
-	req := forkRequest{UIDBase: uidBase}
+	req := forkRequest{UIDBase: uidBase, Urgent: !warm}
 	if r.cfg.Cgroups.Mode() == cgroup.V2 {
 		cgfd, err := cg.OpenDirFD()
 		if err != nil {

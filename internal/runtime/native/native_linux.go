@@ -239,7 +239,7 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 		cg.Delete(context.Background())
 	})
 	mark("cgroup")
-	g, err := r.spawnGuest(uidBase, dir, cg)
+	g, err := r.spawnGuest(uidBase, dir, cg, warm)
 	if err != nil {
 		return nil, fmt.Errorf("starting guest: %w", err)
 	}
@@ -272,7 +272,7 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 	}
 	g.volume = vol
 	mark("disk")
-	if err := r.prepare(ctx, g, spec.Image, v, spec.Mounts); err != nil {
+	if err := r.prepare(ctx, g, spec.Image, v, spec.Mounts, mark); err != nil {
 		return nil, err
 	}
 	mark("prepared")
@@ -281,7 +281,7 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 
 // prepare has g build its root filesystem from img on disk v, take the
 // sandbox's hostname and cgroup namespace, and bound itself.
-func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v *disk.Volume, mounts []runtime.Mount) error {
+func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v *disk.Volume, mounts []runtime.Mount, mark func(string)) error {
 	// With idmapped mounts, a disk keeps canonical owners (root is uid 0
 	// on disk) and is attached through the sandbox's user namespace, so
 	// that it can be snapshotted, forked or resumed under any uid range.
@@ -311,12 +311,16 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		Caps:     r.cfg.Caps,
 		// base.go's images: sudo works, within Caps.
 		AllowSetuid: img.AllowSetuid,
+		// A guest made ahead of time has the time to warm up.
+		SkipWarmUp: !g.warm,
 	}
+	mark("owners")
 	fds, idmapped, err := r.mountFDs(g.sb.st.PID, img, p)
 	defer func() { closeFDs(fds) }()
 	if err != nil {
 		return err
 	}
+	mark("layers")
 	add := func(fd int, err error) (int, error) {
 		if err != nil {
 			return -1, err
@@ -357,6 +361,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		return err
 	}
 	g.sb.st.Idmapped = idmapped
+	mark("binds")
 	if _, err := g.call(ctx, &guest.Config{Prepare: p}, fds, filepath.Join(g.dir, "guest.log")); err != nil {
 		return fmt.Errorf("preparing sandbox: %w", err)
 	}
