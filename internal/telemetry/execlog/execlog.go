@@ -285,6 +285,9 @@ type Writer struct {
 	buf []byte
 }
 
+// ProcessCap is how many of a process's newest output bytes are kept.
+func (s *Store) ProcessCap() int64 { return s.cfg.MaxProcessBytes }
+
 // Start records a new process of sandbox id and returns its Writer.
 func (s *Store) Start(id string, pid int, cmd []string, started time.Time) (*Writer, error) {
 	b, err := s.box(id)

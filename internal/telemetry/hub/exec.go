@@ -27,6 +27,7 @@ type ExecCopy struct {
 	cmd     []string // cut for events
 	started time.Time
 	w       *execlog.Writer // the copy's goroutine's
+	out     *batch          // what is written to w
 
 	// frames go from the feeder to the copy's goroutine, which owns the
 	// files, so that the stream never waits on the log's disk work.
@@ -57,14 +58,17 @@ func (h *Hub) ExecStarted(id string, gc *guest.Client, pid int, cmd []string) *E
 	return c
 }
 
-// Frame copies one frame of the process's stream.
+// Frame copies one frame of the process's stream. It never waits for the
+// log's disk work: the stream is a hot path. When the copy falls behind
+// (its queue is full), the feeding stops and the copy carries on from the
+// guest's own output buffer at its offset, as when a client leaves early.
 func (c *ExecCopy) Frame(t wire.Type, payload []byte) {
 	if c.closed {
 		return
 	}
 	select {
 	case c.frames <- relayed{t, bytes.Clone(payload)}:
-	case <-c.h.ctx.Done(): // the daemon is stopping: the next one resumes
+	default:
 		c.Detach()
 		return
 	}
@@ -89,8 +93,9 @@ func (c *ExecCopy) run(w *execlog.Writer, err error) {
 	h := c.h
 	if err != nil {
 		h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+	} else {
+		c.w, c.out = w, newBatch(w, h.execs.ProcessCap())
 	}
-	c.w = w
 	failed, exited := err != nil, false
 	for {
 		var f relayed
@@ -101,6 +106,7 @@ func (c *ExecCopy) run(w *execlog.Writer, err error) {
 			// The daemon is stopping while the stream goes on: leave the
 			// copy unfinished for the next daemon to resume.
 			if !failed && !exited {
+				c.out.stop()
 				w.Close()
 			}
 			return
@@ -116,6 +122,7 @@ func (c *ExecCopy) run(w *execlog.Writer, err error) {
 		case err != nil:
 			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
 			failed = true
+			c.out.stop()
 			w.Close()
 		case exit != nil:
 			exited = true
@@ -123,6 +130,14 @@ func (c *ExecCopy) run(w *execlog.Writer, err error) {
 		}
 	}
 	if !failed && !exited {
+		// The follower attaches at the log's offset: everything held
+		// must be in the log first.
+		if err := c.out.flush(); err != nil {
+			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+			c.out.stop()
+			w.Close()
+			return
+		}
 		c.follow()
 	}
 }
@@ -130,13 +145,13 @@ func (c *ExecCopy) run(w *execlog.Writer, err error) {
 func (c *ExecCopy) frame(t wire.Type, payload []byte) (*api.ExitStatus, error) {
 	switch t {
 	case wire.Stdout, wire.Stderr:
-		return nil, c.w.Write(t, payload)
+		c.out.add(t, payload)
 	case wire.Dropped:
 		var d struct {
 			Bytes int64 `json:"bytes"`
 		}
 		if json.Unmarshal(payload, &d) == nil {
-			c.w.Skip(d.Bytes)
+			c.out.dropped(d.Bytes)
 		}
 	case wire.Exit:
 		var st api.ExitStatus
@@ -156,6 +171,7 @@ func (c *ExecCopy) follow() {
 	exit, err := c.h.pump(c)
 	if err != nil {
 		if c.h.ctx.Err() != nil {
+			c.out.stop()
 			c.w.Close() // the daemon is stopping; the next one resumes
 			return
 		}
@@ -167,6 +183,9 @@ func (c *ExecCopy) follow() {
 
 // finish records the exit in the exec log and as an exec event.
 func (c *ExecCopy) finish(exit *api.ExitStatus) {
+	if err := c.out.stop(); err != nil {
+		c.h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+	}
 	if err := c.w.Finish(*exit); err != nil {
 		c.h.log.Warn("recording exec exit", "sandbox", c.id, "pid", c.pid, "err", err)
 	}
@@ -199,7 +218,11 @@ func (h *Hub) pump(c *ExecCopy) (*api.ExitStatus, error) {
 		if err != nil {
 			return nil, err
 		}
-		if exit, err := c.frame(f.Type, f.Payload); err != nil || exit != nil {
+		p := f.Payload
+		if f.Type == wire.Stdout || f.Type == wire.Stderr {
+			p = bytes.Clone(p) // held in the batch past the next Read
+		}
+		if exit, err := c.frame(f.Type, p); err != nil || exit != nil {
 			return exit, err
 		}
 	}
@@ -263,7 +286,7 @@ func (h *Hub) resumeCopies(id string) {
 			w.Finish(api.ExitStatus{ExitCode: -1, Error: "the process was lost while the daemon was down"})
 			continue
 		}
-		c := &ExecCopy{h: h, id: id, gc: gc, pid: p.PID, cmd: cut, started: p.StartedAt, w: w}
+		c := &ExecCopy{h: h, id: id, gc: gc, pid: p.PID, cmd: cut, started: p.StartedAt, w: w, out: newBatch(w, h.execs.ProcessCap())}
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
