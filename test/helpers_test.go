@@ -330,12 +330,23 @@ func (d *Daemon) traces(sb *api.Sandbox) []string {
 			}
 		}
 		if sb.Runtime.UIDBase != 0 {
-			// A freed uid range may go to a new warm guest at once.
-			for _, pid := range pidsInUIDRange(sb.Runtime.UIDBase) {
-				if pid != sb.Runtime.HostPID && !d.isWarm(pid) {
-					left = append(left, describe(pid))
+			// A freed uid range may go to a new warm guest at once, which
+			// sits in the forker's cgroup for a moment before it is
+			// recognisably warm: look again before calling it a leftover.
+			var procs []string
+			for i := 0; i < 20; i++ {
+				procs = procs[:0]
+				for _, pid := range pidsInUIDRange(sb.Runtime.UIDBase) {
+					if pid != sb.Runtime.HostPID && !d.isWarm(pid) {
+						procs = append(procs, describe(pid))
+					}
 				}
+				if len(procs) == 0 {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
+			left = append(left, procs...)
 		}
 	}
 	return left
