@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -133,15 +132,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request, st *stream
 	if p.Cwd != nil && *p.Cwd != "" {
 		cwd = resolve(user, *p.Cwd)
 	}
-	env := []string{"USER=" + user, "LOGNAME=" + user}
-	keys := make([]string, 0, len(p.Envs))
-	for k := range p.Envs {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		env = append(env, k+"="+p.Envs[k])
-	}
+	env := append([]string{"USER=" + user, "LOGNAME=" + user}, guest.EnvList(p.Envs)...)
 	// Older SDKs leave stdin unset and expect it open.
 	stdin := req.Stdin == nil || *req.Stdin || tty != nil
 	start := &guest.StartRequest{

@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"sort"
 	"time"
 
 	"paddock/api"
@@ -165,3 +166,14 @@ const (
 	fdSync   = 3 // SOCK_SEQPACKET to the daemon for config and ready
 	fdListen = 4 // the control socket listener
 )
+
+// EnvList turns an environment map into the KEY=VALUE list a StartRequest
+// carries, sorted so that the same map always gives the same list.
+func EnvList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -284,7 +283,7 @@ func (m *Manager) runStep(ctx context.Context, id string, s planned, env map[str
 	switch {
 	case s.step.Run != "":
 		return runCommand(ctx, gc, &guest.StartRequest{
-			Cmd: []string{"/bin/sh", "-c", s.step.Run}, Env: sortedEnv(env), Cwd: workdir,
+			Cmd: []string{"/bin/sh", "-c", s.step.Run}, Env: guest.EnvList(env), Cwd: workdir,
 			TimeoutSeconds: int64(stepTimeout / time.Second), Attach: true,
 		}, emit)
 	case s.step.Copy != nil:
@@ -560,13 +559,4 @@ func (m *Manager) templateSnapshot(from string) (string, bool) {
 		return "", false
 	}
 	return t.Snapshot, true
-}
-
-func sortedEnv(env map[string]string) []string {
-	out := make([]string, 0, len(env))
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -73,7 +73,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	upgrade := wantsUpgrade(r)
 	start := &guest.StartRequest{
-		Cmd: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
+		Cmd: req.Cmd, Env: guest.EnvList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
 		TimeoutSeconds: req.TimeoutSeconds, Stdin: upgrade || req.Stdin != nil || req.TTY != nil, Attach: true,
 	}
 	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, func(gc *guest.Client, resp *guest.Response, conn *guest.Conn) (tee frameTee) {

@@ -62,7 +62,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := &guest.StartRequest{
-		Cmd: req.Cmd, Env: envList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
+		Cmd: req.Cmd, Env: guest.EnvList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
 		TimeoutSeconds: req.TimeoutSeconds, Stdin: req.Stdin || req.TTY != nil,
 	}
 	resp, err := gc.Do(r.Context(), guest.Request{Op: guest.OpStart, Start: start})

@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"sort"
 	"strings"
 
 	"paddock/api"
@@ -298,13 +297,4 @@ func boolParam(r *http.Request, name string) (bool, error) {
 	default:
 		return false, errdefs.Invalid(name, "%q is not a boolean", v)
 	}
-}
-
-func envList(env map[string]string) []string {
-	out := make([]string, 0, len(env))
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	sort.Strings(out)
-	return out
 }
