@@ -246,23 +246,5 @@ func imageInspectCmd(g *globals) *cobra.Command {
 }
 
 func imageRmCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm IMAGE...",
-		Aliases: []string{"remove"},
-		Short:   "Remove images that no sandbox or snapshot uses",
-		Args:    cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, ref := range args {
-				if err := c.DeleteImage(cmd.Context(), ref); err != nil {
-					return fmt.Errorf("%s: %w", ref, err)
-				}
-				fmt.Fprintln(g.stdout, ref)
-			}
-			return nil
-		},
-	}
+	return removeCmd(g, "rm IMAGE...", "Remove images that no sandbox or snapshot uses", (*client.Client).DeleteImage)
 }

@@ -57,3 +57,27 @@ func listCmd[T any](g *globals, l listing[T]) *cobra.Command {
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only names (ids)")
 	return cmd
 }
+
+// removeCmd is an `rm NAME...` command: it removes each named thing in turn,
+// printing its name, and stops at the first that cannot be removed.
+func removeCmd(g *globals, use, short string, remove func(*client.Client, context.Context, string) error) *cobra.Command {
+	return &cobra.Command{
+		Use:     use,
+		Aliases: []string{"remove"},
+		Short:   short,
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, n := range args {
+				if err := remove(c, cmd.Context(), n); err != nil {
+					return fmt.Errorf("%s: %w", n, err)
+				}
+				fmt.Fprintln(g.stdout, n)
+			}
+			return nil
+		},
+	}
+}

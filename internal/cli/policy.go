@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"paddock/api"
+	"paddock/client"
 )
 
 // policyFlags build a policy from the command line: --policy FILE as the
@@ -221,24 +222,7 @@ func secretCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	rm := &cobra.Command{
-		Use:   "rm NAME...",
-		Short: "Remove secrets",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, n := range args {
-				if err := c.DeleteSecret(cmd.Context(), n); err != nil {
-					return fmt.Errorf("%s: %w", n, err)
-				}
-				fmt.Fprintln(g.stdout, n)
-			}
-			return nil
-		},
-	}
+	rm := removeCmd(g, "rm NAME...", "Remove secrets", (*client.Client).DeleteSecret)
 	cmd.AddCommand(create, ls, rm)
 	return cmd
 }

@@ -58,24 +58,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 		},
 	})
 	ls.Flags().StringVar(&sandbox, "sandbox", "", "only snapshots of this sandbox")
-	rm := &cobra.Command{
-		Use:   "rm SNAPSHOT...",
-		Short: "Remove snapshots that nothing uses",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, id := range args {
-				if err := c.DeleteSnapshot(cmd.Context(), id); err != nil {
-					return fmt.Errorf("%s: %w", id, err)
-				}
-				fmt.Fprintln(g.stdout, id)
-			}
-			return nil
-		},
-	}
+	rm := removeCmd(g, "rm SNAPSHOT...", "Remove snapshots that nothing uses", (*client.Client).DeleteSnapshot)
 	cmd.AddCommand(ls, rm)
 	return cmd
 }
@@ -167,24 +150,7 @@ func volumeCmd(g *globals) *cobra.Command {
 				ago(v.CreatedAt), len(v.UsedBy), labelString(v.Labels))
 		},
 	})
-	rm := &cobra.Command{
-		Use:   "rm NAME...",
-		Short: "Remove volumes that no sandbox mounts",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, n := range args {
-				if err := c.DeleteVolume(cmd.Context(), n); err != nil {
-					return fmt.Errorf("%s: %w", n, err)
-				}
-				fmt.Fprintln(g.stdout, n)
-			}
-			return nil
-		},
-	}
+	rm := removeCmd(g, "rm NAME...", "Remove volumes that no sandbox mounts", (*client.Client).DeleteVolume)
 	inspect := &cobra.Command{
 		Use:   "inspect NAME...",
 		Short: "Print volumes as JSON",

@@ -98,23 +98,7 @@ func templateCmd(g *globals) *cobra.Command {
 		},
 	})
 
-	rm := &cobra.Command{
-		Use:   "rm NAME...",
-		Short: "Remove templates (sandboxes made from them keep their files)",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, n := range args {
-				if err := c.DeleteTemplate(cmd.Context(), n); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-	}
+	rm := removeCmd(g, "rm NAME...", "Remove templates (sandboxes made from them keep their files)", (*client.Client).DeleteTemplate)
 	cmd.AddCommand(build, ls, rm)
 	return cmd
 }
