@@ -111,3 +111,18 @@ type Pools struct {
 	Ready  map[string]int `json:"ready"`
 	Target map[string]int `json:"target"`
 }
+
+// PoolRequest is the body of PUT /v1/pools: the pool ("image:NAME" or
+// "template:NAME") and how many sandboxes to keep ready; 0 removes it.
+type PoolRequest struct {
+	Name string `json:"name"`
+	Size int    `json:"size"`
+}
+
+// Pool is one warm pool: its name ("image:NAME" or "template:NAME"), the
+// size it is kept at and the sandboxes ready now.
+type Pool struct {
+	Name   string `json:"name"`
+	Target int    `json:"target"`
+	Ready  int    `json:"ready"`
+}

@@ -112,3 +112,10 @@ func (c *Client) Pools(ctx context.Context) (*api.Pools, error) {
 	var p api.Pools
 	return &p, c.do(ctx, http.MethodGet, "/v1/pools", nil, &p)
 }
+
+// SetPool keeps size sandboxes ready in the pool name ("image:NAME" or
+// "template:NAME"); size 0 removes the pool.
+func (c *Client) SetPool(ctx context.Context, name string, size int) (*api.Pool, error) {
+	var p api.Pool
+	return &p, c.do(ctx, http.MethodPut, "/v1/pools", api.PoolRequest{Name: name, Size: size}, &p)
+}

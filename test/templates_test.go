@@ -340,6 +340,14 @@ func TestTemplateWarmPool(t *testing.T) {
 	if _, err := c.Create(ctx, api.CreateRequest{From: "pooled", Resources: api.Resources{DiskBytes: 64 << 20}}); !errors.Is(err, client.ErrInvalid) {
 		t.Fatalf("create from a template with another disk size: %v", err)
 	}
+	// `pool set template:NAME` is the template's warm, recorded with it.
+	d.MustCLI("pool", "set", "template:pooled", "1")
+	if got, err := c.GetTemplate(ctx, "pooled"); err != nil || got.Warm != 1 {
+		t.Fatalf("template after pool set 1: %+v, %v", got, err)
+	}
+	if p, _ := c.Pools(ctx); p.Target["template:pooled"] != 1 || p.Ready["template:pooled"] > 1 {
+		t.Fatalf("pools after pool set template:pooled 1: %+v", p)
+	}
 	d.MustCLI("template", "rm", "pooled")
 	p, _ := c.Pools(ctx)
 	if _, ok := p.Target["template:pooled"]; ok || p.Ready["template:pooled"] != 0 {
@@ -428,5 +436,92 @@ func TestTemplateBuildCutShort(t *testing.T) {
 	}
 	if _, err := c.GetTemplate(ctx, "cut"); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("the cut template: %v", err)
+	}
+}
+
+// TestImagePool: `paddock pool set image:NAME N` keeps N sandboxes of an
+// image ready; a create of that image is a hand-out; the size outlives a
+// restart; a pooled image cannot be removed; bad names and sizes are 400s.
+func TestImagePool(t *testing.T) {
+	d := StartDaemon(t, "--warm-guests", "0")
+	c := d.Client()
+	ctx := context.Background()
+	fx := buildImages(t)
+	d.MustCLI("image", "import", "--name", "e2e/pool:v1", dockerSave(t, fx.app, "e2e/pool:v1"))
+
+	if got := d.MustCLI("pool", "set", "image:e2e/pool:v1", "2"); !strings.HasPrefix(got, "image:e2e/pool:v1\t") {
+		t.Fatalf("pool set printed %q", got)
+	}
+	full := func() bool {
+		p, err := c.Pools(ctx)
+		return err == nil && p.Ready["image:e2e/pool:v1"] == 2 && p.Target["image:e2e/pool:v1"] == 2
+	}
+	if !waitFor(30*time.Second, 50*time.Millisecond, full) {
+		p, _ := c.Pools(ctx)
+		t.Fatalf("image pool did not fill: %+v\n%s", p, d.Log())
+	}
+	if ls := d.MustCLI("pool", "ls"); !strings.Contains(ls, "image:e2e/pool:v1  2      2") {
+		t.Fatalf("pool ls:\n%s", ls)
+	}
+	warm := map[string]bool{}
+	ents, _ := os.ReadDir(filepath.Join(d.RunDir, "warm"))
+	for _, e := range ents {
+		warm[e.Name()] = true
+	}
+	sb, err := c.Create(ctx, api.CreateRequest{Image: "e2e/pool:v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !warm[sb.ID] {
+		t.Fatalf("sandbox %s was not handed out of the image pool %v", sb.ID, warm)
+	}
+	if got := d.Sh(sb.ID, "cat /app/hello.txt; echo $GREETING"); got != "hello from the image\nhello-env\n" {
+		t.Fatalf("handed-out sandbox sees %q", got)
+	}
+	// The pooled image is in use until its pool goes.
+	if r := d.CLI("image", "rm", "e2e/pool:v1"); r.Code == 0 || !strings.Contains(r.Stderr, "warm pool image:e2e/pool:v1") {
+		t.Fatalf("image rm of a pooled image: exit %d, %s", r.Code, r.Stderr)
+	}
+	for _, bad := range []struct{ body, want string }{
+		{`{"name":"image:e2e/nope:v9","size":1}`, "not_found"},
+		{`{"name":"e2e/pool:v1","size":1}`, "image:NAME or template:NAME"},
+		{`{"name":"image:e2e/pool:v1","size":-1}`, "size"},
+		{`{"name":"image:e2e/pool:v1","size":65}`, "size"},
+		{`{"name":"image:e2e/pool:v1","size":1,"extra":true}`, "extra"},
+		{`{"name":"template:nope","size":1}`, "not_found"},
+		{`{"name":"template:../x","size":1}`, "invalid_argument"},
+	} {
+		a := d.do("PUT", "/v1/pools", bad.body)
+		if a.Status < 400 || a.Status >= 500 || !strings.Contains(string(a.Body), bad.want) {
+			t.Errorf("PUT /v1/pools %s: %d %s, want a 4xx naming %q", bad.body, a.Status, a.Body, bad.want)
+		}
+	}
+	if p, _ := c.Pools(ctx); p.Target["image:e2e/pool:v1"] != 2 {
+		t.Fatalf("refused requests changed the pool: %+v", p)
+	}
+
+	// The size is recorded: a restarted daemon refills the pool.
+	d.Stop()
+	d.Start()
+	c = d.Client()
+	if !waitFor(30*time.Second, 50*time.Millisecond, full) {
+		p, _ := c.Pools(ctx)
+		t.Fatalf("image pool did not refill after a restart: %+v", p)
+	}
+	d.MustCLI("pool", "set", "image:e2e/pool:v1", "0")
+	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool {
+		ents, _ := os.ReadDir(filepath.Join(d.RunDir, "warm"))
+		return len(ents) == 0
+	}) {
+		t.Fatalf("warm guests of a removed pool remain")
+	}
+	if err := c.Delete(ctx, sb.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	d.MustCLI("image", "rm", "e2e/pool:v1")
+	d.Stop()
+	d.Start()
+	if p, _ := d.Client().Pools(ctx); len(p.Target) != 0 {
+		t.Fatalf("pools after removing the pool and a restart: %+v", p)
 	}
 }

@@ -115,6 +115,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(telemetryCmds(g)...)
 	root.AddCommand(imageCmd(g))
 	root.AddCommand(templateCmd(g))
+	root.AddCommand(poolCmd(g))
 	return root
 }
 

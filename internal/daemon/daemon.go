@@ -278,6 +278,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	mgr.RestoreTemplates(ctx)
+	mgr.RestorePools()
 	if gw != nil {
 		gw.Prune(func(id string) bool {
 			_, err := mgr.Get(id)

@@ -230,9 +230,14 @@ func (m *Manager) RemoveImage(ref string) error {
 	}
 	byID := strings.HasPrefix(ref, "sha256:") || (len(ref) >= 12 && strings.Trim(ref, "0123456789abcdef") == "")
 	if len(img.Names) > 1 && !byID {
-		return o.Remove(ref, nil) // one name of several: the image stays
+		// One name of several: the image stays, but a pool made by that
+		// name could not refill.
+		if pools := m.imagePools([]string{ref}); len(pools) > 0 {
+			return errdefs.Conflict("image %s is in use by %s: set its size to 0 first", ref, strings.Join(pools, ", "))
+		}
+		return o.Remove(ref, nil)
 	}
-	if users := m.imageUsers(o, img.ID); len(users) > 0 {
+	if users := append(m.imageUsers(o, img.ID), m.imagePools(img.Names)...); len(users) > 0 {
 		return errdefs.Conflict("image %s is in use by %s", ref, strings.Join(users, ", "))
 	}
 	if err := o.Remove(img.ID, nil); err != nil {

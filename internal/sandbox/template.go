@@ -448,14 +448,11 @@ func (m *Manager) Template(name string) (api.Template, error) {
 // RemoveTemplate deletes a template, its warm pool and the step snapshots
 // no other template holds. Sandboxes made from it keep their files.
 func (m *Manager) RemoveTemplate(name string) error {
-	if m.cfg.Templates == nil {
-		return errNoTemplates
-	}
-	if err := template.ValidName(name); err != nil {
+	unlock, err := m.lockTemplate(name)
+	if err != nil {
 		return err
 	}
-	m.tpl.mu.Lock()
-	defer m.tpl.mu.Unlock()
+	defer unlock()
 	t, err := m.cfg.Templates.Delete(name)
 	if err != nil {
 		return err
@@ -466,6 +463,19 @@ func (m *Manager) RemoveTemplate(name string) error {
 	m.releaseSteps(name, t.Steps, nil)
 	m.log.Info("template removed", "template", name)
 	return nil
+}
+
+// lockTemplate checks that templates are on and name is one's, then takes
+// the lock that orders changes to templates.
+func (m *Manager) lockTemplate(name string) (unlock func(), err error) {
+	if m.cfg.Templates == nil {
+		return nil, errNoTemplates
+	}
+	if err := template.ValidName(name); err != nil {
+		return nil, err
+	}
+	m.tpl.mu.Lock()
+	return m.tpl.mu.Unlock, nil
 }
 
 // RestoreTemplates, at start-up, holds the templates' step snapshots again

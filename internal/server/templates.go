@@ -23,6 +23,7 @@ func (s *Server) templateRoutes() []route {
 		{"GET /v1/templates/{name}", s.getTemplate},
 		{"DELETE /v1/templates/{name}", s.removeTemplate},
 		{"GET /v1/pools", s.pools},
+		{"PUT /v1/pools", s.setPool},
 	}
 }
 
@@ -142,4 +143,20 @@ func (s *Server) removeTemplate(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) pools(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.mgr.Pools())
+}
+
+// setPool sizes the warm pool of an image ("image:NAME") or a template
+// ("template:NAME"); size 0 removes it.
+func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
+	var req api.PoolRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	p, err := s.mgr.SetPool(req.Name, req.Size)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
 }
