@@ -48,6 +48,7 @@ func allBenchmarks() []benchmark {
 		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
 		{"density", fmt.Sprintf("%d sandboxes each running `sleep 3600`", densityCount), benchDensity},
 		{"stream", "Streaming through exec", benchStream},
+		{"files", "File upload and download through the files API", benchFiles},
 		{"telemetry", "Telemetry: metrics collection cost and resize latency", benchTelemetry},
 		{"template", "Create from a template, through a warm pool and without one", benchTemplate},
 		{"snapshot", "Snapshot of a sandbox that wrote 1 GiB", benchSnapshot},
