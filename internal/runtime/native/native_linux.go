@@ -337,9 +337,11 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	}
 	for _, f := range g.net.Files {
 		src := f.Source
-		fd, err := detachedTree(src, -1, false)
+		var fd int
 		if idmapped {
 			fd, err = r.idmappedOne(g.sb.st.PID, src)
+		} else {
+			fd, err = detachedTree(src, -1, false)
 		}
 		i, err := add(fd, err)
 		if err != nil {
