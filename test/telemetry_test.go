@@ -291,6 +291,16 @@ func TestTelemetryPrometheus(t *testing.T) {
 			t.Errorf("scrape lacks %s", name)
 		}
 	}
+	// The warm pools by name: the default image's, at --warm-guests.
+	var target float64
+	for _, m := range fams["paddock_warm_pool_target"].GetMetric() {
+		if len(m.Label) == 1 && m.Label[0].GetValue() == "image:host" {
+			target = m.GetGauge().GetValue()
+		}
+	}
+	if target != 2 || fams["paddock_warm_pool_size"] == nil {
+		t.Errorf("warm pool series: target of image:host %v, want 2; size %v", target, fams["paddock_warm_pool_size"])
+	}
 	mem := fams["paddock_sandbox_memory_bytes"]
 	if mem == nil {
 		t.FailNow()

@@ -54,7 +54,9 @@ func startTelemetry(cfg Config, cgroups *cgroup.Manager, mgr *sandbox.Manager, l
 			}
 			return out
 		},
-		Logger: log,
+		WarmPools:   func() map[string]int { return mgr.Pools().Ready },
+		WarmTargets: func() map[string]int { return mgr.Pools().Target },
+		Logger:      log,
 	}
 	if tc.MemoryCapacity > 0 {
 		c, err := admission.HostCapacity()

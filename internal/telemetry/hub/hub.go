@@ -55,9 +55,10 @@ type Config struct {
 	// Autoscale tunes the autoscaler (zero fields take its defaults).
 	Autoscale autoscale.Policy
 	// States and WarmPools feed the Prometheus collector; either may be nil.
-	States    func() map[string]int
-	WarmPools func() map[string]int
-	Logger    *slog.Logger
+	States      func() map[string]int
+	WarmPools   func() map[string]int
+	WarmTargets func() map[string]int
+	Logger      *slog.Logger
 }
 
 // Actions carry out what a reached budget asks for. The daemon sets them
@@ -158,7 +159,7 @@ func New(cfg Config) (*Hub, error) {
 		Observers: []metrics.Observer{h.oom, h.budgets, h.scaler}, Logger: log}); err != nil {
 		return nil, err
 	}
-	if h.col, err = prom.New(prom.Config{Sampler: h.sampler, States: cfg.States, WarmPools: cfg.WarmPools,
+	if h.col, err = prom.New(prom.Config{Sampler: h.sampler, States: cfg.States, WarmPools: cfg.WarmPools, WarmTargets: cfg.WarmTargets,
 		Admission: h.adm, Budgets: h.budgets, Autoscaler: h.scaler}); err != nil {
 		return nil, err
 	}

@@ -10,10 +10,10 @@
 // in the latest sample (then memory, then id, for a stable order).
 // Every running sandbox, ranked or not, is counted in the paddock_sandboxes_*
 // aggregates, and paddock_sandbox_series_omitted says how many were left
-// out. The other labels (state, pool, budget, direction, decision) take
-// values from fixed sets; a state or pool name the daemon hands in that
-// does not look like one ([a-z_], 32 bytes) is dropped, and at most 16
-// of each are kept. So a scrape carries at most TopN×15 + a fixed ~60
+// out. The other labels (state, budget, direction, decision) take values
+// from fixed sets; pool names a warm pool ("image:NAME", "template:NAME").
+// A name the daemon hands in that does not look like one (state: [a-z_],
+// 32 bytes; pool: poolPattern) is dropped, and at most 16 of each are kept. So a scrape carries at most TopN×15 + a fixed ~60
 // series, whatever runs.
 //
 // The fleet counters (paddock_sandboxes_*_total) are the sampler's
@@ -42,11 +42,13 @@ type Config struct {
 	Sampler *metrics.Sampler
 	// States counts sandboxes by lifecycle state ("running", ...).
 	States func() map[string]int
-	// WarmPools gives the size of each warm pool ("guests", "disks").
-	WarmPools  func() map[string]int
-	Admission  *admission.Controller
-	Budgets    *budget.Tracker
-	Autoscaler *autoscale.Autoscaler
+	// WarmPools gives the ready sandboxes of each warm pool
+	// ("image:host", "template:web"), WarmTargets the size each is kept at.
+	WarmPools   func() map[string]int
+	WarmTargets func() map[string]int
+	Admission   *admission.Controller
+	Budgets     *budget.Tracker
+	Autoscaler  *autoscale.Autoscaler
 	// TopN is how many sandboxes get series of their own. Default 20, at
 	// most 200; -1 for none.
 	TopN int
@@ -117,7 +119,8 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 // The descriptions, grouped as the package comment describes them.
 var (
 	dSandboxes     = desc("paddock_sandboxes", "Sandboxes by lifecycle state.", "state")
-	dWarmPool      = desc("paddock_warm_pool_size", "Ready items in each warm pool.", "pool")
+	dWarmPool      = desc("paddock_warm_pool_size", "Ready sandboxes in each warm pool.", "pool")
+	dWarmTarget    = desc("paddock_warm_pool_target", "The size each warm pool is kept at.", "pool")
 	dTickSeconds   = desc("paddock_telemetry_tick_seconds", "Wall time of the sampler's last tick.")
 	dTickSandboxes = desc("paddock_telemetry_sampled_sandboxes", "Sandboxes the sampler's last tick read.")
 	dOmitted       = desc("paddock_sandbox_series_omitted", "Running sandboxes without series of their own (beyond the top N by CPU).")
@@ -160,7 +163,7 @@ var (
 )
 
 var allDescs = []*prometheus.Desc{
-	dSandboxes, dWarmPool, dTickSeconds, dTickSandboxes, dOmitted,
+	dSandboxes, dWarmPool, dWarmTarget, dTickSeconds, dTickSandboxes, dOmitted,
 	dAdmCPULimit, dAdmCPUUsed, dAdmMemLimit, dAdmMemUsed, dBudgetWarn, dBudgetExceed, dAutoscale,
 	dAllCPU, dAllThrottled, dAllRx, dAllTx, dAllEgress, dAllOOM, dAllCores, dAllMem, dAllMemLimit, dAllPids, dAllDisk,
 	dCPU, dCores, dThrottled, dMem, dMemPeak, dMemLimit, dPids, dPidsLimit, dDisk, dDiskLimit, dRx, dTx, dEgress, dOOM,
@@ -180,6 +183,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 var (
 	idPattern   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 	namePattern = regexp.MustCompile(`^[a-z_]{1,32}$`)
+	// poolPattern: "image:NAME" or "template:NAME", NAME as images and
+	// templates spell theirs.
+	poolPattern = regexp.MustCompile(`^(image|template):[a-zA-Z0-9][a-zA-Z0-9._/:@-]{0,127}$`)
 )
 
 const maxNames = 16
@@ -194,9 +200,15 @@ func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels 
 
 // named emits one gauge per entry of m whose name is fit for a label.
 func named(ch chan<- prometheus.Metric, d *prometheus.Desc, m map[string]int) {
+	namedLike(ch, d, m, namePattern)
+}
+
+// namedLike emits one gauge per entry of m whose name matches pattern, at
+// most maxNames, in name order.
+func namedLike(ch chan<- prometheus.Metric, d *prometheus.Desc, m map[string]int, pattern *regexp.Regexp) {
 	names := make([]string, 0, len(m))
 	for k := range m {
-		if namePattern.MatchString(k) {
+		if pattern.MatchString(k) {
 			names = append(names, k)
 		}
 	}
@@ -216,7 +228,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		named(ch, dSandboxes, c.cfg.States())
 	}
 	if c.cfg.WarmPools != nil {
-		named(ch, dWarmPool, c.cfg.WarmPools())
+		namedLike(ch, dWarmPool, c.cfg.WarmPools(), poolPattern)
+	}
+	if c.cfg.WarmTargets != nil {
+		namedLike(ch, dWarmTarget, c.cfg.WarmTargets(), poolPattern)
 	}
 	if a := c.cfg.Admission; a != nil {
 		lim, use := a.Limits(), a.InUse()

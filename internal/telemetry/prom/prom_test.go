@@ -105,13 +105,14 @@ func TestScrape(t *testing.T) {
 	bt := budget.New(budget.Config{})
 	as := autoscale.New(autoscale.Config{Apply: func(string, cgroup.Limits) error { return nil }})
 	c, err := New(Config{
-		Sampler:    s,
-		States:     func() map[string]int { return map[string]int{"running": 31, "stopped": 2, "Bad Label": 9} },
-		WarmPools:  func() map[string]int { return map[string]int{"guests": 2, "disks": 3} },
-		Admission:  adm,
-		Budgets:    bt,
-		Autoscaler: as,
-		TopN:       10,
+		Sampler:     s,
+		States:      func() map[string]int { return map[string]int{"running": 31, "stopped": 2, "Bad Label": 9} },
+		WarmPools:   func() map[string]int { return map[string]int{"image:host": 2, "template:web": 1, "image:a\"b": 9} },
+		WarmTargets: func() map[string]int { return map[string]int{"image:host": 2, "template:web": 3} },
+		Admission:   adm,
+		Budgets:     bt,
+		Autoscaler:  as,
+		TopN:        10,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +136,9 @@ func TestScrape(t *testing.T) {
 		{"paddock_sandbox_create_failures_total", nil, 1},
 		{"paddock_sandbox_deletes_total", nil, 1},
 		{"paddock_sandboxes", []string{"state", "running"}, 31},
-		{"paddock_warm_pool_size", []string{"pool", "disks"}, 3},
+		{"paddock_warm_pool_size", []string{"pool", "image:host"}, 2},
+		{"paddock_warm_pool_size", []string{"pool", "template:web"}, 1},
+		{"paddock_warm_pool_target", []string{"pool", "template:web"}, 3},
 		{"paddock_admission_cpus_limit", nil, 8},
 		{"paddock_admission_memory_reserved_bytes", nil, 1 << 30},
 		{"paddock_autoscale_changes_total", []string{"direction", "grow"}, 0},
