@@ -1,0 +1,186 @@
+package egress
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// tcpPair returns the two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	a, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a.(*net.TCPConn), b.(*net.TCPConn)
+}
+
+// TestWriteBehindDeliversInOrderThenCloses writes more than the queue and
+// the socket buffers hold to a peer that starts reading only after Close
+// returned: every byte must arrive, in order, and then EOF.
+func TestWriteBehindDeliversInOrderThenCloses(t *testing.T) {
+	a, b := tcpPair(t)
+	w := newWriteBehind(a)
+	want := make([]byte, 8<<20)
+	for i := range want {
+		want[i] = byte(rand.Uint32())
+	}
+	closed := make(chan error, 1)
+	go func() {
+		rest := want
+		for len(rest) > 0 {
+			n := min(len(rest), 1+rand.IntN(40<<10)) // TLS records and odd sizes
+			if _, err := w.Write(rest[:n]); err != nil {
+				closed <- err
+				return
+			}
+			rest = rest[n:]
+		}
+		closed <- w.Close()
+	}()
+	time.Sleep(100 * time.Millisecond) // let the queue and the socket fill
+	b.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.ReadAll(b)
+	if err != nil {
+		t.Fatalf("reading: %v after %d bytes", err, len(got))
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("got %d bytes, not the %d written in order", len(got), len(want))
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("writing or closing: %v", err)
+	}
+	if _, err := w.Write([]byte("late")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write after Close: %v, want net.ErrClosed", err)
+	}
+}
+
+// gateConn is a net.Conn whose writes wait for the test to open a gate,
+// and which records what each write carried.
+type gateConn struct {
+	net.Conn
+	gate   chan struct{}
+	mu     sync.Mutex
+	writes [][]byte
+	wrote  chan struct{}
+}
+
+func (g *gateConn) Write(b []byte) (int, error) {
+	g.mu.Lock()
+	g.writes = append(g.writes, append([]byte(nil), b...))
+	g.mu.Unlock()
+	g.wrote <- struct{}{}
+	<-g.gate
+	return len(b), nil
+}
+
+func (g *gateConn) Close() error { return nil }
+
+// TestWriteBehindCoalesces: what is queued while a write is under way
+// goes out in one write, and a lone write leaves without waiting for
+// more.
+func TestWriteBehindCoalesces(t *testing.T) {
+	g := &gateConn{gate: make(chan struct{}), wrote: make(chan struct{}, 16)}
+	w := newWriteBehind(g)
+	if _, err := w.Write([]byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	<-g.wrote // the lone write reached the socket with nothing after it
+	for i := range 10 {
+		if _, err := w.Write([]byte{'0' + byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(g.gate)
+	<-g.wrote
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.writes) != 2 || string(g.writes[0]) != "first" || string(g.writes[1]) != "0123456789" {
+		t.Fatalf("writes %q, want [first 0123456789]", g.writes)
+	}
+}
+
+// TestWriteBehindStuckPeer: Close does not wait for a peer that reads
+// nothing; the connection is closed once the linger runs out, and a
+// Write blocked on a full queue is released by Close.
+func TestWriteBehindStuckPeer(t *testing.T) {
+	a, b := tcpPair(t)
+	w := newWriteBehind(a)
+	w.linger = 2 * time.Second
+	blocked := make(chan error, 1)
+	go func() {
+		chunk := make([]byte, 64<<10)
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				blocked <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(200 * time.Millisecond) // the socket and the queue are full
+	t0 := time.Now()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Fatalf("Close waited %v for a peer that does not read", d)
+	}
+	select {
+	case err := <-blocked:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("blocked Write: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not release a Write waiting for room")
+	}
+	select {
+	case <-w.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the writer goroutine outlived the linger")
+	}
+	// The proxy's end is closed: the peer, reading at last, gets what
+	// had left and then the end of the stream (or a reset).
+	b.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, b); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("peer: %v", err)
+	}
+}
+
+// TestWriteBehindReportsFailure: once the peer is gone, a later Write
+// fails instead of queueing forever.
+func TestWriteBehindReportsFailure(t *testing.T) {
+	a, b := tcpPair(t)
+	w := newWriteBehind(a)
+	b.SetLinger(0)
+	b.Close() // a reset
+	chunk := make([]byte, 16<<10)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := w.Write(chunk); err != nil {
+			w.Close()
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("writes to a reset connection kept succeeding")
+}
