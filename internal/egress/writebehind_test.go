@@ -12,21 +12,17 @@ import (
 	"time"
 )
 
-// tcpPair returns the two ends of a loopback TCP connection.
+// tcpPair returns the two ends of a TCP connection on the test internet.
 func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenPublic(t)
 	defer ln.Close()
-	a, err := net.Dial("tcp4", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
+	accepted := make(chan net.Conn, 1)
+	go func() { c, _ := ln.Accept(); accepted <- c }()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	b := <-accepted
+	if err != nil || b == nil {
+		t.Fatalf("connecting a pair: %v", err)
 	}
 	t.Cleanup(func() { a.Close(); b.Close() })
 	return a.(*net.TCPConn), b.(*net.TCPConn)
