@@ -2,6 +2,7 @@ package egress
 
 import (
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -34,6 +35,12 @@ var writeBehindBufs = sync.Pool{New: func() any { b := make([]byte, 0, writeBehi
 // accepted may then never have left, as with a kernel socket buffer. Its
 // buffers go back to a pool whenever the queue runs dry, so an idle
 // connection holds none.
+//
+// A write deadline bounds Write (its wait for room in the queue), not the
+// writing out of what Write already accepted: the TLS layer, closing,
+// sends its close_notify alert and then sets the write deadline to now so
+// that later writes fail, and the response queued before the alert must
+// still leave. Only Close bounds that, by writeBehindLinger.
 type writeBehind struct {
 	net.Conn
 	mu      sync.Mutex
@@ -45,6 +52,7 @@ type writeBehind struct {
 	started bool
 	done    chan struct{} // closed when the goroutine has ended
 	linger  time.Duration
+	wdl     time.Time // the write deadline, for Write
 }
 
 func newWriteBehind(c net.Conn) *writeBehind {
@@ -58,14 +66,16 @@ func (w *writeBehind) Write(b []byte) (int, error) {
 	defer w.mu.Unlock()
 	n := 0
 	for len(b) > 0 {
-		for w.err == nil && !w.closed && len(w.buf) >= writeBehindMax {
-			w.cond.Wait()
+		for w.err == nil && !w.closed && len(w.buf) >= writeBehindMax && !w.pastDeadline() {
+			w.waitRoom()
 		}
 		switch {
 		case w.err != nil:
 			return n, w.err
 		case w.closed:
 			return n, net.ErrClosed
+		case w.pastDeadline():
+			return n, &net.OpError{Op: "write", Net: "tcp", Source: w.LocalAddr(), Addr: w.RemoteAddr(), Err: os.ErrDeadlineExceeded}
 		}
 		if !w.started {
 			w.started = true
@@ -80,6 +90,40 @@ func (w *writeBehind) Write(b []byte) (int, error) {
 		w.cond.Broadcast()
 	}
 	return n, nil
+}
+
+func (w *writeBehind) pastDeadline() bool {
+	return !w.wdl.IsZero() && !time.Now().Before(w.wdl)
+}
+
+// waitRoom waits, with w.mu held, for the goroutine to take the queue or
+// for the write deadline.
+func (w *writeBehind) waitRoom() {
+	if w.wdl.IsZero() {
+		w.cond.Wait()
+		return
+	}
+	t := time.AfterFunc(time.Until(w.wdl), func() {
+		w.mu.Lock()
+		w.cond.Broadcast()
+		w.mu.Unlock()
+	})
+	w.cond.Wait()
+	t.Stop()
+}
+
+// SetWriteDeadline bounds Write (see writeBehind).
+func (w *writeBehind) SetWriteDeadline(t time.Time) error {
+	w.mu.Lock()
+	w.wdl = t
+	w.cond.Broadcast()
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *writeBehind) SetDeadline(t time.Time) error {
+	w.SetWriteDeadline(t)
+	return w.Conn.SetReadDeadline(t)
 }
 
 // run writes out what Write queues until the connection is closed with

@@ -2,10 +2,13 @@ package egress
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"testing"
@@ -179,4 +182,80 @@ func TestWriteBehindReportsFailure(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	t.Fatal("writes to a reset connection kept succeeding")
+}
+
+// TestWriteBehindUnderTLSClose: the TLS layer, closing, queues its
+// close_notify and then sets the write deadline to now; what it wrote
+// before (a response) must still reach a client that reads late, whole,
+// followed by a clean end. net/http ends a connection so.
+func TestWriteBehindUnderTLSClose(t *testing.T) {
+	a, b := tcpPair(t)
+	// Small socket buffers: the end of the response is still in the
+	// queue, not in the kernel, when the server closes.
+	a.SetWriteBuffer(32 << 10)
+	b.SetReadBuffer(32 << 10)
+	srv := tls.Server(newWriteBehind(a), &tls.Config{Certificates: []tls.Certificate{serverCert(t, testServerCA, "wb.example.com")}})
+	pool := x509.NewCertPool()
+	pool.AddCert(testServerCA.Certificate())
+	cli := tls.Client(b, &tls.Config{ServerName: "wb.example.com", RootCAs: pool})
+	want := make([]byte, 4<<20)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	served := make(chan error, 1)
+	go func() {
+		if _, err := srv.Write(want); err != nil {
+			served <- err
+			return
+		}
+		// As net/http ends a connection: close_notify first, the
+		// close a while later.
+		if err := srv.CloseWrite(); err != nil {
+			served <- err
+			return
+		}
+		time.Sleep(300 * time.Millisecond)
+		served <- srv.Close()
+	}()
+	if err := cli.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the server closes with most of the response queued
+	cli.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.ReadAll(cli)
+	if err != nil {
+		t.Fatalf("client: %v after %d of %d bytes", err, len(got), len(want))
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("client got %d bytes, not the %d sent", len(got), len(want))
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("server: %v", err)
+	}
+}
+
+// TestWriteBehindWriteDeadline: a Write waiting for room in a full queue
+// gives up at its deadline, and one past it fails at once.
+func TestWriteBehindWriteDeadline(t *testing.T) {
+	a, b := tcpPair(t)
+	w := newWriteBehind(a)
+	defer w.Close()
+	w.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+	chunk := make([]byte, 64<<10)
+	var err error
+	for i := 0; i < 10000 && err == nil; i++ { // the peer reads nothing: socket and queue fill
+		_, err = w.Write(chunk)
+	}
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Write past its deadline: %v, want os.ErrDeadlineExceeded", err)
+	}
+	if _, err := w.Write([]byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Write after the deadline: %v", err)
+	}
+	// Lifted, and the peer reading again: writes go through.
+	w.SetWriteDeadline(time.Time{})
+	go io.Copy(io.Discard, b)
+	if _, err := w.Write([]byte("x")); err != nil {
+		t.Fatalf("Write with the deadline lifted: %v", err)
+	}
 }
