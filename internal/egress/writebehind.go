@@ -30,6 +30,9 @@ var writeBehindBufs = sync.Pool{New: func() any { b := make([]byte, 0, writeBehi
 // encryption of the next records overlaps the sending of the last ones.
 // Nothing is held back: the goroutine writes as soon as there is anything
 // to write, so a lone record (an event of a stream) leaves at once.
+// Measured on two shared cores, the sandbox's client saves more CPU than
+// the proxy's hand-offs cost, but not by much: the sandbox's CPU is what
+// this buys.
 //
 // A failed write is reported by the next Write; bytes an earlier Write
 // accepted may then never have left, as with a kernel socket buffer. Its
