@@ -12,6 +12,14 @@ import (
 // kernel.
 const writeBehindMax = 256 << 10
 
+// writeBehindDirect: a write shorter than this (less than a full TLS
+// record: a handshake flight, a small response, an event of a stream)
+// that finds nothing queued or being written is written at once by the
+// caller. Handing it to the goroutine would cost a wake-up, and on a
+// loaded machine the scheduling delay of another thread (the egress bench
+// measured +0.15-0.35 ms on a new connection's TLS handshake).
+const writeBehindDirect = 16 << 10
+
 // writeBehindLinger bounds how long a closed writeBehind keeps trying to
 // deliver what it still holds to a peer that does not read.
 const writeBehindLinger = 5 * time.Second
@@ -80,6 +88,9 @@ func (w *writeBehind) Write(b []byte) (int, error) {
 		case w.pastDeadline():
 			return n, &net.OpError{Op: "write", Net: "tcp", Source: w.LocalAddr(), Addr: w.RemoteAddr(), Err: os.ErrDeadlineExceeded}
 		}
+		if len(w.buf) == 0 && !w.writing && n == 0 && len(b) < writeBehindDirect {
+			return w.writeDirect(b)
+		}
 		if !w.started {
 			w.started = true
 			go w.run()
@@ -93,6 +104,25 @@ func (w *writeBehind) Write(b []byte) (int, error) {
 		w.cond.Broadcast()
 	}
 	return n, nil
+}
+
+// writeDirect writes b on the caller's goroutine, with w.mu held on entry
+// and on return, and with the write deadline on the socket meanwhile.
+func (w *writeBehind) writeDirect(b []byte) (int, error) {
+	w.writing = true
+	w.Conn.SetWriteDeadline(w.wdl)
+	w.mu.Unlock()
+	n, err := w.Conn.Write(b)
+	w.mu.Lock()
+	w.writing = false
+	if !w.closed {
+		w.Conn.SetWriteDeadline(time.Time{}) // what was queued before goes out unbounded (see writeBehind)
+	}
+	if err != nil && w.err == nil {
+		w.err = err
+	}
+	w.cond.Broadcast()
+	return n, err
 }
 
 func (w *writeBehind) pastDeadline() bool {
@@ -136,7 +166,8 @@ func (w *writeBehind) run() {
 	defer close(w.done)
 	w.mu.Lock()
 	for {
-		for len(w.buf) == 0 && !w.closed && w.err == nil {
+		// (writing, here, is a direct write by Write's caller.)
+		for w.err == nil && (w.writing || len(w.buf) == 0 && !w.closed) {
 			w.cond.Wait()
 		}
 		if w.err != nil || len(w.buf) == 0 {
@@ -181,6 +212,9 @@ func (w *writeBehind) Close() error {
 	w.closed = true
 	started := w.started
 	pending := len(w.buf) > 0 || w.writing
+	if started && pending {
+		w.Conn.SetWriteDeadline(time.Now().Add(w.linger))
+	}
 	w.cond.Broadcast()
 	w.mu.Unlock()
 	if !started {
@@ -188,8 +222,6 @@ func (w *writeBehind) Close() error {
 	}
 	if !pending {
 		<-w.done // run saw closed with nothing left: it closes the connection
-		return nil
 	}
-	w.Conn.SetWriteDeadline(time.Now().Add(w.linger))
-	return nil
+	return nil // otherwise run closes it when what is queued has left
 }

@@ -90,17 +90,17 @@ func (g *gateConn) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func (g *gateConn) Close() error { return nil }
+func (g *gateConn) Close() error                     { return nil }
+func (g *gateConn) SetWriteDeadline(time.Time) error { return nil }
 
 // TestWriteBehindCoalesces: what is queued while a write is under way
 // goes out in one write, and a lone write leaves without waiting for
-// more.
+// more (a short one, as here, on the writer's own goroutine).
 func TestWriteBehindCoalesces(t *testing.T) {
 	g := &gateConn{gate: make(chan struct{}), wrote: make(chan struct{}, 16)}
 	w := newWriteBehind(g)
-	if _, err := w.Write([]byte("first")); err != nil {
-		t.Fatal(err)
-	}
+	first := make(chan error, 1)
+	go func() { _, err := w.Write([]byte("first")); first <- err }()
 	<-g.wrote // the lone write reached the socket with nothing after it
 	for i := range 10 {
 		if _, err := w.Write([]byte{'0' + byte(i)}); err != nil {
@@ -108,6 +108,9 @@ func TestWriteBehindCoalesces(t *testing.T) {
 		}
 	}
 	close(g.gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
 	<-g.wrote
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
