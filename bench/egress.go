@@ -343,7 +343,8 @@ func egressMethod(samples int) []string {
 			"throughput is 1 GiB over the time from request to last byte, median of the runs. CPU is each party's user+system time over "+
 			"one download: the client's own (getrusage), the upstream server's (it runs in the harness, idle otherwise) and the daemon's "+
 			"(the proxy; the kernel's network work is charged partly to whichever process sends); CPU machine is the busy time of all "+
-			"CPUs (/proc/stat), which also holds the network work done in softirq that no process is charged for.", egressDownloadRuns),
+			"CPUs (/proc/stat), which also holds the network work done in softirq that no process is charged for, and whatever else ran "+
+			"meanwhile (it means something on a quiet machine only).", egressDownloadRuns),
 		fmt.Sprintf("**Rate**: an open-loop schedule of %d GET/s for %s from %d workers (request i due at start + i/%d s), over keep-alive "+
 			"connections (%d, opened and warmed before the clock). Latency runs from each request's due time, so falling behind shows in the "+
 			"tail. The achieved rate is successful requests over the time from the first due time to the last answer; a pass needs no error and "+
