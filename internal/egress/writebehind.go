@@ -15,9 +15,9 @@ const writeBehindMax = 256 << 10
 // writeBehindDirect: a write shorter than this (less than a full TLS
 // record: a handshake flight, a small response, an event of a stream)
 // that finds nothing queued or being written is written at once by the
-// caller. Handing it to the goroutine would cost a wake-up, and on a
-// loaded machine the scheduling delay of another thread (the egress bench
-// measured +0.15-0.35 ms on a new connection's TLS handshake).
+// caller. Handing it to the goroutine would cost a wake-up and, on a
+// loaded machine, another thread's scheduling delay, on every handshake
+// and every small response: latency, where batching buys nothing.
 const writeBehindDirect = 16 << 10
 
 // writeBehindLinger bounds how long a closed writeBehind keeps trying to
@@ -57,7 +57,7 @@ type writeBehind struct {
 	mu      sync.Mutex
 	cond    sync.Cond // broadcast when buf gains or loses bytes, or err or closed is set
 	buf     []byte    // queued, not yet handed to the socket
-	writing bool      // the goroutine is in a write
+	writing bool      // a write is under way: the goroutine's, or a short one of Write's caller
 	err     error
 	closed  bool
 	started bool
