@@ -663,7 +663,7 @@ func (p *Proxy) intercept(f *flow, c net.Conn, buf []byte, host string, d Decisi
 	}
 	f2 := *f
 	f2.sni = host
-	fc := &flowConn{Conn: netpipe.WithPrefix(c, buf), f: &f2, ev: &ev, p: p}
+	fc := &flowConn{Conn: newWriteBehind(netpipe.WithPrefix(c, buf)), f: &f2, ev: &ev, p: p}
 	cfg := p.interceptConfig(f.id)
 	cfg.Certificates = []tls.Certificate{*leaf}
 	cfg.NextProtos = protos
