@@ -45,6 +45,7 @@ type ExecCopy struct {
 	started time.Time
 	w       *execlog.Writer // the copy's goroutine's
 	out     *batch          // the copy's goroutine's
+	saved   bool            // the copy's goroutine's: w's record is on disk
 
 	// relay feeds the copy from the server's stream, without waiting.
 	relay feeder
@@ -188,6 +189,7 @@ func (c *ExecCopy) Detach() { c.relay.close() }
 // first if relayed, then from a connection of its own.
 func (c *ExecCopy) run(w *execlog.Writer, relayed bool) {
 	c.w, c.out = w, newBatch(w.Offset(), c.h.execs.ProcessCap())
+	c.saved = !relayed // a resumed copy's record is on disk
 	var exit *api.ExitStatus
 	var err error
 	if relayed {
@@ -252,6 +254,12 @@ func (c *ExecCopy) consume(src <-chan relayed) (*api.ExitStatus, error) {
 			c.out.fetch(c.seen.Load())
 		case <-due:
 			timer, due = nil, nil
+			if !c.saved {
+				if err := c.w.Save(); err != nil {
+					return nil, err
+				}
+				c.saved = true
+			}
 			c.out.fetch(c.seen.Load())
 			if err := c.write(true); err != nil {
 				return nil, err
@@ -263,7 +271,10 @@ func (c *ExecCopy) consume(src <-chan relayed) (*api.ExitStatus, error) {
 			}
 			return nil, errStopping
 		}
-		if due == nil && !c.out.empty() {
+		// A batch waits at most batchDelay; so does the record of a
+		// process that says nothing (most end sooner, and their record
+		// is written once, with the exit).
+		if due == nil && (!c.out.empty() || !c.saved) {
 			timer = time.NewTimer(batchDelay)
 			due = timer.C
 		}
