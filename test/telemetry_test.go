@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -624,6 +626,111 @@ func lines12() string {
 		b.WriteString("x" + strconv.Itoa(i) + "\n")
 	}
 	return b.String()
+}
+
+// logTail waits until the exec log of process pid has its exit, then
+// reads it: the offset of its first kept byte, the bytes (which must run
+// without a gap), the offset of its end and the exit status.
+func (d *Daemon) logTail(id string, pid int) (first int64, data []byte, end int64, st *api.ExitStatus) {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if !waitFor(30*time.Second, 50*time.Millisecond, func() bool {
+		ls, err := d.Client().Logs(ctx, id)
+		for _, l := range ls {
+			if l.PID == pid && l.Exit != nil {
+				return true
+			}
+		}
+		return err != nil
+	}) {
+		d.t.Fatalf("the log of %d has no exit", pid)
+	}
+	s, err := d.Client().Log(ctx, id, pid, client.LogOptions{})
+	if err != nil {
+		d.t.Fatalf("log of %d: %v", pid, err)
+	}
+	defer s.Close()
+	first = -1
+	st, err = s.Wait(writerFunc(func(p []byte) (int, error) {
+		off := s.Offset() - int64(len(p)) // Offset already counts p
+		if first < 0 {
+			first = off
+		}
+		if off != first+int64(len(data)) {
+			return 0, fmt.Errorf("a gap in the kept output: bytes at %d after %d", off, first+int64(len(data)))
+		}
+		data = append(data, p...)
+		return len(p), nil
+	}), nil)
+	if err != nil || st == nil {
+		d.t.Fatalf("log of %d: exit %+v, err %v", pid, st, err)
+	}
+	return first, data, s.Offset(), st
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestTelemetryExecLogKeepsNewest: the log of an exec whose output is
+// several times its 8 MiB cap keeps the newest bytes, at their offsets in
+// the stream, whether the client read the stream to its end or left it
+// early. The output comes in two bursts a second and a half apart, so
+// that a batch is written while the process runs and the rest at its exit.
+func TestTelemetryExecLogKeepsNewest(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	id := d.Create(api.CreateRequest{})
+	const n = 5_000_000 // 38.9 MB of lines
+	script := "seq 1 2500000; sleep 1.5; seq 2500001 " + strconv.Itoa(n)
+	var want []byte
+	for i := 1; i <= n; i++ {
+		want = strconv.AppendInt(want, int64(i), 10)
+		want = append(want, '\n')
+	}
+	check := func(what string, pid int) {
+		t.Helper()
+		first, data, end, st := d.logTail(id, pid)
+		switch {
+		case st.ExitCode != 0:
+			t.Errorf("%s: the log's exit %+v", what, st)
+		case end != int64(len(want)):
+			t.Errorf("%s: the log ends at offset %d, the output at %d", what, end, len(want))
+		case len(data) < 4*mib || len(data) > 8*mib:
+			t.Errorf("%s: the log keeps %d bytes, want 4 to 8 MiB (its two segments)", what, len(data))
+		case !bytes.Equal(data, want[first:]):
+			t.Errorf("%s: the %d bytes kept from offset %d are not the output's newest", what, len(data), first)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got bytes.Buffer
+	var pid int
+	st, err := d.Client().Exec(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", script}},
+		client.ExecIO{Stdout: &got, OnStart: func(p int) { pid = p }})
+	if err != nil || st.ExitCode != 0 || !bytes.Equal(got.Bytes(), want) {
+		t.Fatalf("exec: %d bytes, exit %+v, err %v", got.Len(), st, err)
+	}
+	check("stream read to its end", pid)
+
+	s, err := d.Client().ExecStream(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", script}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var read int
+	_, err = s.Wait(writerFunc(func(p []byte) (int, error) {
+		if read += len(p); read > mib {
+			return 0, errors.New("leaving")
+		}
+		return len(p), nil
+	}), nil)
+	s.Close()
+	if err == nil || err.Error() != "leaving" {
+		t.Fatalf("the first stream ended with %v before the client left", err)
+	}
+	check("stream left after 1 MiB", s.PID)
 }
 
 // TestTelemetryRestart: across a daemon restart the events stay, a

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 )
 
 // Type is a frame type.
@@ -45,6 +46,22 @@ const HeaderSize = 8
 // MaxPayload bounds a single frame so that a hostile peer cannot make the
 // reader allocate without limit.
 const MaxPayload = 4 << 20
+
+// StreamSendBuffer is the send buffer of the unix socket connections that
+// carry frame streams: guest to daemon, and daemon to a local client.
+// With the kernel's default (208 KiB, less than one full output frame) the
+// writer and the reader of a fast stream take turns at every frame; with
+// more, each runs longer between switches. It bounds what one connection
+// can have queued, not what it takes.
+const StreamSendBuffer = 1 << 20
+
+// SetSendBuffer sets StreamSendBuffer on c if it is a unix socket
+// connection (TCP keeps the kernel's autotuning).
+func SetSendBuffer(c net.Conn) {
+	if uc, ok := c.(*net.UnixConn); ok {
+		uc.SetWriteBuffer(StreamSendBuffer)
+	}
+}
 
 // Frame is one decoded frame. Payload is only valid until the next Read on
 // the Reader that returned it.

@@ -31,6 +31,7 @@ import (
 	"paddock/internal/store"
 	"paddock/internal/template"
 	"paddock/internal/volume"
+	"paddock/wire"
 )
 
 // Version is set at build time (-ldflags "-X paddock/internal/daemon.Version=...").
@@ -318,7 +319,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if l.Addr().Network() == "tcp" {
 			tok = token
 		}
-		hs := &http.Server{Handler: srv.Handler(tok), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+		hs := &http.Server{Handler: srv.Handler(tok), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+			// Exec output streams through the API's connections.
+			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+				wire.SetSendBuffer(c)
+				return ctx
+			}}
 		servers = append(servers, hs)
 		go func(l net.Listener) { errc <- hs.Serve(l) }(l)
 		log.Info("listening", "addr", l.Addr().Network()+"://"+l.Addr().String())

@@ -80,6 +80,7 @@ func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *se
 
 func (s *server) handle(conn net.Conn) {
 	defer conn.Close()
+	wire.SetSendBuffer(conn) // output streams through it
 	c := &opConn{conn: conn, fr: wire.NewReader(conn), fw: wire.NewWriter(conn)}
 	f, err := c.fr.Read()
 	if err != nil {

@@ -139,7 +139,11 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 		w.WriteHeader(http.StatusOK)
 		rc := http.NewResponseController(w)
 		rc.Flush()
-		relay(conn, wire.NewWriter(w), func() error { return rc.Flush() }, done, tee)
+		// The last frame is not flushed here: net/http writes it with
+		// the body's end when the handler returns, so that the client
+		// reads both at once (it reads to the end to reuse the
+		// connection).
+		relay(conn, wire.NewWriter(w), func() error { return rc.Flush() }, func() error { return nil }, done, tee)
 		return
 	}
 	hj, bufrw, err := http.NewResponseController(w).Hijack()
@@ -154,7 +158,7 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 		return
 	}
 	go forwardInput(bufrw.Reader, conn)
-	relay(conn, wire.NewWriter(bufrw.Writer), bufrw.Flush, done, tee)
+	relay(conn, wire.NewWriter(bufrw.Writer), bufrw.Flush, bufrw.Flush, done, tee)
 }
 
 // forwardInput passes the client's input frames to the guest until the
@@ -177,8 +181,10 @@ func forwardInput(client *bufio.Reader, conn *guest.Conn) {
 
 // relay copies the guest's frames to the client until the exit frame. If
 // the guest connection breaks first, the stream still ends with an exit
-// frame saying why. tee, if set, gets each frame after the client.
-func relay(conn *guest.Conn, out *wire.Writer, flush func() error, done <-chan struct{}, tee frameTee) {
+// frame saying why. flush sends what is written when nothing more is
+// pending; last sends the final frame. tee, if set, gets each frame after
+// the client.
+func relay(conn *guest.Conn, out *wire.Writer, flush, last func() error, done <-chan struct{}, tee frameTee) {
 	for {
 		f, err := conn.Frames.Read()
 		if err != nil {
@@ -193,14 +199,14 @@ func relay(conn *guest.Conn, out *wire.Writer, flush func() error, done <-chan s
 			}
 			b, _ := json.Marshal(st)
 			out.Write(wire.Exit, b)
-			flush()
+			last()
 			return
 		}
 		if err := out.Write(f.Type, f.Payload); err != nil {
 			return
 		}
 		if f.Type == wire.Exit || f.Type == wire.Error {
-			flush()
+			last()
 			if tee != nil {
 				tee.Frame(f.Type, f.Payload)
 			}

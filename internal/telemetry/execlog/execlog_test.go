@@ -290,3 +290,40 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 		t.Errorf("%d bytes on disk, cap %d", n, 256<<10)
 	}
 }
+
+// TestRecordSavedLazily: a process's record reaches the disk with its
+// first output, with Save, or when its writer closes, not at Start; the
+// store lists it from memory meanwhile.
+func TestRecordSavedLazily(t *testing.T) {
+	tests := []struct {
+		name string
+		do   func(w *Writer) error
+	}{
+		{"first output", func(w *Writer) error { return w.Write(wire.Stdout, []byte("hi\n")) }},
+		{"save", func(w *Writer) error { return w.Save() }},
+		{"close", func(w *Writer) error { return w.Close() }},
+		{"finish", func(w *Writer) error { return w.Finish(api.ExitStatus{}) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := open(t, Config{Dir: dir})
+			w, err := s.Start("sbx", 7, []string{"sleep", "9"}, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ps, err := s.List("sbx"); err != nil || len(ps) != 1 || ps[0].PID != 7 {
+				t.Fatalf("List after Start = %+v, %v", ps, err)
+			}
+			if ps, _ := open(t, Config{Dir: dir}).List("sbx"); len(ps) != 0 {
+				t.Fatalf("a record on disk right after Start: %+v", ps)
+			}
+			if err := tt.do(w); err != nil {
+				t.Fatal(err)
+			}
+			if ps, _ := open(t, Config{Dir: dir}).List("sbx"); len(ps) != 1 || ps[0].PID != 7 || ps[0].Cmd[0] != "sleep" {
+				t.Errorf("records on disk after %s: %+v", tt.name, ps)
+			}
+		})
+	}
+}

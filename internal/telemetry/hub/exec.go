@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"paddock/api"
@@ -15,10 +17,25 @@ import (
 	"paddock/wire"
 )
 
+// copyBudget is how much of a process's output the copy takes in hand
+// per batch. A process that says less than that a second is copied from
+// the stream as it goes; beyond it the copy only counts the bytes and
+// fetches what the log keeps of them from the guest's output ring when it
+// writes the batch. So a fast stream costs the relay nothing per frame
+// past the budget, and the copy at most the log's cap a second.
+const copyBudget = 1 << 20
+
+// fetchTimeout bounds one fetch of output from the guest's ring.
+const fetchTimeout = 30 * time.Second
+
+// errStopping ends a copy because the daemon is stopping; the next daemon
+// resumes it from the log's offset.
+var errStopping = errors.New("the daemon is stopping")
+
 // ExecCopy is the exec log's copy of one process's output. Whoever reads
 // the process's frames anyway (the exec stream the server relays) hands
-// them to Frame; when that reader stops before the exit, Detach carries on
-// from a connection of the hub's own.
+// them to Frame; when that reader stops before the exit, Detach, and the
+// copy carries on from a connection of the hub's own.
 type ExecCopy struct {
 	h       *Hub
 	id      string
@@ -27,17 +44,105 @@ type ExecCopy struct {
 	cmd     []string // cut for events
 	started time.Time
 	w       *execlog.Writer // the copy's goroutine's
-	out     *batch          // what is written to w
+	out     *batch          // the copy's goroutine's
+	saved   bool            // the copy's goroutine's: w's record is on disk
 
-	// frames go from the feeder to the copy's goroutine, which owns the
-	// files, so that the stream never waits on the log's disk work.
-	frames chan relayed
-	closed bool // the feeder's: frames is closed
+	// relay feeds the copy from the server's stream, without waiting.
+	relay feeder
+	// budget is how many bytes a feeder may still copy before the next
+	// write; seen is the offset after the last byte a feeder passed, and
+	// poke (capacity 1) tells the copy's goroutine that a feeder passed
+	// bytes without copying them.
+	budget atomic.Int64
+	seen   atomic.Int64
+	poke   chan struct{}
 }
 
+// relayed is a frame handed to the copy's goroutine: off is the offset
+// of its first byte (after the bytes it reports, for Dropped; of the end
+// of the output, for Exit and Error).
 type relayed struct {
-	t wire.Type
-	p []byte
+	t   wire.Type
+	off int64
+	p   []byte
+}
+
+// feeder is one source of the copy's frames: the server's relay, or the
+// hub's own connection. It takes output in hand while the budget lasts
+// and counts the rest.
+type feeder struct {
+	c      *ExecCopy
+	ch     chan relayed
+	next   int64 // offset of the next output byte
+	wait   bool  // wait when ch is full (the hub's own connection); else give up
+	closed bool
+}
+
+// frame hands one frame of the stream over; it reports false once the
+// feeding has ended.
+func (f *feeder) frame(t wire.Type, p []byte) bool {
+	if f.closed {
+		return false
+	}
+	c := f.c
+	switch t {
+	case wire.Stdout, wire.Stderr:
+		off, n := f.next, int64(len(p))
+		f.next += n
+		if c.budget.Load() < n {
+			c.seen.Store(f.next)
+			select {
+			case c.poke <- struct{}{}:
+			default:
+			}
+			return true
+		}
+		c.budget.Add(-n)
+		return f.send(relayed{t: t, off: off, p: bytes.Clone(p)})
+	case wire.Dropped:
+		var d struct {
+			Bytes int64 `json:"bytes"`
+		}
+		if json.Unmarshal(p, &d) == nil && d.Bytes > 0 {
+			f.next += d.Bytes
+		}
+		return f.send(relayed{t: t, off: f.next})
+	case wire.Exit, wire.Error:
+		if f.send(relayed{t: t, off: f.next, p: bytes.Clone(p)}) {
+			f.close()
+		}
+		return false
+	}
+	return true
+}
+
+func (f *feeder) send(r relayed) bool {
+	if f.wait {
+		select {
+		case f.ch <- r:
+			return true
+		case <-f.c.h.ctx.Done():
+		}
+	} else {
+		select {
+		case f.ch <- r:
+			return true
+		default:
+		}
+	}
+	// The copy's goroutine fetches what this feeder passed from the
+	// guest's ring (or, if it stops, follows from its offset).
+	f.close()
+	return false
+}
+
+// close ends the feeding; what it passed is counted in seen.
+func (f *feeder) close() {
+	if !f.closed {
+		f.closed = true
+		f.c.seen.Store(f.next)
+		close(f.ch)
+	}
 }
 
 // ExecStarted records that process pid of sandbox id started running cmd
@@ -46,146 +151,262 @@ type relayed struct {
 // returns (a client may ask for it at once); the copy runs on a goroutine
 // of its own.
 func (h *Hub) ExecStarted(id string, gc *guest.Client, pid int, cmd []string) *ExecCopy {
-	c := &ExecCopy{h: h, id: id, gc: gc, pid: pid, cmd: events.CutCmd(cmd), started: time.Now(), frames: make(chan relayed, 64)}
+	c := h.newCopy(id, gc, pid, events.CutCmd(cmd), time.Now())
+	c.relay = feeder{c: c, ch: make(chan relayed, 64)}
 	h.append(c.id, events.Event{Type: events.Exec, Message: "started " + strings.Join(c.cmd, " "),
 		Data: events.Data(events.ExecData{PID: c.pid, Cmd: c.cmd})})
 	w, err := h.execs.Start(c.id, c.pid, cmd, c.started)
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		c.run(w, err)
+		if err != nil {
+			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+			return
+		}
+		c.run(w, true)
 	}()
 	return c
 }
 
-// Frame copies one frame of the process's stream. It never waits for the
-// log's disk work: the stream is a hot path. When the copy falls behind
-// (its queue is full), the feeding stops and the copy carries on from the
-// guest's own output buffer at its offset, as when a client leaves early.
-func (c *ExecCopy) Frame(t wire.Type, payload []byte) {
-	if c.closed {
-		return
-	}
-	select {
-	case c.frames <- relayed{t, bytes.Clone(payload)}:
-	default:
-		c.Detach()
-		return
-	}
-	if t == wire.Exit || t == wire.Error {
-		c.Detach()
-	}
+func (h *Hub) newCopy(id string, gc *guest.Client, pid int, cmd []string, started time.Time) *ExecCopy {
+	c := &ExecCopy{h: h, id: id, gc: gc, pid: pid, cmd: cmd, started: started, poke: make(chan struct{}, 1)}
+	c.budget.Store(copyBudget)
+	return c
 }
+
+// Frame passes one frame of the process's stream (the payload is only
+// read during the call). It never waits for the copy: the stream is a hot
+// path. Past the budget it only counts output; when the copy falls behind
+// (its queue is full), the feeding stops and the copy carries on from the
+// guest's output ring at its offset, as when a client leaves early.
+func (c *ExecCopy) Frame(t wire.Type, payload []byte) { c.relay.frame(t, payload) }
 
 // Detach ends the feeding: if the exit has not come, a connection of the
 // hub's own attaches where the copy is and carries on to the exit.
-func (c *ExecCopy) Detach() {
-	if !c.closed {
-		c.closed = true
-		close(c.frames)
+func (c *ExecCopy) Detach() { c.relay.close() }
+
+// run keeps the output in the log entry w until the exit: from the relay
+// first if relayed, then from a connection of its own.
+func (c *ExecCopy) run(w *execlog.Writer, relayed bool) {
+	c.w, c.out = w, newBatch(w.Offset(), c.h.execs.ProcessCap())
+	c.saved = !relayed // a resumed copy's record is on disk
+	var exit *api.ExitStatus
+	var err error
+	if relayed {
+		exit, err = c.consume(c.relay.ch)
 	}
+	if exit == nil && err == nil {
+		exit, err = c.follow()
+	}
+	switch {
+	case errors.Is(err, errStopping):
+		// The next daemon carries on from the log's offset.
+	case err != nil:
+		c.h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+	default:
+		c.finish(exit)
+		return
+	}
+	c.w.Close()
 }
 
-// run writes what the feeder hands over to w (the log entry, or err if
-// it could not be made) and, if the feeder stopped before the exit,
-// follows the process itself.
-func (c *ExecCopy) run(w *execlog.Writer, err error) {
-	h := c.h
-	if err != nil {
-		h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
-	} else {
-		c.w, c.out = w, newBatch(w, h.execs.ProcessCap())
-	}
-	failed, exited := err != nil, false
+// consume writes what a feeder hands over to the log, a batch at most
+// once a batchDelay, until the feeding ends: it returns the exit status if
+// it came. Errors are the log's (or errStopping).
+func (c *ExecCopy) consume(src <-chan relayed) (*api.ExitStatus, error) {
+	var due <-chan time.Time
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
-		var f relayed
-		var ok bool
+		// While a write is due anyway, more pokes change nothing.
+		poke := c.poke
+		if due != nil {
+			poke = nil
+		}
 		select {
-		case f, ok = <-c.frames:
-		case <-h.ctx.Done():
-			// The daemon is stopping while the stream goes on: leave the
-			// copy unfinished for the next daemon to resume.
-			if !failed && !exited {
-				c.out.stop()
-				w.Close()
+		case f, ok := <-src:
+			if !ok {
+				c.out.fetch(c.seen.Load())
+				return nil, c.write(true)
 			}
-			return
+			switch f.t {
+			case wire.Stdout, wire.Stderr:
+				c.out.add(f.t, f.off, f.p)
+			case wire.Dropped:
+				c.out.lost(f.off)
+			case wire.Exit:
+				c.out.fetch(f.off)
+				var st api.ExitStatus
+				if err := json.Unmarshal(f.p, &st); err != nil {
+					st = api.ExitStatus{ExitCode: -1, Error: "undecodable exit status"}
+				}
+				return &st, c.write(true)
+			case wire.Error:
+				// Not a process's end: carry on as if the feeder had left.
+				c.out.fetch(f.off)
+				return nil, c.write(true)
+			}
+		case <-poke:
+			c.out.fetch(c.seen.Load())
+		case <-due:
+			timer, due = nil, nil
+			if !c.saved {
+				if err := c.w.Save(); err != nil {
+					return nil, err
+				}
+				c.saved = true
+			}
+			c.out.fetch(c.seen.Load())
+			if err := c.write(true); err != nil {
+				return nil, err
+			}
+		case <-c.h.ctx.Done():
+			// Keep what is in hand; the next daemon fetches the rest.
+			if err := c.write(false); err != nil {
+				return nil, err
+			}
+			return nil, errStopping
 		}
-		if !ok {
-			break
+		// A batch waits at most batchDelay; so does the record of a
+		// process that says nothing (most end sooner, and their record
+		// is written once, with the exit).
+		if due == nil && (!c.out.empty() || !c.saved) {
+			timer = time.NewTimer(batchDelay)
+			due = timer.C
 		}
-		if failed || exited {
-			continue
-		}
-		exit, err := c.frame(f.t, f.p)
-		switch {
-		case err != nil:
-			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
-			failed = true
-			c.out.stop()
-			w.Close()
-		case exit != nil:
-			exited = true
-			c.finish(exit)
-		}
-	}
-	if !failed && !exited {
-		// The follower attaches at the log's offset: everything held
-		// must be in the log first.
-		if err := c.out.flush(); err != nil {
-			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
-			c.out.stop()
-			w.Close()
-			return
-		}
-		c.follow()
 	}
 }
 
-func (c *ExecCopy) frame(t wire.Type, payload []byte) (*api.ExitStatus, error) {
-	switch t {
-	case wire.Stdout, wire.Stderr:
-		c.out.add(t, payload)
-	case wire.Dropped:
-		var d struct {
-			Bytes int64 `json:"bytes"`
+// write puts the batch in the log, fetching the bytes it only counted
+// from the guest (unless all is unset), and renews the budget.
+func (c *ExecCopy) write(all bool) error {
+	defer c.budget.Store(copyBudget)
+	skip, spans := c.out.take(all)
+	c.w.Skip(skip)
+	for _, s := range spans {
+		switch s.kind {
+		case spanData:
+			if err := c.w.Write(s.t, s.p); err != nil {
+				return err
+			}
+		case spanLost:
+			c.w.Skip(s.n)
+		case spanFetch:
+			if err := c.fetch(s.off, s.off+s.n); err != nil {
+				return err
+			}
 		}
-		if json.Unmarshal(payload, &d) == nil {
-			c.out.dropped(d.Bytes)
-		}
-	case wire.Exit:
-		var st api.ExitStatus
-		if err := json.Unmarshal(payload, &st); err != nil {
-			return nil, fmt.Errorf("decoding exit status: %w", err)
-		}
-		return &st, nil
-	case wire.Error:
-		return nil, fmt.Errorf("guest: %s", payload)
 	}
-	return nil, nil
+	return nil
 }
 
-// follow attaches to the process at the copy's offset and copies frames
-// until the exit.
-func (c *ExecCopy) follow() {
-	exit, err := c.h.pump(c)
+// fetch copies the output between offsets from and to from the guest's
+// ring into the log. What the ring no longer holds, or what cannot be
+// fetched, is skipped, so that the log's offsets stay the stream's.
+func (c *ExecCopy) fetch(from, to int64) error {
+	pos, err := c.fetchFrom(from, to)
+	if err != nil && c.h.ctx.Err() != nil {
+		return errStopping
+	}
 	if err != nil {
-		if c.h.ctx.Err() != nil {
-			c.out.stop()
-			c.w.Close() // the daemon is stopping; the next one resumes
-			return
-		}
-		c.h.log.Debug("exec output copy ended early", "sandbox", c.id, "pid", c.pid, "err", err)
-		exit = &api.ExitStatus{ExitCode: -1, Error: "lost the process: " + err.Error()}
+		c.h.log.Debug("fetching exec output", "sandbox", c.id, "pid", c.pid, "from", pos, "to", to, "err", err)
 	}
-	c.finish(exit)
+	if pos < to {
+		c.w.Skip(to - pos)
+	}
+	return nil
+}
+
+func (c *ExecCopy) fetchFrom(from, to int64) (pos int64, err error) {
+	ctx, cancel := context.WithTimeout(c.h.ctx, fetchTimeout)
+	defer cancel()
+	_, conn, err := c.gc.Call(ctx, guest.Request{Op: guest.OpAttach, PID: c.pid, Offset: from})
+	if err != nil {
+		return from, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	for pos = from; pos < to; {
+		f, err := conn.Frames.Read()
+		if err != nil {
+			return pos, err
+		}
+		switch f.Type {
+		case wire.Stdout, wire.Stderr:
+			p := f.Payload[:min(int64(len(f.Payload)), to-pos)]
+			if err := c.w.Write(f.Type, p); err != nil {
+				return pos, err
+			}
+			pos += int64(len(p))
+		case wire.Dropped:
+			var d struct {
+				Bytes int64 `json:"bytes"`
+			}
+			if json.Unmarshal(f.Payload, &d) == nil && d.Bytes > 0 {
+				n := min(d.Bytes, to-pos)
+				c.w.Skip(n)
+				pos += n
+			}
+		default:
+			return pos, fmt.Errorf("the stream ended at offset %d", pos)
+		}
+	}
+	return pos, nil
+}
+
+// follow attaches to the process at the log's offset and copies its
+// output until the exit. A stream that breaks ends the copy with an exit
+// saying so.
+func (c *ExecCopy) follow() (*api.ExitStatus, error) {
+	_, conn, err := c.gc.Call(c.h.ctx, guest.Request{Op: guest.OpAttach, PID: c.pid, Offset: c.out.logged})
+	if err != nil {
+		return c.lost(err)
+	}
+	src := feeder{c: c, ch: make(chan relayed, 64), next: c.out.logged, wait: true}
+	var readErr error
+	go func() {
+		for {
+			f, err := conn.Frames.Read()
+			if err != nil {
+				readErr = err
+				src.close()
+				return
+			}
+			if !src.frame(f.Type, f.Payload) {
+				return
+			}
+		}
+	}()
+	exit, err := c.consume(src.ch)
+	conn.Close()
+	for range src.ch {
+		// Let the reader end.
+	}
+	if exit == nil && err == nil {
+		return c.lost(readErr)
+	}
+	return exit, err
+}
+
+// lost is how a copy ends when it cannot follow the process any further.
+func (c *ExecCopy) lost(err error) (*api.ExitStatus, error) {
+	if c.h.ctx.Err() != nil {
+		return nil, errStopping
+	}
+	if err == nil {
+		err = errors.New("the stream ended without an exit")
+	}
+	c.h.log.Debug("exec output copy ended early", "sandbox", c.id, "pid", c.pid, "err", err)
+	return &api.ExitStatus{ExitCode: -1, Error: "lost the process: " + err.Error()}, nil
 }
 
 // finish records the exit in the exec log and as an exec event.
 func (c *ExecCopy) finish(exit *api.ExitStatus) {
-	if err := c.out.stop(); err != nil {
-		c.h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
-	}
 	if err := c.w.Finish(*exit); err != nil {
 		c.h.log.Warn("recording exec exit", "sandbox", c.id, "pid", c.pid, "err", err)
 	}
@@ -203,29 +424,6 @@ func (c *ExecCopy) finish(exit *api.ExitStatus) {
 		msg += ": " + exit.Error
 	}
 	c.h.append(c.id, events.Event{Type: events.Exec, Message: msg, Data: events.Data(d)})
-}
-
-func (h *Hub) pump(c *ExecCopy) (*api.ExitStatus, error) {
-	_, conn, err := c.gc.Call(h.ctx, guest.Request{Op: guest.OpAttach, PID: c.pid, Offset: c.w.Offset()})
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(h.ctx, func() { conn.Close() })
-	defer stop()
-	for {
-		f, err := conn.Frames.Read()
-		if err != nil {
-			return nil, err
-		}
-		p := f.Payload
-		if f.Type == wire.Stdout || f.Type == wire.Stderr {
-			p = bytes.Clone(p) // held in the batch past the next Read
-		}
-		if exit, err := c.frame(f.Type, p); err != nil || exit != nil {
-			return exit, err
-		}
-	}
 }
 
 // SetGuests sets how the hub reaches a running sandbox's guest, to carry
@@ -286,11 +484,11 @@ func (h *Hub) resumeCopies(id string) {
 			w.Finish(api.ExitStatus{ExitCode: -1, Error: "the process was lost while the daemon was down"})
 			continue
 		}
-		c := &ExecCopy{h: h, id: id, gc: gc, pid: p.PID, cmd: cut, started: p.StartedAt, w: w, out: newBatch(w, h.execs.ProcessCap())}
+		c := h.newCopy(id, gc, p.PID, cut, p.StartedAt)
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
-			c.follow()
+			c.run(w, false)
 		}()
 	}
 }
