@@ -76,8 +76,7 @@ func benchStream(ctx context.Context, r *rig) *section {
 	throughputTable(s, &tp)
 	fanTable(s, &fan)
 	s.Bars = append(throughputBars(&tp), fanBars(&fan))
-	s.note("the Go SDK has no file API yet, so upload and download are measured through exec stdin and stdout; " +
-		"file upload/download rows belong here once the SDK has them")
+	s.note("upload and download through the files API are in their own section (\"files\")")
 	return s
 }
 
