@@ -341,7 +341,14 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	b.attach(inst)
 	b.touch()
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	// The lock is released by the observers' goroutine below once the
+	// sandbox is recorded, or here on failure.
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			b.mu.Unlock()
+		}
+	}()
 	m.mu.Lock()
 	_, dup := m.boxes[rec.ID]
 	if !dup {
@@ -369,10 +376,18 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	m.watch(b, inst)
 	m.armTimer(b)
 	view := b.viewLocked()
-	m.obs.Running(key, view)
-	m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
-	mark("observed")
-	log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
+	// Telemetry hears of the sandbox after the answer: it is not needed
+	// for it (it opens the cgroup's files for sampling, records the
+	// event). The sandbox's lock goes with it, so that whatever is done to
+	// the sandbox next (a stop, a removal) reaches the observers after
+	// Running, in order.
+	handedOff = true
+	go func() {
+		defer b.mu.Unlock()
+		m.obs.Running(key, view)
+		m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
+		log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
+	}()
 	return view, nil
 }
 

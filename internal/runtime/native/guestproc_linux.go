@@ -137,13 +137,21 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 		parentSync.Close()
 		return nil, err
 	}
-	sb := &Sandbox{socket: socket, done: make(chan struct{}), st: state{PID: pid, UIDBase: uidBase}}
+	sb := &Sandbox{socket: socket, done: make(chan struct{}), active: make(chan struct{}), st: state{PID: pid, UIDBase: uidBase}}
 	if err := sb.watch(pidfd); err != nil {
 		unix.Kill(pid, unix.SIGKILL)
 		parentSync.Close()
 		return nil, err
 	}
 	g := &guestProc{sb: sb, sync: parentSync, dir: dir}
+	// The start time identifies the guest across pid reuse (Restore
+	// checks it); read once the pidfd pins the pid, so that it is ours.
+	st, err := procStartTime(pid)
+	if err != nil {
+		g.kill()
+		return nil, fmt.Errorf("reading the guest's start time: %w", err)
+	}
+	sb.st.StartTime = st
 	if r.cfg.Cgroups.Mode() == cgroup.V1 {
 		if err := cg.AddProc(pid); err != nil {
 			g.kill()
@@ -158,7 +166,9 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 func (g *guestProc) kill() {
 	g.sb.Kill()
 	<-g.sb.done
-	g.sync.Close()
+	if g.sync != nil {
+		g.sync.Close()
+	}
 	os.RemoveAll(g.dir)
 }
 

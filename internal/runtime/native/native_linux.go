@@ -247,6 +247,7 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 	g.sb.cg = cg
 	g.warm = warm
 	cleanups = append(cleanups, g.kill)
+	mark("forked")
 	if r.cfg.Network != nil {
 		if err := r.attachNetwork(g); err != nil {
 			return nil, err
@@ -490,7 +491,11 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		g.kill()
 		r.Stop(context.Background(), spec.ID)
 	}()
-	defer g.sync.Close()
+	defer func() {
+		if g.sync != nil {
+			g.sync.Close()
+		}
+	}()
 	sb := g.sb
 	if err := sb.cg.Update(cgroup.Limits{
 		CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids,
@@ -514,20 +519,43 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		Workdir:     spec.Workdir,
 		OutputLimit: r.cfg.OutputLimit,
 	}}
-	ready, err := g.call(ctx, &guest.Config{Activate: act}, nil, filepath.Join(g.dir, "guest.log"))
-	if err != nil {
+	if err := sendConfig(g.sync, &guest.Config{Activate: act}, nil); err != nil {
 		return nil, fmt.Errorf("starting sandbox: %w", err)
 	}
-	mark("ready")
-	if ready.PID != 1 {
-		return nil, fmt.Errorf("guest reported pid %d, want 1", ready.PID)
-	}
-	st, err := procStartTime(sb.st.PID)
-	if err != nil {
-		return nil, err
-	}
-	sb.st.StartTime = st
+	mark("activating")
+	// The guest answers once it serves; nothing in the answer is needed to
+	// hand the sandbox out, so it is awaited in the background (Dial waits
+	// for it). The sync socket is ours to close only then.
+	sync := g.sync
+	g.sync = nil
+	go r.awaitActive(sb, sync, filepath.Join(g.dir, "guest.log"))
 	return sb, nil
+}
+
+// awaitActive waits for the guest's answer to Activate and records it in
+// sb. A guest that fails tells why and exits; one that answers wrongly is
+// killed, so that the sandbox ends (and is marked failed) either way.
+func (r *Runtime) awaitActive(sb *Sandbox, sync *os.File, logPath string) {
+	defer sync.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rd, err := waitReady(ctx, sync, sb.done)
+	if err == nil && rd.PID != 1 {
+		err = fmt.Errorf("guest reported pid %d, want 1", rd.PID)
+	}
+	if err != nil {
+		err = fmt.Errorf("%w%s", err, guestLogTail(logPath))
+		r.log.Warn("sandbox guest did not start serving", "sandbox", sb.id, "err", err)
+		sb.activeErr = err
+		sb.Kill()
+	}
+	close(sb.active)
+}
+
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }
 
 // mountFDs fills p's layers and binds with descriptors. Where the kernel
@@ -611,7 +639,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, raw []byte) (runtime.I
 		unix.Close(pidfd)
 		return nil, fmt.Errorf("loading cgroup: %w", err)
 	}
-	sb := &Sandbox{id: id, st: st, socket: filepath.Join(r.dir(id), "guest.sock"), cg: cg, done: make(chan struct{})}
+	sb := &Sandbox{id: id, st: st, socket: filepath.Join(r.dir(id), "guest.sock"), cg: cg, done: make(chan struct{}), active: closedChan()}
 	if err := sb.watch(pidfd); err != nil {
 		return nil, err
 	}

@@ -34,6 +34,15 @@ type Sandbox struct {
 	cg     *cgroup.Group
 	done   chan struct{}
 
+	// active is closed once the guest has answered its Activate (at once
+	// for a sandbox found running after a restart); activeErr is then why
+	// it could not start serving, if it could not. Start does not wait
+	// for that answer: the guest only starts accepting on its socket once
+	// it serves, so a Dial made earlier waits in the listener's backlog
+	// anyway, and the create can answer meanwhile.
+	active    chan struct{}
+	activeErr error
+
 	// mu guards pidFile against use after the watcher closed it: a closed
 	// fd number may be reused, and a signal must never reach another
 	// process.
@@ -52,8 +61,18 @@ func (s *Sandbox) State() []byte { b, _ := json.Marshal(s.st); return b }
 // Done implements runtime.Instance.
 func (s *Sandbox) Done() <-chan struct{} { return s.done }
 
-// Dial implements runtime.Instance.
+// Dial implements runtime.Instance. It waits until the guest has
+// answered its Activate, so that a guest that could not start serving is
+// reported as such rather than as a connection that hangs.
 func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
+	select {
+	case <-s.active:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if s.activeErr != nil {
+		return nil, errdefs.Conflict("sandbox %s did not start: %v", s.id, s.activeErr)
+	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", s.socket)
 	if err != nil {
