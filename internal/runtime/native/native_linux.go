@@ -52,6 +52,9 @@ type Config struct {
 	WarmGuests    int
 	WarmImage     func() (*image.Image, error)
 	WarmDiskBytes int64
+	// BlankGuests is how many guests to keep started but bound to no
+	// image or disk, for the starts no warm pool serves (blank_linux.go).
+	BlankGuests int
 	// Network wires each sandbox's network namespace to the egress path;
 	// nil leaves sandboxes with loopback only.
 	Network runtime.Network
@@ -64,6 +67,7 @@ type Runtime struct {
 	log      *slog.Logger
 	guestExe *os.File // sealed copy of our binary, exec'd as each guest
 	warmDir  string   // run dirs of warm guests, until a create takes one
+	blankDir string   // run dirs of blank guests (blank_linux.go)
 
 	forkMu sync.Mutex
 	forker *forker // started on first use, restarted if it dies
@@ -72,8 +76,13 @@ type Runtime struct {
 	idmap bool // the kernel supports idmapped mounts of our layers
 	// pools hold warm guests by pool name, each list oldest first.
 	pools map[string]*pool
-	// building holds the ids of warm guests being made.
+	// building holds the ids of warm and blank guests being made.
 	building map[string]bool
+	// blank holds blank guests, oldest first; blankBuilding counts those
+	// being made.
+	blank         []*guestProc
+	blankBuilding int
+	closing       bool
 
 	refill chan struct{}
 	stop   chan struct{}
@@ -90,6 +99,7 @@ func New(cfg Config) (*Runtime, error) {
 		cfg:      cfg,
 		log:      cfg.Logger,
 		warmDir:  filepath.Join(cfg.RunDir, "warm"),
+		blankDir: filepath.Join(cfg.RunDir, "blank"),
 		idmap:    true,
 		building: map[string]bool{},
 		pools:    map[string]*pool{},
@@ -109,9 +119,13 @@ func New(cfg Config) (*Runtime, error) {
 			}
 		}
 	}
-	os.RemoveAll(r.warmDir)
-	if err := os.MkdirAll(r.warmDir, 0o711); err != nil {
-		return nil, err
+	// Blank guests have no network or disk: their run dirs go now, their
+	// cgroups (and so their processes) at reconcile.
+	for _, d := range []string{r.warmDir, r.blankDir} {
+		os.RemoveAll(d)
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, err
+		}
 	}
 	vols, err := cfg.Disks.List()
 	if err != nil {
@@ -129,6 +143,7 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("sealing guest binary: %w", err)
 	}
 	r.guestExe = exe
+	r.poke() // blank guests
 	if cfg.WarmGuests > 0 {
 		r.SetPool(r.defaultPoolName(), runtime.PoolSource{Image: cfg.WarmImage, DiskBytes: cfg.WarmDiskBytes}, cfg.WarmGuests)
 	}
@@ -171,6 +186,11 @@ func (r *Runtime) IsWarm(id string) bool {
 	if r.building[id] {
 		return true
 	}
+	for _, g := range r.blank {
+		if g.sb.id == id {
+			return true
+		}
+	}
 	for _, p := range r.pools {
 		for _, g := range p.ready {
 			if g.sb.id == id {
@@ -205,11 +225,77 @@ func (r *Runtime) Warm() int {
 // filesystem. UIDBase 0 takes a new range. On failure everything it made
 // is removed, except a disk that existed before.
 func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *guestProc, retErr error) {
-	id, uidBase := spec.ID, spec.UIDBase
 	t0 := time.Now()
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
-	defer func() { r.log.Debug("build phases", append([]any{"sandbox", id, "warm", warm}, phases...)...) }()
+	defer func() { r.log.Debug("build phases", append([]any{"sandbox", spec.ID, "warm", warm}, phases...)...) }()
+	dir := r.dir(spec.ID)
+	if warm {
+		dir = filepath.Join(r.warmDir, spec.ID)
+	}
+	g, undo, err := r.startGuest(spec.ID, spec.UIDBase, dir, warm)
+	if err != nil {
+		return nil, err
+	}
+	mark("guest")
+	vol := spec.ID
+	if warm {
+		vol = warmPrefix + spec.ID
+	}
+	if err := r.bind(ctx, g, spec, vol, mark); err != nil {
+		undo()
+		return nil, err
+	}
+	return g, nil
+}
+
+// startGuest starts a guest for sandbox id in a new cgroup of that name
+// (no limits yet), with dir as its run dir, on the uid range at uidBase
+// (0 takes a new one). undo removes all of it.
+func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool) (_ *guestProc, undo func(), retErr error) {
+	var cleanups []func()
+	undo = func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			undo()
+		}
+	}()
+	if uidBase == 0 {
+		base, err := r.cfg.IDs.Alloc()
+		if err != nil {
+			return nil, nil, err
+		}
+		uidBase = base
+		cleanups = append(cleanups, func() { r.cfg.IDs.Free(base) })
+	}
+	cg, err := r.cfg.Cgroups.Create(id, cgroup.Limits{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating cgroup: %w", err)
+	}
+	cleanups = append(cleanups, func() {
+		cg.Kill()
+		cg.Delete(context.Background())
+	})
+	g, err := r.spawnGuest(uidBase, dir, cg, warm)
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting guest: %w", err)
+	}
+	g.sb.id = id
+	g.sb.cg = cg
+	g.warm = warm
+	cleanups = append(cleanups, g.kill)
+	return g, undo, nil
+}
+
+// bind makes started guest g sandbox spec.ID's: it wires its network and
+// gets its disk (named vol) at the same time, then has the guest build
+// its root filesystem. On failure it removes what it made (not a disk
+// that existed before).
+func (r *Runtime) bind(ctx context.Context, g *guestProc, spec runtime.Spec, vol string, mark func(string)) (retErr error) {
 	var cleanups []func()
 	defer func() {
 		if retErr != nil {
@@ -218,43 +304,14 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 			}
 		}
 	}()
-	dir, vol := r.dir(id), id
-	if warm {
-		dir, vol = filepath.Join(r.warmDir, id), warmPrefix+id
-	}
-	if uidBase == 0 {
-		base, err := r.cfg.IDs.Alloc()
-		if err != nil {
-			return nil, err
-		}
-		uidBase = base
-		cleanups = append(cleanups, func() { r.cfg.IDs.Free(base) })
-	}
-	cg, err := r.cfg.Cgroups.Create(id, cgroup.Limits{})
-	if err != nil {
-		return nil, fmt.Errorf("creating cgroup: %w", err)
-	}
-	cleanups = append(cleanups, func() {
-		cg.Kill()
-		cg.Delete(context.Background())
-	})
-	mark("cgroup")
-	g, err := r.spawnGuest(uidBase, dir, cg, warm)
-	if err != nil {
-		return nil, fmt.Errorf("starting guest: %w", err)
-	}
-	g.sb.id = id
-	g.sb.cg = cg
-	g.warm = warm
-	cleanups = append(cleanups, g.kill)
-	mark("forked")
+	// The two are independent and each costs milliseconds (a veth pair
+	// and its addresses; a clone, a loop device and a mount).
+	netErr := make(chan error, 1)
 	if r.cfg.Network != nil {
-		if err := r.attachNetwork(g); err != nil {
-			return nil, err
-		}
-		cleanups = append(cleanups, func() { r.cfg.Network.Detach(id) })
+		go func() { netErr <- r.attachNetwork(g) }()
+	} else {
+		netErr <- nil
 	}
-	mark("guest")
 	fresh := false
 	v, err := r.cfg.Disks.Open(vol)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -265,19 +322,26 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 		}
 		fresh = err == nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("getting disk: %w", err)
-	}
 	if fresh {
 		cleanups = append(cleanups, func() { r.cfg.Disks.Remove(context.Background(), vol) })
 	}
-	g.volume = vol
 	mark("disk")
+	if nerr := <-netErr; nerr == nil && r.cfg.Network != nil {
+		id := g.sb.id
+		cleanups = append(cleanups, func() { r.cfg.Network.Detach(id) })
+	} else if nerr != nil {
+		return nerr
+	}
+	if err != nil {
+		return fmt.Errorf("getting disk: %w", err)
+	}
+	g.volume = vol
+	mark("disk+net")
 	if err := r.prepare(ctx, g, spec.Image, v, spec.Mounts, mark); err != nil {
-		return nil, err
+		return err
 	}
 	mark("prepared")
-	return g, nil
+	return nil
 }
 
 // prepare has g build its root filesystem from img on disk v, take the
@@ -429,8 +493,10 @@ func (r *Runtime) discard(g *guestProc) {
 	if err := r.Stop(ctx, g.sb.id); err != nil {
 		r.log.Warn("removing a guest's cgroup", "sandbox", g.sb.id, "err", err)
 	}
-	if err := r.cfg.Disks.Remove(ctx, g.volume); err != nil {
-		r.log.Warn("removing a guest's disk", "disk", g.volume, "err", err)
+	if g.volume != "" {
+		if err := r.cfg.Disks.Remove(ctx, g.volume); err != nil {
+			r.log.Warn("removing a guest's disk", "disk", g.volume, "err", err)
+		}
 	}
 	r.cfg.IDs.Free(g.sb.st.UIDBase)
 }
@@ -470,6 +536,11 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		}
 		g.volume = g.sb.id
 		mark("warm")
+	} else if g = r.blankFor(spec); g != nil {
+		if err := r.bindBlank(ctx, g, &spec, mark); err != nil {
+			return nil, err
+		}
+		mark("bound")
 	} else {
 		if spec.ID == "" {
 			spec.ID = runtime.NewID()
@@ -490,6 +561,9 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		}
 		g.kill()
 		r.Stop(context.Background(), spec.ID)
+		if g.sb.st.UIDBase != spec.UIDBase {
+			r.cfg.IDs.Free(g.sb.st.UIDBase) // a blank guest's range
+		}
 	}()
 	defer func() {
 		if g.sync != nil {
@@ -744,6 +818,9 @@ func (r *Runtime) Leftovers() ([]string, error) {
 	for id := range r.building {
 		seen[id] = true
 	}
+	for _, g := range r.blank {
+		seen[g.sb.id] = true
+	}
 	r.mu.Unlock()
 	var ids []string
 	add := func(id string) {
@@ -770,7 +847,9 @@ func (r *Runtime) Close() error {
 	close(r.stop)
 	r.wg.Wait()
 	r.mu.Lock()
-	var ready []*guestProc
+	r.closing = true
+	ready := r.blank
+	r.blank = nil
 	for _, p := range r.pools {
 		ready = append(ready, p.ready...)
 		p.ready = nil

@@ -125,13 +125,13 @@ func (r *Runtime) keepWarm() {
 			}
 		}
 		for {
-			p := r.neediest()
-			if p == nil {
+			name, start := r.nextGuest()
+			if start == nil {
 				break
 			}
 			var err error = errShortOfMemory
 			if memAvailable() >= minFreeMemory {
-				_, err = r.newGuest(p)
+				err = start()
 			}
 			if err != nil {
 				select {
@@ -140,7 +140,7 @@ func (r *Runtime) keepWarm() {
 				default:
 				}
 				if err != errShortOfMemory {
-					r.log.Warn("starting a warm guest", "pool", p.name, "err", err, "retry_in", backoff)
+					r.log.Warn("starting a warm guest", "pool", name, "err", err, "retry_in", backoff)
 				}
 				select {
 				case <-r.stop:
@@ -162,12 +162,38 @@ func (r *Runtime) keepWarm() {
 
 var errShortOfMemory = errors.New("the host is short of memory")
 
+// nextGuest says which guest the refill makes next: for the pool
+// furthest below its size, else a blank guest (blank_linux.go) while
+// there are fewer than BlankGuests; start is nil when all are full (or
+// the guests of all pools reach maxWarm).
+func (r *Runtime) nextGuest() (name string, start func() error) {
+	if p := r.neediest(); p != nil {
+		return p.name, func() error { _, err := r.newGuest(p); return err }
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.blank)+r.blankBuilding >= r.cfg.BlankGuests || r.countLocked() >= maxWarm {
+		return "", nil
+	}
+	r.blankBuilding++
+	return "blank", r.newBlank
+}
+
+// countLocked counts the warm and blank guests, ready or being made.
+func (r *Runtime) countLocked() int {
+	n := len(r.building) + len(r.blank)
+	for _, p := range r.pools {
+		n += len(p.ready)
+	}
+	return n
+}
+
 // neediest returns the pool furthest below its size, or nil when all are
 // full (or the guests of all pools reach maxWarm).
 func (r *Runtime) neediest() *pool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	total := len(r.building)
+	total := len(r.building) + len(r.blank)
 	names := make([]string, 0, len(r.pools))
 	for name, p := range r.pools {
 		total += len(p.ready)
