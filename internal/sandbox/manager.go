@@ -77,8 +77,9 @@ type Manager struct {
 // record is what the store keeps per sandbox.
 type record struct {
 	api.Sandbox
-	// UIDBase is the sandbox's host uid range; it stays with the sandbox
-	// while its files exist.
+	// UIDBase is the sandbox's host uid range while it runs. A sandbox
+	// started again may get another (rebase): its disk keeps canonical
+	// owners and is mapped through the range of the day.
 	UIDBase uint32          `json:"uid_base"`
 	Runtime json.RawMessage `json:"runtime_state,omitempty"`
 }
@@ -513,6 +514,21 @@ func (m *Manager) Alloc() (uint32, error) {
 		}
 	}
 	return 0, fmt.Errorf("%w: all %d uid ranges are in use", errdefs.ErrUnavailable, m.cfg.MaxSandboxes)
+}
+
+// rebase records that sandbox b now runs on the uid range at base (the
+// runtime started it again on a guest made ahead of time, which brought
+// its own range; its files have canonical owners, mapped to any range).
+// The old range is free; the new one, which the runtime took with Alloc,
+// is the sandbox's.
+func (m *Manager) rebase(b *box, base uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old := b.rec.UIDBase; old != 0 && m.slots[m.slotOf(old)] == b.rec.ID {
+		delete(m.slots, m.slotOf(old))
+	}
+	m.slots[m.slotOf(base)] = b.rec.ID
+	b.rec.UIDBase = base
 }
 
 // Free implements runtime.IDs.
