@@ -364,7 +364,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		<-inst.Done()
 		return api.Sandbox{}, fmt.Errorf("runtime reused sandbox id %s", rec.ID)
 	}
-	if err := m.cfg.Store.Put(bucket, rec.ID, b.rec); err != nil {
+	// Durable before the answer, through the store's journal: one
+	// fdatasync rather than a database commit.
+	if err := m.cfg.Store.PutNow(bucket, rec.ID, b.rec); err != nil {
 		m.obs.Release(key)
 		inst.Kill()
 		<-inst.Done()
