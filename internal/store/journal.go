@@ -118,7 +118,8 @@ func openJournal(path string) (*os.File, []entry, error) {
 	}
 	// New (or from a crash while it was being made: it holds nothing
 	// then, since nothing is journaled before it is whole).
-	if err := f.Truncate(0); err == nil {
+	err = f.Truncate(0)
+	if err == nil {
 		_, err = f.WriteAt(make([]byte, journalSize), 0)
 	}
 	if err == nil {
