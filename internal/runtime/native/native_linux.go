@@ -571,14 +571,6 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		}
 	}()
 	sb := g.sb
-	if err := sb.cg.Update(cgroup.Limits{
-		CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids,
-	}); err != nil {
-		return nil, fmt.Errorf("setting limits: %w", err)
-	}
-	// Guests wait at a low priority; a sandbox runs at the normal one.
-	raisePriority(sb.st.PID)
-	mark("limits")
 	env := append(append([]string(nil), spec.Env...), g.net.Env...)
 	if spec.Setup != nil {
 		more, err := spec.Setup(sb.id)
@@ -597,23 +589,36 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		return nil, fmt.Errorf("starting sandbox: %w", err)
 	}
 	mark("activating")
-	// The guest answers once it serves; nothing in the answer is needed to
-	// hand the sandbox out, so it is awaited in the background (Dial waits
-	// for it). The sync socket is ours to close only then.
+	// The limits and the guest's answer are seen to in the background:
+	// nothing the sandbox runs can start before Dial lets a connection
+	// through, which waits for both (the guest's activation itself is our
+	// code, not the sandbox's). The sync socket is ours to close only then.
+	lim := cgroup.Limits{CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids}
 	sync := g.sync
 	g.sync = nil
-	go r.awaitActive(sb, sync, filepath.Join(g.dir, "guest.log"))
+	go r.activate(sb, lim, sync, filepath.Join(g.dir, "guest.log"))
 	return sb, nil
 }
 
-// awaitActive waits for the guest's answer to Activate and records it in
-// sb. A guest that fails tells why and exits; one that answers wrongly is
-// killed, so that the sandbox ends (and is marked failed) either way.
-func (r *Runtime) awaitActive(sb *Sandbox, sync *os.File, logPath string) {
+// activate sets sb's limits and raises its guest to the normal priority,
+// then waits for the guest's answer to Activate, and records the outcome
+// in sb. A guest that fails tells why and exits; one that answers wrongly,
+// or whose limits cannot be set, is killed, so that the sandbox ends (and
+// is marked failed) either way.
+func (r *Runtime) activate(sb *Sandbox, lim cgroup.Limits, sync *os.File, logPath string) {
 	defer sync.Close()
+	err := sb.cg.Update(lim)
+	if err != nil {
+		err = fmt.Errorf("setting limits: %w", err)
+	}
+	// Guests wait at a low priority; a sandbox runs at the normal one.
+	raisePriority(sb.st.PID)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rd, err := waitReady(ctx, sync, sb.done)
+	rd, rerr := waitReady(ctx, sync, sb.done)
+	if err == nil {
+		err = rerr
+	}
 	if err == nil && rd.PID != 1 {
 		err = fmt.Errorf("guest reported pid %d, want 1", rd.PID)
 	}

@@ -34,12 +34,12 @@ type Sandbox struct {
 	cg     *cgroup.Group
 	done   chan struct{}
 
-	// active is closed once the guest has answered its Activate (at once
-	// for a sandbox found running after a restart); activeErr is then why
-	// it could not start serving, if it could not. Start does not wait
-	// for that answer: the guest only starts accepting on its socket once
-	// it serves, so a Dial made earlier waits in the listener's backlog
-	// anyway, and the create can answer meanwhile.
+	// active is closed once the sandbox's limits are set and the guest
+	// has answered its Activate (at once for a sandbox found running after
+	// a restart); activeErr is then why it could not start serving, if it
+	// could not. Start does not wait for either: nothing the sandbox runs
+	// starts before a Dial, which waits for active, so the create can
+	// answer meanwhile.
 	active    chan struct{}
 	activeErr error
 
@@ -101,14 +101,24 @@ func (s *Sandbox) Kill() error {
 	return err
 }
 
-// Freeze implements runtime.Instance.
-func (s *Sandbox) Freeze(ctx context.Context) error { return s.cg.Freeze(ctx) }
+// Freeze implements runtime.Instance. A sandbox still activating is
+// frozen once it is active: frozen halfway, it would never answer.
+func (s *Sandbox) Freeze(ctx context.Context) error {
+	select {
+	case <-s.active:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.cg.Freeze(ctx)
+}
 
 // Thaw implements runtime.Instance.
 func (s *Sandbox) Thaw() error { return s.cg.Thaw() }
 
-// Update implements runtime.Instance.
+// Update implements runtime.Instance. It waits until the sandbox's own
+// limits are set (activate), so that they cannot overwrite the update.
 func (s *Sandbox) Update(res api.Resources) error {
+	<-s.active
 	return s.cg.Update(cgroup.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryBytes, Pids: res.Pids})
 }
 
