@@ -147,13 +147,17 @@ func syncDir(dir string) error {
 // errJournalFull says an entry does not fit before the next fold.
 var errJournalFull = errors.New("journal full")
 
-// appendEntry writes b at off in f and waits until it is on disk.
-func appendEntry(f *os.File, off int64, b []byte) error {
+// appendEntry writes b at off in f, and waits until it is on disk if
+// sync.
+func appendEntry(f *os.File, off int64, b []byte, sync bool) error {
 	if off+int64(len(b)) > journalSize {
 		return errJournalFull
 	}
 	if _, err := f.WriteAt(b, off); err != nil {
 		return err
+	}
+	if !sync {
+		return nil
 	}
 	return unix.Fdatasync(int(f.Fd()))
 }

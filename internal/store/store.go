@@ -17,6 +17,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"paddock/internal/errdefs"
 )
@@ -51,6 +52,11 @@ type Store struct {
 	broken bool
 	// spent is the last sequence number recorded as folded while broken.
 	spent uint64
+
+	// syncs asks syncer to fdatasync the journal (PutQuick); syncerDone
+	// is closed when it has stopped.
+	syncs      chan struct{}
+	syncerDone chan struct{}
 }
 
 // Open opens (creating if needed) the store at path, and its journal at
@@ -68,6 +74,9 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("opening store %s: %w", path, err)
 	}
 	s.journal = j
+	s.syncs = make(chan struct{}, 1)
+	s.syncerDone = make(chan struct{})
+	go s.syncer()
 	folded, err := s.folded()
 	if err != nil {
 		s.Close()
@@ -110,6 +119,10 @@ func (s *Store) Close() error {
 	}
 	s.jmu.Unlock()
 	err := s.fold(nil)
+	if s.syncs != nil {
+		close(s.syncs)
+		<-s.syncerDone
+	}
 	if s.journal != nil {
 		s.journal.Close()
 	}
@@ -201,7 +214,19 @@ func (s *Store) Put(bucket, key string, v any) error {
 // rather than a database commit; the record is folded into the database
 // shortly after (before any later Put or Delete, and on Open after a
 // crash). When the journal is full it is Put.
-func (s *Store) PutNow(bucket, key string, v any) error {
+func (s *Store) PutNow(bucket, key string, v any) error { return s.putJournal(bucket, key, v, true) }
+
+// PutQuick is PutNow without waiting for the disk: when it returns the
+// record is in the journal in the host's page cache, where it survives the
+// process (a kill -9; the next Open replays it), and a host crash once the
+// journal's fdatasync, started at once in the background, is done (a
+// fraction of a millisecond to a few, with the host's disk flush). A host
+// crash before that loses the record. The one caller is the create of a
+// sandbox, whose processes such a crash ends anyway (docs/ARCHITECTURE.md,
+// "State and restarts").
+func (s *Store) PutQuick(bucket, key string, v any) error { return s.putJournal(bucket, key, v, false) }
+
+func (s *Store) putJournal(bucket, key string, v any, sync bool) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encoding %s/%s: %w", bucket, key, err)
@@ -220,11 +245,17 @@ func (s *Store) PutNow(bucket, key string, v any) error {
 	}
 	e := entry{seq: s.seq + 1, bucket: bucket, key: key, value: b}
 	enc := e.encode()
-	err = appendEntry(s.journal, s.off, enc)
+	err = appendEntry(s.journal, s.off, enc, sync)
 	if err == nil {
 		s.seq = e.seq
 		s.off += int64(len(enc))
 		s.pending = append(s.pending, e)
+		if !sync {
+			select {
+			case s.syncs <- struct{}{}:
+			default: // one is due already, and will cover this entry
+			}
+		}
 		if s.folding == nil {
 			s.folding = time.AfterFunc(foldDelay, s.foldLater)
 		} else {
@@ -240,6 +271,17 @@ func (s *Store) PutNow(bucket, key string, v any) error {
 		return s.Put(bucket, key, v)
 	}
 	return nil
+}
+
+// syncer makes journal entries PutQuick wrote durable, one fdatasync per
+// request (requests made while one runs are covered by the next).
+func (s *Store) syncer() {
+	defer close(s.syncerDone)
+	for range s.syncs {
+		if err := unix.Fdatasync(int(s.journal.Fd())); err != nil {
+			s.log.Error("syncing the store's journal", "err", err)
+		}
+	}
 }
 
 func (s *Store) foldLater() {

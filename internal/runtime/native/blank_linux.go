@@ -24,14 +24,46 @@ import (
 //
 // They are not frozen: an idle guest blocks in recvmsg and costs no CPU,
 // and a thaw would be on the waiting start's path.
+//
+// The network is wired by sandbox id, and wiring costs milliseconds (a veth
+// pair, addresses, a route, the CA). A new sandbox takes the guest's id,
+// so the guests kept for new sandboxes are wired ahead of time too; a
+// sandbox started again keeps its own id, so the guests kept for those are
+// not, and are wired when bound, while the disk is got. Without a network
+// the one kind serves both.
 
-// takeBlank returns a live blank guest, or nil.
-func (r *Runtime) takeBlank() *guestProc {
+// blankKind says which starts a blank guest is kept for.
+type blankKind int
+
+const (
+	forNew     blankKind = iota // a new sandbox: network wired under the guest's id
+	forRestart                  // a sandbox started again: no network yet
+	blankKinds
+)
+
+// blankKinds are the kinds kept: without a network, only forNew.
+func (r *Runtime) blankKinds() []blankKind {
+	if r.cfg.Network == nil {
+		return []blankKind{forNew}
+	}
+	return []blankKind{forNew, forRestart}
+}
+
+// kindFor is the kind of blank guest that can start spec.
+func (r *Runtime) kindFor(spec runtime.Spec) blankKind {
+	if spec.ID == "" || r.cfg.Network == nil {
+		return forNew
+	}
+	return forRestart
+}
+
+// takeBlank returns a live blank guest of kind k, or nil.
+func (r *Runtime) takeBlank(k blankKind) *guestProc {
 	for {
 		r.mu.Lock()
 		var g *guestProc
-		if n := len(r.blank); n > 0 {
-			g, r.blank = r.blank[0], r.blank[1:]
+		if len(r.blank[k]) > 0 {
+			g, r.blank[k] = r.blank[k][0], r.blank[k][1:]
 		}
 		r.mu.Unlock()
 		if g == nil {
@@ -44,9 +76,9 @@ func (r *Runtime) takeBlank() *guestProc {
 	}
 }
 
-// newBlank starts a blank guest for the refill (which raised
-// blankBuilding).
-func (r *Runtime) newBlank() (retErr error) {
+// newBlank starts a blank guest of kind k for the refill (which raised
+// blankBuilding[k]).
+func (r *Runtime) newBlank(k blankKind) (retErr error) {
 	id := runtime.NewID()
 	r.mu.Lock()
 	r.building[id] = true
@@ -55,19 +87,27 @@ func (r *Runtime) newBlank() (retErr error) {
 	defer func() {
 		r.mu.Lock()
 		delete(r.building, id)
-		r.blankBuilding--
-		keep := retErr == nil && len(r.blank) < r.cfg.BlankGuests && !r.closing
+		r.blankBuilding[k]--
+		keep := retErr == nil && len(r.blank[k]) < r.cfg.BlankGuests && !r.closing
 		if keep {
-			r.blank = append(r.blank, g)
+			r.blank[k] = append(r.blank[k], g)
 		}
 		r.mu.Unlock()
 		if retErr == nil && !keep {
 			r.discard(g)
 		}
 	}()
-	g, _, err := r.startGuest(id, 0, filepath.Join(r.blankDir, id), true)
+	g, undo, err := r.startGuest(id, 0, filepath.Join(r.blankDir, id), true)
 	if err != nil {
 		return err
+	}
+	if k == forNew && r.cfg.Network != nil {
+		if err := r.attachNetwork(g); err != nil {
+			undo()
+			r.cfg.Network.Forget(id)
+			return err
+		}
+		g.wired = true
 	}
 	return nil
 }
@@ -166,7 +206,7 @@ func (r *Runtime) blankFor(spec runtime.Spec) *guestProc {
 	if !r.canAdopt(spec) {
 		return nil
 	}
-	return r.takeBlank()
+	return r.takeBlank(r.kindFor(spec))
 }
 
 // bindBlank makes blank guest g sandbox spec.ID (filling in the id when

@@ -40,8 +40,11 @@ type guestProc struct {
 	// made from (a snapshot image, or "" for a new disk) and its size.
 	diskFrom  string
 	diskBytes int64
-	// net is what the network made for it (files to bind, environment).
-	net runtime.NetSetup
+	// net is what the network made for it (files to bind, environment);
+	// wired says it was made (a blank guest may have it before it is
+	// bound).
+	net   runtime.NetSetup
+	wired bool
 }
 
 // sealedSelf copies the running binary into a sealed memfd. Guests are

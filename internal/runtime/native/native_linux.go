@@ -78,10 +78,10 @@ type Runtime struct {
 	pools map[string]*pool
 	// building holds the ids of warm and blank guests being made.
 	building map[string]bool
-	// blank holds blank guests, oldest first; blankBuilding counts those
-	// being made.
-	blank         []*guestProc
-	blankBuilding int
+	// blank holds blank guests by kind, oldest first; blankBuilding
+	// counts those being made.
+	blank         [blankKinds][]*guestProc
+	blankBuilding [blankKinds]int
 	closing       bool
 
 	refill chan struct{}
@@ -112,15 +112,17 @@ func New(cfg Config) (*Runtime, error) {
 	// Warm guests of an earlier daemon: their run dirs, disks and network
 	// state go now, their cgroups (named by sandbox ids nobody recorded)
 	// at reconcile.
-	if cfg.Network != nil {
-		if old, err := os.ReadDir(r.warmDir); err == nil {
+	// So do blank guests' (they have no disk).
+	for _, d := range []string{r.warmDir, r.blankDir} {
+		if cfg.Network == nil {
+			break
+		}
+		if old, err := os.ReadDir(d); err == nil {
 			for _, e := range old {
 				cfg.Network.Forget(e.Name())
 			}
 		}
 	}
-	// Blank guests have no network or disk: their run dirs go now, their
-	// cgroups (and so their processes) at reconcile.
 	for _, d := range []string{r.warmDir, r.blankDir} {
 		os.RemoveAll(d)
 		if err := os.MkdirAll(d, 0o711); err != nil {
@@ -186,9 +188,11 @@ func (r *Runtime) IsWarm(id string) bool {
 	if r.building[id] {
 		return true
 	}
-	for _, g := range r.blank {
-		if g.sb.id == id {
-			return true
+	for _, list := range r.blank {
+		for _, g := range list {
+			if g.sb.id == id {
+				return true
+			}
 		}
 	}
 	for _, p := range r.pools {
@@ -307,7 +311,8 @@ func (r *Runtime) bind(ctx context.Context, g *guestProc, spec runtime.Spec, vol
 	// The two are independent and each costs milliseconds (a veth pair
 	// and its addresses; a clone, a loop device and a mount).
 	netErr := make(chan error, 1)
-	if r.cfg.Network != nil {
+	wire := r.cfg.Network != nil && !g.wired
+	if wire {
 		go func() { netErr <- r.attachNetwork(g) }()
 	} else {
 		netErr <- nil
@@ -326,7 +331,7 @@ func (r *Runtime) bind(ctx context.Context, g *guestProc, spec runtime.Spec, vol
 		cleanups = append(cleanups, func() { r.cfg.Disks.Remove(context.Background(), vol) })
 	}
 	mark("disk")
-	if nerr := <-netErr; nerr == nil && r.cfg.Network != nil {
+	if nerr := <-netErr; nerr == nil && wire {
 		id := g.sb.id
 		cleanups = append(cleanups, func() { r.cfg.Network.Detach(id) })
 	} else if nerr != nil {
@@ -585,39 +590,45 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		Workdir:     spec.Workdir,
 		OutputLimit: r.cfg.OutputLimit,
 	}}
-	if err := sendConfig(g.sync, &guest.Config{Activate: act}, nil); err != nil {
-		return nil, fmt.Errorf("starting sandbox: %w", err)
-	}
-	mark("activating")
-	// The limits and the guest's answer are seen to in the background:
-	// nothing the sandbox runs can start before Dial lets a connection
-	// through, which waits for both (the guest's activation itself is our
-	// code, not the sandbox's). The sync socket is ours to close only then.
+	// The limits, the activation and the guest's answer are seen to in
+	// the background, once the caller lets go (spec.Hold): nothing the
+	// sandbox runs can start before Dial lets a connection through, which
+	// waits for all of them (the guest's activation itself is our code,
+	// not the sandbox's). The sync socket is ours to close only then.
 	lim := cgroup.Limits{CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids}
 	sync := g.sync
 	g.sync = nil
-	go r.activate(sb, lim, sync, filepath.Join(g.dir, "guest.log"))
+	go r.activate(sb, spec.Hold, lim, act, sync, filepath.Join(g.dir, "guest.log"))
 	return sb, nil
 }
 
-// activate sets sb's limits and raises its guest to the normal priority,
-// then waits for the guest's answer to Activate, and records the outcome
-// in sb. A guest that fails tells why and exits; one that answers wrongly,
+// activate, once hold is closed, sets sb's limits, raises its guest to
+// the normal priority, sends it act and waits for its answer, and records
+// the outcome in sb. A guest that fails tells why and exits; one that answers wrongly,
 // or whose limits cannot be set, is killed, so that the sandbox ends (and
 // is marked failed) either way.
-func (r *Runtime) activate(sb *Sandbox, lim cgroup.Limits, sync *os.File, logPath string) {
+func (r *Runtime) activate(sb *Sandbox, hold <-chan struct{}, lim cgroup.Limits, act *guest.Activate, sync *os.File, logPath string) {
 	defer sync.Close()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-sb.done:
+		}
+	}
 	err := sb.cg.Update(lim)
 	if err != nil {
 		err = fmt.Errorf("setting limits: %w", err)
 	}
 	// Guests wait at a low priority; a sandbox runs at the normal one.
 	raisePriority(sb.st.PID)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	rd, rerr := waitReady(ctx, sync, sb.done)
+	var rd *guest.Ready
 	if err == nil {
-		err = rerr
+		err = sendConfig(sync, &guest.Config{Activate: act}, nil)
+	}
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		rd, err = waitReady(ctx, sync, sb.done)
+		cancel()
 	}
 	if err == nil && rd.PID != 1 {
 		err = fmt.Errorf("guest reported pid %d, want 1", rd.PID)
@@ -823,8 +834,10 @@ func (r *Runtime) Leftovers() ([]string, error) {
 	for id := range r.building {
 		seen[id] = true
 	}
-	for _, g := range r.blank {
-		seen[g.sb.id] = true
+	for _, list := range r.blank {
+		for _, g := range list {
+			seen[g.sb.id] = true
+		}
 	}
 	r.mu.Unlock()
 	var ids []string
@@ -853,8 +866,11 @@ func (r *Runtime) Close() error {
 	r.wg.Wait()
 	r.mu.Lock()
 	r.closing = true
-	ready := r.blank
-	r.blank = nil
+	var ready []*guestProc
+	for k, list := range r.blank {
+		ready = append(ready, list...)
+		r.blank[k] = nil
+	}
 	for _, p := range r.pools {
 		ready = append(ready, p.ready...)
 		p.ready = nil

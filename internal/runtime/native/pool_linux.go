@@ -172,16 +172,18 @@ func (r *Runtime) nextGuest() (name string, start func() error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.blank)+r.blankBuilding >= r.cfg.BlankGuests || r.countLocked() >= maxWarm {
-		return "", nil
+	for _, k := range r.blankKinds() {
+		if len(r.blank[k])+r.blankBuilding[k] < r.cfg.BlankGuests && r.countLocked() < maxWarm {
+			r.blankBuilding[k]++
+			return "blank", func() error { return r.newBlank(k) }
+		}
 	}
-	r.blankBuilding++
-	return "blank", r.newBlank
+	return "", nil
 }
 
 // countLocked counts the warm and blank guests, ready or being made.
 func (r *Runtime) countLocked() int {
-	n := len(r.building) + len(r.blank)
+	n := len(r.building) + len(r.blank[forNew]) + len(r.blank[forRestart])
 	for _, p := range r.pools {
 		n += len(p.ready)
 	}
@@ -193,7 +195,7 @@ func (r *Runtime) countLocked() int {
 func (r *Runtime) neediest() *pool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	total := len(r.building) + len(r.blank)
+	total := len(r.building) + len(r.blank[forNew]) + len(r.blank[forRestart])
 	names := make([]string, 0, len(r.pools))
 	for name, p := range r.pools {
 		total += len(p.ready)

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -245,28 +244,19 @@ func (p *Pool) AcquireFrom(ctx context.Context, id, src string, uid, gid int) (*
 		return nil, errdefs.Invalid("disk snapshot", "%s has size %d, outside %d MiB to %d TiB", src, fi.Size(), MinSize>>20, MaxSize>>40)
 	}
 
-	dir := filepath.Join(p.poolDir, strconv.FormatUint(p.seq.Add(1), 10))
-	var size int64
-	dev, err := buildVolume(dir, p.log, func(img string) error {
-		if _, err := cloneFile(ctx, src, img, p.copyOpts); err != nil {
-			return err
+	id0 := sourceOf(fi)
+	e := p.takeClone(src, id0)
+	if e == nil {
+		if e, err = p.cloneInto(ctx, src); err != nil {
+			return nil, fmt.Errorf("making disk from snapshot: %w", err)
 		}
-		var st unix.Stat_t
-		if err := unix.Stat(img, &st); err != nil {
-			return fmt.Errorf("inspecting %s: %w", img, err)
-		}
-		size = st.Size
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("making disk from snapshot: %w", err)
 	}
-	e := &entry{dir: dir, device: dev, size: size}
 	if err := p.handOut(e, dst, uid, gid); err != nil {
 		p.destroy(e)
 		return nil, err
 	}
-	return &Volume{ID: id, Path: filepath.Join(dst, rootName), Size: size, Device: dev}, nil
+	p.used(src, id0)
+	return &Volume{ID: id, Path: filepath.Join(dst, rootName), Size: e.size, Device: e.device}, nil
 }
 
 // ImagePath returns the backing file of the disk handed out to id: what
