@@ -126,22 +126,18 @@ func openJournal(path string) (*os.File, []entry, error) {
 		err = f.Sync()
 	}
 	if err == nil {
-		err = syncDir(filepath.Dir(path))
+		// The new file's name must last as long as its contents.
+		var d *os.File
+		if d, err = os.Open(filepath.Dir(path)); err == nil {
+			err = d.Sync()
+			d.Close()
+		}
 	}
 	if err != nil {
 		f.Close()
 		return nil, nil, fmt.Errorf("making journal: %w", err)
 	}
 	return f, nil, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // errJournalFull says an entry does not fit before the next fold.

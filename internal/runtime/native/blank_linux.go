@@ -79,10 +79,7 @@ func (r *Runtime) takeBlank(k blankKind) *guestProc {
 // newBlank starts a blank guest of kind k for the refill (which raised
 // blankBuilding[k]).
 func (r *Runtime) newBlank(k blankKind) (retErr error) {
-	id := runtime.NewID()
-	r.mu.Lock()
-	r.building[id] = true
-	r.mu.Unlock()
+	id := r.newBuildingID()
 	var g *guestProc
 	defer func() {
 		r.mu.Lock()

@@ -233,10 +233,9 @@ const warmPrefix = "warm-"
 // it costs no CPU while it waits. Only its limits and environment are
 // left for the create that takes it.
 func (r *Runtime) newGuest(p *pool) (_ *guestProc, retErr error) {
-	id := runtime.NewID()
+	id := r.newBuildingID()
 	r.mu.Lock()
 	src := p.src
-	r.building[id] = true
 	r.mu.Unlock()
 	var g *guestProc
 	defer func() {
@@ -269,6 +268,17 @@ func (r *Runtime) newGuest(p *pool) (_ *guestProc, retErr error) {
 		return nil, err
 	}
 	return g, nil
+}
+
+// newBuildingID picks the id of a guest about to be made ahead of time
+// and marks it as being made (IsWarm, Leftovers) until the maker deletes
+// it from r.building.
+func (r *Runtime) newBuildingID() string {
+	id := runtime.NewID()
+	r.mu.Lock()
+	r.building[id] = true
+	r.mu.Unlock()
+	return id
 }
 
 // takeWarm returns a live warm guest, thawed, made from spec's image,
