@@ -45,6 +45,8 @@ type guestProc struct {
 	// bound).
 	net   runtime.NetSetup
 	wired bool
+	// frozen marks a warm guest taken out of its pool but not thawed yet.
+	frozen bool
 }
 
 // sealedSelf copies the running binary into a sealed memfd. Guests are

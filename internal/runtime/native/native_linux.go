@@ -598,16 +598,16 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	lim := cgroup.Limits{CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids}
 	sync := g.sync
 	g.sync = nil
-	go r.activate(sb, spec.Hold, lim, act, sync, filepath.Join(g.dir, "guest.log"))
+	go r.activate(sb, spec.Hold, g.frozen, lim, act, sync, filepath.Join(g.dir, "guest.log"))
 	return sb, nil
 }
 
-// activate, once hold is closed, sets sb's limits, raises its guest to
-// the normal priority, sends it act and waits for its answer, and records
+// activate, once hold is closed, sets sb's limits, thaws a warm guest
+// (frozen), raises its guest to the normal priority, sends it act and waits for its answer, and records
 // the outcome in sb. A guest that fails tells why and exits; one that answers wrongly,
 // or whose limits cannot be set, is killed, so that the sandbox ends (and
 // is marked failed) either way.
-func (r *Runtime) activate(sb *Sandbox, hold <-chan struct{}, lim cgroup.Limits, act *guest.Activate, sync *os.File, logPath string) {
+func (r *Runtime) activate(sb *Sandbox, hold <-chan struct{}, frozen bool, lim cgroup.Limits, act *guest.Activate, sync *os.File, logPath string) {
 	defer sync.Close()
 	if hold != nil {
 		select {
@@ -618,6 +618,12 @@ func (r *Runtime) activate(sb *Sandbox, hold <-chan struct{}, lim cgroup.Limits,
 	err := sb.cg.Update(lim)
 	if err != nil {
 		err = fmt.Errorf("setting limits: %w", err)
+	}
+	// Thawed whatever else failed: a frozen guest cannot even die (v1).
+	if frozen {
+		if terr := sb.cg.Thaw(); terr != nil && err == nil {
+			err = fmt.Errorf("thawing: %w", terr)
+		}
 	}
 	// Guests wait at a low priority; a sandbox runs at the normal one.
 	raisePriority(sb.st.PID)

@@ -281,7 +281,7 @@ func (r *Runtime) newBuildingID() string {
 	return id
 }
 
-// takeWarm returns a live warm guest, thawed, made from spec's image,
+// takeWarm returns a live warm guest, frozen, made from spec's image,
 // DiskFrom and disk size, if there is one.
 func (r *Runtime) takeWarm(spec runtime.Spec) *guestProc {
 	size := spec.Resources.DiskBytes
@@ -302,7 +302,11 @@ func (r *Runtime) takeWarm(spec runtime.Spec) *guestProc {
 		if g == nil {
 			return nil
 		}
-		if !g.sb.exited() && g.sb.cg.Thaw() == nil {
+		// Still frozen: it is thawed with its activation, after the
+		// answer (Start), so that its threads waking up do not compete
+		// with the create.
+		if !g.sb.exited() {
+			g.frozen = true
 			return g
 		}
 		r.discard(g)
