@@ -87,12 +87,17 @@ func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 }
 
 // Kill implements runtime.Instance: SIGKILL to the guest ends its pid
-// namespace, and the kernel kills every process in it.
+// namespace, and the kernel kills every process in it. The cgroup is
+// thawed first: a frozen process does not die until it is (v1), and a
+// warm guest just handed out is frozen until its activation.
 func (s *Sandbox) Kill() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pidFile == nil {
 		return nil
+	}
+	if s.cg != nil {
+		s.cg.Thaw()
 	}
 	err := unix.PidfdSendSignal(int(s.pidFile.Fd()), unix.SIGKILL, nil, 0)
 	if err == unix.ESRCH {
