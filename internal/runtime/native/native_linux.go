@@ -320,9 +320,14 @@ func (r *Runtime) bind(ctx context.Context, g *guestProc, spec runtime.Spec, vol
 	fresh := false
 	v, err := r.cfg.Disks.Open(vol)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		if spec.DiskFrom != "" {
+		switch {
+		case spec.DiskFrom != "" && g.warm:
+			// A warm pool's guest: nobody waits for it, and the ready
+			// clone is for those who do.
+			v, err = r.cfg.Disks.CloneFrom(ctx, vol, spec.DiskFrom, 0, 0)
+		case spec.DiskFrom != "":
 			v, err = r.cfg.Disks.AcquireFrom(ctx, vol, spec.DiskFrom, 0, 0)
-		} else {
+		default:
 			v, err = r.cfg.Disks.Acquire(ctx, vol, spec.Resources.DiskBytes, 0, 0)
 		}
 		fresh = err == nil

@@ -214,6 +214,18 @@ func (p *Pool) capture(ctx context.Context, pin *pinned, dst string, pause func(
 // is built in a pool directory and renamed into place, so a crash leaves
 // nothing but what the next NewPool sweeps.
 func (p *Pool) AcquireFrom(ctx context.Context, id, src string, uid, gid int) (*Volume, error) {
+	return p.acquireFrom(ctx, id, src, uid, gid, true)
+}
+
+// CloneFrom is AcquireFrom for a volume made ahead of time, which nobody
+// waits for: it neither takes src's ready clone (clones_linux.go) nor
+// counts as a use of src, so the ready clones stay for the starts that
+// wait.
+func (p *Pool) CloneFrom(ctx context.Context, id, src string, uid, gid int) (*Volume, error) {
+	return p.acquireFrom(ctx, id, src, uid, gid, false)
+}
+
+func (p *Pool) acquireFrom(ctx context.Context, id, src string, uid, gid int, ready bool) (*Volume, error) {
 	if err := validateID(id); err != nil {
 		return nil, err
 	}
@@ -245,7 +257,10 @@ func (p *Pool) AcquireFrom(ctx context.Context, id, src string, uid, gid int) (*
 	}
 
 	id0 := sourceOf(fi)
-	e := p.takeClone(src, id0)
+	var e *entry
+	if ready {
+		e = p.takeClone(src, id0)
+	}
 	if e == nil {
 		if e, err = p.cloneInto(ctx, src); err != nil {
 			return nil, fmt.Errorf("making disk from snapshot: %w", err)
@@ -255,7 +270,9 @@ func (p *Pool) AcquireFrom(ctx context.Context, id, src string, uid, gid int) (*
 		p.destroy(e)
 		return nil, err
 	}
-	p.used(src, id0)
+	if ready {
+		p.used(src, id0)
+	}
 	return &Volume{ID: id, Path: filepath.Join(dst, rootName), Size: e.size, Device: e.device}, nil
 }
 

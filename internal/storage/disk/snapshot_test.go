@@ -578,6 +578,14 @@ func TestAcquireFromReadyClone(t *testing.T) {
 	if rc == nil {
 		t.Fatal("no ready clone after a source's second use")
 	}
+	// A volume made ahead of time leaves the ready clone alone.
+	w, err := p.CloneFrom(ctx, "w1", snap, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read(w) != "one" || w.Device == rc.e.device {
+		t.Fatalf("CloneFrom = %+v, took the ready clone on %s", w, rc.e.device)
+	}
 	v, err := p.AcquireFrom(ctx, "c3", snap, 0, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -622,7 +630,7 @@ func TestAcquireFromReadyClone(t *testing.T) {
 	if left != nil {
 		t.Fatal("the clone of a removed snapshot was kept")
 	}
-	for _, id := range []string{"c1", "c2", "c3", "c4", "c5"} {
+	for _, id := range []string{"c1", "c2", "c3", "c4", "c5", "w1"} {
 		if err := p.Remove(ctx, id); err != nil {
 			t.Fatal(err)
 		}
