@@ -359,10 +359,16 @@ func (d *Daemon) traces(sb *api.Sandbox) []string {
 // sandbox yet.
 const warmDiskName = "warm-"
 
-// isWarmID reports whether id is one of the daemon's warm guests.
+// isWarmID reports whether id is one of the daemon's warm guests, or one
+// of its blank guests (started ahead of time too, but bound to no image or
+// disk: a cgroup named by the id and a run dir under run/blank/<id>).
 func (d *Daemon) isWarmID(id string) bool {
-	_, err := os.Stat(filepath.Join(d.RunDir, "warm", id))
-	return err == nil
+	for _, dir := range []string{"warm", "blank"} {
+		if _, err := os.Stat(filepath.Join(d.RunDir, dir, id)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // daemonTraces lists every sandbox-shaped thing under the daemon, whatever

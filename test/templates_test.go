@@ -306,8 +306,10 @@ func TestTemplateWarmPool(t *testing.T) {
 	if !warm[sb.ID] {
 		t.Fatalf("sandbox %s was not handed out of the pool %v\n%s", sb.ID, warm, d.Log())
 	}
-	if st := freezerState(d, sb.ID); st != "THAWED" && st != "0" {
-		t.Fatalf("handed-out sandbox: freezer state %q", st)
+	// Thawed with its activation, just after the answer.
+	thawed := func() bool { st := freezerState(d, sb.ID); return st == "THAWED" || st == "0" }
+	if !waitFor(5*time.Second, 5*time.Millisecond, thawed) {
+		t.Fatalf("handed-out sandbox: freezer state %q", freezerState(d, sb.ID))
 	}
 	if got := d.Sh(sb.ID, "cat /opt/p.txt; echo $POOL"); got != "pooled\nyes\n" {
 		t.Fatalf("handed-out sandbox sees %q", got)

@@ -887,3 +887,56 @@ func BenchmarkCreateDelete(b *testing.B) {
 	}
 	b.ReportMetric(float64(create.Nanoseconds())/float64(n), "create-ns/op")
 }
+
+// TestRename: on v1 a group takes a new name with its processes and
+// limits, refuses a name in use and then keeps its own; v2 refuses with
+// ErrUnavailable and leaves the group as it was.
+func TestRename(t *testing.T) {
+	forEachHierarchy(t, func(t *testing.T, m *Manager) {
+		lim := Limits{Pids: 77}
+		if m.Mode() != V1 {
+			lim = Limits{} // v2 here may have no controllers enabled
+		}
+		g := createGroup(t, m, "rename-from", lim)
+		p := startInGroup(t, g, "/bin/sh", "-c", "echo started; sleep 60")
+		if line := p.readLine(t); line != "started" {
+			t.Fatalf("process said %q", line)
+		}
+		taken := createGroup(t, m, "rename-taken", Limits{})
+		if m.Mode() != V1 {
+			if _, err := m.Rename(g, "rename-to"); !errors.Is(err, errdefs.ErrUnavailable) {
+				t.Fatalf("Rename on %s = %v, want ErrUnavailable", m.Mode(), err)
+			}
+			if got := pids(t, g); !slices.Contains(got, p.cmd.Process.Pid) {
+				t.Fatalf("after a refused rename Pids() = %v", got)
+			}
+			if err := g.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		if _, err := m.Rename(g, taken.Name()); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("Rename onto an existing group = %v, want ErrConflict", err)
+		}
+		if got := pids(t, g); !slices.Contains(got, p.cmd.Process.Pid) {
+			t.Fatalf("after a refused rename Pids() = %v", got)
+		}
+		ng, err := m.Rename(g, "rename-to")
+		if err != nil {
+			t.Fatalf("Rename: %v", err)
+		}
+		t.Cleanup(func() {
+			ng.Kill()
+			ng.Delete(context.Background())
+		})
+		if got := pids(t, ng); !slices.Contains(got, p.cmd.Process.Pid) {
+			t.Fatalf("renamed group's Pids() = %v, want %d", got, p.cmd.Process.Pid)
+		}
+		if _, err := m.Load("rename-from"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("old name still loads: %v", err)
+		}
+		if n, err := readInt(ng.d.(*v1Group).pids + "/pids.max"); err != nil || n != lim.Pids {
+			t.Fatalf("renamed group's pids.max = %d, %v; want %d", n, err, lim.Pids)
+		}
+	})
+}

@@ -148,6 +148,39 @@ func (m *Manager) Create(name string, l Limits) (*Group, error) {
 	return g, nil
 }
 
+// Rename gives group g the name to, keeping its processes, limits and the
+// memory charged to it. Only cgroup v1 can rename a group (v2 has no
+// rename): elsewhere it fails with an error wrapping errdefs.ErrUnavailable
+// and the caller moves the processes instead (AddProc), which costs an RCU
+// grace period per hierarchy. It fails with errdefs.ErrConflict if to
+// exists; on failure g keeps its name everywhere.
+func (m *Manager) Rename(g *Group, to string) (*Group, error) {
+	if err := validateName(to); err != nil {
+		return nil, err
+	}
+	if m.h.mode() != V1 {
+		return nil, fmt.Errorf("renaming cgroup %s: %w", g.rel, errdefs.New(errdefs.ErrUnavailable, "only cgroup v1 renames groups"))
+	}
+	ng := m.group(to)
+	from, dst := g.d.dirs(), ng.d.dirs()
+	for i := range from {
+		// kernfs takes no rename flags, and refuses an existing target
+		// itself (EEXIST).
+		err := unix.Rename(from[i], dst[i])
+		if err == nil {
+			continue
+		}
+		for j := i - 1; j >= 0; j-- {
+			_ = unix.Rename(dst[j], from[j])
+		}
+		if err == unix.EEXIST || err == unix.ENOTEMPTY {
+			return nil, fmt.Errorf("renaming cgroup %s: %w", g.rel, errdefs.Conflict("cgroup %q exists", to))
+		}
+		return nil, fmt.Errorf("renaming cgroup %s: %w", g.rel, &os.PathError{Op: "rename", Path: from[i], Err: err})
+	}
+	return ng, nil
+}
+
 // Load returns the existing group of sandbox name, for the daemon's
 // reconcile after a restart. A group that a crash left half-made (present in
 // some hierarchies only) loads too, so that it can be deleted. It fails with

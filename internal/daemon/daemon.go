@@ -69,6 +69,11 @@ type Config struct {
 	// WarmGuests is how many sandbox init processes to start ahead of
 	// time, so that a create does not wait for one to start.
 	WarmGuests int
+	// BlankGuests is how many guests to keep started but bound to no
+	// image or disk, so that a start no warm pool serves (a template
+	// without a pool, a snapshot, a resume, a fork) does not wait for a
+	// guest process to start either.
+	BlankGuests int
 	// Telemetry configures metrics, budgets and admission control.
 	Telemetry TelemetryConfig
 	// Images bounds OCI images and says where they may be pulled from.
@@ -118,6 +123,7 @@ func Defaults() Config {
 		},
 		DiskPool:    4,
 		WarmGuests:  2,
+		BlankGuests: 2,
 		UIDStart:    1 << 28,
 		OutputLimit: 16 << 20,
 		Telemetry: TelemetryConfig{
@@ -263,6 +269,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Caps:        seccomp.DockerDefaultCaps,
 		OutputLimit: cfg.OutputLimit,
 		WarmGuests:  cfg.WarmGuests,
+		BlankGuests: cfg.BlankGuests,
 		WarmImage: func() (*image.Image, error) {
 			return images.Get(image.HostImage)
 		},

@@ -37,6 +37,12 @@ type Spec struct {
 	// any of its processes run (a warm guest's id is only known when it is
 	// taken); it returns more environment (KEY=VALUE).
 	Setup func(id string) ([]string, error)
+	// Hold, if not nil, delays what Start leaves to the background (the
+	// sandbox's limits, its guest's activation) until it is closed: the
+	// caller closes it once it has recorded the sandbox, so that the two
+	// do not compete for the host's CPUs and disk while the caller waits.
+	// Nothing the sandbox runs starts before then either (Dial waits).
+	Hold <-chan struct{}
 }
 
 // Network connects sandboxes to the host's egress path. The runtime calls

@@ -153,6 +153,9 @@ func (m *Manager) startLocked(ctx context.Context, b *box) error {
 	}
 	b.attach(inst)
 	b.touch()
+	if base := inst.Info().UIDBase; base != b.rec.UIDBase {
+		m.rebase(b, base)
+	}
 	b.rec.State = api.StateRunning
 	b.rec.Error = ""
 	b.rec.Runtime = inst.State()

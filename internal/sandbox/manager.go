@@ -77,8 +77,9 @@ type Manager struct {
 // record is what the store keeps per sandbox.
 type record struct {
 	api.Sandbox
-	// UIDBase is the sandbox's host uid range; it stays with the sandbox
-	// while its files exist.
+	// UIDBase is the sandbox's host uid range while it runs. A sandbox
+	// started again may get another (rebase): its disk keeps canonical
+	// owners and is mapped through the range of the day.
 	UIDBase uint32          `json:"uid_base"`
 	Runtime json.RawMessage `json:"runtime_state,omitempty"`
 }
@@ -298,6 +299,10 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	}
 	spec := m.spec(&rec, img)
 	spec.DiskFrom = src.diskFrom
+	// The guest activates once the sandbox is recorded (see PutNow below).
+	hold := make(chan struct{})
+	defer close(hold)
+	spec.Hold = hold
 	if len(req.Volumes) > 0 {
 		// Not a warm guest: this sandbox is built now, under an id
 		// chosen here so that its mounts can be recorded against it.
@@ -341,7 +346,14 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	b.attach(inst)
 	b.touch()
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	// The lock is released by the observers' goroutine below once the
+	// sandbox is recorded, or here on failure.
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			b.mu.Unlock()
+		}
+	}()
 	m.mu.Lock()
 	_, dup := m.boxes[rec.ID]
 	if !dup {
@@ -356,7 +368,12 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		<-inst.Done()
 		return api.Sandbox{}, fmt.Errorf("runtime reused sandbox id %s", rec.ID)
 	}
-	if err := m.cfg.Store.Put(bucket, rec.ID, b.rec); err != nil {
+	// In the store's journal before the answer, synced right after it:
+	// the record survives the daemon's death at once, and a host crash
+	// once the sync is done (a crash before that ends the sandbox's
+	// processes anyway; docs/ARCHITECTURE.md, "State and restarts").
+	// Waiting for the disk's flush here would cost 0.3-4 ms on this path.
+	if err := m.cfg.Store.PutQuick(bucket, rec.ID, b.rec); err != nil {
 		m.obs.Release(key)
 		inst.Kill()
 		<-inst.Done()
@@ -369,10 +386,18 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	m.watch(b, inst)
 	m.armTimer(b)
 	view := b.viewLocked()
-	m.obs.Running(key, view)
-	m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
-	mark("observed")
-	log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
+	// Telemetry hears of the sandbox after the answer: it is not needed
+	// for it (it opens the cgroup's files for sampling, records the
+	// event). The sandbox's lock goes with it, so that whatever is done to
+	// the sandbox next (a stop, a removal) reaches the observers after
+	// Running, in order.
+	handedOff = true
+	go func() {
+		defer b.mu.Unlock()
+		m.obs.Running(key, view)
+		m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
+		log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
+	}()
 	return view, nil
 }
 
@@ -498,6 +523,21 @@ func (m *Manager) Alloc() (uint32, error) {
 		}
 	}
 	return 0, fmt.Errorf("%w: all %d uid ranges are in use", errdefs.ErrUnavailable, m.cfg.MaxSandboxes)
+}
+
+// rebase records that sandbox b now runs on the uid range at base (the
+// runtime started it again on a guest made ahead of time, which brought
+// its own range; its files have canonical owners, mapped to any range).
+// The old range is free; the new one, which the runtime took with Alloc,
+// is the sandbox's.
+func (m *Manager) rebase(b *box, base uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old := b.rec.UIDBase; old != 0 && m.slots[m.slotOf(old)] == b.rec.ID {
+		delete(m.slots, m.slotOf(old))
+	}
+	m.slots[m.slotOf(base)] = b.rec.ID
+	b.rec.UIDBase = base
 }
 
 // Free implements runtime.IDs.

@@ -1,35 +1,198 @@
 // Package store owns paddock's embedded record store: one bbolt file under
 // the state dir, with JSON records in named buckets. Every write is a bbolt
 // transaction, committed with fsync, so a kill -9 leaves either the old or
-// the new record, never a torn one.
+// the new record, never a torn one; PutNow makes a record durable through a
+// small journal beside it instead (journal.go), for the one write a
+// caller waits on.
 package store
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"paddock/internal/errdefs"
 )
 
+// foldDelay is how long journaled records wait before they are folded
+// into the database, so that a burst of them costs one commit.
+const foldDelay = 100 * time.Millisecond
+
 // Store is an open record store.
 type Store struct {
-	db *bolt.DB
+	db  *bolt.DB
+	log *slog.Logger
+
+	// wmu orders the writes to the database (Put, Delete, folds) with
+	// each other.
+	wmu sync.Mutex
+
+	// jmu guards the journal: the file, the offset of the next entry, the
+	// last sequence number, and the entries not folded yet (pending, in
+	// sequence order), which reads consult before the database.
+	jmu     sync.Mutex
+	journal *os.File
+	off     int64
+	seq     uint64
+	pending []entry
+	folding *time.Timer
+	closed  bool
+	// broken is set when a journal write failed: what it left may be a
+	// whole entry, so its sequence number is spent (the next fold records
+	// it as folded, and replay skips it) and the journal is not used
+	// again until the store is reopened.
+	broken bool
+	// spent is the last sequence number recorded as folded while broken.
+	spent uint64
+
+	// syncs asks syncer to fdatasync the journal (PutQuick); syncerDone
+	// is closed when it has stopped.
+	syncs      chan struct{}
+	syncerDone chan struct{}
 }
 
-// Open opens (creating if needed) the store at path.
+// Open opens (creating if needed) the store at path, and its journal at
+// path.journal; records the journal holds that the database lacks (a
+// crash before they were folded) are folded first.
 func Open(path string) (*Store, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second, NoFreelistSync: true})
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	s := &Store{db: db, log: slog.Default()}
+	j, entries, err := openJournal(path + ".journal")
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("opening store %s: %w", path, err)
+	}
+	s.journal = j
+	s.syncs = make(chan struct{}, 1)
+	s.syncerDone = make(chan struct{})
+	go s.syncer()
+	folded, err := s.folded()
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.seq = folded
+	for _, e := range entries {
+		if e.seq > folded {
+			s.pending = append(s.pending, e)
+			s.seq = e.seq
+		}
+	}
+	if err := s.fold(nil); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("replaying journal: %w", err)
+	}
+	return s, nil
 }
 
-// Close closes the store.
-func (s *Store) Close() error { return s.db.Close() }
+// folded reads the last sequence number folded into the database.
+func (s *Store) folded() (uint64, error) {
+	var n uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if bk := tx.Bucket([]byte(metaBucket)); bk != nil {
+			if b := bk.Get([]byte(foldedKey)); len(b) == 8 {
+				n = binary.LittleEndian.Uint64(b)
+			}
+		}
+		return nil
+	})
+	return n, err
+}
+
+// Close folds what the journal holds and closes the store.
+func (s *Store) Close() error {
+	s.jmu.Lock()
+	s.closed = true
+	if s.folding != nil {
+		s.folding.Stop()
+	}
+	s.jmu.Unlock()
+	err := s.fold(nil)
+	if s.syncs != nil {
+		close(s.syncs)
+		<-s.syncerDone
+	}
+	if s.journal != nil {
+		s.journal.Close()
+	}
+	if cerr := s.db.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// fold writes the pending journal entries to the database, then write
+// (if not nil) in the same transaction, and records how far the journal
+// is folded. Entries journaled meanwhile stay pending.
+func (s *Store) fold(write func(tx *bolt.Tx) error) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.jmu.Lock()
+	batch := append([]entry(nil), s.pending...)
+	through := uint64(0)
+	if len(batch) > 0 {
+		through = batch[len(batch)-1].seq
+	}
+	if s.broken && s.seq > s.spent {
+		through = s.seq
+	}
+	s.jmu.Unlock()
+	if through == 0 && write == nil {
+		return nil
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, e := range batch {
+			bk, err := tx.CreateBucketIfNotExists([]byte(e.bucket))
+			if err != nil {
+				return err
+			}
+			if err := bk.Put([]byte(e.key), e.value); err != nil {
+				return err
+			}
+		}
+		if through > 0 {
+			meta, err := tx.CreateBucketIfNotExists([]byte(metaBucket))
+			if err != nil {
+				return err
+			}
+			var b [8]byte
+			binary.LittleEndian.PutUint64(b[:], through)
+			if err := meta.Put([]byte(foldedKey), b[:]); err != nil {
+				return err
+			}
+		}
+		if write != nil {
+			return write(tx)
+		}
+		return nil
+	})
+	if err != nil || through == 0 {
+		return err
+	}
+	s.jmu.Lock()
+	if s.broken && through > s.spent {
+		s.spent = through
+	}
+	s.pending = s.pending[len(batch):]
+	if len(s.pending) == 0 {
+		// Everything in the file is folded: the next entry may
+		// overwrite it from the start.
+		s.off = 0
+	}
+	s.jmu.Unlock()
+	return nil
+}
 
 // Put writes v as JSON under bucket/key.
 func (s *Store) Put(bucket, key string, v any) error {
@@ -37,7 +200,7 @@ func (s *Store) Put(bucket, key string, v any) error {
 	if err != nil {
 		return fmt.Errorf("encoding %s/%s: %w", bucket, key, err)
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.fold(func(tx *bolt.Tx) error {
 		bk, err := tx.CreateBucketIfNotExists([]byte(bucket))
 		if err != nil {
 			return err
@@ -46,8 +209,110 @@ func (s *Store) Put(bucket, key string, v any) error {
 	})
 }
 
+// PutNow writes v as JSON under bucket/key, durably when it returns, as
+// Put does, but with one small write and one fdatasync to the journal
+// rather than a database commit; the record is folded into the database
+// shortly after (before any later Put or Delete, and on Open after a
+// crash). When the journal is full it is Put.
+func (s *Store) PutNow(bucket, key string, v any) error { return s.putJournal(bucket, key, v, true) }
+
+// PutQuick is PutNow without waiting for the disk: when it returns the
+// record is in the journal in the host's page cache, where it survives the
+// process (a kill -9; the next Open replays it), and a host crash once the
+// journal's fdatasync, started at once in the background, is done (a
+// fraction of a millisecond to a few, with the host's disk flush). A host
+// crash before that loses the record. The one caller is the create of a
+// sandbox, whose processes such a crash ends anyway (docs/ARCHITECTURE.md,
+// "State and restarts").
+func (s *Store) PutQuick(bucket, key string, v any) error { return s.putJournal(bucket, key, v, false) }
+
+func (s *Store) putJournal(bucket, key string, v any, sync bool) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encoding %s/%s: %w", bucket, key, err)
+	}
+	if len(bucket) > 1<<15 || len(key) > 1<<15 {
+		return s.Put(bucket, key, v)
+	}
+	s.jmu.Lock()
+	if s.closed {
+		s.jmu.Unlock()
+		return fmt.Errorf("writing %s/%s: %w: store closed", bucket, key, errdefs.ErrUnavailable)
+	}
+	if s.broken {
+		s.jmu.Unlock()
+		return s.Put(bucket, key, v)
+	}
+	e := entry{seq: s.seq + 1, bucket: bucket, key: key, value: b}
+	enc := e.encode()
+	err = appendEntry(s.journal, s.off, enc, sync)
+	if err == nil {
+		s.seq = e.seq
+		s.off += int64(len(enc))
+		s.pending = append(s.pending, e)
+		if !sync {
+			select {
+			case s.syncs <- struct{}{}:
+			default: // one is due already, and will cover this entry
+			}
+		}
+		if s.folding == nil {
+			s.folding = time.AfterFunc(foldDelay, s.foldLater)
+		} else {
+			s.folding.Reset(foldDelay)
+		}
+	} else if err != errJournalFull {
+		s.log.Error("writing the store's journal; writing to the database alone from now on", "err", err)
+		s.seq = e.seq
+		s.broken = true
+	}
+	s.jmu.Unlock()
+	if err != nil {
+		return s.Put(bucket, key, v)
+	}
+	return nil
+}
+
+// syncer makes journal entries PutQuick wrote durable, one fdatasync per
+// request (requests made while one runs are covered by the next).
+func (s *Store) syncer() {
+	defer close(s.syncerDone)
+	for range s.syncs {
+		if err := unix.Fdatasync(int(s.journal.Fd())); err != nil {
+			s.log.Error("syncing the store's journal", "err", err)
+		}
+	}
+}
+
+func (s *Store) foldLater() {
+	if err := s.fold(nil); err != nil {
+		s.log.Error("folding the store's journal", "err", err)
+		s.jmu.Lock()
+		if !s.closed {
+			s.folding.Reset(foldDelay)
+		}
+		s.jmu.Unlock()
+	}
+}
+
+// pendingValue returns the newest journaled value of bucket/key not
+// folded yet.
+func (s *Store) pendingValue(bucket, key string) ([]byte, bool) {
+	s.jmu.Lock()
+	defer s.jmu.Unlock()
+	for i := len(s.pending) - 1; i >= 0; i-- {
+		if e := s.pending[i]; e.bucket == bucket && e.key == key {
+			return e.value, true
+		}
+	}
+	return nil, false
+}
+
 // Get reads bucket/key into v; errdefs.ErrNotFound if missing.
 func (s *Store) Get(bucket, key string, v any) error {
+	if b, ok := s.pendingValue(bucket, key); ok {
+		return json.Unmarshal(b, v)
+	}
 	return s.db.View(func(tx *bolt.Tx) error {
 		bk := tx.Bucket([]byte(bucket))
 		var b []byte
@@ -63,7 +328,7 @@ func (s *Store) Get(bucket, key string, v any) error {
 
 // Delete removes bucket/key; removing a missing key is not an error.
 func (s *Store) Delete(bucket, key string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.fold(func(tx *bolt.Tx) error {
 		bk := tx.Bucket([]byte(bucket))
 		if bk == nil {
 			return nil
@@ -74,13 +339,42 @@ func (s *Store) Delete(bucket, key string) error {
 
 // Each calls fn for every record in bucket, in key order.
 func (s *Store) Each(bucket string, fn func(key string, raw json.RawMessage) error) error {
-	return s.db.View(func(tx *bolt.Tx) error {
-		bk := tx.Bucket([]byte(bucket))
-		if bk == nil {
-			return nil
+	if err := s.fold(nil); err != nil {
+		return err
+	}
+	// Entries journaled since are read from the journal: the database
+	// view below does not have them yet.
+	s.jmu.Lock()
+	extra := map[string][]byte{}
+	for _, e := range s.pending {
+		if e.bucket == bucket {
+			extra[e.key] = e.value
 		}
-		return bk.ForEach(func(k, v []byte) error {
-			return fn(string(k), append(json.RawMessage(nil), v...))
-		})
+	}
+	s.jmu.Unlock()
+	return s.db.View(func(tx *bolt.Tx) error {
+		rows := map[string][]byte{}
+		if bk := tx.Bucket([]byte(bucket)); bk != nil {
+			if err := bk.ForEach(func(k, v []byte) error {
+				rows[string(k)] = append([]byte(nil), v...)
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		for k, v := range extra {
+			rows[k] = v
+		}
+		keys := make([]string, 0, len(rows))
+		for k := range rows {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if err := fn(k, json.RawMessage(rows[k])); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }

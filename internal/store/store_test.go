@@ -3,8 +3,11 @@ package store
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"paddock/internal/errdefs"
 )
@@ -61,5 +64,149 @@ func TestPutGetDeleteEach(t *testing.T) {
 	})
 	if err != nil || len(keys) != 1 || keys[0] != "k2=two" {
 		t.Fatalf("Each = %v, %v", keys, err)
+	}
+}
+
+// crash abandons s as a kill -9 would: nothing journaled is folded (what
+// is in the page cache stays, as it does for a killed process).
+func crash(t *testing.T, s *Store) {
+	t.Helper()
+	s.jmu.Lock()
+	s.closed = true
+	if s.folding != nil {
+		s.folding.Stop()
+	}
+	s.jmu.Unlock()
+	close(s.syncs)
+	<-s.syncerDone
+	s.journal.Close()
+	if err := s.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func getN(t *testing.T, s *Store, key string) int {
+	t.Helper()
+	var r rec
+	err := s.Get("b", key, &r)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return -1
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.N
+}
+
+// TestPutNowSurvivesACrash: a record PutNow or PutQuick returned is there
+// after the process's crash that left it in the journal only; one a later Delete removed (or
+// a later Put replaced) is not brought back by the journal; and an entry
+// torn by the crash is dropped with what follows it.
+func TestPutNowSurvivesACrash(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range []string{"a", "b", "c", "d"} {
+		put := s.PutNow
+		if i%2 == 1 {
+			put = s.PutQuick
+		}
+		if err := put("b", k, rec{k, i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Delete("b", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put("b", "c", rec{"c", 30}); err != nil {
+		t.Fatal(err)
+	}
+	// After the fold the file is rewound: this entry overwrites the
+	// first, and the stale ones after it must not be replayed.
+	if err := s.PutNow("b", "e", rec{"e", 4}); err != nil {
+		t.Fatal(err)
+	}
+	if got := getN(t, s, "e"); got != 4 {
+		t.Fatalf("Get of a journaled record = %d", got)
+	}
+	if err := s.PutQuick("b", "f", rec{"f", 5}); err != nil {
+		t.Fatal(err)
+	}
+	off := s.off
+	crash(t, s)
+	// Tear the last entry.
+	f, err := os.OpenFile(path+".journal", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xff}, off-1); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"a": 0, "b": -1, "c": 30, "d": 3, "e": 4, "f": -1}
+	for k, n := range want {
+		if got := getN(t, s, k); got != n {
+			t.Errorf("after the crash %s = %d, want %d", k, got, n)
+		}
+	}
+	// And again after a clean close: everything is in the database.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(path); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var keys []string
+	s.Each("b", func(k string, _ json.RawMessage) error { keys = append(keys, k); return nil })
+	if fmt.Sprint(keys) != "[a c d e]" {
+		t.Fatalf("Each = %v", keys)
+	}
+}
+
+// TestPutNowFoldsAndEach: journaled records are folded into the database
+// in the background, and Each lists them before and after.
+func TestPutNowFoldsAndEach(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Put("b", "x", rec{"x", 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutNow("b", "y", rec{"y", 2}); err != nil {
+		t.Fatal(err)
+	}
+	list := func() string {
+		var keys []string
+		s.Each("b", func(k string, _ json.RawMessage) error { keys = append(keys, k); return nil })
+		return fmt.Sprint(keys)
+	}
+	if got := list(); got != "[x y]" {
+		t.Fatalf("Each = %s", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s.jmu.Lock()
+		n := len(s.pending)
+		s.jmu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the journal was not folded")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if f, err := s.folded(); err != nil || f != s.seq {
+		t.Fatalf("folded %d, %v; want %d", f, err, s.seq)
 	}
 }

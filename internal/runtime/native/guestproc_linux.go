@@ -40,8 +40,13 @@ type guestProc struct {
 	// made from (a snapshot image, or "" for a new disk) and its size.
 	diskFrom  string
 	diskBytes int64
-	// net is what the network made for it (files to bind, environment).
-	net runtime.NetSetup
+	// net is what the network made for it (files to bind, environment);
+	// wired says it was made (a blank guest may have it before it is
+	// bound).
+	net   runtime.NetSetup
+	wired bool
+	// frozen marks a warm guest taken out of its pool but not thawed yet.
+	frozen bool
 }
 
 // sealedSelf copies the running binary into a sealed memfd. Guests are
@@ -137,13 +142,21 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 		parentSync.Close()
 		return nil, err
 	}
-	sb := &Sandbox{socket: socket, done: make(chan struct{}), st: state{PID: pid, UIDBase: uidBase}}
+	sb := &Sandbox{socket: socket, done: make(chan struct{}), active: make(chan struct{}), st: state{PID: pid, UIDBase: uidBase}}
 	if err := sb.watch(pidfd); err != nil {
 		unix.Kill(pid, unix.SIGKILL)
 		parentSync.Close()
 		return nil, err
 	}
 	g := &guestProc{sb: sb, sync: parentSync, dir: dir}
+	// The start time identifies the guest across pid reuse (Restore
+	// checks it); read once the pidfd pins the pid, so that it is ours.
+	st, err := procStartTime(pid)
+	if err != nil {
+		g.kill()
+		return nil, fmt.Errorf("reading the guest's start time: %w", err)
+	}
+	sb.st.StartTime = st
 	if r.cfg.Cgroups.Mode() == cgroup.V1 {
 		if err := cg.AddProc(pid); err != nil {
 			g.kill()
@@ -158,7 +171,9 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 func (g *guestProc) kill() {
 	g.sb.Kill()
 	<-g.sb.done
-	g.sync.Close()
+	if g.sync != nil {
+		g.sync.Close()
+	}
 	os.RemoveAll(g.dir)
 }
 

@@ -52,6 +52,9 @@ type Config struct {
 	WarmGuests    int
 	WarmImage     func() (*image.Image, error)
 	WarmDiskBytes int64
+	// BlankGuests is how many guests to keep started but bound to no
+	// image or disk, for the starts no warm pool serves (blank_linux.go).
+	BlankGuests int
 	// Network wires each sandbox's network namespace to the egress path;
 	// nil leaves sandboxes with loopback only.
 	Network runtime.Network
@@ -64,6 +67,7 @@ type Runtime struct {
 	log      *slog.Logger
 	guestExe *os.File // sealed copy of our binary, exec'd as each guest
 	warmDir  string   // run dirs of warm guests, until a create takes one
+	blankDir string   // run dirs of blank guests (blank_linux.go)
 
 	forkMu sync.Mutex
 	forker *forker // started on first use, restarted if it dies
@@ -72,8 +76,13 @@ type Runtime struct {
 	idmap bool // the kernel supports idmapped mounts of our layers
 	// pools hold warm guests by pool name, each list oldest first.
 	pools map[string]*pool
-	// building holds the ids of warm guests being made.
+	// building holds the ids of warm and blank guests being made.
 	building map[string]bool
+	// blank holds blank guests by kind, oldest first; blankBuilding
+	// counts those being made.
+	blank         [blankKinds][]*guestProc
+	blankBuilding [blankKinds]int
+	closing       bool
 
 	refill chan struct{}
 	stop   chan struct{}
@@ -90,6 +99,7 @@ func New(cfg Config) (*Runtime, error) {
 		cfg:      cfg,
 		log:      cfg.Logger,
 		warmDir:  filepath.Join(cfg.RunDir, "warm"),
+		blankDir: filepath.Join(cfg.RunDir, "blank"),
 		idmap:    true,
 		building: map[string]bool{},
 		pools:    map[string]*pool{},
@@ -102,16 +112,22 @@ func New(cfg Config) (*Runtime, error) {
 	// Warm guests of an earlier daemon: their run dirs, disks and network
 	// state go now, their cgroups (named by sandbox ids nobody recorded)
 	// at reconcile.
-	if cfg.Network != nil {
-		if old, err := os.ReadDir(r.warmDir); err == nil {
+	// So do blank guests' (they have no disk).
+	for _, d := range []string{r.warmDir, r.blankDir} {
+		if cfg.Network == nil {
+			break
+		}
+		if old, err := os.ReadDir(d); err == nil {
 			for _, e := range old {
 				cfg.Network.Forget(e.Name())
 			}
 		}
 	}
-	os.RemoveAll(r.warmDir)
-	if err := os.MkdirAll(r.warmDir, 0o711); err != nil {
-		return nil, err
+	for _, d := range []string{r.warmDir, r.blankDir} {
+		os.RemoveAll(d)
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, err
+		}
 	}
 	vols, err := cfg.Disks.List()
 	if err != nil {
@@ -129,6 +145,7 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("sealing guest binary: %w", err)
 	}
 	r.guestExe = exe
+	r.poke() // blank guests
 	if cfg.WarmGuests > 0 {
 		r.SetPool(r.defaultPoolName(), runtime.PoolSource{Image: cfg.WarmImage, DiskBytes: cfg.WarmDiskBytes}, cfg.WarmGuests)
 	}
@@ -171,6 +188,13 @@ func (r *Runtime) IsWarm(id string) bool {
 	if r.building[id] {
 		return true
 	}
+	for _, list := range r.blank {
+		for _, g := range list {
+			if g.sb.id == id {
+				return true
+			}
+		}
+	}
 	for _, p := range r.pools {
 		for _, g := range p.ready {
 			if g.sb.id == id {
@@ -205,11 +229,77 @@ func (r *Runtime) Warm() int {
 // filesystem. UIDBase 0 takes a new range. On failure everything it made
 // is removed, except a disk that existed before.
 func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *guestProc, retErr error) {
-	id, uidBase := spec.ID, spec.UIDBase
 	t0 := time.Now()
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
-	defer func() { r.log.Debug("build phases", append([]any{"sandbox", id, "warm", warm}, phases...)...) }()
+	defer func() { r.log.Debug("build phases", append([]any{"sandbox", spec.ID, "warm", warm}, phases...)...) }()
+	dir := r.dir(spec.ID)
+	if warm {
+		dir = filepath.Join(r.warmDir, spec.ID)
+	}
+	g, undo, err := r.startGuest(spec.ID, spec.UIDBase, dir, warm)
+	if err != nil {
+		return nil, err
+	}
+	mark("guest")
+	vol := spec.ID
+	if warm {
+		vol = warmPrefix + spec.ID
+	}
+	if err := r.bind(ctx, g, spec, vol, mark); err != nil {
+		undo()
+		return nil, err
+	}
+	return g, nil
+}
+
+// startGuest starts a guest for sandbox id in a new cgroup of that name
+// (no limits yet), with dir as its run dir, on the uid range at uidBase
+// (0 takes a new one). undo removes all of it.
+func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool) (_ *guestProc, undo func(), retErr error) {
+	var cleanups []func()
+	undo = func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			undo()
+		}
+	}()
+	if uidBase == 0 {
+		base, err := r.cfg.IDs.Alloc()
+		if err != nil {
+			return nil, nil, err
+		}
+		uidBase = base
+		cleanups = append(cleanups, func() { r.cfg.IDs.Free(base) })
+	}
+	cg, err := r.cfg.Cgroups.Create(id, cgroup.Limits{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating cgroup: %w", err)
+	}
+	cleanups = append(cleanups, func() {
+		cg.Kill()
+		cg.Delete(context.Background())
+	})
+	g, err := r.spawnGuest(uidBase, dir, cg, warm)
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting guest: %w", err)
+	}
+	g.sb.id = id
+	g.sb.cg = cg
+	g.warm = warm
+	cleanups = append(cleanups, g.kill)
+	return g, undo, nil
+}
+
+// bind makes started guest g sandbox spec.ID's: it wires its network and
+// gets its disk (named vol) at the same time, then has the guest build
+// its root filesystem. On failure it removes what it made (not a disk
+// that existed before).
+func (r *Runtime) bind(ctx context.Context, g *guestProc, spec runtime.Spec, vol string, mark func(string)) (retErr error) {
 	var cleanups []func()
 	defer func() {
 		if retErr != nil {
@@ -218,65 +308,50 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 			}
 		}
 	}()
-	dir, vol := r.dir(id), id
-	if warm {
-		dir, vol = filepath.Join(r.warmDir, id), warmPrefix+id
+	// The two are independent and each costs milliseconds (a veth pair
+	// and its addresses; a clone, a loop device and a mount).
+	netErr := make(chan error, 1)
+	wire := r.cfg.Network != nil && !g.wired
+	if wire {
+		go func() { netErr <- r.attachNetwork(g) }()
+	} else {
+		netErr <- nil
 	}
-	if uidBase == 0 {
-		base, err := r.cfg.IDs.Alloc()
-		if err != nil {
-			return nil, err
-		}
-		uidBase = base
-		cleanups = append(cleanups, func() { r.cfg.IDs.Free(base) })
-	}
-	cg, err := r.cfg.Cgroups.Create(id, cgroup.Limits{})
-	if err != nil {
-		return nil, fmt.Errorf("creating cgroup: %w", err)
-	}
-	cleanups = append(cleanups, func() {
-		cg.Kill()
-		cg.Delete(context.Background())
-	})
-	mark("cgroup")
-	g, err := r.spawnGuest(uidBase, dir, cg, warm)
-	if err != nil {
-		return nil, fmt.Errorf("starting guest: %w", err)
-	}
-	g.sb.id = id
-	g.sb.cg = cg
-	g.warm = warm
-	cleanups = append(cleanups, g.kill)
-	if r.cfg.Network != nil {
-		if err := r.attachNetwork(g); err != nil {
-			return nil, err
-		}
-		cleanups = append(cleanups, func() { r.cfg.Network.Detach(id) })
-	}
-	mark("guest")
 	fresh := false
 	v, err := r.cfg.Disks.Open(vol)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		if spec.DiskFrom != "" {
+		switch {
+		case spec.DiskFrom != "" && g.warm:
+			// A warm pool's guest: nobody waits for it, and the ready
+			// clone is for those who do.
+			v, err = r.cfg.Disks.CloneFrom(ctx, vol, spec.DiskFrom, 0, 0)
+		case spec.DiskFrom != "":
 			v, err = r.cfg.Disks.AcquireFrom(ctx, vol, spec.DiskFrom, 0, 0)
-		} else {
+		default:
 			v, err = r.cfg.Disks.Acquire(ctx, vol, spec.Resources.DiskBytes, 0, 0)
 		}
 		fresh = err == nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("getting disk: %w", err)
-	}
 	if fresh {
 		cleanups = append(cleanups, func() { r.cfg.Disks.Remove(context.Background(), vol) })
 	}
-	g.volume = vol
 	mark("disk")
+	if nerr := <-netErr; nerr == nil && wire {
+		id := g.sb.id
+		cleanups = append(cleanups, func() { r.cfg.Network.Detach(id) })
+	} else if nerr != nil {
+		return nerr
+	}
+	if err != nil {
+		return fmt.Errorf("getting disk: %w", err)
+	}
+	g.volume = vol
+	mark("disk+net")
 	if err := r.prepare(ctx, g, spec.Image, v, spec.Mounts, mark); err != nil {
-		return nil, err
+		return err
 	}
 	mark("prepared")
-	return g, nil
+	return nil
 }
 
 // prepare has g build its root filesystem from img on disk v, take the
@@ -430,8 +505,10 @@ func (r *Runtime) discard(g *guestProc) {
 	if err := r.Stop(ctx, g.sb.id); err != nil {
 		r.log.Warn("removing a guest's cgroup", "sandbox", g.sb.id, "err", err)
 	}
-	if err := r.cfg.Disks.Remove(ctx, g.volume); err != nil {
-		r.log.Warn("removing a guest's disk", "disk", g.volume, "err", err)
+	if g.volume != "" {
+		if err := r.cfg.Disks.Remove(ctx, g.volume); err != nil {
+			r.log.Warn("removing a guest's disk", "disk", g.volume, "err", err)
+		}
 	}
 	r.cfg.IDs.Free(g.sb.st.UIDBase)
 }
@@ -471,6 +548,11 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		}
 		g.volume = g.sb.id
 		mark("warm")
+	} else if g = r.blankFor(spec); g != nil {
+		if err := r.bindBlank(ctx, g, &spec, mark); err != nil {
+			return nil, err
+		}
+		mark("bound")
 	} else {
 		if spec.ID == "" {
 			spec.ID = runtime.NewID()
@@ -491,17 +573,16 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		}
 		g.kill()
 		r.Stop(context.Background(), spec.ID)
+		if g.sb.st.UIDBase != spec.UIDBase {
+			r.cfg.IDs.Free(g.sb.st.UIDBase) // a blank guest's range
+		}
 	}()
-	defer g.sync.Close()
+	defer func() {
+		if g.sync != nil {
+			g.sync.Close()
+		}
+	}()
 	sb := g.sb
-	if err := sb.cg.Update(cgroup.Limits{
-		CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids,
-	}); err != nil {
-		return nil, fmt.Errorf("setting limits: %w", err)
-	}
-	// Guests wait at a low priority; a sandbox runs at the normal one.
-	raisePriority(sb.st.PID)
-	mark("limits")
 	env := append(append([]string(nil), spec.Env...), g.net.Env...)
 	if spec.Setup != nil {
 		more, err := spec.Setup(sb.id)
@@ -516,20 +597,68 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		Workdir:     spec.Workdir,
 		OutputLimit: r.cfg.OutputLimit,
 	}}
-	ready, err := g.call(ctx, &guest.Config{Activate: act}, nil, filepath.Join(g.dir, "guest.log"))
-	if err != nil {
-		return nil, fmt.Errorf("starting sandbox: %w", err)
-	}
-	mark("ready")
-	if ready.PID != 1 {
-		return nil, fmt.Errorf("guest reported pid %d, want 1", ready.PID)
-	}
-	st, err := procStartTime(sb.st.PID)
-	if err != nil {
-		return nil, err
-	}
-	sb.st.StartTime = st
+	// The limits, the activation and the guest's answer are seen to in
+	// the background, once the caller lets go (spec.Hold): nothing the
+	// sandbox runs can start before Dial lets a connection through, which
+	// waits for all of them (the guest's activation itself is our code,
+	// not the sandbox's). The sync socket is ours to close only then.
+	lim := cgroup.Limits{CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids}
+	sync := g.sync
+	g.sync = nil
+	go r.activate(sb, spec.Hold, g.frozen, lim, act, sync, filepath.Join(g.dir, "guest.log"))
 	return sb, nil
+}
+
+// activate, once hold is closed, sets sb's limits, thaws a warm guest
+// (frozen), raises its guest to the normal priority, sends it act and waits for its answer, and records
+// the outcome in sb. A guest that fails tells why and exits; one that answers wrongly,
+// or whose limits cannot be set, is killed, so that the sandbox ends (and
+// is marked failed) either way.
+func (r *Runtime) activate(sb *Sandbox, hold <-chan struct{}, frozen bool, lim cgroup.Limits, act *guest.Activate, sync *os.File, logPath string) {
+	defer sync.Close()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-sb.done:
+		}
+	}
+	err := sb.cg.Update(lim)
+	if err != nil {
+		err = fmt.Errorf("setting limits: %w", err)
+	}
+	// Thawed whatever else failed: a frozen guest cannot even die (v1).
+	if frozen {
+		if terr := sb.cg.Thaw(); terr != nil && err == nil {
+			err = fmt.Errorf("thawing: %w", terr)
+		}
+	}
+	// Guests wait at a low priority; a sandbox runs at the normal one.
+	raisePriority(sb.st.PID)
+	var rd *guest.Ready
+	if err == nil {
+		err = sendConfig(sync, &guest.Config{Activate: act}, nil)
+	}
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		rd, err = waitReady(ctx, sync, sb.done)
+		cancel()
+	}
+	if err == nil && rd.PID != 1 {
+		err = fmt.Errorf("guest reported pid %d, want 1", rd.PID)
+	}
+	if err != nil {
+		err = fmt.Errorf("%w%s", err, guestLogTail(logPath))
+		r.log.Warn("sandbox guest did not start serving", "sandbox", sb.id, "err", err)
+		sb.activeErr = err
+		sb.Kill()
+	}
+	close(sb.active)
+}
+
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }
 
 // mountFDs fills p's layers and binds with descriptors. Where the kernel
@@ -613,7 +742,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, raw []byte) (runtime.I
 		unix.Close(pidfd)
 		return nil, fmt.Errorf("loading cgroup: %w", err)
 	}
-	sb := &Sandbox{id: id, st: st, socket: filepath.Join(r.dir(id), "guest.sock"), cg: cg, done: make(chan struct{})}
+	sb := &Sandbox{id: id, st: st, socket: filepath.Join(r.dir(id), "guest.sock"), cg: cg, done: make(chan struct{}), active: closedChan()}
 	if err := sb.watch(pidfd); err != nil {
 		return nil, err
 	}
@@ -718,6 +847,11 @@ func (r *Runtime) Leftovers() ([]string, error) {
 	for id := range r.building {
 		seen[id] = true
 	}
+	for _, list := range r.blank {
+		for _, g := range list {
+			seen[g.sb.id] = true
+		}
+	}
 	r.mu.Unlock()
 	var ids []string
 	add := func(id string) {
@@ -744,7 +878,12 @@ func (r *Runtime) Close() error {
 	close(r.stop)
 	r.wg.Wait()
 	r.mu.Lock()
+	r.closing = true
 	var ready []*guestProc
+	for k, list := range r.blank {
+		ready = append(ready, list...)
+		r.blank[k] = nil
+	}
 	for _, p := range r.pools {
 		ready = append(ready, p.ready...)
 		p.ready = nil

@@ -125,13 +125,13 @@ func (r *Runtime) keepWarm() {
 			}
 		}
 		for {
-			p := r.neediest()
-			if p == nil {
+			name, start := r.nextGuest()
+			if start == nil {
 				break
 			}
 			var err error = errShortOfMemory
 			if memAvailable() >= minFreeMemory {
-				_, err = r.newGuest(p)
+				err = start()
 			}
 			if err != nil {
 				select {
@@ -140,7 +140,7 @@ func (r *Runtime) keepWarm() {
 				default:
 				}
 				if err != errShortOfMemory {
-					r.log.Warn("starting a warm guest", "pool", p.name, "err", err, "retry_in", backoff)
+					r.log.Warn("starting a warm guest", "pool", name, "err", err, "retry_in", backoff)
 				}
 				select {
 				case <-r.stop:
@@ -162,12 +162,40 @@ func (r *Runtime) keepWarm() {
 
 var errShortOfMemory = errors.New("the host is short of memory")
 
+// nextGuest says which guest the refill makes next: for the pool
+// furthest below its size, else a blank guest (blank_linux.go) while
+// there are fewer than BlankGuests; start is nil when all are full (or
+// the guests of all pools reach maxWarm).
+func (r *Runtime) nextGuest() (name string, start func() error) {
+	if p := r.neediest(); p != nil {
+		return p.name, func() error { _, err := r.newGuest(p); return err }
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range r.blankKinds() {
+		if len(r.blank[k])+r.blankBuilding[k] < r.cfg.BlankGuests && r.countLocked() < maxWarm {
+			r.blankBuilding[k]++
+			return "blank", func() error { return r.newBlank(k) }
+		}
+	}
+	return "", nil
+}
+
+// countLocked counts the warm and blank guests, ready or being made.
+func (r *Runtime) countLocked() int {
+	n := len(r.building) + len(r.blank[forNew]) + len(r.blank[forRestart])
+	for _, p := range r.pools {
+		n += len(p.ready)
+	}
+	return n
+}
+
 // neediest returns the pool furthest below its size, or nil when all are
 // full (or the guests of all pools reach maxWarm).
 func (r *Runtime) neediest() *pool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	total := len(r.building)
+	total := len(r.building) + len(r.blank[forNew]) + len(r.blank[forRestart])
 	names := make([]string, 0, len(r.pools))
 	for name, p := range r.pools {
 		total += len(p.ready)
@@ -205,10 +233,9 @@ const warmPrefix = "warm-"
 // it costs no CPU while it waits. Only its limits and environment are
 // left for the create that takes it.
 func (r *Runtime) newGuest(p *pool) (_ *guestProc, retErr error) {
-	id := runtime.NewID()
+	id := r.newBuildingID()
 	r.mu.Lock()
 	src := p.src
-	r.building[id] = true
 	r.mu.Unlock()
 	var g *guestProc
 	defer func() {
@@ -243,7 +270,18 @@ func (r *Runtime) newGuest(p *pool) (_ *guestProc, retErr error) {
 	return g, nil
 }
 
-// takeWarm returns a live warm guest, thawed, made from spec's image,
+// newBuildingID picks the id of a guest about to be made ahead of time
+// and marks it as being made (IsWarm, Leftovers) until the maker deletes
+// it from r.building.
+func (r *Runtime) newBuildingID() string {
+	id := runtime.NewID()
+	r.mu.Lock()
+	r.building[id] = true
+	r.mu.Unlock()
+	return id
+}
+
+// takeWarm returns a live warm guest, frozen, made from spec's image,
 // DiskFrom and disk size, if there is one.
 func (r *Runtime) takeWarm(spec runtime.Spec) *guestProc {
 	size := spec.Resources.DiskBytes
@@ -264,7 +302,11 @@ func (r *Runtime) takeWarm(spec runtime.Spec) *guestProc {
 		if g == nil {
 			return nil
 		}
-		if !g.sb.exited() && g.sb.cg.Thaw() == nil {
+		// Still frozen: it is thawed with its activation, after the
+		// answer (Start), so that its threads waking up do not compete
+		// with the create.
+		if !g.sb.exited() {
+			g.frozen = true
 			return g
 		}
 		r.discard(g)

@@ -34,6 +34,15 @@ type Sandbox struct {
 	cg     *cgroup.Group
 	done   chan struct{}
 
+	// active is closed once the sandbox's limits are set and the guest
+	// has answered its Activate (at once for a sandbox found running after
+	// a restart); activeErr is then why it could not start serving, if it
+	// could not. Start does not wait for either: nothing the sandbox runs
+	// starts before a Dial, which waits for active, so the create can
+	// answer meanwhile.
+	active    chan struct{}
+	activeErr error
+
 	// mu guards pidFile against use after the watcher closed it: a closed
 	// fd number may be reused, and a signal must never reach another
 	// process.
@@ -52,8 +61,18 @@ func (s *Sandbox) State() []byte { b, _ := json.Marshal(s.st); return b }
 // Done implements runtime.Instance.
 func (s *Sandbox) Done() <-chan struct{} { return s.done }
 
-// Dial implements runtime.Instance.
+// Dial implements runtime.Instance. It waits until the guest has
+// answered its Activate, so that a guest that could not start serving is
+// reported as such rather than as a connection that hangs.
 func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
+	select {
+	case <-s.active:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if s.activeErr != nil {
+		return nil, errdefs.Conflict("sandbox %s did not start: %v", s.id, s.activeErr)
+	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", s.socket)
 	if err != nil {
@@ -68,12 +87,17 @@ func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 }
 
 // Kill implements runtime.Instance: SIGKILL to the guest ends its pid
-// namespace, and the kernel kills every process in it.
+// namespace, and the kernel kills every process in it. The cgroup is
+// thawed first: a frozen process does not die until it is (v1), and a
+// warm guest just handed out is frozen until its activation.
 func (s *Sandbox) Kill() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pidFile == nil {
 		return nil
+	}
+	if s.cg != nil {
+		s.cg.Thaw()
 	}
 	err := unix.PidfdSendSignal(int(s.pidFile.Fd()), unix.SIGKILL, nil, 0)
 	if err == unix.ESRCH {
@@ -82,14 +106,24 @@ func (s *Sandbox) Kill() error {
 	return err
 }
 
-// Freeze implements runtime.Instance.
-func (s *Sandbox) Freeze(ctx context.Context) error { return s.cg.Freeze(ctx) }
+// Freeze implements runtime.Instance. A sandbox still activating is
+// frozen once it is active: frozen halfway, it would never answer.
+func (s *Sandbox) Freeze(ctx context.Context) error {
+	select {
+	case <-s.active:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.cg.Freeze(ctx)
+}
 
 // Thaw implements runtime.Instance.
 func (s *Sandbox) Thaw() error { return s.cg.Thaw() }
 
-// Update implements runtime.Instance.
+// Update implements runtime.Instance. It waits until the sandbox's own
+// limits are set (activate), so that they cannot overwrite the update.
 func (s *Sandbox) Update(res api.Resources) error {
+	<-s.active
 	return s.cg.Update(cgroup.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryBytes, Pids: res.Pids})
 }
 

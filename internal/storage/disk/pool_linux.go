@@ -43,6 +43,13 @@ type Pool struct {
 	mu     sync.Mutex
 	ready  []*entry
 	closed bool
+	// clones are ready clones of snapshot images by path, recent the
+	// sources AcquireFrom used lately (oldest first), cloning the sources
+	// whose clone is being made (clones_linux.go).
+	clones  map[string]*readyClone
+	recent  []string
+	cloning map[string]bool
+	cloneWG sync.WaitGroup
 
 	// volMu serialises Open's re-mount with other Opens and with Remove's
 	// rename, so a volume is never mounted twice nor re-mounted in trash.
@@ -96,6 +103,8 @@ func NewPool(cfg Config) (*Pool, error) {
 		volDir:   filepath.Join(cfg.Dir, "vol"),
 		trashDir: filepath.Join(cfg.Dir, "trash"),
 		snapping: make(map[string]chan struct{}),
+		clones:   map[string]*readyClone{},
+		cloning:  map[string]bool{},
 		copyOpts: cloneOptions{copyOnly: cfg.Substrate != nil && !cfg.Substrate.Reflink()},
 		wake:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
@@ -498,7 +507,7 @@ func (p *Pool) Close() error {
 
 	p.cancel()
 	<-p.done
-	var errs []error
+	errs := p.dropClones()
 	for _, e := range ready {
 		if err := teardown(context.Background(), e.dir, p.log); err != nil {
 			errs = append(errs, err)

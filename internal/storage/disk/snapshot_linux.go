@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -215,6 +214,18 @@ func (p *Pool) capture(ctx context.Context, pin *pinned, dst string, pause func(
 // is built in a pool directory and renamed into place, so a crash leaves
 // nothing but what the next NewPool sweeps.
 func (p *Pool) AcquireFrom(ctx context.Context, id, src string, uid, gid int) (*Volume, error) {
+	return p.acquireFrom(ctx, id, src, uid, gid, true)
+}
+
+// CloneFrom is AcquireFrom for a volume made ahead of time, which nobody
+// waits for: it neither takes src's ready clone (clones_linux.go) nor
+// counts as a use of src, so the ready clones stay for the starts that
+// wait.
+func (p *Pool) CloneFrom(ctx context.Context, id, src string, uid, gid int) (*Volume, error) {
+	return p.acquireFrom(ctx, id, src, uid, gid, false)
+}
+
+func (p *Pool) acquireFrom(ctx context.Context, id, src string, uid, gid int, ready bool) (*Volume, error) {
 	if err := validateID(id); err != nil {
 		return nil, err
 	}
@@ -245,28 +256,24 @@ func (p *Pool) AcquireFrom(ctx context.Context, id, src string, uid, gid int) (*
 		return nil, errdefs.Invalid("disk snapshot", "%s has size %d, outside %d MiB to %d TiB", src, fi.Size(), MinSize>>20, MaxSize>>40)
 	}
 
-	dir := filepath.Join(p.poolDir, strconv.FormatUint(p.seq.Add(1), 10))
-	var size int64
-	dev, err := buildVolume(dir, p.log, func(img string) error {
-		if _, err := cloneFile(ctx, src, img, p.copyOpts); err != nil {
-			return err
-		}
-		var st unix.Stat_t
-		if err := unix.Stat(img, &st); err != nil {
-			return fmt.Errorf("inspecting %s: %w", img, err)
-		}
-		size = st.Size
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("making disk from snapshot: %w", err)
+	id0 := sourceOf(fi)
+	var e *entry
+	if ready {
+		e = p.takeClone(src, id0)
 	}
-	e := &entry{dir: dir, device: dev, size: size}
+	if e == nil {
+		if e, err = p.cloneInto(ctx, src); err != nil {
+			return nil, fmt.Errorf("making disk from snapshot: %w", err)
+		}
+	}
 	if err := p.handOut(e, dst, uid, gid); err != nil {
 		p.destroy(e)
 		return nil, err
 	}
-	return &Volume{ID: id, Path: filepath.Join(dst, rootName), Size: size, Device: dev}, nil
+	if ready {
+		p.used(src, id0)
+	}
+	return &Volume{ID: id, Path: filepath.Join(dst, rootName), Size: e.size, Device: e.device}, nil
 }
 
 // ImagePath returns the backing file of the disk handed out to id: what

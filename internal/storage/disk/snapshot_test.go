@@ -528,3 +528,111 @@ func TestVolumesUseDirectIO(t *testing.T) {
 		})
 	}
 }
+
+// TestAcquireFromReadyClone: a snapshot used twice gets a clone made
+// ahead of time, which the third AcquireFrom takes (same contents, no
+// clone left); a snapshot replaced under the same path does not hand out
+// the old one's clone, and a removed one's clone is dropped.
+func TestAcquireFromReadyClone(t *testing.T) {
+	ctx := context.Background()
+	setup := snapshotSetups[0]
+	p, base := setup.make(t, 0)
+	parent := acquire(t, p, "parent", 64<<20)
+	if err := os.WriteFile(filepath.Join(parent.Path, "a"), []byte("one"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(base, "parent.img")
+	if _, err := p.Snapshot(ctx, "parent", snap, nil); err != nil {
+		t.Fatal(err)
+	}
+	readyFor := func(path string) *readyClone {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			p.mu.Lock()
+			rc, busy := p.clones[path], p.cloning[path]
+			p.mu.Unlock()
+			if rc != nil || !busy && time.Now().After(deadline) {
+				return rc
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	read := func(v *Volume) string {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(v.Path, "a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	for i, id := range []string{"c1", "c2"} {
+		v, err := p.AcquireFrom(ctx, id, snap, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if read(v) != "one" {
+			t.Fatalf("clone %d reads %q", i, read(v))
+		}
+	}
+	rc := readyFor(snap)
+	if rc == nil {
+		t.Fatal("no ready clone after a source's second use")
+	}
+	// A volume made ahead of time leaves the ready clone alone.
+	w, err := p.CloneFrom(ctx, "w1", snap, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read(w) != "one" || w.Device == rc.e.device {
+		t.Fatalf("CloneFrom = %+v, took the ready clone on %s", w, rc.e.device)
+	}
+	v, err := p.AcquireFrom(ctx, "c3", snap, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read(v) != "one" || v.Device != rc.e.device || !isMountpoint(t, v.Path) {
+		t.Fatalf("third AcquireFrom = %+v, want the ready clone on %s", v, rc.e.device)
+	}
+	// Replace the snapshot: the clone made from the old file must not be
+	// handed out.
+	if err := os.WriteFile(filepath.Join(parent.Path, "a"), []byte("two"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if rc = readyFor(snap); rc == nil {
+		t.Fatal("no ready clone after the third use")
+	}
+	if err := os.Remove(snap); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Snapshot(ctx, "parent", snap, nil); err != nil {
+		t.Fatal(err)
+	}
+	v, err = p.AcquireFrom(ctx, "c4", snap, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read(v); got != "two" {
+		t.Fatalf("after the snapshot was replaced a clone reads %q", got)
+	}
+	// Removed: its clone goes at the next use of any source.
+	readyFor(snap)
+	os.Remove(snap)
+	other := filepath.Join(base, "other.img")
+	if _, err := p.Snapshot(ctx, "parent", other, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.AcquireFrom(ctx, "c5", other, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	left := p.clones[snap]
+	p.mu.Unlock()
+	if left != nil {
+		t.Fatal("the clone of a removed snapshot was kept")
+	}
+	for _, id := range []string{"c1", "c2", "c3", "c4", "c5", "w1"} {
+		if err := p.Remove(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
