@@ -29,7 +29,12 @@ func TestDaemonHoldsNothingAfterUse(t *testing.T) {
 
 	cycle := func(i int) {
 		t.Helper()
-		id := d.Create(api.CreateRequest{Labels: map[string]string{"cycle": strconv.Itoa(i)}})
+		labels := map[string]string{"cycle": strconv.Itoa(i)}
+		id := d.Create(api.CreateRequest{Labels: labels})
+		// Listed at once as created: running, with its labels.
+		if l, err := c.List(ctx, client.ListOptions{Labels: labels, State: api.StateRunning}); err != nil || len(l) != 1 || l[0].ID != id {
+			t.Fatalf("list right after create of %s: %+v, %v", id, l, err)
+		}
 		if out, _, st := d.Exec(id, "echo", "hi"); out != "hi\n" || st.ExitCode != 0 {
 			t.Fatalf("exec: %q %+v", out, st)
 		}

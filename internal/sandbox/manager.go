@@ -13,6 +13,7 @@ import (
 	goruntime "runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"paddock/api"
@@ -91,6 +92,10 @@ type box struct {
 	guest    *guest.Client
 	timer    *time.Timer
 	stopping bool // an exit of the guest is expected
+	// created is the view a create answered with while its telemetry
+	// goroutine still holds mu (see create): List shows that, not a
+	// sandbox being created.
+	created atomic.Pointer[api.Sandbox]
 
 	// lastActive and streams decide auto-pause; guarded by activity.
 	activity   sync.Mutex
@@ -392,8 +397,10 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	// the sandbox next (a stop, a removal) reaches the observers after
 	// Running, in order.
 	handedOff = true
+	b.created.Store(&view)
 	go func() {
 		defer b.mu.Unlock()
+		defer b.created.Store(nil)
 		m.obs.Running(key, view)
 		m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
 		log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
@@ -691,6 +698,8 @@ func (m *Manager) List(f Filter) []api.Sandbox {
 		if b.mu.TryLock() {
 			s = b.viewLocked()
 			b.mu.Unlock()
+		} else if v := b.created.Load(); v != nil {
+			s = *v
 		} else {
 			s = api.Sandbox{ID: b.rec.ID, State: api.StateCreating}
 		}
