@@ -806,6 +806,14 @@ func (m *Manager) Guest(ctx context.Context, id string) (*guest.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Right after a create the telemetry goroutine holds the lock (see
+	// create); the sandbox is running and its guest set, and nothing can
+	// change that before the goroutine lets go, so the first exec need
+	// not wait for telemetry's files.
+	if b.created.Load() != nil {
+		b.touch()
+		return b.guest, nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := m.wakeLocked(ctx, b); err != nil {
@@ -824,6 +832,9 @@ func (m *Manager) Done(id string) (<-chan struct{}, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return nil, err
+	}
+	if b.created.Load() != nil { // as in Guest
+		return b.inst.Done(), nil
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
