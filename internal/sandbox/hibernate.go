@@ -163,6 +163,7 @@ func (m *Manager) startLocked(ctx context.Context, b *box) error {
 	m.watch(b, inst)
 	m.obs.Running(b.rec.ID, b.viewLocked())
 	m.obs.Event(b.rec.ID, "lifecycle", "resumed", nil)
+	awaitSent(inst)
 	m.log.Info("sandbox resumed", "sandbox", b.rec.ID, "took", time.Since(start).Round(time.Microsecond))
 	return nil
 }

@@ -306,7 +306,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	spec.DiskFrom = src.diskFrom
 	// The guest activates once the sandbox is recorded (see PutNow below).
 	hold := make(chan struct{})
-	defer close(hold)
+	var releaseHold sync.Once
+	letGo := func() { releaseHold.Do(func() { close(hold) }) }
+	defer letGo()
 	spec.Hold = hold
 	if len(req.Volumes) > 0 {
 		// Not a warm guest: this sandbox is built now, under an id
@@ -405,7 +407,22 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
 		log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
 	}()
+	letGo()
+	awaitSent(inst)
 	return view, nil
+}
+
+// awaitSent waits until a sandbox the runtime activates after Start no
+// longer needs this daemon to come up (its limits set, its activation
+// handed to its guest), so that an answer given to the caller survives the
+// daemon's death: TestRestartDuringCreate.
+func awaitSent(inst runtime.Instance) {
+	if a, ok := inst.(interface{ Sent() <-chan struct{} }); ok {
+		select {
+		case <-a.Sent():
+		case <-inst.Done():
+		}
+	}
 }
 
 // mounts records that sandbox id mounts vols and returns them as runtime

@@ -641,6 +641,10 @@ func (r *Runtime) activate(sb *Sandbox, hold <-chan struct{}, frozen bool, lim c
 	if err == nil {
 		err = sendConfig(sync, &guest.Config{Activate: act}, nil)
 	}
+	// The Activate is in the guest's socket: the guest reads it and
+	// serves even if this daemon dies now. The answer to the create
+	// waits for this (see Sandbox.Sent), not for the guest's reply.
+	close(sb.sent)
 	mark("sent")
 	// Guests wait at a low priority; a sandbox runs at the normal one.
 	// Raised while the guest activates: a thread at a time through /proc,
@@ -753,7 +757,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, raw []byte) (runtime.I
 		unix.Close(pidfd)
 		return nil, fmt.Errorf("loading cgroup: %w", err)
 	}
-	sb := &Sandbox{id: id, st: st, socket: filepath.Join(r.dir(id), "guest.sock"), cg: cg, done: make(chan struct{}), active: closedChan()}
+	sb := &Sandbox{id: id, st: st, socket: filepath.Join(r.dir(id), "guest.sock"), cg: cg, done: make(chan struct{}), active: closedChan(), sent: closedChan()}
 	if err := sb.watch(pidfd); err != nil {
 		return nil, err
 	}
@@ -773,6 +777,9 @@ func (r *Runtime) Restore(ctx context.Context, id string, raw []byte) (runtime.I
 			return nil, fmt.Errorf("restoring network: %w", err)
 		}
 	}
+	// A daemon that died right after answering may not have raised the
+	// guest's priority yet (activate does that after the answer).
+	raisePriority(st.PID)
 	return sb, nil
 }
 

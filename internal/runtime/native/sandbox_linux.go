@@ -42,6 +42,10 @@ type Sandbox struct {
 	// answer meanwhile.
 	active    chan struct{}
 	activeErr error
+	// sent is closed once the limits are set, the guest thawed and its
+	// Activate written to it (or that failed): from then on the sandbox
+	// comes up even if the daemon dies, so a create may answer.
+	sent chan struct{}
 
 	// mu guards pidFile against use after the watcher closed it: a closed
 	// fd number may be reused, and a signal must never reach another
@@ -85,6 +89,10 @@ func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 	}
 	return c, nil
 }
+
+// Sent returns a channel closed once the sandbox no longer needs this
+// daemon to come up (see sent).
+func (s *Sandbox) Sent() <-chan struct{} { return s.sent }
 
 // Kill implements runtime.Instance: SIGKILL to the guest ends its pid
 // namespace, and the kernel kills every process in it. The cgroup is
