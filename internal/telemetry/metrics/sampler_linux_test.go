@@ -120,11 +120,13 @@ func TestCgroupFilesMatchStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := openFiles(t, m, g)
+	// It sleeps holding the memory: its stdin is at EOF once Start
+	// returns, so a read would let it exit under the measurement.
 	p := cgrouptest.Start(t, g, "/usr/bin/python3", "-c", `
-import sys
+import time
 b = b"x" * (40 << 20)
 print("ready", flush=True)
-sys.stdin.readline()
+time.sleep(120)
 `)
 	readLine(t, p, "ready")
 	var r Reading
