@@ -167,6 +167,14 @@ type Instance interface {
 	Info() api.RuntimeInfo
 }
 
+// Activating is offered by instances that finish coming up after Start
+// returns: Sent is closed once the instance no longer needs this daemon
+// to come up (it would survive the daemon's death from then on), or once
+// that failed.
+type Activating interface {
+	Sent() <-chan struct{}
+}
+
 // PoolSource is what a warm pool's sandboxes are made from: an image and,
 // for a template, the snapshot image their disk is a copy of. A create
 // whose image, DiskFrom and disk size match takes one of them.

@@ -417,7 +417,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 // handed to its guest), so that an answer given to the caller survives the
 // daemon's death: TestRestartDuringCreate.
 func awaitSent(inst runtime.Instance) {
-	if a, ok := inst.(interface{ Sent() <-chan struct{} }); ok {
+	if a, ok := inst.(runtime.Activating); ok {
 		select {
 		case <-a.Sent():
 		case <-inst.Done():

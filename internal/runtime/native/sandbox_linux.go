@@ -54,7 +54,10 @@ type Sandbox struct {
 	pidFile *os.File // nil once the guest has exited
 }
 
-var _ runtime.Instance = (*Sandbox)(nil)
+var (
+	_ runtime.Instance   = (*Sandbox)(nil)
+	_ runtime.Activating = (*Sandbox)(nil)
+)
 
 // ID implements runtime.Instance.
 func (s *Sandbox) ID() string { return s.id }
@@ -90,8 +93,7 @@ func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 	return c, nil
 }
 
-// Sent returns a channel closed once the sandbox no longer needs this
-// daemon to come up (see sent).
+// Sent implements runtime.Activating (see sent).
 func (s *Sandbox) Sent() <-chan struct{} { return s.sent }
 
 // Kill implements runtime.Instance: SIGKILL to the guest ends its pid
