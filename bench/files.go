@@ -1,11 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"paddock/api"
@@ -94,7 +94,7 @@ func (r *rig) fileTransfers(ctx context.Context, f *fileRun) error {
 	return r.withSandbox(ctx, req, func(id string) error {
 		data := newRepeatBlock()
 		// The sandbox gets the block too, to check the upload with cmp.
-		if _, err := r.client.WriteFile(ctx, id, "/tmp/block", strings.NewReader(string(data.block)), client.WriteOptions{}); err != nil {
+		if _, err := r.client.WriteFile(ctx, id, "/tmp/block", bytes.NewReader(data.block), client.WriteOptions{}); err != nil {
 			return fmt.Errorf("writing the reference block: %w", err)
 		}
 		r.idle(ctx)
