@@ -304,7 +304,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	}
 	spec := m.spec(&rec, img)
 	spec.DiskFrom = src.diskFrom
-	// The guest activates once the sandbox is recorded (see PutNow below).
+	// The guest activates once the sandbox is recorded (see PutQuick below).
 	hold := make(chan struct{})
 	var releaseHold sync.Once
 	letGo := func() { releaseHold.Do(func() { close(hold) }) }
