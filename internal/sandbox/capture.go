@@ -63,7 +63,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 	if err != nil {
 		return api.Snapshot{}, err
 	}
-	m.obs.Event(id, "snapshot", "snapshot taken", snap)
+	m.notify(b).Event(id, "snapshot", "snapshot taken", snap)
 	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "path", snap.Path, "frozen_ms", snap.FrozenMS, "total_ms", snap.TotalMS, "shared", snap.Shared)
 	return snap, nil
 }
@@ -262,7 +262,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 	for i, s := range out {
 		ids[i] = s.ID
 	}
-	m.obs.Event(id, "fork", fmt.Sprintf("forked into %d", len(out)), map[string]any{"sandboxes": ids, "frozen_ms": res.FrozenMS})
+	m.notify(b).Event(id, "fork", fmt.Sprintf("forked into %d", len(out)), map[string]any{"sandboxes": ids, "frozen_ms": res.FrozenMS})
 	m.log.Info("sandbox forked", "sandbox", id, "count", req.Count, "frozen_ms", res.FrozenMS, "total_ms", res.TotalMS)
 	return res, nil
 }

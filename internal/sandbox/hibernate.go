@@ -101,8 +101,8 @@ func (m *Manager) pauseLocked(ctx context.Context, b *box) error {
 	b.rec.State = api.StatePaused
 	b.rec.Error = ""
 	m.persistLocked(b)
-	m.obs.Stopped(b.viewLocked())
-	m.obs.Event(b.rec.ID, "lifecycle", "paused", nil)
+	m.notify(b).Stopped(b.viewLocked())
+	m.notify(b).Event(b.rec.ID, "lifecycle", "paused", nil)
 	m.log.Info("sandbox paused", "sandbox", b.rec.ID, "took", time.Since(start).Round(time.Microsecond))
 	return nil
 }
@@ -143,12 +143,12 @@ func (m *Manager) startLocked(ctx context.Context, b *box) error {
 	if spec.Mounts, err = m.mounts(ctx, b.rec.ID, b.rec.Volumes); err != nil {
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}
-	if err := m.obs.Admit(b.rec.ID, b.rec.Resources); err != nil {
+	if err := m.notify(b).Admit(b.rec.ID, b.rec.Resources); err != nil {
 		return err
 	}
 	inst, err := m.cfg.Runtime.Start(ctx, spec)
 	if err != nil {
-		m.obs.Release(b.rec.ID)
+		m.notify(b).Release(b.rec.ID)
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}
 	b.attach(inst)
@@ -161,8 +161,8 @@ func (m *Manager) startLocked(ctx context.Context, b *box) error {
 	b.rec.Runtime = inst.State()
 	m.persistLocked(b)
 	m.watch(b, inst)
-	m.obs.Running(b.rec.ID, b.viewLocked())
-	m.obs.Event(b.rec.ID, "lifecycle", "resumed", nil)
+	m.notify(b).Running(b.rec.ID, b.viewLocked())
+	m.notify(b).Event(b.rec.ID, "lifecycle", "resumed", nil)
 	awaitSent(inst)
 	m.log.Info("sandbox resumed", "sandbox", b.rec.ID, "took", time.Since(start).Round(time.Microsecond))
 	return nil
@@ -185,7 +185,7 @@ func (m *Manager) Freeze(ctx context.Context, id string) (api.Sandbox, error) {
 		}
 		b.rec.State = api.StateFrozen
 		m.persistLocked(b)
-		m.obs.Event(id, "lifecycle", "frozen", nil)
+		m.notify(b).Event(id, "lifecycle", "frozen", nil)
 	default:
 		return api.Sandbox{}, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
 	}
@@ -219,7 +219,7 @@ func (m *Manager) thawLocked(b *box) error {
 	b.rec.State = api.StateRunning
 	b.touch()
 	m.persistLocked(b)
-	m.obs.Event(b.rec.ID, "lifecycle", "thawed", nil)
+	m.notify(b).Event(b.rec.ID, "lifecycle", "thawed", nil)
 	return nil
 }
 

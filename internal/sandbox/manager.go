@@ -92,10 +92,12 @@ type box struct {
 	guest    *guest.Client
 	timer    *time.Timer
 	stopping bool // an exit of the guest is expected
-	// created is the view a create answered with while its telemetry
-	// goroutine still holds mu (see create): List shows that, not a
-	// sandbox being created.
-	created atomic.Pointer[api.Sandbox]
+	// observed, when not nil, is closed once the observers have heard of
+	// the create (see create and notify).
+	observed chan struct{}
+	// shown is the view last recorded, which List shows while another
+	// call holds mu.
+	shown atomic.Pointer[api.Sandbox]
 
 	// lastActive and streams decide auto-pause; guarded by activity.
 	activity   sync.Mutex
@@ -349,18 +351,19 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	rec.State = api.StateRunning
 	rec.Runtime = inst.State()
 	rec.UIDBase = inst.Info().UIDBase
-	b := &box{rec: rec}
+	// observed is closed by the observers' goroutine below, or here on
+	// failure; it is set before anyone can look the sandbox up.
+	b := &box{rec: rec, observed: make(chan struct{})}
+	observing := false
+	defer func() {
+		if !observing {
+			close(b.observed)
+		}
+	}()
 	b.attach(inst)
 	b.touch()
 	b.mu.Lock()
-	// The lock is released by the observers' goroutine below once the
-	// sandbox is recorded, or here on failure.
-	handedOff := false
-	defer func() {
-		if !handedOff {
-			b.mu.Unlock()
-		}
-	}()
+	defer b.mu.Unlock()
 	m.mu.Lock()
 	_, dup := m.boxes[rec.ID]
 	if !dup {
@@ -393,16 +396,14 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	m.watch(b, inst)
 	m.armTimer(b)
 	view := b.viewLocked()
-	// Telemetry hears of the sandbox after the answer: it is not needed
-	// for it (it opens the cgroup's files for sampling, records the
-	// event). The sandbox's lock goes with it, so that whatever is done to
-	// the sandbox next (a stop, a removal) reaches the observers after
-	// Running, in order.
-	handedOff = true
-	b.created.Store(&view)
+	b.shown.Store(&view)
+	// The observers hear of the sandbox after the answer: telemetry is not
+	// needed for it (it opens the cgroup's files for sampling, records the
+	// event). Whatever is done to the sandbox next (a stop, a removal)
+	// reaches them after Running, in order: notify waits for observed.
+	observing = true
 	go func() {
-		defer b.mu.Unlock()
-		defer b.created.Store(nil)
+		defer close(b.observed)
 		m.obs.Running(key, view)
 		m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
 		log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
@@ -638,12 +639,23 @@ func (m *Manager) watch(b *box, inst runtime.Instance) {
 			m.log.Warn("releasing failed sandbox", "sandbox", b.rec.ID, "err", err)
 		}
 		m.persistLocked(b)
-		m.obs.Stopped(b.viewLocked())
-		m.obs.Event(b.rec.ID, "lifecycle", "failed", map[string]any{"error": b.rec.Error})
+		m.notify(b).Stopped(b.viewLocked())
+		m.notify(b).Event(b.rec.ID, "lifecycle", "failed", map[string]any{"error": b.rec.Error})
 	}()
 }
 
+// notify returns the observers for a call about b, once they have heard
+// of its create: what happens to a sandbox reaches them in order.
+func (m *Manager) notify(b *box) Observer {
+	if b.observed != nil {
+		<-b.observed
+	}
+	return m.obs
+}
+
 func (m *Manager) persistLocked(b *box) {
+	view := b.viewLocked()
+	b.shown.Store(&view)
 	if err := m.cfg.Store.Put(bucket, b.rec.ID, b.rec); err != nil {
 		m.log.Error("recording sandbox", "sandbox", b.rec.ID, "err", err)
 	}
@@ -709,13 +721,13 @@ func (m *Manager) List(f Filter) []api.Sandbox {
 	m.mu.Unlock()
 	out := []api.Sandbox{}
 	for _, b := range boxes {
-		// TryLock: a sandbox being created is listed as creating rather
-		// than making List wait for it.
+		// TryLock: a sandbox another call holds (a create, a pause) is
+		// listed as last recorded rather than making List wait for it.
 		var s api.Sandbox
 		if b.mu.TryLock() {
 			s = b.viewLocked()
 			b.mu.Unlock()
-		} else if v := b.created.Load(); v != nil {
+		} else if v := b.shown.Load(); v != nil {
 			s = *v
 		} else {
 			s = api.Sandbox{ID: b.rec.ID, State: api.StateCreating}
@@ -755,8 +767,8 @@ func (m *Manager) Stop(ctx context.Context, id string) (api.Sandbox, error) {
 	b.rec.State = api.StateStopped
 	m.persistLocked(b)
 	view := b.viewLocked()
-	m.obs.Stopped(view)
-	m.obs.Event(id, "lifecycle", "stopped", nil)
+	m.notify(b).Stopped(view)
+	m.notify(b).Event(id, "lifecycle", "stopped", nil)
 	return view, nil
 }
 
@@ -812,7 +824,7 @@ func (m *Manager) Delete(ctx context.Context, id string, force bool) error {
 	}
 	m.releaseMounts(id, b.rec.Volumes)
 	m.forget(id)
-	m.obs.Removed(id)
+	m.notify(b).Removed(id)
 	m.log.Info("sandbox deleted", "sandbox", id)
 	return nil
 }
@@ -822,14 +834,6 @@ func (m *Manager) Guest(ctx context.Context, id string) (*guest.Client, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return nil, err
-	}
-	// Right after a create the telemetry goroutine holds the lock (see
-	// create); the sandbox is running and its guest set, and nothing can
-	// change that before the goroutine lets go, so the first exec need
-	// not wait for telemetry's files.
-	if b.created.Load() != nil {
-		b.touch()
-		return b.guest, nil
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -849,9 +853,6 @@ func (m *Manager) Done(id string) (<-chan struct{}, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return nil, err
-	}
-	if b.created.Load() != nil { // as in Guest
-		return b.inst.Done(), nil
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

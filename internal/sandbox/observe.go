@@ -82,11 +82,11 @@ func (m *Manager) Update(ctx context.Context, id string, req api.UpdateRequest) 
 	if res != b.rec.Resources {
 		switch b.rec.State {
 		case api.StateRunning, api.StateFrozen:
-			if err := m.obs.Resize(id, res); err != nil {
+			if err := m.notify(b).Resize(id, res); err != nil {
 				return api.Sandbox{}, err
 			}
 			if err := b.inst.Update(res); err != nil {
-				m.obs.Resize(id, b.rec.Resources)
+				m.notify(b).Resize(id, b.rec.Resources)
 				return api.Sandbox{}, fmt.Errorf("updating limits of %s: %w", id, err)
 			}
 		case api.StatePaused, api.StateStopped, api.StateFailed:
@@ -104,7 +104,7 @@ func (m *Manager) Update(ctx context.Context, id string, req api.UpdateRequest) 
 	}
 	m.persistLocked(b)
 	view := b.viewLocked()
-	m.obs.Changed(view)
+	m.notify(b).Changed(view)
 	m.log.Info("sandbox updated", "sandbox", id, "cpus", res.CPUs, "memory", res.MemoryBytes, "pids", res.Pids)
 	return view, nil
 }

@@ -51,7 +51,7 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p api.Policy) (api.P
 	b.rec.Policy = &p
 	m.persistLocked(b)
 	b.touch()
-	m.obs.Event(id, "policy", "policy replaced", p)
+	m.notify(b).Event(id, "policy", "policy replaced", p)
 	m.log.Info("policy replaced", "sandbox", id, "allow", len(p.Allow), "deny", len(p.Deny), "presets", p.Presets, "secrets", len(p.Secrets))
 	return p, nil
 }
