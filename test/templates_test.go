@@ -314,8 +314,10 @@ func TestTemplateWarmPool(t *testing.T) {
 	if got := d.Sh(sb.ID, "cat /opt/p.txt; echo $POOL"); got != "pooled\nyes\n" {
 		t.Fatalf("handed-out sandbox sees %q", got)
 	}
-	if p, _ := c.Pools(ctx); p.Ready["template:pooled"] != 1 {
-		t.Fatalf("pool after a hand-out: %+v", p)
+	// Out of the pool (whose refill may already have replaced it: the
+	// count alone would race with it).
+	if _, err := os.Stat(filepath.Join(d.RunDir, "warm", sb.ID)); !os.IsNotExist(err) {
+		t.Fatalf("handed-out sandbox %s still in the pool: %v", sb.ID, err)
 	}
 	if !waitFor(30*time.Second, 50*time.Millisecond, full) {
 		p, _ := c.Pools(ctx)
