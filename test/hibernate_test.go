@@ -160,6 +160,26 @@ func TestFreezeThaw(t *testing.T) {
 	if out := d.Sh(id, "echo ok"); out != "ok\n" {
 		t.Fatalf("exec on a frozen sandbox: %q", out)
 	}
+	// A frozen sandbox stays frozen through a daemon's kill -9 and
+	// restart (it cannot answer a ping while frozen), and thaws after.
+	c.Freeze(ctx, id)
+	n4 := read()
+	d.Kill9()
+	d.Start()
+	c = d.Client()
+	if st := state(t, c, id); st != api.StateFrozen {
+		t.Fatalf("state %s after a restart of the daemon of a frozen sandbox\n%s", st, d.Log())
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n5 := read(); n5 != n4 {
+		t.Fatalf("a frozen process made progress across a restart: %s then %s", n4, n5)
+	}
+	if _, err := c.Thaw(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(5*time.Second, 50*time.Millisecond, func() bool { return read() != n4 }) {
+		t.Fatalf("no progress after a thaw following a restart")
+	}
 	c.Signal(ctx, id, p.PID, "KILL")
 	// Stop and rm work on a frozen sandbox.
 	c.Freeze(ctx, id)

@@ -37,12 +37,13 @@ type Spec struct {
 	// any of its processes run (a warm guest's id is only known when it is
 	// taken); it returns more environment (KEY=VALUE).
 	Setup func(id string) ([]string, error)
-	// Hold, if not nil, delays what Start leaves to the background (the
-	// sandbox's limits, its guest's activation) until it is closed: the
-	// caller closes it once it has recorded the sandbox, so that the two
-	// do not compete for the host's CPUs and disk while the caller waits.
-	// Nothing the sandbox runs starts before then either (Dial waits).
-	Hold <-chan struct{}
+	// Held leaves the rest of coming up (the sandbox's limits, its
+	// guest's activation) to the caller's Activating.Activate, once it has
+	// recorded the sandbox: the two do not compete for the host's CPUs and
+	// disk meanwhile, and no goroutine hand-off stands between them and
+	// the caller's answer. Nothing the sandbox runs starts before then
+	// (Dial waits). A held sandbox that dies unactivated is cleaned up.
+	Held bool
 }
 
 // Network connects sandboxes to the host's egress path. The runtime calls
@@ -106,14 +107,24 @@ type IDs interface {
 }
 
 // Runtime is an isolation tier.
+// RestoreSpec is what the caller recorded of a sandbox it reattaches to.
+type RestoreSpec struct {
+	State []byte // what its Instance's State returned
+	// Resources are its limits, set again: a daemon that died right after
+	// answering a create may not have set them yet (see Activating).
+	Resources api.Resources
+	// Frozen: the sandbox was frozen on request and stays so. Otherwise
+	// it is thawed (a create's activation may have been cut short).
+	Frozen bool
+}
+
 type Runtime interface {
 	Name() string
 	// Start builds and starts a sandbox. The writable layer is kept if
 	// one exists for spec.ID (a restart), created otherwise.
 	Start(ctx context.Context, spec Spec) (Instance, error)
-	// Restore reattaches to a sandbox started by an earlier daemon, from
-	// the state its Instance reported.
-	Restore(ctx context.Context, id string, state []byte) (Instance, error)
+	// Restore reattaches to a sandbox started by an earlier daemon.
+	Restore(ctx context.Context, id string, rs RestoreSpec) (Instance, error)
 	// Stop ends a sandbox's processes and releases its CPU and memory,
 	// keeping its writable layer.
 	Stop(ctx context.Context, id string) error
@@ -168,11 +179,12 @@ type Instance interface {
 }
 
 // Activating is offered by instances that finish coming up after Start
-// returns: Sent is closed once the instance no longer needs this daemon
+// returns. Activate returns once the instance no longer needs this daemon
 // to come up (it would survive the daemon's death from then on), or once
-// that failed.
+// that failed; for a Held start it does that part itself, in the caller's
+// goroutine, and leaves the rest (the guest's reply) to the background.
 type Activating interface {
-	Sent() <-chan struct{}
+	Activate()
 }
 
 // PoolSource is what a warm pool's sandboxes are made from: an image and,

@@ -140,6 +140,7 @@ func (m *Manager) startLocked(ctx context.Context, b *box) error {
 	start := time.Now()
 	spec := m.spec(&b.rec, img)
 	spec.ID = b.rec.ID
+	spec.Held = true // activated once recorded, below
 	if spec.Mounts, err = m.mounts(ctx, b.rec.ID, b.rec.Volumes); err != nil {
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}
@@ -161,9 +162,9 @@ func (m *Manager) startLocked(ctx context.Context, b *box) error {
 	b.rec.Runtime = inst.State()
 	m.persistLocked(b)
 	m.watch(b, inst)
+	activate(inst)
 	m.notify(b).Running(b.rec.ID, b.viewLocked())
 	m.notify(b).Event(b.rec.ID, "lifecycle", "resumed", nil)
-	awaitSent(inst)
 	m.log.Info("sandbox resumed", "sandbox", b.rec.ID, "took", time.Since(start).Round(time.Microsecond))
 	return nil
 }

@@ -306,12 +306,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	}
 	spec := m.spec(&rec, img)
 	spec.DiskFrom = src.diskFrom
-	// The guest activates once the sandbox is recorded (see PutQuick below).
-	hold := make(chan struct{})
-	var releaseHold sync.Once
-	letGo := func() { releaseHold.Do(func() { close(hold) }) }
-	defer letGo()
-	spec.Hold = hold
+	// The guest activates once the sandbox is recorded (see PutQuick
+	// below); one that fails before is cleaned up by the runtime.
+	spec.Held = true
 	if len(req.Volumes) > 0 {
 		// Not a warm guest: this sandbox is built now, under an id
 		// chosen here so that its mounts can be recorded against it.
@@ -397,6 +394,8 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	m.armTimer(b)
 	view := b.viewLocked()
 	b.shown.Store(&view)
+	activate(inst)
+	mark("activated")
 	// The observers hear of the sandbox after the answer: telemetry is not
 	// needed for it (it opens the cgroup's files for sampling, records the
 	// event). Whatever is done to the sandbox next (a stop, a removal)
@@ -408,21 +407,16 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
 		log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
 	}()
-	letGo()
-	awaitSent(inst)
 	return view, nil
 }
 
-// awaitSent waits until a sandbox the runtime activates after Start no
-// longer needs this daemon to come up (its limits set, its activation
-// handed to its guest), so that an answer given to the caller survives the
-// daemon's death: TestRestartDuringCreate.
-func awaitSent(inst runtime.Instance) {
+// activate brings up a sandbox started Held until it no longer needs
+// this daemon (its activation handed to its guest), so
+// that an answer given to the caller survives the daemon's death:
+// TestRestartDuringCreate.
+func activate(inst runtime.Instance) {
 	if a, ok := inst.(runtime.Activating); ok {
-		select {
-		case <-a.Sent():
-		case <-inst.Done():
-		}
+		a.Activate()
 	}
 }
 
@@ -904,7 +898,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		log := m.log.With("sandbox", r.ID)
 		switch r.State {
 		case api.StateRunning, api.StateFrozen:
-			inst, err := m.cfg.Runtime.Restore(ctx, r.ID, r.Runtime)
+			inst, err := m.cfg.Runtime.Restore(ctx, r.ID, runtime.RestoreSpec{State: r.Runtime, Resources: r.Resources, Frozen: r.State == api.StateFrozen})
 			if err != nil {
 				log.Warn("sandbox did not survive; marking it stopped", "err", err)
 				if err := m.cfg.Runtime.Stop(ctx, r.ID); err != nil {

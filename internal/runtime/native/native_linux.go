@@ -597,37 +597,58 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		Workdir:     spec.Workdir,
 		OutputLimit: r.cfg.OutputLimit,
 	}}
-	// The limits, the activation and the guest's answer are seen to in
-	// the background, once the caller lets go (spec.Hold): nothing the
-	// sandbox runs can start before Dial lets a connection through, which
-	// waits for all of them (the guest's activation itself is our code,
-	// not the sandbox's). The sync socket is ours to close only then.
+	// The limits, the activation and the guest's answer are seen to
+	// after Start: by the caller's Activate (spec.Held), or in the
+	// background. Nothing the sandbox runs can start before Dial lets a
+	// connection through, which waits for all of them (the guest's
+	// activation itself is our code, not the sandbox's). The sync socket
+	// is the activation's to close.
 	lim := cgroup.Limits{CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids}
 	sync := g.sync
 	g.sync = nil
-	go r.activate(sb, spec.Hold, g.frozen, lim, act, sync, filepath.Join(g.dir, "guest.log"))
+	frozen, logPath := g.frozen, filepath.Join(g.dir, "guest.log")
+	sb.activation = func() { r.activate(sb, frozen, lim, act, sync, logPath) }
+	if spec.Held {
+		// One that dies before its Activate still has its socket closed
+		// and its waiters (Dial) told.
+		go func() {
+			<-sb.done
+			sb.activateOnce.Do(sb.activation)
+		}()
+	} else {
+		go sb.activateOnce.Do(sb.activation)
+	}
 	return sb, nil
 }
 
-// activate, once hold is closed, sets sb's limits, thaws a warm guest
-// (frozen), raises its guest to the normal priority, sends it act and waits for its answer, and records
-// the outcome in sb. A guest that fails tells why and exits; one that answers wrongly,
-// or whose limits cannot be set, is killed, so that the sandbox ends (and
-// is marked failed) either way.
-func (r *Runtime) activate(sb *Sandbox, hold <-chan struct{}, frozen bool, lim cgroup.Limits, act *guest.Activate, sync *os.File, logPath string) {
-	defer sync.Close()
-	if hold != nil {
-		select {
-		case <-hold:
-		case <-sb.done:
-		}
-	}
+// activate sets sb's limits, thaws a warm guest (frozen) and sends its
+// guest act: then sent is closed, and the rest goes on in the background:
+// the guest raised to the normal priority, its answer awaited and the
+// outcome recorded in sb. A guest that fails tells why and exits; one that
+// answers wrongly, or whose limits cannot be set, is killed, so that the
+// sandbox ends (and is marked failed) either way.
+func (r *Runtime) activate(sb *Sandbox, frozen bool, lim cgroup.Limits, act *guest.Activate, sync *os.File, logPath string) {
 	t0 := time.Now()
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
-	err := sb.cg.Update(lim)
-	if err != nil {
-		err = fmt.Errorf("setting limits: %w", err)
+	// The Activate goes into the guest's socket first (a warm guest,
+	// frozen, reads it once thawed): from then on the guest serves even
+	// if this daemon dies, and a daemon that restarts sets the limits and
+	// thaws it (Restore). So the create answers now (see
+	// Sandbox.Activate), and the rest follows in the background; nothing
+	// of the sandbox's own runs before all of it is done (Dial waits).
+	err := sendConfig(sync, &guest.Config{Activate: act}, nil)
+	close(sb.sent)
+	mark("sent")
+	go r.activated(sb, err, frozen, lim, sync, logPath, t0, phases)
+}
+
+// activated finishes what activate began, in the background.
+func (r *Runtime) activated(sb *Sandbox, err error, frozen bool, lim cgroup.Limits, sync *os.File, logPath string, t0 time.Time, phases []any) {
+	defer sync.Close()
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
+	if lerr := sb.cg.Update(lim); lerr != nil && err == nil {
+		err = fmt.Errorf("setting limits: %w", lerr)
 	}
 	mark("limits")
 	// Thawed whatever else failed: a frozen guest cannot even die (v1).
@@ -639,24 +660,18 @@ func (r *Runtime) activate(sb *Sandbox, hold <-chan struct{}, frozen bool, lim c
 	}
 	var rd *guest.Ready
 	if err == nil {
-		err = sendConfig(sync, &guest.Config{Activate: act}, nil)
-	}
-	// The Activate is in the guest's socket: the guest reads it and
-	// serves even if this daemon dies now. The answer to the create
-	// waits for this (see Sandbox.Sent), not for the guest's reply.
-	close(sb.sent)
-	mark("sent")
-	// Guests wait at a low priority; a sandbox runs at the normal one.
-	// Raised while the guest activates: a thread at a time through /proc,
-	// 0.2-1.5 ms here, it need not delay the answer.
-	raisePriority(sb.st.PID)
-	mark("priority")
-	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		rd, err = waitReady(ctx, sync, sb.done)
 		cancel()
 	}
 	mark("ready")
+	// Guests wait at a low priority; a sandbox runs at the normal one.
+	// Raised once the guest is ready (a thread at a time through /proc,
+	// 0.2-1.5 ms here): until then its activation yields to the daemon
+	// and its client answering the create, and nothing of the sandbox's
+	// own runs before (Dial waits for active).
+	raisePriority(sb.st.PID)
+	mark("priority")
 	r.log.Debug("activate phases", append([]any{"sandbox", sb.id}, phases...)...)
 	if err == nil && rd.PID != 1 {
 		err = fmt.Errorf("guest reported pid %d, want 1", rd.PID)
@@ -737,9 +752,9 @@ func (r *Runtime) idmappedFDs(pid int, srcs []string, setuid bool) ([]int, error
 }
 
 // Restore implements runtime.Runtime.
-func (r *Runtime) Restore(ctx context.Context, id string, raw []byte) (runtime.Instance, error) {
+func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec) (runtime.Instance, error) {
 	var st state
-	if err := json.Unmarshal(raw, &st); err != nil {
+	if err := json.Unmarshal(rs.State, &st); err != nil {
 		return nil, fmt.Errorf("decoding state: %w", err)
 	}
 	// Open the pidfd first, then check the start time: if the pid was
@@ -761,13 +776,29 @@ func (r *Runtime) Restore(ctx context.Context, id string, raw []byte) (runtime.I
 	if err := sb.watch(pidfd); err != nil {
 		return nil, err
 	}
-	// The guest must answer on its socket, or the sandbox is not usable.
-	c := guest.NewClient(sb.Dial)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := c.Do(pctx, guest.Request{Op: guest.OpPing}); err != nil {
+	// A create answers once its guest has its Activate, before the
+	// limits are set and a warm guest thawed (activate): a daemon that
+	// died in between left that to this one. Limits first, so that
+	// nothing runs without them.
+	res := rs.Resources
+	if err := cg.Update(cgroup.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryBytes, Pids: res.Pids}); err != nil {
 		sb.Kill()
-		return nil, fmt.Errorf("pinging guest: %w", err)
+		return nil, fmt.Errorf("setting limits: %w", err)
+	}
+	if !rs.Frozen {
+		if err := cg.Thaw(); err != nil {
+			sb.Kill()
+			return nil, fmt.Errorf("thawing: %w", err)
+		}
+		// The guest must answer on its socket, or the sandbox is not
+		// usable. (A frozen one cannot; its process was checked above.)
+		c := guest.NewClient(sb.Dial)
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if _, err := c.Do(pctx, guest.Request{Op: guest.OpPing}); err != nil {
+			sb.Kill()
+			return nil, fmt.Errorf("pinging guest: %w", err)
+		}
 	}
 	if r.cfg.Network != nil && len(st.Net) > 0 {
 		if err := r.cfg.Network.Restore(id, st.Net); err != nil {

@@ -42,10 +42,16 @@ type Sandbox struct {
 	// answer meanwhile.
 	active    chan struct{}
 	activeErr error
-	// sent is closed once the limits are set, the guest thawed and its
-	// Activate written to it (or that failed): from then on the sandbox
-	// comes up even if the daemon dies, so a create may answer.
+	// sent is closed once the guest's Activate is written to it (or that
+	// failed): from then on the sandbox comes up even if the daemon dies
+	// (a restarted one sets its limits and thaws it), so a create may
+	// answer.
 	sent chan struct{}
+	// activation is the first part of coming up (see Runtime.activate),
+	// run once: by Activate for a held start, else by a goroutine of
+	// Start, or by the watcher of a held sandbox that died unactivated.
+	activation   func()
+	activateOnce sync.Once
 
 	// mu guards pidFile against use after the watcher closed it: a closed
 	// fd number may be reused, and a signal must never reach another
@@ -93,8 +99,19 @@ func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 	return c, nil
 }
 
-// Sent implements runtime.Activating (see sent).
-func (s *Sandbox) Sent() <-chan struct{} { return s.sent }
+// Activate implements runtime.Activating: a held start's activation runs
+// here (once), then it waits for sent.
+func (s *Sandbox) Activate() {
+	s.activateOnce.Do(func() {
+		if s.activation != nil { // nil: adopted, already active
+			s.activation()
+		}
+	})
+	select {
+	case <-s.sent:
+	case <-s.done:
+	}
+}
 
 // Kill implements runtime.Instance: SIGKILL to the guest ends its pid
 // namespace, and the kernel kills every process in it. The cgroup is
