@@ -314,6 +314,22 @@ func TestTemplateWarmPool(t *testing.T) {
 	if got := d.Sh(sb.ID, "cat /opt/p.txt; echo $POOL"); got != "pooled\nyes\n" {
 		t.Fatalf("handed-out sandbox sees %q", got)
 	}
+	// The pool's guests carry the usual limits ahead; a hand-out asking
+	// for others gets those.
+	if got := memoryLimit(*d.get(sb.ID)); got != 1<<30 {
+		t.Errorf("handed-out sandbox: memory limit %d, want the default 1 GiB", got)
+	}
+	other, err := c.Create(ctx, api.CreateRequest{From: "pooled", Resources: api.Resources{MemoryBytes: 700 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Sh(other.ID, "echo $POOL"); got != "yes\n" {
+		t.Fatalf("second sandbox sees %q", got)
+	}
+	if got := memoryLimit(*d.get(other.ID)); got != 700<<20 {
+		t.Errorf("sandbox asking for 700 MiB: memory limit %d", got)
+	}
+	d.MustCLI("rm", "-f", other.ID)
 	// Out of the pool (whose refill may already have replaced it: the
 	// count alone would race with it).
 	if _, err := os.Stat(filepath.Join(d.RunDir, "warm", sb.ID)); !os.IsNotExist(err) {

@@ -274,6 +274,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return images.Get(image.HostImage)
 		},
 		WarmDiskBytes: cfg.Defaults.DiskBytes,
+		WarmLimits:    cfg.Defaults,
 		Network:       networkOf(gw),
 		Logger:        log.With("component", "runtime"),
 	})

@@ -185,6 +185,8 @@ type Instance interface {
 // goroutine, and leaves the rest (the guest's reply) to the background.
 type Activating interface {
 	Activate()
+	// Active is closed once the instance has come up, or failed to.
+	Active() <-chan struct{}
 }
 
 // PoolSource is what a warm pool's sandboxes are made from: an image and,
@@ -194,6 +196,11 @@ type PoolSource struct {
 	Image     func() (*image.Image, error)
 	DiskFrom  string
 	DiskBytes int64
+	// Limits, if set, are the limits most creates from the pool ask for
+	// (the defaults): set ahead on its sandboxes, so that a hand-out
+	// asking for them is not limited on its way to its first command.
+	// Any limits may still be asked for.
+	Limits api.Resources
 }
 
 // Pools is offered by runtimes that keep sandboxes ready ahead of time.

@@ -396,13 +396,18 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	b.shown.Store(&view)
 	activate(inst)
 	mark("activated")
-	// The observers hear of the sandbox after the answer: telemetry is not
-	// needed for it (it opens the cgroup's files for sampling, records the
-	// event). Whatever is done to the sandbox next (a stop, a removal)
-	// reaches them after Running, in order: notify waits for observed.
+	// The observers hear of the sandbox after the answer, once it is up:
+	// telemetry is needed for neither (it opens the cgroup's files for
+	// sampling, records the event), and on a small host it would compete
+	// with the guest's activation, which the first command waits for.
+	// Whatever is done to the sandbox next (a stop, a removal) reaches
+	// them after Running, in order: notify waits for observed.
 	observing = true
 	go func() {
 		defer close(b.observed)
+		if a, ok := inst.(runtime.Activating); ok {
+			<-a.Active() // closed also when the guest dies
+		}
 		m.obs.Running(key, view)
 		m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
 		log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))

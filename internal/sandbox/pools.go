@@ -68,10 +68,27 @@ func (m *Manager) SetPool(name string, size int) (api.Pool, error) {
 	return api.Pool{Name: name, Target: size, Ready: p.PoolSizes()[name]}, nil
 }
 
+// withDefaults fills the limits res leaves unset from the daemon's
+// defaults, as a create does.
+func (m *Manager) withDefaults(res api.Resources) api.Resources {
+	d := m.cfg.Defaults
+	if res.CPUs == 0 {
+		res.CPUs = d.CPUs
+	}
+	if res.MemoryBytes == 0 {
+		res.MemoryBytes = d.MemoryBytes
+	}
+	if res.Pids == 0 {
+		res.Pids = d.Pids
+	}
+	return res
+}
+
 func (m *Manager) imagePoolSource(ref string) runtime.PoolSource {
 	return runtime.PoolSource{
 		Image:     func() (*image.Image, error) { return m.cfg.Images.Get(ref) },
 		DiskBytes: m.cfg.Defaults.DiskBytes,
+		Limits:    m.cfg.Defaults,
 	}
 }
 

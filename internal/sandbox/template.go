@@ -539,6 +539,7 @@ func (m *Manager) setTemplatePool(t api.Template) {
 		Image:     func() (*image.Image, error) { return m.cfg.Images.Get(imageName) },
 		DiskFrom:  img,
 		DiskBytes: snap.SizeBytes,
+		Limits:    m.withDefaults(snap.Resources),
 	}, t.Warm)
 }
 

@@ -47,6 +47,10 @@ type guestProc struct {
 	wired bool
 	// frozen marks a warm guest taken out of its pool but not thawed yet.
 	frozen bool
+	// limits are those set on a warm guest's cgroup ahead of time; raised:
+	// its priority was raised to normal before it was frozen.
+	limits cgroup.Limits
+	raised bool
 }
 
 // sealedSelf copies the running binary into a sealed memfd. Guests are

@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"paddock/api"
 	"paddock/internal/cgroup"
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
@@ -52,6 +53,7 @@ type Config struct {
 	WarmGuests    int
 	WarmImage     func() (*image.Image, error)
 	WarmDiskBytes int64
+	WarmLimits    api.Resources // see runtime.PoolSource.Limits
 	// BlankGuests is how many guests to keep started but bound to no
 	// image or disk, for the starts no warm pool serves (blank_linux.go).
 	BlankGuests int
@@ -147,7 +149,7 @@ func New(cfg Config) (*Runtime, error) {
 	r.guestExe = exe
 	r.poke() // blank guests
 	if cfg.WarmGuests > 0 {
-		r.SetPool(r.defaultPoolName(), runtime.PoolSource{Image: cfg.WarmImage, DiskBytes: cfg.WarmDiskBytes}, cfg.WarmGuests)
+		r.SetPool(r.defaultPoolName(), runtime.PoolSource{Image: cfg.WarmImage, DiskBytes: cfg.WarmDiskBytes, Limits: cfg.WarmLimits}, cfg.WarmGuests)
 	}
 	r.wg.Add(1)
 	go r.keepWarm()
@@ -603,11 +605,11 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	// connection through, which waits for all of them (the guest's
 	// activation itself is our code, not the sandbox's). The sync socket
 	// is the activation's to close.
-	lim := cgroup.Limits{CPUs: spec.Resources.CPUs, MemoryBytes: spec.Resources.MemoryBytes, Pids: spec.Resources.Pids}
+	lim := limitsOf(spec.Resources)
 	sync := g.sync
 	g.sync = nil
-	frozen, logPath := g.frozen, filepath.Join(g.dir, "guest.log")
-	sb.activation = func() { r.activate(sb, frozen, lim, act, sync, logPath) }
+	a := activation{act: act, sync: sync, logPath: filepath.Join(g.dir, "guest.log"), lim: lim, preset: g.limits, frozen: g.frozen, raised: g.raised}
+	sb.activation = func() { r.activate(sb, a) }
 	if spec.Held {
 		// One that dies before its Activate still has its socket closed
 		// and its waiters (Dial) told.
@@ -621,13 +623,27 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	return sb, nil
 }
 
-// activate sets sb's limits, thaws a warm guest (frozen) and sends its
-// guest act: then sent is closed, and the rest goes on in the background:
-// the guest raised to the normal priority, its answer awaited and the
-// outcome recorded in sb. A guest that fails tells why and exits; one that
-// answers wrongly, or whose limits cannot be set, is killed, so that the
-// sandbox ends (and is marked failed) either way.
-func (r *Runtime) activate(sb *Sandbox, frozen bool, lim cgroup.Limits, act *guest.Activate, sync *os.File, logPath string) {
+// activation is what a sandbox's guest still needs once Start returns.
+type activation struct {
+	act     *guest.Activate
+	sync    *os.File // the guest's sync socket, closed when done
+	logPath string
+	lim     cgroup.Limits
+	// preset are the limits the guest's cgroup has already (a warm guest
+	// of a pool with limits); frozen: a warm guest, still frozen; raised:
+	// its priority is normal already.
+	preset         cgroup.Limits
+	frozen, raised bool
+}
+
+// activate sends sb's guest its Activate: then sent is closed, and the
+// rest goes on in the background: the limits set and the guest raised to
+// the normal priority (unless a warm guest has them already), a warm guest
+// thawed, its answer awaited and the outcome recorded in sb. A guest that
+// fails tells why and exits; one that answers wrongly, or whose limits
+// cannot be set, is killed, so that the sandbox ends (and is marked
+// failed) either way.
+func (r *Runtime) activate(sb *Sandbox, a activation) {
 	t0 := time.Now()
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
@@ -637,27 +653,30 @@ func (r *Runtime) activate(sb *Sandbox, frozen bool, lim cgroup.Limits, act *gue
 	// thaws it (Restore). So the create answers now (see
 	// Sandbox.Activate), and the rest follows in the background; nothing
 	// of the sandbox's own runs before all of it is done (Dial waits).
-	err := sendConfig(sync, &guest.Config{Activate: act}, nil)
-	close(sb.sent)
+	err := sendConfig(a.sync, &guest.Config{Activate: a.act}, nil)
 	mark("sent")
-	go r.activated(sb, err, frozen, lim, sync, logPath, t0, phases)
+	close(sb.sent)
+	go r.activated(sb, a, err, t0, phases)
 }
 
 // activated finishes what activate began, in the background.
-func (r *Runtime) activated(sb *Sandbox, err error, frozen bool, lim cgroup.Limits, sync *os.File, logPath string, t0 time.Time, phases []any) {
-	defer sync.Close()
+func (r *Runtime) activated(sb *Sandbox, a activation, err error, t0 time.Time, phases []any) {
+	defer a.sync.Close()
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
-	if lerr := sb.cg.Update(lim); lerr != nil && err == nil {
-		err = fmt.Errorf("setting limits: %w", lerr)
+	if a.lim != a.preset {
+		if lerr := sb.cg.Update(a.lim); lerr != nil && err == nil {
+			err = fmt.Errorf("setting limits: %w", lerr)
+		}
+		mark("limits")
 	}
-	mark("limits")
-	// Guests wait at a low priority; a sandbox runs at the normal one,
-	// from its thaw on: the first command waits for the activation. (A
-	// thread at a time through /proc: 0.2-1.5 ms here, after the answer.)
-	raisePriority(sb.st.PID)
-	mark("priority")
+	// Guests start at a low priority; a sandbox runs at the normal one,
+	// from its thaw on (a thread at a time through /proc).
+	if !a.raised {
+		raisePriority(sb.st.PID)
+		mark("priority")
+	}
 	// Thawed whatever else failed: a frozen guest cannot even die (v1).
-	if frozen {
+	if a.frozen {
 		if terr := sb.cg.Thaw(); terr != nil && err == nil {
 			err = fmt.Errorf("thawing: %w", terr)
 		}
@@ -666,7 +685,7 @@ func (r *Runtime) activated(sb *Sandbox, err error, frozen bool, lim cgroup.Limi
 	var rd *guest.Ready
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		rd, err = waitReady(ctx, sync, sb.done)
+		rd, err = waitReady(ctx, a.sync, sb.done)
 		cancel()
 	}
 	mark("ready")
@@ -675,12 +694,17 @@ func (r *Runtime) activated(sb *Sandbox, err error, frozen bool, lim cgroup.Limi
 		err = fmt.Errorf("guest reported pid %d, want 1", rd.PID)
 	}
 	if err != nil {
-		err = fmt.Errorf("%w%s", err, guestLogTail(logPath))
+		err = fmt.Errorf("%w%s", err, guestLogTail(a.logPath))
 		r.log.Warn("sandbox guest did not start serving", "sandbox", sb.id, "err", err)
 		sb.activeErr = err
 		sb.Kill()
 	}
 	close(sb.active)
+}
+
+// limitsOf is a sandbox's resources as cgroup limits.
+func limitsOf(res api.Resources) cgroup.Limits {
+	return cgroup.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryBytes, Pids: res.Pids}
 }
 
 func closedChan() chan struct{} {
@@ -779,7 +803,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 	// died in between left that to this one. Limits first, so that
 	// nothing runs without them.
 	res := rs.Resources
-	if err := cg.Update(cgroup.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryBytes, Pids: res.Pids}); err != nil {
+	if err := cg.Update(limitsOf(res)); err != nil {
 		sb.Kill()
 		return nil, fmt.Errorf("setting limits: %w", err)
 	}

@@ -99,6 +99,9 @@ func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 	return c, nil
 }
 
+// Active implements runtime.Activating.
+func (s *Sandbox) Active() <-chan struct{} { return s.active }
+
 // Activate implements runtime.Activating: a held start's activation runs
 // here (once), then it waits for sent.
 func (s *Sandbox) Activate() {
@@ -151,7 +154,7 @@ func (s *Sandbox) Thaw() error { return s.cg.Thaw() }
 // limits are set (activate), so that they cannot overwrite the update.
 func (s *Sandbox) Update(res api.Resources) error {
 	<-s.active
-	return s.cg.Update(cgroup.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryBytes, Pids: res.Pids})
+	return s.cg.Update(limitsOf(res))
 }
 
 // Info implements runtime.Instance.
