@@ -185,8 +185,6 @@ type Instance interface {
 // goroutine, and leaves the rest (the guest's reply) to the background.
 type Activating interface {
 	Activate()
-	// Active is closed once the instance has come up, or failed to.
-	Active() <-chan struct{}
 }
 
 // PoolSource is what a warm pool's sandboxes are made from: an image and,

@@ -396,18 +396,14 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	b.shown.Store(&view)
 	activate(inst)
 	mark("activated")
-	// The observers hear of the sandbox after the answer, once it is up:
-	// telemetry is needed for neither (it opens the cgroup's files for
-	// sampling, records the event), and on a small host it would compete
-	// with the guest's activation, which the first command waits for.
-	// Whatever is done to the sandbox next (a stop, a removal) reaches
-	// them after Running, in order: notify waits for observed.
+	// The observers hear of the sandbox after the answer: telemetry is not
+	// needed for it (it opens the cgroup's files for sampling, records the
+	// event). Whatever is done to the sandbox next (a stop, a removal)
+	// reaches them after Running, in order: notify waits for observed, and
+	// so do readers of its telemetry (Observed).
 	observing = true
 	go func() {
 		defer close(b.observed)
-		if a, ok := inst.(runtime.Activating); ok {
-			<-a.Active() // closed also when the guest dies
-		}
 		m.obs.Running(key, view)
 		m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
 		log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
@@ -641,6 +637,23 @@ func (m *Manager) watch(b *box, inst runtime.Instance) {
 		m.notify(b).Stopped(b.viewLocked())
 		m.notify(b).Event(b.rec.ID, "lifecycle", "failed", map[string]any{"error": b.rec.Error})
 	}()
+}
+
+// Observed waits until the observers have heard of sandbox id's create,
+// so that its telemetry can be read right after the create answered.
+func (m *Manager) Observed(ctx context.Context, id string) error {
+	b, err := m.lookup(id)
+	if err != nil {
+		return err
+	}
+	if b.observed != nil {
+		select {
+		case <-b.observed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // notify returns the observers for a call about b, once they have heard

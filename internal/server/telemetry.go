@@ -50,10 +50,11 @@ func (s *Server) telemetry(w http.ResponseWriter, r *http.Request) *hub.Hub {
 	return s.tel
 }
 
-// known checks that the path's sandbox exists.
+// known checks that the path's sandbox exists, and that telemetry has
+// heard of it (a create answers before that).
 func (s *Server) known(w http.ResponseWriter, r *http.Request) (string, bool) {
 	id := r.PathValue("id")
-	if _, err := s.mgr.Get(id); err != nil {
+	if err := s.mgr.Observed(r.Context(), id); err != nil {
 		writeError(w, r, s.log, err)
 		return "", false
 	}

@@ -99,9 +99,6 @@ func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 	return c, nil
 }
 
-// Active implements runtime.Activating.
-func (s *Sandbox) Active() <-chan struct{} { return s.active }
-
 // Activate implements runtime.Activating: a held start's activation runs
 // here (once), then it waits for sent.
 func (s *Sandbox) Activate() {
