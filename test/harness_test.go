@@ -349,6 +349,12 @@ func (d *Daemon) Sh(id, script string) string {
 
 func (d *Daemon) cleanup() {
 	t := d.t
+	if d.cmd != nil && d.cmd.ProcessState != nil {
+		// Killed or stopped and not started again (a test that failed
+		// between a kill and a restart): start it, so that what it made
+		// (disks on loop devices, mounts) is removed through it.
+		d.Start()
+	}
 	if d.cmd != nil && d.cmd.ProcessState == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		list, err := d.client.List(ctx, client.ListOptions{})

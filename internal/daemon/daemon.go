@@ -204,7 +204,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("setting up snapshot mounts: %w", err)
 	}
-	snaps, err := snapshot.Open(snapshot.Config{Dir: filepath.Join(storage, "snapshots"), Store: st, Mounts: snapMounts, Logger: log.With("component", "snapshot")})
+	snaps, err := snapshot.Open(snapshot.Config{Dir: filepath.Join(storage, "snapshots"), Store: st, Mounts: snapMounts, Removed: disks.Forget, Logger: log.With("component", "snapshot")})
 	if err != nil {
 		snapMounts.Close()
 		return fmt.Errorf("loading snapshots: %w", err)

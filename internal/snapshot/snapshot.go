@@ -70,7 +70,10 @@ type Config struct {
 	Store *store.Store
 	// Mounts attaches directory snapshots for sandboxes to mount.
 	Mounts *disk.Pool
-	Logger *slog.Logger
+	// Removed, if set, is told the image path of each snapshot removed
+	// (the sandboxes' disk pool drops its ready clone of it).
+	Removed func(imagePath string)
+	Logger  *slog.Logger
 }
 
 // Store manages snapshots.
@@ -338,6 +341,9 @@ func (s *Store) Remove(id string) error {
 	}
 	if err := os.RemoveAll(filepath.Join(s.cfg.Dir, id)); err != nil {
 		return fmt.Errorf("removing snapshot %s: %w", id, err)
+	}
+	if s.cfg.Removed != nil { // after: a clone being made now is not kept
+		s.cfg.Removed(s.imagePath(id))
 	}
 	s.log.Info("snapshot removed", "snapshot", id)
 	return nil

@@ -106,6 +106,26 @@ func (p *Pool) used(path string, src source) {
 	go p.makeClone(path, src)
 }
 
+// Forget drops what the pool keeps of the snapshot image at path (its
+// ready clone, with the clone's loop device, mount and blocks), for a
+// snapshot removed. A clone being made of it is dropped when it is done
+// (used sees its source gone).
+func (p *Pool) Forget(path string) {
+	p.mu.Lock()
+	rc := p.clones[path]
+	delete(p.clones, path)
+	for i, s := range p.recent {
+		if s == path {
+			p.recent = append(p.recent[:i], p.recent[i+1:]...)
+			break
+		}
+	}
+	p.mu.Unlock()
+	if rc != nil {
+		p.destroy(rc.e)
+	}
+}
+
 // makeClone makes the ready clone of path (of src), at the refill's low
 // importance: it runs after the AcquireFrom that asked for it returned.
 func (p *Pool) makeClone(path string, src source) {

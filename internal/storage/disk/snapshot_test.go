@@ -630,7 +630,29 @@ func TestAcquireFromReadyClone(t *testing.T) {
 	if left != nil {
 		t.Fatal("the clone of a removed snapshot was kept")
 	}
-	for _, id := range []string{"c1", "c2", "c3", "c4", "c5", "w1"} {
+	// Forgotten (a snapshot removed through the store): its clone goes at
+	// once, with its mount and loop device.
+	if _, err := p.AcquireFrom(ctx, "c6", other, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	rc = readyFor(other)
+	if rc == nil {
+		t.Fatal("no ready clone after a source's second use")
+	}
+	if !isMountpoint(t, filepath.Join(rc.e.dir, rootName)) {
+		t.Fatalf("ready clone not mounted in %s", rc.e.dir)
+	}
+	p.Forget(other)
+	p.mu.Lock()
+	left = p.clones[other]
+	p.mu.Unlock()
+	if left != nil {
+		t.Fatal("Forget kept the ready clone")
+	}
+	if isMountpoint(t, filepath.Join(rc.e.dir, rootName)) {
+		t.Fatalf("Forget left the clone mounted in %s", rc.e.dir)
+	}
+	for _, id := range []string{"c1", "c2", "c3", "c4", "c5", "c6", "w1"} {
 		if err := p.Remove(ctx, id); err != nil {
 			t.Fatal(err)
 		}
