@@ -282,3 +282,40 @@ func TestRestoreFinishesActivation(t *testing.T) {
 		t.Errorf("exec after the restart: %q", out)
 	}
 }
+
+// TestGuestCannotActivate: a guest that cannot start serving (its
+// workdir is a file) ends; the first call to the sandbox says why rather
+// than failing on a bare broken connection, and the sandbox is marked
+// failed with the reason.
+func TestGuestCannotActivate(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	c := d.Client()
+	ctx := context.Background()
+	for _, pooled := range []bool{true, false} {
+		req := api.CreateRequest{Workdir: "/etc/passwd"}
+		if !pooled {
+			req.Resources.DiskBytes = 48 << 20 // no warm guest of that size
+		}
+		sb, err := c.Create(ctx, req)
+		if err != nil {
+			if strings.Contains(err.Error(), "workdir") {
+				continue // refused up front: as good
+			}
+			t.Fatal(err)
+		}
+		st, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"true"}}, client.ExecIO{})
+		if err == nil || !strings.Contains(err.Error(), "workdir") {
+			t.Errorf("pooled %v: exec in a sandbox whose guest cannot start: %+v, %v", pooled, st, err)
+		}
+		ok := waitFor(10*time.Second, 50*time.Millisecond, func() bool {
+			got, err := c.Get(ctx, sb.ID)
+			return err == nil && got.State == api.StateFailed && strings.Contains(got.Error, "workdir")
+		})
+		if !ok {
+			got, _ := c.Get(ctx, sb.ID)
+			t.Errorf("pooled %v: sandbox %+v, want failed naming the workdir", pooled, got)
+		}
+		d.MustCLI("rm", "-f", sb.ID)
+	}
+}

@@ -185,6 +185,9 @@ type Instance interface {
 // goroutine, and leaves the rest (the guest's reply) to the background.
 type Activating interface {
 	Activate()
+	// StartErr, once the instance is done, is why it could not come up
+	// (nil if it did).
+	StartErr() error
 }
 
 // PoolSource is what a warm pool's sandboxes are made from: an image and,

@@ -621,14 +621,20 @@ func (m *Manager) watch(b *box, inst runtime.Instance) {
 		case <-m.closed:
 			return
 		}
+		why := "the sandbox's init process exited"
+		if a, ok := inst.(runtime.Activating); ok {
+			if err := a.StartErr(); err != nil {
+				why = err.Error()
+			}
+		}
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		if b.inst != inst || b.stopping || (b.rec.State != api.StateRunning && b.rec.State != api.StateFrozen) {
 			return
 		}
-		m.log.Warn("sandbox guest exited unexpectedly", "sandbox", b.rec.ID)
+		m.log.Warn("sandbox guest exited unexpectedly", "sandbox", b.rec.ID, "why", why)
 		b.rec.State = api.StateFailed
-		b.rec.Error = "the sandbox's init process exited"
+		b.rec.Error = why
 		b.detach()
 		if err := m.cfg.Runtime.Stop(context.Background(), b.rec.ID); err != nil {
 			m.log.Warn("releasing failed sandbox", "sandbox", b.rec.ID, "err", err)

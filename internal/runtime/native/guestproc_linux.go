@@ -146,7 +146,7 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 		parentSync.Close()
 		return nil, err
 	}
-	sb := &Sandbox{socket: socket, done: make(chan struct{}), active: make(chan struct{}), sent: make(chan struct{}), st: state{PID: pid, UIDBase: uidBase}}
+	sb := &Sandbox{socket: socket, done: make(chan struct{}), active: make(chan struct{}), limited: make(chan struct{}), sent: make(chan struct{}), st: state{PID: pid, UIDBase: uidBase}}
 	if err := sb.watch(pidfd); err != nil {
 		unix.Kill(pid, unix.SIGKILL)
 		parentSync.Close()

@@ -682,6 +682,10 @@ func (r *Runtime) activated(sb *Sandbox, a activation, err error, t0 time.Time, 
 		}
 		mark("thawed")
 	}
+	// Limited (and thawed): Dial may connect; the guest accepts once it
+	// has activated.
+	sb.limitErr = err
+	close(sb.limited)
 	var rd *guest.Ready
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -794,7 +798,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 		unix.Close(pidfd)
 		return nil, fmt.Errorf("loading cgroup: %w", err)
 	}
-	sb := &Sandbox{id: id, st: st, socket: filepath.Join(r.dir(id), "guest.sock"), cg: cg, done: make(chan struct{}), active: closedChan(), sent: closedChan()}
+	sb := &Sandbox{id: id, st: st, socket: filepath.Join(r.dir(id), "guest.sock"), cg: cg, done: make(chan struct{}), active: closedChan(), limited: closedChan(), sent: closedChan()}
 	if err := sb.watch(pidfd); err != nil {
 		return nil, err
 	}

@@ -42,6 +42,11 @@ type Sandbox struct {
 	// answer meanwhile.
 	active    chan struct{}
 	activeErr error
+	// limited is closed once the limits are set and a warm guest thawed
+	// (or that failed: limitErr): from then on Dial connects. The guest
+	// accepts once activated, so a command's request travels meanwhile.
+	limited  chan struct{}
+	limitErr error
 	// sent is closed once the guest's Activate is written to it (or that
 	// failed): from then on the sandbox comes up even if the daemon dies
 	// (a restarted one sets its limits and thaws it), so a create may
@@ -74,21 +79,33 @@ func (s *Sandbox) State() []byte { b, _ := json.Marshal(s.st); return b }
 // Done implements runtime.Instance.
 func (s *Sandbox) Done() <-chan struct{} { return s.done }
 
-// Dial implements runtime.Instance. It waits until the guest has
-// answered its Activate, so that a guest that could not start serving is
-// reported as such rather than as a connection that hangs.
+// Dial implements runtime.Instance. It waits until the sandbox's limits
+// are set (nothing the sandbox runs can start before), not for the
+// guest's answer to its Activate: the guest's listener is open from the
+// start and it accepts once activated. A connection made before then
+// reports a guest that could not start serving as such, rather than as
+// a connection that ends.
 func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 	select {
-	case <-s.active:
+	case <-s.limited:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	if s.activeErr != nil {
-		return nil, errdefs.Conflict("sandbox %s did not start: %v", s.id, s.activeErr)
+	if s.limitErr != nil {
+		return nil, errdefs.Conflict("sandbox %s did not start: %v", s.id, s.limitErr)
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", s.socket)
 	if err != nil {
+		// A guest that could not activate has gone: say why.
+		select {
+		case <-s.active:
+		case <-ctx.Done():
+			return nil, err
+		}
+		if serr := s.startErr(); serr != nil {
+			return nil, serr
+		}
 		select {
 		case <-s.done:
 			return nil, errdefs.Conflict("sandbox %s has ended", s.id)
@@ -96,7 +113,68 @@ func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 		}
 		return nil, err
 	}
-	return c, nil
+	select {
+	case <-s.active:
+		if err := s.startErr(); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	default:
+		return &activatingConn{Conn: c, sb: s}, nil
+	}
+}
+
+// StartErr implements runtime.Activating.
+func (s *Sandbox) StartErr() error {
+	select {
+	case <-s.done:
+		<-s.active // the activation ends with the guest
+	default:
+	}
+	if err := s.startErr(); err != nil {
+		return err
+	}
+	if s.limitErr != nil {
+		return s.limitErr
+	}
+	return nil
+}
+
+// startErr is why the guest could not start serving, once that is known
+// (nil while it activates, or if it serves).
+func (s *Sandbox) startErr() error {
+	select {
+	case <-s.active:
+		if s.activeErr != nil {
+			return errdefs.Conflict("sandbox %s did not start: %v", s.id, s.activeErr)
+		}
+	default:
+	}
+	return nil
+}
+
+// activatingConn is a connection made while its guest activated: if it
+// ends before anything was read from it, the guest's reason for not
+// serving, if any, replaces the bare EOF or reset.
+type activatingConn struct {
+	net.Conn
+	sb   *Sandbox
+	read bool
+}
+
+func (c *activatingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.read = true
+	}
+	if err != nil && !c.read {
+		<-c.sb.active // closed once the activation is over, either way
+		if serr := c.sb.startErr(); serr != nil {
+			return n, serr
+		}
+	}
+	return n, err
 }
 
 // Activate implements runtime.Activating: a held start's activation runs
