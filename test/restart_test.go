@@ -316,6 +316,10 @@ func TestGuestCannotActivate(t *testing.T) {
 			got, _ := c.Get(ctx, sb.ID)
 			t.Errorf("pooled %v: sandbox %+v, want failed naming the workdir", pooled, got)
 		}
+		// Once marked failed, calls still say why.
+		if _, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"true"}}, client.ExecIO{}); err == nil || !strings.Contains(err.Error(), "workdir") {
+			t.Errorf("pooled %v: exec in a failed sandbox: %v", pooled, err)
+		}
 		d.MustCLI("rm", "-f", sb.ID)
 	}
 }

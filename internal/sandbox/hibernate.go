@@ -188,7 +188,7 @@ func (m *Manager) Freeze(ctx context.Context, id string) (api.Sandbox, error) {
 		m.persistLocked(b)
 		m.notify(b).Event(id, "lifecycle", "frozen", nil)
 	default:
-		return api.Sandbox{}, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
+		return api.Sandbox{}, notRunning(b)
 	}
 	return b.viewLocked(), nil
 }

@@ -645,6 +645,15 @@ func (m *Manager) watch(b *box, inst runtime.Instance) {
 	}()
 }
 
+// notRunning is the error for a call that needs b running, with the
+// reason a failed sandbox ended.
+func notRunning(b *box) error {
+	if b.rec.State == api.StateFailed && b.rec.Error != "" {
+		return errdefs.Conflict("sandbox %s is failed, not running: %s", b.rec.ID, b.rec.Error)
+	}
+	return errdefs.Conflict("sandbox %s is %s, not running", b.rec.ID, b.rec.State)
+}
+
 // Observed waits until the observers have heard of sandbox id's create,
 // so that its telemetry can be read right after the create answered.
 func (m *Manager) Observed(ctx context.Context, id string) error {
@@ -777,7 +786,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (api.Sandbox, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.rec.State != api.StateRunning && b.rec.State != api.StateFrozen {
-		return api.Sandbox{}, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
+		return api.Sandbox{}, notRunning(b)
 	}
 	if err := m.stopLocked(ctx, b); err != nil {
 		return api.Sandbox{}, err
@@ -859,7 +868,7 @@ func (m *Manager) Guest(ctx context.Context, id string) (*guest.Client, error) {
 		return nil, err
 	}
 	if b.rec.State != api.StateRunning || b.guest == nil {
-		return nil, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
+		return nil, notRunning(b)
 	}
 	b.touch()
 	return b.guest, nil
@@ -875,7 +884,7 @@ func (m *Manager) Done(id string) (<-chan struct{}, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.inst == nil {
-		return nil, errdefs.Conflict("sandbox %s is %s, not running", id, b.rec.State)
+		return nil, notRunning(b)
 	}
 	return b.inst.Done(), nil
 }
