@@ -106,7 +106,6 @@ type IDs interface {
 	Free(base uint32)
 }
 
-// Runtime is an isolation tier.
 // RestoreSpec is what the caller recorded of a sandbox it reattaches to.
 type RestoreSpec struct {
 	State []byte // what its Instance's State returned
@@ -118,6 +117,7 @@ type RestoreSpec struct {
 	Frozen bool
 }
 
+// Runtime is an isolation tier.
 type Runtime interface {
 	Name() string
 	// Start builds and starts a sandbox. The writable layer is kept if

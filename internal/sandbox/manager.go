@@ -259,19 +259,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		}
 		return api.Sandbox{}, err
 	}
-	res := req.Resources
-	if res.CPUs == 0 {
-		res.CPUs = m.cfg.Defaults.CPUs
-	}
-	if res.MemoryBytes == 0 {
-		res.MemoryBytes = m.cfg.Defaults.MemoryBytes
-	}
-	if res.Pids == 0 {
-		res.Pids = m.cfg.Defaults.Pids
-	}
-	if res.DiskBytes == 0 {
-		res.DiskBytes = m.cfg.Defaults.DiskBytes
-	}
+	res := m.withDefaults(req.Resources)
 	workdir := req.Workdir
 	if workdir == "" {
 		workdir = img.Workdir

@@ -68,8 +68,8 @@ func (m *Manager) SetPool(name string, size int) (api.Pool, error) {
 	return api.Pool{Name: name, Target: size, Ready: p.PoolSizes()[name]}, nil
 }
 
-// withDefaults fills the limits res leaves unset from the daemon's
-// defaults, as a create does.
+// withDefaults fills what res leaves unset from the daemon's defaults: a
+// create's resources, and a template pool's limits.
 func (m *Manager) withDefaults(res api.Resources) api.Resources {
 	d := m.cfg.Defaults
 	if res.CPUs == 0 {
@@ -80,6 +80,9 @@ func (m *Manager) withDefaults(res api.Resources) api.Resources {
 	}
 	if res.Pids == 0 {
 		res.Pids = d.Pids
+	}
+	if res.DiskBytes == 0 {
+		res.DiskBytes = d.DiskBytes
 	}
 	return res
 }

@@ -599,12 +599,12 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		Workdir:     spec.Workdir,
 		OutputLimit: r.cfg.OutputLimit,
 	}}
-	// The limits, the activation and the guest's answer are seen to
+	// The activation, the limits and the guest's answer are seen to
 	// after Start: by the caller's Activate (spec.Held), or in the
 	// background. Nothing the sandbox runs can start before Dial lets a
-	// connection through, which waits for all of them (the guest's
-	// activation itself is our code, not the sandbox's). The sync socket
-	// is the activation's to close.
+	// connection through, which waits for the limits and the thaw (the
+	// guest's activation itself is our code, not the sandbox's). The sync
+	// socket is the activation's to close.
 	lim := limitsOf(spec.Resources)
 	sync := g.sync
 	g.sync = nil
@@ -806,8 +806,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 	// limits are set and a warm guest thawed (activate): a daemon that
 	// died in between left that to this one. Limits first, so that
 	// nothing runs without them.
-	res := rs.Resources
-	if err := cg.Update(limitsOf(res)); err != nil {
+	if err := cg.Update(limitsOf(rs.Resources)); err != nil {
 		sb.Kill()
 		return nil, fmt.Errorf("setting limits: %w", err)
 	}

@@ -38,7 +38,7 @@ type Sandbox struct {
 	// has answered its Activate (at once for a sandbox found running after
 	// a restart); activeErr is then why it could not start serving, if it
 	// could not. Start does not wait for either: nothing the sandbox runs
-	// starts before a Dial, which waits for active, so the create can
+	// starts before a Dial, which waits for limited, so the create can
 	// answer meanwhile.
 	active    chan struct{}
 	activeErr error
@@ -132,13 +132,7 @@ func (s *Sandbox) StartErr() error {
 		<-s.active // the activation ends with the guest
 	default:
 	}
-	if err := s.startErr(); err != nil {
-		return err
-	}
-	if s.limitErr != nil {
-		return s.limitErr
-	}
-	return nil
+	return s.startErr() // a limits or thaw failure is in activeErr too
 }
 
 // startErr is why the guest could not start serving, once that is known

@@ -67,14 +67,7 @@ func (p *Pool) used(path string, src source) {
 	if p.closed {
 		return
 	}
-	again := false
-	for i, s := range p.recent {
-		if s == path {
-			again = true
-			p.recent = append(p.recent[:i], p.recent[i+1:]...)
-			break
-		}
-	}
+	again := p.dropRecentLocked(path)
 	p.recent = append(p.recent, path)
 	var drop []*entry
 	if len(p.recent) > maxRecentSources {
@@ -106,20 +99,27 @@ func (p *Pool) used(path string, src source) {
 	go p.makeClone(path, src)
 }
 
+// dropRecentLocked takes path off the recent sources and says whether it
+// was there.
+func (p *Pool) dropRecentLocked(path string) bool {
+	for i, s := range p.recent {
+		if s == path {
+			p.recent = append(p.recent[:i], p.recent[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
 // Forget drops what the pool keeps of the snapshot image at path (its
 // ready clone, with the clone's loop device, mount and blocks), for a
-// snapshot removed. A clone being made of it is dropped when it is done
-// (used sees its source gone).
+// snapshot removed. A clone being made of it is not kept when it is done
+// (makeClone finds its source gone).
 func (p *Pool) Forget(path string) {
 	p.mu.Lock()
 	rc := p.clones[path]
 	delete(p.clones, path)
-	for i, s := range p.recent {
-		if s == path {
-			p.recent = append(p.recent[:i], p.recent[i+1:]...)
-			break
-		}
-	}
+	p.dropRecentLocked(path)
 	p.mu.Unlock()
 	if rc != nil {
 		p.destroy(rc.e)
