@@ -400,3 +400,55 @@ func (term *terminal) wait() int {
 		return -1
 	}
 }
+
+// TestOrphansAreReaped: the guest is the sandbox's PID 1, so a process
+// whose parent has exited becomes its child and must be reaped when it
+// ends, or it stays a zombie holding a pid. A command that says nothing
+// still answers its start at once, and its exit status is its own.
+func TestOrphansAreReaped(t *testing.T) {
+	d := StartDaemon(t)
+	c := d.Client()
+	id := d.Create(api.CreateRequest{})
+
+	// The subshell outlives sh: it is reparented to PID 1, then exits.
+	d.Sh(id, `(echo $(sh -c 'echo $PPID') > /tmp/orphan; sleep 1; exit 7) > /dev/null 2>&1 &`)
+	var pid string
+	for deadline := time.Now().Add(10 * time.Second); pid == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		pid = strings.TrimSpace(d.Sh(id, "cat /tmp/orphan 2>/dev/null || true"))
+	}
+	if pid == "" {
+		t.Fatal("the background subshell never wrote its pid")
+	}
+	if ppid := d.Sh(id, "awk '{print $4}' /proc/"+pid+"/stat"); strings.TrimSpace(ppid) != "1" {
+		t.Fatalf("orphan %s has parent %q, want 1 (the guest)", pid, ppid)
+	}
+	var state string
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		state = strings.TrimSpace(d.Sh(id, "awk '{print $3}' /proc/"+pid+"/stat 2>/dev/null || echo gone"))
+		if state == "gone" {
+			break
+		}
+	}
+	if state != "gone" {
+		t.Fatalf("orphan %s is still in /proc in state %q after it exited", pid, state)
+	}
+
+	// A silent command's start is answered while it runs.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := c.ExecStream(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "sleep 30; exit 3"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.PID <= 1 {
+		t.Fatalf("start answered with pid %d", s.PID)
+	}
+	if err := c.Signal(context.Background(), id, s.PID, "TERM"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Wait(io.Discard, io.Discard)
+	if err != nil || st == nil || st.Signal != "SIGTERM" {
+		t.Fatalf("after SIGTERM: %+v %v", st, err)
+	}
+}

@@ -18,7 +18,8 @@ import (
 // dropped stream never affects another.
 //
 // One connection is kept dialled ahead, so that a call does not wait for
-// the connect and the guest's accept.
+// the connect and the guest's accept. The next is dialled when a call's
+// connection closes, not while the call's command runs.
 type Client struct {
 	dial func(ctx context.Context) (net.Conn, error)
 
@@ -32,21 +33,16 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 	return &Client{dial: dial}
 }
 
-// connect returns the spare connection, or dials one, and dials the next
-// spare in the background.
+// connect returns the spare connection, or dials one.
 func (c *Client) connect(ctx context.Context) (net.Conn, error) {
 	c.mu.Lock()
 	conn := c.spare
 	c.spare = nil
 	c.mu.Unlock()
-	if conn == nil {
-		var err error
-		if conn, err = c.dial(ctx); err != nil {
-			return nil, err
-		}
+	if conn != nil {
+		return conn, nil
 	}
-	go c.dialSpare()
-	return conn, nil
+	return c.dial(ctx)
 }
 
 func (c *Client) dialSpare() {
@@ -88,15 +84,18 @@ type Conn struct {
 	Frames *wire.Reader
 	out    *wire.Writer
 	br     *bufio.Reader
+	client *Client
 	once   sync.Once
 }
 
-// Close closes the connection and recycles its buffer.
+// Close closes the connection, recycles its buffer and has the next
+// spare dialled.
 func (c *Conn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		c.br.Reset(nil)
 		readers.Put(c.br)
+		go c.client.dialSpare()
 	})
 	return err
 }
@@ -113,32 +112,32 @@ func (c *Client) Call(ctx context.Context, req Request) (*Response, *Conn, error
 	}
 	br := readers.Get().(*bufio.Reader)
 	br.Reset(conn)
-	gc := &Conn{Conn: conn, Frames: wire.NewReader(br), out: wire.NewWriter(conn), br: br}
+	gc := &Conn{Conn: conn, Frames: wire.NewReader(br), out: wire.NewWriter(conn), br: br, client: c}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	if err := gc.out.WriteJSON(wire.Request, req); err != nil {
-		conn.Close()
+		gc.Close()
 		return nil, nil, fmt.Errorf("sending request to guest: %w", err)
 	}
 	f, err := gc.Frames.Read()
 	if err != nil {
-		conn.Close()
+		gc.Close()
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
 		}
 		return nil, nil, fmt.Errorf("reading guest response: %w", err)
 	}
 	if f.Type != wire.Response {
-		conn.Close()
+		gc.Close()
 		return nil, nil, fmt.Errorf("guest answered with frame type %d", f.Type)
 	}
 	var resp Response
 	if err := json.Unmarshal(f.Payload, &resp); err != nil {
-		conn.Close()
+		gc.Close()
 		return nil, nil, fmt.Errorf("decoding guest response: %w", err)
 	}
 	if resp.Error != nil {
-		conn.Close()
+		gc.Close()
 		cat := errdefs.FromCode(resp.Error.Code)
 		if cat == nil {
 			return nil, nil, fmt.Errorf("guest: %s", resp.Error.Message)

@@ -34,7 +34,7 @@ var processOps = map[string]opHandler{
 		if c.respond(Response{PID: req.PID}, err) != nil || err != nil {
 			return
 		}
-		s.stream(c, p, req.Offset)
+		s.stream(c, p, req.Offset, nil)
 	},
 	OpList: func(s *server, c *opConn, req Request) {
 		c.respond(Response{Processes: s.list()}, nil)
@@ -103,11 +103,20 @@ func (s *server) opStart(c *opConn, req Request) {
 		}
 		return
 	}
-	if c.respond(Response{PID: p.pid}, nil) != nil || !req.Start.Attach {
+	if !req.Start.Attach {
+		c.respond(Response{PID: p.pid}, nil)
 		return
 	}
-	s.stream(c, p, 0)
+	b, _ := json.Marshal(Response{PID: p.pid})
+	s.stream(c, p, 0, wire.AppendFrame(nil, wire.Response, b))
 }
+
+// startHold is how long an attached start's answer waits for the
+// command's first output or its exit, to travel with them: a short
+// command's answer, output and exit status then reach the daemon, and the
+// daemon's client, in one write each, and nothing else is woken while the
+// command runs.
+const startHold = 5 * time.Millisecond
 
 func (s *server) opControl(c *opConn, req Request) {
 	p, err := s.lookup(req.PID)
@@ -119,10 +128,19 @@ func (s *server) opControl(c *opConn, req Request) {
 
 // stream sends p's output from off until it ends or the client goes away,
 // while applying the client's input frames. The process outlives the
-// connection.
-func (s *server) stream(c *opConn, p *process, off int64) {
+// connection. answer, if set, is an encoded Response frame still to send:
+// it goes with the first output or the exit, or alone after startHold.
+func (s *server) stream(c *opConn, p *process, off int64, answer []byte) {
 	cur := p.out.attach(off)
 	defer p.out.detach(cur)
+	held := make(chan struct{})
+	if answer != nil {
+		t := time.AfterFunc(startHold, func() {
+			close(held)
+			p.out.wake()
+		})
+		defer t.Stop()
+	}
 	gone := make(chan struct{})
 	go func() {
 		defer close(gone)
@@ -137,49 +155,90 @@ func (s *server) stream(c *opConn, p *process, off int64) {
 			}
 		}
 	}()
-	var hdr [wire.HeaderSize]byte
+	fw := streamWriter{conn: c.conn, pending: answer}
 	for {
-		chunks, lost, exit := p.out.next(cur, gone)
+		hold := held
+		if fw.pending == nil {
+			hold = nil
+		}
+		chunks, lost, exit := p.out.next(cur, gone, hold)
 		if chunks == nil && exit == nil && lost == 0 {
 			select {
 			case <-gone:
 				return
+			case <-hold:
+				if fw.flush() != nil {
+					return
+				}
 			default:
-				continue
 			}
+			continue
 		}
 		if lost > 0 {
 			b, _ := json.Marshal(map[string]int64{"bytes": lost})
-			if err := writeFrame(c.conn, &hdr, wire.Dropped, b); err != nil {
+			if err := fw.write(wire.Dropped, b); err != nil {
 				return
 			}
 		}
 		for _, ch := range chunks {
-			if err := writeFrame(c.conn, &hdr, ch.typ, ch.data); err != nil {
+			if err := fw.write(ch.typ, ch.data); err != nil {
 				return
 			}
 			p.out.advance(cur, ch.off+int64(len(ch.data)))
 		}
 		if exit != nil {
 			b, _ := json.Marshal(exit)
-			writeFrame(c.conn, &hdr, wire.Exit, b)
+			fw.write(wire.Exit, b)
 			return
 		}
 	}
 }
 
+// streamWriter writes a stream's frames to the daemon, the first
+// together with pending bytes if there are any.
+type streamWriter struct {
+	conn    net.Conn
+	hdr     [wire.HeaderSize]byte
+	pending []byte
+}
+
+func (w *streamWriter) write(t wire.Type, payload []byte) error {
+	err := writeFrameAfter(w.conn, w.pending, &w.hdr, t, payload)
+	w.pending = nil
+	return err
+}
+
+// flush writes the pending bytes alone.
+func (w *streamWriter) flush() error {
+	if w.pending == nil {
+		return nil
+	}
+	_, err := w.conn.Write(w.pending)
+	w.pending = nil
+	return err
+}
+
 // writeFrame writes a header and payload with one writev.
 func writeFrame(conn net.Conn, hdr *[wire.HeaderSize]byte, t wire.Type, payload []byte) error {
+	return writeFrameAfter(conn, nil, hdr, t, payload)
+}
+
+// writeFrameAfter writes before (if any), then a frame, in one writev
+// (more than one for a payload past wire.MaxPayload).
+func writeFrameAfter(conn net.Conn, before []byte, hdr *[wire.HeaderSize]byte, t wire.Type, payload []byte) error {
 	for len(payload) > wire.MaxPayload {
-		if err := writeFrame(conn, hdr, t, payload[:wire.MaxPayload]); err != nil {
+		if err := writeFrameAfter(conn, before, hdr, t, payload[:wire.MaxPayload]); err != nil {
 			return err
 		}
-		payload = payload[wire.MaxPayload:]
+		before, payload = nil, payload[wire.MaxPayload:]
 	}
 	h := wire.AppendFrame(hdr[:0], t, nil)
 	n := len(payload)
 	h[4], h[5], h[6], h[7] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
 	bufs := net.Buffers{h, payload}
+	if before != nil {
+		bufs = net.Buffers{before, h, payload}
+	}
 	_, err := bufs.WriteTo(conn)
 	return err
 }
@@ -430,7 +489,8 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 		return nil, err
 	}
 	var std *stdio
-	sys := &syscall.SysProcAttr{Setsid: true, Credential: cred}
+	pidfd := -1
+	sys := &syscall.SysProcAttr{Setsid: true, Credential: cred, PidFD: &pidfd}
 	if sr.TTY != nil {
 		if sr.TTY.Cols == 0 || sr.TTY.Rows == 0 {
 			return nil, errdefs.Invalid("tty", "cols and rows must be positive")
@@ -466,9 +526,8 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 		s.procs[pid] = p
 	}
 	s.mu.Unlock()
-	select {
-	case s.forked <- struct{}{}:
-	default:
+	if err == nil {
+		go s.awaitExit(p, pidfd)
 	}
 	std.closeChild()
 	if err != nil {
@@ -639,26 +698,38 @@ func (s *server) oomKills() uint64 {
 	return 0
 }
 
-// reapLoop reaps every child, ours or orphans reparented to us as PID 1.
-// It waits in wait4 itself rather than for SIGCHLD: an exit is seen as
-// soon as it happens, without the signal's trip through the runtime. With
-// no children at all wait4 fails at once, so it then waits for the next
-// fork.
-func (s *server) reapLoop() {
-	for {
+// awaitExit reaps p when its pidfd says it has exited. The wait is in
+// the netpoller, so while the sandbox's commands run the guest holds no
+// thread in a blocking syscall: the Go runtime then has nothing to watch
+// and leaves the CPUs to the commands.
+func (s *server) awaitExit(p *process, pidfd int) {
+	if pidfd < 0 {
+		return // no pidfd on this kernel: reapOrphans finds the exit
+	}
+	if err := unix.SetNonblock(pidfd, true); err != nil {
+		unix.Close(pidfd)
+		return
+	}
+	f := os.NewFile(uintptr(pidfd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Read(func(uintptr) bool {
 		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		pid, err := unix.Wait4(p.pid, &ws, unix.WNOHANG, nil)
 		switch {
 		case err == unix.EINTR:
-		case err == unix.ECHILD:
-			<-s.forked
-		case err != nil:
-			s.log.Warn("waiting for children", "err", err)
-			time.Sleep(10 * time.Millisecond)
-		default:
+			return false
+		case pid == p.pid:
 			s.exited(pid, ws)
+			return true
+		case err != nil:
+			return true // reaped by reapOrphans
 		}
-	}
+		return false
+	})
 }
 
 // exited records a child's exit. spawn holds s.mu from fork until the

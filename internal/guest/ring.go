@@ -158,14 +158,17 @@ func (r *ring) detach(c *cursor) {
 // next blocks until there is output past c, or the output has ended. It
 // returns the chunks (sliced to start at c), how many bytes before c's
 // position were lost to the cap, and the exit status once the end is reached.
-// The returned chunks' data must not be modified. cancel, when closed, makes
-// next return (nil, 0, nil).
-func (r *ring) next(c *cursor, cancel <-chan struct{}) (out []chunk, lost int64, exit *api.ExitStatus) {
+// The returned chunks' data must not be modified. cancel or hold, when
+// closed, makes next return (nil, 0, nil) (a waiter closes them and calls
+// wake).
+func (r *ring) next(c *cursor, cancel, hold <-chan struct{}) (out []chunk, lost int64, exit *api.ExitStatus) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for c.off >= r.end && !r.closed {
 		select {
 		case <-cancel:
+			return nil, 0, nil
+		case <-hold:
 			return nil, 0, nil
 		default:
 		}

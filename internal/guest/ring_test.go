@@ -14,7 +14,7 @@ func collect(t *testing.T, r *ring, off int64) (out []byte, lost int64, exit *ap
 	c := r.attach(off)
 	defer r.detach(c)
 	for {
-		chunks, l, ex := r.next(c, nil)
+		chunks, l, ex := r.next(c, nil, nil)
 		lost += l
 		for _, ch := range chunks {
 			out = append(out, ch.data...)
@@ -75,7 +75,7 @@ func TestRingBackpressureForAttachedReader(t *testing.T) {
 		t.Fatal("append evicted bytes an attached reader had not read")
 	case <-time.After(50 * time.Millisecond):
 	}
-	chunks, lost, _ := r.next(c, nil)
+	chunks, lost, _ := r.next(c, nil, nil)
 	if lost != 0 || len(chunks) != 1 || string(chunks[0].data) != "12345678" {
 		t.Fatalf("next = %v lost %d", chunks, lost)
 	}
@@ -94,7 +94,7 @@ func TestRingNextCancels(t *testing.T) {
 	cancel := make(chan struct{})
 	res := make(chan bool)
 	go func() {
-		chunks, lost, ex := r.next(c, cancel)
+		chunks, lost, ex := r.next(c, cancel, nil)
 		res <- chunks == nil && lost == 0 && ex == nil
 	}()
 	time.Sleep(20 * time.Millisecond)

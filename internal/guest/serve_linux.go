@@ -12,6 +12,7 @@ import (
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/reaper"
 	"paddock/wire"
 )
 
@@ -27,7 +28,9 @@ func serve(cfg ServeConfig, sp *spawner, syncSock *os.File, oom *os.File) error 
 		return fmt.Errorf("opening control listener: %w", err)
 	}
 	s := newServer(cfg, oom, sp, log)
-	go s.reapLoop()
+	// What no pidfd watch reaps: processes reparented to us as PID 1, and
+	// any of ours whose pidfd could not be watched.
+	go reaper.Run(s.exited)
 	go s.forwardSignals()
 
 	b, _ := json.Marshal(Ready{Phase: "ready", PID: os.Getpid()})
@@ -62,8 +65,6 @@ type server struct {
 	finished []int
 	// oomSeen is the cgroup's OOM kill count when last read.
 	oomSeen uint64
-	// forked wakes the reaper after a fork when it had no children.
-	forked chan struct{}
 }
 
 func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {
@@ -73,7 +74,7 @@ func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *se
 	if cfg.Retain <= 0 {
 		cfg.Retain = 256
 	}
-	s := &server{cfg: cfg, oom: oom, sp: sp, log: log, procs: map[int]*process{}, forked: make(chan struct{}, 1)}
+	s := &server{cfg: cfg, oom: oom, sp: sp, log: log, procs: map[int]*process{}}
 	s.oomSeen = s.oomKills()
 	return s
 }

@@ -138,7 +138,11 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 		w.Header().Set("X-Paddock-Pid", pid)
 		w.WriteHeader(http.StatusOK)
 		rc := http.NewResponseController(w)
-		rc.Flush()
+		// A short command's frames come with the guest's answer: the
+		// headers then go with them rather than on their own.
+		if conn.Frames.Buffered() == 0 {
+			rc.Flush()
+		}
 		// The last frame is not flushed here: net/http writes it with
 		// the body's end when the handler returns, so that the client
 		// reads both at once (it reads to the end to reuse the
@@ -154,8 +158,10 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 	defer hj.Close()
 	bufrw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.StreamProtocol +
 		"\r\nConnection: Upgrade\r\nX-Paddock-Pid: " + pid + "\r\n\r\n")
-	if err := bufrw.Flush(); err != nil {
-		return
+	if conn.Frames.Buffered() == 0 {
+		if err := bufrw.Flush(); err != nil {
+			return
+		}
 	}
 	go forwardInput(bufrw.Reader, conn)
 	relay(conn, wire.NewWriter(bufrw.Writer), bufrw.Flush, bufrw.Flush, done, tee)

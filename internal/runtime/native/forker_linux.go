@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	goruntime "runtime"
 	"strconv"
 	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"paddock/internal/reaper"
 )
 
 // The forker is a small helper process (`paddock guest-forker`) that forks
@@ -139,7 +140,7 @@ func RunForker() error {
 	unix.Close(4)
 	exe := os.NewFile(uintptr(exeFD), "guest-exe")
 	lowerPriority()
-	go reapChildren()
+	go reaper.Run(nil) // the guests this process forked
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(8*4))
 	for {
@@ -249,24 +250,6 @@ func raisePriority(pid int) {
 	for _, t := range tasks {
 		if tid, err := strconv.Atoi(t.Name()); err == nil {
 			unix.Setpriority(unix.PRIO_PROCESS, tid, 0)
-		}
-	}
-}
-
-// reapChildren reaps the guests this process forked when they exit.
-func reapChildren() {
-	ch := make(chan os.Signal, 16)
-	signal.Notify(ch, unix.SIGCHLD)
-	for range ch {
-		for {
-			var ws unix.WaitStatus
-			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-			if err == unix.EINTR {
-				continue
-			}
-			if pid <= 0 || err != nil {
-				break
-			}
 		}
 	}
 }

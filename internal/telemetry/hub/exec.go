@@ -148,17 +148,19 @@ func (f *feeder) close() {
 // ExecStarted records that process pid of sandbox id started running cmd
 // and returns the copy of its output: feed it with Frame, and call Detach
 // when no longer feeding it. The process's log entry exists when it
-// returns (a client may ask for it at once); the copy runs on a goroutine
-// of its own.
+// returns (a client may ask for it at once); its start event and the copy
+// follow on a goroutine of its own.
 func (h *Hub) ExecStarted(id string, gc *guest.Client, pid int, cmd []string) *ExecCopy {
 	c := h.newCopy(id, gc, pid, events.CutCmd(cmd), time.Now())
 	c.relay = feeder{c: c, ch: make(chan relayed, 64)}
-	h.append(c.id, events.Event{Type: events.Exec, Message: "started " + strings.Join(c.cmd, " "),
-		Data: events.Data(events.ExecData{PID: c.pid, Cmd: c.cmd})})
 	w, err := h.execs.Start(c.id, c.pid, cmd, c.started)
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
+		// The start event is written here, before the exit's, rather
+		// than on the exec's way to its client.
+		h.append(c.id, events.Event{Type: events.Exec, Message: "started " + strings.Join(c.cmd, " "),
+			Data: events.Data(events.ExecData{PID: c.pid, Cmd: c.cmd})})
 		if err != nil {
 			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
 			return
