@@ -56,6 +56,8 @@ type Client struct {
 	token string
 	http  *http.Client
 	dial  func(ctx context.Context) (net.Conn, error)
+	// streams carries one-way exec and attach streams.
+	streams *streamConns
 }
 
 // Option configures a Client.
@@ -99,6 +101,7 @@ func New(host string, opts ...Option) (*Client, error) {
 		DisableCompression:  true,
 	}
 	c.http = &http.Client{Transport: tr}
+	c.streams = &streamConns{dial: c.dial}
 	for _, o := range opts {
 		o(c)
 	}
@@ -120,7 +123,10 @@ func FromEnv() (*Client, error) {
 }
 
 // Close releases idle connections.
-func (c *Client) Close() { c.http.CloseIdleConnections() }
+func (c *Client) Close() {
+	c.http.CloseIdleConnections()
+	c.streams.close()
+}
 
 func (c *Client) newRequest(ctx context.Context, method, path string, body any) (*http.Request, error) {
 	var rd io.Reader

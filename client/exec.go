@@ -90,7 +90,12 @@ func (c *Client) openStream(ctx context.Context, method, path string, body any, 
 		hreq.Header.Set("Connection", "Upgrade")
 		hreq.Header.Set("Upgrade", api.StreamProtocol)
 	}
-	resp, err := c.http.Do(hreq)
+	var resp *http.Response
+	if interactive {
+		resp, err = c.http.Do(hreq)
+	} else {
+		resp, err = c.streams.roundTrip(hreq)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

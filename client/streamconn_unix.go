@@ -1,0 +1,29 @@
+//go:build unix
+
+package client
+
+import (
+	"net"
+	"syscall"
+)
+
+// open reports whether an idle connection is still open: a peek finds
+// neither an end (the daemon closed it) nor unexpected bytes.
+func open(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := false
+	err = rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		alive = err == syscall.EAGAIN
+		return true
+	})
+	return err == nil && alive
+}
