@@ -55,9 +55,8 @@ type Client struct {
 	base  string // scheme://authority, no trailing slash
 	token string
 	http  *http.Client
+	tr    *transport
 	dial  func(ctx context.Context) (net.Conn, error)
-	// streams carries one-way exec and attach streams.
-	streams *streamConns
 }
 
 // Option configures a Client.
@@ -95,13 +94,12 @@ func New(host string, opts ...Option) (*Client, error) {
 	default:
 		return nil, fmt.Errorf("%w: host %q must start with unix:// or tcp://", ErrInvalid, host)
 	}
-	tr := &http.Transport{
+	c.tr = &transport{dial: c.dial, fallback: &http.Transport{
 		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) },
 		MaxIdleConnsPerHost: 64,
 		DisableCompression:  true,
-	}
-	c.http = &http.Client{Transport: tr}
-	c.streams = &streamConns{dial: c.dial}
+	}}
+	c.http = &http.Client{Transport: c.tr}
 	for _, o := range opts {
 		o(c)
 	}
@@ -123,10 +121,7 @@ func FromEnv() (*Client, error) {
 }
 
 // Close releases idle connections.
-func (c *Client) Close() {
-	c.http.CloseIdleConnections()
-	c.streams.close()
-}
+func (c *Client) Close() { c.tr.close() }
 
 func (c *Client) newRequest(ctx context.Context, method, path string, body any) (*http.Request, error) {
 	var rd io.Reader
@@ -171,6 +166,9 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("decoding %s %s answer: %w", method, path, err)
 	}
+	// Read to the end (the newline after the JSON), so that the
+	// connection is kept for the next request.
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	return nil
 }
 

@@ -90,12 +90,7 @@ func (c *Client) openStream(ctx context.Context, method, path string, body any, 
 		hreq.Header.Set("Connection", "Upgrade")
 		hreq.Header.Set("Upgrade", api.StreamProtocol)
 	}
-	var resp *http.Response
-	if interactive {
-		resp, err = c.http.Do(hreq)
-	} else {
-		resp, err = c.streams.roundTrip(hreq)
-	}
+	resp, err := c.http.Do(hreq)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

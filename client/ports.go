@@ -121,7 +121,7 @@ func (c *Client) PortURL(id string, port int, path string) string {
 // the daemon (whatever the URL's host) and adds the bearer token. The
 // proxy takes the token off before the request reaches the sandbox.
 func (c *Client) PortHTTPClient() *http.Client {
-	return &http.Client{Transport: tokenTransport{token: c.token, next: c.http.Transport}}
+	return &http.Client{Transport: tokenTransport{token: c.token, next: c.tr.fallback}}
 }
 
 type tokenTransport struct {

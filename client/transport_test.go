@@ -1,7 +1,11 @@
 package client
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -49,6 +53,20 @@ func startStreamDaemon(t *testing.T) *streamDaemon {
 		}
 		fw.WriteJSON(wire.Exit, api.ExitStatus{ExitCode: 3})
 	})
+	mux.HandleFunc("GET /v1/version", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(api.VersionInfo{Version: strings.Repeat("v", 10000)})
+	})
+	mux.HandleFunc("POST /reject", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "too large", http.StatusRequestEntityTooLarge)
+	})
+	mux.HandleFunc("POST /upload", func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprint(w, n)
+	})
 	d.srv = &http.Server{Handler: mux, ConnState: func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			d.conns.Add(1)
@@ -90,7 +108,7 @@ func TestStreamsSkipAConnectionTheDaemonClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.srv.SetKeepAlivesEnabled(false) // closes the idle connection
-	kept := c.streams.idle[0].Conn
+	kept := c.tr.idle[0].Conn
 	for deadline := time.Now().Add(5 * time.Second); open(kept) && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -125,8 +143,8 @@ func TestStreamsCloseAndCancel(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close of a running stream blocked")
 	}
-	if len(c.streams.idle) != 0 {
-		t.Errorf("a stream closed before its end left %d kept connections", len(c.streams.idle))
+	if len(c.tr.idle) != 0 {
+		t.Errorf("a stream closed before its end left %d kept connections", len(c.tr.idle))
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -148,10 +166,69 @@ func TestStreamsCloseAndCancel(t *testing.T) {
 		t.Fatal("Wait returned no error after its context was cancelled")
 	}
 	s.Close()
-	if len(c.streams.idle) != 0 {
-		t.Errorf("a cancelled stream left %d kept connections", len(c.streams.idle))
+	if len(c.tr.idle) != 0 {
+		t.Errorf("a cancelled stream left %d kept connections", len(c.tr.idle))
 	}
 	if _, err := c.Exec(context.Background(), "quick", api.ExecRequest{Cmd: []string{"x"}}, ExecIO{}); err != nil {
 		t.Fatalf("exec after a cancel: %v", err)
+	}
+}
+
+// JSON answers keep their connection too (read to their end), and
+// uploads too large or of unknown size for the calling goroutine to write
+// before reading go through net/http's transport, which writes them while
+// the answer is read.
+func TestTransportJSONAndUploads(t *testing.T) {
+	d := startStreamDaemon(t)
+	c, _ := New(d.host)
+	defer c.Close()
+	ctx := context.Background()
+	for i := range 5 {
+		v, err := c.Version(ctx)
+		if err != nil || len(v.Version) != 10000 {
+			t.Fatalf("version %d: %v", i, err)
+		}
+	}
+	if n := d.conns.Load(); n != 1 {
+		t.Errorf("5 JSON calls in turn used %d connections, want 1", n)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		pw.Write(bytes.Repeat([]byte("x"), 3<<20))
+		pw.Close()
+	}()
+	for _, up := range []struct {
+		body io.Reader
+		want string
+	}{{bytes.NewReader(make([]byte, 2<<20)), "2097152"}, {pr, "3145728"}, {strings.NewReader("small"), "5"}} {
+		req, _ := http.NewRequest(http.MethodPost, c.base+"/upload", up.body)
+		resp, err := c.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(got) != up.want {
+			t.Errorf("upload of %T: server read %s bytes, want %s", up.body, got, up.want)
+		}
+	}
+}
+
+// A daemon that refuses a body before reading it all answers, and closes:
+// the answer is the result, not the broken write.
+func TestTransportEarlyAnswer(t *testing.T) {
+	d := startStreamDaemon(t)
+	c, _ := New(d.host)
+	defer c.Close()
+	for _, size := range []int{900 << 10, 4 << 20} {
+		req, _ := http.NewRequest(http.MethodPost, c.base+"/reject", bytes.NewReader(make([]byte, size)))
+		resp, err := c.http.Do(req)
+		if err != nil {
+			t.Fatalf("%d bytes: %v", size, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("%d bytes: status %d", size, resp.StatusCode)
+		}
 	}
 }
