@@ -77,13 +77,19 @@ func startStreamDaemon(t *testing.T) *streamDaemon {
 	return d
 }
 
-func TestStreamsReuseTheirConnection(t *testing.T) {
-	d := startStreamDaemon(t)
+// client returns an SDK client of d, closed when the test ends.
+func (d *streamDaemon) client(t *testing.T) *Client {
 	c, err := New(d.host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestStreamsReuseTheirConnection(t *testing.T) {
+	d := startStreamDaemon(t)
+	c := d.client(t)
 	ctx := context.Background()
 	for i := range 5 {
 		var out strings.Builder
@@ -101,8 +107,7 @@ func TestStreamsReuseTheirConnection(t *testing.T) {
 // used: the next stream works on a new one.
 func TestStreamsSkipAConnectionTheDaemonClosed(t *testing.T) {
 	d := startStreamDaemon(t)
-	c, _ := New(d.host)
-	defer c.Close()
+	c := d.client(t)
 	ctx := context.Background()
 	if _, err := c.Exec(ctx, "quick", api.ExecRequest{Cmd: []string{"x"}}, ExecIO{}); err != nil {
 		t.Fatal(err)
@@ -130,8 +135,7 @@ func TestStreamsSkipAConnectionTheDaemonClosed(t *testing.T) {
 func TestStreamsCloseAndCancel(t *testing.T) {
 	d := startStreamDaemon(t)
 	defer close(d.release)
-	c, _ := New(d.host)
-	defer c.Close()
+	c := d.client(t)
 	s, err := c.ExecStream(context.Background(), "slow", api.ExecRequest{Cmd: []string{"x"}}, false)
 	if err != nil || s.PID != 7 {
 		t.Fatalf("stream: %+v %v", s, err)
@@ -180,8 +184,7 @@ func TestStreamsCloseAndCancel(t *testing.T) {
 // the answer is read.
 func TestTransportJSONAndUploads(t *testing.T) {
 	d := startStreamDaemon(t)
-	c, _ := New(d.host)
-	defer c.Close()
+	c := d.client(t)
 	ctx := context.Background()
 	for i := range 5 {
 		v, err := c.Version(ctx)
@@ -218,8 +221,7 @@ func TestTransportJSONAndUploads(t *testing.T) {
 // the answer is the result, not the broken write.
 func TestTransportEarlyAnswer(t *testing.T) {
 	d := startStreamDaemon(t)
-	c, _ := New(d.host)
-	defer c.Close()
+	c := d.client(t)
 	for _, size := range []int{900 << 10, 4 << 20} {
 		req, _ := http.NewRequest(http.MethodPost, c.base+"/reject", bytes.NewReader(make([]byte, size)))
 		resp, err := c.http.Do(req)
