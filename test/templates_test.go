@@ -3,8 +3,10 @@ package test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -291,9 +293,27 @@ func TestTemplateWarmPool(t *testing.T) {
 	ents, _ := os.ReadDir(filepath.Join(d.RunDir, "warm"))
 	for _, e := range ents {
 		warm[e.Name()] = true
-		// Idle and frozen.
-		if st := freezerState(d, e.Name()); st != "FROZEN" && st != "1" {
-			t.Fatalf("warm guest %s: freezer state %q", e.Name(), st)
+	}
+	// Idle: a waiting guest uses no CPU (it blocks on its socket).
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		busy := ""
+		before := map[string]time.Duration{}
+		for id := range warm {
+			if before[id] = cpuUsage(d, id); before[id] <= 0 {
+				t.Fatalf("no CPU usage read for warm guest %s", id)
+			}
+		}
+		time.Sleep(time.Second)
+		for id := range warm {
+			if used := cpuUsage(d, id) - before[id]; used > 2*time.Millisecond {
+				busy = fmt.Sprintf("warm guest %s used %s of CPU in 1 s while waiting", id, used)
+			}
+		}
+		if busy == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(busy)
 		}
 	}
 	if len(warm) != 3 {
@@ -386,6 +406,22 @@ func TestTemplateWarmPool(t *testing.T) {
 
 // freezerState reads the freezer state of the daemon's cgroup id: v1's
 // freezer.state, or v2's cgroup.freeze.
+// cpuUsage is the CPU time sandbox id's cgroup has used.
+func cpuUsage(d *Daemon, id string) time.Duration {
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", d.Cgroup, id, "cpuacct.usage")); err == nil {
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return time.Duration(n)
+	}
+	b, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", d.Cgroup, id, "cpu.stat"))
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return time.Duration(n) * time.Microsecond
+		}
+	}
+	return 0
+}
+
 func freezerState(d *Daemon, id string) string {
 	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", d.Cgroup, id, "freezer.state")); err == nil {
 		return strings.TrimSpace(string(b))

@@ -113,7 +113,8 @@ type RestoreSpec struct {
 	// answering a create may not have set them yet (see Activating).
 	Resources api.Resources
 	// Frozen: the sandbox was frozen on request and stays so. Otherwise
-	// it is thawed (a create's activation may have been cut short).
+	// it is thawed (left frozen by an older daemon's cut-short create,
+	// say).
 	Frozen bool
 }
 

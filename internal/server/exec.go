@@ -77,7 +77,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		TimeoutSeconds: req.TimeoutSeconds, Stdin: upgrade || req.Stdin != nil || req.TTY != nil, Attach: true,
 	}
 	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, func(gc *guest.Client, resp *guest.Response, conn *guest.Conn) (tee frameTee) {
-		if c := s.execStarted(id, gc, resp.PID, req.Cmd); c != nil {
+		if c := s.execStarted(r.Context(), id, gc, resp.PID, req.Cmd); c != nil {
 			tee = c
 		}
 		if req.Stdin == nil || resp.PID == 0 {

@@ -70,7 +70,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	if c := s.execStarted(r.PathValue("id"), gc, resp.PID, req.Cmd); c != nil {
+	if c := s.execStarted(r.Context(), r.PathValue("id"), gc, resp.PID, req.Cmd); c != nil {
 		c.Detach() // nobody reads its stream here
 	}
 	p, err := s.process(r, resp.PID)

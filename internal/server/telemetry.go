@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -34,9 +35,11 @@ func (s *Server) telemetryRoutes() []route {
 }
 
 // execStarted hands a process that just started to the exec log, and
-// returns the copy of its output (nil without telemetry).
-func (s *Server) execStarted(id string, gc *guest.Client, pid int, cmd []string) *hub.ExecCopy {
-	if s.tel == nil || pid <= 0 {
+// returns the copy of its output (nil without telemetry). Its events come
+// after the sandbox's created event: an exec right after a create can
+// start before telemetry has heard of the create.
+func (s *Server) execStarted(ctx context.Context, id string, gc *guest.Client, pid int, cmd []string) *hub.ExecCopy {
+	if s.tel == nil || pid <= 0 || s.mgr.Observed(ctx, id) != nil {
 		return nil
 	}
 	return s.tel.ExecStarted(id, gc, pid, cmd)

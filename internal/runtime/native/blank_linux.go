@@ -142,6 +142,7 @@ func (r *Runtime) adoptBlank(g *guestProc, spec *runtime.Spec) error {
 	g.warm = false
 	// It waited at the forker's low priority; someone waits for it now.
 	raisePriority(g.sb.st.PID)
+	g.raised = true
 	return nil
 }
 

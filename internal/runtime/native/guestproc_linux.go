@@ -45,10 +45,8 @@ type guestProc struct {
 	// bound).
 	net   runtime.NetSetup
 	wired bool
-	// frozen marks a warm guest taken out of its pool but not thawed yet.
-	frozen bool
 	// limits are those set on a warm guest's cgroup ahead of time; raised:
-	// its priority was raised to normal before it was frozen.
+	// its threads run at the normal priority already.
 	limits cgroup.Limits
 	raised bool
 }

@@ -497,8 +497,6 @@ func closeFDs(fds []int) {
 // discard removes a guest that will not become a sandbox: its process
 // and run dir, cgroup, disk and uid range.
 func (r *Runtime) discard(g *guestProc) {
-	// A frozen guest only dies once thawed (cgroup v1).
-	g.sb.cg.Thaw()
 	g.kill()
 	if r.cfg.Network != nil {
 		r.cfg.Network.Forget(g.sb.id)
@@ -608,7 +606,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	lim := limitsOf(spec.Resources)
 	sync := g.sync
 	g.sync = nil
-	a := activation{act: act, sync: sync, logPath: filepath.Join(g.dir, "guest.log"), lim: lim, preset: g.limits, frozen: g.frozen, raised: g.raised}
+	a := activation{act: act, sync: sync, logPath: filepath.Join(g.dir, "guest.log"), lim: lim, preset: g.limits, raised: g.raised}
 	sb.activation = func() { r.activate(sb, a) }
 	if spec.Held {
 		// One that dies before its Activate still has its socket closed
@@ -630,27 +628,25 @@ type activation struct {
 	logPath string
 	lim     cgroup.Limits
 	// preset are the limits the guest's cgroup has already (a warm guest
-	// of a pool with limits); frozen: a warm guest, still frozen; raised:
-	// its priority is normal already.
-	preset         cgroup.Limits
-	frozen, raised bool
+	// of a pool with limits); raised: its threads run at the normal
+	// priority already.
+	preset cgroup.Limits
+	raised bool
 }
 
 // activate sends sb's guest its Activate: then sent is closed, and the
 // rest goes on in the background: the limits set and the guest raised to
-// the normal priority (unless a warm guest has them already), a warm guest
-// thawed, its answer awaited and the outcome recorded in sb. A guest that
-// fails tells why and exits; one that answers wrongly, or whose limits
-// cannot be set, is killed, so that the sandbox ends (and is marked
-// failed) either way.
+// the normal priority (unless a warm guest has them already), its answer
+// awaited and the outcome recorded in sb. A guest that fails tells why
+// and exits; one that answers wrongly, or whose limits cannot be set, is
+// killed, so that the sandbox ends (and is marked failed) either way.
 func (r *Runtime) activate(sb *Sandbox, a activation) {
 	t0 := time.Now()
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
-	// The Activate goes into the guest's socket first (a warm guest,
-	// frozen, reads it once thawed): from then on the guest serves even
-	// if this daemon dies, and a daemon that restarts sets the limits and
-	// thaws it (Restore). So the create answers now (see
+	// The Activate goes into the guest's socket first: from then on the
+	// guest serves even if this daemon dies, and a daemon that restarts
+	// sets the limits (Restore). So the create answers now (see
 	// Sandbox.Activate), and the rest follows in the background; nothing
 	// of the sandbox's own runs before all of it is done (Dial waits).
 	err := sendConfig(a.sync, &guest.Config{Activate: a.act}, nil)
@@ -669,21 +665,14 @@ func (r *Runtime) activated(sb *Sandbox, a activation, err error, t0 time.Time, 
 		}
 		mark("limits")
 	}
-	// Guests start at a low priority; a sandbox runs at the normal one,
-	// from its thaw on (a thread at a time through /proc).
+	// Guests start at a low priority; a sandbox runs at the normal one (a
+	// thread at a time through /proc), before anything of its own: what
+	// the guest forks has its forking thread's priority.
 	if !a.raised {
 		raisePriority(sb.st.PID)
 		mark("priority")
 	}
-	// Thawed whatever else failed: a frozen guest cannot even die (v1).
-	if a.frozen {
-		if terr := sb.cg.Thaw(); terr != nil && err == nil {
-			err = fmt.Errorf("thawing: %w", terr)
-		}
-		mark("thawed")
-	}
-	// Limited (and thawed): Dial may connect; the guest accepts once it
-	// has activated.
+	// Limited: Dial may connect; the guest accepts once it has activated.
 	sb.limitErr = err
 	close(sb.limited)
 	var rd *guest.Ready
@@ -803,8 +792,8 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 		return nil, err
 	}
 	// A create answers once its guest has its Activate, before the
-	// limits are set and a warm guest thawed (activate): a daemon that
-	// died in between left that to this one. Limits first, so that
+	// limits are set (activate): a daemon that died in between left that
+	// to this one. Limits first, so that
 	// nothing runs without them.
 	if err := cg.Update(limitsOf(rs.Resources)); err != nil {
 		sb.Kill()

@@ -42,8 +42,8 @@ type Sandbox struct {
 	// answer meanwhile.
 	active    chan struct{}
 	activeErr error
-	// limited is closed once the limits are set and a warm guest thawed
-	// (or that failed: limitErr): from then on Dial connects. The guest
+	// limited is closed once the limits are set (or that failed:
+	// limitErr): from then on Dial connects. The guest
 	// accepts once activated, so a command's request travels meanwhile.
 	limited  chan struct{}
 	limitErr error
@@ -187,8 +187,7 @@ func (s *Sandbox) Activate() {
 
 // Kill implements runtime.Instance: SIGKILL to the guest ends its pid
 // namespace, and the kernel kills every process in it. The cgroup is
-// thawed first: a frozen process does not die until it is (v1), and a
-// warm guest just handed out is frozen until its activation.
+// thawed first: a frozen process does not die until it is (v1).
 func (s *Sandbox) Kill() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
