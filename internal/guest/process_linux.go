@@ -526,9 +526,6 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 		s.procs[pid] = p
 	}
 	s.mu.Unlock()
-	if err == nil {
-		go s.awaitExit(p, pidfd)
-	}
 	std.closeChild()
 	if err != nil {
 		std.closeAll()
@@ -556,7 +553,7 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 	for i, f := range std.output {
 		go s.pump(p, f, types[i])
 	}
-	go s.finish(p)
+	go s.await(p, pidfd)
 	return p, nil
 }
 
@@ -698,14 +695,19 @@ func (s *server) oomKills() uint64 {
 	return 0
 }
 
-// awaitExit reaps p when its pidfd says it has exited. The wait is in
-// the netpoller, so while the sandbox's commands run the guest holds no
-// thread in a blocking syscall: the Go runtime then has nothing to watch
-// and leaves the CPUs to the commands.
-func (s *server) awaitExit(p *process, pidfd int) {
-	if pidfd < 0 {
-		return // no pidfd on this kernel: reapOrphans finds the exit
+// await reaps p when its pidfd says it has exited, then finishes it. The
+// wait is in the netpoller, so while the sandbox's commands run the guest
+// holds no thread in a blocking syscall: the Go runtime then has nothing
+// to watch and leaves the CPUs to the commands. Without a pidfd (an old
+// kernel), the SIGCHLD sweep (reaper.Run) reaps it.
+func (s *server) await(p *process, pidfd int) {
+	if pidfd >= 0 {
+		s.reapPidfd(p, pidfd)
 	}
+	s.finish(p)
+}
+
+func (s *server) reapPidfd(p *process, pidfd int) {
 	if err := unix.SetNonblock(pidfd, true); err != nil {
 		unix.Close(pidfd)
 		return
@@ -726,7 +728,7 @@ func (s *server) awaitExit(p *process, pidfd int) {
 			s.exited(pid, ws)
 			return true
 		case err != nil:
-			return true // reaped by reapOrphans
+			return true // the SIGCHLD sweep reaped it
 		}
 		return false
 	})
