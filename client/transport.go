@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -175,13 +176,13 @@ type streamBody struct {
 	reuse bool
 
 	once sync.Once
-	eof  bool
+	eof  atomic.Bool // read to its end (Close may come from another goroutine)
 }
 
 func (b *streamBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if errors.Is(err, io.EOF) {
-		b.eof = true
+		b.eof.Store(true)
 	}
 	return n, err
 }
@@ -191,7 +192,7 @@ func (b *streamBody) Read(p []byte) (int, error) {
 func (b *streamBody) Close() error {
 	b.once.Do(func() {
 		cancelled := !b.stop()
-		if b.eof && b.reuse && !cancelled {
+		if b.eof.Load() && b.reuse && !cancelled {
 			b.ReadCloser.Close()
 			b.p.put(b.sc)
 			return

@@ -140,12 +140,20 @@ func TestStreamsCloseAndCancel(t *testing.T) {
 	if err != nil || s.PID != 7 {
 		t.Fatalf("stream: %+v %v", s, err)
 	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := s.Wait(nil, nil)
+		waited <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
 	done := make(chan error, 1)
-	go func() { done <- s.Close() }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Close of a running stream blocked")
+	go func() { done <- s.Close() }() // while Wait reads
+	for _, ch := range []chan error{done, waited} {
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close of a running stream, or the Wait reading it, blocked")
+		}
 	}
 	if len(c.tr.idle) != 0 {
 		t.Errorf("a stream closed before its end left %d kept connections", len(c.tr.idle))
