@@ -718,19 +718,23 @@ func (s *server) reapPidfd(p *process, pidfd int) {
 	if err != nil {
 		return
 	}
+	// false: not exited yet, wait for the pidfd to be readable. (The
+	// netpoller is edge-triggered: never wait after an exit was missed.)
 	rc.Read(func(uintptr) bool {
-		var ws unix.WaitStatus
-		pid, err := unix.Wait4(p.pid, &ws, unix.WNOHANG, nil)
-		switch {
-		case err == unix.EINTR:
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(p.pid, &ws, unix.WNOHANG, nil)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case pid == p.pid:
+				s.exited(pid, ws)
+				return true
+			case err != nil:
+				return true // the SIGCHLD sweep reaped it
+			}
 			return false
-		case pid == p.pid:
-			s.exited(pid, ws)
-			return true
-		case err != nil:
-			return true // the SIGCHLD sweep reaped it
 		}
-		return false
 	})
 }
 
