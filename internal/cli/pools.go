@@ -16,7 +16,7 @@ import (
 func poolCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pool",
-		Short: "List and size warm pools (sandboxes of an image or a template kept ready, frozen)",
+		Short: "List and size warm pools (sandboxes of an image or a template kept ready, idle)",
 	}
 	ls := listCmd(g, listing[api.Pool]{
 		short:  "List warm pools: ready sandboxes and the size each is kept at",
