@@ -170,9 +170,9 @@ func identify(p *Prepare) error {
 	return writeIdentity(p.Hostname)
 }
 
-// warmUp runs `true` through the whole exec path (the spawner, pipes,
-// output ring, pidfd wait, and the stream with its held answer, into a
-// socket nobody reads but a drain) while nobody waits on it: the code,
+// warmUp runs `true` through the whole exec path (the request read and
+// decoded, the spawner, pipes, output ring, pidfd wait, and the stream
+// with its held answer, on a socketpair) while nobody waits on it: the code,
 // the heap and the loader's files are then warm for the sandbox's first
 // command. The first command of a fresh guest took some 30 page faults
 // more than the next (about 1 ms on a small VM) before it did.
@@ -187,11 +187,13 @@ func warmUp(sp *spawner) error {
 	}
 	defer ours.Close()
 	defer theirs.Close()
+	// A root without true is not an error: the start just fails.
+	if err := wire.NewWriter(theirs).WriteJSON(wire.Request, Request{Op: OpStart, Start: &StartRequest{Cmd: []string{"true"}, Attach: true}}); err != nil {
+		return nil
+	}
 	go io.Copy(io.Discard, theirs)
 	s := newServer(ServeConfig{Env: []string{"PATH=/usr/bin:/bin"}, Workdir: "/"}, nil, sp, slog.New(slog.DiscardHandler))
-	c := &opConn{conn: ours, fr: wire.NewReader(ours), fw: wire.NewWriter(ours)}
-	// A root without true is not an error: the start just fails.
-	s.opStart(c, Request{Op: OpStart, Start: &StartRequest{Cmd: []string{"true"}, Attach: true}})
+	s.handle(ours)
 	return nil
 }
 
