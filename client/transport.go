@@ -32,11 +32,12 @@ type transport struct {
 	fallback *http.Transport
 
 	mu     sync.Mutex
-	idle   []*streamConn
+	idle   []*keptConn
 	closed bool
 }
 
-type streamConn struct {
+// keptConn is a connection to the daemon with its buffers.
+type keptConn struct {
 	net.Conn
 	br *bufio.Reader
 	bw *bufio.Writer
@@ -48,108 +49,108 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if large || req.Header.Get("Upgrade") != "" {
 		return t.fallback.RoundTrip(req)
 	}
-	return t.roundTrip(req)
+	ctx := req.Context()
+	if kc := t.get(); kc != nil {
+		resp, written, err := t.send(req, kc)
+		if written || ctx.Err() != nil || req.GetBody == nil {
+			return resp, err
+		}
+		// Not written: the daemon closed the kept connection meanwhile.
+		// Once more, on a new one.
+		body, gerr := req.GetBody()
+		if gerr != nil {
+			return nil, err
+		}
+		again := *req
+		again.Body = body
+		req = &again
+	}
+	conn, err := t.dial(ctx)
+	if err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	resp, _, err := t.send(req, &keptConn{Conn: conn, br: bufio.NewReaderSize(conn, 64<<10), bw: bufio.NewWriterSize(conn, 4<<10)})
+	return resp, err
+}
+
+// send writes req on kc and reads the answer, whose body holds kc until
+// it is read to the end (kc is then kept) or closed. written says the
+// whole request went out.
+func (t *transport) send(req *http.Request, kc *keptConn) (_ *http.Response, written bool, _ error) {
+	ctx := req.Context()
+	stop := context.AfterFunc(ctx, func() { kc.Close() })
+	err := req.Write(kc.bw)
+	if err == nil {
+		err = kc.bw.Flush()
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			// The daemon may have answered and closed before reading the
+			// whole body (a 413, say): that answer is the result.
+			kc.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if resp, rerr := http.ReadResponse(kc.br, req); rerr == nil {
+				resp.Body = &keptBody{ReadCloser: resp.Body, kc: kc, t: t, stop: stop}
+				return resp, true, nil
+			}
+		}
+		stop()
+		kc.Close()
+		return nil, false, ctxErr(ctx, err)
+	}
+	resp, err := http.ReadResponse(kc.br, req)
+	if err != nil {
+		stop()
+		kc.Close()
+		return nil, true, ctxErr(ctx, err)
+	}
+	if resp.Body == http.NoBody {
+		if stop() && !resp.Close {
+			t.put(kc)
+		} else {
+			kc.Close()
+		}
+		return resp, true, nil
+	}
+	resp.Body = &keptBody{ReadCloser: resp.Body, kc: kc, t: t, stop: stop, reuse: !resp.Close}
+	return resp, true, nil
 }
 
 // get returns an idle connection that is still open, or nil.
-func (p *transport) get() *streamConn {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for len(p.idle) > 0 {
-		sc := p.idle[len(p.idle)-1]
-		p.idle = p.idle[:len(p.idle)-1]
-		if sc.br.Buffered() == 0 && open(sc.Conn) {
-			return sc
+func (t *transport) get() *keptConn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for len(t.idle) > 0 {
+		kc := t.idle[len(t.idle)-1]
+		t.idle = t.idle[:len(t.idle)-1]
+		if kc.br.Buffered() == 0 && open(kc.Conn) {
+			return kc
 		}
-		sc.Close()
+		kc.Close()
 	}
 	return nil
 }
 
-func (p *transport) put(sc *streamConn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed || len(p.idle) >= maxIdleConns {
-		sc.Close()
+func (t *transport) put(kc *keptConn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || len(t.idle) >= maxIdleConns {
+		kc.Close()
 		return
 	}
-	p.idle = append(p.idle, sc)
+	t.idle = append(t.idle, kc)
 }
 
 // close drops the idle connections; answers open now close theirs.
-func (p *transport) close() {
-	p.fallback.CloseIdleConnections()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
-	for _, sc := range p.idle {
-		sc.Close()
+func (t *transport) close() {
+	t.fallback.CloseIdleConnections()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	for _, kc := range t.idle {
+		kc.Close()
 	}
-	p.idle = nil
-}
-
-// roundTrip sends req and returns the answer; its body holds the
-// connection until it is read to the end (the connection is then kept)
-// or closed. A request that could not be written on a kept connection
-// (the daemon closed it meanwhile) is sent once more on a new one.
-func (p *transport) roundTrip(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
-	sc := p.get()
-	kept := sc != nil
-	for {
-		if sc == nil {
-			conn, err := p.dial(ctx)
-			if err != nil {
-				closeBody(req)
-				return nil, err
-			}
-			sc = &streamConn{Conn: conn, br: bufio.NewReaderSize(conn, 64<<10), bw: bufio.NewWriterSize(conn, 4<<10)}
-		}
-		stop := context.AfterFunc(ctx, func() { sc.Close() })
-		err := req.Write(sc.bw)
-		if err == nil {
-			err = sc.bw.Flush()
-		}
-		if err != nil && ctx.Err() == nil {
-			// The daemon may have answered and closed before reading the
-			// whole body (a 413, say): that answer is the result.
-			sc.SetReadDeadline(time.Now().Add(5 * time.Second))
-			if resp, rerr := http.ReadResponse(sc.br, req); rerr == nil {
-				resp.Close = true
-				resp.Body = &streamBody{ReadCloser: resp.Body, sc: sc, p: p, stop: stop}
-				return resp, nil
-			}
-		}
-		if err != nil {
-			stop()
-			sc.Close()
-			if kept && ctx.Err() == nil && req.GetBody != nil {
-				if body, gerr := req.GetBody(); gerr == nil {
-					again := *req
-					again.Body = body
-					req, sc, kept = &again, nil, false
-					continue
-				}
-			}
-			return nil, ctxErr(ctx, err)
-		}
-		resp, err := http.ReadResponse(sc.br, req)
-		if err != nil {
-			stop()
-			sc.Close()
-			return nil, ctxErr(ctx, err)
-		}
-		if resp.Body == http.NoBody {
-			if stop() && !resp.Close {
-				p.put(sc)
-			} else {
-				sc.Close()
-			}
-			return resp, nil
-		}
-		resp.Body = &streamBody{ReadCloser: resp.Body, sc: sc, p: p, stop: stop, reuse: !resp.Close}
-		return resp, nil
-	}
+	t.idle = nil
 }
 
 // closeBody closes a request's body that was not sent, as a RoundTripper
@@ -167,11 +168,11 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
-// streamBody is an answer's body on a kept connection.
-type streamBody struct {
+// keptBody is an answer's body on a kept connection.
+type keptBody struct {
 	io.ReadCloser
-	sc    *streamConn
-	p     *transport
+	kc    *keptConn
+	t     *transport
 	stop  func() bool
 	reuse bool
 
@@ -179,7 +180,7 @@ type streamBody struct {
 	eof  atomic.Bool // read to its end (Close may come from another goroutine)
 }
 
-func (b *streamBody) Read(p []byte) (int, error) {
+func (b *keptBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if errors.Is(err, io.EOF) {
 		b.eof.Store(true)
@@ -189,15 +190,15 @@ func (b *streamBody) Read(p []byte) (int, error) {
 
 // Close keeps the connection if the body was read to its end, and closes
 // it otherwise (a stream still running is not read to its end).
-func (b *streamBody) Close() error {
+func (b *keptBody) Close() error {
 	b.once.Do(func() {
 		cancelled := !b.stop()
 		if b.eof.Load() && b.reuse && !cancelled {
 			b.ReadCloser.Close()
-			b.p.put(b.sc)
+			b.t.put(b.kc)
 			return
 		}
-		b.sc.Close()
+		b.kc.Close()
 		b.ReadCloser.Close()
 	})
 	return nil
