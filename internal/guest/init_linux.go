@@ -185,15 +185,15 @@ func warmUp(sp *spawner) error {
 	if err != nil {
 		return nil
 	}
-	defer ours.Close()
 	defer theirs.Close()
 	// A root without true is not an error: the start just fails.
 	if err := wire.NewWriter(theirs).WriteJSON(wire.Request, Request{Op: OpStart, Start: &StartRequest{Cmd: []string{"true"}, Attach: true}}); err != nil {
+		ours.Close()
 		return nil
 	}
 	go io.Copy(io.Discard, theirs)
 	s := newServer(ServeConfig{Env: []string{"PATH=/usr/bin:/bin"}, Workdir: "/"}, nil, sp, slog.New(slog.DiscardHandler))
-	s.handle(ours)
+	s.handle(ours) // closes ours
 	return nil
 }
 

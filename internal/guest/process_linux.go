@@ -133,8 +133,9 @@ func (s *server) opControl(c *opConn, req Request) {
 func (s *server) stream(c *opConn, p *process, off int64, answer []byte) {
 	cur := p.out.attach(off)
 	defer p.out.detach(cur)
-	held := make(chan struct{})
+	var held chan struct{} // closed after startHold while answer waits
 	if answer != nil {
+		held = make(chan struct{})
 		t := time.AfterFunc(startHold, func() {
 			close(held)
 			p.out.wake()

@@ -793,8 +793,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 	}
 	// A create answers once its guest has its Activate, before the
 	// limits are set (activate): a daemon that died in between left that
-	// to this one. Limits first, so that
-	// nothing runs without them.
+	// to this one. Limits first, so that nothing runs without them.
 	if err := cg.Update(limitsOf(rs.Resources)); err != nil {
 		sb.Kill()
 		return nil, fmt.Errorf("setting limits: %w", err)

@@ -43,14 +43,13 @@ type Sandbox struct {
 	active    chan struct{}
 	activeErr error
 	// limited is closed once the limits are set (or that failed:
-	// limitErr): from then on Dial connects. The guest
-	// accepts once activated, so a command's request travels meanwhile.
+	// limitErr): from then on Dial connects. The guest accepts once
+	// activated, so a command's request travels meanwhile.
 	limited  chan struct{}
 	limitErr error
 	// sent is closed once the guest's Activate is written to it (or that
 	// failed): from then on the sandbox comes up even if the daemon dies
-	// (a restarted one sets its limits and thaws it), so a create may
-	// answer.
+	// (a restarted one sets its limits), so a create may answer.
 	sent chan struct{}
 	// activation is the first part of coming up (see Runtime.activate),
 	// run once: by Activate for a held start, else by a goroutine of
@@ -132,7 +131,7 @@ func (s *Sandbox) StartErr() error {
 		<-s.active // the activation ends with the guest
 	default:
 	}
-	return s.startErr() // a limits or thaw failure is in activeErr too
+	return s.startErr() // a limits failure is in activeErr too
 }
 
 // startErr is why the guest could not start serving, once that is known
