@@ -86,13 +86,14 @@ func (w *Writer) Write(t Type, payload []byte) error {
 	}
 	w.hdr[0] = byte(t)
 	binary.BigEndian.PutUint32(w.hdr[4:], uint32(len(payload)))
-	if _, err := w.w.Write(w.hdr[:]); err != nil {
+	if len(payload) == 0 {
+		_, err := w.w.Write(w.hdr[:])
 		return err
 	}
-	if len(payload) == 0 {
-		return nil
-	}
-	_, err := w.w.Write(payload)
+	// One write (a writev on a connection): a peer woken by the header
+	// alone would only wait again for the payload.
+	bufs := net.Buffers{w.hdr[:], payload}
+	_, err := bufs.WriteTo(w.w)
 	return err
 }
 

@@ -29,9 +29,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"golang.org/x/sys/unix"
-
 	"paddock/internal/errdefs"
+	"paddock/internal/telemetry/internal/jsonl"
 )
 
 // Type is what an event is about.
@@ -257,7 +256,7 @@ func (l *Log) Append(id string, e Event) (Event, error) {
 		}
 		b.size = 0
 	}
-	if err := appendFile(cur, line); err != nil {
+	if err := jsonl.Append(cur, line); err != nil {
 		return Event{}, fmt.Errorf("appending event: %w", err)
 	}
 	b.size += int64(len(line))
@@ -265,26 +264,6 @@ func (l *Log) Append(id string, e Event) (Event, error) {
 	close(b.changed)
 	b.changed = make(chan struct{})
 	return e, nil
-}
-
-// appendFile writes line to the end of path in one write(2).
-func appendFile(path string, line []byte) error {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	defer unix.Close(fd)
-	for len(line) > 0 {
-		n, err := unix.Write(fd, line)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return &os.PathError{Op: "write", Path: path, Err: err}
-		}
-		line = line[n:]
-	}
-	return nil
 }
 
 // load finds where id's log left off: the last seq and the current
@@ -311,20 +290,11 @@ func (l *Log) load(id string, b *sandboxLog) error {
 // its size once a torn last line is cut off (if repair). A missing file
 // is empty.
 func lastSeq(path string, repair bool) (uint64, int64, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, 0, nil
-	}
+	data, err := jsonl.ReadWhole(path, repair)
 	if err != nil {
 		return 0, 0, err
 	}
-	whole := bytes.LastIndexByte(data, '\n') + 1
-	if repair && whole < len(data) {
-		if err := os.Truncate(path, int64(whole)); err != nil {
-			return 0, 0, err
-		}
-	}
-	data = data[:whole]
+	whole := len(data)
 	for len(data) > 0 {
 		i := bytes.LastIndexByte(data[:len(data)-1], '\n') + 1
 		if seq, ok := seqOf(data[i:]); ok {

@@ -4,9 +4,10 @@
 // sandbox or the daemon has gone. The guest's output rings stay the live
 // source; the daemon copies from them as the output arrives.
 //
-// Layout: <dir>/<sandbox>/<seq>.json describes process number seq of the
-// sandbox (its pid, command, exit), <seq>.log holds its newest output and
-// <seq>.old.log the output before that. Each output record is a 16-byte
+// Layout: <dir>/<sandbox>/records holds the sandbox's process records (a
+// process's seq, pid, command and exit) as JSON lines, appended as they
+// change; the last line for a seq is its record. <seq>.log holds process
+// seq's newest output and <seq>.old.log the output before that. Each output record is a 16-byte
 // header (stream, length, offset) and the bytes. Offsets count a
 // process's output since it started, stdout and stderr together, as the
 // guest counts them, so a reader can resume, and a copy can carry on
@@ -21,13 +22,17 @@
 //
 // A process's record is written to disk with its first output, at its
 // exit, or when its writer asks (Save), whichever comes first, not when
-// it starts: on ext4 making a file costs about 0.2 ms of CPU (the inode
-// allocator looks past recently deleted inodes), and most processes end
-// before there is anything else to keep. Until then the record lives in
-// memory, where List and Find see it.
+// it starts: most processes end before there is anything else to keep.
+// Until then the record lives in memory, where List and Find see it.
+// Records are lines of one file rather than a file each: on ext4 making a
+// file costs 0.2-0.4 ms of CPU (the inode allocator looks past recently
+// deleted inodes), an append a few microseconds. The records file is
+// rewritten without its stale lines once they outnumber the live ones by
+// MaxProcesses.
 package execlog
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -46,6 +51,7 @@ import (
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/telemetry/internal/jsonl"
 	"paddock/wire"
 )
 
@@ -106,7 +112,8 @@ type sandbox struct {
 	procs   []*proc // by seq
 	bytes   int64   // of every segment on disk
 	removed bool
-	dirMade bool // dir exists (made by writeMeta)
+	dirMade bool // dir exists (made by saveRecord)
+	lines   int  // in the records file
 }
 
 type proc struct {
@@ -184,7 +191,7 @@ func (s *Store) box(id string) (*sandbox, error) {
 	s.mu.Unlock()
 	b.mu.Lock()
 	if !b.loaded {
-		if err := b.load(); err != nil {
+		if err := s.load(b); err != nil {
 			b.mu.Unlock()
 			return nil, fmt.Errorf("loading exec log of %s: %w", id, err)
 		}
@@ -192,13 +199,22 @@ func (s *Store) box(id string) (*sandbox, error) {
 	return b, nil
 }
 
-func (b *sandbox) paths(seq uint64) (meta, cur, old string) {
+// paths are process seq's output segments.
+func (b *sandbox) paths(seq uint64) (cur, old string) {
 	n := filepath.Join(b.dir, strconv.FormatUint(seq, 10))
-	return n + ".json", n + ".log", n + ".old.log"
+	return n + ".log", n + ".old.log"
 }
 
-// load reads the records and segments a previous daemon left.
-func (b *sandbox) load() error {
+func (b *sandbox) recordsPath() string { return filepath.Join(b.dir, "records") }
+
+// load reads the records and segments a previous daemon left. Records
+// of a daemon from before the records file, one <seq>.json each, are
+// moved into it.
+func (s *Store) load(b *sandbox) error {
+	data, err := jsonl.ReadWhole(b.recordsPath(), true)
+	if err != nil {
+		return err
+	}
 	entries, err := os.ReadDir(b.dir)
 	if errors.Is(err, os.ErrNotExist) {
 		b.loaded = true
@@ -207,21 +223,35 @@ func (b *sandbox) load() error {
 	if err != nil {
 		return err
 	}
+	b.dirMade = true
+	records := map[uint64]Process{}
+	for line := range bytes.Lines(data) {
+		var m Process
+		if json.Unmarshal(line, &m) == nil && m.Seq > 0 {
+			records[m.Seq] = m
+		}
+		b.lines++
+	}
+	var legacy []string
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok {
 			continue
 		}
-		seq, err := strconv.ParseUint(name, 10, 64)
-		if err != nil {
-			continue
-		}
-		p := &proc{changed: make(chan struct{}), saved: true}
-		metaPath, cur, old := b.paths(seq)
-		data, err := os.ReadFile(metaPath)
-		if err != nil || json.Unmarshal(data, &p.meta) != nil || p.meta.Seq != seq {
+		path := filepath.Join(b.dir, e.Name())
+		legacy = append(legacy, path)
+		var m Process
+		data, err := os.ReadFile(path)
+		if seq, perr := strconv.ParseUint(name, 10, 64); perr != nil || err != nil || json.Unmarshal(data, &m) != nil || m.Seq != seq {
 			continue // a record cut by a crash
 		}
+		if _, ok := records[m.Seq]; !ok {
+			records[m.Seq] = m
+		}
+	}
+	for seq, meta := range records {
+		p := &proc{meta: meta, changed: make(chan struct{}), saved: true}
+		cur, old := b.paths(seq)
 		var oldEnd, curEnd int64
 		p.old, oldEnd = scanSegment(old, false)
 		p.cur, curEnd = scanSegment(cur, true)
@@ -242,6 +272,17 @@ func (b *sandbox) load() error {
 	}
 	sort.Slice(b.procs, func(i, j int) bool { return b.procs[i].meta.Seq < b.procs[j].meta.Seq })
 	b.loaded = true
+	// The records file still has the lines of processes dropped for
+	// MaxProcesses: drop them again. Unfinished ones stay, as they did.
+	s.trimRecords(b, func(p *proc) bool { return p.meta.Exit == nil })
+	if len(legacy) > 0 {
+		if err := s.compact(b); err != nil {
+			return err
+		}
+		for _, path := range legacy {
+			s.remove(path)
+		}
+	}
 	return nil
 }
 
@@ -311,7 +352,7 @@ func (s *Store) Start(id string, pid int, cmd []string, started time.Time) (*Wri
 	}
 	b.next++
 	b.procs = append(b.procs, p)
-	s.trimRecords(b)
+	s.trimRecords(b, writing)
 	return &Writer{s: s, b: b, p: p}, nil
 }
 
@@ -347,7 +388,7 @@ func (w *Writer) saveLocked() error {
 	if w.p.saved || w.b.removed {
 		return nil
 	}
-	if err := w.b.writeMeta(w.p); err != nil {
+	if err := w.s.saveRecord(w.b, w.p); err != nil {
 		return fmt.Errorf("saving exec log record: %w", err)
 	}
 	w.p.saved = true
@@ -400,7 +441,7 @@ func (w *Writer) Write(stream wire.Type, data []byte) error {
 			}
 		}
 		if p.f == nil {
-			_, cur, _ := b.paths(p.meta.Seq)
+			cur, _ := b.paths(p.meta.Seq)
 			f, err := os.OpenFile(cur, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 			if err != nil {
 				return fmt.Errorf("writing exec log: %w", err)
@@ -434,7 +475,7 @@ func (w *Writer) Write(stream wire.Type, data []byte) error {
 // rotate makes the current segment the old one; the caller holds b.mu.
 func (w *Writer) rotate() error {
 	b, p := w.b, w.p
-	_, cur, old := b.paths(p.meta.Seq)
+	cur, old := b.paths(p.meta.Seq)
 	if p.f != nil {
 		p.f.Close()
 		p.f = nil
@@ -465,11 +506,11 @@ func (w *Writer) Finish(exit api.ExitStatus) error {
 	if b.removed {
 		return nil
 	}
-	if err := b.writeMeta(p); err != nil {
+	if err := w.s.saveRecord(b, p); err != nil {
 		return fmt.Errorf("finishing exec log: %w", err)
 	}
 	p.saved = true
-	w.s.trimRecords(b)
+	w.s.trimRecords(b, writing)
 	return nil
 }
 
@@ -486,9 +527,11 @@ func (w *Writer) Close() error {
 	return w.saveLocked()
 }
 
-// writeMeta stores p's record: temp file and rename, so that it is whole.
-func (b *sandbox) writeMeta(p *proc) error {
-	data, err := json.Marshal(p.meta)
+// saveRecord appends p's record to the records file, and rewrites the
+// file when its stale lines outnumber the live ones by MaxProcesses. The
+// caller holds b.mu.
+func (s *Store) saveRecord(b *sandbox, p *proc) error {
+	line, err := json.Marshal(p.meta)
 	if err != nil {
 		return err
 	}
@@ -501,12 +544,41 @@ func (b *sandbox) writeMeta(p *proc) error {
 		}
 		b.dirMade = true
 	}
-	path, _, _ := b.paths(p.meta.Seq)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+	if err := jsonl.Append(b.recordsPath(), append(line, '\n')); err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	b.lines++
+	if b.lines > 2*len(b.procs)+s.cfg.MaxProcesses {
+		return s.compact(b)
+	}
+	return nil
+}
+
+// compact rewrites the records file with a line for each saved record:
+// temp file and rename, so that it is whole. The caller holds b.mu.
+func (s *Store) compact(b *sandbox) error {
+	var data []byte
+	lines := 0
+	for _, p := range b.procs {
+		if !p.saved {
+			continue
+		}
+		line, err := json.Marshal(p.meta)
+		if err != nil {
+			return err
+		}
+		data = append(append(data, line...), '\n')
+		lines++
+	}
+	tmp := b.recordsPath() + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("compacting exec log records: %w", err)
+	}
+	if err := os.Rename(tmp, b.recordsPath()); err != nil {
+		return fmt.Errorf("compacting exec log records: %w", err)
+	}
+	b.lines = lines
+	return nil
 }
 
 // trimBytes drops the oldest output until the sandbox is within its cap:
@@ -517,7 +589,7 @@ func (s *Store) trimBytes(b *sandbox) {
 		if b.bytes <= s.cfg.MaxSandboxBytes {
 			return
 		}
-		_, cur, old := b.paths(p.meta.Seq)
+		cur, old := b.paths(p.meta.Seq)
 		if p.old.exists {
 			s.remove(old)
 			b.bytes -= p.old.size
@@ -536,25 +608,28 @@ func (s *Store) trimBytes(b *sandbox) {
 	}
 }
 
-// trimRecords drops the oldest finished processes beyond MaxProcesses.
-func (s *Store) trimRecords(b *sandbox) {
+// trimRecords drops the oldest processes beyond MaxProcesses, except those
+// keep says to keep.
+func (s *Store) trimRecords(b *sandbox, keep func(*proc) bool) {
 	for len(b.procs) > s.cfg.MaxProcesses {
 		i := 0
-		for i < len(b.procs) && b.procs[i].writer {
+		for i < len(b.procs) && keep(b.procs[i]) {
 			i++
 		}
 		if i == len(b.procs) {
 			return
 		}
 		p := b.procs[i]
-		meta, cur, old := b.paths(p.meta.Seq)
-		s.remove(meta)
+		cur, old := b.paths(p.meta.Seq)
 		s.remove(cur)
 		s.remove(old)
 		b.bytes -= p.old.size + p.cur.size
 		b.procs = append(b.procs[:i], b.procs[i+1:]...)
 	}
 }
+
+// writing keeps the processes whose output is being copied.
+func writing(p *proc) bool { return p.writer }
 
 func (s *Store) remove(path string) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -615,7 +690,7 @@ func (s *Store) Read(ctx context.Context, id string, seq uint64, from int64, fol
 			b.mu.Unlock()
 			return errdefs.NotFound("exec log", fmt.Sprintf("%s/%d", id, seq))
 		}
-		_, cur, old := b.paths(seq)
+		cur, old := b.paths(seq)
 		fo, _ := os.Open(old)
 		fc, _ := os.Open(cur)
 		changed, finished := p.changed, p.meta.Exit != nil

@@ -327,3 +327,93 @@ func TestRecordSavedLazily(t *testing.T) {
 		})
 	}
 }
+
+// TestRecordsFile: records are lines of one file that is compacted as
+// processes are dropped; after a restart the dropped ones stay dropped, an
+// unfinished old one stays, and a torn last line is cut off.
+func TestRecordsFile(t *testing.T) {
+	dir := t.TempDir()
+	const keep = 4
+	s := open(t, Config{Dir: dir, MaxProcesses: keep})
+	server, _ := s.Start("sbx", 1, []string{"server"}, time.Now())
+	server.Write(wire.Stdout, []byte("listening\n"))
+	for pid := 2; pid <= 40; pid++ {
+		w, _ := s.Start("sbx", pid, []string{"true"}, time.Now())
+		if err := w.Finish(api.ExitStatus{ExitCode: pid}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "sbx", "records")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(data, []byte("\n")); n > 3*keep+1 {
+		t.Errorf("records file has %d lines for %d records: not compacted", n, keep)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "sbx", "*.json")); len(m) != 0 {
+		t.Errorf("record files %v besides the records file", m)
+	}
+	want, _ := s.List("sbx")
+	if len(want) != keep || want[0].PID != 1 || want[len(want)-1].PID != 40 {
+		t.Fatalf("kept %v, want the running server and the newest %d", pids(want), keep-1)
+	}
+	server.Close() // the daemon stops
+
+	// A crash mid-append.
+	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	f.Write([]byte(`{"seq":41,"pid":4`))
+	f.Close()
+	s2 := open(t, Config{Dir: dir, MaxProcesses: keep})
+	got, err := s2.List("sbx")
+	if err != nil || fmt.Sprint(pids(got)) != fmt.Sprint(pids(want)) {
+		t.Fatalf("after restart: %v, %v; want %v", pids(got), err, pids(want))
+	}
+	if got[len(got)-1].Exit == nil || got[len(got)-1].Exit.ExitCode != 40 {
+		t.Errorf("last record after restart = %+v", got[len(got)-1])
+	}
+	w, _ := s2.Start("sbx", 41, nil, time.Now())
+	w.Finish(api.ExitStatus{ExitCode: 41})
+	s3 := open(t, Config{Dir: dir, MaxProcesses: keep})
+	got, _ = s3.List("sbx")
+	if last := got[len(got)-1]; last.PID != 41 || last.Exit == nil || last.Exit.ExitCode != 41 {
+		t.Errorf("a record appended after a torn line reads back as %+v", last)
+	}
+	if got[0].PID != 1 {
+		t.Errorf("the unfinished server's record was dropped: %v", pids(got))
+	}
+}
+
+// TestLegacyRecords: records of a daemon from before the records file,
+// one <seq>.json each, are moved into it.
+func TestLegacyRecords(t *testing.T) {
+	dir := t.TempDir()
+	sbx := filepath.Join(dir, "sbx")
+	os.MkdirAll(sbx, 0o700)
+	os.WriteFile(filepath.Join(sbx, "1.json"), []byte(`{"seq":1,"pid":7,"cmd":["make"],"started_at":"2026-12-01T10:00:00Z","exit":{"exit_code":2},"start":0,"end":0}`), 0o600)
+	os.WriteFile(filepath.Join(sbx, "2.json"), []byte(`{"seq":2,"pid":8`), 0o600) // cut by a crash
+	s := open(t, Config{Dir: dir})
+	got, err := s.List("sbx")
+	if err != nil || len(got) != 1 || got[0].PID != 7 || got[0].Exit == nil || got[0].Exit.ExitCode != 2 {
+		t.Fatalf("List = %+v, %v", got, err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(sbx, "*.json")); len(m) != 0 {
+		t.Errorf("legacy record files left: %v", m)
+	}
+	got, _ = open(t, Config{Dir: dir}).List("sbx")
+	if len(got) != 1 || got[0].PID != 7 {
+		t.Errorf("after a second restart: %+v", got)
+	}
+	w, _ := s.Start("sbx", 9, nil, time.Now())
+	if w.Seq() != 2 {
+		t.Errorf("seq after legacy records = %d, want 2", w.Seq())
+	}
+}
+
+func pids(ps []Process) []int {
+	var out []int
+	for _, p := range ps {
+		out = append(out, p.PID)
+	}
+	return out
+}
