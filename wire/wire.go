@@ -38,6 +38,10 @@ const (
 	CloseStdin Type = 17
 	Signal     Type = 18 // JSON {"signal": "TERM"}
 	Resize     Type = 19 // JSON {"cols": N, "rows": N}
+	// Release ends a process stream from the client's side after its exit
+	// frame: the connection then carries the client's next request
+	// (daemon to guest only).
+	Release Type = 20
 )
 
 // HeaderSize is the size of a frame header.

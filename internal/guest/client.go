@@ -4,72 +4,94 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"paddock/internal/errdefs"
 	"paddock/wire"
 )
 
-// Client talks to one sandbox's guest from the daemon. Each call opens its
-// own connection on the control socket, so calls are independent and a
-// dropped stream never affects another.
+// Client talks to one sandbox's guest from the daemon. Each call has a
+// connection on the control socket to itself, so calls are independent
+// and a dropped stream never affects another.
 //
-// One connection is kept dialled ahead, so that a call does not wait for
-// the connect and the guest's accept. The next is dialled when a call's
-// connection closes, not while the call's command runs.
+// A connection whose process stream ended with its exit is released back
+// to the guest (wire.Release) and kept for a later call; with none kept,
+// one is dialled ahead when a call's connection closes, so that a call
+// seldom waits for a connect and the guest's accept.
 type Client struct {
 	dial func(ctx context.Context) (net.Conn, error)
 
 	mu     sync.Mutex
-	spare  net.Conn
+	idle   []net.Conn // released or dialled ahead, newest last
 	closed bool
 }
+
+// maxIdle bounds the connections a Client keeps: each holds a goroutine
+// and an fd in the guest.
+const maxIdle = 4
 
 // NewClient returns a Client that connects with dial.
 func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 	return &Client{dial: dial}
 }
 
-// connect returns the spare connection, or dials one.
-func (c *Client) connect(ctx context.Context) (net.Conn, error) {
+// connect returns a kept connection (kept: true), or dials one.
+func (c *Client) connect(ctx context.Context) (conn net.Conn, kept bool, err error) {
 	c.mu.Lock()
-	conn := c.spare
-	c.spare = nil
+	if n := len(c.idle); n > 0 {
+		conn = c.idle[n-1]
+		c.idle = c.idle[:n-1]
+	}
 	c.mu.Unlock()
 	if conn != nil {
-		return conn, nil
+		return conn, true, nil
 	}
-	return c.dial(ctx)
+	conn, err = c.dial(ctx)
+	return conn, false, err
 }
 
-func (c *Client) dialSpare() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := c.dial(ctx)
-	if err != nil {
-		return
-	}
+// keep adds conn to the kept connections, or closes it if there are
+// enough or the Client is closed.
+func (c *Client) keep(conn net.Conn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.spare != nil || c.closed {
+	if c.closed || len(c.idle) >= maxIdle {
 		conn.Close()
 		return
 	}
-	c.spare = conn
+	c.idle = append(c.idle, conn)
 }
 
-// Close drops the spare connection; calls made afterwards still work.
+func (c *Client) dialSpare() {
+	c.mu.Lock()
+	enough := c.closed || len(c.idle) > 0
+	c.mu.Unlock()
+	if enough {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if conn, err := c.dial(ctx); err == nil {
+		c.keep(conn)
+	}
+}
+
+// Close drops the kept connections; calls made afterwards still work.
 func (c *Client) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
-	if c.spare != nil {
-		c.spare.Close()
-		c.spare = nil
+	for _, conn := range c.idle {
+		conn.Close()
 	}
+	c.idle = nil
 }
 
 // readers recycles the connections' read buffers: a fresh 64 KiB buffer
@@ -86,30 +108,69 @@ type Conn struct {
 	br     *bufio.Reader
 	client *Client
 	once   sync.Once
+	// released: the connection is the Client's again; Close leaves it.
+	released atomic.Bool
 }
 
-// Close closes the connection, recycles its buffer and has the next
-// spare dialled.
+// Close closes the connection, recycles its buffer and has a connection
+// dialled ahead if none is kept. After Release it does nothing.
 func (c *Conn) Close() error {
+	if c.released.Load() {
+		return nil
+	}
 	err := c.Conn.Close()
 	c.once.Do(func() {
-		c.br.Reset(nil)
-		readers.Put(c.br)
+		c.recycle()
 		go c.client.dialSpare()
 	})
 	return err
+}
+
+// Release ends a process stream whose exit frame the caller has read, and
+// keeps the connection for a later call; when that is not possible (more
+// bytes arrived, the write fails) it closes it. No one may write to the
+// connection meanwhile (an upgraded stream's input relay).
+func (c *Conn) Release() {
+	if c.Frames.Buffered() > 0 || c.out.Write(wire.Release, nil) != nil {
+		c.Close()
+		return
+	}
+	c.once.Do(func() {
+		c.released.Store(true)
+		c.recycle()
+		c.client.keep(c.Conn)
+	})
+}
+
+func (c *Conn) recycle() {
+	c.br.Reset(nil)
+	readers.Put(c.br)
 }
 
 // Send writes one frame to the guest.
 func (c *Conn) Send(t wire.Type, payload []byte) error { return c.out.Write(t, payload) }
 
 // Call sends req and returns the guest's response and the open connection
-// (the caller closes it).
+// (the caller closes or releases it). A kept connection that turns out
+// closed (its guest from before connections were kept, or gone) before
+// the request is answered is dropped and the request sent on a new one.
 func (c *Client) Call(ctx context.Context, req Request) (*Response, *Conn, error) {
-	conn, err := c.connect(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to guest: %w", err)
+	for {
+		conn, kept, err := c.connect(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connecting to guest: %w", err)
+		}
+		resp, gc, stale, err := c.call(ctx, conn, req)
+		if kept && stale && ctx.Err() == nil {
+			continue
+		}
+		return resp, gc, err
 	}
+}
+
+// call sends req on conn. stale reports that the connection was closed
+// before the request could be answered.
+func (c *Client) call(ctx context.Context, conn net.Conn, req Request) (_ *Response, _ *Conn, stale bool, _ error) {
 	br := readers.Get().(*bufio.Reader)
 	br.Reset(conn)
 	gc := &Conn{Conn: conn, Frames: wire.NewReader(br), out: wire.NewWriter(conn), br: br, client: c}
@@ -117,34 +178,35 @@ func (c *Client) Call(ctx context.Context, req Request) (*Response, *Conn, error
 	defer stop()
 	if err := gc.out.WriteJSON(wire.Request, req); err != nil {
 		gc.Close()
-		return nil, nil, fmt.Errorf("sending request to guest: %w", err)
+		return nil, nil, true, fmt.Errorf("sending request to guest: %w", err)
 	}
 	f, err := gc.Frames.Read()
 	if err != nil {
 		gc.Close()
 		if ctx.Err() != nil {
-			return nil, nil, ctx.Err()
+			return nil, nil, false, ctx.Err()
 		}
-		return nil, nil, fmt.Errorf("reading guest response: %w", err)
+		stale := br.Buffered() == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET))
+		return nil, nil, stale, fmt.Errorf("reading guest response: %w", err)
 	}
 	if f.Type != wire.Response {
 		gc.Close()
-		return nil, nil, fmt.Errorf("guest answered with frame type %d", f.Type)
+		return nil, nil, false, fmt.Errorf("guest answered with frame type %d", f.Type)
 	}
 	var resp Response
 	if err := json.Unmarshal(f.Payload, &resp); err != nil {
 		gc.Close()
-		return nil, nil, fmt.Errorf("decoding guest response: %w", err)
+		return nil, nil, false, fmt.Errorf("decoding guest response: %w", err)
 	}
 	if resp.Error != nil {
 		gc.Close()
 		cat := errdefs.FromCode(resp.Error.Code)
 		if cat == nil {
-			return nil, nil, fmt.Errorf("guest: %s", resp.Error.Message)
+			return nil, nil, false, fmt.Errorf("guest: %s", resp.Error.Message)
 		}
-		return nil, nil, fmt.Errorf("%w: %s", cat, stripCategory(resp.Error.Message, cat))
+		return nil, nil, false, fmt.Errorf("%w: %s", cat, stripCategory(resp.Error.Message, cat))
 	}
-	return &resp, gc, nil
+	return &resp, gc, false, nil
 }
 
 // Do sends a request that needs no stream and returns the response.

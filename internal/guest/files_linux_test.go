@@ -8,11 +8,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,23 +44,8 @@ func startFileGuest(t *testing.T) *fileGuest {
 	fileWriteHost(t, filepath.Join(root, "etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1001::/home/alice:/bin/sh\n")
 	fileWriteHost(t, filepath.Join(root, "etc/group"), "root:x:0:\nalice:x:1001:\nstaff:x:50:alice\n")
 	s := newServer(ServeConfig{Workdir: "/workspace"}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return nil, err
-		}
-		conns := make([]net.Conn, 2)
-		for i, fd := range fds {
-			f := os.NewFile(uintptr(fd), "pair")
-			conns[i], err = net.FileConn(f)
-			f.Close()
-			if err != nil {
-				return nil, err
-			}
-		}
-		go s.handle(conns[1])
-		return conns[0], nil
-	})
+	var dials atomic.Int32
+	c := NewClient(pairDialer(t, &dials, s.handle))
 	return &fileGuest{t: t, root: root, c: c}
 }
 

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -191,7 +190,21 @@ func warmUp(sp *spawner) error {
 		ours.Close()
 		return nil
 	}
-	go io.Copy(io.Discard, theirs)
+	// The client's side: the stream to its exit, released, then closed.
+	go func() {
+		defer theirs.Close()
+		fr := wire.NewReader(theirs)
+		for {
+			f, err := fr.Read()
+			if err != nil {
+				return
+			}
+			if f.Type == wire.Exit {
+				wire.NewWriter(theirs).Write(wire.Release, nil)
+				return
+			}
+		}
+	}()
 	s := newServer(ServeConfig{Env: []string{"PATH=/usr/bin:/bin"}, Workdir: "/"}, nil, sp, slog.New(slog.DiscardHandler))
 	s.handle(ours) // closes ours
 	return nil

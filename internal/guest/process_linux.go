@@ -98,8 +98,8 @@ func (s *server) opStart(c *opConn, req Request) {
 			code = 127
 		}
 		c.respond(Response{}, nil)
-		if req.Start.Attach {
-			c.fw.WriteJSON(wire.Exit, api.ExitStatus{ExitCode: code, Error: err.Error()})
+		if c.fw.WriteJSON(wire.Exit, api.ExitStatus{ExitCode: code, Error: err.Error()}) == nil {
+			c.awaitRelease()
 		}
 		return
 	}
@@ -143,12 +143,17 @@ func (s *server) stream(c *opConn, p *process, off int64, answer []byte) {
 		defer t.Stop()
 	}
 	gone := make(chan struct{})
+	released := false // read once gone is closed
 	go func() {
 		defer close(gone)
 		defer p.out.wake()
 		for {
 			f, err := c.fr.Read()
 			if err != nil {
+				return
+			}
+			if f.Type == wire.Release {
+				released = true
 				return
 			}
 			if err := s.controlFrame(p, f); err != nil {
@@ -189,7 +194,12 @@ func (s *server) stream(c *opConn, p *process, off int64, answer []byte) {
 		}
 		if exit != nil {
 			b, _ := json.Marshal(exit)
-			fw.write(wire.Exit, b)
+			if fw.write(wire.Exit, b) == nil {
+				// The client releases the connection for its next
+				// request, or closes it.
+				<-gone
+				c.reuse = released
+			}
 			return
 		}
 	}

@@ -79,42 +79,68 @@ func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *se
 	return s
 }
 
+// handle serves a connection's requests: one, or more when the client
+// releases a finished process stream (wire.Release) and sends the next
+// request on the same connection.
 func (s *server) handle(conn net.Conn) {
 	defer conn.Close()
 	wire.SetSendBuffer(conn) // output streams through it
 	c := &opConn{conn: conn, fr: wire.NewReader(conn), fw: wire.NewWriter(conn)}
-	f, err := c.fr.Read()
-	if err != nil {
-		return
+	for {
+		c.reuse = false
+		f, err := c.fr.Read()
+		if err != nil {
+			return
+		}
+		if f.Type != wire.Request {
+			c.respond(Response{}, errdefs.Invalid("frame", "expected a request frame"))
+			return
+		}
+		var req Request
+		if err := json.Unmarshal(f.Payload, &req); err != nil {
+			c.respond(Response{}, errdefs.Invalid("request", "%v", err))
+			return
+		}
+		h, ok := processOps[req.Op]
+		if !ok {
+			h, ok = extraOps[req.Op]
+		}
+		if !ok {
+			c.respond(Response{}, errdefs.Invalid("op", "unknown op %q", req.Op))
+			return
+		}
+		h(s, c, req)
+		if !c.reuse {
+			return
+		}
 	}
-	if f.Type != wire.Request {
-		c.respond(Response{}, errdefs.Invalid("frame", "expected a request frame"))
-		return
-	}
-	var req Request
-	if err := json.Unmarshal(f.Payload, &req); err != nil {
-		c.respond(Response{}, errdefs.Invalid("request", "%v", err))
-		return
-	}
-	h, ok := processOps[req.Op]
-	if !ok {
-		h, ok = extraOps[req.Op]
-	}
-	if !ok {
-		c.respond(Response{}, errdefs.Invalid("op", "unknown op %q", req.Op))
-		return
-	}
-	h(s, c, req)
 }
 
 // opConn is a guest connection as an op handler sees it: the request has
 // been read; the handler writes one Response frame and then, for streaming
 // ops, frames both ways until it is done. The connection is closed after
-// the handler returns.
+// the handler returns, unless the handler set reuse: a process stream the
+// client released after its exit frame.
 type opConn struct {
-	conn net.Conn
-	fr   *wire.Reader
-	fw   *wire.Writer
+	conn  net.Conn
+	fr    *wire.Reader
+	fw    *wire.Writer
+	reuse bool
+}
+
+// awaitRelease reads the client's frames after a stream's exit frame
+// until it releases the connection (reuse) or closes it.
+func (c *opConn) awaitRelease() {
+	for {
+		f, err := c.fr.Read()
+		if err != nil {
+			return
+		}
+		if f.Type == wire.Release {
+			c.reuse = true
+			return
+		}
+	}
 }
 
 // respond writes the Response frame: err as an error answer, or resp.

@@ -125,7 +125,6 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 		writeError(w, r, s.log, err)
 		return
 	}
-	defer conn.Close()
 	var tee frameTee
 	if before != nil {
 		if tee = before(gc, resp, conn); tee != nil {
@@ -147,9 +146,16 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 		// the body's end when the handler returns, so that the client
 		// reads both at once (it reads to the end to reuse the
 		// connection).
-		relay(conn, wire.NewWriter(w), func() error { return rc.Flush() }, func() error { return nil }, done, tee)
+		if relay(conn, wire.NewWriter(w), func() error { return rc.Flush() }, func() error { return nil }, done, tee) {
+			// Nothing else writes to the guest: the connection can
+			// carry the sandbox's next call.
+			conn.Release()
+		} else {
+			conn.Close()
+		}
 		return
 	}
+	defer conn.Close()
 	hj, bufrw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		s.log.Warn("hijacking stream connection", "err", err)
@@ -189,8 +195,9 @@ func forwardInput(client *bufio.Reader, conn *guest.Conn) {
 // the guest connection breaks first, the stream still ends with an exit
 // frame saying why. flush sends what is written when nothing more is
 // pending; last sends the final frame. tee, if set, gets each frame after
-// the client.
-func relay(conn *guest.Conn, out *wire.Writer, flush, last func() error, done <-chan struct{}, tee frameTee) {
+// the client. It reports whether the guest's stream ended with its exit
+// frame, read whole.
+func relay(conn *guest.Conn, out *wire.Writer, flush, last func() error, done <-chan struct{}, tee frameTee) (exited bool) {
 	for {
 		f, err := conn.Frames.Read()
 		if err != nil {
@@ -206,24 +213,24 @@ func relay(conn *guest.Conn, out *wire.Writer, flush, last func() error, done <-
 			b, _ := json.Marshal(st)
 			out.Write(wire.Exit, b)
 			last()
-			return
+			return false
 		}
 		if err := out.Write(f.Type, f.Payload); err != nil {
-			return
+			return false
 		}
 		if f.Type == wire.Exit || f.Type == wire.Error {
 			last()
 			if tee != nil {
 				tee.Frame(f.Type, f.Payload)
 			}
-			return
+			return f.Type == wire.Exit
 		}
 		if tee != nil {
 			tee.Frame(f.Type, f.Payload)
 		}
 		if conn.Frames.Buffered() == 0 {
 			if err := flush(); err != nil {
-				return
+				return false
 			}
 		}
 	}

@@ -1,0 +1,158 @@
+package guest
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"paddock/api"
+	"paddock/wire"
+)
+
+// pairDialer dials a socketpair whose far end serve handles, counting
+// the dials.
+func pairDialer(t *testing.T, dials *atomic.Int32, serve func(net.Conn)) func(context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		dials.Add(1)
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		ours, theirs, err := fileConns(fds)
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { theirs.Close() })
+		go serve(theirs)
+		return ours, nil
+	}
+}
+
+// procServer is a guest server that can start processes: its spawner
+// thread dropped to no capabilities.
+func procServer(t *testing.T) *server {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("needs root (the spawner unshares a cgroup namespace)")
+	}
+	sp := startSpawner()
+	if err := sp.restrict(nil, false); err != nil {
+		t.Fatal(err)
+	}
+	return newServer(ServeConfig{Workdir: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil, sp, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// runAttached starts cmd attached and reads its stream to the exit frame,
+// returning its stdout and exit status, and the connection.
+func runAttached(t *testing.T, c *Client, cmd ...string) (string, api.ExitStatus, *Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, conn, err := c.Call(ctx, Request{Op: OpStart, Start: &StartRequest{Cmd: cmd, Attach: true}})
+	if err != nil {
+		t.Fatalf("start %v: %v", cmd, err)
+	}
+	var out strings.Builder
+	for {
+		f, err := conn.Frames.Read()
+		if err != nil {
+			t.Fatalf("stream of %v: %v", cmd, err)
+		}
+		switch f.Type {
+		case wire.Stdout:
+			out.Write(f.Payload)
+		case wire.Exit:
+			var st api.ExitStatus
+			if err := json.Unmarshal(f.Payload, &st); err != nil {
+				t.Fatal(err)
+			}
+			return out.String(), st, conn
+		}
+	}
+}
+
+// TestStreamConnectionReuse: a process stream released after its exit
+// leaves its connection to the next call, which the guest serves on it.
+func TestStreamConnectionReuse(t *testing.T) {
+	s := procServer(t)
+	var dials atomic.Int32
+	c := NewClient(pairDialer(t, &dials, s.handle))
+	t.Cleanup(c.Close)
+
+	var first net.Conn
+	for i, tc := range []struct {
+		cmd  []string
+		out  string
+		code int
+	}{
+		{[]string{"true"}, "", 0},
+		{[]string{"sh", "-c", "echo hi; exit 3"}, "hi\n", 3},
+		{[]string{"no-such-command-here"}, "", 127},
+		{[]string{"echo", "again"}, "again\n", 0},
+	} {
+		out, st, conn := runAttached(t, c, tc.cmd...)
+		if out != tc.out || st.ExitCode != tc.code {
+			t.Errorf("call %d %v: output %q, exit %d; want %q, %d", i, tc.cmd, out, st.ExitCode, tc.out, tc.code)
+		}
+		if first == nil {
+			first = conn.Conn
+		} else if conn.Conn != first {
+			t.Errorf("call %d %v went on a new connection", i, tc.cmd)
+		}
+		conn.Release()
+		conn.Close() // after Release: leaves the kept connection alone
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("%d dials for 4 released streams, want 1", n)
+	}
+	// A stream the caller closes instead is not reused.
+	_, _, conn := runAttached(t, c, "true")
+	conn.Close()
+	_, _, next := runAttached(t, c, "true")
+	if next.Conn == first {
+		t.Error("a closed stream's connection was used again")
+	}
+	next.Close()
+}
+
+// TestStaleKeptConnection: a guest that closes a connection after the
+// stream (one from before streams were released) leaves a kept
+// connection that is closed; the next call is sent on a new one.
+func TestStaleKeptConnection(t *testing.T) {
+	s := procServer(t)
+	var dials atomic.Int32
+	oneShot := func(conn net.Conn) {
+		defer conn.Close()
+		c := &opConn{conn: conn, fr: wire.NewReader(conn), fw: wire.NewWriter(conn)}
+		f, err := c.fr.Read()
+		if err != nil {
+			return
+		}
+		var req Request
+		json.Unmarshal(f.Payload, &req)
+		processOps[req.Op](s, c, req)
+		// An old guest closes here whatever the client sent.
+	}
+	c := NewClient(pairDialer(t, &dials, oneShot))
+	t.Cleanup(c.Close)
+	for i := range 3 {
+		out, st, conn := runAttached(t, c, "echo", "ok")
+		if out != "ok\n" || st.ExitCode != 0 {
+			t.Fatalf("call %d: output %q, exit %d", i, out, st.ExitCode)
+		}
+		conn.Release()
+		time.Sleep(20 * time.Millisecond) // the old guest has closed it
+	}
+	if n := dials.Load(); n < 3 {
+		t.Errorf("%d dials for 3 calls on one-shot connections, want at least 3", n)
+	}
+}
