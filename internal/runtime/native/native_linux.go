@@ -806,6 +806,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 		// The guest must answer on its socket, or the sandbox is not
 		// usable. (A frozen one cannot; its process was checked above.)
 		c := guest.NewClient(sb.Dial)
+		defer c.Close() // nothing kept for later: the manager has its own
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		if _, err := c.Do(pctx, guest.Request{Op: guest.OpPing}); err != nil {
