@@ -31,6 +31,9 @@ type Client struct {
 	mu     sync.Mutex
 	idle   []net.Conn // released or dialled ahead, newest last
 	closed bool
+	// noReuse: a released connection was found closed (a guest from
+	// before releases): streams are closed, not kept, from then on.
+	noReuse atomic.Bool
 }
 
 // maxIdle bounds the connections a Client keeps: each holds a goroutine
@@ -131,7 +134,7 @@ func (c *Conn) Close() error {
 // bytes arrived, the write fails) it closes it. No one may write to the
 // connection meanwhile (an upgraded stream's input relay).
 func (c *Conn) Release() {
-	if c.Frames.Buffered() > 0 || c.out.Write(wire.Release, nil) != nil {
+	if c.client.noReuse.Load() || c.Frames.Buffered() > 0 || c.out.Write(wire.Release, nil) != nil {
 		c.Close()
 		return
 	}
@@ -162,6 +165,7 @@ func (c *Client) Call(ctx context.Context, req Request) (*Response, *Conn, error
 		}
 		resp, gc, stale, err := c.call(ctx, conn, req)
 		if kept && stale && ctx.Err() == nil {
+			c.noReuse.Store(true)
 			continue
 		}
 		return resp, gc, err

@@ -3,6 +3,7 @@ package guest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -154,5 +155,15 @@ func TestStaleKeptConnection(t *testing.T) {
 	}
 	if n := dials.Load(); n < 3 {
 		t.Errorf("%d dials for 3 calls on one-shot connections, want at least 3", n)
+	}
+	// Once one was found closed, streams are no longer kept: no call
+	// after the first retry tries a closed connection again.
+	if !c.noReuse.Load() {
+		t.Error("the client still keeps released connections after one was found closed")
+	}
+	_, _, conn := runAttached(t, c, "true")
+	conn.Release()
+	if err := conn.Conn.SetReadDeadline(time.Time{}); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("a released stream's connection with reuse off: %v, want it closed", err)
 	}
 }
