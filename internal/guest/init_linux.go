@@ -184,13 +184,14 @@ func warmUp(sp *spawner) error {
 	if err != nil {
 		return nil
 	}
-	defer theirs.Close()
 	// A root without true is not an error: the start just fails.
 	if err := wire.NewWriter(theirs).WriteJSON(wire.Request, Request{Op: OpStart, Start: &StartRequest{Cmd: []string{"true"}, Attach: true}}); err != nil {
 		ours.Close()
+		theirs.Close()
 		return nil
 	}
-	// The client's side: the stream to its exit, released, then closed.
+	// The client's side: the stream to its exit, released, then closed
+	// (which ends handle below).
 	go func() {
 		defer theirs.Close()
 		fr := wire.NewReader(theirs)
