@@ -3,6 +3,7 @@ package native
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -149,11 +150,21 @@ func (s *Sandbox) startErr() error {
 
 // activatingConn is a connection made while its guest activated: if it
 // ends before anything was read from it, the guest's reason for not
-// serving, if any, replaces the bare EOF or reset.
+// serving, if any, replaces the bare EOF or reset. It half-closes like
+// the unix connection it wraps: a kept guest connection may carry a port
+// pipe later, whose half-close must reach the sandbox's TCP peer.
 type activatingConn struct {
 	net.Conn
 	sb   *Sandbox
 	read bool
+}
+
+// CloseWrite half-closes the connection.
+func (c *activatingConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return fmt.Errorf("%T cannot half-close", c.Conn)
 }
 
 func (c *activatingConn) Read(p []byte) (int, error) {
