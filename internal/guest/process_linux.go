@@ -420,33 +420,92 @@ func ourEnd(fd int, name string) *os.File {
 	return os.NewFile(uintptr(fd), name)
 }
 
-// pipes makes pipes for stdin (or /dev/null), stdout and stderr.
-func pipes(withStdin bool) (*stdio, error) {
+// pipes makes pipes for stdin (or /dev/null), stdout and stderr; out, if
+// set, is a stdout and stderr pair made beforehand.
+func pipes(withStdin bool, out *outPipes) (*stdio, error) {
 	io := &stdio{}
-	var p [2]int
 	if withStdin {
+		var p [2]int
 		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			out.close()
 			return nil, err
 		}
 		io.child[0], io.stdin = p[0], ourEnd(p[1], "stdin")
 	} else {
 		null, err := devNull()
 		if err != nil {
+			out.close()
 			return nil, err
 		}
 		io.child[0] = null
 	}
-	for i := 1; i <= 2; i++ {
-		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+	if out == nil {
+		var err error
+		if out, err = newOutPipes(); err != nil {
 			io.closeAll()
+			return nil, err
+		}
+	}
+	io.child[1], io.child[2] = out.child[0], out.child[1]
+	io.output = []*os.File{out.ours[0], out.ours[1]}
+	return io, nil
+}
+
+// outPipes is a stdout and stderr pair: the child's write ends and ours.
+type outPipes struct {
+	child [2]int
+	ours  [2]*os.File
+}
+
+func newOutPipes() (*outPipes, error) {
+	out := &outPipes{child: [2]int{-1, -1}}
+	for i := range 2 {
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			out.close()
 			return nil, err
 		}
 		// A larger pipe means fewer wake-ups for a chatty process.
 		unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, 1<<20)
-		io.child[i] = p[1]
-		io.output = append(io.output, ourEnd(p[0], "output"))
+		out.child[i], out.ours[i] = p[1], ourEnd(p[0], "output")
 	}
-	return io, nil
+	return out, nil
+}
+
+func (out *outPipes) close() {
+	if out == nil {
+		return
+	}
+	for i := range 2 {
+		if out.child[i] >= 0 {
+			unix.Close(out.child[i])
+		}
+		if out.ours[i] != nil {
+			out.ours[i].Close()
+		}
+	}
+}
+
+// takeOutPipes returns the spare stdout and stderr pair, if one is made.
+func (s *server) takeOutPipes() *outPipes {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	out := s.spare
+	s.spare = nil
+	return out
+}
+
+// refillOutPipes makes the next process's stdout and stderr pair while
+// this one starts: eight system calls off the next exec's way.
+func (s *server) refillOutPipes() {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	if s.spare != nil {
+		return
+	}
+	if out, err := newOutPipes(); err == nil {
+		s.spare = out
+	}
 }
 
 // terminal makes a pseudo-terminal of the given size; the child gets the
@@ -513,7 +572,7 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 		sys.Setctty = true
 		sys.Ctty = 0
 	} else {
-		std, err = pipes(sr.Stdin)
+		std, err = pipes(sr.Stdin, s.takeOutPipes())
 	}
 	if err != nil {
 		return nil, err
@@ -565,6 +624,9 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 		go s.pump(p, f, types[i])
 	}
 	go s.await(p, pidfd)
+	if sr.TTY == nil {
+		s.refillOutPipes()
+	}
 	return p, nil
 }
 

@@ -65,6 +65,11 @@ type server struct {
 	finished []int
 	// oomSeen is the cgroup's OOM kill count when last read.
 	oomSeen uint64
+
+	// spare is the next process's stdout and stderr, made while the
+	// last one started; spareMu guards it.
+	spareMu sync.Mutex
+	spare   *outPipes
 }
 
 func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {
