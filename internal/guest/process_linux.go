@@ -63,7 +63,12 @@ type process struct {
 	timedOut bool
 	timer    *time.Timer
 	exited   chan struct{}
-	pumpsWG  sync.WaitGroup
+
+	// outMu is held across each read of an output and its append to
+	// out; drained says finish has read the outputs after the exit, and
+	// the pumps are to stop.
+	outMu   sync.Mutex
+	drained bool
 }
 
 func (s *server) lookup(pid int) (*process, error) {
@@ -618,10 +623,8 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 		})
 		p.mu.Unlock()
 	}
-	types := []wire.Type{wire.Stdout, wire.Stderr}
-	p.pumpsWG.Add(len(std.output))
 	for i, f := range std.output {
-		go s.pump(p, f, types[i])
+		go s.pump(p, f, outputTypes[i])
 	}
 	go s.await(p, pidfd)
 	if sr.TTY == nil {
@@ -630,68 +633,97 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 	return p, nil
 }
 
-// pump copies one output stream into the process's ring until EOF. When
-// the process exits, pump reads what is already in the pipe and stops: a
-// background child that keeps the pipe open must not hold the stream open,
-// and what the process wrote before it exited is all there by then.
+// outputTypes are the frame types of a process's outputs, in order: a
+// terminal's one output is its stdout.
+var outputTypes = [2]wire.Type{wire.Stdout, wire.Stderr}
+
+// pump copies one output stream into the process's ring until EOF, or
+// until finish has read what the process left in it.
 func (s *server) pump(p *process, r *os.File, t wire.Type) {
-	defer p.pumpsWG.Done()
 	defer r.Close()
+	rc, err := r.SyscallConn()
+	if err != nil {
+		return
+	}
 	// Most commands say little: start small, and take a full-size buffer
 	// only once a read fills the small one.
 	buf := make([]byte, smallRead)
 	defer func() { putChunk(buf) }()
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			full := n == len(buf)
-			buf = p.out.appendRead(t, buf, n)
-			if full && len(buf) < chunkSize {
-				buf = getChunk()
+	for done := false; !done; {
+		// false: nothing to read yet, wait in the netpoller. An error is
+		// the deadline finish sets once it has drained the pipe.
+		if rc.Read(func(fd uintptr) bool {
+			p.outMu.Lock()
+			defer p.outMu.Unlock()
+			if p.drained {
+				done = true
+				return true
 			}
+			n, err := readFD(fd, buf)
+			switch {
+			case err == unix.EAGAIN:
+				return false
+			case n > 0:
+				full := n == len(buf)
+				buf = p.out.appendRead(t, buf, n)
+				if full && len(buf) < chunkSize {
+					buf = getChunk()
+				}
+			default:
+				done = true // EOF, or the output failed
+			}
+			return true
+		}) != nil {
+			return
 		}
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			buf = drain(p, r, t, buf)
-		}
-		return
 	}
 }
 
-// drain reads without blocking until the pipe is empty.
-func drain(p *process, r *os.File, t wire.Type, buf []byte) []byte {
-	rc, err := r.SyscallConn()
-	if err != nil {
-		return buf
-	}
-	rc.Control(func(fd uintptr) {
-		for {
-			n, err := unix.Read(int(fd), buf)
-			if n > 0 {
-				buf = p.out.appendRead(t, buf, n)
-			}
-			if err == unix.EINTR {
-				continue
-			}
-			if n <= 0 || err != nil {
-				return
-			}
+// readFD reads once, retrying an interrupted read.
+func readFD(fd uintptr, buf []byte) (int, error) {
+	for {
+		n, err := unix.Read(int(fd), buf)
+		if err != unix.EINTR {
+			return n, err
 		}
-	})
-	return buf
+	}
+}
+
+// drainOutputs reads what the exited process left in its outputs, and
+// stops the pumps: this runs as soon as the exit is known, so the exit
+// status does not wait for the pumps to be scheduled, and a background
+// child that keeps a pipe open does not hold the stream open.
+func (s *server) drainOutputs(p *process) {
+	buf := getChunk()
+	p.outMu.Lock()
+	for i, f := range p.outputs {
+		rc, err := f.SyscallConn()
+		if err != nil {
+			continue
+		}
+		rc.Control(func(fd uintptr) { // fails if the pump closed it at EOF
+			for {
+				n, err := readFD(fd, buf)
+				if n <= 0 || err != nil {
+					return
+				}
+				buf = p.out.appendRead(outputTypes[i], buf, n)
+			}
+		})
+	}
+	p.drained = true
+	p.outMu.Unlock()
+	putChunk(buf)
+	// A pump still waiting is on a pipe someone else holds open.
+	for _, f := range p.outputs {
+		f.SetReadDeadline(time.Now())
+	}
 }
 
 // finish waits for the exit status and the output, then closes the ring.
 func (s *server) finish(p *process) {
 	<-p.exited
-	// A pump still blocked after the exit is waiting on a pipe someone
-	// else holds open: make it read what is there and stop.
-	for _, f := range p.outputs {
-		f.SetReadDeadline(time.Now())
-	}
-	p.pumpsWG.Wait()
+	s.drainOutputs(p)
 	p.mu.Lock()
 	ws := *p.status
 	if p.timer != nil {

@@ -3,11 +3,13 @@ package guest
 import (
 	"context"
 	"os"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"paddock/api"
 	"paddock/wire"
 )
 
@@ -79,5 +81,91 @@ func TestSpareOutputPipes(t *testing.T) {
 	}
 	if n := fds(); n > before {
 		t.Errorf("%d open descriptors after 20 more execs, %d before", n, before)
+	}
+}
+
+// TestOutputAtExit: everything a process wrote before it exited is in its
+// stream, however much the pipe still held at the exit; and a background
+// child that keeps the pipe open does not hold the stream open.
+func TestOutputAtExit(t *testing.T) {
+	s := procServer(t)
+	var dials atomic.Int32
+	c := NewClient(pairDialer(t, &dials, s.handle))
+	t.Cleanup(c.Close)
+
+	// 3 MiB is more than the pipe holds: the last of it is read after
+	// the exit, by finish rather than the pump.
+	out, st, conn := runAttached(t, c, "sh", "-c", "head -c 3145728 /dev/zero | tr '\\0' x; echo; echo done")
+	conn.Close()
+	if st.ExitCode != 0 || len(out) != 3145728+len("\ndone\n") || !strings.HasSuffix(out, "x\ndone\n") {
+		t.Errorf("3 MiB then exit: exit %d, %d bytes ending %q", st.ExitCode, len(out), out[max(0, len(out)-8):])
+	}
+
+	start := time.Now()
+	out, st, conn = runAttached(t, c, "sh", "-c", "echo before; sleep 30 & echo after")
+	conn.Close()
+	if d := time.Since(start); d > 10*time.Second || out != "before\nafter\n" || st.ExitCode != 0 {
+		t.Errorf("a background child holding stdout: %q, exit %d after %v", out, st.ExitCode, d)
+	}
+	// The sleep is a child of this test's server (the guest's reaper is not
+	// running here): end it.
+	exec.Command("pkill", "-f", "^sleep 29.5$").Run()
+}
+
+// TestDrainOutputs: at the exit, finish reads what is left in each output
+// itself, in order and typed, and stops the pump, which is still waiting
+// on a pipe that a background child holds open.
+func TestDrainOutputs(t *testing.T) {
+	s := &server{}
+	var ours [2]*os.File
+	var theirs [2]*os.File
+	for i := range 2 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ours[i], theirs[i] = r, w
+		t.Cleanup(func() { w.Close() })
+	}
+	p := &process{out: newRing(1 << 20), outputs: ours[:]}
+	theirs[0].WriteString("out")
+	theirs[1].WriteString("err")
+	pumped := make(chan struct{})
+	go func() {
+		defer close(pumped)
+		s.pump(p, ours[1], wire.Stderr) // reads "err", then waits: the pipe stays open
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for end, _ := p.out.stats(); end < 3 && time.Now().Before(deadline); end, _ = p.out.stats() {
+		time.Sleep(time.Millisecond)
+	}
+	theirs[1].WriteString("!") // may go either way: the pump or the drain
+	theirs[0].WriteString(" more")
+	s.drainOutputs(p)
+	select {
+	case <-pumped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pump did not stop after the drain")
+	}
+	theirs[1].WriteString("late") // after the drain: not the process's
+	p.out.close(api.ExitStatus{})
+	var stdout, stderr []byte
+	c := p.out.attach(0)
+	for {
+		chunks, _, ex := p.out.next(c, nil, nil)
+		for _, ch := range chunks {
+			if ch.typ == wire.Stdout {
+				stdout = append(stdout, ch.data...)
+			} else {
+				stderr = append(stderr, ch.data...)
+			}
+			p.out.advance(c, ch.off+int64(len(ch.data)))
+		}
+		if ex != nil {
+			break
+		}
+	}
+	if string(stdout) != "out more" || string(stderr) != "err!" {
+		t.Errorf("stdout %q, stderr %q; want \"out more\", \"err!\"", stdout, stderr)
 	}
 }
