@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -18,6 +19,7 @@ import (
 
 	"paddock/api"
 	"paddock/client"
+	"paddock/wire"
 )
 
 // waitState polls a process until it reaches state (bounded).
@@ -450,5 +452,68 @@ func TestOrphansAreReaped(t *testing.T) {
 	st, err := s.Wait(io.Discard, io.Discard)
 	if err != nil || st == nil || st.Signal != "SIGTERM" {
 		t.Fatalf("after SIGTERM: %+v %v", st, err)
+	}
+}
+
+// TestExecWholeAnswer: a command that is done before the guest answers
+// (one that says nothing: the answer waits for its first output or its
+// exit) gets its whole stream in one body with a length; one that takes
+// longer is streamed chunked; both are in the exec log with their output
+// and exit.
+func TestExecWholeAnswer(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	id := d.Create(api.CreateRequest{})
+	for _, tc := range []struct {
+		name, script string
+		whole        bool
+		out, errOut  string
+		code         int
+	}{
+		{"short", "exit 4", true, "", "", 4},
+		{"streamed", "echo a; sleep 0.3; echo b >&2", false, "a\n", "b\n", 0},
+	} {
+		body, _ := json.Marshal(api.ExecRequest{Cmd: []string{"sh", "-c", tc.script}})
+		a := d.do("POST", "/v1/sandboxes/"+id+"/exec", string(body))
+		if a.Status != 200 {
+			t.Fatalf("%s: status %d: %s", tc.name, a.Status, a.Body)
+		}
+		if got := a.Header.Get("Content-Length") != ""; got != tc.whole {
+			t.Errorf("%s: a body with a length: %v, want %v", tc.name, got, tc.whole)
+		}
+		var out, errOut strings.Builder
+		var st api.ExitStatus
+		fr := wire.NewReader(bytes.NewReader(a.Body))
+		for {
+			f, err := fr.Read()
+			if err != nil {
+				break
+			}
+			switch f.Type {
+			case wire.Stdout:
+				out.Write(f.Payload)
+			case wire.Stderr:
+				errOut.Write(f.Payload)
+			case wire.Exit:
+				json.Unmarshal(f.Payload, &st)
+			}
+		}
+		if out.String() != tc.out || errOut.String() != tc.errOut || st.ExitCode != tc.code {
+			t.Errorf("%s: stdout %q, stderr %q, exit %d; want %q, %q, %d", tc.name, out.String(), errOut.String(), st.ExitCode, tc.out, tc.errOut, tc.code)
+		}
+		pid, _ := strconv.Atoi(a.Header.Get("X-Paddock-Pid"))
+		want := int64(len(tc.out) + len(tc.errOut))
+		if !waitFor(10*time.Second, 20*time.Millisecond, func() bool {
+			ls, _ := d.Client().Logs(context.Background(), id)
+			for _, l := range ls {
+				if l.PID == pid && l.Exit != nil && l.Exit.ExitCode == tc.code && l.End == want {
+					return true
+				}
+			}
+			return false
+		}) {
+			ls, _ := d.Client().Logs(context.Background(), id)
+			t.Errorf("%s: pid %d with exit %d and %d bytes is not in the exec log: %+v", tc.name, pid, tc.code, want, ls)
+		}
 	}
 }

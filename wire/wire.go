@@ -11,6 +11,7 @@
 package wire
 
 import (
+	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -138,6 +139,32 @@ func (r *Reader) Buffered() int {
 		return b.Buffered()
 	}
 	return 0
+}
+
+// Whole returns the frames already read ahead, up to and including the
+// first one of type last, and consumes them, when r reads from a
+// *bufio.Reader and all of them are in its buffer; otherwise it returns
+// nil and consumes nothing. A relay passes such a stream on in one write.
+func (r *Reader) Whole(last Type) []byte {
+	br, ok := r.r.(*bufio.Reader)
+	if !ok {
+		return nil
+	}
+	b, _ := br.Peek(br.Buffered())
+	for i := 0; i+HeaderSize <= len(b); {
+		n := binary.BigEndian.Uint32(b[i+4:])
+		if n > MaxPayload || uint64(i)+HeaderSize+uint64(n) > uint64(len(b)) {
+			return nil
+		}
+		end := i + HeaderSize + int(n)
+		if Type(b[i]) == last {
+			out := append([]byte(nil), b[:end]...)
+			br.Discard(end)
+			return out
+		}
+		i = end
+	}
+	return nil
 }
 
 // Read reads the next frame. It returns io.EOF only at a frame boundary and

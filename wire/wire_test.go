@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -45,5 +46,42 @@ func TestHostileFrames(t *testing.T) {
 	}
 	if err := NewWriter(io.Discard).Write(Stdout, make([]byte, MaxPayload+1)); err == nil {
 		t.Fatal("writer accepted an oversized payload")
+	}
+}
+
+// TestWhole: a stream whose last frame is already read ahead is taken in
+// one piece; one that is not, or a hostile length, leaves the reader as
+// it was.
+func TestWhole(t *testing.T) {
+	stream := AppendFrame(nil, Stdout, []byte("out"))
+	stream = AppendFrame(stream, Stderr, []byte("err"))
+	stream = AppendFrame(stream, Exit, []byte(`{"exit_code":0}`))
+	after := AppendFrame(nil, Stdout, []byte("next"))
+	for _, tc := range []struct {
+		name  string
+		input []byte
+		want  []byte // nil: not whole
+	}{
+		{"whole, then more", append(append([]byte(nil), stream...), after...), stream},
+		{"whole", stream, stream},
+		{"exit cut short", stream[:len(stream)-1], nil},
+		{"no exit yet", stream[:len(stream)-HeaderSize-15], nil},
+		{"hostile length", append(append([]byte(nil), stream[:HeaderSize+3]...), 3, 0, 0, 0, 0xff, 0xff, 0xff, 0xff), nil},
+	} {
+		br := bufio.NewReaderSize(bytes.NewReader(tc.input), 4096)
+		br.Peek(len(tc.input)) // read ahead, as a relay's reader has
+		r := NewReader(br)
+		got := r.Whole(Exit)
+		if !bytes.Equal(got, tc.want) {
+			t.Errorf("%s: Whole = %q, want %q", tc.name, got, tc.want)
+		}
+		// What was not taken is still there, frame by frame.
+		rest, _ := io.ReadAll(br)
+		if want := tc.input[len(got):]; !bytes.Equal(rest, want) {
+			t.Errorf("%s: left %q, want %q", tc.name, rest, want)
+		}
+	}
+	if NewReader(bytes.NewReader(stream)).Whole(Exit) != nil {
+		t.Error("Whole on an unbuffered reader took frames")
 	}
 }

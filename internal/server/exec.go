@@ -2,6 +2,8 @@ package server
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -76,8 +78,11 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		Cmd: req.Cmd, Env: guest.EnvList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
 		TimeoutSeconds: req.TimeoutSeconds, Stdin: upgrade || req.Stdin != nil || req.TTY != nil, Attach: true,
 	}
-	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, func(gc *guest.Client, resp *guest.Response, conn *guest.Conn) (tee frameTee) {
-		if c := s.execStarted(r.Context(), id, gc, resp.PID, req.Cmd); c != nil {
+	// Input to send after the start needs the guest connection: such a
+	// stream is not passed on whole.
+	whole := req.Stdin == nil
+	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, whole, func(ctx context.Context, gc *guest.Client, resp *guest.Response, conn *guest.Conn) (tee frameTee) {
+		if c := s.execStarted(ctx, id, gc, resp.PID, req.Cmd); c != nil {
 			tee = c
 		}
 		if req.Stdin == nil || resp.PID == 0 {
@@ -107,8 +112,10 @@ type frameTee interface {
 // and relays its frames to the client: one way, or both ways after a 101
 // when the client asked for an upgrade. before runs once the guest has
 // answered, before any output is relayed; the tee it returns, if any, gets
-// a copy of the frames.
-func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, before func(*guest.Client, *guest.Response, *guest.Conn) frameTee) {
+// a copy of the frames. With whole set (before does not use the guest
+// connection), a stream that came whole with the guest's answer goes to
+// the client first, and before runs after.
+func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, whole bool, before func(context.Context, *guest.Client, *guest.Response, *guest.Conn) frameTee) {
 	gc, err := s.mgr.Guest(r.Context(), id)
 	if err != nil {
 		writeError(w, r, s.log, err)
@@ -125,13 +132,27 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 		writeError(w, r, s.log, err)
 		return
 	}
+	pid := strconv.Itoa(resp.PID)
+	if whole && !wantsUpgrade(r) {
+		if body := conn.Frames.Whole(wire.Exit); body != nil {
+			s.relayWhole(w, pid, body)
+			conn.Release()
+			// The client may be gone already: what is left is ours.
+			if before != nil {
+				if tee := before(context.WithoutCancel(r.Context()), gc, resp, conn); tee != nil {
+					teeWhole(tee, body)
+					tee.Detach()
+				}
+			}
+			return
+		}
+	}
 	var tee frameTee
 	if before != nil {
-		if tee = before(gc, resp, conn); tee != nil {
+		if tee = before(r.Context(), gc, resp, conn); tee != nil {
 			defer tee.Detach()
 		}
 	}
-	pid := strconv.Itoa(resp.PID)
 	if !wantsUpgrade(r) {
 		w.Header().Set("Content-Type", api.StreamContentType)
 		w.Header().Set("X-Paddock-Pid", pid)
@@ -171,6 +192,31 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 	}
 	go forwardInput(bufrw.Reader, conn)
 	relay(conn, wire.NewWriter(bufrw.Writer), bufrw.Flush, bufrw.Flush, done, tee)
+}
+
+// relayWhole answers with a stream that is whole, exit frame included:
+// one write with its length, and nothing else (the exec log's copy, the
+// guest connection's release) is done before it.
+func (s *Server) relayWhole(w http.ResponseWriter, pid string, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", api.StreamContentType)
+	h.Set("X-Paddock-Pid", pid)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+	http.NewResponseController(w).Flush()
+}
+
+// teeWhole gives tee the frames of a whole stream.
+func teeWhole(tee frameTee, body []byte) {
+	fr := wire.NewReader(bytes.NewReader(body))
+	for {
+		f, err := fr.Read()
+		if err != nil {
+			return
+		}
+		tee.Frame(f.Type, f.Payload)
+	}
 }
 
 // forwardInput passes the client's input frames to the guest until the

@@ -145,7 +145,7 @@ func (s *Server) attachProcess(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.streamOp(w, r, r.PathValue("id"), guest.Request{Op: guest.OpAttach, PID: pid, Offset: off}, nil)
+	s.streamOp(w, r, r.PathValue("id"), guest.Request{Op: guest.OpAttach, PID: pid, Offset: off}, true, nil)
 }
 
 // processInput writes the request body to the process's stdin, streaming;
