@@ -60,7 +60,9 @@ sys.stdin.read()
 	// Memory is the working set (usage less inactive file cache), and
 	// cgroup v1 charges in per-CPU batches: within 10% below, 15% above.
 	if mb < 270 || mb > 345 {
-		t.Errorf("after allocating 300 MB: memory %.1f MB, want about 300", mb)
+		// Seen once in CI (257.7 MB, peak 303.5 MB): say what it was made of.
+		t.Errorf("after allocating 300 MB: memory %.1f MB, want about 300 (peak %.1f MB, inactive file cache %.1f MB left out)",
+			mb, float64(cur.MemoryPeakBytes)/(1<<20), float64(cur.MemoryReclaimableBytes)/(1<<20))
 	}
 	if cur.MemoryLimitBytes != 1<<30 || cur.PidsLimit != 64 || cur.Pids < 1 {
 		t.Errorf("limits: memory %d, pids %d of %d", cur.MemoryLimitBytes, cur.Pids, cur.PidsLimit)
