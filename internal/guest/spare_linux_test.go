@@ -125,7 +125,7 @@ func TestDrainOutputs(t *testing.T) {
 			t.Fatal(err)
 		}
 		ours[i], theirs[i] = r, w
-		t.Cleanup(func() { w.Close() })
+		t.Cleanup(func() { w.Close(); r.Close() })
 	}
 	p := &process{out: newRing(1 << 20), outputs: ours[:]}
 	theirs[0].WriteString("out")
