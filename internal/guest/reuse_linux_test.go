@@ -52,17 +52,27 @@ func procServer(t *testing.T) *server {
 	return newServer(ServeConfig{Workdir: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil, sp, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
-// runAttached starts cmd attached and reads its stream to the exit frame,
-// returning its stdout and exit status, and the connection.
-func runAttached(t *testing.T, c *Client, cmd ...string) (string, api.ExitStatus, *Conn) {
+// attachedRun is what a command started attached left: its output, its
+// exit, its pid and the connection its stream came on.
+type attachedRun struct {
+	stdout, stderr string
+	status         api.ExitStatus
+	pid            int
+	conn           *Conn
+}
+
+// runAttachedAll starts cmd attached and reads its stream to the exit
+// frame.
+func runAttachedAll(t *testing.T, c *Client, cmd ...string) attachedRun {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, conn, err := c.Call(ctx, Request{Op: OpStart, Start: &StartRequest{Cmd: cmd, Attach: true}})
+	resp, conn, err := c.Call(ctx, Request{Op: OpStart, Start: &StartRequest{Cmd: cmd, Attach: true}})
 	if err != nil {
 		t.Fatalf("start %v: %v", cmd, err)
 	}
-	var out strings.Builder
+	r := attachedRun{pid: resp.PID, conn: conn}
+	var out, errOut strings.Builder
 	for {
 		f, err := conn.Frames.Read()
 		if err != nil {
@@ -71,14 +81,24 @@ func runAttached(t *testing.T, c *Client, cmd ...string) (string, api.ExitStatus
 		switch f.Type {
 		case wire.Stdout:
 			out.Write(f.Payload)
+		case wire.Stderr:
+			errOut.Write(f.Payload)
 		case wire.Exit:
-			var st api.ExitStatus
-			if err := json.Unmarshal(f.Payload, &st); err != nil {
+			if err := json.Unmarshal(f.Payload, &r.status); err != nil {
 				t.Fatal(err)
 			}
-			return out.String(), st, conn
+			r.stdout, r.stderr = out.String(), errOut.String()
+			return r
 		}
 	}
+}
+
+// runAttached is runAttachedAll for callers that need stdout, the exit
+// and the connection.
+func runAttached(t *testing.T, c *Client, cmd ...string) (string, api.ExitStatus, *Conn) {
+	t.Helper()
+	r := runAttachedAll(t, c, cmd...)
+	return r.stdout, r.status, r.conn
 }
 
 // TestStreamConnectionReuse: a process stream released after its exit

@@ -1,13 +1,13 @@
 package guest
 
 import (
-	"context"
 	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"paddock/api"
 	"paddock/wire"
@@ -29,32 +29,11 @@ func TestSpareOutputPipes(t *testing.T) {
 		return len(ents)
 	}
 	run := func(i int) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, conn, err := c.Call(ctx, Request{Op: OpStart, Start: &StartRequest{
-			Cmd: []string{"sh", "-c", "echo out; echo err >&2"}, Attach: true}})
-		if err != nil {
-			t.Fatalf("exec %d: %v", i, err)
-		}
-		var out, errOut strings.Builder
-		for done := false; !done; {
-			f, err := conn.Frames.Read()
-			if err != nil {
-				t.Fatalf("exec %d: %v", i, err)
-			}
-			switch f.Type {
-			case wire.Stdout:
-				out.Write(f.Payload)
-			case wire.Stderr:
-				errOut.Write(f.Payload)
-			case wire.Exit:
-				done = true
-			}
-		}
-		conn.Release()
-		conn.Close()
-		if out.String() != "out\n" || errOut.String() != "err\n" {
-			t.Errorf("exec %d: stdout %q, stderr %q; want \"out\\n\", \"err\\n\"", i, out.String(), errOut.String())
+		r := runAttachedAll(t, c, "sh", "-c", "echo out; echo err >&2")
+		r.conn.Release()
+		r.conn.Close()
+		if r.stdout != "out\n" || r.stderr != "err\n" {
+			t.Errorf("exec %d: stdout %q, stderr %q; want \"out\\n\", \"err\\n\"", i, r.stdout, r.stderr)
 		}
 	}
 
@@ -102,14 +81,14 @@ func TestOutputAtExit(t *testing.T) {
 	}
 
 	start := time.Now()
-	out, st, conn = runAttached(t, c, "sh", "-c", "echo before; sleep 30 & echo after")
-	conn.Close()
-	if d := time.Since(start); d > 10*time.Second || out != "before\nafter\n" || st.ExitCode != 0 {
-		t.Errorf("a background child holding stdout: %q, exit %d after %v", out, st.ExitCode, d)
+	r := runAttachedAll(t, c, "sh", "-c", "echo before; sleep 30 & echo after")
+	r.conn.Close()
+	// The sleep is in the shell's process group (the shell had a session
+	// of its own): end it.
+	unix.Kill(-r.pid, unix.SIGKILL)
+	if d := time.Since(start); d > 10*time.Second || r.stdout != "before\nafter\n" || r.status.ExitCode != 0 {
+		t.Errorf("a background child holding stdout: %q, exit %d after %v", r.stdout, r.status.ExitCode, d)
 	}
-	// The sleep is a child of this test's server (the guest's reaper is not
-	// running here): end it.
-	exec.Command("pkill", "-f", "^sleep 29.5$").Run()
 }
 
 // TestDrainOutputs: at the exit, finish reads what is left in each output
