@@ -208,6 +208,8 @@ func warmUp(sp *spawner) error {
 	}()
 	s := newServer(ServeConfig{Env: []string{"PATH=/usr/bin:/bin"}, Workdir: "/"}, nil, sp, slog.New(slog.DiscardHandler))
 	s.handle(ours) // closes ours
+	// The next command's pipes it made are this throwaway server's.
+	s.takeOutPipes().close()
 	return nil
 }
 

@@ -148,3 +148,28 @@ func TestDrainOutputs(t *testing.T) {
 		t.Errorf("stdout %q, stderr %q; want \"out more\", \"err!\"", stdout, stderr)
 	}
 }
+
+// TestWarmUpLeavesNoFDs: the warm-up's throwaway server leaves none of
+// its descriptors behind (its spare pipes among them).
+func TestWarmUpLeavesNoFDs(t *testing.T) {
+	s := procServer(t)
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	devNull() // opened once and kept, by design
+	before := fds()
+	if err := warmUp(s.sp); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for fds() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := fds(); n > before {
+		t.Errorf("%d open descriptors after the warm-up, %d before", n, before)
+	}
+}
