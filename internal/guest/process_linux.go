@@ -200,6 +200,7 @@ func (s *server) stream(c *opConn, p *process, off int64, answer []byte) {
 		if exit != nil {
 			b, _ := json.Marshal(exit)
 			if fw.write(wire.Exit, b) == nil {
+				s.refillOutPipes()
 				// The client releases the connection for its next
 				// request, or closes it.
 				<-gone
@@ -500,8 +501,11 @@ func (s *server) takeOutPipes() *outPipes {
 	return out
 }
 
-// refillOutPipes makes the next process's stdout and stderr pair while
-// this one starts: eight system calls off the next exec's way.
+// refillOutPipes makes the next process's stdout and stderr pair: eight
+// system calls off the next exec's way. An attached start calls it once
+// its exit frame is sent, not while the command runs, where it took the
+// CPU a short command needed (25-35 µs of the round trip); a detached
+// start as soon as its process is forked.
 func (s *server) refillOutPipes() {
 	s.spareMu.Lock()
 	defer s.spareMu.Unlock()
@@ -627,7 +631,7 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 		go s.pump(p, f, outputTypes[i])
 	}
 	go s.await(p, pidfd)
-	if sr.TTY == nil {
+	if sr.TTY == nil && !sr.Attach {
 		s.refillOutPipes()
 	}
 	return p, nil

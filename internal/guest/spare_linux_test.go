@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"context"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -37,17 +38,34 @@ func TestSpareOutputPipes(t *testing.T) {
 		}
 	}
 
+	// An attached start's spare is made after its exit frame is sent, so
+	// the client can have its answer a moment before the spare exists.
+	putSpare := func(out *outPipes) {
+		s.spareMu.Lock()
+		s.spare = out
+		s.spareMu.Unlock()
+	}
+	waitSpare := func() *outPipes {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if sp := s.takeOutPipes(); sp != nil || time.Now().After(deadline) {
+				return sp
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+
 	run(0)
-	spare := s.takeOutPipes()
+	spare := waitSpare()
 	if spare == nil {
 		t.Fatal("no spare stdout and stderr after an exec")
 	}
-	s.spare = spare // put back: the next exec takes it
+	putSpare(spare) // put back: the next exec takes it
 	run(1)
-	if next := s.takeOutPipes(); next == nil || next == spare {
+	if next := waitSpare(); next == nil || next == spare {
 		t.Errorf("the second exec did not take the spare and make another (spare %p, now %p)", spare, next)
 	} else {
-		s.spare = next
+		putSpare(next)
 	}
 	before := fds()
 	for i := 2; i < 22; i++ {
@@ -60,6 +78,19 @@ func TestSpareOutputPipes(t *testing.T) {
 	}
 	if n := fds(); n > before {
 		t.Errorf("%d open descriptors after 20 more execs, %d before", n, before)
+	}
+	// A detached start has no exit frame to wait for: it takes the spare
+	// and makes the next one before it answers.
+	taken := waitSpare()
+	putSpare(taken)
+	resp, err := c.Do(context.Background(), Request{Op: OpStart, Start: &StartRequest{Cmd: []string{"true"}}})
+	if err != nil || resp.PID <= 0 {
+		t.Fatalf("detached start: %+v, %v", resp, err)
+	}
+	if now := s.takeOutPipes(); now == nil || now == taken {
+		t.Errorf("a detached start did not take the spare and make another (spare %p, now %p)", taken, now)
+	} else {
+		now.close()
 	}
 }
 
