@@ -61,6 +61,7 @@ func Run() error {
 		syscall.CloseOnExec(fd)
 	}
 	sp := startSpawner()
+	sigs := notifySignals()
 	prefault()
 	spareThreads(8)
 	syncSock := os.NewFile(fdSync, "sync")
@@ -104,7 +105,7 @@ func Run() error {
 				return fail(fmt.Errorf("creating workdir %s: %w", wd, err))
 			}
 		}
-		return serve(serveCfg, sp, syncSock, oom)
+		return serve(serveCfg, sp, sigs, syncSock, oom)
 	}
 }
 

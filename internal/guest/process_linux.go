@@ -20,6 +20,7 @@ import (
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/reaper"
 	"paddock/wire"
 )
 
@@ -864,11 +865,25 @@ func (s *server) exited(pid int, ws unix.WaitStatus) {
 	p.mu.Unlock()
 }
 
-// forwardSignals passes the signals PID 1 receives on to every process it
-// started (PID 1 has no default action for them).
-func (s *server) forwardSignals() {
-	ch := make(chan os.Signal, 16)
-	signal.Notify(ch, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+// signals are the channels PID 1's signals arrive on. They are asked for
+// when the guest starts, not when it starts serving: each signal.Notify is
+// a round trip with the Go runtime's signal-mask thread (two thread
+// wakes), and the seven of them, made as the guest began to serve, held
+// back a new sandbox's first command by about 1 ms.
+type signals struct {
+	chld <-chan os.Signal // SIGCHLD, for the reaper
+	fwd  <-chan os.Signal // passed on to every process (forwardSignals)
+}
+
+func notifySignals() signals {
+	fwd := make(chan os.Signal, 16)
+	signal.Notify(fwd, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	return signals{chld: reaper.Watch(), fwd: fwd}
+}
+
+// forwardSignals passes the signals PID 1 receives (on ch) on to every
+// process it started (PID 1 has no default action for them).
+func (s *server) forwardSignals(ch <-chan os.Signal) {
 	for sig := range ch {
 		s.mu.Lock()
 		for pid, p := range s.procs {

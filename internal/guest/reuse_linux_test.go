@@ -52,6 +52,16 @@ func procServer(t *testing.T) *server {
 	return newServer(ServeConfig{Workdir: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil, sp, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
+// procClient is a procServer and a Client whose connections it serves.
+func procClient(t *testing.T) (*server, *Client) {
+	t.Helper()
+	s := procServer(t)
+	var dials atomic.Int32
+	c := NewClient(pairDialer(t, &dials, s.handle))
+	t.Cleanup(c.Close)
+	return s, c
+}
+
 // attachedRun is what a command started attached left: its output, its
 // exit, its pid and the connection its stream came on.
 type attachedRun struct {

@@ -19,7 +19,7 @@ import (
 // serve is the guest's steady state: it reaps every process, forwards
 // signals, and serves the daemon's requests on the control socket, forking
 // each command on the spawner thread.
-func serve(cfg ServeConfig, sp *spawner, syncSock *os.File, oom *os.File) error {
+func serve(cfg ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *os.File) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("guest", os.Getpid())
 	lf := os.NewFile(fdListen, "listener")
 	ln, err := net.FileListener(lf)
@@ -30,8 +30,8 @@ func serve(cfg ServeConfig, sp *spawner, syncSock *os.File, oom *os.File) error 
 	s := newServer(cfg, oom, sp, log)
 	// What no pidfd watch reaps: processes reparented to us as PID 1, and
 	// any of ours whose pidfd could not be watched.
-	go reaper.Run(s.exited)
-	go s.forwardSignals()
+	go reaper.Run(sigs.chld, s.exited)
+	go s.forwardSignals(sigs.fwd)
 
 	b, _ := json.Marshal(Ready{Phase: "ready", PID: os.Getpid()})
 	syncSock.Write(b)

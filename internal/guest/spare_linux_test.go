@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,10 +17,7 @@ import (
 // the one before it started, and each still gets its own stream; the
 // spare is one pair, not one per exec.
 func TestSpareOutputPipes(t *testing.T) {
-	s := procServer(t)
-	var dials atomic.Int32
-	c := NewClient(pairDialer(t, &dials, s.handle))
-	t.Cleanup(c.Close)
+	s, c := procClient(t)
 	fds := func() int {
 		ents, err := os.ReadDir("/proc/self/fd")
 		if err != nil {
@@ -98,10 +94,7 @@ func TestSpareOutputPipes(t *testing.T) {
 // stream, however much the pipe still held at the exit; and a background
 // child that keeps the pipe open does not hold the stream open.
 func TestOutputAtExit(t *testing.T) {
-	s := procServer(t)
-	var dials atomic.Int32
-	c := NewClient(pairDialer(t, &dials, s.handle))
-	t.Cleanup(c.Close)
+	_, c := procClient(t)
 
 	// 3 MiB is more than the pipe holds: the last of it is read after
 	// the exit, by finish rather than the pump.

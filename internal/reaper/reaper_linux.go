@@ -9,12 +9,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Run reaps every exited child each time SIGCHLD arrives, passing each to
-// exited (if set). It never returns.
-func Run(exited func(pid int, ws unix.WaitStatus)) {
+// Watch asks for SIGCHLD from now on and returns the channel Run reaps
+// from. It is apart from Run so that a process that serves later can ask
+// early: each signal.Notify is a round trip with the Go runtime's
+// signal-mask thread, two thread wakes.
+func Watch() <-chan os.Signal {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, unix.SIGCHLD)
-	for range ch {
+	return ch
+}
+
+// Run reaps every exited child each time SIGCHLD arrives on sigchld (from
+// Watch), passing each to exited (if set). It never returns.
+func Run(sigchld <-chan os.Signal, exited func(pid int, ws unix.WaitStatus)) {
+	for range sigchld {
 		for {
 			var ws unix.WaitStatus
 			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)

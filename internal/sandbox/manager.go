@@ -560,6 +560,8 @@ func (m *Manager) Free(base uint32) {
 func (b *box) attach(inst runtime.Instance) {
 	b.inst = inst
 	b.guest = guest.NewClient(inst.Dial)
+	// Dial waits until the guest may be called (its limits set).
+	go b.guest.DialAhead()
 	b.stopping = false
 }
 

@@ -140,7 +140,7 @@ func RunForker() error {
 	unix.Close(4)
 	exe := os.NewFile(uintptr(exeFD), "guest-exe")
 	lowerPriority()
-	go reaper.Run(nil) // the guests this process forked
+	go reaper.Run(reaper.Watch(), nil) // the guests this process forked
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(8*4))
 	for {
