@@ -207,3 +207,18 @@ type Process struct {
 type SignalRequest struct {
 	Signal string `json:"signal"`
 }
+
+// IsSandboxID reports whether id has the form of a sandbox id: 1 to 64 of
+// a-z, 0-9 and '-', not starting with '-'. An id is checked before it
+// names a file, a cgroup or a metric.
+func IsSandboxID(id string) bool {
+	if len(id) == 0 || len(id) > 64 || id[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

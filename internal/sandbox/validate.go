@@ -14,7 +14,6 @@ import (
 )
 
 var (
-	idPattern       = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 	envKeyPattern   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
 )
@@ -34,7 +33,7 @@ const (
 
 // ValidID reports whether id is a well-formed sandbox id.
 func ValidID(id string) error {
-	if !idPattern.MatchString(id) {
+	if !api.IsSandboxID(id) {
 		return errdefs.Invalid("id", "%q is not a sandbox id", id)
 	}
 	return nil

@@ -22,13 +22,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
 
+	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/internal/telemetry/internal/jsonl"
 )
@@ -194,11 +194,9 @@ func Open(cfg Config) (*Log, error) {
 	return &Log{cfg: cfg, log: cfg.Logger, boxes: map[string]*sandboxLog{}}, nil
 }
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
-
 // validID keeps a sandbox id a plain file name: it comes from requests.
 func validID(id string) error {
-	if !idPattern.MatchString(id) {
+	if !api.IsSandboxID(id) {
 		return errdefs.Invalid("id", "%q is not a sandbox id", id)
 	}
 	return nil

@@ -42,7 +42,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -168,10 +167,8 @@ func Open(cfg Config) (*Store, error) {
 	return &Store{cfg: cfg, log: cfg.Logger, boxes: map[string]*sandbox{}}, nil
 }
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
-
 func validID(id string) error {
-	if !idPattern.MatchString(id) {
+	if !api.IsSandboxID(id) {
 		return errdefs.Invalid("id", "%q is not a sandbox id", id)
 	}
 	return nil
@@ -620,9 +617,16 @@ func (s *Store) trimRecords(b *sandbox, keep func(*proc) bool) {
 			return
 		}
 		p := b.procs[i]
+		// Most short commands wrote nothing, so have no files: not
+		// looking for them saves two unlinks per exec in a sandbox at
+		// its record limit.
 		cur, old := b.paths(p.meta.Seq)
-		s.remove(cur)
-		s.remove(old)
+		if p.cur.exists {
+			s.remove(cur)
+		}
+		if p.old.exists {
+			s.remove(old)
+		}
 		b.bytes -= p.old.size + p.cur.size
 		b.procs = append(b.procs[:i], b.procs[i+1:]...)
 	}

@@ -30,6 +30,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/internal/telemetry/admission"
 	"paddock/internal/telemetry/autoscale"
@@ -181,7 +182,6 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 var (
-	idPattern   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 	namePattern = regexp.MustCompile(`^[a-z_]{1,32}$`)
 	// poolPattern: "image:NAME" or "template:NAME", NAME as images and
 	// templates spell theirs.
@@ -311,7 +311,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			break
 		}
 		id, x := running[i].ID, &running[i].Sample
-		if !idPattern.MatchString(id) {
+		if !api.IsSandboxID(id) {
 			continue
 		}
 		shown++
