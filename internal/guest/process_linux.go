@@ -546,7 +546,6 @@ func terminal(size *api.TTY, cred *syscall.Credential) (*stdio, error) {
 
 // spawn forks and execs a command in the sandbox.
 func (s *server) spawn(sr *StartRequest) (*process, error) {
-	env := mergeEnv(s.cfg.Env, sr.Env)
 	cwd := sr.Cwd
 	if cwd == "" {
 		cwd = s.cfg.Workdir
@@ -561,9 +560,11 @@ func (s *server) spawn(sr *StartRequest) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
+	over := sr.Env
 	if home != "" && !hasKey(sr.Env, "HOME") {
-		env = mergeEnv(env, []string{"HOME=" + home})
+		over = append([]string{"HOME=" + home}, sr.Env...)
 	}
+	env := mergeEnv(s.cfg.Env, over)
 	argv0, err := lookPath(sr.Cmd[0], envValue(env, "PATH"), cwd)
 	if err != nil {
 		return nil, err

@@ -76,20 +76,56 @@ func executable(p string) error {
 	return nil
 }
 
-// mergeEnv returns base with over's keys replaced or added.
+// mergeEnv returns base with over's keys replaced or added: a key keeps
+// its first place and takes its last value. It runs before every fork,
+// and environments are short: below mergeEnvMap entries a key is looked
+// up by a scan, which costs less than making a map (a map and a copy of
+// base were 15 µs of each exec's way on a small VM).
 func mergeEnv(base, over []string) []string {
 	out := make([]string, 0, len(base)+len(over))
-	idx := map[string]int{}
-	for _, kv := range append(append([]string(nil), base...), over...) {
-		k, _, _ := strings.Cut(kv, "=")
-		if i, ok := idx[k]; ok {
-			out[i] = kv
-			continue
+	var idx map[string]int
+	for _, list := range [2][]string{base, over} {
+		for _, kv := range list {
+			k, _, _ := strings.Cut(kv, "=")
+			if len(out) == mergeEnvMap && idx == nil {
+				idx = make(map[string]int, len(base)+len(over))
+				for i, e := range out {
+					ek, _, _ := strings.Cut(e, "=")
+					idx[ek] = i
+				}
+			}
+			i := -1
+			if idx != nil {
+				if j, ok := idx[k]; ok {
+					i = j
+				}
+			} else {
+				i = indexKey(out, k)
+			}
+			if i >= 0 {
+				out[i] = kv
+				continue
+			}
+			if idx != nil {
+				idx[k] = len(out)
+			}
+			out = append(out, kv)
 		}
-		idx[k] = len(out)
-		out = append(out, kv)
 	}
 	return out
+}
+
+// mergeEnvMap is the size at which mergeEnv indexes keys with a map.
+const mergeEnvMap = 64
+
+// indexKey returns the index of key's entry in env, or -1.
+func indexKey(env []string, key string) int {
+	for i, kv := range env {
+		if strings.HasPrefix(kv, key) && (len(kv) == len(key) || kv[len(key)] == '=') {
+			return i
+		}
+	}
+	return -1
 }
 
 func hasKey(env []string, key string) bool {
