@@ -111,27 +111,27 @@ func (g *Gateway) serveSelf(w http.ResponseWriter, r *http.Request) {
 }
 
 // refreshSelf keeps every attached sandbox's /run/paddock tree current.
+// Each file is written only when its content changed: self.json holds the
+// usage, new every tick, but the README, the policy and the denials seldom
+// change, and rewriting all four each second for every running sandbox
+// was four file replacements per sandbox per second.
 func (g *Gateway) refreshSelf(every time.Duration) {
 	defer g.wg.Done()
-	last := map[string][]byte{}
+	written := map[string]map[string][]byte{} // sandbox → file → content
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		seen := map[string]bool{}
 		for id := range g.net.Links() {
 			seen[id] = true
-			v := g.selfView(id)
-			b, _ := json.MarshalIndent(v, "", "  ")
-			if bytes.Equal(b, last[id]) {
-				continue
+			if written[id] == nil {
+				written[id] = map[string][]byte{}
 			}
-			if g.writeSelf(id, v, b) == nil {
-				last[id] = b
-			}
+			g.writeSelf(id, g.selfView(id), written[id])
 		}
-		for id := range last {
+		for id := range written {
 			if !seen[id] {
-				delete(last, id)
+				delete(written, id)
 			}
 		}
 		select {
@@ -143,14 +143,24 @@ func (g *Gateway) refreshSelf(every time.Duration) {
 	}
 }
 
-func (g *Gateway) writeSelf(id string, v map[string]any, all []byte) error {
+// writeSelf writes the files of sandbox id's self view whose content is
+// not what written says they hold, and records what it wrote.
+func (g *Gateway) writeSelf(id string, v map[string]any, written map[string][]byte) {
 	dir := filepath.Join(g.dir(id), "self")
-	pol, _ := json.MarshalIndent(v["policy"], "", "  ")
-	den, _ := json.MarshalIndent(v["denials"], "", "  ")
-	for name, b := range map[string][]byte{"README": []byte(selfReadme), "self.json": all, "policy.json": pol, "denials.json": den} {
-		if err := writeFile(filepath.Join(dir, name), append(b, '\n'), 0o644); err != nil {
-			return err
-		}
+	for name, x := range map[string]any{"self.json": v, "policy.json": v["policy"], "denials.json": v["denials"]} {
+		b, _ := json.MarshalIndent(x, "", "  ")
+		g.writeSelfFile(dir, name, append(b, '\n'), written)
 	}
-	return nil
+	g.writeSelfFile(dir, "README", []byte(selfReadme+"\n"), written)
+}
+
+func (g *Gateway) writeSelfFile(dir, name string, b []byte, written map[string][]byte) {
+	if bytes.Equal(b, written[name]) {
+		return
+	}
+	if err := writeFile(filepath.Join(dir, name), b, 0o644); err != nil {
+		delete(written, name) // try again next time
+		return
+	}
+	written[name] = b
 }
