@@ -3,18 +3,21 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"path/filepath"
 	"time"
 
+	"paddock/api"
 	"paddock/internal/egress"
 )
 
 // selfReadme is /run/paddock/README in every sandbox.
 const selfReadme = `This directory is paddock telling this sandbox about itself. It is
-read-only and kept current (about once a second).
+read-only and kept current: about once a second, and about every 10 seconds
+while nothing but the time of self.json's usage sample would change.
 
   self.json     everything below in one document
   policy.json   what this sandbox may reach on the network
@@ -111,27 +114,29 @@ func (g *Gateway) serveSelf(w http.ResponseWriter, r *http.Request) {
 }
 
 // refreshSelf keeps every attached sandbox's /run/paddock tree current.
-// Each file is written only when its content changed: self.json holds the
-// usage, new every tick, but the README, the policy and the denials seldom
-// change, and rewriting all four each second for every running sandbox
-// was four file replacements per sandbox per second.
+// Each file is written only when its content changed: the README, the
+// policy and the denials seldom do. self.json's usage sample is new every
+// tick, but an idle sandbox's differs only in its time: such a file is
+// replaced every selfStale, not every second (http://paddock.internal/v1/self
+// is always current). Before, every running sandbox cost four file
+// replacements a second.
 func (g *Gateway) refreshSelf(every time.Duration) {
 	defer g.wg.Done()
-	written := map[string]map[string][]byte{} // sandbox → file → content
+	trees := map[string]*selfTree{}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		seen := map[string]bool{}
 		for id := range g.net.Links() {
 			seen[id] = true
-			if written[id] == nil {
-				written[id] = map[string][]byte{}
+			if trees[id] == nil {
+				trees[id] = &selfTree{written: map[string][]byte{}}
 			}
-			g.writeSelf(id, g.selfView(id), written[id])
+			g.writeSelf(id, g.selfView(id), trees[id], time.Now())
 		}
-		for id := range written {
+		for id := range trees {
 			if !seen[id] {
-				delete(written, id)
+				delete(trees, id)
 			}
 		}
 		select {
@@ -143,24 +148,54 @@ func (g *Gateway) refreshSelf(every time.Duration) {
 	}
 }
 
-// writeSelf writes the files of sandbox id's self view whose content is
-// not what written says they hold, and records what it wrote.
-func (g *Gateway) writeSelf(id string, v map[string]any, written map[string][]byte) {
-	dir := filepath.Join(g.dir(id), "self")
-	for name, x := range map[string]any{"self.json": v, "policy.json": v["policy"], "denials.json": v["denials"]} {
-		b, _ := json.MarshalIndent(x, "", "  ")
-		g.writeSelfFile(dir, name, append(b, '\n'), written)
-	}
-	g.writeSelfFile(dir, "README", []byte(selfReadme+"\n"), written)
+// selfStale is how long self.json may keep a usage sample whose newer one
+// differs only in its time.
+const selfStale = 10 * time.Second
+
+// selfTree is what refreshSelf last wrote to a sandbox's self tree.
+type selfTree struct {
+	written map[string][]byte // file → content
+	// key is self.json's content with the usage sample's time left out,
+	// as of its last write at keyAt.
+	key   []byte
+	keyAt time.Time
 }
 
-func (g *Gateway) writeSelfFile(dir, name string, b []byte, written map[string][]byte) {
-	if bytes.Equal(b, written[name]) {
+// writeSelf writes the files of sandbox id's self view v that changed
+// since tree's last write, as of now, and records what it wrote.
+func (g *Gateway) writeSelf(id string, v map[string]any, tree *selfTree, now time.Time) {
+	dir := filepath.Join(g.dir(id), "self")
+	g.writeSelfFile(dir, "README", []byte(selfReadme+"\n"), tree.written)
+	for name, x := range map[string]any{"policy.json": v["policy"], "denials.json": v["denials"]} {
+		b, _ := json.MarshalIndent(x, "", "  ")
+		g.writeSelfFile(dir, name, append(b, '\n'), tree.written)
+	}
+	keyed := v
+	if u, ok := v["usage"].(api.Sample); ok {
+		keyed = maps.Clone(v)
+		u.Time = time.Time{}
+		keyed["usage"] = u
+	}
+	key, _ := json.Marshal(keyed)
+	if bytes.Equal(key, tree.key) && now.Sub(tree.keyAt) < selfStale {
 		return
+	}
+	b, _ := json.MarshalIndent(v, "", "  ")
+	if g.writeSelfFile(dir, "self.json", append(b, '\n'), tree.written) {
+		tree.key, tree.keyAt = key, now
+	}
+}
+
+// writeSelfFile writes b to dir/name unless written says it holds b
+// already, and reports whether the file holds b now.
+func (g *Gateway) writeSelfFile(dir, name string, b []byte, written map[string][]byte) bool {
+	if bytes.Equal(b, written[name]) {
+		return true
 	}
 	if err := writeFile(filepath.Join(dir, name), b, 0o644); err != nil {
 		delete(written, name) // try again next time
-		return
+		return false
 	}
 	written[name] = b
+	return true
 }

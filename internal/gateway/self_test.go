@@ -5,61 +5,78 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
+
+	"paddock/api"
 )
 
 // TestWriteSelfOnlyChanged: a refresh rewrites only the self files whose
-// content changed (the usage in self.json changes every tick; the README,
-// the policy and the denials seldom do), and a failed write is tried again.
+// content changed; self.json, whose usage sample is new every tick, is
+// rewritten at once when anything but the sample's time changed and
+// otherwise only after selfStale; a failed write is tried again.
 func TestWriteSelfOnlyChanged(t *testing.T) {
 	g := &Gateway{cfg: Config{Dir: t.TempDir()}}
 	dir := filepath.Join(g.dir("sbx"), "self")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	inode := func(name string) uint64 {
+	inodes := func() map[string]uint64 {
 		t.Helper()
-		fi, err := os.Stat(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
+		out := map[string]uint64{}
+		for _, name := range []string{"README", "self.json", "policy.json", "denials.json"} {
+			fi, err := os.Stat(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[name] = fi.Sys().(*syscall.Stat_t).Ino // each write replaces the file
 		}
-		return statIno(fi)
+		return out
 	}
-	written := map[string][]byte{}
-	view := func(usage int, policy string) map[string]any {
-		return map[string]any{"sandbox": "sbx", "usage": usage, "policy": policy, "denials": []string{}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	view := func(at time.Time, cpu float64, policy string) map[string]any {
+		return map[string]any{"sandbox": "sbx", "usage": api.Sample{Time: at, CPUSeconds: cpu}, "policy": policy, "denials": []string{}}
+	}
+	tree := &selfTree{written: map[string][]byte{}}
+	step := func(what string, v map[string]any, now time.Time, rewritten ...string) {
+		t.Helper()
+		before := inodes()
+		g.writeSelf("sbx", v, tree, now)
+		after := inodes()
+		for name := range before {
+			want := false
+			for _, r := range rewritten {
+				want = want || r == name
+			}
+			if got := after[name] != before[name]; got != want {
+				t.Errorf("%s: %s rewritten %v, want %v", what, name, got, want)
+			}
+		}
 	}
 
-	g.writeSelf("sbx", view(1, "p1"), written)
-	before := map[string]uint64{}
-	for _, name := range []string{"README", "self.json", "policy.json", "denials.json"} {
-		before[name] = inode(name) // each write replaces the file: a new inode
-	}
-	g.writeSelf("sbx", view(2, "p1"), written)
-	for name, changed := range map[string]bool{"README": false, "self.json": true, "policy.json": false, "denials.json": false} {
-		if got := inode(name) != before[name]; got != changed {
-			t.Errorf("%s rewritten: %v, want %v", name, got, changed)
-		}
-	}
-	mid := inode("policy.json")
-	g.writeSelf("sbx", view(2, "p2"), written)
-	if inode("policy.json") == mid {
-		t.Error("policy.json not rewritten after the policy changed")
-	}
+	g.writeSelf("sbx", view(t0, 1, "p1"), tree, t0)
+	step("only the sample's time changed", view(t0.Add(time.Second), 1, "p1"), t0.Add(time.Second))
+	step("the usage changed", view(t0.Add(2*time.Second), 2, "p1"), t0.Add(2*time.Second), "self.json")
+	step("the time again, before selfStale", view(t0.Add(5*time.Second), 2, "p1"), t0.Add(5*time.Second))
+	step("the time again, after selfStale", view(t0.Add(13*time.Second), 2, "p1"), t0.Add(13*time.Second), "self.json")
+	step("the policy changed", view(t0.Add(14*time.Second), 2, "p2"), t0.Add(14*time.Second), "self.json", "policy.json")
 	if b, _ := os.ReadFile(filepath.Join(dir, "policy.json")); string(b) != "\"p2\"\n" {
 		t.Errorf("policy.json = %q", b)
 	}
 
 	// A write that fails is not recorded: the next refresh tries again.
 	os.RemoveAll(dir)
-	g.writeSelf("sbx", view(3, "p3"), written)
-	if _, ok := written["policy.json"]; ok {
+	g.writeSelf("sbx", view(t0.Add(15*time.Second), 3, "p3"), tree, t0.Add(15*time.Second))
+	if _, ok := tree.written["policy.json"]; ok {
 		t.Error("a failed write was recorded as written")
 	}
 	os.MkdirAll(dir, 0o755)
-	g.writeSelf("sbx", view(3, "p3"), written)
-	if b, _ := os.ReadFile(filepath.Join(dir, "policy.json")); string(b) != "\"p3\"\n" {
-		t.Errorf("policy.json = %q after the failed refresh was retried, want \"p3\"", b)
+	g.writeSelf("sbx", view(t0.Add(16*time.Second), 3, "p3"), tree, t0.Add(16*time.Second))
+	for name, want := range map[string]string{"policy.json": "\"p3\"\n"} {
+		if b, _ := os.ReadFile(filepath.Join(dir, name)); string(b) != want {
+			t.Errorf("%s = %q after the failed refresh was retried, want %q", name, b, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "self.json")); err != nil {
+		t.Errorf("self.json not written again after the failed refresh: %v", err)
 	}
 }
-
-func statIno(fi os.FileInfo) uint64 { return fi.Sys().(*syscall.Stat_t).Ino }
