@@ -66,8 +66,8 @@ type server struct {
 	// oomSeen is the cgroup's OOM kill count when last read.
 	oomSeen uint64
 
-	// spare is the next process's stdout and stderr, made while the
-	// last one started; spareMu guards it.
+	// spare is the next process's stdout and stderr, made ahead
+	// (refillOutPipes); spareMu guards it.
 	spareMu sync.Mutex
 	spare   *outPipes
 }

@@ -13,8 +13,8 @@ import (
 	"paddock/wire"
 )
 
-// TestSpareOutputPipes: a process's stdout and stderr pipes are made while
-// the one before it started, and each still gets its own stream; the
+// TestSpareOutputPipes: a process's stdout and stderr pipes are made ahead
+// (after the exec before it), and each still gets its own stream; the
 // spare is one pair, not one per exec.
 func TestSpareOutputPipes(t *testing.T) {
 	s, c := procClient(t)

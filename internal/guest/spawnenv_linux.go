@@ -78,31 +78,26 @@ func executable(p string) error {
 
 // mergeEnv returns base with over's keys replaced or added: a key keeps
 // its first place and takes its last value. It runs before every fork,
-// and environments are short: below mergeEnvMap entries a key is looked
+// and environments are short: up to mergeEnvMap entries a key is looked
 // up by a scan, which costs less than making a map (a map and a copy of
 // base were 15 µs of each exec's way on a small VM).
 func mergeEnv(base, over []string) []string {
 	out := make([]string, 0, len(base)+len(over))
-	var idx map[string]int
+	var idx map[string]int // key → place in out, for long environments
+	if len(base)+len(over) > mergeEnvMap {
+		idx = make(map[string]int, len(base)+len(over))
+	}
 	for _, list := range [2][]string{base, over} {
 		for _, kv := range list {
 			k, _, _ := strings.Cut(kv, "=")
-			if len(out) == mergeEnvMap && idx == nil {
-				idx = make(map[string]int, len(base)+len(over))
-				for i, e := range out {
-					ek, _, _ := strings.Cut(e, "=")
-					idx[ek] = i
-				}
-			}
-			i := -1
+			i, ok := -1, false
 			if idx != nil {
-				if j, ok := idx[k]; ok {
-					i = j
-				}
+				i, ok = idx[k]
 			} else {
 				i = indexKey(out, k)
+				ok = i >= 0
 			}
-			if i >= 0 {
+			if ok {
 				out[i] = kv
 				continue
 			}
@@ -115,7 +110,7 @@ func mergeEnv(base, over []string) []string {
 	return out
 }
 
-// mergeEnvMap is the size at which mergeEnv indexes keys with a map.
+// mergeEnvMap is the size above which mergeEnv indexes keys with a map.
 const mergeEnvMap = 64
 
 // indexKey returns the index of key's entry in env, or -1.
