@@ -29,6 +29,7 @@ import (
 	"paddock/internal/storage/image"
 	"paddock/internal/storage/oci"
 	"paddock/internal/store"
+	"paddock/internal/sysmon"
 	"paddock/internal/template"
 	"paddock/internal/volume"
 	"paddock/wire"
@@ -137,6 +138,9 @@ func Defaults() Config {
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if os.Geteuid() != 0 {
 		return errors.New("paddock serve must run as root")
+	}
+	if err := sysmon.Calm(); err != nil {
+		log.Debug("calming the runtime's monitor thread", "err", err)
 	}
 	for _, d := range []string{cfg.StateDir, cfg.RunDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {

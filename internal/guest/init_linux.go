@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"paddock/internal/seccomp"
+	"paddock/internal/sysmon"
 	"paddock/wire"
 )
 
@@ -55,7 +56,7 @@ func Run() error {
 	// the runtime passes on at least every 10 ms.
 	runtime.GOMAXPROCS(1)
 	// Best effort: without it the guest is only slower.
-	_ = slowMonitor()
+	_ = sysmon.Calm()
 	// Nothing in the sandbox may ptrace us, read our memory or fds, or
 	// open /proc/1/exe.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,6 +33,10 @@ type spawnResult struct {
 	err error
 }
 
+// sandboxSlack is the timer slack of the sandbox's processes: the
+// kernel's default for a normal thread.
+const sandboxSlack = 50 * time.Microsecond
+
 func startSpawner() *spawner {
 	sp := &spawner{reqs: make(chan spawnReq)}
 	go sp.loop()
@@ -42,6 +47,10 @@ func (sp *spawner) loop() {
 	// Never unlocked: this thread's credentials differ from the others',
 	// so no other goroutine may run on it, and it must die with us.
 	runtime.LockOSThread()
+	// The processes of the sandbox inherit this thread's timer slack,
+	// which may be anything the thread inherited (a runtime thread that
+	// sysmon started has sysmon's 2 ms): give them the kernel's default.
+	unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(sandboxSlack.Nanoseconds()), 0, 0, 0)
 	restricted := false
 	for req := range sp.reqs {
 		switch {
