@@ -141,6 +141,9 @@ type ExitStatus struct {
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// Status is the HTTP status the error would have answered with; set
+	// only in an exec lane's error frame, which has no status line.
+	Status int `json:"status,omitempty"`
 }
 
 // VersionInfo is the body of GET /v1/version.
@@ -156,6 +159,17 @@ type VersionInfo struct {
 // StreamProtocol is the Upgrade token for a bidirectional exec stream; the
 // stream's frames are described in openapi.yaml.
 const StreamProtocol = "paddock-stream"
+
+// LaneProtocol is the Upgrade token of an exec lane (GET /v1/lane): a
+// kept connection that carries one exec after another as frames, without
+// an HTTP request and answer for each (openapi.yaml).
+const LaneProtocol = "paddock-lane"
+
+// LaneRequest is the payload of a request frame on an exec lane.
+type LaneRequest struct {
+	Sandbox string      `json:"sandbox"`
+	Exec    ExecRequest `json:"exec"`
+}
 
 // StreamContentType is the media type of a one-way frame stream.
 const StreamContentType = "application/vnd.paddock.stream"

@@ -56,6 +56,7 @@ type Client struct {
 	token string
 	http  *http.Client
 	tr    *transport
+	lanes lanes
 	dial  func(ctx context.Context) (net.Conn, error)
 }
 
@@ -121,7 +122,10 @@ func FromEnv() (*Client, error) {
 }
 
 // Close releases idle connections.
-func (c *Client) Close() { c.tr.close() }
+func (c *Client) Close() {
+	c.tr.close()
+	c.lanes.closeIdle()
+}
 
 func (c *Client) newRequest(ctx context.Context, method, path string, body any) (*http.Request, error) {
 	var rd io.Reader

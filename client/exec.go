@@ -30,6 +30,11 @@ type ExecIO struct {
 // command could not be run or its stream was lost. When ctx ends, Exec
 // returns; the process keeps running in the sandbox.
 func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest, eio ExecIO) (*api.ExitStatus, error) {
+	if eio.Stdin == nil && req.TTY == nil {
+		if st, ok, err := c.execLane(ctx, id, req, eio); ok {
+			return st, err
+		}
+	}
 	s, err := c.ExecStream(ctx, id, req, eio.Stdin != nil)
 	if err != nil {
 		return nil, err
@@ -69,6 +74,9 @@ type ExecStream struct {
 	// eofOK: the stream may end without an exit frame (a kept log of a
 	// process still running); Wait then returns a nil status.
 	eofOK bool
+	// lane: the stream is on an exec lane, which goes on after the exit
+	// frame (there is no body end to read to).
+	lane bool
 
 	mu sync.Mutex
 	fw *wire.Writer // nil on a one-way stream
@@ -189,7 +197,7 @@ func (s *ExecStream) Wait(stdout, stderr io.Writer) (*api.ExitStatus, error) {
 // that the HTTP connection goes back to the pool instead of being closed
 // (the daemon ends the body right after that frame).
 func (s *ExecStream) drain() {
-	if s.fw == nil {
+	if s.fw == nil && !s.lane {
 		io.Copy(io.Discard, io.LimitReader(s.body, 64<<10))
 	}
 }

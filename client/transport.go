@@ -30,10 +30,7 @@ const (
 type transport struct {
 	dial     func(ctx context.Context) (net.Conn, error)
 	fallback *http.Transport
-
-	mu     sync.Mutex
-	idle   []*keptConn
-	closed bool
+	connPool
 }
 
 // keptConn is a connection to the daemon with its buffers.
@@ -41,6 +38,10 @@ type keptConn struct {
 	net.Conn
 	br *bufio.Reader
 	bw *bufio.Writer
+}
+
+func newKeptConn(conn net.Conn) *keptConn {
+	return &keptConn{Conn: conn, br: bufio.NewReaderSize(conn, 64<<10), bw: bufio.NewWriterSize(conn, 4<<10)}
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -70,7 +71,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, err
 	}
-	resp, _, err := t.send(req, &keptConn{Conn: conn, br: bufio.NewReaderSize(conn, 64<<10), bw: bufio.NewWriterSize(conn, 4<<10)})
+	resp, _, err := t.send(req, newKeptConn(conn))
 	return resp, err
 }
 
@@ -116,13 +117,20 @@ func (t *transport) send(req *http.Request, kc *keptConn) (_ *http.Response, wri
 	return resp, true, nil
 }
 
+// connPool keeps idle connections to the daemon for the next call.
+type connPool struct {
+	mu     sync.Mutex
+	idle   []*keptConn
+	closed bool
+}
+
 // get returns an idle connection that is still open, or nil.
-func (t *transport) get() *keptConn {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for len(t.idle) > 0 {
-		kc := t.idle[len(t.idle)-1]
-		t.idle = t.idle[:len(t.idle)-1]
+func (p *connPool) get() *keptConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.idle) > 0 {
+		kc := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
 		if kc.br.Buffered() == 0 && open(kc.Conn) {
 			return kc
 		}
@@ -131,26 +139,31 @@ func (t *transport) get() *keptConn {
 	return nil
 }
 
-func (t *transport) put(kc *keptConn) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed || len(t.idle) >= maxIdleConns {
+func (p *connPool) put(kc *keptConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.idle) >= maxIdleConns {
 		kc.Close()
 		return
 	}
-	t.idle = append(t.idle, kc)
+	p.idle = append(p.idle, kc)
+}
+
+// closeIdle drops the idle connections, and those put back later.
+func (p *connPool) closeIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, kc := range p.idle {
+		kc.Close()
+	}
+	p.idle = nil
 }
 
 // close drops the idle connections; answers open now close theirs.
 func (t *transport) close() {
 	t.fallback.CloseIdleConnections()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.closed = true
-	for _, kc := range t.idle {
-		kc.Close()
-	}
-	t.idle = nil
+	t.closeIdle()
 }
 
 // closeBody closes a request's body that was not sent, as a RoundTripper

@@ -46,17 +46,7 @@ func validateTTY(t *api.TTY) error {
 }
 
 // wantsUpgrade reports whether the client asked for a bidirectional stream.
-func wantsUpgrade(r *http.Request) bool {
-	if !strings.EqualFold(r.Header.Get("Upgrade"), api.StreamProtocol) {
-		return false
-	}
-	for _, v := range strings.Split(r.Header.Get("Connection"), ",") {
-		if strings.EqualFold(strings.TrimSpace(v), "upgrade") {
-			return true
-		}
-	}
-	return false
-}
+func wantsUpgrade(r *http.Request) bool { return upgradeTo(r, api.StreamProtocol) }
 
 // exec runs a command and streams its frames. Without an upgrade the
 // response body is a one-way frame stream and stdin comes from the
@@ -73,7 +63,18 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	upgrade := wantsUpgrade(r)
+	greq, whole, before := s.execOp(id, &req, wantsUpgrade(r))
+	s.streamOp(w, r, id, greq, whole, before)
+}
+
+// streamBefore runs once the guest has answered a stream's request; the
+// tee it returns, if any, gets a copy of the frames.
+type streamBefore func(ctx context.Context, gc *guest.Client, resp *guest.Response, conn *guest.Conn) frameTee
+
+// execOp is the guest request of an exec of sandbox id, whether its
+// stream may be passed on whole, and what runs once it started: the exec
+// log's copy, and the request's stdin sent.
+func (s *Server) execOp(id string, req *api.ExecRequest, upgrade bool) (guest.Request, bool, streamBefore) {
 	start := &guest.StartRequest{
 		Cmd: req.Cmd, Env: guest.EnvList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
 		TimeoutSeconds: req.TimeoutSeconds, Stdin: upgrade || req.Stdin != nil || req.TTY != nil, Attach: true,
@@ -81,7 +82,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	// Input to send after the start needs the guest connection: such a
 	// stream is not passed on whole.
 	whole := req.Stdin == nil
-	s.streamOp(w, r, id, guest.Request{Op: guest.OpStart, Start: start}, whole, func(ctx context.Context, gc *guest.Client, resp *guest.Response, conn *guest.Conn) (tee frameTee) {
+	return guest.Request{Op: guest.OpStart, Start: start}, whole, func(ctx context.Context, gc *guest.Client, resp *guest.Response, conn *guest.Conn) (tee frameTee) {
 		if c := s.execStarted(ctx, id, gc, resp.PID, req.Cmd); c != nil {
 			tee = c
 		}
@@ -98,7 +99,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 		conn.Send(wire.CloseStdin, nil)
 		return tee
-	})
+	}
 }
 
 // frameTee gets a copy of the frames relayed (the exec log) and is told
@@ -115,35 +116,19 @@ type frameTee interface {
 // a copy of the frames. With whole set (before does not use the guest
 // connection), a stream that came whole with the guest's answer goes to
 // the client first, and before runs after.
-func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, whole bool, before func(context.Context, *guest.Client, *guest.Response, *guest.Conn) frameTee) {
-	gc, err := s.mgr.Guest(r.Context(), id)
+func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, whole bool, before streamBefore) {
+	st, err := s.callStream(r.Context(), id, greq)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
-	defer s.mgr.Busy(id)()
-	done, err := s.mgr.Done(id)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
-	resp, conn, err := gc.Call(r.Context(), greq)
-	if err != nil {
-		writeError(w, r, s.log, err)
-		return
-	}
+	defer st.idle()
+	gc, resp, conn, done := st.gc, st.resp, st.conn, st.done
 	pid := strconv.Itoa(resp.PID)
 	if whole && !wantsUpgrade(r) {
 		if body := conn.Frames.Whole(wire.Exit); body != nil {
 			s.relayWhole(w, pid, body)
-			conn.Release()
-			// The client may be gone already: what is left is ours.
-			if before != nil {
-				if tee := before(context.WithoutCancel(r.Context()), gc, resp, conn); tee != nil {
-					teeWhole(tee, body)
-					tee.Detach()
-				}
-			}
+			st.whole(r.Context(), body, before)
 			return
 		}
 	}
@@ -192,6 +177,50 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 	}
 	go forwardInput(bufrw.Reader, conn)
 	relay(conn, wire.NewWriter(bufrw.Writer), bufrw.Flush, bufrw.Flush, done, tee)
+}
+
+// guestStream is a stream request the guest has answered.
+type guestStream struct {
+	gc   *guest.Client
+	resp *guest.Response
+	conn *guest.Conn
+	done <-chan struct{} // closed when the sandbox ends
+	idle func()          // the sandbox is no longer busy with it
+}
+
+// callStream sends a stream request to sandbox id's guest. The caller
+// must call idle when the stream is over.
+func (s *Server) callStream(ctx context.Context, id string, greq guest.Request) (*guestStream, error) {
+	gc, err := s.mgr.Guest(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	idle := s.mgr.Busy(id)
+	done, err := s.mgr.Done(id)
+	if err != nil {
+		idle()
+		return nil, err
+	}
+	resp, conn, err := gc.Call(ctx, greq)
+	if err != nil {
+		idle()
+		return nil, err
+	}
+	return &guestStream{gc: gc, resp: resp, conn: conn, done: done, idle: idle}, nil
+}
+
+// whole finishes a stream that came whole and was passed on: the guest
+// connection goes back for the next call, and before runs (the exec log
+// gets the frames), after the client has its answer.
+func (st *guestStream) whole(ctx context.Context, body []byte, before streamBefore) {
+	st.conn.Release()
+	// The client may be gone already: what is left is ours.
+	if before != nil {
+		if tee := before(context.WithoutCancel(ctx), st.gc, st.resp, st.conn); tee != nil {
+			teeWhole(tee, body)
+			tee.Detach()
+		}
+	}
 }
 
 // relayWhole answers with a stream that is whole, exit frame included:

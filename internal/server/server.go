@@ -55,6 +55,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 		{"POST /v1/sandboxes/{id}/thaw", s.lifecycle(func(_ context.Context, id string) (api.Sandbox, error) { return s.mgr.Thaw(id) })},
 		{"POST /v1/sandboxes/{id}/update", s.update},
 		{"POST /v1/sandboxes/{id}/exec", s.exec},
+		{"GET /v1/lane", s.lane},
 	}
 	routes = append(routes, s.processRoutes()...)
 	routes = append(routes, s.fileRoutes()...)

@@ -1,0 +1,205 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"paddock/api"
+	"paddock/client"
+	"paddock/wire"
+)
+
+// rawLane opens an exec lane on a connection of its own.
+func rawLane(t *testing.T, d *Daemon) (net.Conn, *wire.Reader, *wire.Writer) {
+	t.Helper()
+	conn, err := net.Dial("unix", d.Sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(60 * time.Second))
+	conn.Write([]byte("GET /v1/lane HTTP/1.1\r\nHost: paddock\r\nConnection: Upgrade\r\nUpgrade: " + api.LaneProtocol + "\r\n\r\n"))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade to a lane: %v %v", resp, err)
+	}
+	return conn, wire.NewReader(br), wire.NewWriter(conn)
+}
+
+// laneError reads an error frame and returns its body.
+func laneError(t *testing.T, fr *wire.Reader, what string) api.Error {
+	t.Helper()
+	f, err := fr.Read()
+	if err != nil || f.Type != wire.Error {
+		t.Fatalf("%s: frame %v %q, %v; want an error frame", what, f.Type, f.Payload, err)
+	}
+	var e api.Error
+	if err := json.Unmarshal(f.Payload, &e); err != nil {
+		t.Fatalf("%s: error frame %q: %v", what, f.Payload, err)
+	}
+	return e
+}
+
+// TestLaneHostileInput: an exec lane answers bad requests with an error
+// frame naming what was wrong, with the status the HTTP API would have
+// given, and takes the next request; a frame of another type ends it. A
+// good exec on the same lane runs after the bad ones.
+func TestLaneHostileInput(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	id := d.Create(api.CreateRequest{})
+	_, fr, fw := rawLane(t, d)
+
+	for _, tc := range []struct {
+		name, payload, code, mention string
+		status                       int
+	}{
+		{"truncated JSON", `{"sandbox":`, "invalid_argument", "truncated JSON", 400},
+		{"malformed JSON", `{"sandbox":}`, "invalid_argument", "malformed JSON", 400},
+		{"unknown field", `{"sandbox":"` + id + `","exec":{"cmd":["true"]},"x":1}`, "invalid_argument", "x", 400},
+		{"no command", `{"sandbox":"` + id + `","exec":{}}`, "invalid_argument", "cmd", 400},
+		{"NUL in argument", `{"sandbox":"` + id + `","exec":{"cmd":["echo","a\u0000b"]}}`, "invalid_argument", "NUL", 400},
+		{"terminal", `{"sandbox":"` + id + `","exec":{"cmd":["sh"],"tty":{"cols":80,"rows":24}}}`, "invalid_argument", "Upgrade", 400},
+		{"unknown sandbox", `{"sandbox":"nosuchbox","exec":{"cmd":["true"]}}`, "not_found", "nosuchbox", 404},
+		{"hostile sandbox id", `{"sandbox":"../../etc","exec":{"cmd":["true"]}}`, "invalid_argument", "not a sandbox id", 400},
+		{"oversized", `{"sandbox":"` + id + `","exec":{"cmd":["` + strings.Repeat("a", 2<<20) + `"]}}`, "too_large", "exceeds", 413},
+	} {
+		if err := fw.Write(wire.Request, []byte(tc.payload)); err != nil {
+			t.Fatalf("%s: writing: %v", tc.name, err)
+		}
+		e := laneError(t, fr, tc.name)
+		if e.Code != tc.code || e.Status != tc.status || !strings.Contains(e.Message, tc.mention) {
+			t.Errorf("%s: error %+v, want code %s, status %d, message naming %q", tc.name, e, tc.code, tc.status, tc.mention)
+		}
+	}
+
+	// The lane still runs an exec, and another after it.
+	for i := range 2 {
+		fw.WriteJSON(wire.Request, api.LaneRequest{Sandbox: id, Exec: api.ExecRequest{Cmd: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}})
+		var out, errOut string
+		var st api.ExitStatus
+		pid := 0
+		for done := false; !done; {
+			f, err := fr.Read()
+			if err != nil {
+				t.Fatalf("exec %d: %v", i, err)
+			}
+			switch f.Type {
+			case wire.Started:
+				var s struct{ PID int }
+				json.Unmarshal(f.Payload, &s)
+				pid = s.PID
+			case wire.Stdout:
+				out += string(f.Payload)
+			case wire.Stderr:
+				errOut += string(f.Payload)
+			case wire.Exit:
+				json.Unmarshal(f.Payload, &st)
+				done = true
+			default:
+				t.Fatalf("exec %d: unexpected frame %d %q", i, f.Type, f.Payload)
+			}
+		}
+		if pid <= 1 || out != "out\n" || errOut != "err\n" || st.ExitCode != 3 {
+			t.Errorf("exec %d on the lane: pid %d, stdout %q, stderr %q, exit %+v", i, pid, out, errOut, st)
+		}
+	}
+
+	// A frame that is not a request ends the lane, after saying why.
+	fw.Write(wire.Stdin, []byte("hello"))
+	if e := laneError(t, fr, "stdin frame"); e.Code != "invalid_argument" || !strings.Contains(e.Message, "request frames") {
+		t.Errorf("stdin frame: %+v", e)
+	}
+	if f, err := fr.Read(); err == nil {
+		t.Errorf("the lane carried on after a stray frame: %v %q", f.Type, f.Payload)
+	}
+	// And the daemon kept serving.
+	if got := d.Sh(id, "echo alive"); got != "alive\n" {
+		t.Errorf("after the hostile lane: %q", got)
+	}
+}
+
+// TestLaneSDK: the SDK's Exec goes through a kept lane: typed errors, a
+// cancelled exec that leaves its process running and its lane closed, and
+// execs after a daemon restart, which closes every lane.
+func TestLaneSDK(t *testing.T) {
+	d := StartDaemon(t)
+	c := d.Client()
+	ctx := context.Background()
+	id := d.Create(api.CreateRequest{})
+
+	if _, err := c.Exec(ctx, "nosuchbox", api.ExecRequest{Cmd: []string{"true"}}, client.ExecIO{}); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("exec in a missing sandbox: %v, want ErrNotFound", err)
+	} else if ce := (*client.Error)(nil); !errors.As(err, &ce) || ce.Status != http.StatusNotFound {
+		t.Errorf("exec in a missing sandbox: %#v, want status 404", err)
+	}
+	if _, err := c.Exec(ctx, id, api.ExecRequest{}, client.ExecIO{}); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("exec without a command: %v, want ErrInvalid", err)
+	}
+	var out strings.Builder
+	var pid int
+	st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "echo $PPID"}}, client.ExecIO{Stdout: &out, OnStart: func(p int) { pid = p }})
+	if err != nil || st.ExitCode != 0 || pid <= 1 {
+		t.Fatalf("exec: %+v %v pid %d", st, err, pid)
+	}
+
+	// The exec log has what went through the lane: output and exit.
+	var log *client.ExecStream
+	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool {
+		logs, err := c.Logs(ctx, id)
+		if err != nil {
+			return false
+		}
+		for _, l := range logs {
+			if l.PID == pid && l.Exit != nil {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("the exec log has no finished record of pid %d", pid)
+	}
+	log, err = c.Log(ctx, id, pid, client.LogOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged strings.Builder
+	if st, err := log.Wait(&logged, nil); err != nil || st == nil || st.ExitCode != 0 || logged.String() != out.String() {
+		t.Errorf("exec log of pid %d: %q %+v %v, want %q and exit 0", pid, logged.String(), st, err, out.String())
+	}
+	log.Close()
+
+	// Cancelled: Exec returns at once, the process runs on.
+	cctx, cancel := context.WithCancel(ctx)
+	started := make(chan int, 1)
+	go func() {
+		<-started
+		cancel()
+	}()
+	_, err = c.Exec(cctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "sleep 2; echo done > /tmp/lane-done"}}, client.ExecIO{OnStart: func(p int) { started <- p }})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled exec: %v", err)
+	}
+	if !waitFor(15*time.Second, 100*time.Millisecond, func() bool { return d.Sh(id, "cat /tmp/lane-done 2>/dev/null || true") == "done\n" }) {
+		t.Error("the cancelled exec's process did not run to its end")
+	}
+
+	// The lanes kept across a restart are closed by it; the next exec
+	// opens a new one.
+	d.Kill9()
+	d.Start()
+	for i := range 3 {
+		out.Reset()
+		if st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: []string{"echo", "again"}}, client.ExecIO{Stdout: &out}); err != nil || st.ExitCode != 0 || out.String() != "again\n" {
+			t.Fatalf("exec %d after a restart: %+v %v %q", i, st, err, out.String())
+		}
+	}
+}
