@@ -57,7 +57,10 @@ func benchExec(ctx context.Context, r *rig) *section {
 				return timeRun(ctx, bwrapArgv(r.bwrap, "/bin/true"))
 			}})
 		}
-		return r.runRows(ctx, rows, samples)
+		if err := r.runRows(ctx, rows, samples); err != nil {
+			return err
+		}
+		return r.pairedShare(ctx, s, n, func(ctx context.Context) (time.Duration, error) { return r.execTrue(ctx, id) })
 	})
 	if err == nil && r.runc != nil {
 		err = r.withRuncSleeper(ctx, func(id string) error {
@@ -82,9 +85,39 @@ func execMethod(n, peers int) []string {
 			"(same bundle as the cold table), fork/exec to reaped exit; %d samples after %d warm-ups.", peers, peerWarmup),
 		"**floor**: the harness itself forks and execs `/bin/true` (vfork, as the guest does) and reaps it, without any sandbox or RPC: " +
 			"what the kernel alone costs on this machine for the process the round trip runs.",
+		"**paddock over the floor** (a note under the table): SDK round trips and floor samples taken in alternation, so that both see the same minute; " +
+			"the median of their differences is what paddock adds to the command.",
 		"**bwrap**: bubblewrap has no exec into a running sandbox; a cold `bwrap … /bin/true` (same flags as the cold table) is shown for context.",
 		"Ratios are this row's median ÷ the peer's median: below 1 is faster. p99 is nearest-rank on the sorted samples.",
 	}
+}
+
+// pairedShare takes n pairs of an SDK round trip and a floor sample, one
+// right after the other, and notes the median of their differences: what
+// paddock adds to the command in the same minute. The rows above run as
+// blocks, a few seconds apart, and this VM's floor moves by half a
+// millisecond between minutes.
+func (r *rig) pairedShare(ctx context.Context, s *section, n int, sdk func(context.Context) (time.Duration, error)) error {
+	r.idle(ctx)
+	var diffs, floors []time.Duration
+	for i := 0; i < execWarmup+n; i++ {
+		a, err := sdk(ctx)
+		if err != nil {
+			return fmt.Errorf("paired SDK sample %d: %w", i+1, err)
+		}
+		b, err := forkExecTrue()
+		if err != nil {
+			return fmt.Errorf("paired floor sample %d: %w", i+1, err)
+		}
+		if i >= execWarmup {
+			diffs, floors = append(diffs, a-b), append(floors, b)
+		}
+	}
+	d, f := summarize(diffs), summarize(floors)
+	s.note("paddock over the floor, paired (%d SDK round trips each followed by a floor sample; median of the differences): "+
+		"%s (p90 %s), at a floor of %s in those pairs (above the floor row's: each floor sample there runs while the daemon "+
+		"still writes the exec before it to the exec log).", d.N, ms(d.Median), ms(d.P90), ms(f.Median))
+	return nil
 }
 
 // forkExecTrue times a bare fork, exec and wait of /bin/true.
