@@ -75,8 +75,8 @@ type Proc struct {
 }
 
 // Start runs argv inside g: a shell waits until it has been moved into the
-// group, then execs argv. The process is killed (the group thawed first)
-// and reaped when tb ends.
+// group, then execs argv; its stdin is at end of file by then. The
+// process is killed (the group thawed first) and reaped when tb ends.
 func Start(tb testing.TB, g *cgroup.Group, argv ...string) *Proc {
 	tb.Helper()
 	args := append([]string{"-c", `read x && exec "$@"`, "sh"}, argv...)
