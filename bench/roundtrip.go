@@ -60,7 +60,7 @@ func benchExec(ctx context.Context, r *rig) *section {
 		if err := r.runRows(ctx, rows, samples); err != nil {
 			return err
 		}
-		return r.pairedShare(ctx, s, n, func(ctx context.Context) (time.Duration, error) { return r.execTrue(ctx, id) })
+		return r.pairedShare(ctx, s, n, id)
 	})
 	if err == nil && r.runc != nil {
 		err = r.withRuncSleeper(ctx, func(id string) error {
@@ -97,11 +97,11 @@ func execMethod(n, peers int) []string {
 // paddock adds to the command in the same minute. The rows above run as
 // blocks, a few seconds apart, and this VM's floor moves by half a
 // millisecond between minutes.
-func (r *rig) pairedShare(ctx context.Context, s *section, n int, sdk func(context.Context) (time.Duration, error)) error {
+func (r *rig) pairedShare(ctx context.Context, s *section, n int, id string) error {
 	r.idle(ctx)
 	var diffs, floors []time.Duration
 	for i := 0; i < execWarmup+n; i++ {
-		a, err := sdk(ctx)
+		a, err := r.execTrue(ctx, id)
 		if err != nil {
 			return fmt.Errorf("paired SDK sample %d: %w", i+1, err)
 		}
@@ -115,8 +115,8 @@ func (r *rig) pairedShare(ctx context.Context, s *section, n int, sdk func(conte
 	}
 	d, f := summarize(diffs), summarize(floors)
 	s.note("paddock over the floor, paired (%d SDK round trips each followed by a floor sample; median of the differences): "+
-		"%s (p90 %s), at a floor of %s in those pairs (above the floor row's: each floor sample there runs while the daemon "+
-		"still writes the exec before it to the exec log).", d.N, ms(d.Median), ms(d.P90), ms(f.Median))
+		"%s (p90 %s), at a floor of %s in those pairs (each floor sample there runs right after an exec, while the daemon "+
+		"may still be writing it to the exec log).", d.N, ms(d.Median), ms(d.P90), ms(f.Median))
 	return nil
 }
 
