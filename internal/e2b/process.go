@@ -12,7 +12,7 @@ import (
 	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
-	"paddock/internal/sandbox"
+	"paddock/internal/reqcheck"
 	"paddock/wire"
 )
 
@@ -121,7 +121,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request, st *stream
 			return errdefs.Invalid("process.args", "argument %d contains a NUL byte", i)
 		}
 	}
-	if err := sandbox.ValidateEnv("process.envs", p.Envs); err != nil {
+	if err := reqcheck.Env("process.envs", p.Envs); err != nil {
 		return err
 	}
 	tty, err := toTTY(req.PTY)

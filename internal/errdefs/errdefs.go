@@ -1,11 +1,12 @@
 // Package errdefs owns paddock's error categories. Every layer wraps one of
 // these sentinels with context (fmt.Errorf("starting guest: %w", err)); the
-// HTTP server turns the category into a status in exactly one place.
+// HTTP status of a category is chosen in exactly one place (HTTPStatus).
 package errdefs
 
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"syscall"
 )
 
@@ -105,4 +106,27 @@ func (e *categorized) Is(target error) bool { return target == e.cat }
 // the given message.
 func New(cat error, format string, args ...any) error {
 	return &categorized{cat: cat, msg: fmt.Sprintf(format, args...)}
+}
+
+// HTTPStatus maps an error's category to an HTTP status. It is the only
+// place where that mapping is made: the daemon's answers and the error
+// frames of lanes a guest serves both take it.
+func HTTPStatus(err error) int {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, ErrDenied):
+		return http.StatusForbidden
+	case errors.Is(err, ErrTooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, ErrUnavailable):
+		return http.StatusServiceUnavailable
+	case IsNoSpace(err):
+		return http.StatusInsufficientStorage
+	}
+	return http.StatusInternalServerError
 }

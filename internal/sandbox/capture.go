@@ -12,6 +12,7 @@ import (
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/reqcheck"
 	"paddock/internal/runtime"
 	"paddock/internal/snapshot"
 )
@@ -30,7 +31,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotReque
 		return api.Snapshot{}, err
 	}
 	if req.Path != "" {
-		if err := ValidatePath("path", req.Path); err != nil {
+		if err := reqcheck.Path("path", req.Path); err != nil {
 			return api.Snapshot{}, err
 		}
 		req.Path = strings.TrimSuffix(req.Path, "/")

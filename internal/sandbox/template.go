@@ -14,6 +14,7 @@ import (
 	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
+	"paddock/internal/reqcheck"
 	"paddock/internal/runtime"
 	"paddock/internal/snapshot"
 	"paddock/internal/storage/image"
@@ -62,14 +63,14 @@ func (m *Manager) checkTemplate(spec *api.TemplateSpec) error {
 	}
 	for i, s := range spec.Steps {
 		field := fmt.Sprintf("steps[%d]", i)
-		if err := ValidateEnv(field+".env", s.Env); err != nil {
+		if err := reqcheck.Env(field+".env", s.Env); err != nil {
 			return err
 		}
-		if err := ValidatePath(field+".workdir", s.Workdir); err != nil {
+		if err := reqcheck.Path(field+".workdir", s.Workdir); err != nil {
 			return err
 		}
 		if s.Copy != nil {
-			if err := ValidatePath(field+".copy.dest", s.Copy.Dest); err != nil {
+			if err := reqcheck.Path(field+".copy.dest", s.Copy.Dest); err != nil {
 				return err
 			}
 		}

@@ -2,19 +2,18 @@ package sandbox
 
 import (
 	"fmt"
-	"path"
 	"regexp"
 	"strings"
 	"time"
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/reqcheck"
 	"paddock/internal/snapshot"
 	"paddock/internal/volume"
 )
 
 var (
-	envKeyPattern   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
 )
 
@@ -27,8 +26,6 @@ const (
 	maxTimeout  = 30 * 24 * time.Hour
 	maxLabels   = 64
 	maxLabelVal = 256
-	maxEnv      = 1024
-	maxEnvBytes = 128 << 10
 )
 
 // ValidID reports whether id is a well-formed sandbox id.
@@ -39,49 +36,11 @@ func ValidID(id string) error {
 	return nil
 }
 
-// ValidateEnv checks environment keys and values.
-func ValidateEnv(field string, env map[string]string) error {
-	if len(env) > maxEnv {
-		return errdefs.Invalid(field, "more than %d variables", maxEnv)
-	}
-	size := 0
-	for k, v := range env {
-		if !envKeyPattern.MatchString(k) {
-			return errdefs.Invalid(field, "%q is not a valid variable name", k)
-		}
-		if strings.ContainsRune(v, 0) {
-			return errdefs.Invalid(field, "value of %s contains a NUL byte", k)
-		}
-		size += len(k) + len(v) + 2
-	}
-	if size > maxEnvBytes {
-		return errdefs.Invalid(field, "larger than %d bytes", maxEnvBytes)
-	}
-	return nil
-}
-
-// ValidatePath checks a path inside the sandbox: absolute, clean, no NUL.
-func ValidatePath(field, p string) error {
-	if p == "" {
-		return nil
-	}
-	if !strings.HasPrefix(p, "/") {
-		return errdefs.Invalid(field, "%q must be an absolute path", p)
-	}
-	if strings.ContainsRune(p, 0) || len(p) > 4096 {
-		return errdefs.Invalid(field, "not a valid path")
-	}
-	if path.Clean(p) != p && path.Clean(p)+"/" != p {
-		return errdefs.Invalid(field, "%q is not a clean path", p)
-	}
-	return nil
-}
-
 func validateCreate(req *api.CreateRequest, hostCPUs int) error {
-	if err := ValidateEnv("env", req.Env); err != nil {
+	if err := reqcheck.Env("env", req.Env); err != nil {
 		return err
 	}
-	if err := ValidatePath("workdir", req.Workdir); err != nil {
+	if err := reqcheck.Path("workdir", req.Workdir); err != nil {
 		return err
 	}
 	r := req.Resources
@@ -144,7 +103,7 @@ func validateVolumes(vols []api.VolumeMount) error {
 		if v.Path == "" {
 			return errdefs.Invalid(field+".path", "is required")
 		}
-		if err := ValidatePath(field+".path", v.Path); err != nil {
+		if err := reqcheck.Path(field+".path", v.Path); err != nil {
 			return err
 		}
 		p := strings.TrimSuffix(v.Path, "/")

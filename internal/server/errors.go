@@ -20,29 +20,13 @@ type HTTPError struct {
 func (e *HTTPError) Error() string { return e.Msg }
 func (e *HTTPError) Unwrap() error { return e.Err }
 
-// status maps an error's category to an HTTP status. It is the only place
-// where that mapping is made.
+// status is the HTTP status an error answers with: an HTTPError's own,
+// else its category's (errdefs.HTTPStatus).
 func status(err error) int {
-	var he *HTTPError
-	switch {
-	case errors.As(err, &he):
+	if he := (*HTTPError)(nil); errors.As(err, &he) {
 		return he.Code
-	case errors.Is(err, errdefs.ErrNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, errdefs.ErrInvalid):
-		return http.StatusBadRequest
-	case errors.Is(err, errdefs.ErrConflict):
-		return http.StatusConflict
-	case errors.Is(err, errdefs.ErrDenied):
-		return http.StatusForbidden
-	case errors.Is(err, errdefs.ErrTooLarge):
-		return http.StatusRequestEntityTooLarge
-	case errors.Is(err, errdefs.ErrUnavailable):
-		return http.StatusServiceUnavailable
-	case errdefs.IsNoSpace(err):
-		return http.StatusInsufficientStorage
 	}
-	return http.StatusInternalServerError
+	return errdefs.HTTPStatus(err)
 }
 
 // writeError sends err as a JSON {code, message} body with its status.

@@ -7,43 +7,13 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"paddock/api"
-	"paddock/internal/errdefs"
 	"paddock/internal/guest"
-	"paddock/internal/sandbox"
+	"paddock/internal/reqcheck"
 	"paddock/wire"
 )
-
-func validateExec(req *api.ExecRequest) error {
-	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
-		return errdefs.Invalid("cmd", "must name a command")
-	}
-	for i, a := range req.Cmd {
-		if strings.ContainsRune(a, 0) {
-			return errdefs.Invalid("cmd", "argument %d contains a NUL byte", i)
-		}
-	}
-	if err := sandbox.ValidateEnv("env", req.Env); err != nil {
-		return err
-	}
-	if err := validateTTY(req.TTY); err != nil {
-		return err
-	}
-	if req.TimeoutSeconds < 0 {
-		return errdefs.Invalid("timeout_seconds", "must not be negative")
-	}
-	return sandbox.ValidatePath("cwd", req.Cwd)
-}
-
-func validateTTY(t *api.TTY) error {
-	if t != nil && (t.Cols == 0 || t.Rows == 0) {
-		return errdefs.Invalid("tty", "cols and rows must be positive")
-	}
-	return nil
-}
 
 // wantsUpgrade reports whether the client asked for a bidirectional stream.
 func wantsUpgrade(r *http.Request) bool { return upgradeTo(r, api.StreamProtocol) }
@@ -59,7 +29,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	if err := validateExec(&req); err != nil {
+	if err := reqcheck.Exec(&req); err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}

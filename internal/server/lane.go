@@ -2,13 +2,13 @@ package server
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"net/http"
 	"time"
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/reqcheck"
 	"paddock/wire"
 )
 
@@ -64,20 +64,9 @@ func (s *Server) laneExec(r *http.Request, f wire.Frame, out *wire.Writer, bw *b
 		fail(errdefs.Invalid("frame", "a lane takes request frames (type %d), not type %d", wire.Request, f.Type))
 		return false // out of step: the client is confused or hostile
 	}
-	if len(f.Payload) > maxBody {
-		return fail(errdefs.New(errdefs.ErrTooLarge, "lane request exceeds %d bytes", maxBody))
-	}
-	var req api.LaneRequest
-	dec := json.NewDecoder(bytes.NewReader(f.Payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return fail(decodeError(err))
-	}
-	if err := validateExec(&req.Exec); err != nil {
+	req, err := reqcheck.LaneRequest(f.Payload)
+	if err != nil {
 		return fail(err)
-	}
-	if req.Exec.TTY != nil {
-		return fail(errdefs.Invalid("tty", "a terminal needs an interactive stream: POST /v1/sandboxes/{id}/exec with \"Upgrade: %s\"", api.StreamProtocol))
 	}
 	id := req.Sandbox
 	greq, whole, before := s.execOp(id, &req.Exec, false)

@@ -8,6 +8,7 @@ import (
 	"paddock/api"
 	"paddock/internal/errdefs"
 	"paddock/internal/guest"
+	"paddock/internal/reqcheck"
 )
 
 // processRoutes are the /v1/sandboxes/{id}/processes endpoints: start in
@@ -52,7 +53,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	exec := api.ExecRequest{Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, User: req.User, TTY: req.TTY, TimeoutSeconds: req.TimeoutSeconds}
-	if err := validateExec(&exec); err != nil {
+	if err := reqcheck.Exec(&exec); err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
@@ -215,7 +216,7 @@ func (s *Server) processControl(op string) http.HandlerFunc {
 				writeError(w, r, s.log, err)
 				return
 			}
-			if err := validateTTY(&body); err != nil {
+			if err := reqcheck.TTY(&body); err != nil {
 				writeError(w, r, s.log, err)
 				return
 			}

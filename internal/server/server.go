@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,12 +14,10 @@ import (
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/reqcheck"
 	"paddock/internal/sandbox"
 	"paddock/internal/telemetry/hub"
 )
-
-// maxBody caps JSON request bodies.
-const maxBody = 1 << 20
 
 // route is one pattern of the API, "METHOD /path".
 type route struct {
@@ -156,44 +153,16 @@ func (s *Server) recover(next http.Handler) http.Handler {
 // decode reads a JSON body into v, refusing oversized bodies, unknown
 // fields, wrong types and trailing data with a message naming the problem.
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	r.Body = http.MaxBytesReader(w, r.Body, reqcheck.MaxBody)
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return decodeError(err)
+		return reqcheck.DecodeError(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return errdefs.Invalid("body", "unexpected data after the JSON object")
 	}
 	return nil
-}
-
-func decodeError(err error) error {
-	var (
-		mbe *http.MaxBytesError
-		se  *json.SyntaxError
-		ute *json.UnmarshalTypeError
-	)
-	switch {
-	case errors.As(err, &mbe):
-		return fmt.Errorf("%w: request body exceeds %d bytes", errdefs.ErrTooLarge, mbe.Limit)
-	case errors.As(err, &se):
-		return errdefs.Invalid("body", "malformed JSON at byte %d: %v", se.Offset, se)
-	case errors.As(err, &ute):
-		field := ute.Field
-		if field == "" {
-			field = "body"
-		}
-		return errdefs.Invalid(field, "expected %s, got JSON %s", ute.Type, ute.Value)
-	case errors.Is(err, io.EOF):
-		return errdefs.Invalid("body", "empty; expected a JSON object")
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return errdefs.Invalid("body", "truncated JSON")
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return errdefs.Invalid(name, "unknown field")
-	}
-	return errdefs.Invalid("body", "%v", err)
 }
 
 func (s *Server) getVersion(w http.ResponseWriter, r *http.Request) {

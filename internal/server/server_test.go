@@ -13,6 +13,7 @@ import (
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/reqcheck"
 )
 
 func TestStatus(t *testing.T) {
@@ -63,7 +64,7 @@ func TestDecode(t *testing.T) {
 		{`{"nope":1}`, "invalid_argument", "nope"},
 		{`{"count":"x"}`, "invalid_argument", "count"},
 		{`{"name":"a"} {"name":"b"}`, "invalid_argument", "after the JSON"},
-		{`{"name":"` + strings.Repeat("a", maxBody) + `"}`, "too_large", "exceeds"},
+		{`{"name":"` + strings.Repeat("a", reqcheck.MaxBody) + `"}`, "too_large", "exceeds"},
 	} {
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest("POST", "/", strings.NewReader(tc.body))
@@ -145,8 +146,8 @@ func TestValidateExec(t *testing.T) {
 		{api.ExecRequest{Cmd: []string{"ls"}, Cwd: "/a/../b"}, false},
 		{api.ExecRequest{Cmd: []string{"ls"}, Env: map[string]string{"A=B": "x"}}, false},
 	} {
-		if err := validateExec(&tc.req); (err == nil) != tc.ok {
-			t.Errorf("validateExec(%+v) = %v", tc.req, err)
+		if err := reqcheck.Exec(&tc.req); (err == nil) != tc.ok {
+			t.Errorf("reqcheck.Exec(%+v) = %v", tc.req, err)
 		}
 	}
 }
