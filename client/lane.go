@@ -7,14 +7,24 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"paddock/api"
 	"paddock/wire"
 )
 
-// errNoLanes: the daemon does not serve exec lanes (an older one).
+// errNoLanes: the daemon does not serve exec lanes of the kind asked for
+// (an older one), or not for this sandbox id.
 var errNoLanes = errors.New("the daemon has no exec lanes")
+
+// errNoSandbox: no lane bound to the sandbox: no such sandbox.
+var errNoSandbox = errors.New("no such sandbox")
+
+// errLaneBroke: a lane broke off in the middle of an exec's stream.
+var errLaneBroke = fmt.Errorf("%w: the exec lane broke off", ErrUnavailable)
 
 // lane is a connection upgraded to an exec lane (GET /v1/lane): it
 // carries one exec after another as frames, without an HTTP request and
@@ -31,27 +41,100 @@ func newLane(kc *keptConn) *lane {
 	return &lane{keptConn: kc, fr: wire.NewReader(kc.br), fw: wire.NewWriter(kc.bw)}
 }
 
-// lanes pools a client's idle exec lanes.
+// lanes pools a client's idle exec lanes: those bound to a sandbox (GET
+// /v1/sandboxes/{id}/lane, served by the sandbox's guest on a local
+// socket) by its id, and the daemon's (GET /v1/lane) under "".
 type lanes struct {
-	none atomic.Bool // the daemon answered that it has none
-	connPool
+	none    atomic.Bool // the daemon answered that it has none
+	noBound atomic.Bool // it has none bound to a sandbox
+
+	mu    sync.Mutex
+	pools map[string]*connPool
 }
 
-// dialLane opens a new lane.
-func (c *Client) dialLane(ctx context.Context) (*lane, error) {
-	conn, err := c.dial(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+// maxLanePools bounds the sandboxes whose lanes a client keeps.
+const maxLanePools = 64
+
+// pool returns the idle lanes of key, made on first use.
+func (ls *lanes) pool(key string) *connPool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if p := ls.pools[key]; p != nil {
+		return p
 	}
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	l := newLane(newKeptConn(conn))
-	req, _ := http.NewRequest(http.MethodGet, c.base+"/v1/lane", nil)
+	if ls.pools == nil {
+		ls.pools = map[string]*connPool{}
+	}
+	if len(ls.pools) >= maxLanePools {
+		for k, p := range ls.pools {
+			if k != "" {
+				p.closeIdle()
+				delete(ls.pools, k)
+				break
+			}
+		}
+	}
+	p := &connPool{}
+	ls.pools[key] = p
+	return p
+}
+
+// closeIdle drops every idle lane.
+func (ls *lanes) closeIdle() {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for _, p := range ls.pools {
+		p.closeIdle()
+	}
+	ls.pools = nil
+}
+
+// dialLane opens a new lane: bound to sandbox id, or the daemon's when id
+// is "".
+func (c *Client) dialLane(ctx context.Context, id string) (*lane, error) {
+	path := "/v1/lane"
+	if id != "" {
+		path = "/v1/sandboxes/" + url.PathEscape(id) + "/lane"
+	}
+	req, _ := http.NewRequest(http.MethodGet, c.base+path, nil)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", api.LaneProtocol)
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	err = req.Write(l.bw)
+	// An idle HTTP connection is upgraded if there is one (the answer
+	// of a daemon without lanes left it there); if the daemon closed it
+	// meanwhile, a new one.
+	kc := c.tr.get()
+	kept := kc != nil
+	for {
+		if kc == nil {
+			conn, err := c.dial(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			}
+			kc = newKeptConn(conn)
+		}
+		l, resp, err := c.upgradeLane(ctx, kc, req)
+		switch {
+		case err == nil && resp == nil:
+			return l, nil
+		case err == nil:
+			return nil, c.noLane(kc, resp)
+		case kept && ctx.Err() == nil:
+			kc, kept = nil, false
+		default:
+			return nil, err
+		}
+	}
+}
+
+// upgradeLane sends the upgrade request on kc: a lane, or the answer
+// that refused it, or an error (kc closed).
+func (c *Client) upgradeLane(ctx context.Context, kc *keptConn, req *http.Request) (*lane, *http.Response, error) {
+	stop := context.AfterFunc(ctx, func() { kc.Close() })
+	l := newLane(kc)
+	err := req.Write(l.bw)
 	if err == nil {
 		err = l.bw.Flush()
 	}
@@ -62,31 +145,44 @@ func (c *Client) dialLane(ctx context.Context) (*lane, error) {
 	cancelled := !stop()
 	switch {
 	case cancelled:
-		conn.Close()
-		return nil, ctx.Err()
+		kc.Close()
+		return nil, nil, ctx.Err()
 	case err != nil:
-		conn.Close()
-		return nil, fmt.Errorf("%w: opening an exec lane: %v", ErrUnavailable, err)
+		kc.Close()
+		return nil, nil, fmt.Errorf("%w: opening an exec lane: %v", ErrUnavailable, err)
 	case resp.StatusCode == http.StatusSwitchingProtocols:
-		return l, nil
+		return l, nil, nil
 	}
-	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
-		// A whole answer on a kept-alive connection: the HTTP way, which
-		// the caller takes now, can have it.
-		_, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		if err == nil && !resp.Close && resp.Body.Close() == nil {
-			c.tr.put(l.keptConn)
-		} else {
-			conn.Close()
-		}
-		return nil, errNoLanes
-	}
-	defer conn.Close()
-	return nil, readError(resp)
+	return nil, resp, nil
 }
 
-// execLane runs an exec without input or terminal on a lane. ok is false
-// when the daemon has no lanes: the caller then takes the HTTP way.
+// noLane is the error of an upgrade to a lane that the daemon refused
+// with resp on kc.
+func (c *Client) noLane(kc *keptConn, resp *http.Response) error {
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+		// No such lanes (an older daemon: not an API error's JSON), or
+		// no such sandbox, which the daemon's lane or the HTTP way, taken
+		// now, reports. A whole answer on a kept-alive connection: that
+		// way can have it.
+		noLanes := errNoLanes
+		if resp.Header.Get("Content-Type") == "application/json" {
+			noLanes = errNoSandbox
+		}
+		_, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		if err == nil && !resp.Close && resp.Body.Close() == nil {
+			c.tr.put(kc)
+		} else {
+			kc.Close()
+		}
+		return noLanes
+	}
+	defer kc.Close()
+	return readError(resp)
+}
+
+// execLane runs an exec without input or terminal on a lane: one bound to
+// the sandbox first, the daemon's next. ok is false when the daemon has no
+// lanes: the caller then takes the HTTP way.
 func (c *Client) execLane(ctx context.Context, id string, req api.ExecRequest, eio ExecIO) (_ *api.ExitStatus, ok bool, _ error) {
 	if c.lanes.none.Load() {
 		return nil, false, nil
@@ -95,19 +191,37 @@ func (c *Client) execLane(ctx context.Context, id string, req api.ExecRequest, e
 	if err != nil {
 		return nil, true, err
 	}
+	if api.IsSandboxID(id) && !c.lanes.noBound.Load() {
+		st, err := c.laneExec(ctx, id, payload, eio)
+		switch {
+		case errors.Is(err, errNoLanes):
+			c.lanes.noBound.Store(true)
+		case !errors.Is(err, errNoSandbox):
+			return st, true, err
+		}
+	}
+	st, err := c.laneExec(ctx, "", payload, eio)
+	if errors.Is(err, errNoLanes) {
+		c.lanes.none.Store(true)
+		return nil, false, nil
+	}
+	return st, true, err
+}
+
+// laneExec sends an exec request on a lane of key (a sandbox's id, or ""
+// for the daemon's) and reads its answer.
+func (c *Client) laneExec(ctx context.Context, key string, payload []byte, eio ExecIO) (*api.ExitStatus, error) {
+	pool := c.lanes.pool(key)
 	var l *lane
-	if kc := c.lanes.get(); kc != nil {
+	if kc := pool.get(); kc != nil {
 		l = newLane(kc)
 	}
 	kept := l != nil
 	for {
+		var err error
 		if l == nil {
-			if l, err = c.dialLane(ctx); err != nil {
-				if errors.Is(err, errNoLanes) {
-					c.lanes.none.Store(true)
-					return nil, false, nil
-				}
-				return nil, true, err
+			if l, err = c.dialLane(ctx, key); err != nil {
+				return nil, err
 			}
 		}
 		err = l.fw.Write(wire.Request, payload)
@@ -119,24 +233,34 @@ func (c *Client) execLane(ctx context.Context, id string, req api.ExecRequest, e
 		}
 		l.Close()
 		if !kept || ctx.Err() != nil {
-			return nil, true, ctxErr(ctx, fmt.Errorf("%w: %v", ErrUnavailable, err))
+			return nil, ctxErr(ctx, fmt.Errorf("%w: %v", ErrUnavailable, err))
 		}
-		// Not written: the daemon closed the kept lane meanwhile. Once
-		// more, on a new one.
+		// Not written: the lane was closed meanwhile (by the daemon, or by
+		// the guest serving it). Once more, on a new one.
 		l, kept = nil, false
 	}
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	st, reusable, err := c.laneAnswer(l, eio)
 	if !stop() {
 		l.Close()
-		return nil, true, ctx.Err()
+		return nil, ctx.Err()
 	}
 	if reusable {
-		c.lanes.put(l.keptConn)
+		pool.put(l.keptConn)
 	} else {
 		l.Close()
 	}
-	return st, true, err
+	if err != nil && key != "" && errors.Is(err, errLaneBroke) && c.ended(ctx, key) {
+		// A lane the sandbox's guest served ends with it.
+		return &api.ExitStatus{ExitCode: -1, Error: "sandbox ended"}, nil
+	}
+	return st, err
+}
+
+// ended reports whether sandbox id is gone or no longer running.
+func (c *Client) ended(ctx context.Context, id string) bool {
+	sb, err := c.Get(ctx, id)
+	return IsNotFound(err) || (err == nil && sb.State != api.StateRunning)
 }
 
 // laneAnswer reads one exec's answer from a lane: an error frame, or a
@@ -165,5 +289,8 @@ func (c *Client) laneAnswer(l *lane, eio ExecIO) (_ *api.ExitStatus, reusable bo
 	}
 	s := &ExecStream{PID: started.PID, body: l.keptConn, fr: l.fr, lane: true}
 	st, err := s.Wait(eio.Stdout, eio.Stderr)
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+		err = fmt.Errorf("%w: %w", errLaneBroke, err)
+	}
 	return st, err == nil, err
 }

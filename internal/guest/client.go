@@ -237,3 +237,43 @@ func stripCategory(msg string, cat error) string {
 	}
 	return msg
 }
+
+// HandLane hands lane, a client's connection upgraded to an exec lane
+// bound to sandbox id, to the guest (OpLane: the answer, then one byte
+// carrying the socket), and returns the connection on which the guest
+// reports the lane's execs; closing it closes the lane after its exec in
+// flight. The caller closes its own descriptor of lane, and must never
+// shut the socket down: the guest's shares it.
+func (c *Client) HandLane(ctx context.Context, id string, lane syscall.Conn) (*Conn, error) {
+	raw, err := lane.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	// A connection of its own, not a kept one: those dialled while the
+	// guest was activating are wrapped, and this one must be the socket.
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to guest: %w", err)
+	}
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		conn.Close()
+		return nil, errors.New("the guest connection is not a unix socket")
+	}
+	_, gc, _, err := c.call(ctx, conn, Request{Op: OpLane, Sandbox: id})
+	if err != nil {
+		return nil, err
+	}
+	var werr error
+	err = raw.Control(func(fd uintptr) {
+		_, _, werr = uc.WriteMsgUnix([]byte{0}, syscall.UnixRights(int(fd)), nil)
+	})
+	if err == nil {
+		err = werr
+	}
+	if err != nil {
+		gc.Close()
+		return nil, fmt.Errorf("handing the lane to the guest: %w", err)
+	}
+	return gc, nil
+}

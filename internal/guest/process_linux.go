@@ -124,6 +124,17 @@ func (s *server) opStart(c *opConn, req Request) {
 // command runs.
 const startHold = 5 * time.Millisecond
 
+// holdAnswer returns a channel that closes after startHold (waking p's
+// output readers), and the func that stops its timer.
+func holdAnswer(p *process) (chan struct{}, func() bool) {
+	held := make(chan struct{})
+	t := time.AfterFunc(startHold, func() {
+		close(held)
+		p.out.wake()
+	})
+	return held, t.Stop
+}
+
 func (s *server) opControl(c *opConn, req Request) {
 	p, err := s.lookup(req.PID)
 	if err == nil {
@@ -141,12 +152,9 @@ func (s *server) stream(c *opConn, p *process, off int64, answer []byte) {
 	defer p.out.detach(cur)
 	var held chan struct{} // closed after startHold while answer waits
 	if answer != nil {
-		held = make(chan struct{})
-		t := time.AfterFunc(startHold, func() {
-			close(held)
-			p.out.wake()
-		})
-		defer t.Stop()
+		var stop func() bool
+		held, stop = holdAnswer(p)
+		defer stop()
 	}
 	gone := make(chan struct{})
 	released := false // read once gone is closed
@@ -168,19 +176,36 @@ func (s *server) stream(c *opConn, p *process, off int64, answer []byte) {
 		}
 	}()
 	fw := streamWriter{conn: c.conn, pending: answer}
+	if s.pour(&fw, p, cur, gone, held, nil) {
+		s.refillOutPipes()
+		// The client releases the connection for its next request, or
+		// closes it.
+		<-gone
+		c.reuse = released
+	}
+}
+
+// pour writes p's output from cursor cur with fw until the exit frame is
+// written (it reports true) or a write fails or cancel is closed. While
+// fw holds a pending answer, held closing makes it go out alone. sent, if
+// set, is told each frame written, after it went out.
+func (s *server) pour(fw *streamWriter, p *process, cur *cursor, cancel <-chan struct{}, held chan struct{}, sent func(t wire.Type, payload []byte)) bool {
 	for {
 		hold := held
 		if fw.pending == nil {
 			hold = nil
 		}
-		chunks, lost, exit := p.out.next(cur, gone, hold)
+		chunks, lost, exit := p.out.next(cur, cancel, hold)
 		if chunks == nil && exit == nil && lost == 0 {
 			select {
-			case <-gone:
-				return
+			case <-cancel:
+				return false
 			case <-hold:
 				if fw.flush() != nil {
-					return
+					return false
+				}
+				if sent != nil {
+					sent(0, nil)
 				}
 			default:
 			}
@@ -189,25 +214,30 @@ func (s *server) stream(c *opConn, p *process, off int64, answer []byte) {
 		if lost > 0 {
 			b, _ := json.Marshal(map[string]int64{"bytes": lost})
 			if err := fw.write(wire.Dropped, b); err != nil {
-				return
+				return false
+			}
+			if sent != nil {
+				sent(wire.Dropped, b)
 			}
 		}
 		for _, ch := range chunks {
 			if err := fw.write(ch.typ, ch.data); err != nil {
-				return
+				return false
 			}
 			p.out.advance(cur, ch.off+int64(len(ch.data)))
+			if sent != nil {
+				sent(ch.typ, ch.data)
+			}
 		}
 		if exit != nil {
 			b, _ := json.Marshal(exit)
-			if fw.write(wire.Exit, b) == nil {
-				s.refillOutPipes()
-				// The client releases the connection for its next
-				// request, or closes it.
-				<-gone
-				c.reuse = released
+			if fw.write(wire.Exit, b) != nil {
+				return false
 			}
-			return
+			if sent != nil {
+				sent(wire.Exit, b)
+			}
+			return true
 		}
 	}
 }

@@ -19,6 +19,11 @@ const (
 	OpCloseStdin = "close_stdin"
 	OpResize     = "resize"
 	OpPing       = "ping"
+	// OpLane hands the guest a client's exec lane bound to this sandbox
+	// (lane_linux.go): after the answer, one byte with the lane's socket
+	// (SCM_RIGHTS) follows, and the connection then carries the guest's
+	// reports of the lane's execs to the daemon.
+	OpLane = "lane"
 )
 
 // Request is the first frame a client sends on a guest connection.
@@ -38,6 +43,8 @@ type Request struct {
 	File *FileRequest `json:"file,omitempty"`
 	// Port carries the arguments of the port ops (ports_protocol.go).
 	Port *PortRequest `json:"port,omitempty"`
+	// Sandbox is the sandbox a lane is bound to (OpLane).
+	Sandbox string `json:"sandbox,omitempty"`
 }
 
 // StartRequest starts a process.

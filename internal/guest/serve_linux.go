@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"paddock/api"
@@ -70,6 +71,9 @@ type server struct {
 	// (refillOutPipes); spareMu guards it.
 	spareMu sync.Mutex
 	spare   *outPipes
+
+	// lanes counts the exec lanes being served (lane_linux.go).
+	lanes atomic.Int64
 }
 
 func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {

@@ -115,7 +115,9 @@ func Exec(req *api.ExecRequest) error {
 
 // LaneRequest decodes and checks one request frame of an exec lane. A
 // lane runs commands without a terminal: one needs an interactive stream.
-func LaneRequest(payload []byte) (api.LaneRequest, error) {
+// A lane bound to a sandbox (bound is its id) runs commands in that one
+// only.
+func LaneRequest(payload []byte, bound string) (api.LaneRequest, error) {
 	var req api.LaneRequest
 	if len(payload) > MaxBody {
 		return req, errdefs.New(errdefs.ErrTooLarge, "lane request exceeds %d bytes", MaxBody)
@@ -127,6 +129,9 @@ func LaneRequest(payload []byte) (api.LaneRequest, error) {
 	}
 	if err := Exec(&req.Exec); err != nil {
 		return req, err
+	}
+	if bound != "" && req.Sandbox != bound {
+		return req, errdefs.Invalid("sandbox", "this lane runs commands in sandbox %s, not %q", bound, req.Sandbox)
 	}
 	if req.Exec.TTY != nil {
 		return req, errdefs.Invalid("tty", "a terminal needs an interactive stream: POST /v1/sandboxes/{id}/exec with \"Upgrade: %s\"", api.StreamProtocol)

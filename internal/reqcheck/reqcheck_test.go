@@ -52,12 +52,16 @@ func TestLaneRequest(t *testing.T) {
 		{"tty", `{"sandbox":"s","exec":{"cmd":["true"],"tty":{"cols":80,"rows":24}}}`, errdefs.ErrInvalid, "interactive stream"},
 		{"oversize", `{"sandbox":"s","exec":{"cmd":["` + strings.Repeat("a", MaxBody) + `"]}}`, errdefs.ErrTooLarge, "exceeds"},
 	} {
-		_, err := LaneRequest([]byte(c.payload))
+		_, err := LaneRequest([]byte(c.payload), "")
 		if !errors.Is(err, c.cat) || !strings.Contains(err.Error(), c.words) {
 			t.Errorf("%s: %v; want a %v error saying %q", c.name, err, c.cat, c.words)
 		}
 	}
-	req, err := LaneRequest([]byte(`{"sandbox":"s","exec":{"cmd":["echo","hi"],"env":{"A":"1"},"cwd":"/tmp"}}`))
+	good := []byte(`{"sandbox":"s","exec":{"cmd":["echo","hi"],"env":{"A":"1"},"cwd":"/tmp"}}`)
+	if _, err := LaneRequest(good, "t"); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), `sandbox t, not "s"`) {
+		t.Errorf("a request for another sandbox on a bound lane: %v", err)
+	}
+	req, err := LaneRequest(good, "s")
 	if err != nil || req.Sandbox != "s" || len(req.Exec.Cmd) != 2 || req.Exec.Env["A"] != "1" || req.Exec.Cwd != "/tmp" {
 		t.Errorf("a good request: %+v, %v", req, err)
 	}

@@ -2,13 +2,18 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"paddock/api"
 	"paddock/internal/errdefs"
+	"paddock/internal/guest"
 	"paddock/internal/reqcheck"
+	"paddock/internal/telemetry/hub"
 	"paddock/wire"
 )
 
@@ -26,19 +31,145 @@ func (s *Server) lane(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, errdefs.Invalid("upgrade", "GET /v1/lane needs \"Connection: Upgrade\" and \"Upgrade: %s\"", api.LaneProtocol))
 		return
 	}
-	hj, bufrw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		s.log.Warn("hijacking lane connection", "err", err)
+	hj, bufrw, ok := s.upgradeLane(w)
+	if !ok {
 		return
 	}
 	defer hj.Close()
+	s.serveLane(r, bufrw, "")
+}
+
+// sandboxLane serves an exec lane bound to sandbox id (GET
+// /v1/sandboxes/{id}/lane): its requests must name that sandbox. On a
+// local unix socket without TLS the daemon hands the lane to the
+// sandbox's guest, which then serves it (internal/guest/lane_linux.go)
+// and reports each exec back for the exec log, the events and the busy
+// mark; the round trip of a short exec loses two thread wakes and the
+// daemon's relay. Anywhere else, or when the guest cannot take it, the
+// daemon serves it as it serves /v1/lane.
+func (s *Server) sandboxLane(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !upgradeTo(r, api.LaneProtocol) {
+		writeError(w, r, s.log, errdefs.Invalid("upgrade", "GET /v1/sandboxes/{id}/lane needs \"Connection: Upgrade\" and \"Upgrade: %s\"", api.LaneProtocol))
+		return
+	}
+	gc, err := s.mgr.Guest(r.Context(), id)
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	hj, bufrw, ok := s.upgradeLane(w)
+	if !ok {
+		return
+	}
+	defer hj.Close() // our descriptor only; a handed lane lives on in the guest
+	if s.handLane(r, id, gc, hj, bufrw) {
+		return
+	}
+	s.serveLane(r, bufrw, id)
+}
+
+// upgradeLane hijacks the connection and answers the upgrade.
+func (s *Server) upgradeLane(w http.ResponseWriter) (net.Conn, *bufio.ReadWriter, bool) {
+	hj, bufrw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		s.log.Warn("hijacking lane connection", "err", err)
+		return nil, nil, false
+	}
 	// No deadline: a lane waits for its next request as long as the
 	// client keeps it, as a kept HTTP connection does.
 	hj.SetDeadline(time.Time{})
 	bufrw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.LaneProtocol + "\r\nConnection: Upgrade\r\n\r\n")
 	if bufrw.Flush() != nil {
-		return
+		hj.Close()
+		return nil, nil, false
 	}
+	return hj, bufrw, true
+}
+
+// handLane hands a lane to sandbox id's guest when it is a plaintext unix
+// socket with nothing read ahead, and follows the guest's reports of its
+// execs. It reports whether the guest took the lane.
+func (s *Server) handLane(r *http.Request, id string, gc *guest.Client, hj net.Conn, bufrw *bufio.ReadWriter) bool {
+	sc, ok := hj.(syscall.Conn)
+	if !ok || r.TLS != nil || hj.LocalAddr().Network() != "unix" || bufrw.Reader.Buffered() > 0 {
+		return false
+	}
+	rep, err := gc.HandLane(r.Context(), id, sc)
+	if err != nil {
+		s.log.Debug("exec lane served by the daemon", "sandbox", id, "err", err)
+		return false
+	}
+	go s.laneReports(id, gc, rep)
+	return true
+}
+
+// laneReports follows a guest's reports of the execs on a lane it took
+// (internal/guest/lane_linux.go): the exec log's copy and events, and the
+// sandbox's busy mark while an exec runs. Closing rep (when the reports
+// break off or make no sense) closes the lane after its exec in flight.
+func (s *Server) laneReports(id string, gc *guest.Client, rep *guest.Conn) {
+	defer rep.Close()
+	var cp *hub.ExecCopy
+	idle := func() {}
+	end := func() {
+		if cp != nil {
+			cp.Detach()
+			cp = nil
+		}
+		idle()
+		idle = func() {}
+	}
+	defer end()
+	for {
+		f, err := rep.Frames.Read()
+		if err != nil {
+			return
+		}
+		switch f.Type {
+		case wire.Started:
+			end()
+			var st struct {
+				PID int      `json:"pid"`
+				Cmd []string `json:"cmd"`
+			}
+			if json.Unmarshal(f.Payload, &st) != nil || st.PID <= 0 {
+				return
+			}
+			idle = s.mgr.Busy(id)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			cp = s.execStarted(ctx, id, gc, st.PID, st.Cmd)
+			cancel()
+		case wire.Stdout, wire.Stderr, wire.Dropped:
+			if cp != nil {
+				cp.Frame(f.Type, f.Payload)
+			}
+		case wire.Release:
+			var d struct {
+				Bytes int64 `json:"bytes"`
+			}
+			if json.Unmarshal(f.Payload, &d) != nil {
+				return
+			}
+			if cp != nil {
+				cp.Passed(d.Bytes)
+			}
+		case wire.Exit, wire.Error:
+			// Error: the lane left the exec before its exit; the copy
+			// follows it from the guest's ring.
+			if cp != nil {
+				cp.Frame(f.Type, f.Payload)
+			}
+			end()
+		default:
+			return
+		}
+	}
+}
+
+// serveLane answers a lane's requests until the client closes it or
+// breaks the framing; bound, if set, is the one sandbox it runs in.
+func (s *Server) serveLane(r *http.Request, bufrw *bufio.ReadWriter, bound string) {
 	fr := wire.NewReader(bufrw.Reader)
 	out := wire.NewWriter(bufrw.Writer)
 	for {
@@ -46,7 +177,7 @@ func (s *Server) lane(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return // the client closed the lane, or broke the framing
 		}
-		if !s.laneExec(r, f, out, bufrw.Writer) {
+		if !s.laneExec(r, f, out, bufrw.Writer, bound) {
 			return
 		}
 	}
@@ -54,7 +185,7 @@ func (s *Server) lane(w http.ResponseWriter, r *http.Request) {
 
 // laneExec answers one frame of a lane. It reports whether the lane can
 // take the next request.
-func (s *Server) laneExec(r *http.Request, f wire.Frame, out *wire.Writer, bw *bufio.Writer) bool {
+func (s *Server) laneExec(r *http.Request, f wire.Frame, out *wire.Writer, bw *bufio.Writer, bound string) bool {
 	fail := func(err error) bool {
 		code, body := errorBody(r, s.log, err)
 		body.Status = code
@@ -64,7 +195,7 @@ func (s *Server) laneExec(r *http.Request, f wire.Frame, out *wire.Writer, bw *b
 		fail(errdefs.Invalid("frame", "a lane takes request frames (type %d), not type %d", wire.Request, f.Type))
 		return false // out of step: the client is confused or hostile
 	}
-	req, err := reqcheck.LaneRequest(f.Payload)
+	req, err := reqcheck.LaneRequest(f.Payload, bound)
 	if err != nil {
 		return fail(err)
 	}

@@ -53,6 +53,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 		{"POST /v1/sandboxes/{id}/update", s.update},
 		{"POST /v1/sandboxes/{id}/exec", s.exec},
 		{"GET /v1/lane", s.lane},
+		{"GET /v1/sandboxes/{id}/lane", s.sandboxLane},
 	}
 	routes = append(routes, s.processRoutes()...)
 	routes = append(routes, s.fileRoutes()...)

@@ -183,6 +183,22 @@ func (h *Hub) newCopy(id string, gc *guest.Client, pid int, cmd []string, starte
 // guest's output ring at its offset, as when a client leaves early.
 func (c *ExecCopy) Frame(t wire.Type, payload []byte) { c.relay.frame(t, payload) }
 
+// Passed counts n bytes of output that went by without their frames (an
+// exec lane's reports past their budget): the copy fetches what the log
+// keeps of them from the guest's output ring.
+func (c *ExecCopy) Passed(n int64) {
+	f := &c.relay
+	if f.closed || n <= 0 {
+		return
+	}
+	f.next += n
+	c.seen.Store(f.next)
+	select {
+	case c.poke <- struct{}{}:
+	default:
+	}
+}
+
 // Detach ends the feeding: if the exit has not come, a connection of the
 // hub's own attaches where the copy is and carries on to the exit.
 func (c *ExecCopy) Detach() { c.relay.close() }

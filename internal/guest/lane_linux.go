@@ -1,0 +1,375 @@
+package guest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"paddock/api"
+	"paddock/internal/errdefs"
+	"paddock/internal/reqcheck"
+	"paddock/wire"
+)
+
+// Exec lanes bound to one sandbox are served here, in its guest: the
+// daemon checks the caller and the sandbox's state, answers the upgrade,
+// and hands the client's socket over (OpLane). The client's execs then
+// reach the guest without the daemon in between, and their frames go
+// straight back: two thread wakes and the daemon's relay fewer per exec
+// (docs/ARCHITECTURE.md, "Exec lanes"). The daemon still sees every exec:
+// the guest reports each one on the connection that handed the lane over
+// (its start, its output up to a budget and then its byte counts, its
+// exit), and the daemon keeps the exec log, the events and the sandbox's
+// busy mark from those reports. A lane closes when that connection does
+// (the daemon is gone: no execs it could not log), after the exec in
+// flight.
+//
+// Only a unix socket is handed over: a TCP socket could be disconnected
+// (connect with AF_UNSPEC) and connected anywhere from the host's network
+// namespace by whoever held it.
+
+func init() { extraOps[OpLane] = (*server).opLane }
+
+// maxLanes bounds the lanes one guest serves; past it the daemon serves
+// the lane itself.
+const maxLanes = 64
+
+// reportBudget is how much of one exec's output a lane's reports carry;
+// past it they carry byte counts, and the daemon's copy fetches what the
+// exec log keeps from the output ring.
+const reportBudget = 1 << 20
+
+// maxReportBacklog bounds the reports waiting for the daemon to read
+// them; a lane whose daemon does not keep up is closed.
+const maxReportBacklog = 4 << 20
+
+// Report frames, guest to daemon, one exec after another: wire.Started
+// (laneStart), the exec's output frames while its budget lasts, then
+// wire.Release frames ({"bytes": N}: output passed on that the reports
+// do not carry), and its wire.Exit.
+type laneStart struct {
+	PID int      `json:"pid"`
+	Cmd []string `json:"cmd"`
+}
+
+// opLane takes a lane's socket from the daemon and serves it until the
+// client or the daemon closes it.
+func (s *server) opLane(c *opConn, req Request) {
+	if !api.IsSandboxID(req.Sandbox) {
+		c.respond(Response{}, errdefs.Invalid("sandbox", "%q is not a sandbox id", req.Sandbox))
+		return
+	}
+	uc, ok := c.conn.(*net.UnixConn)
+	if !ok {
+		c.respond(Response{}, errdefs.Invalid("op", "a lane is handed over on a unix socket"))
+		return
+	}
+	if s.lanes.Add(1) > maxLanes {
+		s.lanes.Add(-1)
+		c.respond(Response{}, errdefs.New(errdefs.ErrUnavailable, "this sandbox serves %d lanes already", maxLanes))
+		return
+	}
+	defer s.lanes.Add(-1)
+	if c.respond(Response{}, nil) != nil || c.fr.Buffered() > 0 {
+		return
+	}
+	lane, err := receiveConn(uc)
+	if err != nil {
+		s.log.Warn("taking an exec lane", "err", err)
+		return
+	}
+	s.serveLane(lane, c.conn, req.Sandbox)
+}
+
+// receiveConn reads one byte carrying a unix stream socket (SCM_RIGHTS).
+func receiveConn(uc *net.UnixConn) (net.Conn, error) {
+	var b [1]byte
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	_, oobn, _, _, err := uc.ReadMsgUnix(b[:], oob)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	for _, m := range msgs {
+		got, err := unix.ParseUnixRights(&m)
+		if err == nil {
+			fds = append(fds, got...)
+		}
+	}
+	if len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("expected one descriptor, got %d", len(fds))
+	}
+	unix.CloseOnExec(fds[0])
+	f := os.NewFile(uintptr(fds[0]), "lane")
+	defer f.Close()
+	if t, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || t != unix.AF_UNIX {
+		return nil, errors.New("the descriptor is not a unix socket")
+	}
+	if t, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_TYPE); err != nil || t != unix.SOCK_STREAM {
+		return nil, errors.New("the descriptor is not a stream socket")
+	}
+	return net.FileConn(f)
+}
+
+// laneState is one lane's: whether an exec is in flight, and whether the
+// daemon is gone. The daemon's going closes an idle lane at once, a busy
+// one after its exec.
+type laneState struct {
+	mu   sync.Mutex
+	busy bool
+	gone bool
+	conn net.Conn
+}
+
+// begin marks an exec in flight; false if the daemon is gone.
+func (l *laneState) begin() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.busy = !l.gone
+	return l.busy
+}
+
+// end marks the exec over; false if the daemon went meanwhile.
+func (l *laneState) end() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.busy = false
+	return !l.gone
+}
+
+// daemonGone closes the lane now if it is idle.
+func (l *laneState) daemonGone() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.gone = true
+	if !l.busy {
+		l.conn.Close()
+	}
+}
+
+// serveLane answers the lane's requests, bound to sandbox id, reporting
+// each exec on rep.
+func (s *server) serveLane(lane, rep net.Conn, id string) {
+	defer lane.Close()
+	wire.SetSendBuffer(lane)
+	st := &laneState{conn: lane}
+	r := newReporter(rep, func() { lane.Close() })
+	defer r.close()
+	go func() {
+		// The daemon sends nothing more: a read ends when it closes.
+		var b [1]byte
+		rep.Read(b[:])
+		st.daemonGone()
+	}()
+	fr := wire.NewReader(lane)
+	fw := wire.NewWriter(lane)
+	fail := func(err error) bool {
+		body := api.Error{Status: errdefs.HTTPStatus(err), Code: errdefs.Code(err), Message: err.Error()}
+		return fw.WriteJSON(wire.Error, body) == nil
+	}
+	for {
+		f, err := fr.Read()
+		if err != nil || !st.begin() {
+			return
+		}
+		if f.Type != wire.Request {
+			fail(errdefs.Invalid("frame", "a lane takes request frames (type %d), not type %d", wire.Request, f.Type))
+			return // out of step: the client is confused or hostile
+		}
+		req, err := reqcheck.LaneRequest(f.Payload, id)
+		ok := true
+		if err != nil {
+			ok = fail(err)
+		} else {
+			ok = s.laneExec(lane, &req.Exec, r, fail)
+		}
+		if !st.end() || !ok {
+			return
+		}
+	}
+}
+
+// laneExec runs one exec of a lane and streams it to the client. It
+// reports whether the lane is at a request's boundary.
+func (s *server) laneExec(lane net.Conn, req *api.ExecRequest, r *reporter, fail func(error) bool) bool {
+	start := &StartRequest{Cmd: req.Cmd, Env: EnvList(req.Env), Cwd: req.Cwd, User: req.User,
+		TimeoutSeconds: req.TimeoutSeconds, Stdin: req.Stdin != nil, Attach: true}
+	p, err := s.spawn(start)
+	if errors.Is(err, errdefs.ErrInvalid) {
+		return fail(err)
+	}
+	fw := streamWriter{conn: lane}
+	if err != nil {
+		// As on the daemon's way: a command that cannot run ends at once
+		// with 127 (not found) or 126 (not executable).
+		code := 126
+		if errors.Is(err, errdefs.ErrNotFound) {
+			code = 127
+		}
+		fw.pending = wire.AppendFrame(nil, wire.Started, []byte(`{"pid":0}`))
+		b, _ := json.Marshal(api.ExitStatus{ExitCode: code, Error: err.Error()})
+		return fw.write(wire.Exit, b) == nil
+	}
+	if req.Stdin != nil {
+		in := []byte(*req.Stdin)
+		go func() {
+			s.control(p, Request{Op: OpInput, Data: in})
+			s.control(p, Request{Op: OpCloseStdin})
+		}()
+	}
+	started, _ := json.Marshal(struct {
+		PID int `json:"pid"`
+	}{p.pid})
+	fw.pending = wire.AppendFrame(nil, wire.Started, started)
+	r.start(p.pid, req.Cmd)
+	cur := p.out.attach(0)
+	defer p.out.detach(cur)
+	held, stop := holdAnswer(p)
+	defer stop()
+	exited := s.pour(&fw, p, cur, nil, held, r.frame)
+	if exited {
+		s.refillOutPipes()
+	} else {
+		// The client is gone; the daemon's copy follows the ring to the
+		// exit, and the process runs on.
+		r.detach()
+	}
+	return exited
+}
+
+// reporter sends a lane's reports to the daemon from a goroutine of its
+// own, so that a slow daemon never holds the lane up. Frames wait in
+// pending, up to maxReportBacklog; past it the lane is closed (broken).
+type reporter struct {
+	conn   net.Conn
+	broken func()
+	poke   chan struct{}
+	done   chan struct{}
+
+	mu      sync.Mutex
+	pending []byte
+	budget  int   // of the exec in flight
+	passed  int64 // output passed on that the reports did not carry yet
+	failed  bool
+	closed  atomic.Bool
+}
+
+func newReporter(conn net.Conn, broken func()) *reporter {
+	r := &reporter{conn: conn, broken: broken, poke: make(chan struct{}, 1), done: make(chan struct{})}
+	go r.run()
+	return r
+}
+
+func (r *reporter) run() {
+	defer close(r.done)
+	for range r.poke {
+		r.mu.Lock()
+		b := r.pending
+		r.pending = nil
+		r.mu.Unlock()
+		if len(b) == 0 {
+			continue
+		}
+		if _, err := r.conn.Write(b); err != nil {
+			r.mu.Lock()
+			r.failed = true
+			r.mu.Unlock()
+			r.broken()
+		}
+	}
+}
+
+// add queues a frame; the caller holds mu.
+func (r *reporter) addLocked(t wire.Type, payload []byte) {
+	if r.failed {
+		return
+	}
+	if len(r.pending)+len(payload) > maxReportBacklog {
+		r.failed = true
+		go r.broken()
+		return
+	}
+	r.pending = wire.AppendFrame(r.pending, t, payload)
+}
+
+// flushPassedLocked queues the count of output not carried.
+func (r *reporter) flushPassedLocked() {
+	if r.passed > 0 {
+		b, _ := json.Marshal(map[string]int64{"bytes": r.passed})
+		r.addLocked(wire.Release, b)
+		r.passed = 0
+	}
+}
+
+// start queues an exec's start; it goes with the exec's first frame to
+// the client (its answer, held until output, exit or startHold).
+func (r *reporter) start(pid int, cmd []string) {
+	b, _ := json.Marshal(laneStart{PID: pid, Cmd: cmd})
+	r.mu.Lock()
+	r.budget = reportBudget
+	r.addLocked(wire.Started, b)
+	r.mu.Unlock()
+}
+
+// frame reports a frame the client was sent (t 0: the answer alone).
+func (r *reporter) frame(t wire.Type, payload []byte) {
+	r.mu.Lock()
+	switch t {
+	case wire.Stdout, wire.Stderr:
+		if len(payload) <= r.budget {
+			r.budget -= len(payload)
+			r.flushPassedLocked()
+			r.addLocked(t, payload)
+		} else {
+			r.budget = 0
+			r.passed += int64(len(payload))
+		}
+	case wire.Dropped, wire.Exit:
+		r.flushPassedLocked()
+		r.addLocked(t, payload)
+	}
+	r.mu.Unlock()
+	select {
+	case r.poke <- struct{}{}:
+	default:
+	}
+}
+
+// detach reports that the lane stopped following an exec before its
+// exit: the daemon's copy carries on from the ring.
+func (r *reporter) detach() {
+	r.mu.Lock()
+	r.flushPassedLocked()
+	r.addLocked(wire.Error, nil)
+	r.mu.Unlock()
+	select {
+	case r.poke <- struct{}{}:
+	default:
+	}
+}
+
+// close sends what is queued and stops the reporter.
+func (r *reporter) close() {
+	if r.closed.Swap(true) {
+		return
+	}
+	select {
+	case r.poke <- struct{}{}:
+	default:
+	}
+	close(r.poke)
+	<-r.done
+}
