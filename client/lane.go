@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"paddock/api"
 	"paddock/wire"
@@ -257,10 +258,23 @@ func (c *Client) laneExec(ctx context.Context, key string, payload []byte, eio E
 	return st, err
 }
 
-// ended reports whether sandbox id is gone or no longer running.
+// ended reports whether sandbox id is gone or no longer running, asking
+// for up to two seconds: a lane its guest served breaks off as the guest
+// dies, a moment before the daemon's record says so.
 func (c *Client) ended(ctx context.Context, id string) bool {
-	sb, err := c.Get(ctx, id)
-	return IsNotFound(err) || (err == nil && sb.State != api.StateRunning)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for {
+		sb, err := c.Get(ctx, id)
+		if IsNotFound(err) || (err == nil && sb.State != api.StateRunning) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // laneAnswer reads one exec's answer from a lane: an error frame, or a

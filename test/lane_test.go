@@ -16,8 +16,9 @@ import (
 	"paddock/wire"
 )
 
-// rawLane opens an exec lane on a connection of its own.
-func rawLane(t *testing.T, d *Daemon) (net.Conn, *wire.Reader, *wire.Writer) {
+// rawLane opens an exec lane on a connection of its own: the daemon's
+// (path /v1/lane) or one bound to a sandbox (/v1/sandboxes/{id}/lane).
+func rawLane(t *testing.T, d *Daemon, path string) (net.Conn, *wire.Reader, *wire.Writer) {
 	t.Helper()
 	conn, err := net.Dial("unix", d.Sock)
 	if err != nil {
@@ -25,7 +26,7 @@ func rawLane(t *testing.T, d *Daemon) (net.Conn, *wire.Reader, *wire.Writer) {
 	}
 	t.Cleanup(func() { conn.Close() })
 	conn.SetDeadline(time.Now().Add(60 * time.Second))
-	conn.Write([]byte("GET /v1/lane HTTP/1.1\r\nHost: paddock\r\nConnection: Upgrade\r\nUpgrade: " + api.LaneProtocol + "\r\n\r\n"))
+	conn.Write([]byte("GET " + path + " HTTP/1.1\r\nHost: paddock\r\nConnection: Upgrade\r\nUpgrade: " + api.LaneProtocol + "\r\n\r\n"))
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
@@ -51,42 +52,68 @@ func laneError(t *testing.T, fr *wire.Reader, what string) api.Error {
 // TestLaneHostileInput: an exec lane answers bad requests with an error
 // frame naming what was wrong, with the status the HTTP API would have
 // given, and takes the next request; a frame of another type ends it. A
-// good exec on the same lane runs after the bad ones.
+// good exec on the same lane runs after the bad ones. The same for the
+// daemon's lane and for one bound to a sandbox, which its guest serves
+// (and which refuses requests for other sandboxes).
 func TestLaneHostileInput(t *testing.T) {
 	t.Parallel()
 	d := newDaemon(t)
 	id := d.Create(api.CreateRequest{})
-	_, fr, fw := rawLane(t, d)
+	t.Run("daemon", func(t *testing.T) { laneHostileInput(t, d, id, "/v1/lane") })
+	t.Run("bound", func(t *testing.T) { laneHostileInput(t, d, id, "/v1/sandboxes/"+id+"/lane") })
+}
 
+func laneHostileInput(t *testing.T, d *Daemon, id, path string) {
+	bound := path != "/v1/lane"
+	_, fr, fw := rawLane(t, d, path)
+	type answer struct {
+		code, mention string
+		status        int
+	}
+	unknown := answer{"not_found", "nosuchbox", 404}
+	hostile := answer{"invalid_argument", "not a sandbox id", 400}
+	if bound {
+		unknown = answer{"invalid_argument", "this lane runs commands in sandbox " + id + `, not "nosuchbox"`, 400}
+		hostile = answer{"invalid_argument", `not "../../etc"`, 400}
+	}
 	for _, tc := range []struct {
-		name, payload, code, mention string
-		status                       int
+		name, payload string
+		want          answer
 	}{
-		{"truncated JSON", `{"sandbox":`, "invalid_argument", "truncated JSON", 400},
-		{"malformed JSON", `{"sandbox":}`, "invalid_argument", "malformed JSON", 400},
-		{"unknown field", `{"sandbox":"` + id + `","exec":{"cmd":["true"]},"x":1}`, "invalid_argument", "x", 400},
-		{"no command", `{"sandbox":"` + id + `","exec":{}}`, "invalid_argument", "cmd", 400},
-		{"NUL in argument", `{"sandbox":"` + id + `","exec":{"cmd":["echo","a\u0000b"]}}`, "invalid_argument", "NUL", 400},
-		{"terminal", `{"sandbox":"` + id + `","exec":{"cmd":["sh"],"tty":{"cols":80,"rows":24}}}`, "invalid_argument", "Upgrade", 400},
-		{"unknown sandbox", `{"sandbox":"nosuchbox","exec":{"cmd":["true"]}}`, "not_found", "nosuchbox", 404},
-		{"hostile sandbox id", `{"sandbox":"../../etc","exec":{"cmd":["true"]}}`, "invalid_argument", "not a sandbox id", 400},
-		{"oversized", `{"sandbox":"` + id + `","exec":{"cmd":["` + strings.Repeat("a", 2<<20) + `"]}}`, "too_large", "exceeds", 413},
+		{"truncated JSON", `{"sandbox":`, answer{"invalid_argument", "truncated JSON", 400}},
+		{"malformed JSON", `{"sandbox":}`, answer{"invalid_argument", "malformed JSON", 400}},
+		{"unknown field", `{"sandbox":"` + id + `","exec":{"cmd":["true"]},"x":1}`, answer{"invalid_argument", "x", 400}},
+		{"no command", `{"sandbox":"` + id + `","exec":{}}`, answer{"invalid_argument", "cmd", 400}},
+		{"NUL in argument", `{"sandbox":"` + id + `","exec":{"cmd":["echo","a\u0000b"]}}`, answer{"invalid_argument", "NUL", 400}},
+		{"bad variable name", `{"sandbox":"` + id + `","exec":{"cmd":["true"],"env":{"A=B":"x"}}}`, answer{"invalid_argument", "not a valid variable name", 400}},
+		{"relative cwd", `{"sandbox":"` + id + `","exec":{"cmd":["true"],"cwd":"../.."}}`, answer{"invalid_argument", "absolute", 400}},
+		{"cwd not a directory", `{"sandbox":"` + id + `","exec":{"cmd":["true"],"cwd":"/etc/passwd"}}`, answer{"invalid_argument", "not a directory", 400}},
+		{"unknown user", `{"sandbox":"` + id + `","exec":{"cmd":["true"],"user":"nosuchuser"}}`, answer{"invalid_argument", `unknown user "nosuchuser"`, 400}},
+		{"terminal", `{"sandbox":"` + id + `","exec":{"cmd":["sh"],"tty":{"cols":80,"rows":24}}}`, answer{"invalid_argument", "Upgrade", 400}},
+		{"unknown sandbox", `{"sandbox":"nosuchbox","exec":{"cmd":["true"]}}`, unknown},
+		{"hostile sandbox id", `{"sandbox":"../../etc","exec":{"cmd":["true"]}}`, hostile},
+		{"oversized", `{"sandbox":"` + id + `","exec":{"cmd":["` + strings.Repeat("a", 2<<20) + `"]}}`, answer{"too_large", "exceeds", 413}},
 	} {
 		if err := fw.Write(wire.Request, []byte(tc.payload)); err != nil {
 			t.Fatalf("%s: writing: %v", tc.name, err)
 		}
 		e := laneError(t, fr, tc.name)
-		if e.Code != tc.code || e.Status != tc.status || !strings.Contains(e.Message, tc.mention) {
-			t.Errorf("%s: error %+v, want code %s, status %d, message naming %q", tc.name, e, tc.code, tc.status, tc.mention)
+		if e.Code != tc.want.code || e.Status != tc.want.status || !strings.Contains(e.Message, tc.want.mention) {
+			t.Errorf("%s: error %+v, want code %s, status %d, message naming %q", tc.name, e, tc.want.code, tc.want.status, tc.want.mention)
 		}
 	}
 
-	// The lane still runs an exec, and another after it.
-	for i := range 2 {
-		fw.WriteJSON(wire.Request, api.LaneRequest{Sandbox: id, Exec: api.ExecRequest{Cmd: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}})
+	// The lane still runs an exec, and another after it; a missing
+	// command ends with 127 as in a shell.
+	for i := range 3 {
+		cmd := []string{"sh", "-c", "echo out; echo err >&2; exit 3"}
+		if i == 2 {
+			cmd = []string{"nosuchcommand"}
+		}
+		fw.WriteJSON(wire.Request, api.LaneRequest{Sandbox: id, Exec: api.ExecRequest{Cmd: cmd}})
 		var out, errOut string
 		var st api.ExitStatus
-		pid := 0
+		pid := -1
 		for done := false; !done; {
 			f, err := fr.Read()
 			if err != nil {
@@ -107,6 +134,12 @@ func TestLaneHostileInput(t *testing.T) {
 			default:
 				t.Fatalf("exec %d: unexpected frame %d %q", i, f.Type, f.Payload)
 			}
+		}
+		if i == 2 {
+			if pid != 0 || st.ExitCode != 127 || !strings.Contains(st.Error, "nosuchcommand") {
+				t.Errorf("missing command on the lane: pid %d, exit %+v", pid, st)
+			}
+			continue
 		}
 		if pid <= 1 || out != "out\n" || errOut != "err\n" || st.ExitCode != 3 {
 			t.Errorf("exec %d on the lane: pid %d, stdout %q, stderr %q, exit %+v", i, pid, out, errOut, st)

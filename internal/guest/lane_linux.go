@@ -166,7 +166,9 @@ func (s *server) serveLane(lane, rep net.Conn, id string) {
 	defer lane.Close()
 	wire.SetSendBuffer(lane)
 	st := &laneState{conn: lane}
-	r := newReporter(rep, func() { lane.Close() })
+	// Reports that cannot be sent end the lane as the daemon's going
+	// does: after the exec in flight.
+	r := newReporter(rep, st.daemonGone)
 	defer r.close()
 	go func() {
 		// The daemon sends nothing more: a read ends when it closes.
@@ -252,7 +254,8 @@ func (s *server) laneExec(lane net.Conn, req *api.ExecRequest, r *reporter, fail
 
 // reporter sends a lane's reports to the daemon from a goroutine of its
 // own, so that a slow daemon never holds the lane up. Frames wait in
-// pending, up to maxReportBacklog; past it the lane is closed (broken).
+// pending, up to maxReportBacklog; past it, or when a write fails, the
+// reports stop and broken is called (the lane ends after its exec).
 type reporter struct {
 	conn   net.Conn
 	broken func()

@@ -1,0 +1,191 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"paddock/api"
+	"paddock/client"
+	"paddock/wire"
+)
+
+// TestBoundLaneOutlivesTheDaemon: a lane bound to a sandbox is served by
+// its guest, so an exec in flight on it runs to its end and reaches the
+// client while the daemon is killed (-9); the lane then closes (no execs
+// the daemon could not log), and the restarted daemon's exec log has the
+// exec, output and exit, from the guest's reports and ring. (The kill
+// comes after the exec has run for a second, by when the exec log has
+// its record on disk, as for any exec.)
+func TestBoundLaneOutlivesTheDaemon(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	c := d.Client()
+	ctx := context.Background()
+	id := d.Create(api.CreateRequest{})
+	_, fr, fw := rawLane(t, d, "/v1/sandboxes/"+id+"/lane")
+
+	fw.WriteJSON(wire.Request, api.LaneRequest{Sandbox: id, Exec: api.ExecRequest{Cmd: []string{"sh", "-c", "echo begun; sleep 3; echo done"}}})
+	pid := 0
+	var out strings.Builder
+	var st *api.ExitStatus
+	for st == nil {
+		f, err := fr.Read()
+		if err != nil {
+			t.Fatalf("reading the lane (stdout so far %q): %v", out.String(), err)
+		}
+		switch f.Type {
+		case wire.Started:
+			var s struct{ PID int }
+			json.Unmarshal(f.Payload, &s)
+			pid = s.PID
+		case wire.Stdout:
+			out.WriteString(string(f.Payload))
+			if out.String() == "begun\n" {
+				time.Sleep(1500 * time.Millisecond)
+				d.Kill9()
+			}
+		case wire.Exit:
+			st = new(api.ExitStatus)
+			json.Unmarshal(f.Payload, st)
+		default:
+			t.Fatalf("frame %d %q", f.Type, f.Payload)
+		}
+	}
+	if pid <= 1 || out.String() != "begun\ndone\n" || st.ExitCode != 0 {
+		t.Fatalf("the exec across the daemon's kill: pid %d, stdout %q, exit %+v", pid, out.String(), st)
+	}
+	if f, err := fr.Read(); err == nil {
+		t.Fatalf("the lane carried on without a daemon: frame %d %q", f.Type, f.Payload)
+	}
+
+	d.Start()
+	var logged *api.ExecLog
+	if !waitFor(20*time.Second, 100*time.Millisecond, func() bool {
+		logs, err := c.Logs(ctx, id)
+		for i := range logs {
+			if logs[i].PID == pid && logs[i].Exit != nil {
+				logged = &logs[i]
+			}
+		}
+		return err == nil && logged != nil
+	}) {
+		t.Fatalf("the restarted daemon's exec log has no finished record of pid %d\n%s", pid, d.Log())
+	}
+	if logged.Exit.ExitCode != 0 || strings.Join(logged.Cmd, " ") != "sh -c echo begun; sleep 3; echo done" {
+		t.Errorf("logged: %+v", logged)
+	}
+	ls, err := c.Log(ctx, id, pid, client.LogOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	var got strings.Builder
+	if _, err := ls.Wait(&got, nil); err != nil || got.String() != "begun\ndone\n" {
+		t.Errorf("logged output %q, %v; want both lines", got.String(), err)
+	}
+	// And the SDK's next exec takes a new lane.
+	if s := d.Sh(id, "echo again"); s != "again\n" {
+		t.Errorf("exec after the restart: %q", s)
+	}
+}
+
+// TestBoundLaneSandboxEnds: an exec on a lane the guest serves ends with
+// "sandbox ended" when the sandbox is deleted under it, not with a hang
+// or a bare EOF.
+func TestBoundLaneSandboxEnds(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	c := d.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := d.Create(api.CreateRequest{})
+	d.Sh(id, "true") // the SDK keeps a lane bound to the sandbox
+	started := make(chan int, 1)
+	type result struct {
+		st  *api.ExitStatus
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: []string{"sleep", "60"}}, client.ExecIO{OnStart: func(p int) { started <- p }})
+		done <- result{st, err}
+	}()
+	select {
+	case <-started:
+	case r := <-done:
+		t.Fatalf("the exec ended before the delete: %+v %v", r.st, r.err)
+	}
+	if err := c.Delete(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil || r.st == nil || r.st.ExitCode != -1 || r.st.Error != "sandbox ended" {
+			t.Errorf("exec in a deleted sandbox: %+v %v; want exit -1, \"sandbox ended\"", r.st, r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the exec did not end within 20 s of its sandbox's delete")
+	}
+}
+
+// TestBoundLaneLargeOutput: output past what a lane's reports carry
+// (1 MiB an exec) reaches the client whole and the exec log whole (the
+// daemon fetches the rest from the guest's ring), and the exec's events
+// are recorded.
+func TestBoundLaneLargeOutput(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	c := d.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id := d.Create(api.CreateRequest{})
+	var out strings.Builder
+	pid := 0
+	st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: []string{"seq", "1", "400000"}}, client.ExecIO{Stdout: &out, OnStart: func(p int) { pid = p }})
+	if err != nil || st.ExitCode != 0 {
+		t.Fatalf("seq: %+v %v", st, err)
+	}
+	want := out.String()
+	if len(want) < 2<<20 || !strings.HasSuffix(want, "\n400000\n") {
+		t.Fatalf("seq printed %d bytes ending %q", len(want), want[max(0, len(want)-20):])
+	}
+	if !waitFor(20*time.Second, 100*time.Millisecond, func() bool {
+		logs, _ := c.Logs(ctx, id)
+		for _, l := range logs {
+			if l.PID == pid && l.Exit != nil {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("no finished log record of pid %d", pid)
+	}
+	ls, err := c.Log(ctx, id, pid, client.LogOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	var got strings.Builder
+	if _, err := ls.Wait(&got, nil); err != nil || got.String() != want {
+		t.Errorf("the exec log kept %d bytes (%v), the client got %d; they differ", got.Len(), err, len(want))
+	}
+	evs, err := c.Events(ctx, id, client.EventOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var began, ended bool
+	for _, e := range evs {
+		if e.Type == "exec" && strings.Contains(e.Message, "started seq 1 400000") {
+			began = true
+		}
+		if e.Type == "exec" && strings.Contains(e.Message, "exited with code 0") && strings.Contains(string(e.Data), `"pid":`) {
+			ended = ended || strings.Contains(string(e.Data), `"cmd":["seq","1","400000"]`)
+		}
+	}
+	if !began || !ended {
+		t.Errorf("events: started %v, exited %v; want both\n%+v", began, ended, evs)
+	}
+}
