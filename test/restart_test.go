@@ -20,7 +20,9 @@ import (
 
 // TestRestartSurvival: kill -9 of the daemon while a sandbox runs long
 // commands leaves the sandbox running; the restarted daemon re-attaches to
-// it with its files, processes and exec.
+// it with its files, processes and exec. A foreground exec on the SDK's
+// lane, which the sandbox's guest serves, goes on through the kill and
+// ends when its process does.
 func TestRestartSurvival(t *testing.T) {
 	t.Parallel()
 	d := newDaemon(t)
@@ -29,15 +31,16 @@ func TestRestartSurvival(t *testing.T) {
 
 	// A foreground exec that is still running when the daemon dies.
 	c := d.Client()
-	fg := make(chan error, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	type result struct {
+		st  *api.ExitStatus
+		err error
+	}
+	fg := make(chan result, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	go func() {
 		st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "echo $$ > /tmp/fg.pid; exec sleep 301"}}, client.ExecIO{})
-		if err == nil {
-			err = errors.New("exec ended with " + st.Error)
-		}
-		fg <- err
+		fg <- result{st, err}
 	}()
 	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool { return d.sh(id, "test -s /tmp/fg.pid").ExitCode == 0 }) {
 		t.Fatal("the foreground command did not start")
@@ -50,10 +53,9 @@ func TestRestartSurvival(t *testing.T) {
 
 	d.Kill9()
 	select {
-	case err := <-fg:
-		t.Logf("foreground exec after the kill: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Errorf("the foreground exec's stream did not end when the daemon died")
+	case r := <-fg:
+		t.Errorf("the foreground exec ended when the daemon died: %+v %v", r.st, r.err)
+	case <-time.After(2 * time.Second):
 	}
 	for _, pid := range before {
 		if !alive(pid) {
@@ -74,6 +76,15 @@ func TestRestartSurvival(t *testing.T) {
 	}
 	if out := d.Sh(id, `kill -0 "$(cat /tmp/bg.pid)" && kill -0 "$(cat /tmp/fg.pid)" && echo both`); out != "both\n" {
 		t.Errorf("long commands after restart: %q", out)
+	}
+	d.Sh(id, `kill "$(cat /tmp/fg.pid)"`)
+	select {
+	case r := <-fg:
+		if r.err != nil || r.st == nil || r.st.Signal == "" {
+			t.Errorf("the foreground exec, its process killed after the restart: %+v %v; want its signal", r.st, r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("the foreground exec did not end within 20 s of its process's kill")
 	}
 	if r := d.CLIInput("piped\n", "exec", "-i", id, "--", "cat"); r.Code != 0 || r.Stdout != "piped\n" {
 		t.Errorf("exec -i after restart: %+v", r)

@@ -90,11 +90,7 @@ func (f *feeder) frame(t wire.Type, p []byte) bool {
 		off, n := f.next, int64(len(p))
 		f.next += n
 		if c.budget.Load() < n {
-			c.seen.Store(f.next)
-			select {
-			case c.poke <- struct{}{}:
-			default:
-			}
+			c.counted(f.next)
 			return true
 		}
 		c.budget.Add(-n)
@@ -192,7 +188,13 @@ func (c *ExecCopy) Passed(n int64) {
 		return
 	}
 	f.next += n
-	c.seen.Store(f.next)
+	c.counted(f.next)
+}
+
+// counted tells the copy's goroutine that output up to offset next went
+// by uncopied: it fetches that from the guest's ring.
+func (c *ExecCopy) counted(next int64) {
+	c.seen.Store(next)
 	select {
 	case c.poke <- struct{}{}:
 	default:
