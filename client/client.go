@@ -258,7 +258,11 @@ func (c *Client) Delete(ctx context.Context, id string, force bool) error {
 	if force {
 		path += "?force=true"
 	}
-	return c.do(ctx, http.MethodDelete, path, nil, nil)
+	err := c.do(ctx, http.MethodDelete, path, nil, nil)
+	if err == nil {
+		c.lanes.drop(id)
+	}
+	return err
 }
 
 // Stop ends a sandbox's processes and keeps its filesystem.

@@ -24,6 +24,9 @@ var errNoLanes = errors.New("the daemon has no exec lanes")
 // errNoSandbox: no lane bound to the sandbox: no such sandbox.
 var errNoSandbox = errors.New("no such sandbox")
 
+// errNoIdleLane: no idle lane, and none to be dialled.
+var errNoIdleLane = errors.New("no idle exec lane")
+
 // errLaneBroke: a lane broke off in the middle of an exec's stream.
 var errLaneBroke = fmt.Errorf("%w: the exec lane broke off", ErrUnavailable)
 
@@ -49,8 +52,30 @@ type lanes struct {
 	none    atomic.Bool // the daemon answered that it has none
 	noBound atomic.Bool // it has none bound to a sandbox
 
-	mu    sync.Mutex
-	pools map[string]*connPool
+	mu      sync.Mutex
+	pools   map[string]*connPool
+	opening map[string]bool // sandboxes a lane is being opened for
+	closed  bool
+}
+
+// startOpening claims the opening of a lane bound to sandbox id.
+func (ls *lanes) startOpening(id string) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.closed || ls.opening[id] {
+		return false
+	}
+	if ls.opening == nil {
+		ls.opening = map[string]bool{}
+	}
+	ls.opening[id] = true
+	return true
+}
+
+func (ls *lanes) doneOpening(id string) {
+	ls.mu.Lock()
+	delete(ls.opening, id)
+	ls.mu.Unlock()
 }
 
 // maxLanePools bounds the sandboxes whose lanes a client keeps.
@@ -60,6 +85,9 @@ const maxLanePools = 64
 func (ls *lanes) pool(key string) *connPool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	if ls.closed {
+		return &connPool{closed: true} // what is put in it is closed
+	}
 	if p := ls.pools[key]; p != nil {
 		return p
 	}
@@ -80,6 +108,17 @@ func (ls *lanes) pool(key string) *connPool {
 	return p
 }
 
+// drop closes the idle lanes bound to sandbox id (deleted).
+func (ls *lanes) drop(id string) {
+	ls.mu.Lock()
+	p := ls.pools[id]
+	delete(ls.pools, id)
+	ls.mu.Unlock()
+	if p != nil {
+		p.closeIdle()
+	}
+}
+
 // closeIdle drops every idle lane.
 func (ls *lanes) closeIdle() {
 	ls.mu.Lock()
@@ -88,6 +127,7 @@ func (ls *lanes) closeIdle() {
 		p.closeIdle()
 	}
 	ls.pools = nil
+	ls.closed = true
 }
 
 // dialLane opens a new lane: bound to sandbox id, or the daemon's when id
@@ -181,9 +221,11 @@ func (c *Client) noLane(kc *keptConn, resp *http.Response) error {
 	return readError(resp)
 }
 
-// execLane runs an exec without input or terminal on a lane: one bound to
-// the sandbox first, the daemon's next. ok is false when the daemon has no
-// lanes: the caller then takes the HTTP way.
+// execLane runs an exec without input or terminal on a lane: an idle one
+// bound to the sandbox, or else the daemon's (and a bound one is opened
+// for the next exec once this one is done: opening it, the daemon hands
+// it to the guest, costs more than a first exec gains from it). ok is
+// false when the daemon has no lanes: the caller then takes the HTTP way.
 func (c *Client) execLane(ctx context.Context, id string, req api.ExecRequest, eio ExecIO) (_ *api.ExitStatus, ok bool, _ error) {
 	if c.lanes.none.Load() {
 		return nil, false, nil
@@ -192,16 +234,15 @@ func (c *Client) execLane(ctx context.Context, id string, req api.ExecRequest, e
 	if err != nil {
 		return nil, true, err
 	}
-	if api.IsSandboxID(id) && !c.lanes.noBound.Load() {
-		st, err := c.laneExec(ctx, id, payload, eio)
-		switch {
-		case errors.Is(err, errNoLanes):
-			c.lanes.noBound.Store(true)
-		case !errors.Is(err, errNoSandbox):
+	bound := api.IsSandboxID(id) && !c.lanes.noBound.Load()
+	if bound {
+		st, err := c.laneExec(ctx, id, payload, eio, false)
+		if !errors.Is(err, errNoIdleLane) {
 			return st, true, err
 		}
+		defer c.openLaneAhead(id)
 	}
-	st, err := c.laneExec(ctx, "", payload, eio)
+	st, err := c.laneExec(ctx, "", payload, eio, true)
 	if errors.Is(err, errNoLanes) {
 		c.lanes.none.Store(true)
 		return nil, false, nil
@@ -209,21 +250,41 @@ func (c *Client) execLane(ctx context.Context, id string, req api.ExecRequest, e
 	return st, true, err
 }
 
+// openLaneAhead opens a lane bound to sandbox id for its next exec, on a
+// goroutine, one at a time per sandbox.
+func (c *Client) openLaneAhead(id string) {
+	if c.lanes.none.Load() || !c.lanes.startOpening(id) {
+		return
+	}
+	go func() {
+		defer c.lanes.doneOpening(id)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		l, err := c.dialLane(ctx, id)
+		switch {
+		case err == nil:
+			c.lanes.pool(id).put(l.keptConn)
+		case errors.Is(err, errNoLanes):
+			c.lanes.noBound.Store(true)
+		}
+	}()
+}
+
 // laneExec sends an exec request on a lane of key (a sandbox's id, or ""
-// for the daemon's) and reads its answer.
-func (c *Client) laneExec(ctx context.Context, key string, payload []byte, eio ExecIO) (*api.ExitStatus, error) {
+// for the daemon's) and reads its answer: on an idle lane, or, with dial
+// set, a new one; errNoIdleLane if there is none and dial is unset.
+func (c *Client) laneExec(ctx context.Context, key string, payload []byte, eio ExecIO, dial bool) (*api.ExitStatus, error) {
 	pool := c.lanes.pool(key)
 	var l *lane
-	if kc := pool.get(); kc != nil {
-		l = newLane(kc)
-	}
-	kept := l != nil
 	for {
+		kept := false
 		var err error
-		if l == nil {
-			if l, err = c.dialLane(ctx, key); err != nil {
-				return nil, err
-			}
+		if kc := pool.get(); kc != nil {
+			l, kept = newLane(kc), true
+		} else if !dial {
+			return nil, errNoIdleLane
+		} else if l, err = c.dialLane(ctx, key); err != nil {
+			return nil, err
 		}
 		err = l.fw.Write(wire.Request, payload)
 		if err == nil {
@@ -237,8 +298,7 @@ func (c *Client) laneExec(ctx context.Context, key string, payload []byte, eio E
 			return nil, ctxErr(ctx, fmt.Errorf("%w: %v", ErrUnavailable, err))
 		}
 		// Not written: the lane was closed meanwhile (by the daemon, or by
-		// the guest serving it). Once more, on a new one.
-		l, kept = nil, false
+		// the guest serving it). Once more, on another.
 	}
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	st, reusable, err := c.laneAnswer(l, eio)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -102,7 +103,7 @@ func TestBoundLaneSandboxEnds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	id := d.Create(api.CreateRequest{})
-	d.Sh(id, "true") // the SDK keeps a lane bound to the sandbox
+	d.awaitBoundLane(id)
 	started := make(chan int, 1)
 	type result struct {
 		st  *api.ExitStatus
@@ -187,5 +188,27 @@ func TestBoundLaneLargeOutput(t *testing.T) {
 	}
 	if !began || !ended {
 		t.Errorf("events: started %v, exited %v; want both\n%+v", began, ended, evs)
+	}
+}
+
+// awaitBoundLane waits until the SDK keeps an idle lane bound to sandbox
+// id, which its guest serves: an exec that completes while the daemon is
+// stopped (SIGSTOP) went through the guest alone. (The SDK's first exec
+// in a sandbox takes the daemon's lane and opens a bound one for the
+// next.)
+func (d *Daemon) awaitBoundLane(id string) {
+	d.t.Helper()
+	if !waitFor(20*time.Second, 10*time.Millisecond, func() bool {
+		d.Sh(id, "true")
+		time.Sleep(100 * time.Millisecond) // the lane opened ahead
+		pid := d.cmd.Process.Pid
+		syscall.Kill(pid, syscall.SIGSTOP)
+		defer syscall.Kill(pid, syscall.SIGCONT)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := d.client.Exec(ctx, id, api.ExecRequest{Cmd: []string{"true"}}, client.ExecIO{})
+		return err == nil
+	}) {
+		d.t.Fatal("the SDK has no lane bound to the sandbox after 20 s")
 	}
 }

@@ -29,7 +29,9 @@ func TestRestartSurvival(t *testing.T) {
 	id := d.createCLI("--disk", "64m", "--label", "keep=yes")
 	d.Sh(id, "echo precious > /workspace/data; sleep 300 >/dev/null 2>&1 & echo $! > /tmp/bg.pid")
 
-	// A foreground exec that is still running when the daemon dies.
+	// A foreground exec that is still running when the daemon dies, on a
+	// lane the guest serves.
+	d.awaitBoundLane(id)
 	c := d.Client()
 	type result struct {
 		st  *api.ExitStatus
@@ -38,10 +40,17 @@ func TestRestartSurvival(t *testing.T) {
 	fg := make(chan result, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	started := make(chan int, 1)
 	go func() {
-		st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "echo $$ > /tmp/fg.pid; exec sleep 301"}}, client.ExecIO{})
+		st, err := c.Exec(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "echo $$ > /tmp/fg.pid; exec sleep 301"}}, client.ExecIO{OnStart: func(pid int) { started <- pid }})
 		fg <- result{st, err}
 	}()
+	// (Started: it has the idle lane, which the execs below would take.)
+	select {
+	case <-started:
+	case r := <-fg:
+		t.Fatalf("the foreground exec: %+v %v", r.st, r.err)
+	}
 	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool { return d.sh(id, "test -s /tmp/fg.pid").ExitCode == 0 }) {
 		t.Fatal("the foreground command did not start")
 	}

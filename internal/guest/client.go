@@ -249,13 +249,16 @@ func (c *Client) HandLane(ctx context.Context, id string, lane syscall.Conn) (*C
 	if err != nil {
 		return nil, err
 	}
-	// A connection of its own, not a kept one: those dialled while the
-	// guest was activating are wrapped, and this one must be the socket.
+	// A connection of its own: it becomes the lane's report connection.
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to guest: %w", err)
 	}
-	uc, ok := conn.(*net.UnixConn)
+	sock := conn
+	if w, ok := conn.(interface{ NetConn() net.Conn }); ok {
+		sock = w.NetConn() // dialled while the guest activated
+	}
+	uc, ok := sock.(*net.UnixConn)
 	if !ok {
 		conn.Close()
 		return nil, errors.New("the guest connection is not a unix socket")

@@ -66,6 +66,25 @@ func (s *Server) sandboxLane(w http.ResponseWriter, r *http.Request) {
 	if s.handLane(r, id, gc, hj, bufrw) {
 		return
 	}
+	// Served here, it closes when the sandbox ends, as a handed one does:
+	// a client's idle lanes to a sandbox that is gone hold nothing here.
+	if done, err := s.mgr.Done(id); err == nil {
+		served := make(chan struct{})
+		defer close(served)
+		go func() {
+			select {
+			case <-done:
+				// The exec in flight still ends with its "sandbox ended"
+				// frame; the next read finds the end.
+				if cr, ok := hj.(interface{ CloseRead() error }); ok {
+					cr.CloseRead()
+				} else {
+					hj.Close()
+				}
+			case <-served:
+			}
+		}()
+	}
 	s.serveLane(r, bufrw, id)
 }
 

@@ -159,6 +159,10 @@ type activatingConn struct {
 	read bool
 }
 
+// NetConn returns the unix connection it wraps (a lane is handed to the
+// guest over it).
+func (c *activatingConn) NetConn() net.Conn { return c.Conn }
+
 // CloseWrite half-closes the connection.
 func (c *activatingConn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
