@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -163,13 +164,13 @@ func (l *laneState) daemonGone() {
 // serveLane answers the lane's requests, bound to sandbox id, reporting
 // each exec on rep.
 func (s *server) serveLane(lane, rep net.Conn, id string) {
-	defer lane.Close()
 	wire.SetSendBuffer(lane)
 	st := &laneState{conn: lane}
 	// Reports that cannot be sent end the lane as the daemon's going
 	// does: after the exec in flight.
 	r := newReporter(rep, st.daemonGone)
 	defer r.close()
+	defer lane.Close() // first: the client need not wait for the reports
 	go func() {
 		// The daemon sends nothing more: a read ends when it closes.
 		var b [1]byte
@@ -374,5 +375,8 @@ func (r *reporter) close() {
 	default:
 	}
 	close(r.poke)
+	// A daemon that stopped reading (but holds the connection) does not
+	// hold the lane's goroutine for longer than this.
+	r.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	<-r.done
 }
