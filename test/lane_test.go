@@ -7,7 +7,10 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,14 +22,24 @@ import (
 // rawLane opens an exec lane on a connection of its own: the daemon's
 // (path /v1/lane) or one bound to a sandbox (/v1/sandboxes/{id}/lane).
 func rawLane(t *testing.T, d *Daemon, path string) (net.Conn, *wire.Reader, *wire.Writer) {
+	return rawLaneAt(t, "unix", d.Sock, "", path)
+}
+
+// rawLaneAt opens an exec lane at a listener of the daemon's, with a
+// bearer token if one is given.
+func rawLaneAt(t *testing.T, network, addr, token, path string) (net.Conn, *wire.Reader, *wire.Writer) {
 	t.Helper()
-	conn, err := net.Dial("unix", d.Sock)
+	conn, err := net.Dial(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	conn.SetDeadline(time.Now().Add(60 * time.Second))
-	conn.Write([]byte("GET " + path + " HTTP/1.1\r\nHost: paddock\r\nConnection: Upgrade\r\nUpgrade: " + api.LaneProtocol + "\r\n\r\n"))
+	auth := ""
+	if token != "" {
+		auth = "Authorization: Bearer " + token + "\r\n"
+	}
+	conn.Write([]byte("GET " + path + " HTTP/1.1\r\nHost: paddock\r\n" + auth + "Connection: Upgrade\r\nUpgrade: " + api.LaneProtocol + "\r\n\r\n"))
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
@@ -57,15 +70,24 @@ func laneError(t *testing.T, fr *wire.Reader, what string) api.Error {
 // (and which refuses requests for other sandboxes).
 func TestLaneHostileInput(t *testing.T) {
 	t.Parallel()
-	d := newDaemon(t)
+	token := "lane-test-token-" + randHex(8)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tcpAddr := freeHostPort(t)
+	d := newDaemon(t, "--listen", "tcp://"+tcpAddr, "--token-file", tokenFile)
 	id := d.Create(api.CreateRequest{})
-	t.Run("daemon", func(t *testing.T) { laneHostileInput(t, d, id, "/v1/lane") })
-	t.Run("bound", func(t *testing.T) { laneHostileInput(t, d, id, "/v1/sandboxes/"+id+"/lane") })
+	bound := "/v1/sandboxes/" + id + "/lane"
+	t.Run("daemon", func(t *testing.T) { laneHostileInput(t, d, id, false, "unix", d.Sock, token, "/v1/lane") })
+	// On the unix socket the guest serves a bound lane; over TCP the
+	// daemon does. Both answer alike.
+	t.Run("bound", func(t *testing.T) { laneHostileInput(t, d, id, true, "unix", d.Sock, token, bound) })
+	t.Run("bound over TCP", func(t *testing.T) { laneHostileInput(t, d, id, true, "tcp", tcpAddr, token, bound) })
 }
 
-func laneHostileInput(t *testing.T, d *Daemon, id, path string) {
-	bound := path != "/v1/lane"
-	_, fr, fw := rawLane(t, d, path)
+func laneHostileInput(t *testing.T, d *Daemon, id string, bound bool, network, addr, token, path string) {
+	conn, fr, fw := rawLaneAt(t, network, addr, token, path)
 	type answer struct {
 		code, mention string
 		status        int
@@ -143,6 +165,27 @@ func laneHostileInput(t *testing.T, d *Daemon, id, path string) {
 		}
 		if pid <= 1 || out != "out\n" || errOut != "err\n" || st.ExitCode != 3 {
 			t.Errorf("exec %d on the lane: pid %d, stdout %q, stderr %q, exit %+v", i, pid, out, errOut, st)
+		}
+	}
+
+	if bound && network == "unix" {
+		// Served by the sandbox's guest: it answers while the daemon is
+		// stopped.
+		pid := d.cmd.Process.Pid
+		syscall.Kill(pid, syscall.SIGSTOP)
+		fw.WriteJSON(wire.Request, api.LaneRequest{Sandbox: id, Exec: api.ExecRequest{Cmd: []string{"echo", "guest"}}})
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var out string
+		var err error
+		for f := (wire.Frame{}); err == nil && f.Type != wire.Exit; {
+			if f, err = fr.Read(); err == nil && f.Type == wire.Stdout {
+				out += string(f.Payload)
+			}
+		}
+		syscall.Kill(pid, syscall.SIGCONT)
+		conn.SetReadDeadline(time.Now().Add(60 * time.Second))
+		if err != nil || out != "guest\n" {
+			t.Errorf("an exec on the bound lane while the daemon is stopped: %q, %v", out, err)
 		}
 	}
 
