@@ -23,8 +23,6 @@ import (
 func TestBoundLaneOutlivesTheDaemon(t *testing.T) {
 	t.Parallel()
 	d := newDaemon(t)
-	c := d.Client()
-	ctx := context.Background()
 	id := d.Create(api.CreateRequest{})
 	_, fr, fw := rawLane(t, d, "/v1/sandboxes/"+id+"/lane")
 
@@ -63,29 +61,12 @@ func TestBoundLaneOutlivesTheDaemon(t *testing.T) {
 	}
 
 	d.Start()
-	var logged *api.ExecLog
-	if !waitFor(20*time.Second, 100*time.Millisecond, func() bool {
-		logs, err := c.Logs(ctx, id)
-		for i := range logs {
-			if logs[i].PID == pid && logs[i].Exit != nil {
-				logged = &logs[i]
-			}
-		}
-		return err == nil && logged != nil
-	}) {
-		t.Fatalf("the restarted daemon's exec log has no finished record of pid %d\n%s", pid, d.Log())
-	}
+	logged, got := d.finishedLog(id, pid)
 	if logged.Exit.ExitCode != 0 || strings.Join(logged.Cmd, " ") != "sh -c echo begun; sleep 3; echo done" {
 		t.Errorf("logged: %+v", logged)
 	}
-	ls, err := c.Log(ctx, id, pid, client.LogOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ls.Close()
-	var got strings.Builder
-	if _, err := ls.Wait(&got, nil); err != nil || got.String() != "begun\ndone\n" {
-		t.Errorf("logged output %q, %v; want both lines", got.String(), err)
+	if got != "begun\ndone\n" {
+		t.Errorf("logged output %q; want both lines", got)
 	}
 	// And the SDK's next exec takes a new lane.
 	if s := d.Sh(id, "echo again"); s != "again\n" {
@@ -153,25 +134,8 @@ func TestBoundLaneLargeOutput(t *testing.T) {
 	if len(want) < 2<<20 || !strings.HasSuffix(want, "\n400000\n") {
 		t.Fatalf("seq printed %d bytes ending %q", len(want), want[max(0, len(want)-20):])
 	}
-	if !waitFor(20*time.Second, 100*time.Millisecond, func() bool {
-		logs, _ := c.Logs(ctx, id)
-		for _, l := range logs {
-			if l.PID == pid && l.Exit != nil {
-				return true
-			}
-		}
-		return false
-	}) {
-		t.Fatalf("no finished log record of pid %d", pid)
-	}
-	ls, err := c.Log(ctx, id, pid, client.LogOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ls.Close()
-	var got strings.Builder
-	if _, err := ls.Wait(&got, nil); err != nil || got.String() != want {
-		t.Errorf("the exec log kept %d bytes (%v), the client got %d; they differ", got.Len(), err, len(want))
+	if _, got := d.finishedLog(id, pid); got != want {
+		t.Errorf("the exec log kept %d bytes, the client got %d; they differ", len(got), len(want))
 	}
 	evs, err := c.Events(ctx, id, client.EventOptions{})
 	if err != nil {
@@ -211,4 +175,34 @@ func (d *Daemon) awaitBoundLane(id string) {
 	}) {
 		d.t.Fatal("the SDK has no lane bound to the sandbox after 20 s")
 	}
+}
+
+// finishedLog waits up to 20 s for the exec log's finished record of
+// process pid of sandbox id, and returns it with the output it kept.
+func (d *Daemon) finishedLog(id string, pid int) (api.ExecLog, string) {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var rec api.ExecLog
+	if !waitFor(20*time.Second, 50*time.Millisecond, func() bool {
+		logs, err := d.client.Logs(ctx, id)
+		for _, l := range logs {
+			if l.PID == pid && l.Exit != nil {
+				rec = l
+			}
+		}
+		return err == nil && rec.Exit != nil
+	}) {
+		d.t.Fatalf("the exec log has no finished record of pid %d\n%s", pid, d.Log())
+	}
+	ls, err := d.client.Log(ctx, id, pid, client.LogOptions{})
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer ls.Close()
+	var out strings.Builder
+	if _, err := ls.Wait(&out, nil); err != nil {
+		d.t.Fatalf("reading the exec log of pid %d: %v", pid, err)
+	}
+	return rec, out.String()
 }

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -70,13 +68,7 @@ func laneError(t *testing.T, fr *wire.Reader, what string) api.Error {
 // (and which refuses requests for other sandboxes).
 func TestLaneHostileInput(t *testing.T) {
 	t.Parallel()
-	token := "lane-test-token-" + randHex(8)
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tcpAddr := freeHostPort(t)
-	d := newDaemon(t, "--listen", "tcp://"+tcpAddr, "--token-file", tokenFile)
+	d, token, tcpAddr := newTCPDaemon(t)
 	id := d.Create(api.CreateRequest{})
 	bound := "/v1/sandboxes/" + id + "/lane"
 	t.Run("daemon", func(t *testing.T) { laneHostileInput(t, d, id, false, "unix", d.Sock, token, "/v1/lane") })
@@ -228,30 +220,9 @@ func TestLaneSDK(t *testing.T) {
 	}
 
 	// The exec log has what went through the lane: output and exit.
-	var log *client.ExecStream
-	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool {
-		logs, err := c.Logs(ctx, id)
-		if err != nil {
-			return false
-		}
-		for _, l := range logs {
-			if l.PID == pid && l.Exit != nil {
-				return true
-			}
-		}
-		return false
-	}) {
-		t.Fatalf("the exec log has no finished record of pid %d", pid)
+	if rec, logged := d.finishedLog(id, pid); rec.Exit.ExitCode != 0 || logged != out.String() {
+		t.Errorf("exec log of pid %d: %q %+v, want %q and exit 0", pid, logged, rec.Exit, out.String())
 	}
-	log, err = c.Log(ctx, id, pid, client.LogOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logged strings.Builder
-	if st, err := log.Wait(&logged, nil); err != nil || st == nil || st.ExitCode != 0 || logged.String() != out.String() {
-		t.Errorf("exec log of pid %d: %q %+v %v, want %q and exit 0", pid, logged.String(), st, err, out.String())
-	}
-	log.Close()
 
 	// Cancelled: Exec returns at once, the process runs on.
 	cctx, cancel := context.WithCancel(ctx)

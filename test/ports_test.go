@@ -596,13 +596,7 @@ func TestPortProxy(t *testing.T) {
 // typed errors, and a forward's end when its sandbox stops.
 func TestPortSDK(t *testing.T) {
 	t.Parallel()
-	token := "ports-test-token-" + randHex(8)
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tcpAddr := freeHostPort(t)
-	d := newDaemon(t, "--listen", "tcp://"+tcpAddr, "--token-file", tokenFile)
+	d, token, tcpAddr := newTCPDaemon(t)
 	id := d.Create(api.CreateRequest{})
 	d.startPortServer(id, "http", 3000, "sdk")
 	d.startPortServer(id, "echo", 4000, "")
@@ -747,6 +741,20 @@ func TestPortSDK(t *testing.T) {
 	if list, err := c.ListPorts(ctx, id); err != nil || len(list) != 0 {
 		t.Errorf("ListPorts of the stopped sandbox = %+v, %v", list, err)
 	}
+}
+
+// newTCPDaemon starts a daemon that also listens on TCP on the host's
+// loopback and wants a bearer token: it returns the daemon, the token and
+// the TCP address.
+func newTCPDaemon(t *testing.T) (*Daemon, string, string) {
+	t.Helper()
+	token := "test-token-" + randHex(8)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tcpAddr := freeHostPort(t)
+	return newDaemon(t, "--listen", "tcp://"+tcpAddr, "--token-file", tokenFile), token, tcpAddr
 }
 
 // freeHostPort returns a free address on the host's loopback.
