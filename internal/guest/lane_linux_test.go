@@ -3,6 +3,7 @@ package guest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"paddock/api"
+	"paddock/internal/errdefs"
 	"paddock/wire"
 )
 
@@ -125,4 +127,46 @@ func TestLaneReports(t *testing.T) {
 	if f, err := fr.Read(); err == nil {
 		t.Errorf("the lane stayed open without its report connection: frame %d", f.Type)
 	}
+}
+
+// TestLaneCap: a guest serves at most maxLanes lanes; past that it
+// refuses one (the daemon then serves it), and takes one again when a
+// lane has closed.
+func TestLaneCap(t *testing.T) {
+	s, c := procClient(t)
+	var lanes []net.Conn
+	for range maxLanes {
+		l, _ := handedLane(t, c)
+		lanes = append(lanes, l)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs, err := fileConns(fds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ours.Close()
+	defer theirs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.HandLane(ctx, "box1", theirs.(*net.UnixConn)); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "lanes already") {
+		t.Fatalf("lane %d: %v; want refused as unavailable", maxLanes+1, err)
+	}
+	lanes[0].Close()
+	if !waitLanes(s, maxLanes-1) {
+		t.Fatalf("%d lanes served after one closed; want %d", s.lanes.Load(), maxLanes-1)
+	}
+	handedLane(t, c)
+}
+
+// waitLanes waits up to 5 s for s to serve n lanes.
+func waitLanes(s *server, n int64) bool {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if s.lanes.Load() == n {
+			return true
+		}
+	}
+	return false
 }
