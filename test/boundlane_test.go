@@ -206,3 +206,28 @@ func (d *Daemon) finishedLog(id string, pid int) (api.ExecLog, string) {
 	}
 	return rec, out.String()
 }
+
+// TestBoundLaneKeepsAwake: an exec on a lane the guest serves marks its
+// sandbox busy (from the guest's report of its start), so auto-pause does
+// not pause the sandbox under it; once it ends, auto-pause does, and the
+// next exec resumes the sandbox on a lane of its new guest.
+func TestBoundLaneKeepsAwake(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	c := d.Client()
+	id := strings.TrimSpace(d.MustCLI("create", "--auto-pause", "2s"))
+	d.awaitBoundLane(id)
+	if _, _, st := d.Exec(id, "sleep", "4"); st.ExitCode != 0 || st.Error != "" {
+		t.Fatalf("sleep 4 on the bound lane, auto-pause 2 s: %+v", st)
+	}
+	if st := state(t, c, id); st != api.StateRunning {
+		t.Fatalf("paused while an exec on a bound lane ran: %s", st)
+	}
+	if !waitFor(15*time.Second, 100*time.Millisecond, func() bool { return state(t, c, id) == api.StatePaused }) {
+		t.Fatal("not auto-paused within 15 s of the exec's end")
+	}
+	if out := d.Sh(id, "echo back"); out != "back\n" {
+		t.Fatalf("after auto-pause: %q", out)
+	}
+	d.awaitBoundLane(id)
+}
