@@ -114,7 +114,7 @@ func TestBoundLaneSandboxEnds(t *testing.T) {
 }
 
 // TestBoundLaneLargeOutput: output past what a lane's reports carry
-// (1 MiB an exec) reaches the client whole and the exec log whole (the
+// (256 KiB an exec) reaches the client whole and the exec log whole (the
 // daemon fetches the rest from the guest's ring), and the exec's events
 // are recorded.
 func TestBoundLaneLargeOutput(t *testing.T) {

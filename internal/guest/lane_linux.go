@@ -44,11 +44,12 @@ const maxLanes = 64
 // reportBudget is how much of one exec's output a lane's reports carry;
 // past it they carry byte counts, and the daemon's copy fetches what the
 // exec log keeps from the output ring.
-const reportBudget = 1 << 20
+const reportBudget = 256 << 10
 
 // maxReportBacklog bounds the reports waiting for the daemon to read
-// them; a lane whose daemon does not keep up is closed.
-const maxReportBacklog = 4 << 20
+// them (memory the sandbox pays for); past it the reports stop and the
+// lane ends after its exec.
+const maxReportBacklog = 1 << 20
 
 // Report frames, guest to daemon, one exec after another: wire.Started
 // (laneStart), the exec's output frames while its budget lasts, then

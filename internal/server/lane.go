@@ -123,6 +123,10 @@ func (s *Server) handLane(r *http.Request, id string, gc *guest.Client, hj net.C
 	return true
 }
 
+// maxPassed bounds one count of output a guest reports without its
+// bytes: a guest that sends more is confused or hostile.
+const maxPassed = 1 << 40
+
 // laneReports follows a guest's reports of the execs on a lane it took
 // (internal/guest/lane_linux.go): the exec log's copy and events, and the
 // sandbox's busy mark while an exec runs. Closing rep (when the reports
@@ -167,7 +171,7 @@ func (s *Server) laneReports(id string, gc *guest.Client, rep *guest.Conn) {
 			var d struct {
 				Bytes int64 `json:"bytes"`
 			}
-			if json.Unmarshal(f.Payload, &d) != nil {
+			if json.Unmarshal(f.Payload, &d) != nil || d.Bytes < 0 || d.Bytes > maxPassed {
 				return
 			}
 			if cp != nil {
