@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -87,6 +91,8 @@ func execMethod(n, peers int) []string {
 			"what the kernel alone costs on this machine for the process the round trip runs.",
 		"**paddock over the floor** (a note under the table): SDK round trips and floor samples taken in alternation, so that both see the same minute; " +
 			"the median of their differences is what paddock adds to the command.",
+		"**with a minimal command** (a second note, x86-64 only): the same pairs with a 129-byte static program that only calls exit(0), " +
+			"written into the sandbox and onto the host: the round trip and paddock's share when the command is not most of it.",
 		"**bwrap**: bubblewrap has no exec into a running sandbox; a cold `bwrap … /bin/true` (same flags as the cold table) is shown for context.",
 		"Ratios are this row's median ÷ the peer's median: below 1 is faster. p99 is nearest-rank on the sorted samples.",
 	}
@@ -96,32 +102,91 @@ func execMethod(n, peers int) []string {
 // right after the other, and notes the median of their differences: what
 // paddock adds to the command in the same minute. The rows above run as
 // blocks, a few seconds apart, and this VM's floor moves by half a
-// millisecond between minutes.
+// millisecond between minutes. It does the same for a program that costs
+// the kernel little (noopELF), when this machine can run it: what the
+// round trip is when the command is not most of it.
 func (r *rig) pairedShare(ctx context.Context, s *section, n int, id string) error {
-	r.idle(ctx)
-	var diffs, floors []time.Duration
-	for i := 0; i < execWarmup+n; i++ {
-		a, err := r.execTrue(ctx, id)
-		if err != nil {
-			return fmt.Errorf("paired SDK sample %d: %w", i+1, err)
-		}
-		b, err := forkExecTrue()
-		if err != nil {
-			return fmt.Errorf("paired floor sample %d: %w", i+1, err)
-		}
-		if i >= execWarmup {
-			diffs, floors = append(diffs, a-b), append(floors, b)
-		}
+	d, f, _, err := r.pairs(ctx, n, id, "true", "/bin/true")
+	if err != nil {
+		return err
 	}
-	d, f := summarize(diffs), summarize(floors)
 	s.note("paddock over the floor, paired (%d SDK round trips each followed by a floor sample; median of the differences): "+
 		"%s (p90 %s), at a floor of %s in those pairs (each floor sample there runs right after an exec, while the daemon "+
 		"may still be writing it to the exec log).", d.N, ms(d.Median), ms(d.P90), ms(f.Median))
+	prog := noopELF()
+	if prog == nil {
+		return nil
+	}
+	host := filepath.Join(r.root, "noop")
+	if err := os.WriteFile(host, prog, 0o755); err != nil {
+		return err
+	}
+	const inBox = "/tmp/paddock-bench-noop"
+	if _, err := r.client.WriteFile(ctx, id, inBox, bytes.NewReader(prog), client.WriteOptions{Mode: 0o755}); err != nil {
+		return fmt.Errorf("writing the no-op program into the sandbox: %w", err)
+	}
+	d, f, trip, err := r.pairs(ctx, n, id, inBox, host)
+	if err != nil {
+		return err
+	}
+	s.note("the same pairs with a command that costs the kernel little (a %d-byte static program that only exits, "+
+		"no loader, no libc): SDK round trip %s, floor (spawn and reap of the same program on the host) %s, paddock over "+
+		"the floor %s (p90 %s).", len(prog), ms(trip.Median), ms(f.Median), ms(d.Median), ms(d.P90))
 	return nil
 }
 
+// pairs takes n pairs of an SDK exec of cmd and a spawn of host on the
+// host, after warm-ups: the differences and the floor samples.
+func (r *rig) pairs(ctx context.Context, n int, id, cmd, host string) (diff, floor, trip summary, _ error) {
+	r.idle(ctx)
+	var diffs, floors, trips []time.Duration
+	for i := 0; i < execWarmup+n; i++ {
+		a, err := r.execCmd(ctx, id, cmd)
+		if err != nil {
+			return summary{}, summary{}, summary{}, fmt.Errorf("paired SDK sample %d: %w", i+1, err)
+		}
+		b, err := forkExec(host)
+		if err != nil {
+			return summary{}, summary{}, summary{}, fmt.Errorf("paired floor sample %d: %w", i+1, err)
+		}
+		if i >= execWarmup {
+			diffs, floors, trips = append(diffs, a-b), append(floors, b), append(trips, a)
+		}
+	}
+	return summarize(diffs), summarize(floors), summarize(trips), nil
+}
+
+// noopELF is a whole x86-64 Linux program that exits with status 0: an
+// ELF header, one loadable segment, and nine bytes of code (exit(0)). nil
+// on other machines.
+func noopELF() []byte {
+	if runtime.GOARCH != "amd64" {
+		return nil
+	}
+	const base = 0x400000
+	code := []byte{0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05} // mov $60,%eax; xor %edi,%edi; syscall
+	hdr := binary.Size(elf.Header64{})
+	ph := binary.Size(elf.Prog64{})
+	size := uint64(hdr + ph + len(code))
+	var b bytes.Buffer
+	h := elf.Header64{
+		Type: uint16(elf.ET_EXEC), Machine: uint16(elf.EM_X86_64), Version: uint32(elf.EV_CURRENT),
+		Entry: base + uint64(hdr+ph), Phoff: uint64(hdr), Ehsize: uint16(hdr), Phentsize: uint16(ph), Phnum: 1,
+	}
+	copy(h.Ident[:], elf.ELFMAG)
+	h.Ident[elf.EI_CLASS], h.Ident[elf.EI_DATA], h.Ident[elf.EI_VERSION] = byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)
+	binary.Write(&b, binary.LittleEndian, h)
+	binary.Write(&b, binary.LittleEndian, elf.Prog64{Type: uint32(elf.PT_LOAD), Flags: uint32(elf.PF_R | elf.PF_X),
+		Vaddr: base, Paddr: base, Filesz: size, Memsz: size, Align: 0x1000})
+	b.Write(code)
+	return b.Bytes()
+}
+
 // forkExecTrue times a bare fork, exec and wait of /bin/true.
-func forkExecTrue() (time.Duration, error) {
+func forkExecTrue() (time.Duration, error) { return forkExec("/bin/true") }
+
+// forkExec times a bare fork, exec and wait of the program at path.
+func forkExec(path string) (time.Duration, error) {
 	null, err := os.Open(os.DevNull)
 	if err != nil {
 		return 0, err
@@ -129,7 +194,7 @@ func forkExecTrue() (time.Duration, error) {
 	defer null.Close()
 	fd := null.Fd()
 	t0 := time.Now()
-	pid, err := syscall.ForkExec("/bin/true", []string{"true"}, &syscall.ProcAttr{Files: []uintptr{fd, fd, fd}})
+	pid, err := syscall.ForkExec(path, []string{filepath.Base(path)}, &syscall.ProcAttr{Files: []uintptr{fd, fd, fd}})
 	if err != nil {
 		return 0, err
 	}
@@ -140,9 +205,14 @@ func forkExecTrue() (time.Duration, error) {
 	return time.Since(t0), nil
 }
 
-// execTrue is one timed SDK exec round trip.
+// execTrue is one timed SDK exec round trip of `true`.
 func (r *rig) execTrue(ctx context.Context, id string) (time.Duration, error) {
-	req := api.ExecRequest{Cmd: []string{"true"}}
+	return r.execCmd(ctx, id, "true")
+}
+
+// execCmd is one timed SDK exec round trip of cmd.
+func (r *rig) execCmd(ctx context.Context, id, cmd string) (time.Duration, error) {
+	req := api.ExecRequest{Cmd: []string{cmd}}
 	t0 := time.Now()
 	st, err := r.client.Exec(ctx, id, req, client.ExecIO{})
 	d := time.Since(t0)
