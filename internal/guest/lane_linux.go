@@ -193,7 +193,7 @@ func (s *server) serveLane(lane, rep net.Conn, id string) {
 			return // out of step: the client is confused or hostile
 		}
 		req, err := reqcheck.LaneRequest(f.Payload, id)
-		ok := true
+		var ok bool
 		if err != nil {
 			ok = fail(err)
 		} else {
