@@ -21,15 +21,7 @@ import (
 // connection.
 func handedLane(t *testing.T, c *Client) (net.Conn, *Conn) {
 	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ours, theirs, err := fileConns(fds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ours.Close() })
+	ours, theirs := socketPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	rep, err := c.HandLane(ctx, "box1", theirs.(*net.UnixConn))
@@ -41,6 +33,22 @@ func handedLane(t *testing.T, c *Client) (net.Conn, *Conn) {
 	ours.SetDeadline(time.Now().Add(30 * time.Second))
 	rep.SetDeadline(time.Now().Add(30 * time.Second))
 	return ours, rep
+}
+
+// socketPair returns the two ends of a unix stream socket pair; ours is
+// closed when the test ends.
+func socketPair(t *testing.T) (ours, theirs net.Conn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs, err = fileConns(fds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ours.Close() })
+	return ours, theirs
 }
 
 // readUntil reads frames until one of type last, and returns them.
@@ -139,15 +147,7 @@ func TestLaneCap(t *testing.T) {
 		l, _ := handedLane(t, c)
 		lanes = append(lanes, l)
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ours, theirs, err := fileConns(fds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ours.Close()
+	_, theirs := socketPair(t)
 	defer theirs.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
