@@ -208,22 +208,15 @@ func (s *server) serveLane(lane, rep net.Conn, id string) {
 // laneExec runs one exec of a lane and streams it to the client. It
 // reports whether the lane is at a request's boundary.
 func (s *server) laneExec(lane net.Conn, req *api.ExecRequest, r *reporter, fail func(error) bool) bool {
-	start := &StartRequest{Cmd: req.Cmd, Env: EnvList(req.Env), Cwd: req.Cwd, User: req.User,
-		TimeoutSeconds: req.TimeoutSeconds, Stdin: req.Stdin != nil, Attach: true}
-	p, err := s.spawn(start)
+	p, err := s.spawn(ExecStart(req))
 	if errors.Is(err, errdefs.ErrInvalid) {
 		return fail(err)
 	}
 	fw := streamWriter{conn: lane}
 	if err != nil {
-		// As on the daemon's way: a command that cannot run ends at once
-		// with 127 (not found) or 126 (not executable).
-		code := 126
-		if errors.Is(err, errdefs.ErrNotFound) {
-			code = 127
-		}
+		// As on the daemon's way: the stream ends at once.
 		fw.pending = wire.AppendFrame(nil, wire.Started, []byte(`{"pid":0}`))
-		b, _ := json.Marshal(api.ExitStatus{ExitCode: code, Error: err.Error()})
+		b, _ := json.Marshal(cannotRun(err))
 		return fw.write(wire.Exit, b) == nil
 	}
 	if req.Stdin != nil {

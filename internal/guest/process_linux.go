@@ -97,14 +97,8 @@ func (s *server) opStart(c *opConn, req Request) {
 		return
 	}
 	if err != nil {
-		// A command that cannot run answers like a shell would: the stream
-		// ends at once with 127 (not found) or 126 (not executable).
-		code := 126
-		if errors.Is(err, errdefs.ErrNotFound) {
-			code = 127
-		}
 		c.respond(Response{}, nil)
-		if c.fw.WriteJSON(wire.Exit, api.ExitStatus{ExitCode: code, Error: err.Error()}) == nil {
+		if c.fw.WriteJSON(wire.Exit, cannotRun(err)) == nil {
 			c.awaitRelease()
 		}
 		return
@@ -115,6 +109,16 @@ func (s *server) opStart(c *opConn, req Request) {
 	}
 	b, _ := json.Marshal(Response{PID: p.pid})
 	s.stream(c, p, 0, wire.AppendFrame(nil, wire.Response, b))
+}
+
+// cannotRun is the exit status of a command that could not be started:
+// as a shell answers, 127 (not found) or 126 (not executable).
+func cannotRun(err error) api.ExitStatus {
+	code := 126
+	if errors.Is(err, errdefs.ErrNotFound) {
+		code = 127
+	}
+	return api.ExitStatus{ExitCode: code, Error: err.Error()}
 }
 
 // startHold is how long an attached start's answer waits for the
@@ -190,6 +194,9 @@ func (s *server) stream(c *opConn, p *process, off int64, answer []byte) {
 // fw holds a pending answer, held closing makes it go out alone. sent, if
 // set, is told each frame written, after it went out.
 func (s *server) pour(fw *streamWriter, p *process, cur *cursor, cancel <-chan struct{}, held chan struct{}, sent func(t wire.Type, payload []byte)) bool {
+	if sent == nil {
+		sent = func(wire.Type, []byte) {}
+	}
 	for {
 		hold := held
 		if fw.pending == nil {
@@ -204,9 +211,7 @@ func (s *server) pour(fw *streamWriter, p *process, cur *cursor, cancel <-chan s
 				if fw.flush() != nil {
 					return false
 				}
-				if sent != nil {
-					sent(0, nil)
-				}
+				sent(0, nil)
 			default:
 			}
 			continue
@@ -216,27 +221,21 @@ func (s *server) pour(fw *streamWriter, p *process, cur *cursor, cancel <-chan s
 			if err := fw.write(wire.Dropped, b); err != nil {
 				return false
 			}
-			if sent != nil {
-				sent(wire.Dropped, b)
-			}
+			sent(wire.Dropped, b)
 		}
 		for _, ch := range chunks {
 			if err := fw.write(ch.typ, ch.data); err != nil {
 				return false
 			}
 			p.out.advance(cur, ch.off+int64(len(ch.data)))
-			if sent != nil {
-				sent(ch.typ, ch.data)
-			}
+			sent(ch.typ, ch.data)
 		}
 		if exit != nil {
 			b, _ := json.Marshal(exit)
 			if fw.write(wire.Exit, b) != nil {
 				return false
 			}
-			if sent != nil {
-				sent(wire.Exit, b)
-			}
+			sent(wire.Exit, b)
 			return true
 		}
 	}

@@ -65,6 +65,13 @@ type StartRequest struct {
 	Attach bool `json:"attach,omitempty"`
 }
 
+// ExecStart is the attached start of an exec request: stdin is kept open
+// when the request brings input or a terminal.
+func ExecStart(req *api.ExecRequest) *StartRequest {
+	return &StartRequest{Cmd: req.Cmd, Env: EnvList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
+		TimeoutSeconds: req.TimeoutSeconds, Stdin: req.Stdin != nil || req.TTY != nil, Attach: true}
+}
+
 // Response answers a Request.
 type Response struct {
 	Error     *api.Error    `json:"error,omitempty"`

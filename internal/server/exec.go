@@ -45,10 +45,8 @@ type streamBefore func(ctx context.Context, gc *guest.Client, resp *guest.Respon
 // stream may be passed on whole, and what runs once it started: the exec
 // log's copy, and the request's stdin sent.
 func (s *Server) execOp(id string, req *api.ExecRequest, upgrade bool) (guest.Request, bool, streamBefore) {
-	start := &guest.StartRequest{
-		Cmd: req.Cmd, Env: guest.EnvList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
-		TimeoutSeconds: req.TimeoutSeconds, Stdin: upgrade || req.Stdin != nil || req.TTY != nil, Attach: true,
-	}
+	start := guest.ExecStart(req)
+	start.Stdin = start.Stdin || upgrade
 	// Input to send after the start needs the guest connection: such a
 	// stream is not passed on whole.
 	whole := req.Stdin == nil
