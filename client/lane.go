@@ -30,7 +30,8 @@ var errNoIdleLane = errors.New("no idle exec lane")
 // errLaneBroke: a lane broke off in the middle of an exec's stream.
 var errLaneBroke = fmt.Errorf("%w: the exec lane broke off", ErrUnavailable)
 
-// lane is a connection upgraded to an exec lane (GET /v1/lane): it
+// lane is a connection upgraded to an exec lane (GET /v1/lane, or GET
+// /v1/sandboxes/{id}/lane for one bound to a sandbox): it
 // carries one exec after another as frames, without an HTTP request and
 // answer for each, which on a small VM saves about 0.1 ms of a short exec's
 // round trip (the parsing, and net/http's goroutine hand-offs and
