@@ -7,7 +7,7 @@ PREFIX   ?= /usr/local
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 # The guest runs inside sandboxes whose root may have no C library, so the
 # one binary is linked statically (cgo is needed for libseccomp).
-GOFLAGS_STATIC := -tags 'netgo osusergo' -ldflags '-linkmode external -extldflags "-static" -X paddock/internal/daemon.Version=$(VERSION)'
+GOFLAGS_STATIC := -tags 'netgo osusergo' -ldflags '-linkmode external -extldflags "-static" -X github.com/paddock-dev/paddock/internal/daemon.Version=$(VERSION)'
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 

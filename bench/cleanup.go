@@ -13,9 +13,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/client"
-	"paddock/internal/network"
-	"paddock/internal/storage/disk"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/network"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
 
 // cleanupReport says what the final sweep found and removed. Problems are

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // userHZ is the unit of utime and stime in /proc/<pid>/stat on Linux.

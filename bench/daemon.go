@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"paddock/client"
+	"github.com/paddock-dev/paddock/client"
 )
 
 const (

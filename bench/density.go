@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 const (

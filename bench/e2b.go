@@ -21,9 +21,9 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
-	"paddock/internal/e2b"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/e2b"
 )
 
 // The E2B facade benchmark: Sandbox.create() + commands.run('echo hi') +

@@ -16,9 +16,9 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/bench/egresswire"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/bench/egresswire"
+	"github.com/paddock-dev/paddock/client"
 )
 
 const (
@@ -140,7 +140,7 @@ func (r *rig) egressRun(ctx context.Context, samples int, run *egressRun) error 
 // buildEgressClient builds bench/egressclient statically, so that it runs
 // in any sandbox image.
 func buildEgressClient(ctx context.Context, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "paddock/bench/egressclient")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "github.com/paddock-dev/paddock/bench/egressclient")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the egress client (run the bench from the module's directory): %v: %s", err, truncate(string(b), 500))

@@ -20,7 +20,7 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/egress"
+	"github.com/paddock-dev/paddock/internal/egress"
 )
 
 // The egress benchmark's upstream names: a domain rule allows the first

@@ -8,8 +8,8 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // filePath is where the files benchmark writes its 1 GiB file: the

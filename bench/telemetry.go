@@ -16,10 +16,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
-	"paddock/internal/cgroup"
-	"paddock/internal/telemetry/admission"
-	"paddock/internal/telemetry/hub"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/telemetry/admission"
+	"github.com/paddock-dev/paddock/internal/telemetry/hub"
 )
 
 const (

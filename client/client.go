@@ -20,8 +20,8 @@ import (
 	"os"
 	"strings"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Error categories: test with errors.Is(err, client.ErrNotFound).

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // Files of a sandbox: write, watch, read, list, stat and copy a tree in

@@ -8,8 +8,8 @@ import (
 	"net/http"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // Start a web server inside a sandbox and reach it three ways: through a

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // Run a command in a fresh sandbox with live output (needs a running

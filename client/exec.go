@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"sync"
 
-	"paddock/api"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // ExecIO connects an exec to local streams. Nil writers discard output.

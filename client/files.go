@@ -15,7 +15,7 @@ import (
 	"strings"
 	"sync"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // Files in a sandbox. Every path is interpreted inside the sandbox: it is

@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // Images lists the images: the built-in host image and every OCI image.

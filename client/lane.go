@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"paddock/api"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // errNoLanes: the daemon does not serve exec lanes of the kind asked for

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // Policy returns a sandbox's network policy.

@@ -10,8 +10,8 @@ import (
 	"strconv"
 	"strings"
 
-	"paddock/api"
-	"paddock/internal/netpipe"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
 // Reaching a TCP port that listens inside a sandbox. The daemon connects

@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"strconv"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 func processPath(id string, pid int, rest string) string {

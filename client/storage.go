@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // Snapshot captures a running sandbox's filesystem (or, with req.Path, one

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // MetricsOptions select a metrics history. Zero fields take the daemon's

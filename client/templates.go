@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // BuildOptions configure a template build from a build context.

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // streamDaemon serves /v1/sandboxes/{id}/exec on a unix socket: "quick"

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // TestAPIErrors sends bad requests over the daemon's socket with plain

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // TestBoundLaneOutlivesTheDaemon: a lane bound to a sandbox is served by

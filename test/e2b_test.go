@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
-	"paddock/internal/e2b"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/e2b"
 )
 
 // e2bDaemon is a daemon serving the E2B facade on a loopback port, and

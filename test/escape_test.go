@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"testing"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // pySyscall defines sc(nr, *args) in python: it makes a raw syscall and

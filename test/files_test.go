@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // filesCtx is a test-bounded context.

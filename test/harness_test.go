@@ -23,10 +23,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
-	"paddock/client"
-	"paddock/internal/network"
-	"paddock/internal/storage/disk"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/network"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
 
 var paddockBin string

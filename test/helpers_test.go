@@ -21,8 +21,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // newDaemon is StartDaemon with its root opened to other uids. StartDaemon

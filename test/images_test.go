@@ -12,8 +12,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // layerDirs lists a daemon's unpacked OCI layers and anything else in the

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // rawLane opens an exec lane on a connection of its own: the daemon's

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // TestDaemonHoldsNothingAfterUse: a daemon that made, used and removed

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 var idShape = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)

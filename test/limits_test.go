@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // TestMemoryLimit: a memory hog is OOM-killed inside its sandbox, the exit

@@ -18,9 +18,9 @@ import (
 
 	"github.com/creack/pty"
 
-	"paddock/api"
-	"paddock/client"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // waitState polls a process until it reaches state (bounded).

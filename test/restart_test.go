@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // TestRestartSurvival: kill -9 of the daemon while a sandbox runs long

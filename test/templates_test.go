@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 const templateSpec = `name: web

@@ -33,7 +33,7 @@ import (
 	"syscall"
 	"time"
 
-	"paddock/bench/egresswire"
+	"github.com/paddock-dev/paddock/bench/egresswire"
 )
 
 type options struct {

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"os"
 
-	"paddock/internal/cli"
-	"paddock/internal/guest"
-	"paddock/internal/runtime/native"
+	"github.com/paddock-dev/paddock/internal/cli"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/runtime/native"
 )
 
 func main() {

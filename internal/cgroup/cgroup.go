@@ -16,7 +16,7 @@ import (
 	"fmt"
 	"math"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Mode is the cgroup version a Manager drives.

@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 const python = "/usr/bin/python3"

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 func TestValidateName(t *testing.T) {

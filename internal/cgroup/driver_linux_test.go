@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // These tests run the v1 and v2 drivers against a fake cgroupfs: a

@@ -13,7 +13,7 @@ import (
 	"github.com/containerd/cgroups/v3"
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // hierarchy is the part of a Manager that differs between v1 and v2.

@@ -15,8 +15,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/client"
-	"paddock/internal/daemon"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/daemon"
 )
 
 // exitError carries an exit code out of a command without printing.

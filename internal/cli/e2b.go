@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/internal/e2b"
+	"github.com/paddock-dev/paddock/internal/e2b"
 )
 
 func e2bKeyCmd(g *globals) *cobra.Command {

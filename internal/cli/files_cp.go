@@ -16,8 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/client"
-	"paddock/internal/guest"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/guest"
 )
 
 func cpCmd(g *globals) *cobra.Command {

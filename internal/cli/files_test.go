@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"paddock/client"
+	"github.com/paddock-dev/paddock/client"
 )
 
 func TestParseLocation(t *testing.T) {

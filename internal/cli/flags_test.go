@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/internal/e2b"
+	"github.com/paddock-dev/paddock/internal/e2b"
 )
 
 func TestE2BKey(t *testing.T) {

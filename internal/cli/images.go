@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // imageCmd is `paddock image ls|pull|import|inspect|rm`.

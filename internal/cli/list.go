@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/client"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // listing says how an `ls` command gets and prints one kind of thing:

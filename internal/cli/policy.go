@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // policyFlags build a policy from the command line: --policy FILE as the

@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // poolCmd is `paddock pool ls|set`.

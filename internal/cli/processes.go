@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/client"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // processCmds are ps, attach, kill and shell.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // createFlags are the flags that describe a new sandbox.

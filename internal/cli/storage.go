@@ -6,8 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/api"
-	"paddock/client"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 // snapshotCmd is `paddock snapshot ID [--path DIR]` with ls and rm.

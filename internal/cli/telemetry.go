@@ -14,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"paddock/api"
-	"paddock/client"
-	"paddock/internal/daemon"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/daemon"
 )
 
 // telemetryFlags are `paddock serve`'s admission and budget settings.

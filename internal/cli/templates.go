@@ -12,9 +12,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"paddock/api"
-	"paddock/client"
-	"paddock/internal/template"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/template"
 )
 
 // templateCmd is `paddock template build|ls|rm`.

@@ -10,9 +10,9 @@ import (
 
 	"golang.org/x/term"
 
-	"paddock/api"
-	"paddock/client"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // localSize is the local terminal's size, or 80x24.

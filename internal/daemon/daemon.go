@@ -18,24 +18,24 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/cgroup"
-	"paddock/internal/runtime/native"
-	"paddock/internal/sandbox"
-	"paddock/internal/seccomp"
-	"paddock/internal/server"
-	"paddock/internal/snapshot"
-	"paddock/internal/storage/disk"
-	"paddock/internal/storage/image"
-	"paddock/internal/storage/oci"
-	"paddock/internal/store"
-	"paddock/internal/sysmon"
-	"paddock/internal/template"
-	"paddock/internal/volume"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/runtime/native"
+	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/seccomp"
+	"github.com/paddock-dev/paddock/internal/server"
+	"github.com/paddock-dev/paddock/internal/snapshot"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
+	"github.com/paddock-dev/paddock/internal/storage/image"
+	"github.com/paddock-dev/paddock/internal/storage/oci"
+	"github.com/paddock-dev/paddock/internal/store"
+	"github.com/paddock-dev/paddock/internal/sysmon"
+	"github.com/paddock-dev/paddock/internal/template"
+	"github.com/paddock-dev/paddock/internal/volume"
+	"github.com/paddock-dev/paddock/wire"
 )
 
-// Version is set at build time (-ldflags "-X paddock/internal/daemon.Version=...").
+// Version is set at build time (-ldflags "-X github.com/paddock-dev/paddock/internal/daemon.Version=...").
 var Version = "dev"
 
 // Config is the daemon's configuration. Zero values take the defaults

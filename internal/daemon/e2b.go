@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/e2b"
-	"paddock/internal/sandbox"
-	"paddock/internal/store"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/e2b"
+	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/store"
 )
 
 // listenE2B opens the E2B facade's listener (tcp://HOST:PORT), early with

@@ -8,9 +8,9 @@ import (
 	"os"
 	"path/filepath"
 
-	"paddock/internal/gateway"
-	"paddock/internal/runtime"
-	"paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/gateway"
+	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/sandbox"
 )
 
 // startGateway starts the egress gateway, or returns nil when the network

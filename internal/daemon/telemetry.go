@@ -6,13 +6,13 @@ import (
 	"log/slog"
 	"path/filepath"
 
-	"paddock/api"
-	"paddock/internal/cgroup"
-	"paddock/internal/gateway"
-	"paddock/internal/sandbox"
-	"paddock/internal/telemetry/admission"
-	"paddock/internal/telemetry/budget"
-	"paddock/internal/telemetry/hub"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/gateway"
+	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/telemetry/admission"
+	"github.com/paddock-dev/paddock/internal/telemetry/budget"
+	"github.com/paddock-dev/paddock/internal/telemetry/hub"
 )
 
 // Admission control's default overcommit ratios. A sandbox's limits are

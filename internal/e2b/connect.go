@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // The Connect protocol (connectrpc.com), JSON codec only, as envd speaks

@@ -15,10 +15,10 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/sandbox"
-	"paddock/internal/server"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/server"
 )
 
 // Labels that carry E2B's view of a sandbox in paddock's record, so that

@@ -25,10 +25,10 @@ import (
 	"strings"
 	"sync"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
-	"paddock/internal/sandbox"
-	"paddock/internal/store"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/store"
 )
 
 // EnvdVersion is the envd version the facade reports. The SDKs gate

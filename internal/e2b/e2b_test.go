@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 func TestAPIKeyShape(t *testing.T) {

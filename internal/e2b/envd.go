@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/sandbox"
 )
 
 // envdRoutes is each sandbox's envd surface; the sandbox is named by the

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
 )
 
 // The filesystem.Filesystem service, over the guest's file ops. The

@@ -9,11 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
-	"paddock/internal/reqcheck"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // The process.Process service, over the guest's process table.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Kind is what a decision was made on.

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Policy is what a sandbox may reach. Nothing is reachable unless a rule

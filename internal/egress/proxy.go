@@ -16,8 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"paddock/internal/errdefs"
-	"paddock/internal/netpipe"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
 // ProxyConfig configures the egress proxy. Engine and Sandbox are

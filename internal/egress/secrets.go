@@ -17,7 +17,7 @@ import (
 	"sync"
 	"time"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // SecretStore keeps secrets encrypted at rest in a state directory:

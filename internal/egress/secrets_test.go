@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 func TestSecretStore(t *testing.T) {

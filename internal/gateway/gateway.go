@@ -35,12 +35,12 @@ import (
 	"sync"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/egress"
-	"paddock/internal/egress/dns"
-	"paddock/internal/errdefs"
-	"paddock/internal/network"
-	"paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/egress"
+	"github.com/paddock-dev/paddock/internal/egress/dns"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/network"
+	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
 // Inside the sandbox.

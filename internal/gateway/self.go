@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/egress"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/egress"
 )
 
 // selfReadme is /run/paddock/README in every sandbox.

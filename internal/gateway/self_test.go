@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // TestWriteSelfOnlyChanged: a refresh rewrites only the self files whose

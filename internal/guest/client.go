@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"paddock/internal/errdefs"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // Client talks to one sandbox's guest from the daemon. Each call has a

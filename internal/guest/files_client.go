@@ -8,9 +8,9 @@ import (
 	"io"
 	"sync"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // The daemon's side of the file ops: each helper makes one call and

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // idNames maps the sandbox's user and group ids to names and back, read

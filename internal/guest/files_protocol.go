@@ -1,6 +1,6 @@
 package guest
 
-import "paddock/api"
+import "github.com/paddock-dev/paddock/api"
 
 // File ops of the control protocol. Every path names a file inside the
 // sandbox: it is resolved by the guest under the sandbox's root, relative

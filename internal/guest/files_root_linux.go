@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // fileRootDir is the directory file ops resolve paths under: the

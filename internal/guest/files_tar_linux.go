@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // tarSource writes a file or a directory tree of the sandbox as a tar

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // watchEvents collects a watch's events on a channel.

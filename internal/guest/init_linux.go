@@ -14,9 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/seccomp"
-	"paddock/internal/sysmon"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/internal/seccomp"
+	"github.com/paddock-dev/paddock/internal/sysmon"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // maskedPaths and readonlyPaths are runc's (and Docker's) defaults: kernel

@@ -11,10 +11,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/reqcheck"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // Exec lanes bound to one sandbox are served here, in its guest: the

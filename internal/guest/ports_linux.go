@@ -8,8 +8,8 @@ import (
 	"syscall"
 	"time"
 
-	"paddock/internal/errdefs"
-	"paddock/internal/netpipe"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
 func init() {

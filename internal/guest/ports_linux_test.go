@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/internal/errdefs"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // freePort returns a loopback port that nothing listens on (it was just

@@ -4,7 +4,7 @@ import (
 	"context"
 	"net"
 
-	"paddock/internal/netpipe"
+	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
 // DialPort opens a byte pipe to a TCP port on the sandbox's loopback

@@ -1,6 +1,6 @@
 package guest
 
-import "paddock/internal/errdefs"
+import "github.com/paddock-dev/paddock/internal/errdefs"
 
 // OpPortConnect connects to a TCP port on the sandbox's loopback. After a
 // successful Response frame the guest connection stops being framed: it

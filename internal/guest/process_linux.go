@@ -18,10 +18,10 @@ import (
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/reaper"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reaper"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // processOps are the ops on processes.

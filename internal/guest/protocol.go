@@ -4,7 +4,7 @@ import (
 	"sort"
 	"time"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // Ops of the control protocol. Each connection carries one request frame,

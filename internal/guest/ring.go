@@ -3,8 +3,8 @@ package guest
 import (
 	"sync"
 
-	"paddock/api"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // ring retains a process's output (stdout and stderr interleaved in the

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 func collect(t *testing.T, r *ring, off int64) (out []byte, lost int64, exit *api.ExitStatus) {

@@ -11,10 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/reaper"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reaper"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // serve is the guest's steady state: it reaps every process, forwards

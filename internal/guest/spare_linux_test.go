@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // TestSpareOutputPipes: a process's stdout and stderr pipes are made ahead

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"syscall"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 func credential(name string) (*syscall.Credential, string, error) {

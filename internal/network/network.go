@@ -29,7 +29,7 @@ import (
 	"net/netip"
 	"regexp"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Config is the network of every sandbox of one daemon.

@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 func TestSlots(t *testing.T) {

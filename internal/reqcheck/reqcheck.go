@@ -15,8 +15,8 @@ import (
 	"path"
 	"strings"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // MaxBody caps a JSON request body or lane request frame.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // TestEnvKey: the hand-written check of a variable name agrees with the

@@ -10,8 +10,8 @@ import (
 	"net"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/storage/image"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/storage/image"
 )
 
 // Spec describes a sandbox to start.

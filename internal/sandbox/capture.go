@@ -10,11 +10,11 @@ import (
 	"syscall"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/reqcheck"
-	"paddock/internal/runtime"
-	"paddock/internal/snapshot"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/snapshot"
 )
 
 // maxForks bounds one fork request.

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // touch records activity on the sandbox (an API call that reached it).

@@ -15,10 +15,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/storage/image"
-	"paddock/internal/storage/oci"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/storage/image"
+	"github.com/paddock-dev/paddock/internal/storage/oci"
 )
 
 // imageState is the manager's part in images: removal against use.

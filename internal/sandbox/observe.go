@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Observer hears what happens to sandboxes: telemetry (metrics, events,

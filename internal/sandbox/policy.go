@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Policy returns a sandbox's network policy (empty: nothing reachable).

@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"strings"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/runtime"
-	"paddock/internal/storage/image"
-	"paddock/internal/template"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/storage/image"
+	"github.com/paddock-dev/paddock/internal/template"
 )
 
 // poolsBucket keeps the sizes of image pools set through the API, so that

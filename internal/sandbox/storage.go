@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
 var (

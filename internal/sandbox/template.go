@@ -11,15 +11,15 @@ import (
 	"sync"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
-	"paddock/internal/reqcheck"
-	"paddock/internal/runtime"
-	"paddock/internal/snapshot"
-	"paddock/internal/storage/image"
-	"paddock/internal/template"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/snapshot"
+	"github.com/paddock-dev/paddock/internal/storage/image"
+	"github.com/paddock-dev/paddock/internal/template"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // templates serializes template builds and removals: a build replaces a

@@ -3,7 +3,7 @@ package sandbox
 import (
 	"time"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // SetTimeout sets a sandbox's lifetime to end d from now (it is then

@@ -6,11 +6,11 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/reqcheck"
-	"paddock/internal/snapshot"
-	"paddock/internal/volume"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/internal/snapshot"
+	"github.com/paddock-dev/paddock/internal/volume"
 )
 
 var (

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 func TestValidateCreate(t *testing.T) {

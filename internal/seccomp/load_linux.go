@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Load installs prog, a program from Compile, as a seccomp filter with

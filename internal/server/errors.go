@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // HTTPError keeps what the client sees apart from what is logged.

@@ -9,10 +9,10 @@ import (
 	"strconv"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/guest"
-	"paddock/internal/reqcheck"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // wantsUpgrade reports whether the client asked for a bidirectional stream.

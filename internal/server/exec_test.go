@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 type recordingTee struct{ frames []string }

@@ -13,9 +13,9 @@ import (
 	"strings"
 	"syscall"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
 )
 
 // fileRoutes are the /v1/sandboxes/{id}/files endpoints. Every path names

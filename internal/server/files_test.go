@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // TestFileParams checks that the file endpoints refuse bad arguments

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // ndjson is the media type of streamed progress: one JSON object a line.

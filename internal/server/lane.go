@@ -9,12 +9,12 @@ import (
 	"syscall"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
-	"paddock/internal/reqcheck"
-	"paddock/internal/telemetry/hub"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/internal/telemetry/hub"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // lane serves an exec lane (GET /v1/lane with "Upgrade: paddock-lane"): a

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // TestOpenAPICoversRoutes keeps api/openapi.yaml true to the router: every

@@ -4,8 +4,8 @@ import (
 	"net/http"
 	"sort"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Secrets is the daemon's secret store as the API sees it: values go in,

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
-	"paddock/internal/netpipe"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
 // PortProtocol is the Upgrade token of a raw connection to a sandbox port.

@@ -11,10 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
-	"paddock/internal/netpipe"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
 // Bounds on host forwards, so that a flood of connections or requests

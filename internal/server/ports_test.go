@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))

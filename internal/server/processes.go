@@ -5,10 +5,10 @@ import (
 	"net/http"
 	"strconv"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
-	"paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
 )
 
 // processRoutes are the /v1/sandboxes/{id}/processes endpoints: start in

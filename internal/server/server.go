@@ -12,11 +12,11 @@ import (
 	"net/http"
 	"strings"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/reqcheck"
-	"paddock/internal/sandbox"
-	"paddock/internal/telemetry/hub"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/telemetry/hub"
 )
 
 // route is one pattern of the API, "METHOD /path".

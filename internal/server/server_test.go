@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
 )
 
 func TestStatus(t *testing.T) {

@@ -3,7 +3,7 @@ package server
 import (
 	"net/http"
 
-	"paddock/api"
+	"github.com/paddock-dev/paddock/api"
 )
 
 // storageRoutes serve volumes, snapshots and forks.

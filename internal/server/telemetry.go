@@ -10,12 +10,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
-	"paddock/internal/telemetry/execlog"
-	"paddock/internal/telemetry/hub"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/telemetry/execlog"
+	"github.com/paddock-dev/paddock/internal/telemetry/hub"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // SetTelemetry sets where metrics, events and exec output come from and

@@ -7,9 +7,9 @@ import (
 	"mime"
 	"net/http"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/template"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/template"
 )
 
 // ndjsonContentType is the media type of a template build's log.

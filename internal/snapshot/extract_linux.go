@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
-	"paddock/internal/storage/disk"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
 
 // Extract fills the directory snapshot p: from full, a capture of a whole

@@ -32,10 +32,10 @@ import (
 	"strings"
 	"sync"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/storage/disk"
-	"paddock/internal/store"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
+	"github.com/paddock-dev/paddock/internal/store"
 )
 
 const (

@@ -19,7 +19,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // foldDelay is how long journaled records wait before they are folded

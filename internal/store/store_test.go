@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 type rec struct {

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // MaxContext bounds a build context's file bytes (it is held in memory).

@@ -9,9 +9,9 @@ import (
 	"sort"
 	"sync"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/store"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/store"
 )
 
 const bucket = "templates"

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 func TestParse(t *testing.T) {

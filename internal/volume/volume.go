@@ -24,10 +24,10 @@ import (
 	"sync"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/storage/disk"
-	"paddock/internal/store"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
+	"github.com/paddock-dev/paddock/internal/store"
 )
 
 const (

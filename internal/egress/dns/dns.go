@@ -36,7 +36,7 @@ import (
 	mdns "github.com/miekg/dns"
 	"golang.org/x/sync/singleflight"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Config is the resolver's configuration. Sandbox and Allowed are required.

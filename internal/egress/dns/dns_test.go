@@ -14,7 +14,7 @@ import (
 
 	mdns "github.com/miekg/dns"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // upstream is an in-process authoritative-looking resolver on loopback.

@@ -14,7 +14,7 @@ import (
 	mdns "github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/network"
+	"github.com/paddock-dev/paddock/internal/network"
 )
 
 // TestThroughNetwork puts the resolver behind paddock's network: a query a

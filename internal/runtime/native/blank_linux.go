@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
-	"paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
 // Blank guests are guests started ahead of time but bound to no image,

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/reaper"
+	"github.com/paddock-dev/paddock/internal/reaper"
 )
 
 // The forker is a small helper process (`paddock guest-forker`) that forks

@@ -15,9 +15,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/guest"
-	"paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
 // idRange is the number of uids and gids each sandbox maps.

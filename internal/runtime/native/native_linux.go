@@ -24,13 +24,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
-	"paddock/internal/guest"
-	"paddock/internal/runtime"
-	"paddock/internal/storage/disk"
-	"paddock/internal/storage/image"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
+	"github.com/paddock-dev/paddock/internal/storage/image"
 )
 
 // Config configures the native runtime.

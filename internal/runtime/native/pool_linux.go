@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
 var _ runtime.Pools = (*Runtime)(nil)

@@ -10,10 +10,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/api"
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
-	"paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
 // state is what Restore needs to find a sandbox again.

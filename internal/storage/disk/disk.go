@@ -57,7 +57,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 const (

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // FIFREEZE and FITHAW: _IOWR('X', 119, int) and _IOWR('X', 120, int).

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // snapshotSetup is a pool and a directory for snapshots on the same

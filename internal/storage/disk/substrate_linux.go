@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Substrate modes, as Substrate.Mode reports them.

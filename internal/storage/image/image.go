@@ -18,7 +18,7 @@ import (
 	"strings"
 	"sync"
 
-	"paddock/internal/storage/oci"
+	"github.com/paddock-dev/paddock/internal/storage/oci"
 )
 
 // HostImage is the name of the built-in image.

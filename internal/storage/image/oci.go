@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"paddock/internal/errdefs"
-	"paddock/internal/storage/oci"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/storage/oci"
 )
 
 // ociDefaultPath is the PATH a sandbox of an OCI image gets when the

@@ -5,7 +5,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // noRegistry stands in for "no registry given" while parsing a name: the

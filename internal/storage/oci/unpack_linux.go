@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // OCI whiteout names (image-spec, layer.md).

@@ -14,7 +14,7 @@ import (
 	"strconv"
 	"sync"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Resources are what a sandbox reserves: its limits. A zero field

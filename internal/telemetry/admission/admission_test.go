@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 const gb = 1 << 30

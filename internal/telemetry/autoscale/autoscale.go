@@ -31,11 +31,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/admission"
-	"paddock/internal/telemetry/events"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/admission"
+	"github.com/paddock-dev/paddock/internal/telemetry/events"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 // Range bounds a sandbox's limits. A resource whose Max is zero is not

@@ -9,10 +9,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/telemetry/events"
-	"paddock/internal/telemetry/internal/cgrouptest"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/telemetry/events"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/cgrouptest"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 // ramp allocates 100 MB, then 16 MB every 100 ms up to 1000 MB (about 6 s),

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/admission"
-	"paddock/internal/telemetry/events"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/admission"
+	"github.com/paddock-dev/paddock/internal/telemetry/events"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 const mb = 1 << 20

@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/telemetry/internal/cgrouptest"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/cgrouptest"
 )
 
 // BenchmarkUpdate measures cgroup.Group.Update on a live group with a

@@ -14,9 +14,9 @@ import (
 	"sync"
 	"time"
 
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/events"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/events"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 // Kind names a budget.

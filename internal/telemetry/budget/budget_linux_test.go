@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/telemetry/internal/cgrouptest"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/cgrouptest"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 // TestCPUBudgetBusyLoop: a busy loop in a real cgroup, sampled every

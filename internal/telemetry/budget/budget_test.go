@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/events"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/events"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 type call struct {

@@ -28,9 +28,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/internal/jsonl"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
 )
 
 // Type is what an event is about.

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 func openLog(t *testing.T, dir string, maxBytes int64) *Log {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync"
 
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 // OOMWatch turns a rise in a sandbox's OOM kill count, as the sampler

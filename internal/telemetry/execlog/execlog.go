@@ -48,10 +48,10 @@ import (
 	"sync"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/internal/jsonl"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // Config configures a Store.

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 func open(t *testing.T, cfg Config) *Store {

@@ -3,7 +3,7 @@ package hub
 import (
 	"time"
 
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // batchDelay is how long copied output may wait in memory before it is

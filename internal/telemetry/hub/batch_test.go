@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // describe renders what take returns: the bytes skipped first, then each

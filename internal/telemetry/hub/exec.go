@@ -10,11 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/guest"
-	"paddock/internal/telemetry/events"
-	"paddock/internal/telemetry/execlog"
-	"paddock/wire"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/telemetry/events"
+	"github.com/paddock-dev/paddock/internal/telemetry/execlog"
+	"github.com/paddock-dev/paddock/wire"
 )
 
 // copyBudget is how much of a process's output the copy takes in hand

@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/admission"
-	"paddock/internal/telemetry/internal/cgrouptest"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/admission"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/cgrouptest"
 )
 
 // TestHubLifecycle drives a Hub as the manager does, over a real cgroup

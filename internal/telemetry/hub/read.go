@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"time"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/budget"
-	"paddock/internal/telemetry/events"
-	"paddock/internal/telemetry/execlog"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/budget"
+	"github.com/paddock-dev/paddock/internal/telemetry/events"
+	"github.com/paddock-dev/paddock/internal/telemetry/execlog"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 func toSample(s metrics.Sample) api.Sample {

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // CgroupDirs are a group's directories: on v1 one per controller (they

@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // TestCgroupFilesV2 reads a v2 group's files from a directory of

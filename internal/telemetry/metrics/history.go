@@ -5,7 +5,7 @@ import (
 	"time"
 	"unsafe"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Tier is one resolution of the history: a point every Resolution, kept

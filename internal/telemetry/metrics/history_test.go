@@ -7,7 +7,7 @@ import (
 	"time"
 	"unsafe"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 func TestPointSize(t *testing.T) {

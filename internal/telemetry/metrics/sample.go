@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/cgroup"
 )
 
 // Reading is what a Source reports: raw counters and gauges, as the kernel

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // Observer is told every sample a tick takes, after the tick has stored

@@ -12,9 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/internal/cgrouptest"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/cgrouptest"
 )
 
 // TestKnownWorkloads: a busy loop of 2 s of CPU reads as about 2

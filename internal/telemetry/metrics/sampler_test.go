@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // fakeSource reports whatever the test sets.

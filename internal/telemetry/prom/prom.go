@@ -30,12 +30,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"paddock/api"
-	"paddock/internal/errdefs"
-	"paddock/internal/telemetry/admission"
-	"paddock/internal/telemetry/autoscale"
-	"paddock/internal/telemetry/budget"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/admission"
+	"github.com/paddock-dev/paddock/internal/telemetry/autoscale"
+	"github.com/paddock-dev/paddock/internal/telemetry/budget"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 // Config configures a Collector. Only Sampler is required.

@@ -14,11 +14,11 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"paddock/internal/cgroup"
-	"paddock/internal/telemetry/admission"
-	"paddock/internal/telemetry/autoscale"
-	"paddock/internal/telemetry/budget"
-	"paddock/internal/telemetry/metrics"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/telemetry/admission"
+	"github.com/paddock-dev/paddock/internal/telemetry/autoscale"
+	"github.com/paddock-dev/paddock/internal/telemetry/budget"
+	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
 // scrape serves reg through promhttp and parses the answer with the

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/cgroup"
 )
 
 // RequireRoot skips tb unless it runs as root.
