@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
 // recorder is an upstream that keeps every request it got (headers, URL,
@@ -129,15 +131,15 @@ func setupSecrets(t *testing.T) *secretsSetup {
 	if err := h.store.Create("BASIC", []byte("basic-password-value-42")); err != nil {
 		t.Fatal(err)
 	}
-	h.setPolicy("sb1", &Policy{
+	h.setPolicy("sb1", &api.Policy{
 		Allow: mustRules(t,
 			"api.example.com", "basic.example.com",
 			"https://evil.example.com:"+s.port+"/", // intercepted, so its requests are readable
 			"http://api.example.com:"+s.httpPort+"/", "http://evil.example.com:"+s.httpPort+"/"),
-		Secrets: []SecretBinding{
+		Secrets: []api.SecretBinding{
 			{Name: "GITHUB_TOKEN", Hosts: []string{"api.example.com"}, Paths: []string{"/v1/"}, Methods: []string{"GET", "POST"},
-				Inject: Injection{Header: "Authorization", Format: "Bearer %s"}},
-			{Name: "BASIC", Hosts: []string{"basic.example.com"}, Inject: Injection{Basic: &BasicAuth{User: "bot"}}},
+				Inject: api.SecretInjection{Header: "Authorization", Format: "Bearer %s"}},
+			{Name: "BASIC", Hosts: []string{"basic.example.com"}, Inject: api.SecretInjection{Basic: &api.BasicAuth{User: "bot"}}},
 		},
 	})
 	s.ph = h.store.Placeholder("sb1", "GITHUB_TOKEN")
@@ -166,7 +168,7 @@ func (s *secretsSetup) do(t *testing.T, method, url string, hdr map[string]strin
 
 func TestSecretInjection(t *testing.T) {
 	s := setupSecrets(t)
-	api := "https://api.example.com:" + s.port
+	apiURL := "https://api.example.com:" + s.port
 	for _, tc := range []struct {
 		name     string
 		method   string
@@ -175,16 +177,16 @@ func TestSecretInjection(t *testing.T) {
 		wantAuth string
 		check    func(t *testing.T, r recorded)
 	}{
-		{name: "injected when absent", method: "GET", url: api + "/v1/user", wantAuth: "Bearer " + secretValue},
-		{name: "placeholder replaced", method: "GET", url: api + "/v1/user", hdr: map[string]string{"Authorization": "Bearer " + s.ph}, wantAuth: "Bearer " + secretValue},
-		{name: "client's own credentials left alone", method: "GET", url: api + "/v1/user", hdr: map[string]string{"Authorization": "token mine"}, wantAuth: "token mine"},
-		{name: "placeholder in another header", method: "POST", url: api + "/v1/user", hdr: map[string]string{"Authorization": "token mine", "X-Token": "t=" + s.ph},
+		{name: "injected when absent", method: "GET", url: apiURL + "/v1/user", wantAuth: "Bearer " + secretValue},
+		{name: "placeholder replaced", method: "GET", url: apiURL + "/v1/user", hdr: map[string]string{"Authorization": "Bearer " + s.ph}, wantAuth: "Bearer " + secretValue},
+		{name: "client's own credentials left alone", method: "GET", url: apiURL + "/v1/user", hdr: map[string]string{"Authorization": "token mine"}, wantAuth: "token mine"},
+		{name: "placeholder in another header", method: "POST", url: apiURL + "/v1/user", hdr: map[string]string{"Authorization": "token mine", "X-Token": "t=" + s.ph},
 			wantAuth: "token mine", check: func(t *testing.T, r recorded) {
 				if r.Header.Get("X-Token") != "t="+secretValue {
 					t.Errorf("X-Token = %q", r.Header.Get("X-Token"))
 				}
 			}},
-		{name: "placeholder in query", method: "GET", url: api + "/v1/q?token=" + s.ph, wantAuth: "Bearer " + secretValue, check: func(t *testing.T, r recorded) {
+		{name: "placeholder in query", method: "GET", url: apiURL + "/v1/q?token=" + s.ph, wantAuth: "Bearer " + secretValue, check: func(t *testing.T, r recorded) {
 			if !strings.Contains(r.URL, "token="+secretValue) {
 				t.Errorf("URL = %q", r.URL)
 			}
@@ -194,8 +196,8 @@ func TestSecretInjection(t *testing.T) {
 		{name: "basic with placeholder password", method: "GET", url: "https://basic.example.com:" + s.port + "/x",
 			hdr:      map[string]string{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("bot:"+s.phBasic))},
 			wantAuth: "Basic " + base64.StdEncoding.EncodeToString([]byte("bot:basic-password-value-42"))},
-		{name: "out of method scope: nothing injected", method: "DELETE", url: api + "/v1/user", wantAuth: ""},
-		{name: "out of path scope: nothing injected", method: "GET", url: api + "/v2/user", wantAuth: ""},
+		{name: "out of method scope: nothing injected", method: "DELETE", url: apiURL + "/v1/user", wantAuth: ""},
+		{name: "out of path scope: nothing injected", method: "GET", url: apiURL + "/v2/user", wantAuth: ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, body, hdr := s.do(t, tc.method, tc.url, tc.hdr, "")
@@ -225,7 +227,7 @@ func TestSecretInjection(t *testing.T) {
 func TestAttacks(t *testing.T) {
 	s := setupSecrets(t)
 	h := s.h
-	api := "https://api.example.com:" + s.port
+	apiURL := "https://api.example.com:" + s.port
 	evil := "https://evil.example.com:" + s.port
 	exfil := func(t *testing.T, code int, body string) {
 		t.Helper()
@@ -246,7 +248,7 @@ func TestAttacks(t *testing.T) {
 	}
 
 	t.Run("domain fronting", func(t *testing.T) {
-		h.setPolicy("sb2", &Policy{Allow: mustRules(t, "https://front.example.com:"+s.port+"/")})
+		h.setPolicy("sb2", &api.Policy{Allow: mustRules(t, "https://front.example.com:"+s.port+"/")})
 		req, _ := http.NewRequest("GET", "https://front.example.com:"+s.port+"/x", nil)
 		req.Host = "secret.example.com"
 		before := len(s.rec.all())
@@ -286,7 +288,7 @@ func TestAttacks(t *testing.T) {
 	})
 
 	t.Run("internet preset and private addresses", func(t *testing.T) {
-		h.setPolicy("sb2", &Policy{Presets: []string{"internet"}})
+		h.setPolicy("sb2", &api.Policy{Presets: []string{"internet"}})
 		for _, dst := range []string{"10.1.2.3:80", "127.0.0.1:80", "169.254.169.254:80", "100.64.0.1:80", "[::1]:80", "[fc00::1]:80", "[fe80::1]:80"} {
 			conn, err := h.dial(context.Background(), sb2Addr, netip.MustParseAddrPort(dst))
 			if err == nil {
@@ -321,7 +323,7 @@ func TestAttacks(t *testing.T) {
 	t.Run("DNS rebinding", func(t *testing.T) {
 		for _, target := range []string{"127.0.0.1", "169.254.169.254", "10.0.0.1", "::1"} {
 			h.resolveTo("rebind.example.com", target)
-			h.setPolicy("sb2", &Policy{Allow: mustRules(t, "rebind.example.com")})
+			h.setPolicy("sb2", &api.Policy{Allow: mustRules(t, "rebind.example.com")})
 			// Spliced TLS: refused with an alert.
 			_, err := h.client("sb2", sb2Addr, s.dst).Get("https://rebind.example.com:" + s.port + "/")
 			if err == nil || !strings.Contains(err.Error(), "access denied") {
@@ -346,7 +348,7 @@ func TestAttacks(t *testing.T) {
 		}
 		// Unless a rule names the address.
 		h.resolveTo("rebind.example.com", "127.0.0.1")
-		h.setPolicy("sb2", &Policy{Allow: mustRules(t, "rebind.example.com", "127.0.0.1:"+s.httpPort)})
+		h.setPolicy("sb2", &api.Policy{Allow: mustRules(t, "rebind.example.com", "127.0.0.1:"+s.httpPort)})
 		h.resolveTo("rebind.example.com", publicAddr.String())
 	})
 
@@ -372,11 +374,11 @@ func TestAttacks(t *testing.T) {
 	})
 
 	t.Run("placeholder to a wrong path or method", func(t *testing.T) {
-		code, body, _ := s.do(t, "GET", api+"/admin/", map[string]string{"Authorization": "Bearer " + s.ph}, "")
+		code, body, _ := s.do(t, "GET", apiURL+"/admin/", map[string]string{"Authorization": "Bearer " + s.ph}, "")
 		exfil(t, code, body)
-		code, body, _ = s.do(t, "DELETE", api+"/v1/repo", map[string]string{"Authorization": "Bearer " + s.ph}, "")
+		code, body, _ = s.do(t, "DELETE", apiURL+"/v1/repo", map[string]string{"Authorization": "Bearer " + s.ph}, "")
 		exfil(t, code, body)
-		code, body, _ = s.do(t, "GET", api+"/v1/../admin/", map[string]string{"Authorization": "Bearer " + s.ph}, "")
+		code, body, _ = s.do(t, "GET", apiURL+"/v1/../admin/", map[string]string{"Authorization": "Bearer " + s.ph}, "")
 		if code != 403 {
 			t.Fatalf("dot segments: %d %s", code, body)
 		}
@@ -416,7 +418,7 @@ func TestAttacks(t *testing.T) {
 			t.Fatalf("folded header split upstream: %+v", r.Header)
 		}
 		// A placeholder with CRLF around it in the query stays in the query.
-		code, _, _ := s.do(t, "GET", api+"/v1/x?q="+s.ph+"%0d%0aX-Injected:%201", nil, "")
+		code, _, _ := s.do(t, "GET", apiURL+"/v1/x?q="+s.ph+"%0d%0aX-Injected:%201", nil, "")
 		r := s.rec.last(t)
 		if code != 200 || r.Header.Get("X-Injected") != "" || !strings.Contains(r.URL, "%0D%0AX-Injected") && !strings.Contains(r.URL, "%0d%0aX-Injected") {
 			t.Fatalf("%d %+v", code, r)

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
 // The benchmarks compare one HTTPS server reached three ways from the
@@ -57,12 +59,12 @@ func setupBench(b *testing.B) *benchSetup {
 	srv := startTLS(b, nil, bulk, "open.example.com", "api.example.com")
 	dst := serverAddr(b, srv)
 	port := strconv.Itoa(int(dst.Port()))
-	h.setPolicy("sb1", &Policy{Allow: mustRulesB(b, "open.example.com", "https://api.example.com:"+port+"/")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRulesB(b, "open.example.com", "https://api.example.com:"+port+"/")})
 	return &benchSetup{h: h, dst: dst, port: port}
 }
 
-func mustRulesB(b testing.TB, ss ...string) []Rule {
-	var rs []Rule
+func mustRulesB(b testing.TB, ss ...string) []api.PolicyRule {
+	var rs []api.PolicyRule
 	for _, s := range ss {
 		r, err := ParseRule(s, nil)
 		if err != nil {

@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"regexp"
 	"strings"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
-// SecretBinding attaches a stored secret to a sandbox with a scope. The
+// A secret binding (api.SecretBinding) attaches a stored secret to a sandbox with a scope. The
 // sandbox sees only a placeholder (PADDOCK_SECRET_<NAME>=paddock-secret-…);
 // the proxy puts the real value into requests inside the scope, over
 // HTTPS only, and blocks any readable request that carries a placeholder
@@ -29,40 +31,20 @@ import (
 // Outside the scope a placeholder anywhere in the request line, a header
 // (Basic credentials decoded) or the body refuses the request with 403 and
 // an event flagged exfiltration.
-type SecretBinding struct {
-	Name    string    `json:"name"`
-	Hosts   []string  `json:"hosts"`
-	Paths   []string  `json:"paths,omitempty"`
-	Methods []string  `json:"methods,omitempty"`
-	Inject  Injection `json:"inject"`
-}
-
-// Injection is where the secret goes; exactly one of Header, Basic and
-// Query is set.
-type Injection struct {
-	// Header is a header name; Format its value with %s where the secret
-	// goes (default "%s"), e.g. {"header":"Authorization","format":"Bearer %s"}.
-	Header string `json:"header,omitempty"`
-	Format string `json:"format,omitempty"`
-	// Basic sends Authorization: Basic base64(user:secret).
-	Basic *BasicAuth `json:"basic,omitempty"`
-	// Query sets a query parameter to the secret.
-	Query string `json:"query,omitempty"`
-}
-
-// BasicAuth names the user of basic-auth injection; the secret is the password.
-type BasicAuth struct {
-	User string `json:"user"`
-}
+//
+// Inject (api.SecretInjection) is where the secret goes; exactly one of
+// Header (a header name, with Format its value holding one %s where the
+// secret goes, default "%s"), Basic (Authorization: Basic
+// base64(user:secret)) and Query (a query parameter set to the secret).
 
 // ParseInjection parses the CLI form of an injection:
 // "Authorization: Bearer %s" (a header and its format), "basic:USER" or
 // "query:PARAM".
-func ParseInjection(s string) (Injection, error) {
-	var inj Injection
+func ParseInjection(s string) (api.SecretInjection, error) {
+	var inj api.SecretInjection
 	switch {
 	case strings.HasPrefix(s, "basic:"):
-		inj.Basic = &BasicAuth{User: s[len("basic:"):]}
+		inj.Basic = &api.BasicAuth{User: s[len("basic:"):]}
 	case strings.HasPrefix(s, "query:"):
 		inj.Query = s[len("query:"):]
 	default:
@@ -72,10 +54,10 @@ func ParseInjection(s string) (Injection, error) {
 		}
 		inj.Header, inj.Format = strings.TrimSpace(name), strings.TrimSpace(format)
 	}
-	return inj, inj.validate()
+	return inj, validateInjection(inj)
 }
 
-func (inj Injection) validate() error {
+func validateInjection(inj api.SecretInjection) error {
 	n := 0
 	if inj.Header != "" {
 		n++
@@ -151,15 +133,15 @@ func placeholder(key []byte, sandbox, name string) string {
 	return PlaceholderPrefix + hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-// binding is a SecretBinding compiled for matching.
+// binding is a secret binding compiled for matching.
 type binding struct {
-	SecretBinding
+	api.SecretBinding
 	hosts   []hostPattern
 	paths   []pathPattern
 	methods []string
 }
 
-func compileBinding(b SecretBinding) (*binding, error) {
+func compileBinding(b api.SecretBinding) (*binding, error) {
 	if err := validSecretName(b.Name); err != nil {
 		return nil, err
 	}
@@ -200,7 +182,7 @@ func compileBinding(b SecretBinding) (*binding, error) {
 		}
 		c.methods = append(c.methods, m)
 	}
-	if err := b.Inject.validate(); err != nil {
+	if err := validateInjection(b.Inject); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
 // TestConnectSlowClientHello: a client whose ClientHello comes late after
@@ -21,7 +23,7 @@ func TestConnectSlowClientHello(t *testing.T) {
 	h := newHarness(t, func(c *ProxyConfig) { c.PeekTimeout = 50 * time.Millisecond; c.SilentTimeout = 2 * time.Second })
 	srv := startTLS(t, nil, &echoPath{}, "open.example.com", "api.example.com")
 	port := itoa(serverAddr(t, srv).Port())
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "open.example.com", "https://api.example.com:"+port+"/v1/")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "open.example.com", "https://api.example.com:"+port+"/v1/")})
 	for _, host := range []string{"open.example.com", "api.example.com"} {
 		t.Run(host, func(t *testing.T) {
 			c, err := h.dial(context.Background(), sb1Addr, netip.AddrPort{})

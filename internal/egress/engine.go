@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -86,7 +87,7 @@ func NewEngine(cfg EngineConfig) *Engine {
 }
 
 // Set validates p and makes it sandbox id's policy.
-func (e *Engine) Set(id string, p *Policy) error {
+func (e *Engine) Set(id string, p *api.Policy) error {
 	if id == "" {
 		return errdefs.Invalid("sandbox", "empty id")
 	}
@@ -116,12 +117,12 @@ func (e *Engine) Remove(id string) {
 }
 
 // Policy returns a copy of sandbox id's policy.
-func (e *Engine) Policy(id string) (*Policy, bool) {
+func (e *Engine) Policy(id string) (*api.Policy, bool) {
 	c := e.get(id)
 	if c == nil {
 		return nil, false
 	}
-	return c.policy.Clone(), true
+	return clonePolicy(c.policy), true
 }
 
 func (e *Engine) get(id string) *compiled {
@@ -173,27 +174,27 @@ func (e *Engine) CheckAddr(id string, a netip.Addr, port uint16) Decision {
 
 // compiled is a validated policy ready for matching.
 type compiled struct {
-	policy   *Policy
+	policy   *api.Policy
 	allow    []*rule
 	deny     []*rule
 	internet bool
 	bindings []*binding
 }
 
-func compilePolicy(p *Policy) (*compiled, error) {
+func compilePolicy(p *api.Policy) (*compiled, error) {
 	if p == nil {
-		p = &Policy{}
+		p = &api.Policy{}
 	}
-	c := &compiled{policy: p.Clone()}
+	c := &compiled{policy: clonePolicy(p)}
 	for i, r := range p.Allow {
-		cr, err := compileRule(Rule{Match: strings.TrimSpace(r.Match), Methods: normMethods(r.Methods)}, "")
+		cr, err := compileRule(api.PolicyRule{Match: strings.TrimSpace(r.Match), Methods: normMethods(r.Methods)}, "")
 		if err != nil {
 			return nil, invalidEntry("allow", i, r.Match, err)
 		}
 		c.allow = append(c.allow, cr)
 	}
 	for i, r := range p.Deny {
-		cr, err := compileRule(Rule{Match: strings.TrimSpace(r.Match), Methods: normMethods(r.Methods)}, "")
+		cr, err := compileRule(api.PolicyRule{Match: strings.TrimSpace(r.Match), Methods: normMethods(r.Methods)}, "")
 		if err != nil {
 			return nil, invalidEntry("deny", i, r.Match, err)
 		}
@@ -210,7 +211,7 @@ func compilePolicy(p *Policy) (*compiled, error) {
 			return nil, invalidEntry("presets", i, name, errorf("no such preset (known: %s)", strings.Join(presetNames(), ", ")))
 		}
 		for _, h := range hosts {
-			cr, err := compileRule(Rule{Match: h}, name)
+			cr, err := compileRule(api.PolicyRule{Match: h}, name)
 			if err != nil {
 				panic("preset " + name + ": " + err.Error())
 			}

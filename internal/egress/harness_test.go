@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
 // The test network, all on loopback:
@@ -206,7 +208,7 @@ func newHarness(t testing.TB, opts ...harnessOpt) *harness {
 	return h
 }
 
-func (h *harness) setPolicy(id string, p *Policy) {
+func (h *harness) setPolicy(id string, p *api.Policy) {
 	h.t.Helper()
 	if err := h.eng.Set(id, p); err != nil {
 		h.t.Fatal(err)

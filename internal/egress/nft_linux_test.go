@@ -23,6 +23,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
 // inNetns runs f on a thread inside ns, then puts the thread back.
@@ -146,7 +148,7 @@ func TestNftablesRedirect(t *testing.T) {
 	})
 	srv := startTLS(t, nil, &echoPath{}, "open.example.com")
 	port := serverAddr(t, srv).Port()
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "open.example.com")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "open.example.com")})
 
 	// dialFromSandbox connects from inside the sandbox namespace.
 	dialFromSandbox := func(addr string) (net.Conn, error) {

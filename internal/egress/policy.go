@@ -1,16 +1,15 @@
 package egress
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"strings"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
-// Policy is what a sandbox may reach. Nothing is reachable unless a rule
-// in Allow or a preset allows it; a rule in Deny wins over every allow.
+// A policy is an api.Policy: nothing is reachable unless a rule in Allow
+// or a preset allows it; a rule in Deny wins over every allow.
 //
 // JSON (the API's and `--policy FILE`'s form; field names are stable):
 //
@@ -25,16 +24,8 @@ import (
 //	               "inject": {"header": "Authorization", "format": "Bearer %s"}}]
 //	}
 //
-// A rule is written as an object; a bare string is read as {"match": s}.
-type Policy struct {
-	Allow   []Rule          `json:"allow,omitempty"`
-	Deny    []Rule          `json:"deny,omitempty"`
-	Presets []string        `json:"presets,omitempty"`
-	Secrets []SecretBinding `json:"secrets,omitempty"`
-}
-
-// Rule is one entry of an allow or deny list, kept as the user wrote it so
-// that decisions can name it. Match is one of:
+// A rule (api.PolicyRule) is written as an object; a bare string is read
+// as {"match": s}. Its Match is one of:
 //
 //	example.com              that name exactly (any port; example.com:443 for one)
 //	*.example.com            any name below example.com, at any depth, but not
@@ -56,67 +47,43 @@ type Policy struct {
 // an address rule also decides other TCP. A URL rule is decided request
 // by request, so the proxy intercepts TLS for its host (and checks that
 // every request's Host is the SNI); a domain rule is decided once per
-// connection and its TLS is passed through unread. A domain rule does not allow raw
-// TCP to the addresses the name resolves to. Paths are matched on the
-// decoded, cleaned path of the request (never its query), case-sensitively.
-type Rule struct {
-	Match   string   `json:"match"`
-	Methods []string `json:"methods,omitempty"`
-}
+// connection and its TLS is passed through unread, so the Host header
+// inside it is never seen (see docs/network.md). A domain rule does not
+// allow raw TCP to the addresses the name resolves to. Paths are matched
+// on the decoded, cleaned path of the request (never its query),
+// case-sensitively.
 
-// ParseRule parses one rule in the CLI's syntax (see Rule), with the
-// methods given by --method. Its errors are errdefs.ErrInvalid.
-func ParseRule(s string, methods []string) (Rule, error) {
-	r := Rule{Match: strings.TrimSpace(s), Methods: normMethods(methods)}
+// ParseRule parses one rule in the CLI's syntax, with the methods given by
+// --method. Its errors are errdefs.ErrInvalid.
+func ParseRule(s string, methods []string) (api.PolicyRule, error) {
+	r := api.PolicyRule{Match: strings.TrimSpace(s), Methods: normMethods(methods)}
 	if _, err := compileRule(r, ""); err != nil {
-		return Rule{}, errdefs.New(errdefs.ErrInvalid, "%q: %v", s, err)
+		return api.PolicyRule{}, errdefs.New(errdefs.ErrInvalid, "%q: %v", s, err)
 	}
 	return r, nil
 }
 
-// String is the rule as the CLI takes it: the match, then --method if any.
-func (r Rule) String() string {
+// ruleString is a rule as the CLI takes it: the match, then --method if any.
+func ruleString(r api.PolicyRule) string {
 	if len(r.Methods) == 0 {
 		return r.Match
 	}
 	return r.Match + " --method " + strings.Join(r.Methods, ",")
 }
 
-// UnmarshalJSON takes the object form or a bare string.
-func (r *Rule) UnmarshalJSON(b []byte) error {
-	b = bytes.TrimSpace(b)
-	if len(b) > 0 && b[0] == '"' {
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return err
-		}
-		*r = Rule{Match: s}
-		return nil
-	}
-	type plain Rule
-	var p plain
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
-		return err
-	}
-	*r = Rule(p)
-	return nil
-}
-
-// Validate checks every entry and names the first bad one, as in
-// `allow[3]: "*.": not a domain`. Its errors are errdefs.ErrInvalid.
-func (p *Policy) Validate() error {
+// ValidatePolicy checks every entry of p and names the first bad one, as
+// in `allow[3]: "*.": not a domain`. Its errors are errdefs.ErrInvalid.
+func ValidatePolicy(p *api.Policy) error {
 	_, err := compilePolicy(p)
 	return err
 }
 
-// Clone returns a deep copy of p.
-func (p *Policy) Clone() *Policy {
+// clonePolicy returns a deep copy of p.
+func clonePolicy(p *api.Policy) *api.Policy {
 	if p == nil {
 		return nil
 	}
-	c := &Policy{
+	c := &api.Policy{
 		Allow:   cloneRules(p.Allow),
 		Deny:    cloneRules(p.Deny),
 		Presets: append([]string(nil), p.Presets...),
@@ -134,13 +101,13 @@ func (p *Policy) Clone() *Policy {
 	return c
 }
 
-func cloneRules(rs []Rule) []Rule {
+func cloneRules(rs []api.PolicyRule) []api.PolicyRule {
 	if rs == nil {
 		return nil
 	}
-	out := make([]Rule, len(rs))
+	out := make([]api.PolicyRule, len(rs))
 	for i, r := range rs {
-		out[i] = Rule{Match: r.Match, Methods: append([]string(nil), r.Methods...)}
+		out[i] = api.PolicyRule{Match: r.Match, Methods: append([]string(nil), r.Methods...)}
 	}
 	return out
 }

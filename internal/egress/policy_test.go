@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -90,30 +91,30 @@ func TestParseRule(t *testing.T) {
 }
 
 func TestValidateNamesTheEntry(t *testing.T) {
-	p := &Policy{Allow: []Rule{{Match: "a.com"}, {Match: "b.com"}, {Match: "c.com"}, {Match: "*."}}}
-	err := p.Validate()
+	p := &api.Policy{Allow: []api.PolicyRule{{Match: "a.com"}, {Match: "b.com"}, {Match: "c.com"}, {Match: "*."}}}
+	err := ValidatePolicy(p)
 	if err == nil || err.Error() != `allow[3]: "*.": not a domain` || !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("Validate = %v", err)
 	}
 	for _, tc := range []struct {
-		p    Policy
+		p    api.Policy
 		want string
 	}{
-		{Policy{Deny: []Rule{{Match: "10.0.0.0/33"}}}, `deny[0]: "10.0.0.0/33"`},
-		{Policy{Presets: []string{"internet", "cargo"}}, `presets[1]: "cargo": no such preset`},
-		{Policy{Secrets: []SecretBinding{{Name: "T", Inject: Injection{Header: "Authorization"}}}}, `secrets[0]: "T": a binding needs hosts`},
-		{Policy{Secrets: []SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: Injection{Header: "X-A", Format: "%s %s"}}}}, `one %s`},
-		{Policy{Secrets: []SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: Injection{Header: "X-A", Format: "a\r\nb: %s"}}}}, `not a valid header value`},
-		{Policy{Secrets: []SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: Injection{Header: "Host"}}}}, `cannot carry`},
-		{Policy{Secrets: []SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: Injection{Query: "a&b"}}}}, `query parameter`},
-		{Policy{Secrets: []SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: Injection{Basic: &BasicAuth{User: "a:b"}}}}}, `basic user`},
-		{Policy{Secrets: []SecretBinding{{Name: "T", Hosts: []string{"a.com"}}}}, `exactly one`},
-		{Policy{Secrets: []SecretBinding{
-			{Name: "t", Hosts: []string{"a.com"}, Inject: Injection{Query: "k"}},
-			{Name: "T", Hosts: []string{"a.com"}, Inject: Injection{Query: "k"}}}}, `secrets[1]: "T": bound twice`},
-		{Policy{Secrets: []SecretBinding{{Name: "1x", Hosts: []string{"a.com"}, Inject: Injection{Query: "k"}}}}, `secret names`},
+		{api.Policy{Deny: []api.PolicyRule{{Match: "10.0.0.0/33"}}}, `deny[0]: "10.0.0.0/33"`},
+		{api.Policy{Presets: []string{"internet", "cargo"}}, `presets[1]: "cargo": no such preset`},
+		{api.Policy{Secrets: []api.SecretBinding{{Name: "T", Inject: api.SecretInjection{Header: "Authorization"}}}}, `secrets[0]: "T": a binding needs hosts`},
+		{api.Policy{Secrets: []api.SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: api.SecretInjection{Header: "X-A", Format: "%s %s"}}}}, `one %s`},
+		{api.Policy{Secrets: []api.SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: api.SecretInjection{Header: "X-A", Format: "a\r\nb: %s"}}}}, `not a valid header value`},
+		{api.Policy{Secrets: []api.SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: api.SecretInjection{Header: "Host"}}}}, `cannot carry`},
+		{api.Policy{Secrets: []api.SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: api.SecretInjection{Query: "a&b"}}}}, `query parameter`},
+		{api.Policy{Secrets: []api.SecretBinding{{Name: "T", Hosts: []string{"a.com"}, Inject: api.SecretInjection{Basic: &api.BasicAuth{User: "a:b"}}}}}, `basic user`},
+		{api.Policy{Secrets: []api.SecretBinding{{Name: "T", Hosts: []string{"a.com"}}}}, `exactly one`},
+		{api.Policy{Secrets: []api.SecretBinding{
+			{Name: "t", Hosts: []string{"a.com"}, Inject: api.SecretInjection{Query: "k"}},
+			{Name: "T", Hosts: []string{"a.com"}, Inject: api.SecretInjection{Query: "k"}}}}, `secrets[1]: "T": bound twice`},
+		{api.Policy{Secrets: []api.SecretBinding{{Name: "1x", Hosts: []string{"a.com"}, Inject: api.SecretInjection{Query: "k"}}}}, `secret names`},
 	} {
-		err := tc.p.Validate()
+		err := ValidatePolicy(&tc.p)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate(%+v) = %v, want %q", tc.p, err, tc.want)
 		}
@@ -128,11 +129,11 @@ func TestPolicyJSON(t *testing.T) {
 	  "secrets": [{"name": "GITHUB_TOKEN", "hosts": ["api.github.com"], "paths": ["/repos/"], "methods": ["GET"],
 	               "inject": {"header": "Authorization", "format": "Bearer %s"}}]
 	}`
-	var p Policy
+	var p api.Policy
 	if err := json.Unmarshal([]byte(in), &p); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Validate(); err != nil {
+	if err := ValidatePolicy(&p); err != nil {
 		t.Fatal(err)
 	}
 	if p.Allow[2].Match != "10.0.0.0/8:5432" || p.Allow[1].Methods[0] != "GET" || p.Secrets[0].Inject.Format != "Bearer %s" {
@@ -148,7 +149,7 @@ func TestPolicyJSON(t *testing.T) {
 	if string(b) != want {
 		t.Fatalf("JSON:\n got %s\nwant %s", b, want)
 	}
-	var back Policy
+	var back api.Policy
 	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(&back, &p) {
 		t.Fatalf("round trip: %v %+v", err, back)
 	}
@@ -158,10 +159,10 @@ func TestPolicyJSON(t *testing.T) {
 }
 
 func TestParseInjection(t *testing.T) {
-	for in, want := range map[string]Injection{
+	for in, want := range map[string]api.SecretInjection{
 		"Authorization: Bearer %s": {Header: "Authorization", Format: "Bearer %s"},
 		"X-Api-Key: %s":            {Header: "X-Api-Key", Format: "%s"},
-		"basic:bot":                {Basic: &BasicAuth{User: "bot"}},
+		"basic:bot":                {Basic: &api.BasicAuth{User: "bot"}},
 		"query:api_key":            {Query: "api_key"},
 	} {
 		got, err := ParseInjection(in)
@@ -209,9 +210,9 @@ func TestTargetsNonPublic(t *testing.T) {
 	}
 }
 
-func mustRules(t *testing.T, ss ...string) []Rule {
+func mustRules(t *testing.T, ss ...string) []api.PolicyRule {
 	t.Helper()
-	var rs []Rule
+	var rs []api.PolicyRule
 	for _, s := range ss {
 		match, methods, _ := strings.Cut(s, " --method ")
 		r, err := ParseRule(match, strings.Split(methods, ","))
@@ -230,7 +231,7 @@ var pub = netip.MustParseAddr("8.8.8.8")
 
 func TestDecide(t *testing.T) {
 	eng := NewEngine(EngineConfig{})
-	set := func(p *Policy) {
+	set := func(p *api.Policy) {
 		t.Helper()
 		if err := eng.Set("s", p); err != nil {
 			t.Fatal(err)
@@ -255,10 +256,10 @@ func TestDecide(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		policy Policy
+		policy api.Policy
 		checks []check
 	}{
-		{"exact domain", Policy{Allow: mustRules(t, "example.com")}, []check{
+		{"exact domain", api.Policy{Allow: mustRules(t, "example.com")}, []check{
 			{name: "tls", args: tlsTo("example.com", 443), allow: true, rule: "example.com"},
 			{name: "any port", args: tlsTo("example.com", 8443), allow: true, rule: "example.com"},
 			{name: "case and dot", args: tlsTo("EXAMPLE.com.", 443), allow: true},
@@ -267,18 +268,18 @@ func TestDecide(t *testing.T) {
 			{name: "suffix trick", args: tlsTo("badexample.com", 443), suggest: "--allow badexample.com"},
 			{name: "raw tcp to any address", args: tcpTo("8.8.8.8", 443), suggest: "--allow 8.8.8.8:443"},
 		}},
-		{"wildcard", Policy{Allow: mustRules(t, "*.example.com")}, []check{
+		{"wildcard", api.Policy{Allow: mustRules(t, "*.example.com")}, []check{
 			{name: "one level", args: tlsTo("a.example.com", 443), allow: true, rule: "*.example.com"},
 			{name: "two levels", args: tlsTo("a.b.example.com", 443), allow: true},
 			{name: "apex", args: tlsTo("example.com", 443), suggest: "--allow example.com"},
 			{name: "suffix trick", args: tlsTo("aexample.com", 443)},
 			{name: "http", args: req("http", "x.example.com", 80, "GET", "/"), allow: true},
 		}},
-		{"domain with port", Policy{Allow: mustRules(t, "example.com:8443")}, []check{
+		{"domain with port", api.Policy{Allow: mustRules(t, "example.com:8443")}, []check{
 			{name: "that port", args: tlsTo("example.com", 8443), allow: true},
 			{name: "another port", args: tlsTo("example.com", 443)},
 		}},
-		{"ip and cidr", Policy{Allow: mustRules(t, "8.8.8.8", "1.1.1.0/24:53", "10.0.0.5:5432", "[2606:4700::1111]:443")}, []check{
+		{"ip and cidr", api.Policy{Allow: mustRules(t, "8.8.8.8", "1.1.1.0/24:53", "10.0.0.5:5432", "[2606:4700::1111]:443")}, []check{
 			{name: "ip any port", args: tcpTo("8.8.8.8", 22), allow: true, rule: "8.8.8.8"},
 			{name: "cidr port", args: tcpTo("1.1.1.9", 53), allow: true, rule: "1.1.1.0/24:53"},
 			{name: "cidr other port", args: tcpTo("1.1.1.9", 54), suggest: "--allow 1.1.1.9:54"},
@@ -292,13 +293,13 @@ func TestDecide(t *testing.T) {
 			{name: "tls sni not allowed", args: tlsTo("example.com", 443), suggest: "--allow example.com"},
 			{name: "http host is ip", args: req("http", "8.8.8.8", 80, "GET", "/"), allow: true},
 		}},
-		{"broad cidr does not open private space", Policy{Allow: mustRules(t, "0.0.0.0/0", "::/0")}, []check{
+		{"broad cidr does not open private space", api.Policy{Allow: mustRules(t, "0.0.0.0/0", "::/0")}, []check{
 			{name: "public", args: tcpTo("8.8.8.8", 22), allow: true},
 			{name: "private", args: tcpTo("10.0.0.1", 22)},
 			{name: "metadata", args: tcpTo("169.254.169.254", 80)},
 			{name: "loopback v6", args: tcpTo("::1", 80)},
 		}},
-		{"http rules", Policy{Allow: mustRules(t, "https://api.example.com/v1/", "https://api.example.com/exact", "re:https://api.example.com/items/[0-9]+", "https://api.example.com/ro/ --method GET,HEAD", "http://plain.example.com/")}, []check{
+		{"http rules", api.Policy{Allow: mustRules(t, "https://api.example.com/v1/", "https://api.example.com/exact", "re:https://api.example.com/items/[0-9]+", "https://api.example.com/ro/ --method GET,HEAD", "http://plain.example.com/")}, []check{
 			{name: "tls needs interception", args: tlsTo("api.example.com", 443), allow: true, intercept: true},
 			{name: "tls other port", args: tlsTo("api.example.com", 8443), suggest: "--allow api.example.com"},
 			{name: "prefix", args: req("https", "api.example.com", 443, "POST", "/v1/users"), allow: true, rule: "https://api.example.com/v1/"},
@@ -316,7 +317,7 @@ func TestDecide(t *testing.T) {
 			{name: "plain http whole host", args: req("http", "plain.example.com", 80, "GET", "/x"), allow: true},
 			{name: "other host", args: req("https", "other.example.com", 443, "GET", "/"), suggest: "--allow other.example.com"},
 		}},
-		{"deny wins", Policy{
+		{"deny wins", api.Policy{
 			Allow:   mustRules(t, "*.example.com", "8.8.0.0/16", "https://api.example.com/"),
 			Deny:    mustRules(t, "evil.example.com", "8.8.8.8:53", "https://api.example.com/admin/", "https://ro.example.com/ --method POST"),
 			Presets: []string{"internet"}}, []check{
@@ -331,7 +332,7 @@ func TestDecide(t *testing.T) {
 			{name: "method denied", args: req("https", "ro.example.com", 443, "POST", "/x"), rule: "https://ro.example.com/ --method POST"},
 			{name: "method allowed", args: req("https", "ro.example.com", 443, "GET", "/x"), allow: true},
 		}},
-		{"internet", Policy{Presets: []string{"internet"}}, []check{
+		{"internet", api.Policy{Presets: []string{"internet"}}, []check{
 			{name: "public ip", args: tcpTo("8.8.8.8", 22), allow: true, rule: "preset:internet"},
 			{name: "any name", args: tlsTo("anything.example", 443), allow: true},
 			{name: "10/8", args: tcpTo("10.1.2.3", 80)},
@@ -343,7 +344,7 @@ func TestDecide(t *testing.T) {
 			{name: "ula fd", args: tcpTo("fd00::1", 80)},
 			{name: "http host private ip", args: req("http", "10.0.0.1", 80, "GET", "/")},
 		}},
-		{"registry presets", Policy{Presets: []string{"pypi", "github", "golang"}}, []check{
+		{"registry presets", api.Policy{Presets: []string{"pypi", "github", "golang"}}, []check{
 			{name: "pypi", args: tlsTo("files.pythonhosted.org", 443), allow: true, rule: "preset:pypi"},
 			{name: "github api", args: tlsTo("api.github.com", 443), allow: true, rule: "preset:github"},
 			{name: "github raw", args: tlsTo("raw.githubusercontent.com", 443), allow: true},
@@ -351,10 +352,10 @@ func TestDecide(t *testing.T) {
 			{name: "npm not listed", args: tlsTo("registry.npmjs.org", 443)},
 			{name: "no ip", args: tcpTo("8.8.8.8", 443)},
 		}},
-		{"secrets force interception", Policy{Allow: mustRules(t, "api.example.com"), Secrets: []SecretBinding{{Name: "T", Hosts: []string{"api.example.com"}, Inject: Injection{Header: "Authorization", Format: "Bearer %s"}}}}, []check{
+		{"secrets force interception", api.Policy{Allow: mustRules(t, "api.example.com"), Secrets: []api.SecretBinding{{Name: "T", Hosts: []string{"api.example.com"}, Inject: api.SecretInjection{Header: "Authorization", Format: "Bearer %s"}}}}, []check{
 			{name: "bound host", args: tlsTo("api.example.com", 443), allow: true, intercept: true},
 		}},
-		{"empty", Policy{}, []check{
+		{"empty", api.Policy{}, []check{
 			{name: "nothing", args: tlsTo("example.com", 443), suggest: "--allow example.com"},
 			{name: "nothing tcp", args: tcpTo("8.8.8.8", 443), suggest: "--allow 8.8.8.8:443"},
 		}},
@@ -382,7 +383,7 @@ func TestDecide(t *testing.T) {
 
 func TestDecideNameAndCheckAddr(t *testing.T) {
 	eng := NewEngine(EngineConfig{})
-	err := eng.Set("s", &Policy{
+	err := eng.Set("s", &api.Policy{
 		Allow: mustRules(t, "*.example.com", "https://api.other.com/v1/", "10.0.0.5:5432", "https://10.0.0.9/x/"),
 		Deny:  mustRules(t, "bad.example.com", "ssh.example.com:22", "8.8.4.4"),
 	})
@@ -421,19 +422,19 @@ func TestEngineSwap(t *testing.T) {
 	var changed []string
 	eng.watch(func(id string) { changed = append(changed, id) })
 	args := DecideArgs{Sandbox: "s", Kind: KindTLS, Host: "a.com", Port: 443}
-	if err := eng.Set("s", &Policy{Allow: mustRules(t, "a.com")}); err != nil {
+	if err := eng.Set("s", &api.Policy{Allow: mustRules(t, "a.com")}); err != nil {
 		t.Fatal(err)
 	}
 	if !eng.Decide(args).Allow {
 		t.Fatal("not allowed")
 	}
-	if err := eng.Set("s", &Policy{Allow: []Rule{{Match: "*."}}}); err == nil {
+	if err := eng.Set("s", &api.Policy{Allow: []api.PolicyRule{{Match: "*."}}}); err == nil {
 		t.Fatal("a bad policy was set")
 	}
 	if !eng.Decide(args).Allow {
 		t.Fatal("a failed Set changed the policy")
 	}
-	if err := eng.Set("s", &Policy{Allow: mustRules(t, "b.com")}); err != nil {
+	if err := eng.Set("s", &api.Policy{Allow: mustRules(t, "b.com")}); err != nil {
 		t.Fatal(err)
 	}
 	if eng.Decide(args).Allow {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
@@ -46,7 +48,7 @@ func get(t *testing.T, c *http.Client, url string) (int, string, *http.Response)
 func TestSpliceIsNotIntercepted(t *testing.T) {
 	h := newHarness(t)
 	srv := startTLS(t, nil, &echoPath{}, "open.example.com")
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "open.example.com")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "open.example.com")})
 	c := h.client("sb1", sb1Addr, serverAddr(t, srv))
 	code, body, resp := get(t, c, "https://open.example.com/x")
 	if code != 200 || body != "path=/x" {
@@ -68,7 +70,7 @@ func TestInterceptPathRules(t *testing.T) {
 	echo := &echoPath{}
 	srv := startTLS(t, nil, echo, "api.example.com")
 	port := itoa(serverAddr(t, srv).Port())
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/v1/")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/v1/")})
 	for _, h2 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
 			c := h.client("sb1", sb1Addr, serverAddr(t, srv))
@@ -120,7 +122,7 @@ func TestUpstreamCertificateVerified(t *testing.T) {
 	echo := &echoPath{}
 	srv := startTLS(t, rogue, echo, "api.example.com")
 	port := itoa(serverAddr(t, srv).Port())
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/")})
 	code, body, _ := get(t, h.client("sb1", sb1Addr, serverAddr(t, srv)), "https://api.example.com:"+port+"/x")
 	if code != http.StatusBadGateway || !strings.Contains(body, "certificate") {
 		t.Fatalf("%d %q", code, body)
@@ -132,7 +134,7 @@ func TestUpstreamCertificateVerified(t *testing.T) {
 	// A name the certificate does not cover is refused too.
 	srv2 := startTLS(t, nil, echo, "other.example.com")
 	port2 := itoa(serverAddr(t, srv2).Port())
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "https://api.example.com:"+port2+"/")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "https://api.example.com:"+port2+"/")})
 	if code, _, _ := get(t, h.client("sb1", sb1Addr, serverAddr(t, srv2)), "https://api.example.com:"+port2+"/x"); code != 502 {
 		t.Fatalf("wrong-name upstream: %d", code)
 	}
@@ -147,7 +149,7 @@ func TestPlainHTTPPerRequest(t *testing.T) {
 	srv := startHTTP(t, echo)
 	dst := serverAddr(t, srv)
 	port := itoa(dst.Port())
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "http://web.example.com:"+port+"/ok/", "plain.example.com")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "http://web.example.com:"+port+"/ok/", "plain.example.com")})
 	conn, err := h.dial(context.Background(), sb1Addr, dst)
 	if err != nil {
 		t.Fatal(err)
@@ -233,7 +235,7 @@ func TestRawTCP(t *testing.T) {
 	h := newHarness(t)
 	echoDst := startTCP(t, "")
 	bannerDst := startTCP(t, "220 hello\r\n")
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, publicAddr.String()+":"+itoa(echoDst.Port()), publicAddr.String()+":"+itoa(bannerDst.Port()))})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, publicAddr.String()+":"+itoa(echoDst.Port()), publicAddr.String()+":"+itoa(bannerDst.Port()))})
 
 	conn, err := h.dial(context.Background(), sb1Addr, echoDst)
 	if err != nil {
@@ -282,7 +284,7 @@ func TestExplicitProxy(t *testing.T) {
 	tlsSrv := startTLS(t, nil, echo, "open.example.com", "api.example.com")
 	httpSrv := startHTTP(t, echo)
 	tp, hp := itoa(serverAddr(t, tlsSrv).Port()), itoa(serverAddr(t, httpSrv).Port())
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "open.example.com", "https://api.example.com:"+tp+"/v1/", "http://web.example.com:"+hp+"/")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "open.example.com", "https://api.example.com:"+tp+"/v1/", "http://web.example.com:"+hp+"/")})
 	c := h.proxyClient("sb1", sb1Addr)
 	code, _, resp := get(t, c, "https://open.example.com:"+tp+"/x")
 	if code != 200 || resp.TLS.PeerCertificates[0].Issuer.CommonName != testServerCA.cert.Subject.CommonName {
@@ -314,17 +316,17 @@ func TestExplicitProxy(t *testing.T) {
 func TestPolicySwapAppliesToNewConnections(t *testing.T) {
 	h := newHarness(t)
 	srv := startTLS(t, nil, &echoPath{}, "open.example.com")
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "open.example.com")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "open.example.com")})
 	c := h.client("sb1", sb1Addr, serverAddr(t, srv))
 	if code, _, _ := get(t, c, "https://open.example.com/"); code != 200 {
 		t.Fatal(code)
 	}
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "other.example.com")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "other.example.com")})
 	c2 := h.client("sb1", sb1Addr, serverAddr(t, srv))
 	if _, err := c2.Get("https://open.example.com/"); err == nil || !strings.Contains(err.Error(), "access denied") {
 		t.Fatalf("new connection after the swap: %v", err)
 	}
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "open.example.com")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "open.example.com")})
 	if code, _, _ := get(t, h.client("sb1", sb1Addr, serverAddr(t, srv)), "https://open.example.com/"); code != 200 {
 		t.Fatal(code)
 	}
@@ -365,7 +367,7 @@ func TestEventsCountBytes(t *testing.T) {
 		w.Write(make([]byte, 5000))
 	}), "api.example.com")
 	port := itoa(serverAddr(t, srv).Port())
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/v1/ --method POST")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/v1/ --method POST")})
 	c := h.client("sb1", sb1Addr, serverAddr(t, srv))
 	start := time.Now()
 	resp, err := c.Post("https://api.example.com:"+port+"/v1/upload", "application/octet-stream", strings.NewReader(strings.Repeat("x", 1000)))

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/netip"
 	"testing"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
 // TestInterceptResumes: a client that keeps TLS sessions resumes them on
@@ -16,7 +18,7 @@ func TestInterceptResumes(t *testing.T) {
 	srv := startTLS(t, nil, &echoPath{}, "api.example.com")
 	port := itoa(serverAddr(t, srv).Port())
 	url := "https://api.example.com:" + port + "/v1/x"
-	pol := &Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/v1/")}
+	pol := &api.Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/v1/")}
 	h.setPolicy("sb1", pol)
 	h.setPolicy("sb2", pol)
 	cache := tls.NewLRUClientSessionCache(8)
@@ -45,7 +47,7 @@ func TestInterceptResumes(t *testing.T) {
 	if !resumed("sb1") {
 		t.Fatal("sb1 did not resume again")
 	}
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/")})
 	if resumed("sb1") {
 		t.Fatal("a session resumed across a policy change")
 	}

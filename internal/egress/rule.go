@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
 type ruleKind uint8
@@ -18,9 +20,9 @@ const (
 	kindHTTP                       // scheme + host + path (+ methods)
 )
 
-// rule is a Rule compiled for matching.
+// rule is an api.PolicyRule compiled for matching.
 type rule struct {
-	src    string // Rule.String(): what the user wrote
+	src    string // ruleString: what the user wrote
 	preset string // the preset it comes from, if any
 	kind   ruleKind
 	host   hostPattern  // kindDomain, kindHTTP
@@ -110,12 +112,12 @@ func (r *rule) wholeHost() bool {
 	return r.kind == kindHTTP && r.path.kind == pathAny && len(r.method) == 0
 }
 
-func compileRule(r Rule, preset string) (*rule, error) {
+func compileRule(r api.PolicyRule, preset string) (*rule, error) {
 	s := r.Match
 	if s == "" {
 		return nil, errorf("empty rule")
 	}
-	c := &rule{src: Rule{Match: s, Methods: r.Methods}.String(), preset: preset}
+	c := &rule{src: ruleString(api.PolicyRule{Match: s, Methods: r.Methods}), preset: preset}
 	var err error
 	switch {
 	case strings.HasPrefix(s, "re:"):

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -217,7 +218,7 @@ func (s *SecretStore) Placeholder(sandbox, name string) string {
 
 // Placeholders returns the environment a sandbox gets for its bindings:
 // PADDOCK_SECRET_<NAME> → its placeholder.
-func (s *SecretStore) Placeholders(sandbox string, bindings []SecretBinding) map[string]string {
+func (s *SecretStore) Placeholders(sandbox string, bindings []api.SecretBinding) map[string]string {
 	env := make(map[string]string, len(bindings))
 	for _, b := range bindings {
 		env[EnvVar(b.Name)] = s.Placeholder(sandbox, b.Name)

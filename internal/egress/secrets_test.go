@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -73,7 +74,7 @@ func TestSecretStore(t *testing.T) {
 	if s2.Placeholder("sb2", "GITHUB_TOKEN") == ph || len(ph) != placeholderLen || !strings.HasPrefix(ph, PlaceholderPrefix) {
 		t.Errorf("placeholder %q: not per sandbox or badly formed", ph)
 	}
-	env := s2.Placeholders("sb1", []SecretBinding{{Name: "GITHUB_TOKEN"}, {Name: "other"}})
+	env := s2.Placeholders("sb1", []api.SecretBinding{{Name: "GITHUB_TOKEN"}, {Name: "other"}})
 	if env["PADDOCK_SECRET_GITHUB_TOKEN"] != ph || len(env) != 2 || env["PADDOCK_SECRET_OTHER"] == "" {
 		t.Errorf("Placeholders = %v", env)
 	}

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/paddock-dev/paddock/api"
 )
 
 // TestUpstreamProtocolFollowsClient: an intercepted request goes upstream
@@ -26,7 +28,7 @@ func TestUpstreamProtocolFollowsClient(t *testing.T) {
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	port := itoa(serverAddr(t, srv).Port())
-	h.setPolicy("sb1", &Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/")})
+	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "https://api.example.com:"+port+"/")})
 	for _, h2 := range []bool{false, true} {
 		c := h.client("sb1", sb1Addr, serverAddr(t, srv))
 		c.Transport.(*http.Transport).ForceAttemptHTTP2 = h2

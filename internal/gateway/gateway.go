@@ -19,7 +19,6 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/json"
@@ -448,34 +447,15 @@ func (g *Gateway) Prune(keep func(id string) bool) {
 	}
 }
 
-// toEgress converts a wire policy to the engine's.
-func toEgress(p *api.Policy) (*egress.Policy, error) {
-	if p == nil {
-		return &egress.Policy{}, nil
-	}
-	b, err := json.Marshal(p)
-	if err != nil {
-		return nil, err
-	}
-	var ep egress.Policy
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ep); err != nil {
-		return nil, errdefs.Invalid("policy", "%v", err)
-	}
-	return &ep, nil
-}
-
 // ValidatePolicy checks a policy and names its first bad entry.
 func (g *Gateway) ValidatePolicy(p *api.Policy) error {
-	ep, err := toEgress(p)
-	if err != nil {
-		return err
+	if p == nil {
+		return nil
 	}
-	if err := ep.Validate(); err != nil {
+	if err := egress.ValidatePolicy(p); err != nil {
 		return errdefs.Invalid("policy", "%s", strings.TrimPrefix(err.Error(), errdefs.ErrInvalid.Error()+": "))
 	}
-	for _, b := range ep.Secrets {
+	for _, b := range p.Secrets {
 		if _, err := g.secrets.Get(b.Name); err != nil {
 			return errdefs.Invalid("policy", "secrets: no secret named %q (create it with `paddock secret create %s`)", b.Name, b.Name)
 		}
@@ -487,16 +467,16 @@ func (g *Gateway) ValidatePolicy(p *api.Policy) error {
 // (nil: nothing is reachable) and returns the environment its secrets'
 // placeholders take.
 func (g *Gateway) SetPolicy(id string, p *api.Policy) ([]string, error) {
-	ep, err := toEgress(p)
-	if err != nil {
-		return nil, err
-	}
-	if err := g.eng.Set(id, ep); err != nil {
+	if err := g.eng.Set(id, p); err != nil {
 		return nil, err
 	}
 	g.poke()
 	var env []string
-	for k, v := range g.secrets.Placeholders(id, ep.Secrets) {
+	var bindings []api.SecretBinding
+	if p != nil {
+		bindings = p.Secrets
+	}
+	for k, v := range g.secrets.Placeholders(id, bindings) {
 		env = append(env, k+"="+v)
 	}
 	return env, nil

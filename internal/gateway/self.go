@@ -73,7 +73,7 @@ func (g *Gateway) selfView(id string) map[string]any {
 	if p, ok := g.eng.Policy(id); ok {
 		v["policy"] = p
 	} else {
-		v["policy"] = egress.Policy{}
+		v["policy"] = api.Policy{}
 	}
 	v["denials"] = denials(g.Denials(id))
 	return v
