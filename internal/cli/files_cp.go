@@ -37,7 +37,10 @@ its workdir); the other is a host path (write ./a:b for a host file named a:b).
   SRC or DST "-":   a tar stream on stdin, extracted into the sandbox directory
                     DST, or the tar of SRC written to stdout.
 
-Symbolic links are copied as links. Files copied into a sandbox belong to root
+Symbolic links are copied as links, their targets kept as written (an
+absolute one included): a target is only text, which paddock never follows
+on the host (nothing is extracted through a link, and a template build
+refuses a copy source reached through one that leaves its context). Files copied into a sandbox belong to root
 and files copied out to you, unless -a keeps the numeric owners. Copies out
 never make set-id files.`,
 		Args: cobra.ExactArgs(2),

@@ -2,13 +2,14 @@ package cli
 
 import (
 	"archive/tar"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
-	"strings"
+	"sort"
 
 	"github.com/spf13/cobra"
 
@@ -104,8 +105,18 @@ func templateCmd(g *globals) *cobra.Command {
 }
 
 // writeContext writes the build context: the spec as paddock.yaml and
-// every file under dir that a copy step names.
+// every file under dir that a copy step names. Each path is resolved
+// under dir (os.Root): a symbolic link on the way is followed only while
+// it stays in dir, and one that leaves it (an absolute target, or one
+// with "..", say a link that came out of a sandbox) is refused, so no host
+// file outside dir goes into a template. Links inside what is copied are
+// sent as links and never followed here; the sandbox resolves them.
 func writeContext(w io.Writer, dir string, spec []byte, srcs []string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("opening the build context: %w", err)
+	}
+	defer root.Close()
 	tw := tar.NewWriter(w)
 	if err := tw.WriteHeader(&tar.Header{Name: "paddock.yaml", Mode: 0o644, Size: int64(len(spec)), Typeflag: tar.TypeReg}); err != nil {
 		return err
@@ -115,53 +126,84 @@ func writeContext(w io.Writer, dir string, spec []byte, srcs []string) error {
 	}
 	seen := map[string]bool{}
 	for _, src := range srcs {
-		rel := path.Clean(strings.TrimPrefix(src, "./"))
-		root := filepath.Join(dir, filepath.FromSlash(rel))
-		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			name, err := filepath.Rel(dir, p)
-			if err != nil {
-				return err
-			}
-			name = filepath.ToSlash(name)
-			if seen[name] || name == "." {
-				return nil
-			}
-			seen[name] = true
-			fi, err := d.Info()
-			if err != nil {
-				return err
-			}
-			link := ""
-			if fi.Mode()&fs.ModeSymlink != 0 {
-				if link, err = os.Readlink(p); err != nil {
-					return err
-				}
-			}
-			h, err := tar.FileInfoHeader(fi, link)
-			if err != nil {
-				return err
-			}
-			h.Name, h.Uname, h.Gname, h.Uid, h.Gid = name, "", "", 0, 0
-			if err := tw.WriteHeader(h); err != nil {
-				return err
-			}
-			if fi.Mode().IsRegular() {
-				f, err := os.Open(p)
-				if err != nil {
-					return err
-				}
-				_, err = io.Copy(tw, f)
-				f.Close()
-				return err
-			}
-			return nil
-		})
+		name, err := template.ContextPath(src)
 		if err != nil {
-			return fmt.Errorf("reading the build context: %w", err)
+			return fmt.Errorf("copy.src: %w", err)
+		}
+		if err := addContext(tw, root, name, seen); err != nil {
+			return fmt.Errorf("reading the build context %s: %w", dir, err)
 		}
 	}
 	return tw.Close()
+}
+
+// addContext writes name (resolved under root) and, for a directory,
+// what it holds.
+func addContext(tw *tar.Writer, root *os.Root, name string, seen map[string]bool) error {
+	fi, err := root.Lstat(name)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return fmt.Errorf("%w (a path in the build context must stay in it: a symbolic link leading out of it is not followed)", err)
+	}
+	if !seen[name] && name != "." {
+		seen[name] = true
+		if err := addContextEntry(tw, root, name, fi); err != nil {
+			return err
+		}
+	}
+	if !fi.IsDir() {
+		return nil
+	}
+	d, err := root.Open(name)
+	if err != nil {
+		return err
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if err := addContext(tw, root, path.Join(name, n), seen); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func addContextEntry(tw *tar.Writer, root *os.Root, name string, fi fs.FileInfo) error {
+	link := ""
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		var err error
+		if link, err = root.Readlink(name); err != nil {
+			return err
+		}
+	}
+	h, err := tar.FileInfoHeader(fi, link)
+	if err != nil {
+		return err
+	}
+	h.Name, h.Uname, h.Gname, h.Uid, h.Gid = name, "", "", 0, 0
+	if !fi.Mode().IsRegular() {
+		return tw.WriteHeader(h)
+	}
+	f, err := root.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// What was opened must be what was looked at (not something swapped in).
+	if ofi, err := f.Stat(); err != nil || !os.SameFile(fi, ofi) {
+		return fmt.Errorf("%s: changed while the context was read", name)
+	}
+	if err := tw.WriteHeader(h); err != nil {
+		return err
+	}
+	if n, err := io.CopyN(tw, f, h.Size); err != nil {
+		return fmt.Errorf("%s: changed while it was read (%d of %d bytes): %w", name, n, h.Size, err)
+	}
+	return nil
 }

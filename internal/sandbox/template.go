@@ -300,6 +300,11 @@ func (m *Manager) runStep(ctx context.Context, id string, s planned, env map[str
 			return err
 		}
 		if end.Error != nil {
+			// The guest's category is kept: a context the sandbox refuses
+			// is the caller's fault, not the daemon's.
+			if cat := errdefs.FromCode(end.Error.Code); cat != nil {
+				return fmt.Errorf("%w: copying into %s: %s", cat, s.put.Dir, end.Error.Message)
+			}
 			return fmt.Errorf("copying into %s: %s", s.put.Dir, end.Error.Message)
 		}
 	case s.step.Workdir != "":

@@ -41,9 +41,9 @@ type Context struct {
 // NewContext returns an empty context (a spec with inline files only).
 func NewContext() *Context { return &Context{entries: map[string]*entry{}} }
 
-// cleanRel checks a context path: relative, no "..", no NUL. "." and ""
-// name the whole context.
-func cleanRel(p string) (string, error) {
+// ContextPath checks and cleans a build context path: relative, no "..",
+// no NUL. "." and "" name the whole context.
+func ContextPath(p string) (string, error) {
 	if strings.ContainsRune(p, 0) || len(p) > 4096 {
 		return "", errors.New("not a valid path")
 	}
@@ -74,7 +74,7 @@ func ReadContext(r io.Reader, specName string) (*Context, []byte, error) {
 		if err != nil {
 			return nil, nil, errdefs.Invalid("body", "reading the build context (tar): %v", err)
 		}
-		name, err := cleanRel(h.Name)
+		name, err := ContextPath(h.Name)
 		if err != nil {
 			return nil, nil, errdefs.Invalid("body", "tar entry: %v", err)
 		}
@@ -109,7 +109,30 @@ func ReadContext(r io.Reader, specName string) (*Context, []byte, error) {
 		}
 		c.entries[name] = e
 	}
+	if err := c.checkParents(); err != nil {
+		return nil, nil, err
+	}
 	return c, spec, nil
+}
+
+// checkParents refuses an entry whose parent in the context is not a
+// directory: "link/file" beside a symbolic link "link" would be written
+// through the link when the step extracts it (the sandbox's extraction
+// refuses that when the link leads out of the destination; this names the
+// fault before a build starts).
+func (c *Context) checkParents() error {
+	for name := range c.entries {
+		for p := path.Dir(name); p != "."; p = path.Dir(p) {
+			if e := c.entries[p]; e != nil && e.typ != tar.TypeDir {
+				what := "a file"
+				if e.typ == tar.TypeSymlink {
+					what = "a symbolic link"
+				}
+				return errdefs.Invalid("body", "build context entry %s is under %s, which is %s", trunc(name), trunc(p), what)
+			}
+		}
+	}
+	return nil
 }
 
 // Put is what a copy step writes: entries to extract at Dir in the
@@ -154,7 +177,7 @@ func (c *Context) Resolve(cp api.TemplateCopy) (Put, error) {
 		data := []byte(*cp.Content)
 		sel = append(sel, &entry{name: path.Base(cp.Dest), typ: tar.TypeReg, mode: mode, data: data, sum: sha256.Sum256(data)})
 	} else {
-		src, err := cleanRel(cp.Src)
+		src, err := ContextPath(cp.Src)
 		if err != nil {
 			return Put{}, errdefs.Invalid("copy.src", "%v", err)
 		}

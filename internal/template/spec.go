@@ -129,7 +129,7 @@ func Check(spec *api.TemplateSpec) error {
 				return errdefs.Invalid(field+".copy.dest", "inline content needs a file path, not a directory")
 			}
 			if c.Src != "" {
-				if _, err := cleanRel(c.Src); err != nil {
+				if _, err := ContextPath(c.Src); err != nil {
 					return errdefs.Invalid(field+".copy.src", "%v", err)
 				}
 			}

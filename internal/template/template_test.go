@@ -198,6 +198,9 @@ func TestReadContextRefuses(t *testing.T) {
 		{[]file{{name: "/etc/passwd", body: "x"}}, "relative"},
 		{[]file{{name: "dev", typ: tar.TypeChar}}, "only files, directories and symlinks"},
 		{[]file{{name: "h", typ: tar.TypeLink, link: "x"}}, "only files, directories and symlinks"},
+		{[]file{{name: "link", typ: tar.TypeSymlink, link: "/etc"}, {name: "link/passwd", body: "x"}}, "under link, which is a symbolic link"},
+		{[]file{{name: "a/b/c", body: "x"}, {name: "a", typ: tar.TypeSymlink, link: "/"}}, "under a, which is a symbolic link"},
+		{[]file{{name: "f", body: "x"}, {name: "f/g", body: "x"}}, "under f, which is a file"},
 	} {
 		if _, _, err := ReadContext(tarOf(t, tc.files, time.Now()), "paddock.yaml"); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("context %+v: %v, want %q", tc.files, err, tc.want)
