@@ -139,7 +139,10 @@ type Runtime interface {
 	// DiskUsage reports the bytes used on sandbox id's disk and its size.
 	DiskUsage(id string) (used, size int64, err error)
 	// Leftovers lists ids that have host resources, so that the caller
-	// can remove those it has no record of.
+	// can remove those it has no record of. What the runtime made ahead
+	// of time for sandboxes to come (warm guests, their disks) is its
+	// own and never listed: the pools may refill while the caller
+	// reconciles.
 	Leftovers() ([]string, error)
 	// Close releases what the runtime holds for sandboxes not yet made;
 	// running sandboxes are left alone.

@@ -927,7 +927,14 @@ func (r *Runtime) Leftovers() ([]string, error) {
 		add(id)
 	}
 	for _, id := range vols {
-		add(id)
+		// Disks named warm-<id> are the runtime's own, whatever the
+		// state of their guest: New removed the earlier daemon's before
+		// the refill started, and every later one is a warm guest's
+		// (ready, being made or being discarded). Reported, they were
+		// removed from under guests the pool still held (issue 20.7).
+		if !strings.HasPrefix(id, warmPrefix) {
+			add(id)
+		}
 	}
 	for _, e := range entries {
 		add(e.Name())
