@@ -33,8 +33,9 @@ var readonlyPaths = []string{
 	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 }
 
-// devices are bind-mounted from the host: a user namespace cannot mknod.
-var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
+// Devices are bind-mounted from the host (a user namespace cannot mknod):
+// the guest forker's minimal root holds them for the guests it forks.
+var Devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // Run is the guest (`paddock guest`): PID 1 of a sandbox. The daemon
 // starts it in the sandbox's fresh namespaces and cgroup, usually ahead of
@@ -526,7 +527,7 @@ func (r *rootMounter) dev() error {
 	if err := r.mount("/dev", "tmpfs", "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k"); err != nil {
 		return err
 	}
-	for _, d := range devices {
+	for _, d := range Devices {
 		t, err := r.target("/dev/"+d, true)
 		if err != nil {
 			return err

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/internal/guest"
 	"github.com/paddock-dev/paddock/internal/reaper"
 )
 
@@ -25,6 +26,13 @@ import (
 // idle and small. It runs at a low priority, and so do the guests it forks
 // until the daemon hands one a sandbox: getting guests ready ahead of time
 // must not slow down the sandboxes in use.
+//
+// The forker runs in its own mount namespace holding only what a guest
+// needs before it pivots into its sandbox's root (see isolateMounts): a
+// guest's mount namespace is a copy of its forker's, and a copy of the
+// host's would keep every host mount that existed at the fork (a loop
+// device, another daemon's disk, an operator's mount) alive for as long
+// as the guest waits in a pool, whatever the host unmounts meanwhile.
 
 // forkerNice is the forker's (and fresh guests') scheduling priority.
 const forkerNice = 10
@@ -75,7 +83,7 @@ func startForker(exe *os.File) (*forker, error) {
 	cmd.Stderr = os.Stderr
 	// It dies with the daemon; the guests it forked do not (they are
 	// reparented), and a new daemon starts a new forker.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWNS}
 	if err := cmd.Start(); err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("starting forker: %w", err)
@@ -130,6 +138,9 @@ func (f *forker) close() {
 // the daemon closes it, forking from the sealed binary on fd 4, and reaps
 // the guests it forked.
 func RunForker() error {
+	if err := isolateMounts(); err != nil {
+		return err
+	}
 	sock := os.NewFile(3, "forker")
 	// The guest's own descriptors take 0-4 in the child: keep the binary
 	// out of their way, or exec would find a socket at its path.
@@ -231,6 +242,69 @@ func forkGuest(exe *os.File, req forkRequest, fds []int) (pid, pidfd int, err er
 		return -1, -1, fmt.Errorf("starting guest: %w", err)
 	}
 	return pid, pidfd, nil
+}
+
+// isolateMounts replaces the forker's copy of the host's mount table with
+// a minimal root: a read-only tmpfs holding /tmp (where a guest stages its
+// root), fresh proc and sysfs instances (the kernel lets a user namespace
+// mount proc and sysfs only where one is already fully visible, and /proc
+// serves the forker's and guests' /proc/self), and the devices guests
+// bind. The host's tree is detached at once, so neither the forker nor a
+// guest forked from it holds a host mount.
+func isolateMounts() error {
+	// The daemon started us in a new mount namespace; nothing done here
+	// may reach the host's.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	// Any directory of the host's tree serves as the mount point: the
+	// tmpfs becomes the root below.
+	const top = "/tmp"
+	if err := unix.Mount("tmpfs", top, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=16k"); err != nil {
+		return fmt.Errorf("mounting the forker's root: %w", err)
+	}
+	for _, d := range []string{"proc", "sys", "dev", "tmp"} {
+		if err := unix.Mkdir(top+"/"+d, 0o755); err != nil {
+			return fmt.Errorf("creating /%s: %w", d, err)
+		}
+	}
+	for _, d := range guest.Devices {
+		target := top + "/dev/" + d
+		fd, err := unix.Open(target, unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_RDONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("creating /dev/%s: %w", d, err)
+		}
+		unix.Close(fd)
+		if err := unix.Mount("/dev/"+d, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding /dev/%s: %w", d, err)
+		}
+	}
+	// The flags a guest's own proc and sysfs are mounted with, or fewer:
+	// a new instance may not be less restricted than the visible one.
+	if err := unix.Mount("proc", top+"/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting proc: %w", err)
+	}
+	if err := unix.Mount("sysfs", top+"/sys", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting sysfs: %w", err)
+	}
+	if err := unix.Chdir(top); err != nil {
+		return fmt.Errorf("entering the forker's root: %w", err)
+	}
+	// runc's pivot_root(".", ".") idiom: the old root ends up on top of
+	// the new one and is detached right away.
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detaching the host's root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("making the forker's root read-only: %w", err)
+	}
+	return nil
 }
 
 // lowerPriority sets every thread of this process to forkerNice; threads
