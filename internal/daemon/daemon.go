@@ -242,15 +242,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	mgr := sandbox.NewManager(sandbox.Config{
-		Images:    images,
-		Store:     st,
-		Volumes:   vols,
-		Snapshots: snaps,
-		Templates: tpls,
-		Egress:    egressOf(gw),
-		Defaults:  cfg.Defaults,
-		UIDStart:  cfg.UIDStart,
-		Logger:    log,
+		Images:                  images,
+		Store:                   st,
+		Volumes:                 vols,
+		Snapshots:               snaps,
+		Templates:               tpls,
+		Egress:                  egressOf(gw),
+		Defaults:                cfg.Defaults,
+		UIDStart:                cfg.UIDStart,
+		AllowInsecureRegistries: cfg.Images.AllowInsecureRegistries,
+		Logger:                  log,
 	})
 	defer mgr.Close()
 	tel, err := startTelemetry(cfg, cgroups, mgr, log.With("component", "telemetry"))
@@ -258,7 +259,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer tel.Close()
-	mgr.AllowInsecureRegistries(cfg.Images.AllowInsecureRegistries)
 	// Records first: the runtime's warm guests take uid ranges, which
 	// must not collide with those of recorded sandboxes.
 	if err := mgr.Load(); err != nil {
@@ -290,18 +290,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := mgr.Reconcile(ctx); err != nil {
 		return err
 	}
-	mgr.RestoreTemplates(ctx)
-	mgr.RestorePools()
+	mgr.Templates().Restore(ctx)
+	mgr.Pools().Restore(ctx)
 	if gw != nil {
 		gw.Prune(func(id string) bool {
-			_, err := mgr.Get(id)
+			_, err := mgr.Get(ctx, id)
 			return err == nil || rt.IsWarm(id)
 		})
 		gatewayTelemetry(gw, tel, mgr, log.With("component", "egress"))
 	}
 
 	tel.Prune(func(id string) bool {
-		_, err := mgr.Get(id)
+		_, err := mgr.Get(ctx, id)
 		return err == nil
 	})
 	tel.Run()

@@ -41,21 +41,23 @@ type TelemetryConfig struct {
 func startTelemetry(cfg Config, cgroups *cgroup.Manager, mgr *sandbox.Manager, log *slog.Logger) (*hub.Hub, error) {
 	tc := cfg.Telemetry
 	hc := hub.Config{
-		Dir:              filepath.Join(cfg.StateDir, "telemetry"),
-		Cgroups:          cgroups,
-		Disk:             mgr.DiskUsage,
+		Dir:     filepath.Join(cfg.StateDir, "telemetry"),
+		Cgroups: cgroups,
+		Disk: func(id string) (used, size int64, err error) {
+			return mgr.DiskUsage(context.Background(), id)
+		},
 		Prices:           tc.Prices,
 		CPUOvercommit:    tc.CPUOvercommit,
 		MemoryOvercommit: tc.MemoryOvercommit,
 		States: func() map[string]int {
 			out := map[string]int{}
-			for _, s := range mgr.List(sandbox.Filter{}) {
+			for _, s := range mgr.List(context.Background(), sandbox.Filter{}) {
 				out[string(s.State)]++
 			}
 			return out
 		},
-		WarmPools:   func() map[string]int { return mgr.Pools().Ready },
-		WarmTargets: func() map[string]int { return mgr.Pools().Target },
+		WarmPools:   func() map[string]int { return mgr.Pools().List(context.Background()).Ready },
+		WarmTargets: func() map[string]int { return mgr.Pools().List(context.Background()).Target },
 		Logger:      log,
 	}
 	if tc.MemoryCapacity > 0 {

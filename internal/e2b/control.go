@@ -241,7 +241,7 @@ func (s *Server) detail(sb api.Sandbox) detail {
 }
 
 func (s *Server) info(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.mgr.Get(r.PathValue("id"))
+	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -253,7 +253,7 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if err := s.mgr.Delete(r.Context(), id, true); err != nil {
+	if err := s.mgr.Remove(r.Context(), id, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -286,7 +286,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalid("timeout", "must be a number of seconds from 0"))
 		return
 	}
-	if err := s.extend(r.PathValue("id"), time.Duration(*req.Timeout)*time.Second, false); err != nil {
+	if err := s.extend(r.Context(), r.PathValue("id"), time.Duration(*req.Timeout)*time.Second, false); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -307,7 +307,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalid("duration", "must be 0 to 3600 seconds"))
 		return
 	}
-	if err := s.extend(r.PathValue("id"), time.Duration(req.Duration)*time.Second, true); err != nil {
+	if err := s.extend(r.Context(), r.PathValue("id"), time.Duration(req.Duration)*time.Second, true); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -316,8 +316,8 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 
 // extend makes sandbox id end d from now (a kill, or a pause for those
 // created with autoPause); with onlyLater an earlier end is kept.
-func (s *Server) extend(id string, d time.Duration, onlyLater bool) error {
-	sb, err := s.mgr.Get(id)
+func (s *Server) extend(ctx context.Context, id string, d time.Duration, onlyLater bool) error {
+	sb, err := s.mgr.Get(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -336,13 +336,13 @@ func (s *Server) extend(id string, d time.Duration, onlyLater bool) error {
 		// E2B ends the sandbox now; paddock's 0 would mean "never".
 		d = time.Millisecond
 	}
-	_, err = s.mgr.SetTimeout(id, d)
+	_, err = s.mgr.SetTimeout(ctx, id, d)
 	return err
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	sb, err := s.mgr.Get(id)
+	sb, err := s.mgr.Get(r.Context(), id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -355,7 +355,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.hold(id); err != nil {
+	if err := s.hold(r.Context(), id); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -364,14 +364,14 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 
 // hold stops a paused sandbox's timeout: E2B keeps paused sandboxes until
 // they are killed or resumed.
-func (s *Server) hold(id string) error {
+func (s *Server) hold(ctx context.Context, id string) error {
 	s.mu.Lock()
 	if t := s.pauseTimers[id]; t != nil {
 		t.timer.Stop()
 		delete(s.pauseTimers, id)
 	}
 	s.mu.Unlock()
-	_, err := s.mgr.SetTimeout(id, 0)
+	_, err := s.mgr.SetTimeout(ctx, id, 0)
 	return err
 }
 
@@ -389,7 +389,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalid("timeout", "%d is not a positive number of seconds", *req.Timeout))
 		return
 	}
-	sb, err := s.mgr.Get(id)
+	sb, err := s.mgr.Get(r.Context(), id)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -405,7 +405,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		code = http.StatusCreated
 	case api.StateRunning:
 		if req.Timeout != nil {
-			err = s.extend(id, time.Duration(*req.Timeout)*time.Second, true)
+			err = s.extend(r.Context(), id, time.Duration(*req.Timeout)*time.Second, true)
 		}
 	default:
 		err = errdefs.Conflict("sandbox %s is %s", id, sb.State)
@@ -422,7 +422,7 @@ func (s *Server) resume(ctx context.Context, id string, d time.Duration) error {
 	if _, err := s.mgr.Resume(ctx, id); err != nil {
 		return err
 	}
-	return s.extend(id, d, false)
+	return s.extend(ctx, id, d, false)
 }
 
 // listFilter selects sandboxes for list.
@@ -464,9 +464,9 @@ func parseListFilter(q url.Values, defaultStates ...string) (listFilter, error) 
 	return f, nil
 }
 
-func (s *Server) list(f listFilter) []detail {
+func (s *Server) list(ctx context.Context, f listFilter) []detail {
 	var out []detail
-	for _, sb := range s.mgr.List(sandbox.Filter{}) {
+	for _, sb := range s.mgr.List(ctx, sandbox.Filter{}) {
 		d := s.detail(sb)
 		if d.State == "" || !f.states[d.State] {
 			continue
@@ -497,7 +497,7 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := s.list(f)
+	out := s.list(r.Context(), f)
 	if out == nil {
 		out = []detail{}
 	}
@@ -520,7 +520,7 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	all := s.list(f)
+	all := s.list(r.Context(), f)
 	start := 0
 	if tok := q.Get("nextToken"); tok != "" {
 		start = -1
@@ -563,7 +563,7 @@ type metric struct {
 // metrics answers with one sample taken now (paddock keeps no history
 // here): CPU use is the average since the sandbox started.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.mgr.Get(r.PathValue("id"))
+	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -590,7 +590,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 				m.CPUUsedPct = math.Min(100, float64(st.CPUUsageNanos)/float64(up.Nanoseconds())/sb.Resources.CPUs*100)
 			}
 		}
-		if used, size, err := s.mgr.DiskUsage(sb.ID); err == nil {
+		if used, size, err := s.mgr.DiskUsage(r.Context(), sb.ID); err == nil {
 			m.DiskUsed, m.DiskTotal = used, size
 		}
 		out = append(out, m)

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"context"
 	"crypto/subtle"
 	"net/http"
 	"path"
@@ -57,11 +58,11 @@ func unreachable(w http.ResponseWriter, id string) {
 
 // running reports whether sandbox id runs; paused reports whether it is
 // paused (or frozen) with auto-resume, so that a call may wake it.
-func (s *Server) running(id string) (running, paused bool) {
+func (s *Server) running(ctx context.Context, id string) (running, paused bool) {
 	if sandbox.ValidID(id) != nil {
 		return false, false
 	}
-	sb, err := s.mgr.Get(id)
+	sb, err := s.mgr.Get(ctx, id)
 	if err != nil {
 		return false, false
 	}
@@ -69,7 +70,7 @@ func (s *Server) running(id string) (running, paused bool) {
 	case api.StateRunning:
 		// A removal in progress answered Get with the state it had
 		// before; Done sees the sandbox gone.
-		done, err := s.mgr.Done(id)
+		done, err := s.mgr.Done(ctx, id)
 		if err != nil {
 			return false, false
 		}
@@ -89,7 +90,7 @@ func (s *Server) running(id string) (running, paused bool) {
 // it is killed or paused (the SDKs read a dropped stream followed by a
 // 502 as "the sandbox ended"). It never resumes a sandbox.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	if ok, _ := s.running(sandboxID(r)); !ok {
+	if ok, _ := s.running(r.Context(), sandboxID(r)); !ok {
 		unreachable(w, sandboxID(r))
 		return
 	}
@@ -101,7 +102,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 func (s *Server) sandboxCall(signed bool, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := sandboxID(r)
-		ok, wake := s.running(id)
+		ok, wake := s.running(r.Context(), id)
 		if !ok && !wake {
 			unreachable(w, id)
 			return

@@ -248,7 +248,7 @@ func (s *Server) watch(r *http.Request, st *stream, req *watchRequest) error {
 	}
 	id := sandboxID(r)
 	defer s.mgr.Busy(id)()
-	done, err := s.mgr.Done(id)
+	done, err := s.mgr.Done(r.Context(), id)
 	if err != nil {
 		return err
 	}

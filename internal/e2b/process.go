@@ -206,7 +206,7 @@ func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream
 		return err
 	}
 	defer s.mgr.Busy(id)()
-	done, err := s.mgr.Done(id)
+	done, err := s.mgr.Done(r.Context(), id)
 	if err != nil {
 		return err
 	}

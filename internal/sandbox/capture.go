@@ -20,10 +20,11 @@ import (
 // maxForks bounds one fork request.
 const maxForks = 64
 
-// Snapshot captures a sandbox's filesystem, or one directory of it, without
+// Create captures sandbox id's filesystem, or one directory of it, without
 // stopping it: its processes are frozen only while the disk is copied
 // (a reflink: metadata, not data, where the filesystem allows).
-func (m *Manager) Snapshot(ctx context.Context, id string, req api.SnapshotRequest) (api.Snapshot, error) {
+func (s Snapshots) Create(ctx context.Context, id string, req api.SnapshotRequest) (api.Snapshot, error) {
+	m := s.m
 	if m.cfg.Snapshots == nil {
 		return api.Snapshot{}, errdefs.New(errdefs.ErrUnavailable, "snapshots are not configured")
 	}
@@ -252,7 +253,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 			// All or nothing: remove the forks that were made.
 			for _, s := range out {
 				if s.ID != "" {
-					m.Delete(context.Background(), s.ID, true)
+					m.Remove(context.Background(), s.ID, true)
 				}
 			}
 			return api.ForkResult{}, fmt.Errorf("forking %s: %w", id, err)

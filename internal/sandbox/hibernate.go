@@ -194,7 +194,7 @@ func (m *Manager) Freeze(ctx context.Context, id string) (api.Sandbox, error) {
 }
 
 // Thaw lets a frozen sandbox's processes run again.
-func (m *Manager) Thaw(id string) (api.Sandbox, error) {
+func (m *Manager) Thaw(ctx context.Context, id string) (api.Sandbox, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return api.Sandbox{}, err

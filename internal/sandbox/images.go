@@ -27,16 +27,9 @@ type imageState struct {
 	// image until the sandbox is recorded, and for writing by a removal,
 	// so that an image cannot go while a sandbox is being made from it.
 	mu sync.RWMutex
-	// allowInsecure lets pulls use plain HTTP to any registry, not only
-	// to loopback ones.
-	allowInsecure atomic.Bool
 }
 
 var errNoOCI = errdefs.New(errdefs.ErrUnavailable, "OCI images are not configured")
-
-// AllowInsecureRegistries lets a pull ask for plain HTTP to registries
-// that are not on loopback.
-func (m *Manager) AllowInsecureRegistries(allow bool) { m.img.allowInsecure.Store(allow) }
 
 // imageRef names the exact image a sandbox was made from: an OCI image by
 // its ID (its name may have moved to another image since), the built-in
@@ -55,8 +48,9 @@ func (m *Manager) ociStore() (*oci.Store, error) {
 	return nil, errNoOCI
 }
 
-// Images lists the built-in image and every OCI image.
-func (m *Manager) Images() ([]api.Image, error) {
+// List lists the built-in image and every OCI image.
+func (s Images) List(ctx context.Context) ([]api.Image, error) {
+	m := s.m
 	host, err := m.cfg.Images.Get(image.HostImage)
 	if err != nil {
 		return nil, err
@@ -76,8 +70,9 @@ func (m *Manager) Images() ([]api.Image, error) {
 	return out, nil
 }
 
-// Image describes one image and who uses it.
-func (m *Manager) Image(ref string) (api.Image, error) {
+// Get describes one image and who uses it.
+func (s Images) Get(ctx context.Context, ref string) (api.Image, error) {
+	m := s.m
 	if ref == "" || ref == image.HostImage {
 		host, err := m.cfg.Images.Get(image.HostImage)
 		if err != nil {
@@ -98,10 +93,11 @@ func (m *Manager) Image(ref string) (api.Image, error) {
 	return v, nil
 }
 
-// ImportImage stores the image in an archive (`docker save` or an OCI
+// Import stores the image in an archive (`docker save` or an OCI
 // layout, optionally gzip-compressed) under name, or under the names the
 // archive gives it.
-func (m *Manager) ImportImage(ctx context.Context, r io.Reader, name string) (api.Image, error) {
+func (s Images) Import(ctx context.Context, r io.Reader, name string) (api.Image, error) {
+	m := s.m
 	o, err := m.ociStore()
 	if err != nil {
 		return api.Image{}, err
@@ -115,9 +111,10 @@ func (m *Manager) ImportImage(ctx context.Context, r io.Reader, name string) (ap
 
 var digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
-// PullImage fetches an image from its registry. progress, when set, is
+// Pull fetches an image from its registry. progress, when set, is
 // told the bytes received so far as they arrive.
-func (m *Manager) PullImage(ctx context.Context, req api.PullRequest, progress func(int64)) (api.Image, error) {
+func (s Images) Pull(ctx context.Context, req api.PullRequest, progress func(int64)) (api.Image, error) {
+	m := s.m
 	o, err := m.ociStore()
 	if err != nil {
 		return api.Image{}, err
@@ -129,7 +126,7 @@ func (m *Manager) PullImage(ctx context.Context, req api.PullRequest, progress f
 	if req.Token != "" && (req.Username != "" || req.Password != "") {
 		return api.Image{}, errdefs.Invalid("token", "give a token or a username and password, not both")
 	}
-	loopbackOnly := req.Insecure && !m.img.allowInsecure.Load()
+	loopbackOnly := req.Insecure && !m.cfg.AllowInsecureRegistries
 	if loopbackOnly {
 		if host, ok := loopbackRegistry(ref); !ok {
 			return api.Image{}, errdefs.Invalid("insecure", "plain HTTP is allowed only to loopback registries (%s is not one); the daemon allows more with --allow-insecure-registries", host)
@@ -211,10 +208,11 @@ func loopbackRegistry(ref string) (string, bool) {
 	return reg, ip != nil && ip.IsLoopback()
 }
 
-// RemoveImage removes an image (or, when the name is one of several the
+// Remove removes an image (or, when the name is one of several the
 // image has, only that name). An image a sandbox or snapshot was made
 // from is refused with ErrConflict, naming them.
-func (m *Manager) RemoveImage(ref string) error {
+func (s Images) Remove(ctx context.Context, ref string) error {
+	m := s.m
 	if ref == image.HostImage {
 		return errdefs.Invalid("name", "%q is the built-in image and cannot be removed", ref)
 	}

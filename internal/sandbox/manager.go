@@ -51,7 +51,10 @@ type Config struct {
 	UIDStart uint32
 	// MaxSandboxes bounds the uid ranges (and so the sandboxes) in use.
 	MaxSandboxes int
-	Logger       *slog.Logger
+	// AllowInsecureRegistries lets a pull ask for plain HTTP to registries
+	// that are not on loopback.
+	AllowInsecureRegistries bool
+	Logger                  *slog.Logger
 }
 
 // Manager runs sandboxes.
@@ -60,7 +63,7 @@ type Manager struct {
 	log *slog.Logger
 	obs Observer
 
-	tpl templates
+	tpl templateState
 
 	mu    sync.Mutex
 	boxes map[string]*box
@@ -688,7 +691,7 @@ func (m *Manager) armTimer(b *box) {
 	id := b.rec.ID
 	b.timer = time.AfterFunc(time.Until(*b.rec.ExpiresAt), func() {
 		m.log.Info("sandbox timed out", "sandbox", id)
-		if err := m.Delete(context.Background(), id, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := m.Remove(context.Background(), id, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			m.log.Warn("removing timed-out sandbox", "sandbox", id, "err", err)
 		}
 	})
@@ -708,7 +711,7 @@ func (m *Manager) lookup(id string) (*box, error) {
 }
 
 // Get returns one sandbox.
-func (m *Manager) Get(id string) (api.Sandbox, error) {
+func (m *Manager) Get(ctx context.Context, id string) (api.Sandbox, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return api.Sandbox{}, err
@@ -729,7 +732,7 @@ type Filter struct {
 }
 
 // List returns the sandboxes matching f, oldest first.
-func (m *Manager) List(f Filter) []api.Sandbox {
+func (m *Manager) List(ctx context.Context, f Filter) []api.Sandbox {
 	m.mu.Lock()
 	boxes := make([]*box, 0, len(m.boxes))
 	for _, b := range m.boxes {
@@ -812,9 +815,9 @@ func (m *Manager) stopLocked(ctx context.Context, b *box) error {
 	return nil
 }
 
-// Delete removes a sandbox and every trace of it. A running sandbox is
+// Remove removes a sandbox and every trace of it. A running sandbox is
 // only removed with force.
-func (m *Manager) Delete(ctx context.Context, id string, force bool) error {
+func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	b, err := m.lookup(id)
 	if err != nil {
 		return err
@@ -866,7 +869,7 @@ func (m *Manager) Guest(ctx context.Context, id string) (*guest.Client, error) {
 
 // Done returns a channel closed when the sandbox's guest exits, for
 // streams that must end with the sandbox.
-func (m *Manager) Done(id string) (<-chan struct{}, error) {
+func (m *Manager) Done(ctx context.Context, id string) (<-chan struct{}, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return nil, err

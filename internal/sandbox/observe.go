@@ -110,6 +110,6 @@ func (m *Manager) Update(ctx context.Context, id string, req api.UpdateRequest) 
 }
 
 // DiskUsage reports the bytes used on a sandbox's disk and its size.
-func (m *Manager) DiskUsage(id string) (used, size int64, err error) {
+func (m *Manager) DiskUsage(ctx context.Context, id string) (used, size int64, err error) {
 	return m.cfg.Runtime.DiskUsage(id)
 }

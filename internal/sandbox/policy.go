@@ -9,7 +9,7 @@ import (
 )
 
 // Policy returns a sandbox's network policy (empty: nothing reachable).
-func (m *Manager) Policy(id string) (api.Policy, error) {
+func (m *Manager) Policy(ctx context.Context, id string) (api.Policy, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return api.Policy{}, err

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 
@@ -26,11 +27,12 @@ type imagePool struct {
 	Size  int    `json:"size"`
 }
 
-// SetPool keeps size sandboxes ready for the pool named name:
+// Set keeps size sandboxes ready for the pool named name:
 // "image:NAME" for an image (sandboxes with the default limits and disk),
 // "template:NAME" for a template (its Warm, recorded with the template).
 // Size 0 removes the pool. The size outlives the daemon.
-func (m *Manager) SetPool(name string, size int) (api.Pool, error) {
+func (s Pools) Set(ctx context.Context, name string, size int) (api.Pool, error) {
+	m := s.m
 	p, ok := m.cfg.Runtime.(runtime.Pools)
 	if !ok {
 		return api.Pool{}, errdefs.New(errdefs.ErrUnavailable, "the %s runtime keeps no warm pools", m.cfg.Runtime.Name())
@@ -114,9 +116,10 @@ func (m *Manager) setTemplateWarm(name string, size int) error {
 	return nil
 }
 
-// RestorePools, at start-up, refills the image pools set through the API.
+// Restore, at start-up, refills the image pools set through the API.
 // A recorded size for the default image replaces --warm-guests.
-func (m *Manager) RestorePools() {
+func (s Pools) Restore(ctx context.Context) {
+	m := s.m
 	p, ok := m.cfg.Runtime.(runtime.Pools)
 	if !ok {
 		return

@@ -14,9 +14,10 @@ var (
 	errNoSnapshots = errdefs.New(errdefs.ErrUnavailable, "snapshots are not configured")
 )
 
-// CreateVolume makes a named volume, empty or filled from a directory
+// Create makes a named volume, empty or filled from a directory
 // snapshot.
-func (m *Manager) CreateVolume(ctx context.Context, req api.VolumeRequest) (api.Volume, error) {
+func (s Volumes) Create(ctx context.Context, req api.VolumeRequest) (api.Volume, error) {
+	m := s.m
 	if m.cfg.Volumes == nil {
 		return api.Volume{}, errNoVolumes
 	}
@@ -54,32 +55,36 @@ func (m *Manager) CreateVolume(ctx context.Context, req api.VolumeRequest) (api.
 	return m.cfg.Volumes.Create(ctx, req, img)
 }
 
-// Volumes lists the named volumes.
-func (m *Manager) Volumes() ([]api.Volume, error) {
+// List lists the named volumes.
+func (s Volumes) List(ctx context.Context) ([]api.Volume, error) {
+	m := s.m
 	if m.cfg.Volumes == nil {
 		return nil, errNoVolumes
 	}
 	return m.cfg.Volumes.List(), nil
 }
 
-// Volume describes one volume.
-func (m *Manager) Volume(name string) (api.Volume, error) {
+// Get describes one volume.
+func (s Volumes) Get(ctx context.Context, name string) (api.Volume, error) {
+	m := s.m
 	if m.cfg.Volumes == nil {
 		return api.Volume{}, errNoVolumes
 	}
 	return m.cfg.Volumes.Get(name)
 }
 
-// RemoveVolume deletes a volume no sandbox mounts.
-func (m *Manager) RemoveVolume(ctx context.Context, name string) error {
+// Remove deletes a volume no sandbox mounts.
+func (s Volumes) Remove(ctx context.Context, name string) error {
+	m := s.m
 	if m.cfg.Volumes == nil {
 		return errNoVolumes
 	}
 	return m.cfg.Volumes.Remove(ctx, name)
 }
 
-// Snapshots lists snapshots, all or those of one sandbox.
-func (m *Manager) Snapshots(sandbox string) ([]api.Snapshot, error) {
+// List lists snapshots, all or those of one sandbox.
+func (s Snapshots) List(ctx context.Context, sandbox string) ([]api.Snapshot, error) {
+	m := s.m
 	if m.cfg.Snapshots == nil {
 		return nil, errNoSnapshots
 	}
@@ -91,16 +96,18 @@ func (m *Manager) Snapshots(sandbox string) ([]api.Snapshot, error) {
 	return m.cfg.Snapshots.List(sandbox), nil
 }
 
-// GetSnapshot describes one snapshot.
-func (m *Manager) GetSnapshot(id string) (api.Snapshot, error) {
+// Get describes one snapshot.
+func (s Snapshots) Get(ctx context.Context, id string) (api.Snapshot, error) {
+	m := s.m
 	if m.cfg.Snapshots == nil {
 		return api.Snapshot{}, errNoSnapshots
 	}
 	return m.cfg.Snapshots.Get(id)
 }
 
-// RemoveSnapshot deletes a snapshot nothing holds.
-func (m *Manager) RemoveSnapshot(id string) error {
+// Remove deletes a snapshot nothing holds.
+func (s Snapshots) Remove(ctx context.Context, id string) error {
+	m := s.m
 	if m.cfg.Snapshots == nil {
 		return errNoSnapshots
 	}

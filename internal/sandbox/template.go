@@ -22,9 +22,9 @@ import (
 	"github.com/paddock-dev/paddock/wire"
 )
 
-// templates serializes template builds and removals: a build replaces a
+// templateState serializes template builds and removals: a build replaces a
 // record and moves snapshot holds, which must not interleave.
-type templates struct {
+type templateState struct {
 	mu sync.Mutex
 }
 
@@ -115,12 +115,13 @@ func plan(spec api.TemplateSpec, img *image.Image, files *template.Context) ([]p
 	return out, nil
 }
 
-// BuildTemplate builds spec: each step whose cache key a template already
+// Build builds spec: each step whose cache key a template already
 // holds a snapshot for is reused, the rest run in one build sandbox, and
 // each is captured as a snapshot the template holds. emit receives the
 // build's log. The build sandbox is removed afterwards; so are the
 // snapshots of a build that fails.
-func (m *Manager) BuildTemplate(ctx context.Context, spec api.TemplateSpec, files *template.Context, emit func(api.TemplateEvent)) (api.Template, error) {
+func (s Templates) Build(ctx context.Context, spec api.TemplateSpec, files *template.Context, emit func(api.TemplateEvent)) (api.Template, error) {
+	m := s.m
 	if m.cfg.Templates == nil || m.cfg.Snapshots == nil {
 		return api.Template{}, errNoTemplates
 	}
@@ -187,7 +188,7 @@ func (m *Manager) BuildTemplate(ctx context.Context, spec api.TemplateSpec, file
 			return api.Template{}, err
 		}
 		defer func() {
-			if err := m.Delete(context.Background(), sb, true); err != nil {
+			if err := m.Remove(context.Background(), sb, true); err != nil {
 				m.log.Warn("removing a template's build sandbox", "template", name, "sandbox", sb, "err", err)
 			}
 		}()
@@ -422,8 +423,9 @@ func (m *Manager) releaseSteps(name string, old, kept []api.TemplateStepResult) 
 	}
 }
 
-// Templates lists the templates.
-func (m *Manager) Templates() ([]api.Template, error) {
+// List lists the templates.
+func (s Templates) List(ctx context.Context) ([]api.Template, error) {
+	m := s.m
 	if m.cfg.Templates == nil {
 		return nil, errNoTemplates
 	}
@@ -435,8 +437,9 @@ func (m *Manager) Templates() ([]api.Template, error) {
 	return list, nil
 }
 
-// Template describes one template.
-func (m *Manager) Template(name string) (api.Template, error) {
+// Get describes one template.
+func (s Templates) Get(ctx context.Context, name string) (api.Template, error) {
+	m := s.m
 	if m.cfg.Templates == nil {
 		return api.Template{}, errNoTemplates
 	}
@@ -451,9 +454,10 @@ func (m *Manager) Template(name string) (api.Template, error) {
 	return t, nil
 }
 
-// RemoveTemplate deletes a template, its warm pool and the step snapshots
+// Remove deletes a template, its warm pool and the step snapshots
 // no other template holds. Sandboxes made from it keep their files.
-func (m *Manager) RemoveTemplate(name string) error {
+func (s Templates) Remove(ctx context.Context, name string) error {
+	m := s.m
 	unlock, err := m.lockTemplate(name)
 	if err != nil {
 		return err
@@ -484,11 +488,12 @@ func (m *Manager) lockTemplate(name string) (unlock func(), err error) {
 	return m.tpl.mu.Unlock, nil
 }
 
-// RestoreTemplates, at start-up, holds the templates' step snapshots again
+// Restore, at start-up, holds the templates' step snapshots again
 // (holds live in memory) and starts their warm pools. What a build cut
 // short by the daemon's end left (its build sandbox, the step snapshots
 // no template recorded) is removed: a build does not outlive the daemon.
-func (m *Manager) RestoreTemplates(ctx context.Context) {
+func (s Templates) Restore(ctx context.Context) {
+	m := s.m
 	if m.cfg.Templates == nil || m.cfg.Snapshots == nil {
 		return
 	}
@@ -500,12 +505,12 @@ func (m *Manager) RestoreTemplates(ctx context.Context) {
 		}
 		m.setTemplatePool(t)
 	}
-	for _, sb := range m.List(Filter{}) {
+	for _, sb := range m.List(ctx, Filter{}) {
 		if sb.Labels[buildLabel] == "" {
 			continue
 		}
 		m.log.Info("removing the sandbox of an unfinished template build", "sandbox", sb.ID, "template", sb.Labels[buildLabel])
-		if err := m.Delete(ctx, sb.ID, true); err != nil {
+		if err := m.Remove(ctx, sb.ID, true); err != nil {
 			m.log.Warn("removing an unfinished build's sandbox", "sandbox", sb.ID, "err", err)
 		}
 	}
@@ -556,8 +561,9 @@ func (m *Manager) poolSizes() map[string]int {
 	return nil
 }
 
-// Pools reports the warm pools: ready sandboxes and target sizes.
-func (m *Manager) Pools() api.Pools {
+// List reports the warm pools: ready sandboxes and target sizes.
+func (s Pools) List(ctx context.Context) api.Pools {
+	m := s.m
 	out := api.Pools{Ready: map[string]int{}, Target: map[string]int{}}
 	if p, ok := m.cfg.Runtime.(runtime.Pools); ok {
 		out.Ready, out.Target = p.PoolSizes(), p.PoolTargets()

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -8,7 +9,7 @@ import (
 
 // SetTimeout sets a sandbox's lifetime to end d from now (it is then
 // removed, as with a create's timeout_seconds); 0 clears it.
-func (m *Manager) SetTimeout(id string, d time.Duration) (api.Sandbox, error) {
+func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (api.Sandbox, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return api.Sandbox{}, err

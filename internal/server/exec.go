@@ -164,7 +164,7 @@ func (s *Server) callStream(ctx context.Context, id string, greq guest.Request) 
 		return nil, err
 	}
 	idle := s.mgr.Busy(id)
-	done, err := s.mgr.Done(id)
+	done, err := s.mgr.Done(ctx, id)
 	if err != nil {
 		idle()
 		return nil, err

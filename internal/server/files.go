@@ -426,7 +426,7 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	done, err := s.mgr.Done(r.PathValue("id"))
+	done, err := s.mgr.Done(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return

@@ -38,7 +38,7 @@ func imageName(r *http.Request) (string, error) {
 }
 
 func (s *Server) listImages(w http.ResponseWriter, r *http.Request) {
-	list, err := s.mgr.Images()
+	list, err := s.mgr.Images().List(r.Context())
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -52,7 +52,7 @@ func (s *Server) getImage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	img, err := s.mgr.Image(name)
+	img, err := s.mgr.Images().Get(r.Context(), name)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -66,7 +66,7 @@ func (s *Server) removeImage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	if err := s.mgr.RemoveImage(name); err != nil {
+	if err := s.mgr.Images().Remove(r.Context(), name); err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
@@ -84,7 +84,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	img, err := s.mgr.ImportImage(r.Context(), r.Body, r.URL.Query().Get("name"))
+	img, err := s.mgr.Images().Import(r.Context(), r.Body, r.URL.Query().Get("name"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -102,7 +102,7 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !strings.Contains(r.Header.Get("Accept"), ndjson) {
-		img, err := s.mgr.PullImage(r.Context(), req, nil)
+		img, err := s.mgr.Images().Pull(r.Context(), req, nil)
 		if err != nil {
 			writeError(w, r, s.log, err)
 			return
@@ -114,7 +114,7 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	ps := &pullStream{w: w, enc: json.NewEncoder(w)}
 	ps.send(api.PullEvent{Status: "resolving"})
-	img, err := s.mgr.PullImage(r.Context(), req, ps.progress)
+	img, err := s.mgr.Images().Pull(r.Context(), req, ps.progress)
 	if err != nil {
 		_, body := errorBody(r, s.log, err)
 		ps.send(api.PullEvent{Error: &body})

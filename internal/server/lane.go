@@ -68,7 +68,7 @@ func (s *Server) sandboxLane(w http.ResponseWriter, r *http.Request) {
 	}
 	// Served here, it closes when the sandbox ends, as a handed one does:
 	// a client's idle lanes to a sandbox that is gone hold nothing here.
-	if done, err := s.mgr.Done(id); err == nil {
+	if done, err := s.mgr.Done(r.Context(), id); err == nil {
 		served := make(chan struct{})
 		defer close(served)
 		go func() {

@@ -34,7 +34,7 @@ func (s *Server) policyRoutes() []route {
 }
 
 func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) {
-	p, err := s.mgr.Policy(r.PathValue("id"))
+	p, err := s.mgr.Policy(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return

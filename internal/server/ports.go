@@ -164,7 +164,7 @@ func upgradeTo(r *http.Request, proto string) bool {
 func (s *Server) listPorts(t *portTable) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
-		if _, err := s.mgr.Get(id); err != nil {
+		if _, err := s.mgr.Get(r.Context(), id); err != nil {
 			writeError(w, r, s.log, err)
 			return
 		}
@@ -189,7 +189,7 @@ func (s *Server) openPort(t *portTable) http.HandlerFunc {
 			writeError(w, r, s.log, err)
 			return
 		}
-		f, created, err := t.open(r.PathValue("id"), *req.Port)
+		f, created, err := t.open(r.Context(), r.PathValue("id"), *req.Port)
 		if err != nil {
 			writeError(w, r, s.log, err)
 			return
@@ -210,7 +210,7 @@ func (s *Server) closePort(t *portTable) http.HandlerFunc {
 			writeError(w, r, s.log, err)
 			return
 		}
-		if _, err := s.mgr.Get(id); err != nil {
+		if _, err := s.mgr.Get(r.Context(), id); err != nil {
 			writeError(w, r, s.log, err)
 			return
 		}

@@ -50,7 +50,7 @@ type portKey struct {
 // listener is gone, any host process may take it.
 type portTable struct {
 	dial      portDialFunc
-	done      func(id string) (<-chan struct{}, error)
+	done      func(ctx context.Context, id string) (<-chan struct{}, error)
 	log       *slog.Logger
 	maxConns  int // per forward
 	maxTotal  int // over all forwards
@@ -60,7 +60,7 @@ type portTable struct {
 	m  map[portKey]*forward
 }
 
-func newPortTable(dial portDialFunc, done func(id string) (<-chan struct{}, error), log *slog.Logger) *portTable {
+func newPortTable(dial portDialFunc, done func(ctx context.Context, id string) (<-chan struct{}, error), log *slog.Logger) *portTable {
 	return &portTable{dial: dial, done: done, log: log, maxConns: maxForwardConns, maxTotal: maxForwardConnsTotal, m: map[portKey]*forward{}}
 }
 
@@ -80,11 +80,11 @@ type forward struct {
 
 // open returns the forward of a port of a running sandbox, opening it if
 // there is none; created says which.
-func (t *portTable) open(id string, port int) (f api.PortForward, created bool, err error) {
+func (t *portTable) open(ctx context.Context, id string, port int) (f api.PortForward, created bool, err error) {
 	if err := guest.ValidPort(port); err != nil {
 		return api.PortForward{}, false, err
 	}
-	done, err := t.done(id)
+	done, err := t.done(ctx, id)
 	if err != nil {
 		return api.PortForward{}, false, err
 	}

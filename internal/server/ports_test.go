@@ -130,7 +130,7 @@ func (f *fakeSandboxes) dial(ctx context.Context, id string, port int) (net.Conn
 	return d.DialContext(ctx, "tcp", addr)
 }
 
-func (f *fakeSandboxes) doneOf(id string) (<-chan struct{}, error) {
+func (f *fakeSandboxes) doneOf(_ context.Context, id string) (<-chan struct{}, error) {
 	if id != "box" {
 		return nil, errdefs.NotFound("sandbox", id)
 	}
@@ -198,14 +198,14 @@ func TestPortTable(t *testing.T) {
 	pt := newPortTable(sb.dial, sb.doneOf, quietLog)
 	t.Cleanup(pt.closeAll)
 
-	f, created, err := pt.open("box", 3000)
+	f, created, err := pt.open(context.Background(), "box", 3000)
 	if err != nil || !created {
 		t.Fatalf("open = %+v, %v, %v", f, created, err)
 	}
 	if host, _, _ := net.SplitHostPort(f.HostAddress); host != "127.0.0.1" {
 		t.Fatalf("forward listens on %s, want 127.0.0.1 only", f.HostAddress)
 	}
-	again, created, err := pt.open("box", 3000)
+	again, created, err := pt.open(context.Background(), "box", 3000)
 	if err != nil || created || again.HostAddress != f.HostAddress {
 		t.Fatalf("second open = %+v, %v, %v; want the same forward", again, created, err)
 	}
@@ -215,7 +215,7 @@ func TestPortTable(t *testing.T) {
 
 	// Nothing listens on 4000: the forward opens, and its connections are
 	// reset.
-	f4, _, err := pt.open("box", 4000)
+	f4, _, err := pt.open(context.Background(), "box", 4000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestPortTable(t *testing.T) {
 		{"box", 0, errdefs.ErrInvalid},
 		{"box", 65536, errdefs.ErrInvalid},
 	} {
-		if _, _, err := pt.open(tc.id, tc.port); !errors.Is(err, tc.want) {
+		if _, _, err := pt.open(context.Background(), tc.id, tc.port); !errors.Is(err, tc.want) {
 			t.Errorf("open(%q, %d) = %v, want %v", tc.id, tc.port, err, tc.want)
 		}
 	}
@@ -303,7 +303,7 @@ func TestPortTableLimit(t *testing.T) {
 	pt := newPortTable(sb.dial, sb.doneOf, quietLog)
 	pt.maxConns = 3
 	t.Cleanup(pt.closeAll)
-	f, _, err := pt.open("box", 3000)
+	f, _, err := pt.open(context.Background(), "box", 3000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -523,11 +523,11 @@ func TestPortTableTotalLimit(t *testing.T) {
 	pt := newPortTable(sb.dial, sb.doneOf, quietLog)
 	pt.maxTotal = 2
 	t.Cleanup(pt.closeAll)
-	f0, _, err := pt.open("box", 3000)
+	f0, _, err := pt.open(context.Background(), "box", 3000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f1, _, err := pt.open("box", 3001)
+	f1, _, err := pt.open(context.Background(), "box", 3001)
 	if err != nil {
 		t.Fatal(err)
 	}

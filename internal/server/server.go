@@ -49,7 +49,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 		{"POST /v1/sandboxes/{id}/pause", s.lifecycle(s.mgr.Pause)},
 		{"POST /v1/sandboxes/{id}/resume", s.lifecycle(s.mgr.Resume)},
 		{"POST /v1/sandboxes/{id}/freeze", s.lifecycle(s.mgr.Freeze)},
-		{"POST /v1/sandboxes/{id}/thaw", s.lifecycle(func(_ context.Context, id string) (api.Sandbox, error) { return s.mgr.Thaw(id) })},
+		{"POST /v1/sandboxes/{id}/thaw", s.lifecycle(func(ctx context.Context, id string) (api.Sandbox, error) { return s.mgr.Thaw(ctx, id) })},
 		{"POST /v1/sandboxes/{id}/update", s.update},
 		{"POST /v1/sandboxes/{id}/exec", s.exec},
 		{"GET /v1/lane", s.lane},
@@ -204,11 +204,11 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Labels[k] = v
 	}
-	writeJSON(w, http.StatusOK, s.mgr.List(f))
+	writeJSON(w, http.StatusOK, s.mgr.List(r.Context(), f))
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.mgr.Get(r.PathValue("id"))
+	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -222,7 +222,7 @@ func (s *Server) remove(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	if err := s.mgr.Delete(r.Context(), r.PathValue("id"), force); err != nil {
+	if err := s.mgr.Remove(r.Context(), r.PathValue("id"), force); err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}

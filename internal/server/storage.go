@@ -30,7 +30,7 @@ func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	snap, err := s.mgr.Snapshot(r.Context(), r.PathValue("id"), req)
+	snap, err := s.mgr.Snapshots().Create(r.Context(), r.PathValue("id"), req)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -43,7 +43,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	if id == "" {
 		id = r.URL.Query().Get("sandbox")
 	}
-	snaps, err := s.mgr.Snapshots(id)
+	snaps, err := s.mgr.Snapshots().List(r.Context(), id)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -52,7 +52,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
-	snap, err := s.mgr.GetSnapshot(r.PathValue("snap"))
+	snap, err := s.mgr.Snapshots().Get(r.Context(), r.PathValue("snap"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -61,7 +61,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) removeSnapshot(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.RemoveSnapshot(r.PathValue("snap")); err != nil {
+	if err := s.mgr.Snapshots().Remove(r.Context(), r.PathValue("snap")); err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
@@ -90,7 +90,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	v, err := s.mgr.CreateVolume(r.Context(), req)
+	v, err := s.mgr.Volumes().Create(r.Context(), req)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -99,7 +99,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
-	vols, err := s.mgr.Volumes()
+	vols, err := s.mgr.Volumes().List(r.Context())
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -108,7 +108,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
-	v, err := s.mgr.Volume(r.PathValue("name"))
+	v, err := s.mgr.Volumes().Get(r.Context(), r.PathValue("name"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -117,7 +117,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) removeVolume(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.RemoveVolume(r.Context(), r.PathValue("name")); err != nil {
+	if err := s.mgr.Volumes().Remove(r.Context(), r.PathValue("name")); err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}

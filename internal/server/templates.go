@@ -54,7 +54,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		enc.Encode(e)
 		rc.Flush()
 	}
-	t, err := s.mgr.BuildTemplate(r.Context(), spec, files, emit)
+	t, err := s.mgr.Templates().Build(r.Context(), spec, files, emit)
 	switch {
 	case err != nil && !started:
 		writeError(w, r, s.log, err)
@@ -116,7 +116,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	list, err := s.mgr.Templates()
+	list, err := s.mgr.Templates().List(r.Context())
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -125,7 +125,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
-	t, err := s.mgr.Template(r.PathValue("name"))
+	t, err := s.mgr.Templates().Get(r.Context(), r.PathValue("name"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -134,7 +134,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) removeTemplate(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.RemoveTemplate(r.PathValue("name")); err != nil {
+	if err := s.mgr.Templates().Remove(r.Context(), r.PathValue("name")); err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
@@ -142,7 +142,7 @@ func (s *Server) removeTemplate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) pools(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.mgr.Pools())
+	writeJSON(w, http.StatusOK, s.mgr.Pools().List(r.Context()))
 }
 
 // setPool sizes the warm pool of an image ("image:NAME") or a template
@@ -153,7 +153,7 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	p, err := s.mgr.SetPool(req.Name, req.Size)
+	p, err := s.mgr.Pools().Set(r.Context(), req.Name, req.Size)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
