@@ -268,3 +268,28 @@ func TestCPULimit(t *testing.T) {
 		t.Errorf("control: busy loop under --cpus 2 got %.2f of a core, a host loop %.2f", control, host)
 	}
 }
+
+// TestLimitsValidatedAlike: limits the kernel would refuse (a pids cap
+// above its ceiling) are refused with a 400 naming the field, by a create
+// and by an update alike; a create used to answer 201 and leave a sandbox
+// that then failed.
+func TestLimitsValidatedAlike(t *testing.T) {
+	d := StartDaemon(t, "--warm-guests", "0")
+	for _, body := range []string{`{"resources":{"pids":99999999999}}`, `{"resources":{"pids":-1}}`} {
+		a := d.do("POST", "/v1/sandboxes", body)
+		if e := a.apiError(t); a.Status != 400 || !strings.Contains(e.Message, "resources.pids") {
+			t.Errorf("create %s: %d %+v, want 400 naming resources.pids", body, a.Status, e)
+		}
+		if l, err := d.Client().List(context.Background(), client.ListOptions{}); err != nil || len(l) != 0 {
+			t.Errorf("create %s left sandboxes %+v (%v)", body, l, err)
+		}
+	}
+	id := d.Create(api.CreateRequest{})
+	a := d.do("POST", "/v1/sandboxes/"+id+"/update", `{"resources":{"pids":99999999999}}`)
+	if e := a.apiError(t); a.Status != 400 || !strings.Contains(e.Message, "resources.pids") {
+		t.Errorf("update: %d %+v, want 400 naming resources.pids", a.Status, e)
+	}
+	if sb := d.get(id); sb.Resources.Pids != 4096 {
+		t.Errorf("after a refused update the sandbox's pids cap is %d, want the default 4096", sb.Resources.Pids)
+	}
+}

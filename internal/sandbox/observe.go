@@ -75,8 +75,7 @@ func (m *Manager) Update(ctx context.Context, id string, req api.UpdateRequest) 
 	if n.Pids != 0 {
 		res.Pids = n.Pids
 	}
-	check := api.CreateRequest{Resources: res, Budget: req.Budget, Autoscale: req.Autoscale}
-	if err := validateCreate(&check, hostCPUs()); err != nil {
+	if err := validateLimits(res, req.Budget, req.Autoscale, hostCPUs()); err != nil {
 		return api.Sandbox{}, err
 	}
 	if res != b.rec.Resources {

@@ -19,10 +19,13 @@ var (
 
 // Bounds on what a request may ask for.
 const (
-	minMemory   = 16 << 20
-	minDisk     = 16 << 20
-	maxDisk     = 16 << 40
-	minPids     = 16 // the sandbox's init takes about ten
+	minMemory = 16 << 20
+	minDisk   = 16 << 20
+	maxDisk   = 16 << 40
+	minPids   = 16 // the sandbox's init takes about ten
+	// maxPids is the kernel's ceiling on pids (PID_MAX_LIMIT on 64-bit):
+	// a pids.max above it is refused when the cgroup is written.
+	maxPids     = 1 << 22
 	maxTimeout  = 30 * 24 * time.Hour
 	maxLabels   = 64
 	maxLabelVal = 256
@@ -43,20 +46,10 @@ func validateCreate(req *api.CreateRequest, hostCPUs int) error {
 	if err := reqcheck.Path("workdir", req.Workdir); err != nil {
 		return err
 	}
-	r := req.Resources
+	if err := validateLimits(req.Resources, req.Budget, req.Autoscale, hostCPUs); err != nil {
+		return err
+	}
 	switch {
-	case r.CPUs < 0 || (r.CPUs > 0 && r.CPUs < 0.01):
-		return errdefs.Invalid("resources.cpus", "%g is below 0.01", r.CPUs)
-	case r.CPUs > float64(hostCPUs):
-		return errdefs.Invalid("resources.cpus", "%g is more than the host's %d", r.CPUs, hostCPUs)
-	case r.MemoryBytes < 0 || (r.MemoryBytes > 0 && r.MemoryBytes < minMemory):
-		return errdefs.Invalid("resources.memory_bytes", "%d is below the minimum of 16 MiB", r.MemoryBytes)
-	case r.Pids < 0 || (r.Pids > 0 && r.Pids < minPids):
-		return errdefs.Invalid("resources.pids", "%d is below the minimum of %d", r.Pids, minPids)
-	case r.DiskBytes < 0 || (r.DiskBytes > 0 && r.DiskBytes < minDisk):
-		return errdefs.Invalid("resources.disk_bytes", "%d is below the minimum of 16 MiB", r.DiskBytes)
-	case r.DiskBytes > maxDisk:
-		return errdefs.Invalid("resources.disk_bytes", "%d is above the maximum of 16 TiB", r.DiskBytes)
 	case req.TimeoutSeconds < 0 || time.Duration(req.TimeoutSeconds)*time.Second > maxTimeout:
 		return errdefs.Invalid("timeout_seconds", "%d is outside 0..%d", req.TimeoutSeconds, int64(maxTimeout/time.Second))
 	case req.AutoPauseSeconds < 0 || time.Duration(req.AutoPauseSeconds)*time.Second > maxTimeout:
@@ -68,13 +61,33 @@ func validateCreate(req *api.CreateRequest, hostCPUs int) error {
 	if err := validateVolumes(req.Volumes); err != nil {
 		return err
 	}
-	if err := validateBudget(req.Budget); err != nil {
-		return err
-	}
-	if err := validateAutoscale(req.Autoscale, hostCPUs); err != nil {
-		return err
-	}
 	return ValidateLabels(req.Labels)
+}
+
+// validateLimits checks a sandbox's limits, budget and autoscale bounds:
+// the one check for a create and an update alike (zero values are the
+// defaults, or on an update what the sandbox has).
+func validateLimits(r api.Resources, b *api.Budget, a *api.Autoscale, hostCPUs int) error {
+	switch {
+	case r.CPUs < 0 || (r.CPUs > 0 && r.CPUs < 0.01):
+		return errdefs.Invalid("resources.cpus", "%g is below 0.01", r.CPUs)
+	case r.CPUs > float64(hostCPUs):
+		return errdefs.Invalid("resources.cpus", "%g is more than the host's %d", r.CPUs, hostCPUs)
+	case r.MemoryBytes < 0 || (r.MemoryBytes > 0 && r.MemoryBytes < minMemory):
+		return errdefs.Invalid("resources.memory_bytes", "%d is below the minimum of 16 MiB", r.MemoryBytes)
+	case r.Pids < 0 || (r.Pids > 0 && r.Pids < minPids):
+		return errdefs.Invalid("resources.pids", "%d is below the minimum of %d", r.Pids, minPids)
+	case r.Pids > maxPids:
+		return errdefs.Invalid("resources.pids", "%d is above the maximum of %d", r.Pids, maxPids)
+	case r.DiskBytes < 0 || (r.DiskBytes > 0 && r.DiskBytes < minDisk):
+		return errdefs.Invalid("resources.disk_bytes", "%d is below the minimum of 16 MiB", r.DiskBytes)
+	case r.DiskBytes > maxDisk:
+		return errdefs.Invalid("resources.disk_bytes", "%d is above the maximum of 16 TiB", r.DiskBytes)
+	}
+	if err := validateBudget(b); err != nil {
+		return err
+	}
+	return validateAutoscale(a, hostCPUs)
 }
 
 // maxVolumes bounds the volumes one sandbox mounts.

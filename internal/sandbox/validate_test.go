@@ -25,6 +25,8 @@ func TestValidateCreate(t *testing.T) {
 		{"cpus too many", api.CreateRequest{Resources: api.Resources{CPUs: 1000}}, "resources.cpus"},
 		{"memory tiny", api.CreateRequest{Resources: api.Resources{MemoryBytes: 1000}}, "resources.memory_bytes"},
 		{"pids tiny", api.CreateRequest{Resources: api.Resources{Pids: 2}}, "resources.pids"},
+		{"pids huge", api.CreateRequest{Resources: api.Resources{Pids: 99999999999}}, "resources.pids"},
+		{"pids at the kernel's ceiling", api.CreateRequest{Resources: api.Resources{Pids: 1 << 22}}, ""},
 		{"disk tiny", api.CreateRequest{Resources: api.Resources{DiskBytes: 1 << 20}}, "resources.disk_bytes"},
 		{"timeout negative", api.CreateRequest{TimeoutSeconds: -5}, "timeout_seconds"},
 		{"label key", api.CreateRequest{Labels: map[string]string{"bad key": "x"}}, "labels"},
