@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/paddock-dev/paddock/api"
 	"strings"
 	"testing"
 	"time"
@@ -48,16 +49,13 @@ func run(a *Autoscaler, id string, step time.Duration, ticks []tick) {
 		if lim.CPUs > 0 {
 			tk.cpu = min(tk.cpu, 100*lim.CPUs) // the quota caps the use
 		}
-		s := metrics.Sample{
-			Time:                   t0.Add(time.Duration(i) * step),
-			MemoryBytes:            tk.mem,
-			MemoryReclaimableBytes: tk.cache,
-			MemoryLimitBytes:       lim.MemoryBytes,
-			CPUPercent:             tk.cpu,
-			OOMKills:               tk.oom,
-			MemoryFailcnt:          tk.failcnt,
-			MemoryStallSeconds:     tk.stall,
-		}
+		s := metrics.Sample{Sample: api.Sample{
+			Time:             t0.Add(time.Duration(i) * step),
+			MemoryBytes:      tk.mem,
+			MemoryLimitBytes: lim.MemoryBytes,
+			CPUPercent:       tk.cpu,
+			OOMKills:         tk.oom,
+		}, MemoryReclaimableBytes: tk.cache, MemoryFailcnt: tk.failcnt, MemoryStallSeconds: tk.stall}
 		if tk.limitInSample != 0 {
 			s.MemoryLimitBytes = tk.limitInSample
 		}

@@ -3,6 +3,7 @@ package budget
 import (
 	"encoding/json"
 	"errors"
+	"github.com/paddock-dev/paddock/api"
 	"math"
 	"sync"
 	"testing"
@@ -59,7 +60,7 @@ func TestEachBudgetAtItsThreshold(t *testing.T) {
 	}{
 		{
 			kind: CPUSeconds, spec: Spec{CPUSeconds: 100}, action: Pause,
-			step: func(i int) metrics.Sample { return metrics.Sample{CPUSeconds: float64(10 * i)} },
+			step: func(i int) metrics.Sample { return metrics.Sample{Sample: api.Sample{CPUSeconds: float64(10 * i)}} },
 		},
 		{
 			kind: WallSeconds, spec: Spec{WallSeconds: 100, Action: Kill}, action: Kill,
@@ -68,13 +69,13 @@ func TestEachBudgetAtItsThreshold(t *testing.T) {
 		{
 			kind: EgressBytes, spec: Spec{EgressBytes: 1e6, Action: Pause, Actions: map[Kind]Action{EgressBytes: CutNetwork}}, action: CutNetwork,
 			step: func(i int) metrics.Sample {
-				return metrics.Sample{NetRxBytes: uint64(6e4 * i), NetTxBytes: uint64(4e4 * i)}
+				return metrics.Sample{Sample: api.Sample{NetRxBytes: uint64(6e4 * i), NetTxBytes: uint64(4e4 * i)}}
 			},
 		},
 		{
 			kind: EgressRequests, spec: Spec{EgressRequests: 50, Action: CutNetwork}, action: CutNetwork,
 			step: func(i int) metrics.Sample {
-				return metrics.Sample{EgressAllowed: uint64(4 * i), EgressDenied: uint64(i)}
+				return metrics.Sample{Sample: api.Sample{EgressAllowed: uint64(4 * i), EgressDenied: uint64(i)}}
 			},
 		},
 		{
@@ -84,7 +85,7 @@ func TestEachBudgetAtItsThreshold(t *testing.T) {
 			kind: Cost, spec: Spec{Cost: 0.1}, action: Pause,
 			prices: Prices{CPUSecond: 0.5, MemoryGBHour: 0.36, EgressGB: 1000},
 			step: func(i int) metrics.Sample {
-				return metrics.Sample{MemoryLimitBytes: 1e9, CPUSeconds: 0.004 * float64(i), NetTxBytes: uint64(7000 * i)}
+				return metrics.Sample{Sample: api.Sample{MemoryLimitBytes: 1e9, CPUSeconds: 0.004 * float64(i), NetTxBytes: uint64(7000 * i)}}
 			},
 		},
 	}
@@ -151,18 +152,18 @@ func TestRaiseRearms(t *testing.T) {
 	tr := New(c.config(Config{Now: func() time.Time { return now }}))
 	spec := Spec{CPUSeconds: 10}
 	tr.Set("a", spec, t0, nil)
-	tr.Observe("a", metrics.Sample{Time: t0, CPUSeconds: 11})
+	tr.Observe("a", metrics.Sample{Sample: api.Sample{Time: t0, CPUSeconds: 11}})
 	if w, x := c.counts(); w != 0 || x != 1 {
 		t.Fatalf("crossing both at once: %d warnings, %d exceeded; want only the exceeded", w, x)
 	}
-	tr.Observe("a", metrics.Sample{Time: t0.Add(time.Second), CPUSeconds: 12})
+	tr.Observe("a", metrics.Sample{Sample: api.Sample{Time: t0.Add(time.Second), CPUSeconds: 12}})
 	if _, x := c.counts(); x != 1 {
 		t.Fatalf("exceeded fired again")
 	}
 	spec.CPUSeconds = 20
 	tr.Set("a", spec, t0, nil)
-	tr.Observe("a", metrics.Sample{Time: t0.Add(2 * time.Second), CPUSeconds: 17})
-	tr.Observe("a", metrics.Sample{Time: t0.Add(3 * time.Second), CPUSeconds: 21})
+	tr.Observe("a", metrics.Sample{Sample: api.Sample{Time: t0.Add(2 * time.Second), CPUSeconds: 17}})
+	tr.Observe("a", metrics.Sample{Sample: api.Sample{Time: t0.Add(3 * time.Second), CPUSeconds: 21}})
 	if w, x := c.counts(); w != 1 || x != 2 {
 		t.Fatalf("after raising to 20: %d warnings, %d exceeded; want 1, 2", w, x)
 	}
@@ -179,13 +180,13 @@ func TestRaiseRearms(t *testing.T) {
 	var c2 calls
 	tr2 := New(c2.config(Config{Now: func() time.Time { return now }}))
 	tr2.Set("a", spec, t0, &back)
-	tr2.Observe("a", metrics.Sample{Time: t0.Add(time.Minute), CPUSeconds: 25})
+	tr2.Observe("a", metrics.Sample{Sample: api.Sample{Time: t0.Add(time.Minute), CPUSeconds: 25}})
 	st, _ := tr2.Status("a")
 	if w, x := c2.counts(); w != 0 || x != 0 || st.Budgets[0].Used != 25 {
 		t.Errorf("after restart: %d warnings, %d exceeded, used %v; want none again, 25", w, x, st.Budgets[0].Used)
 	}
 	// A counter reset (the sandbox started again: a new cgroup) adds from 0.
-	tr2.Observe("a", metrics.Sample{Time: t0.Add(2 * time.Minute), CPUSeconds: 2})
+	tr2.Observe("a", metrics.Sample{Sample: api.Sample{Time: t0.Add(2 * time.Minute), CPUSeconds: 2}})
 	if st, _ := tr2.Status("a"); st.Budgets[0].Used != 27 {
 		t.Errorf("after a counter reset: used %v, want 27", st.Budgets[0].Used)
 	}
@@ -194,7 +195,7 @@ func TestRaiseRearms(t *testing.T) {
 		t.Errorf("Status after Remove = %v", err)
 	}
 	// Unbudgeted sandboxes are ignored.
-	tr2.Observe("other", metrics.Sample{CPUSeconds: 1e9})
+	tr2.Observe("other", metrics.Sample{Sample: api.Sample{CPUSeconds: 1e9}})
 }
 
 func TestSpecValidate(t *testing.T) {

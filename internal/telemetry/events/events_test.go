@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/paddock-dev/paddock/api"
 	"os"
 	"path/filepath"
 	"strings"
@@ -347,7 +348,7 @@ func TestOOMWatch(t *testing.T) {
 	w := NewOOMWatch(l)
 	t0 := time.Now()
 	for i, kills := range []uint64{0, 0, 1, 1, 3} {
-		w.Observe("o", metrics.Sample{Time: t0.Add(time.Duration(i) * time.Second), OOMKills: kills, MemoryLimitBytes: 256 << 20})
+		w.Observe("o", metrics.Sample{Sample: api.Sample{Time: t0.Add(time.Duration(i) * time.Second), OOMKills: kills, MemoryLimitBytes: 256 << 20}})
 	}
 	evs, _ := l.List("o", Query{Types: []Type{OOM}})
 	if len(evs) != 2 {
@@ -360,8 +361,8 @@ func TestOOMWatch(t *testing.T) {
 	}
 	// A restarted daemon does not report the same kills again.
 	w2 := NewOOMWatch(openLog(t, dir, 0))
-	w2.Observe("o", metrics.Sample{Time: t0.Add(time.Minute), OOMKills: 3})
-	w2.Observe("o", metrics.Sample{Time: t0.Add(2 * time.Minute), OOMKills: 4})
+	w2.Observe("o", metrics.Sample{Sample: api.Sample{Time: t0.Add(time.Minute), OOMKills: 3}})
+	w2.Observe("o", metrics.Sample{Sample: api.Sample{Time: t0.Add(2 * time.Minute), OOMKills: 4}})
 	if evs, _ := l.List("o", Query{Types: []Type{OOM}}); len(evs) != 3 {
 		t.Errorf("%d oom events after a restart and one more kill, want 3", len(evs))
 	}

@@ -10,16 +10,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/telemetry/budget"
 	"github.com/paddock-dev/paddock/internal/telemetry/events"
 	"github.com/paddock-dev/paddock/internal/telemetry/execlog"
-	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
-
-func toSample(s metrics.Sample) api.Sample {
-	return api.Sample{Time: s.Time, CPUSeconds: s.CPUSeconds, CPUPercent: s.CPUPercent, CPUThrottledSeconds: s.CPUThrottledSeconds,
-		MemoryBytes: s.MemoryBytes, MemoryPeakBytes: s.MemoryPeakBytes, MemoryLimitBytes: s.MemoryLimitBytes,
-		Pids: s.Pids, PidsLimit: s.PidsLimit, DiskUsedBytes: s.DiskUsedBytes, DiskBytes: s.DiskBytes,
-		NetRxBytes: s.NetRxBytes, NetTxBytes: s.NetTxBytes, EgressAllowed: s.EgressAllowed, EgressDenied: s.EgressDenied,
-		OOMKills: s.OOMKills}
-}
 
 func toEvent(e events.Event) api.Event {
 	return api.Event{Seq: e.Seq, Time: e.Time, Sandbox: e.Sandbox, Type: string(e.Type), Message: e.Message, Data: e.Data}
@@ -44,7 +35,7 @@ func (h *Hub) Metrics(id string, from, to time.Time) (api.Metrics, error) {
 		return out, err
 	}
 	if ok {
-		s := toSample(cur)
+		s := cur.Sample
 		out.Current = &s
 	}
 	hist, err := h.sampler.History(id, from, to)
@@ -52,7 +43,7 @@ func (h *Hub) Metrics(id string, from, to time.Time) (api.Metrics, error) {
 		return out, err
 	}
 	for _, s := range hist {
-		out.History = append(out.History, toSample(s))
+		out.History = append(out.History, s.Sample)
 	}
 	if st, err := h.budgets.Status(id); err == nil {
 		out.Budgets = toBudgets(st)
@@ -68,7 +59,7 @@ func (h *Hub) Latest() []api.SandboxSample {
 	latest := h.sampler.Running(nil)
 	out := make([]api.SandboxSample, 0, len(latest))
 	for _, l := range latest {
-		out = append(out, api.SandboxSample{ID: l.ID, Sample: toSample(l.Sample)})
+		out = append(out, api.SandboxSample{ID: l.ID, Sample: l.Sample.Sample})
 	}
 	return out
 }
@@ -176,7 +167,7 @@ func (h *Hub) Self(id string) (map[string]any, error) {
 	}
 	v := map[string]any{"limits": lim}
 	if cur, ok, err := h.sampler.Current(id); err == nil && ok {
-		v["usage"] = toSample(cur)
+		v["usage"] = cur.Sample
 	}
 	if bs, err := h.budgets.Status(id); err == nil {
 		v["budgets"] = toBudgets(bs).Budgets

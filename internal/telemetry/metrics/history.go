@@ -5,6 +5,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -118,7 +119,7 @@ func toPoint(t time.Time, r *Reading, cpuPct float64) point {
 }
 
 func (p *point) sample() Sample {
-	return Sample{
+	return Sample{Sample: api.Sample{
 		Time:                time.Unix(0, p.t),
 		CPUSeconds:          float64(p.cpu) / 1e9,
 		CPUPercent:          float64(p.cpuPct),
@@ -135,7 +136,7 @@ func (p *point) sample() Sample {
 		EgressAllowed:       uint64(p.allowed),
 		EgressDenied:        uint64(p.denied),
 		OOMKills:            uint64(p.oom),
-	}
+	}}
 }
 
 // ring keeps the last max points. Its buffer grows as it fills, so a

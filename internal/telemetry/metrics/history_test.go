@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"errors"
+	"github.com/paddock-dev/paddock/api"
 	"math"
 	"testing"
 	"time"
@@ -221,12 +222,12 @@ func TestPointRoundTrip(t *testing.T) {
 	}
 	p := toPoint(now, &r, 42.5)
 	s := p.sample()
-	want := Sample{
+	want := Sample{Sample: api.Sample{
 		Time: time.Unix(0, now.UnixNano()), CPUSeconds: 2.5, CPUPercent: 42.5, CPUThrottledSeconds: 1,
 		MemoryBytes: 300 << 20, MemoryPeakBytes: 310 << 20, MemoryLimitBytes: 1 << 30,
 		Pids: 12, PidsLimit: 100, DiskUsedBytes: 12345678, DiskBytes: 10 << 30,
 		NetRxBytes: 1 << 40, NetTxBytes: 7, EgressAllowed: 5, EgressDenied: 2, OOMKills: 1,
-	}
+	}}
 	if s != want {
 		t.Errorf("round trip:\n got %+v\nwant %+v", s, want)
 	}

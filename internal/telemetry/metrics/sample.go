@@ -8,8 +8,8 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
 )
 
@@ -57,35 +57,12 @@ type SourceFunc func() (Reading, error)
 // Read calls f.
 func (f SourceFunc) Read() (Reading, error) { return f() }
 
-// Sample is one point of a sandbox's metrics, as the API shows it.
-//
-// In History, samples older than the finest tier stand for a whole
-// interval: counters and limits are their values at its end, CPUPercent
-// is the average over it, and MemoryBytes and Pids are the highest values
-// seen in it.
+// Sample is one point of a sandbox's metrics: the API's (see api.Sample
+// for what its fields mean in a history) and, on the latest sample only,
+// the autoscaler's inputs (see Reading), which the API does not show.
 type Sample struct {
-	Time time.Time `json:"time"`
-	// CPUSeconds is the CPU time used since the sandbox's cgroup was made.
-	CPUSeconds float64 `json:"cpu_seconds"`
-	// CPUPercent is the CPU used since the previous sample, in percent of
-	// one core (200 is two cores busy).
-	CPUPercent          float64 `json:"cpu_percent"`
-	CPUThrottledSeconds float64 `json:"cpu_throttled_seconds"`
-	MemoryBytes         int64   `json:"memory_bytes"`
-	MemoryPeakBytes     int64   `json:"memory_peak_bytes"`
-	MemoryLimitBytes    int64   `json:"memory_limit_bytes"`
-	Pids                int64   `json:"pids"`
-	PidsLimit           int64   `json:"pids_limit"`
-	DiskUsedBytes       int64   `json:"disk_used_bytes"`
-	DiskBytes           int64   `json:"disk_bytes"`
-	NetRxBytes          uint64  `json:"net_rx_bytes"`
-	NetTxBytes          uint64  `json:"net_tx_bytes"`
-	EgressAllowed       uint64  `json:"egress_requests_allowed"`
-	EgressDenied        uint64  `json:"egress_requests_denied"`
-	OOMKills            uint64  `json:"oom_kills"`
+	api.Sample
 
-	// The autoscaler's inputs (see Reading). Only the latest sample has
-	// them; History leaves them zero.
 	MemoryFailcnt          uint64  `json:"-"`
 	MemoryStallSeconds     float64 `json:"-"`
 	MemoryReclaimableBytes int64   `json:"-"`
