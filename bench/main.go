@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/paddock-dev/paddock/internal/durable"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -178,7 +179,7 @@ func finishReport(rep *report, opts options, log *slog.Logger) error {
 		[2]string{"host CPU used by other work", fmt.Sprintf("%s in the second before the run, %s in a second %s after it",
 			percent(rep.BusyBefore), percent(rep.BusyAfter), settleAfter)},
 		[2]string{"load average at end (raised by the run itself)", loadAvg()})
-	if err := writeFileAtomic(opts.out, []byte(rep.markdown())); err != nil {
+	if err := durable.Replace(opts.out, []byte(rep.markdown()), 0o644); err != nil {
 		return err
 	}
 	log.Info("wrote report", "file", opts.out)

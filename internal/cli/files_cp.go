@@ -10,12 +10,12 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/guest"
 )
@@ -89,13 +89,11 @@ type location struct {
 	stdio    bool
 }
 
-var sandboxID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
-
 func parseLocation(arg string) location {
 	if arg == "-" {
 		return location{stdio: true}
 	}
-	if id, p, ok := strings.Cut(arg, ":"); ok && sandboxID.MatchString(id) {
+	if id, p, ok := strings.Cut(arg, ":"); ok && api.IsSandboxID(id) {
 		if p == "" {
 			p = "."
 		}

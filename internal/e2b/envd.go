@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
-	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
 )
 
 // envdRoutes is each sandbox's envd surface; the sandbox is named by the
@@ -59,7 +59,7 @@ func unreachable(w http.ResponseWriter, id string) {
 // running reports whether sandbox id runs; paused reports whether it is
 // paused (or frozen) with auto-resume, so that a call may wake it.
 func (s *Server) running(ctx context.Context, id string) (running, paused bool) {
-	if sandbox.ValidID(id) != nil {
+	if reqcheck.SandboxID("id", id) != nil {
 		return false, false
 	}
 	sb, err := s.mgr.Get(ctx, id)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -98,25 +99,13 @@ func OpenSecretStore(dir string) (*SecretStore, error) {
 }
 
 func loadOrCreateKey(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	err := durable.Create(path, key, 0o600)
 	if err == nil {
-		key := make([]byte, 32)
-		if _, err := rand.Read(key); err != nil {
-			f.Close()
-			return nil, err
-		}
-		_, err = f.Write(key)
-		if err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			os.Remove(path)
-			return nil, fmt.Errorf("writing secret key: %w", err)
-		}
-		return key, syncDir(filepath.Dir(path))
+		return key, nil
 	}
 	if !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("creating secret key: %w", err)
@@ -128,7 +117,7 @@ func loadOrCreateKey(path string) ([]byte, error) {
 	if st.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("secret key %s is readable by others (mode %v); want 0600", path, st.Mode().Perm())
 	}
-	key, err := os.ReadFile(path)
+	key, err = os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading secret key: %w", err)
 	}
@@ -232,44 +221,8 @@ func (s *SecretStore) save() error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(s.dir, secretDataFile), b, 0o600); err != nil {
+	if err := durable.WriteFile(filepath.Join(s.dir, secretDataFile), b, 0o600); err != nil {
 		return fmt.Errorf("saving secrets: %w", err)
 	}
 	return nil
-}
-
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Chmod(mode)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

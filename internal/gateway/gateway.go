@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/egress"
 	"github.com/paddock-dev/paddock/internal/egress/dns"
 	"github.com/paddock-dev/paddock/internal/errdefs"
@@ -349,10 +350,10 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 		if ca, err = egress.NewCA(id); err != nil {
 			return runtime.NetSetup{}, err
 		}
-		if err := writeFile(filepath.Join(dir, "ca.key"), ca.KeyPEM(), 0o600); err != nil {
+		if err := durable.Replace(filepath.Join(dir, "ca.key"), ca.KeyPEM(), 0o600); err != nil {
 			return runtime.NetSetup{}, err
 		}
-		if err := writeFile(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
+		if err := durable.Replace(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
 			return runtime.NetSetup{}, err
 		}
 		g.mu.Lock()
@@ -370,7 +371,7 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 		"paddock-ca.pem": ca.CertPEM(),
 	}
 	for name, b := range files {
-		if err := writeFile(filepath.Join(dir, "files", name), b, 0o644); err != nil {
+		if err := durable.Replace(filepath.Join(dir, "files", name), b, 0o644); err != nil {
 			g.net.Detach(id)
 			return runtime.NetSetup{}, err
 		}
@@ -394,14 +395,6 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 		},
 		Env: env,
 	}, nil
-}
-
-func writeFile(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // Restore implements runtime.Network.

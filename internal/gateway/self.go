@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/egress"
 )
 
@@ -192,7 +193,7 @@ func (g *Gateway) writeSelfFile(dir, name string, b []byte, written map[string][
 	if bytes.Equal(b, written[name]) {
 		return true
 	}
-	if err := writeFile(filepath.Join(dir, name), b, 0o644); err != nil {
+	if err := durable.Replace(filepath.Join(dir, name), b, 0o644); err != nil {
 		delete(written, name) // try again next time
 		return false
 	}

@@ -62,8 +62,8 @@ type laneStart struct {
 // opLane takes a lane's socket from the daemon and serves it until the
 // client or the daemon closes it.
 func (s *server) opLane(c *opConn, req Request) {
-	if !api.IsSandboxID(req.Sandbox) {
-		c.respond(Response{}, errdefs.Invalid("sandbox", "%q is not a sandbox id", req.Sandbox))
+	if err := reqcheck.SandboxID("sandbox", req.Sandbox); err != nil {
+		c.respond(Response{}, err)
 		return
 	}
 	uc, ok := c.conn.(*net.UnixConn)

@@ -66,6 +66,19 @@ func Env(field string, env map[string]string) error {
 	return nil
 }
 
+// SandboxID checks that id, sent as field, has the form of a sandbox id
+// (api.IsSandboxID). Ids name files, directories and cgroups, so every
+// reader of one checks it with this before using it.
+func SandboxID(field, id string) error {
+	if !api.IsSandboxID(id) {
+		if len(id) > 80 {
+			id = id[:80] + "..."
+		}
+		return errdefs.Invalid(field, "%q is not a sandbox id (1 to 64 of a-z, 0-9 and '-', not starting with '-')", id)
+	}
+	return nil
+}
+
 // Path checks a path inside the sandbox: absolute, clean, no NUL.
 func Path(field, p string) error {
 	if p == "" {

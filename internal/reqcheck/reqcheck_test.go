@@ -66,3 +66,19 @@ func TestLaneRequest(t *testing.T) {
 		t.Errorf("a good request: %+v, %v", req, err)
 	}
 }
+
+func TestSandboxID(t *testing.T) {
+	for id, ok := range map[string]bool{
+		"abc123": true, "a-b": true, "0": true, strings.Repeat("a", 64): true,
+		"": false, "-a": false, "../x": false, "A": false, "a/b": false, "a.b": false, "a\x00": false,
+		strings.Repeat("a", 65): false,
+	} {
+		err := SandboxID("sandbox", id)
+		if (err == nil) != ok {
+			t.Errorf("SandboxID(%q) = %v, want ok=%v", id, err, ok)
+		}
+		if err != nil && (!errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "sandbox") || !strings.Contains(err.Error(), "not a sandbox id")) {
+			t.Errorf("SandboxID(%q) = %v: not ErrInvalid naming the field", id, err)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/snapshot"
 	"github.com/paddock-dev/paddock/internal/storage/image"
@@ -698,7 +699,7 @@ func (m *Manager) armTimer(b *box) {
 }
 
 func (m *Manager) lookup(id string) (*box, error) {
-	if err := ValidID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()

@@ -6,6 +6,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
@@ -89,7 +90,7 @@ func (s Snapshots) List(ctx context.Context, sandbox string) ([]api.Snapshot, er
 		return nil, errNoSnapshots
 	}
 	if sandbox != "" {
-		if err := ValidID(sandbox); err != nil {
+		if err := reqcheck.SandboxID("id", sandbox); err != nil {
 			return nil, err
 		}
 	}

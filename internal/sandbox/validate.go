@@ -31,14 +31,6 @@ const (
 	maxLabelVal = 256
 )
 
-// ValidID reports whether id is a well-formed sandbox id.
-func ValidID(id string) error {
-	if !api.IsSandboxID(id) {
-		return errdefs.Invalid("id", "%q is not a sandbox id", id)
-	}
-	return nil
-}
-
 func validateCreate(req *api.CreateRequest, hostCPUs int) error {
 	if err := reqcheck.Env("env", req.Env); err != nil {
 		return err

@@ -46,11 +46,3 @@ func TestValidateCreate(t *testing.T) {
 		})
 	}
 }
-
-func TestValidID(t *testing.T) {
-	for id, ok := range map[string]bool{"abc123": true, "a-b": true, "": false, "../x": false, "A": false, "a/b": false, strings.Repeat("a", 65): false} {
-		if (ValidID(id) == nil) != ok {
-			t.Errorf("ValidID(%q) ok=%v", id, !ok)
-		}
-	}
-}

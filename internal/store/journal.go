@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/paddock-dev/paddock/internal/durable"
 	"hash/crc32"
 	"io"
 	"os"
@@ -127,11 +128,7 @@ func openJournal(path string) (*os.File, []entry, error) {
 	}
 	if err == nil {
 		// The new file's name must last as long as its contents.
-		var d *os.File
-		if d, err = os.Open(filepath.Dir(path)); err == nil {
-			err = d.Sync()
-			d.Close()
-		}
+		err = durable.SyncDir(filepath.Dir(path))
 	}
 	if err != nil {
 		f.Close()

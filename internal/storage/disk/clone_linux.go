@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -129,7 +130,7 @@ func (t *cloneTarget) commit() error {
 		}
 		return fmt.Errorf("renaming %s: %w", t.tmp, err)
 	}
-	if err := syncDir(filepath.Dir(t.dst)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(t.dst)); err != nil {
 		// Whole but maybe not durable: a failed clone leaves nothing.
 		os.Remove(t.dst)
 		return err
@@ -247,19 +248,6 @@ func (c *copier) copy(off, n int64) error {
 			done += w
 		}
 		off, n = off+int64(r), n-int64(r)
-	}
-	return nil
-}
-
-// syncDir makes a rename or create in dir durable.
-func syncDir(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("opening %s: %w", dir, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Fsync(fd); err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
 	}
 	return nil
 }

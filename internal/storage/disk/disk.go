@@ -148,28 +148,6 @@ const (
 	rootName  = "root"
 )
 
-// validateID accepts sandbox ids: 1..64 characters of [a-z0-9-]. Ids name
-// directories, so anything else (dots, slashes) is refused.
-func validateID(id string) error {
-	if len(id) == 0 || len(id) > maxIDLen {
-		return errdefs.Invalid("id", "%q must be 1 to %d characters of [a-z0-9-]", truncate(id), maxIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
-			return errdefs.Invalid("id", "%q must be 1 to %d characters of [a-z0-9-]", truncate(id), maxIDLen)
-		}
-	}
-	return nil
-}
-
-func truncate(s string) string {
-	if len(s) > maxIDLen+8 {
-		return s[:maxIDLen] + "..."
-	}
-	return s
-}
-
 // normalizeSize checks a requested size and rounds it up to whole MiB.
 func normalizeSize(size int64) (int64, error) {
 	if size < MinSize {

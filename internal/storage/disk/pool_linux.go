@@ -16,7 +16,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
 )
 
 const (
@@ -34,7 +37,7 @@ type Pool struct {
 	cfg  Config
 	mkfs string
 	log  *slog.Logger
-	lock *os.File // flock on Dir/lock
+	lock *durable.Lock // on Dir
 
 	poolDir, volDir, trashDir string
 
@@ -116,7 +119,7 @@ func NewPool(cfg Config) (*Pool, error) {
 			return nil, fmt.Errorf("making disk dir: %w", err)
 		}
 	}
-	if p.lock, err = lockDir(cfg.Dir); err != nil {
+	if p.lock, err = durable.LockDir(cfg.Dir); err != nil {
 		return nil, err
 	}
 	p.sweep()
@@ -130,21 +133,6 @@ func NewPool(cfg Config) (*Pool, error) {
 		close(p.done)
 	}
 	return p, nil
-}
-
-func lockDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("locking disk dir: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s is in use by another process", errdefs.ErrUnavailable, dir)
-		}
-		return nil, fmt.Errorf("locking disk dir: %w", err)
-	}
-	return f, nil
 }
 
 // sweep removes what an earlier process left in pool and trash. It logs
@@ -253,7 +241,7 @@ func (p *Pool) take(size int64) (*entry, error) {
 // volume comes from the pool when one is ready; anything else is made,
 // which takes tens of milliseconds.
 func (p *Pool) Acquire(ctx context.Context, id string, size int64, uid, gid int) (*Volume, error) {
-	if err := validateID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	if size == 0 {
@@ -322,7 +310,7 @@ func (p *Pool) handOut(e *entry, dst string, uid, gid int) error {
 // directory without an image. Open reports it as ErrNotFound; List still
 // lists it, so Remove can delete it.
 func (p *Pool) Open(id string) (*Volume, error) {
-	if err := validateID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	if p.isClosed() {
@@ -399,7 +387,7 @@ func (p *Pool) List() ([]string, error) {
 	}
 	ids := make([]string, 0, len(ents))
 	for _, e := range ents {
-		if validateID(e.Name()) == nil {
+		if api.IsSandboxID(e.Name()) {
 			ids = append(ids, e.Name())
 		}
 	}
@@ -411,7 +399,7 @@ func (p *Pool) List() ([]string, error) {
 // free as soon as Remove returns, and a crash halfway leaves only trash for
 // the next NewPool to sweep.
 func (p *Pool) Remove(ctx context.Context, id string) error {
-	if err := validateID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return err
 	}
 	if p.isClosed() {
@@ -450,10 +438,10 @@ func (p *Pool) Remove(ctx context.Context, id string) error {
 // rename of its directory (the mount moves with it). It fails with
 // ErrNotFound if from has no volume and ErrConflict if to has one.
 func (p *Pool) Rename(from, to string) error {
-	if err := validateID(from); err != nil {
+	if err := reqcheck.SandboxID("id", from); err != nil {
 		return err
 	}
-	if err := validateID(to); err != nil {
+	if err := reqcheck.SandboxID("id", to); err != nil {
 		return err
 	}
 	if p.isClosed() {
@@ -513,7 +501,7 @@ func (p *Pool) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, p.lock.Close())
+	errs = append(errs, p.lock.Unlock())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("closing disk pool: %w", err)
 	}

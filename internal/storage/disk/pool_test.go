@@ -191,7 +191,7 @@ func (p *Pool) abandon() {
 	p.mu.Unlock()
 	p.cancel()
 	<-p.done
-	p.lock.Close()
+	p.lock.Unlock()
 }
 
 func TestAcquireWriteRemove(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
 )
 
 // FIFREEZE and FITHAW: _IOWR('X', 119, int) and _IOWR('X', 120, int).
@@ -37,7 +38,7 @@ const (
 func (p *Pool) Snapshot(ctx context.Context, id, dst string, pause func() (resume func(), err error)) (Capture, error) {
 	start := time.Now()
 	var c Capture
-	if err := validateID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return c, err
 	}
 	if p.isClosed() {
@@ -226,7 +227,7 @@ func (p *Pool) CloneFrom(ctx context.Context, id, src string, uid, gid int) (*Vo
 }
 
 func (p *Pool) acquireFrom(ctx context.Context, id, src string, uid, gid int, ready bool) (*Volume, error) {
-	if err := validateID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	if err := validateOwner(uid, gid); err != nil {
@@ -279,7 +280,7 @@ func (p *Pool) acquireFrom(ctx context.Context, id, src string, uid, gid int, re
 // ImagePath returns the backing file of the disk handed out to id: what
 // Snapshot clones. Write to it only through the mounted volume.
 func (p *Pool) ImagePath(id string) (string, error) {
-	if err := validateID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return "", err
 	}
 	img := filepath.Join(p.volDir, id, imageName)

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -345,7 +346,7 @@ func makeSubstrate(mkfs, image, dir string, size int64) (dev string, err error) 
 	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, image, unix.RENAME_NOREPLACE); err != nil {
 		return "", fmt.Errorf("renaming %s: %w", tmp, err)
 	}
-	if err := syncDir(filepath.Dir(image)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(image)); err != nil {
 		os.Remove(image)
 		return "", err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -226,7 +227,7 @@ func (s *Store) writeBlob(d v1.Hash, data []byte) error {
 	if _, err := os.Stat(p); err == nil {
 		return nil
 	}
-	return writeFileAtomic(p, data)
+	return durable.WriteFile(p, data, 0o600)
 }
 
 func platformString(cfg *v1.ConfigFile) string {

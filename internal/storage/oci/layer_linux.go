@@ -22,6 +22,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -46,7 +47,7 @@ type layerInfo struct {
 const (
 	layerRootName = "root"
 	layerInfoName = "layer.json"
-	tmpPrefix     = ".tmp-"
+	tmpPrefix     = durable.TempPrefix
 	delPrefix     = ".del-"
 )
 
@@ -132,14 +133,14 @@ func (s *Store) unpack(ctx context.Context, b blob, imageLeft *atomic.Int64) (in
 	if err != nil {
 		return nil, err
 	}
-	if err := writeFileSync(filepath.Join(tmp, layerInfoName), data); err != nil {
+	if err := durable.Create(filepath.Join(tmp, layerInfoName), data, 0o600); err != nil {
 		return nil, err
 	}
 	err = unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, s.layerDir(hexID), unix.RENAME_NOREPLACE)
 	if err != nil {
 		return nil, fmt.Errorf("publishing layer: %w", err)
 	}
-	if err := syncDir(s.layersDir()); err != nil {
+	if err := durable.SyncDir(s.layersDir()); err != nil {
 		return nil, err
 	}
 	return info, nil
@@ -328,61 +329,6 @@ func (k *keyedMutex) lock(ctx context.Context, key string) (func(), error) {
 		release()
 		return nil, ctx.Err()
 	}
-}
-
-// writeFileSync writes a new file and syncs it.
-func writeFileSync(p string, data []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// writeFileAtomic replaces p with data: a temporary file, synced, renamed
-// over p, and the directory synced.
-func writeFileAtomic(p string, data []byte) error {
-	dir := filepath.Dir(p)
-	f, err := os.CreateTemp(dir, tmpPrefix+filepath.Base(p)+"-")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp, 0o600)
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // short abbreviates a digest for logs and messages.

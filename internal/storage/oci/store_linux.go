@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -26,7 +27,7 @@ type Store struct {
 	log      *slog.Logger
 	lim      Limits
 	parallel int
-	lockFile *os.File
+	lock     *durable.Lock
 
 	layerLocks keyedMutex
 	unpacks    atomic.Int64 // layers this Store unpacked (tests and metrics)
@@ -103,29 +104,14 @@ func Open(dir string, log *slog.Logger, opts ...Option) (*Store, error) {
 		images: map[string]*record{}, names: map[string]string{},
 		layers: map[string]*layerInfo{}, pins: map[string]int{},
 	}
-	if s.lockFile, err = lockDir(abs); err != nil {
-		return nil, err
+	if s.lock, err = durable.LockDir(abs); err != nil {
+		return nil, fmt.Errorf("image store: %w", err)
 	}
 	if err := s.load(); err != nil {
-		s.lockFile.Close()
+		s.lock.Unlock()
 		return nil, err
 	}
 	return s, nil
-}
-
-func lockDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("opening store lock: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if err == unix.EWOULDBLOCK {
-			return nil, fmt.Errorf("%w: image store %s is in use by another process", errdefs.ErrUnavailable, dir)
-		}
-		return nil, fmt.Errorf("locking image store: %w", err)
-	}
-	return f, nil
 }
 
 // Close releases the store's directory. Calls in progress must have
@@ -137,7 +123,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
-	return s.lockFile.Close()
+	return s.lock.Unlock()
 }
 
 func (s *Store) load() error {
@@ -282,7 +268,7 @@ func (s *Store) saveNames() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(s.dir, "names.json"), data)
+	return durable.WriteFile(filepath.Join(s.dir, "names.json"), data, 0o600)
 }
 
 // saveRecord writes an image's record; s.mu is held.
@@ -291,7 +277,7 @@ func (s *Store) saveRecord(rec *record) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(s.dir, "images", strings.TrimPrefix(rec.ID, "sha256:")+".json"), data)
+	return durable.WriteFile(filepath.Join(s.dir, "images", strings.TrimPrefix(rec.ID, "sha256:")+".json"), data, 0o600)
 }
 
 // Get returns the image that nameOrDigest names: a name ("app" means

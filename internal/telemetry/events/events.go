@@ -30,6 +30,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
 )
 
@@ -194,14 +195,6 @@ func Open(cfg Config) (*Log, error) {
 	return &Log{cfg: cfg, log: cfg.Logger, boxes: map[string]*sandboxLog{}}, nil
 }
 
-// validID keeps a sandbox id a plain file name: it comes from requests.
-func validID(id string) error {
-	if !api.IsSandboxID(id) {
-		return errdefs.Invalid("id", "%q is not a sandbox id", id)
-	}
-	return nil
-}
-
 func (l *Log) paths(id string) (cur, old string) {
 	return filepath.Join(l.cfg.Dir, id+".jsonl"), filepath.Join(l.cfg.Dir, id+".1.jsonl")
 }
@@ -220,7 +213,7 @@ func (l *Log) box(id string) *sandboxLog {
 // Append adds e to sandbox id's log and returns it as stored: Seq set,
 // Sandbox set, Time set to now if zero, Message cut to MaxMessage.
 func (l *Log) Append(id string, e Event) (Event, error) {
-	if err := validID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return Event{}, err
 	}
 	if e.Type == "" {
@@ -337,7 +330,7 @@ type Query struct {
 // List returns sandbox id's retained events matching q, oldest first. A
 // sandbox with no events has an empty list.
 func (l *Log) List(id string, q Query) ([]Event, error) {
-	if err := validID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	if q.Limit <= 0 {
@@ -437,7 +430,7 @@ func hasType(ts []Type, t Type) bool {
 // nothing unless the retention cap drops events before it reads them (a
 // jump in Seq).
 func (l *Log) Follow(ctx context.Context, id string, after uint64) (<-chan Event, error) {
-	if err := validID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	ch := make(chan Event, 64)
@@ -480,7 +473,7 @@ func (l *Log) Follow(ctx context.Context, id string, after uint64) (<-chan Event
 // Remove deletes sandbox id's log (the sandbox was deleted) and ends its
 // followers. A later Append starts a new log at seq 1.
 func (l *Log) Remove(id string) error {
-	if err := validID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return err
 	}
 	b := l.box(id)
@@ -518,7 +511,7 @@ func (l *Log) IDs() ([]string, error) {
 	var ids []string
 	for _, e := range entries {
 		name := strings.TrimSuffix(strings.TrimSuffix(e.Name(), ".jsonl"), ".1")
-		if validID(name) == nil && !seen[name] {
+		if api.IsSandboxID(name) && !seen[name] {
 			seen[name] = true
 			ids = append(ids, name)
 		}

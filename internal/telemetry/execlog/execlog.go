@@ -49,7 +49,9 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
 	"github.com/paddock-dev/paddock/wire"
 )
@@ -167,16 +169,9 @@ func Open(cfg Config) (*Store, error) {
 	return &Store{cfg: cfg, log: cfg.Logger, boxes: map[string]*sandbox{}}, nil
 }
 
-func validID(id string) error {
-	if !api.IsSandboxID(id) {
-		return errdefs.Invalid("id", "%q is not a sandbox id", id)
-	}
-	return nil
-}
-
 // box returns sandbox id's state, loaded from disk, locked.
 func (s *Store) box(id string) (*sandbox, error) {
-	if err := validID(id); err != nil {
+	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -567,11 +562,7 @@ func (s *Store) compact(b *sandbox) error {
 		data = append(append(data, line...), '\n')
 		lines++
 	}
-	tmp := b.recordsPath() + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("compacting exec log records: %w", err)
-	}
-	if err := os.Rename(tmp, b.recordsPath()); err != nil {
+	if err := durable.Replace(b.recordsPath(), data, 0o600); err != nil {
 		return fmt.Errorf("compacting exec log records: %w", err)
 	}
 	b.lines = lines
@@ -800,7 +791,7 @@ func (s *Store) IDs() ([]string, error) {
 	}
 	var ids []string
 	for _, e := range entries {
-		if e.IsDir() && validID(e.Name()) == nil {
+		if e.IsDir() && api.IsSandboxID(e.Name()) {
 			ids = append(ids, e.Name())
 		}
 	}

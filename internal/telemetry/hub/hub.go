@@ -21,6 +21,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guest"
 	"github.com/paddock-dev/paddock/internal/sandbox"
@@ -532,12 +533,8 @@ func (h *Hub) saveUsage(id string) {
 		return // no budgets
 	}
 	b, _ := json.Marshal(u)
-	tmp := h.usagePath(id) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err == nil {
-		err = os.Rename(tmp, h.usagePath(id))
-		if err != nil {
-			h.log.Warn("saving budget usage", "sandbox", id, "err", err)
-		}
+	if err := durable.Replace(h.usagePath(id), b, 0o600); err != nil {
+		h.log.Warn("saving budget usage", "sandbox", id, "err", err)
 	}
 }
 
