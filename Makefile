@@ -31,20 +31,24 @@ deps:
 
 # up installs what is missing, builds, installs and starts the daemon with
 # its embedded defaults (state in /var/lib/paddock, socket at
-# /run/paddock/paddock.sock, log in /var/log/paddock.log).
+# /run/paddock/paddock.sock, log in /var/log/paddock.log). A daemon already
+# running with the same run dir is restarted (its sandboxes keep running);
+# PADDOCK_RUN_DIR, PADDOCK_STATE_DIR and SERVE_FLAGS reach `paddock serve`.
+# up and down stop only the daemon of their run dir: `paddock serve --stop`
+# signals the process that holds its pid file's lock, never another daemon.
+PADDOCK_LOG ?= /var/log/paddock.log
+
 up: deps build
-	@if pgrep -f '^$(PREFIX)/bin/paddock serve' >/dev/null; then \
-		echo "restarting paddock (sandboxes keep running)"; pkill -TERM -f '^$(PREFIX)/bin/paddock serve'; \
-		for i in $$(seq 50); do pgrep -f '^$(PREFIX)/bin/paddock serve' >/dev/null || break; sleep 0.1; done; fi
+	@$(BIN) serve --stop $(SERVE_FLAGS)
 	install -m 0755 $(BIN) $(PREFIX)/bin/paddock
-	nohup $(PREFIX)/bin/paddock serve >>/var/log/paddock.log 2>&1 &
+	nohup $(PREFIX)/bin/paddock serve $(SERVE_FLAGS) >>$(PADDOCK_LOG) 2>&1 &
 	@for i in $$(seq 100); do $(PREFIX)/bin/paddock version 2>/dev/null | grep -q '^daemon: [^u]' && break; sleep 0.1; done
-	@$(PREFIX)/bin/paddock version | grep -q '^daemon: [^u]' || { echo "paddock did not start; see /var/log/paddock.log"; tail -5 /var/log/paddock.log; exit 1; }
+	@$(PREFIX)/bin/paddock version | grep -q '^daemon: [^u]' || { echo "paddock did not start; see $(PADDOCK_LOG)"; tail -5 $(PADDOCK_LOG); exit 1; }
 	@$(PREFIX)/bin/paddock version
 	@echo "paddock is up: try  paddock run -- echo hello"
 
 down:
-	-pkill -TERM -f '^$(PREFIX)/bin/paddock serve'
+	$(PREFIX)/bin/paddock serve --stop $(SERVE_FLAGS)
 
 # test runs every test; tests that need root skip without it.
 test: deps build

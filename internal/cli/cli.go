@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -123,11 +124,25 @@ func serveCmd() *cobra.Command {
 	cfg := daemon.Defaults()
 	var listen []string
 	var level string
+	var stop bool
+	var stopTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the paddock daemon (as root)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if stop {
+				pid, err := daemon.Stop(cfg.RunDir, stopTimeout)
+				switch {
+				case err != nil:
+					return err
+				case pid == 0:
+					fmt.Fprintf(cmd.OutOrStdout(), "no paddock daemon runs with run dir %s\n", cfg.RunDir)
+				default:
+					fmt.Fprintf(cmd.OutOrStdout(), "stopped the paddock daemon of %s (pid %d); its sandboxes keep running\n", cfg.RunDir, pid)
+				}
+				return nil
+			}
 			if len(listen) > 0 {
 				cfg.Listen = listen
 			}
@@ -162,6 +177,8 @@ func serveCmd() *cobra.Command {
 	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")
 	telemetryFlags(f, &cfg.Telemetry)
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	f.BoolVar(&stop, "stop", false, "stop the daemon running with this run dir (its pid file, "+daemon.PIDFile+"), as SIGTERM does: sandboxes keep running")
+	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long --stop waits for the daemon to exit")
 	f.StringVar(&cfg.E2BListen, "e2b-listen", "", "serve the E2B-compatible API on tcp://HOST:PORT (needs --token-file; see docs/e2b.md)")
 	return cmd
 }

@@ -147,6 +147,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
+	releasePID, err := holdPIDFile(cfg.RunDir)
+	if err != nil {
+		return err
+	}
+	defer releasePID()
 	listeners, token, err := listen(cfg)
 	if err != nil {
 		return err
