@@ -19,7 +19,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/server"
 )
 
@@ -91,7 +91,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		s.filesError(w, r, err)
 		return
 	}
-	resp, data, err := gc.FileRead(r.Context(), guest.OpFileRead, guest.FileRequest{Path: p})
+	resp, data, err := gc.ReadFile(r.Context(), guestapi.FileRequest{Path: p})
 	if err != nil {
 		s.filesError(w, r, err)
 		return
@@ -244,9 +244,9 @@ func (s *Server) writeFile(r *http.Request, user, p string, src io.Reader) (writ
 	if err != nil {
 		return writtenFile{}, err
 	}
-	end, err := gc.FileWrite(r.Context(), guest.OpFileWrite, guest.FileRequest{Path: p, Owner: user}, src)
+	end, err := gc.WriteFile(r.Context(), guestapi.FileRequest{Path: p, Owner: user}, src)
 	if err != nil {
-		var se *guest.SourceError
+		var se *guestapi.SourceError
 		if errors.As(err, &se) {
 			return writtenFile{}, errdefs.Invalid("body", "reading the upload: %v", se.Err)
 		}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 )
 
 // The filesystem.Filesystem service, over the guest's file ops. The
@@ -81,12 +81,14 @@ func callPath(r *http.Request, p string, field string) (string, string, error) {
 	return user, resolve(user, p), nil
 }
 
-func (s *Server) fileDo(r *http.Request, op string, fr guest.FileRequest) (*guest.FileResponse, error) {
+// fileDo makes a file op of the call's sandbox that answers with a
+// file's description: (*guestapi.Client).Stat, Mkdir or Move.
+func (s *Server) fileDo(r *http.Request, op func(*guestapi.Client, context.Context, guestapi.FileRequest) (*api.FileInfo, error), fr guestapi.FileRequest) (*api.FileInfo, error) {
 	gc, err := s.guestOf(r)
 	if err != nil {
 		return nil, err
 	}
-	return gc.FileDo(r.Context(), op, fr)
+	return op(gc, r.Context(), fr)
 }
 
 func (s *Server) fsStat(r *http.Request, req *pathRequest) (any, error) {
@@ -94,11 +96,11 @@ func (s *Server) fsStat(r *http.Request, req *pathRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.fileDo(r, guest.OpFileStat, guest.FileRequest{Path: p})
+	fi, err := s.fileDo(r, (*guestapi.Client).Stat, guestapi.FileRequest{Path: p})
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"entry": entryOf(*resp.Info)}, nil
+	return map[string]any{"entry": entryOf(*fi)}, nil
 }
 
 type listDirRequest struct {
@@ -116,7 +118,7 @@ func (s *Server) fsListDir(r *http.Request, req *listDirRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	ls, err := gc.FileList(r.Context(), guest.FileRequest{Path: p, Depth: depth})
+	ls, err := gc.ListDir(r.Context(), guestapi.FileRequest{Path: p, Depth: depth})
 	if err != nil {
 		return nil, err
 	}
@@ -142,16 +144,16 @@ func (s *Server) fsMakeDir(r *http.Request, req *pathRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.fileDo(r, guest.OpFileStat, guest.FileRequest{Path: p}); err == nil {
+	if _, err := s.fileDo(r, (*guestapi.Client).Stat, guestapi.FileRequest{Path: p}); err == nil {
 		return nil, &rpcError{Code: "already_exists", Message: p + " already exists"}
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
-	resp, err := s.fileDo(r, guest.OpFileMkdir, guest.FileRequest{Path: p, Parents: true, Owner: user})
+	fi, err := s.fileDo(r, (*guestapi.Client).Mkdir, guestapi.FileRequest{Path: p, Parents: true, Owner: user})
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"entry": entryOf(*resp.Info)}, nil
+	return map[string]any{"entry": entryOf(*fi)}, nil
 }
 
 type moveRequest struct {
@@ -168,16 +170,16 @@ func (s *Server) fsMove(r *http.Request, req *moveRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.fileDo(r, guest.OpFileMove, guest.FileRequest{Path: from, To: to, Overwrite: true})
+	fi, err := s.fileDo(r, (*guestapi.Client).Move, guestapi.FileRequest{Path: from, To: to, Overwrite: true})
 	if err != nil {
 		return nil, err
 	}
-	if resp.Info == nil {
-		if resp, err = s.fileDo(r, guest.OpFileStat, guest.FileRequest{Path: to}); err != nil {
+	if fi == nil {
+		if fi, err = s.fileDo(r, (*guestapi.Client).Stat, guestapi.FileRequest{Path: to}); err != nil {
 			return nil, err
 		}
 	}
-	return map[string]any{"entry": entryOf(*resp.Info)}, nil
+	return map[string]any{"entry": entryOf(*fi)}, nil
 }
 
 func (s *Server) fsRemove(r *http.Request, req *pathRequest) (any, error) {
@@ -185,7 +187,11 @@ func (s *Server) fsRemove(r *http.Request, req *pathRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.fileDo(r, guest.OpFileRemove, guest.FileRequest{Path: p, Recursive: true}); err != nil {
+	gc, err := s.guestOf(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := gc.Remove(r.Context(), guestapi.FileRequest{Path: p, Recursive: true}); err != nil {
 		return nil, err
 	}
 	return struct{}{}, nil
@@ -239,11 +245,11 @@ func (s *Server) watch(r *http.Request, st *stream, req *watchRequest) error {
 	if err != nil {
 		return err
 	}
-	info, err := gc.FileDo(r.Context(), guest.OpFileStat, guest.FileRequest{Path: dir})
+	info, err := gc.Stat(r.Context(), guestapi.FileRequest{Path: dir})
 	if err != nil {
 		return err
 	}
-	if info.Info.Type != api.TypeDir {
+	if info.Type != api.TypeDir {
 		return errdefs.Invalid("path", "%s is not a directory", dir)
 	}
 	id := sandboxID(r)
@@ -252,7 +258,7 @@ func (s *Server) watch(r *http.Request, st *stream, req *watchRequest) error {
 	if err != nil {
 		return err
 	}
-	ev, err := gc.FileWatch(r.Context(), guest.FileRequest{Path: dir, Recursive: req.Recursive})
+	ev, err := gc.Watch(r.Context(), guestapi.FileRequest{Path: dir, Recursive: req.Recursive})
 	if err != nil {
 		return err
 	}
@@ -272,12 +278,12 @@ func (s *Server) watch(r *http.Request, st *stream, req *watchRequest) error {
 	for {
 		e, err := ev.Next()
 		if err != nil {
-			var ended *guest.WatchEnded
+			var ended *guestapi.WatchEnded
 			switch {
 			case r.Context().Err() != nil:
 			case errors.As(err, &ended):
 				st.end(s, r, nil)
-			case errors.Is(err, guest.ErrStreamCut) && sandboxGone(done):
+			case errors.Is(err, guestapi.ErrStreamCut) && sandboxGone(done):
 				panic(http.ErrAbortHandler)
 			default:
 				st.end(s, r, err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/wire"
 )
@@ -89,7 +89,7 @@ func toTTY(p *ptySize) (*api.TTY, error) {
 
 // guestOf returns the guest of the call's sandbox (resuming it if it is
 // paused with auto-resume).
-func (s *Server) guestOf(r *http.Request) (*guest.Client, error) {
+func (s *Server) guestOf(r *http.Request) (*guestapi.Client, error) {
 	return s.mgr.Guest(r.Context(), sandboxID(r))
 }
 
@@ -132,14 +132,14 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request, st *stream
 	if p.Cwd != nil && *p.Cwd != "" {
 		cwd = resolve(user, *p.Cwd)
 	}
-	env := append([]string{"USER=" + user, "LOGNAME=" + user}, guest.EnvList(p.Envs)...)
+	env := append([]string{"USER=" + user, "LOGNAME=" + user}, guestapi.EnvList(p.Envs)...)
 	// Older SDKs leave stdin unset and expect it open.
 	stdin := req.Stdin == nil || *req.Stdin || tty != nil
-	start := &guest.StartRequest{
-		Cmd: argv, Env: env, Cwd: cwd, User: user, TTY: tty, Stdin: stdin, Attach: true,
+	start := &guestapi.StartRequest{
+		Cmd: argv, Env: env, Cwd: cwd, User: user, TTY: tty, Stdin: stdin,
 		TimeoutSeconds: lifetime(r),
 	}
-	return s.relayProcess(w, r, st, guest.Request{Op: guest.OpStart, Start: start}, func(pid int) {
+	return s.relayProcess(w, r, st, processStream{start: start}, func(pid int) {
 		if req.Tag != nil && *req.Tag != "" {
 			s.setTag(sandboxID(r), *req.Tag, uint32(pid))
 		}
@@ -179,27 +179,27 @@ func (s *Server) connectProcess(w http.ResponseWriter, r *http.Request, st *stre
 	if err != nil {
 		return err
 	}
-	resp, err := gc.Do(r.Context(), guest.Request{Op: guest.OpList})
+	pi, err := gc.Process(r.Context(), pid)
 	if err != nil {
 		return err
 	}
-	var off int64 = -1
-	for _, pi := range resp.Processes {
-		if pi.PID == pid {
-			off = pi.OutputBytes
-		}
-	}
-	if off < 0 {
-		return errdefs.NotFound("process", strconv.Itoa(pid))
-	}
-	return s.relayProcess(w, r, st, guest.Request{Op: guest.OpAttach, PID: pid, Offset: off}, nil)
+	return s.relayProcess(w, r, st, processStream{pid: pid, offset: pi.OutputBytes, tty: pi.TTY}, nil)
+}
+
+// processStream is the guest call whose stream relayProcess relays: an
+// attached start, or (start nil) an attach to process pid from offset.
+type processStream struct {
+	start  *guestapi.StartRequest
+	pid    int
+	offset int64
+	tty    bool // the attached process has a terminal
 }
 
 // relayProcess makes a streaming guest call and turns its frames into
 // process events: start, data, keepalives, end. If the sandbox dies
 // under the stream, the connection is dropped without an end, which the
 // SDKs answer with a /health probe (502: the sandbox is gone).
-func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream, greq guest.Request, started func(pid int)) error {
+func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream, call processStream, started func(pid int)) error {
 	id := sandboxID(r)
 	gc, err := s.guestOf(r)
 	if err != nil {
@@ -210,23 +210,22 @@ func (s *Server) relayProcess(w http.ResponseWriter, r *http.Request, st *stream
 	if err != nil {
 		return err
 	}
-	resp, conn, err := gc.Call(r.Context(), greq)
+	pid, tty := call.pid, call.tty
+	var conn *guestapi.Conn
+	if call.start != nil {
+		pid, conn, err = gc.StartAttached(r.Context(), call.start)
+		tty = call.start.TTY != nil
+	} else {
+		conn, err = gc.Attach(r.Context(), call.pid, call.offset)
+	}
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(r.Context(), func() { conn.Conn.Close() })
 	defer stop()
-	pid := resp.PID
-	if pid == 0 {
-		pid = greq.PID
-	}
 	if started != nil {
 		started(pid)
-	}
-	tty := greq.Start != nil && greq.Start.TTY != nil
-	if greq.Op == guest.OpAttach {
-		tty = s.isTTY(r, gc, pid)
 	}
 	if err := st.send(processEvent{Event: eventBody{Start: &startEvent{PID: uint32(pid)}}}); err != nil {
 		return nil
@@ -329,19 +328,6 @@ func signalWord(sig string) string {
 	return strings.ToLower(strings.TrimPrefix(sig, "SIG"))
 }
 
-func (s *Server) isTTY(r *http.Request, gc *guest.Client, pid int) bool {
-	resp, err := gc.Do(r.Context(), guest.Request{Op: guest.OpList})
-	if err != nil {
-		return false
-	}
-	for _, pi := range resp.Processes {
-		if pi.PID == pid {
-			return pi.TTY
-		}
-	}
-	return false
-}
-
 func (s *Server) setTag(id, tag string, pid uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -382,7 +368,7 @@ func (s *Server) processList(r *http.Request, _ *struct{}) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := gc.Do(r.Context(), guest.Request{Op: guest.OpList})
+	ps, err := gc.Processes(r.Context())
 	if err != nil {
 		return nil, err
 	}
@@ -393,7 +379,7 @@ func (s *Server) processList(r *http.Request, _ *struct{}) (any, error) {
 	}
 	s.mu.Unlock()
 	out := []processInfo{}
-	for _, pi := range resp.Processes {
+	for _, pi := range ps {
 		if !pi.Running || len(pi.Cmd) == 0 {
 			continue
 		}
@@ -408,7 +394,7 @@ func (s *Server) processList(r *http.Request, _ *struct{}) (any, error) {
 }
 
 // processOp sends one control op to the selected process.
-func (s *Server) processOp(r *http.Request, sel *selector, req guest.Request) (any, error) {
+func (s *Server) processOp(r *http.Request, sel *selector, op func(ctx context.Context, gc *guestapi.Client, pid int) error) (any, error) {
 	pid, err := s.pidOf(r, sel)
 	if err != nil {
 		return nil, err
@@ -419,19 +405,14 @@ func (s *Server) processOp(r *http.Request, sel *selector, req guest.Request) (a
 	}
 	// envd knows running processes only; the guest also keeps finished
 	// ones (for reattach), which accept signals as a no-op.
-	list, err := gc.Do(r.Context(), guest.Request{Op: guest.OpList})
+	pi, err := gc.Process(r.Context(), pid)
 	if err != nil {
 		return nil, err
 	}
-	running := false
-	for _, pi := range list.Processes {
-		running = running || (pi.PID == pid && pi.Running)
-	}
-	if !running {
+	if !pi.Running {
 		return nil, errdefs.NotFound("process", strconv.Itoa(pid))
 	}
-	req.PID = pid
-	if _, err := gc.Do(r.Context(), req); err != nil {
+	if err := op(r.Context(), gc, pid); err != nil {
 		return nil, err
 	}
 	return struct{}{}, nil
@@ -453,11 +434,15 @@ func (s *Server) processInput(r *http.Request, req *inputRequest) (any, error) {
 	if len(data) == 0 {
 		return struct{}{}, nil
 	}
-	return s.processOp(r, &req.selector, guest.Request{Op: guest.OpInput, Data: data})
+	return s.processOp(r, &req.selector, func(ctx context.Context, gc *guestapi.Client, pid int) error {
+		return gc.Input(ctx, pid, data)
+	})
 }
 
 func (s *Server) processCloseStdin(r *http.Request, req *selector) (any, error) {
-	return s.processOp(r, req, guest.Request{Op: guest.OpCloseStdin})
+	return s.processOp(r, req, func(ctx context.Context, gc *guestapi.Client, pid int) error {
+		return gc.CloseStdin(ctx, pid)
+	})
 }
 
 type signalRequest struct {
@@ -479,7 +464,9 @@ func (s *Server) processSignal(r *http.Request, req *signalRequest) (any, error)
 	if name == "" || name == "UNSPECIFIED" {
 		return nil, errdefs.Invalid("signal", "must name a signal")
 	}
-	return s.processOp(r, &req.selector, guest.Request{Op: guest.OpSignal, Signal: name})
+	return s.processOp(r, &req.selector, func(ctx context.Context, gc *guestapi.Client, pid int) error {
+		return gc.Signal(ctx, pid, name)
+	})
 }
 
 type updateRequest struct {
@@ -495,5 +482,7 @@ func (s *Server) processUpdate(r *http.Request, req *updateRequest) (any, error)
 	if err != nil {
 		return nil, err
 	}
-	return s.processOp(r, &req.selector, guest.Request{Op: guest.OpResize, TTY: tty})
+	return s.processOp(r, &req.selector, func(ctx context.Context, gc *guestapi.Client, pid int) error {
+		return gc.Resize(ctx, pid, *tty)
+	})
 }

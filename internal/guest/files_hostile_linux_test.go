@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 )
 
 // hostSentinels records host files that no file op may touch, and checks
@@ -94,7 +95,7 @@ func TestFileHostilePaths(t *testing.T) {
 	write := func(p string) func() (string, error) {
 		return func() (string, error) { _, err := g.write(p, "written", nil, ""); return "", err }
 	}
-	op := func(op string, fr FileRequest) func() (string, error) {
+	op := func(op string, fr guestapi.FileRequest) func() (string, error) {
 		return func() (string, error) { _, err := g.do(op, fr); return "", err }
 	}
 	list := func(p string) func() (string, error) {
@@ -109,7 +110,7 @@ func TestFileHostilePaths(t *testing.T) {
 	}
 	watch := func(p string) func() (string, error) {
 		return func() (string, error) {
-			es, err := g.c.FileWatch(fileCtx(t), FileRequest{Path: p})
+			es, err := g.c.Watch(fileCtx(t), guestapi.FileRequest{Path: p})
 			if err == nil {
 				es.Close()
 			}
@@ -118,7 +119,7 @@ func TestFileHostilePaths(t *testing.T) {
 	}
 	tarNames := func(p string) func() (string, error) {
 		return func() (string, error) {
-			_, ds, err := g.c.FileRead(fileCtx(t), OpFileTarGet, FileRequest{Path: p})
+			ds, err := g.c.TarGet(fileCtx(t), guestapi.FileRequest{Path: p})
 			if err != nil {
 				return "", err
 			}
@@ -192,31 +193,31 @@ func TestFileHostilePaths(t *testing.T) {
 		}},
 		{name: "write via /proc/1/root", proc: true, do: write("/workspace/proc-root/tmp/evil"), want: denied, says: "/workspace/proc-root/tmp"},
 		{name: "write into /proc/self", proc: true, do: write("/proc/self/evil"), want: denied, says: "/proc/self"},
-		{name: "mkdir -p through ../../..", do: op(OpFileMkdir, FileRequest{Path: "/workspace/up/newdir", Parents: true}), check: func(t *testing.T) {
+		{name: "mkdir -p through ../../..", do: op(guestapi.OpFileMkdir, guestapi.FileRequest{Path: "/workspace/up/newdir", Parents: true}), check: func(t *testing.T) {
 			if _, err := os.Stat(g.host("/newdir")); err != nil {
 				t.Errorf("mkdir did not land at the sandbox's root: %v", err)
 			}
 		}},
-		{name: "mkdir -p via /proc/1/root", proc: true, do: op(OpFileMkdir, FileRequest{Path: "/workspace/proc-root/tmp/evil", Parents: true}), want: denied, says: "proc-root"},
+		{name: "mkdir -p via /proc/1/root", proc: true, do: op(guestapi.OpFileMkdir, guestapi.FileRequest{Path: "/workspace/proc-root/tmp/evil", Parents: true}), want: denied, says: "proc-root"},
 		{name: "stat a magic link", proc: true, do: func() (string, error) {
-			r, err := g.do(OpFileStat, FileRequest{Path: "/workspace/proc-root"})
+			r, err := g.do(guestapi.OpFileStat, guestapi.FileRequest{Path: "/workspace/proc-root"})
 			if err != nil {
 				return "", err
 			}
 			return r.Info.Type + " " + r.Info.LinkTarget, nil
 		}, want: "symlink /proc/1/root"},
-		{name: "stat through a magic link", proc: true, do: op(OpFileStat, FileRequest{Path: "/workspace/proc-root/etc"}), want: denied, says: "proc-root"},
+		{name: "stat through a magic link", proc: true, do: op(guestapi.OpFileStat, guestapi.FileRequest{Path: "/workspace/proc-root/etc"}), want: denied, says: "proc-root"},
 		{name: "list through ../../..", do: list("/workspace/up"), check: func(t *testing.T) {}},
 		{name: "list /proc", proc: true, do: list("/proc"), want: denied, says: "/proc"},
 		{name: "list via /proc/1/root", proc: true, do: list("/workspace/proc-root"), want: denied, says: "proc-root"},
-		{name: "move a link", do: op(OpFileMove, FileRequest{Path: "/workspace/shadow-link", To: "/workspace/moved"}), check: func(t *testing.T) {
+		{name: "move a link", do: op(guestapi.OpFileMove, guestapi.FileRequest{Path: "/workspace/shadow-link", To: "/workspace/moved"}), check: func(t *testing.T) {
 			if l, err := os.Readlink(g.host("/workspace/moved")); err != nil || l != "/etc/shadow" {
 				t.Errorf("moved: %q %v", l, err)
 			}
 		}},
-		{name: "move into /proc/1/root", proc: true, do: op(OpFileMove, FileRequest{Path: "/workspace/file", To: "/workspace/proc-root/tmp/evil"}), want: denied, says: "proc-root"},
-		{name: "move out of /proc", proc: true, do: op(OpFileMove, FileRequest{Path: "/proc/self/environ", To: "/workspace/env"}), want: denied, says: "/proc/self"},
-		{name: "remove -r of a link to ../../..", do: op(OpFileRemove, FileRequest{Path: "/workspace/up", Recursive: true}), check: func(t *testing.T) {
+		{name: "move into /proc/1/root", proc: true, do: op(guestapi.OpFileMove, guestapi.FileRequest{Path: "/workspace/file", To: "/workspace/proc-root/tmp/evil"}), want: denied, says: "proc-root"},
+		{name: "move out of /proc", proc: true, do: op(guestapi.OpFileMove, guestapi.FileRequest{Path: "/proc/self/environ", To: "/workspace/env"}), want: denied, says: "/proc/self"},
+		{name: "remove -r of a link to ../../..", do: op(guestapi.OpFileRemove, guestapi.FileRequest{Path: "/workspace/up", Recursive: true}), check: func(t *testing.T) {
 			if _, err := os.Stat(g.host("/etc/shadow")); err != nil {
 				t.Errorf("remove -r followed the link: %v", err)
 			}
@@ -224,8 +225,8 @@ func TestFileHostilePaths(t *testing.T) {
 				t.Error("the link is still there")
 			}
 		}},
-		{name: "remove -r through a link to the host", do: op(OpFileRemove, FileRequest{Path: "/workspace/host-dir/secret", Recursive: true}), want: notFound, says: "host-dir"},
-		{name: "remove in /proc", proc: true, do: op(OpFileRemove, FileRequest{Path: "/proc/self/fd/0"}), want: denied, says: "/proc/self/fd"},
+		{name: "remove -r through a link to the host", do: op(guestapi.OpFileRemove, guestapi.FileRequest{Path: "/workspace/host-dir/secret", Recursive: true}), want: notFound, says: "host-dir"},
+		{name: "remove in /proc", proc: true, do: op(guestapi.OpFileRemove, guestapi.FileRequest{Path: "/proc/self/fd/0"}), want: denied, says: "/proc/self/fd"},
 		{name: "tar of a tree of hostile links", do: tarNames("/workspace"), check: func(t *testing.T) {}},
 		{name: "tar of / skips /proc", proc: true, do: func() (string, error) {
 			names, err := tarNames("/")()
@@ -243,7 +244,7 @@ func TestFileHostilePaths(t *testing.T) {
 			tw.WriteHeader(&tar.Header{Name: "evil", Typeflag: tar.TypeReg, Size: 4, Mode: 0o644})
 			tw.Write([]byte("evil"))
 			tw.Close()
-			_, err := g.c.FileWrite(fileCtx(t), OpFileTarPut, FileRequest{Path: "/workspace/host-dir"}, &buf)
+			_, err := g.c.TarPut(fileCtx(t), guestapi.FileRequest{Path: "/workspace/host-dir"}, &buf)
 			return "", err
 		}, check: func(t *testing.T) {
 			if _, err := os.Stat(g.host(outside + "/evil")); err != nil {
@@ -257,7 +258,7 @@ func TestFileHostilePaths(t *testing.T) {
 			tw.WriteHeader(&tar.Header{Name: "proc/self/evil", Typeflag: tar.TypeReg, Size: 4, Mode: 0o644})
 			tw.Write([]byte("evil"))
 			tw.Close()
-			_, err := g.c.FileWrite(fileCtx(t), OpFileTarPut, FileRequest{Path: "/"}, &buf)
+			_, err := g.c.TarPut(fileCtx(t), guestapi.FileRequest{Path: "/"}, &buf)
 			return "", err
 		}, want: denied, says: "proc/self/evil"},
 		{name: "upload with ..", do: func() (string, error) {
@@ -266,7 +267,7 @@ func TestFileHostilePaths(t *testing.T) {
 			tw.WriteHeader(&tar.Header{Name: "../../../../../../../../tmp/evil", Typeflag: tar.TypeReg, Size: 4, Mode: 0o644})
 			tw.Write([]byte("evil"))
 			tw.Close()
-			_, err := g.c.FileWrite(fileCtx(t), OpFileTarPut, FileRequest{Path: "/workspace/x"}, &buf)
+			_, err := g.c.TarPut(fileCtx(t), guestapi.FileRequest{Path: "/workspace/x"}, &buf)
 			return "", err
 		}, want: invalid, says: "../../../../../../../../tmp/evil"},
 	} {

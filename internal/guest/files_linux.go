@@ -11,26 +11,28 @@ import (
 	"runtime/debug"
 	"sort"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/wire"
 )
 
 func init() {
 	for op, h := range map[string]opHandler{
-		OpFileRead:   (*server).opFileRead,
-		OpFileWrite:  (*server).opFileWrite,
-		OpFileStat:   (*server).opFileStat,
-		OpFileList:   (*server).opFileList,
-		OpFileMkdir:  (*server).opFileMkdir,
-		OpFileRemove: (*server).opFileRemove,
-		OpFileMove:   (*server).opFileMove,
-		OpFileTarGet: (*server).opFileTarGet,
-		OpFileTarPut: (*server).opFileTarPut,
-		OpFileWatch:  (*server).opFileWatch,
+		guestapi.OpFileRead:   (*server).opFileRead,
+		guestapi.OpFileWrite:  (*server).opFileWrite,
+		guestapi.OpFileStat:   (*server).opFileStat,
+		guestapi.OpFileList:   (*server).opFileList,
+		guestapi.OpFileMkdir:  (*server).opFileMkdir,
+		guestapi.OpFileRemove: (*server).opFileRemove,
+		guestapi.OpFileMove:   (*server).opFileMove,
+		guestapi.OpFileTarGet: (*server).opFileTarGet,
+		guestapi.OpFileTarPut: (*server).opFileTarPut,
+		guestapi.OpFileWatch:  (*server).opFileWatch,
 	} {
 		extraOps[op] = contained(op, h)
 	}
@@ -40,7 +42,7 @@ func init() {
 // file tree) ends that connection, not the guest: the guest is PID 1, and
 // its death ends the sandbox.
 func contained(op string, h opHandler) opHandler {
-	return func(s *server, c *opConn, req Request) {
+	return func(s *server, c *opConn, req guestapi.Request) {
 		defer func() {
 			if v := recover(); v != nil {
 				s.log.Error("file op panicked", "op", op, "panic", v, "stack", string(debug.Stack()))
@@ -53,51 +55,51 @@ func contained(op string, h opHandler) opHandler {
 
 // fileOp opens the root for a file request and cleans its path. On error
 // it has answered the request.
-func (s *server) fileOp(c *opConn, req Request) (*fsRoot, *FileRequest, string, bool) {
+func (s *server) fileOp(c *opConn, req guestapi.Request) (*fsRoot, *guestapi.FileRequest, string, bool) {
 	if req.File == nil {
-		c.respond(Response{}, errdefs.Invalid("file", "missing file arguments"))
+		c.respond(guestapi.Response{}, errdefs.Invalid("file", "missing file arguments"))
 		return nil, nil, "", false
 	}
 	r, err := openFSRoot(fileRootDir, s.cfg.Workdir)
 	if err != nil {
-		c.respond(Response{}, err)
+		c.respond(guestapi.Response{}, err)
 		return nil, nil, "", false
 	}
 	p, err := r.clean("path", req.File.Path)
 	if err != nil {
 		r.Close()
-		c.respond(Response{}, err)
+		c.respond(guestapi.Response{}, err)
 		return nil, nil, "", false
 	}
 	return r, req.File, p, true
 }
 
 // end writes the End frame that closes a stream.
-func (c *opConn) end(e FileEnd, err error) error {
+func (c *opConn) end(e guestapi.FileEnd, err error) error {
 	if err != nil {
 		e.Error = apiError(err)
 	}
 	return c.fw.WriteJSON(wire.End, e)
 }
 
-func (s *server) opFileStat(c *opConn, req Request) {
+func (s *server) opFileStat(c *opConn, req guestapi.Request) {
 	r, _, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
 	}
 	defer r.Close()
 	fi, err := r.statPath(p, r.ids())
-	c.respond(Response{File: &FileResponse{Info: fi}}, err)
+	c.respond(guestapi.Response{File: &guestapi.FileResponse{Info: fi}}, err)
 }
 
-func (s *server) opFileRead(c *opConn, req Request) {
+func (s *server) opFileRead(c *opConn, req guestapi.Request) {
 	r, fr, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
 	}
 	defer r.Close()
 	f, n, fi, err := r.openRead(p, fr.Offset, fr.Length)
-	if c.respond(Response{File: &FileResponse{Info: fi, Length: n}}, err) != nil || err != nil {
+	if c.respond(guestapi.Response{File: &guestapi.FileResponse{Info: fi, Length: n}}, err) != nil || err != nil {
 		return
 	}
 	defer f.Close()
@@ -106,7 +108,7 @@ func (s *server) opFileRead(c *opConn, req Request) {
 		limit = *fr.Length
 	}
 	sent, err := sendFile(c, f, fr.Offset, limit, n >= 0)
-	c.end(FileEnd{Bytes: sent}, err)
+	c.end(guestapi.FileEnd{Bytes: sent}, err)
 }
 
 // openRead opens a regular file for a read of length bytes (nil: to the
@@ -212,17 +214,20 @@ func sendFile(c *opConn, f *os.File, off, limit int64, exact bool) (int64, error
 	return sent, nil
 }
 
+// fileChunks recycles the data buffers of file streams.
+var fileChunks = sync.Pool{New: func() any { b := make([]byte, guestapi.FileChunkSize); return &b }}
+
 // dataReader reads the data frames a client sends up to its End frame.
 type dataReader struct {
-	dataFrames
+	guestapi.DataFrames
 	fr  *wire.Reader
-	end FileEnd
+	end guestapi.FileEnd
 	n   int64
 }
 
 func newDataReader(fr *wire.Reader) *dataReader {
 	d := &dataReader{fr: fr}
-	d.next = d.nextData
+	d.DataFrames = guestapi.NewDataFrames(d.nextData)
 	return d
 }
 
@@ -257,14 +262,14 @@ func (d *dataReader) drain() error {
 	return err
 }
 
-func (s *server) opFileWrite(c *opConn, req Request) {
+func (s *server) opFileWrite(c *opConn, req guestapi.Request) {
 	r, fr, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
 	}
 	defer r.Close()
 	w, err := r.createAtomic(p, fr.Mode, fr.Owner)
-	if c.respond(Response{}, err) != nil || err != nil {
+	if c.respond(guestapi.Response{}, err) != nil || err != nil {
 		if w != nil {
 			w.abort()
 		}
@@ -278,11 +283,11 @@ func (s *server) opFileWrite(c *opConn, req Request) {
 	}
 	if err != nil {
 		w.abort()
-		c.end(FileEnd{Bytes: w.n}, err)
+		c.end(guestapi.FileEnd{Bytes: w.n}, err)
 		return
 	}
 	fi, err := w.commit()
-	c.end(FileEnd{Bytes: w.n, Info: fi}, err)
+	c.end(guestapi.FileEnd{Bytes: w.n, Info: fi}, err)
 }
 
 // atomicFile is a write in progress: a temporary file beside the target
@@ -513,14 +518,14 @@ func mkdirAt(dir int, name, p string, mode uint32, uid, gid int, exclusive bool)
 	return f, nil
 }
 
-func (s *server) opFileMkdir(c *opConn, req Request) {
+func (s *server) opFileMkdir(c *opConn, req guestapi.Request) {
 	r, fr, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
 	}
 	defer r.Close()
 	fi, err := r.mkdir(p, fr.Parents, fr.Mode, fr.Owner)
-	c.respond(Response{File: &FileResponse{Info: fi}}, err)
+	c.respond(guestapi.Response{File: &guestapi.FileResponse{Info: fi}}, err)
 }
 
 // mkdir makes directory p (mode default 0755). With parents, missing
@@ -559,13 +564,13 @@ func (r *fsRoot) mkdir(p string, parents bool, mode *api.FileMode, owner string)
 	return r.statPath(p, ids)
 }
 
-func (s *server) opFileRemove(c *opConn, req Request) {
+func (s *server) opFileRemove(c *opConn, req guestapi.Request) {
 	r, fr, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
 	}
 	defer r.Close()
-	c.respond(Response{}, r.remove(p, fr.Recursive))
+	c.respond(guestapi.Response{}, r.remove(p, fr.Recursive))
 }
 
 // remove removes p (a symbolic link itself, never what it points at); a
@@ -653,7 +658,7 @@ func removeAllAt(dir int, name, p string) error {
 	}
 }
 
-func (s *server) opFileMove(c *opConn, req Request) {
+func (s *server) opFileMove(c *opConn, req guestapi.Request) {
 	r, fr, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
@@ -664,7 +669,7 @@ func (s *server) opFileMove(c *opConn, req Request) {
 	if err == nil {
 		fi, err = r.move(p, to, fr.Overwrite)
 	}
-	c.respond(Response{File: &FileResponse{Info: fi}}, err)
+	c.respond(guestapi.Response{File: &guestapi.FileResponse{Info: fi}}, err)
 }
 
 // move renames from to to, both names acted on as they are (a symbolic
@@ -716,7 +721,7 @@ func (r *fsRoot) move(from, to string, overwrite bool) (*api.FileInfo, error) {
 	return r.statPath(to, r.ids())
 }
 
-func (s *server) opFileList(c *opConn, req Request) {
+func (s *server) opFileList(c *opConn, req guestapi.Request) {
 	r, fr, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
@@ -727,11 +732,11 @@ func (s *server) opFileList(c *opConn, req Request) {
 		depth = 1
 	}
 	if depth < 0 {
-		c.respond(Response{}, errdefs.Invalid("depth", "%d is below 1", depth))
+		c.respond(guestapi.Response{}, errdefs.Invalid("depth", "%d is below 1", depth))
 		return
 	}
 	d, err := r.open(p, unix.O_RDONLY|unix.O_DIRECTORY)
-	if c.respond(Response{}, err) != nil || err != nil {
+	if c.respond(guestapi.Response{}, err) != nil || err != nil {
 		return
 	}
 	defer d.Close()
@@ -740,7 +745,7 @@ func (s *server) opFileList(c *opConn, req Request) {
 	if err == nil {
 		err = l.flush()
 	}
-	c.end(FileEnd{Entries: l.n}, err)
+	c.end(guestapi.FileEnd{Entries: l.n}, err)
 }
 
 // listBatch is how many entries go in one frame.
@@ -809,7 +814,7 @@ func (l *lister) walk(d *os.File, p string, level int) error {
 	return nil
 }
 
-// frameWriter collects bytes into data frames of fileChunkSize.
+// frameWriter collects bytes into data frames of guestapi.FileChunkSize.
 type frameWriter struct {
 	c   *opConn
 	buf []byte
@@ -842,14 +847,14 @@ func (w *frameWriter) Flush() error {
 	return err
 }
 
-func (s *server) opFileTarGet(c *opConn, req Request) {
+func (s *server) opFileTarGet(c *opConn, req guestapi.Request) {
 	r, _, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
 	}
 	defer r.Close()
 	t, err := r.newTarSource(p)
-	if c.respond(Response{}, err) != nil || err != nil {
+	if c.respond(guestapi.Response{}, err) != nil || err != nil {
 		return
 	}
 	defer t.Close()
@@ -860,10 +865,10 @@ func (s *server) opFileTarGet(c *opConn, req Request) {
 	if err == nil {
 		err = fw.Flush()
 	}
-	c.end(FileEnd{Bytes: fw.n, Entries: t.entries}, err)
+	c.end(guestapi.FileEnd{Bytes: fw.n, Entries: t.entries}, err)
 }
 
-func (s *server) opFileTarPut(c *opConn, req Request) {
+func (s *server) opFileTarPut(c *opConn, req guestapi.Request) {
 	r, fr, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
@@ -877,7 +882,7 @@ func (s *server) opFileTarPut(c *opConn, req Request) {
 		opts.UID, opts.GID = uid, gid
 		dir, err = r.mkdirAll(p, 0o755, uid, gid)
 	}
-	if c.respond(Response{}, err) != nil || err != nil {
+	if c.respond(guestapi.Response{}, err) != nil || err != nil {
 		return
 	}
 	defer dir.Close()
@@ -889,5 +894,5 @@ func (s *server) opFileTarPut(c *opConn, req Request) {
 	if err == errClientGone {
 		return
 	}
-	c.end(FileEnd{Bytes: src.n, Entries: stats.Entries}, err)
+	c.end(guestapi.FileEnd{Bytes: src.n, Entries: stats.Entries}, err)
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 )
 
 // fileGuest serves file ops over real socket pairs, with a temporary
@@ -27,7 +28,7 @@ import (
 type fileGuest struct {
 	t    *testing.T
 	root string
-	c    *Client
+	c    *guestapi.Client
 }
 
 func startFileGuest(t *testing.T) *fileGuest {
@@ -43,9 +44,9 @@ func startFileGuest(t *testing.T) *fileGuest {
 	}
 	fileWriteHost(t, filepath.Join(root, "etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1001::/home/alice:/bin/sh\n")
 	fileWriteHost(t, filepath.Join(root, "etc/group"), "root:x:0:\nalice:x:1001:\nstaff:x:50:alice\n")
-	s := newServer(ServeConfig{Workdir: "/workspace"}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := newServer(guestapi.ServeConfig{Workdir: "/workspace"}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var dials atomic.Int32
-	c := NewClient(pairDialer(t, &dials, s.handle))
+	c := guestapi.NewClient(pairDialer(t, &dials, s.handle))
 	return &fileGuest{t: t, root: root, c: c}
 }
 
@@ -65,7 +66,7 @@ func fileCtx(t *testing.T) context.Context {
 func (g *fileGuest) host(p string) string { return filepath.Join(g.root, p) }
 
 func (g *fileGuest) read(p string, off int64, length *int64) (string, error) {
-	_, ds, err := g.c.FileRead(fileCtx(g.t), OpFileRead, FileRequest{Path: p, Offset: off, Length: length})
+	_, ds, err := g.c.ReadFile(fileCtx(g.t), guestapi.FileRequest{Path: p, Offset: off, Length: length})
 	if err != nil {
 		return "", err
 	}
@@ -75,19 +76,39 @@ func (g *fileGuest) read(p string, off int64, length *int64) (string, error) {
 }
 
 func (g *fileGuest) write(p, data string, mode *api.FileMode, owner string) (*api.FileInfo, error) {
-	end, err := g.c.FileWrite(fileCtx(g.t), OpFileWrite, FileRequest{Path: p, Mode: mode, Owner: owner}, strings.NewReader(data))
+	end, err := g.c.WriteFile(fileCtx(g.t), guestapi.FileRequest{Path: p, Mode: mode, Owner: owner}, strings.NewReader(data))
 	if err != nil {
 		return nil, err
 	}
 	return end.Info, nil
 }
 
-func (g *fileGuest) do(op string, fr FileRequest) (*FileResponse, error) {
-	return g.c.FileDo(fileCtx(g.t), op, fr)
+// do makes a file op that has no stream through the client's method for
+// it.
+func (g *fileGuest) do(op string, fr guestapi.FileRequest) (*guestapi.FileResponse, error) {
+	ctx := fileCtx(g.t)
+	var info *api.FileInfo
+	var err error
+	switch op {
+	case guestapi.OpFileStat:
+		info, err = g.c.Stat(ctx, fr)
+	case guestapi.OpFileMkdir:
+		info, err = g.c.Mkdir(ctx, fr)
+	case guestapi.OpFileMove:
+		info, err = g.c.Move(ctx, fr)
+	case guestapi.OpFileRemove:
+		err = g.c.Remove(ctx, fr)
+	default:
+		g.t.Fatalf("no client method for op %q", op)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &guestapi.FileResponse{Info: info}, nil
 }
 
 func (g *fileGuest) list(p string, depth int) ([]api.FileInfo, error) {
-	ls, err := g.c.FileList(fileCtx(g.t), FileRequest{Path: p, Depth: depth})
+	ls, err := g.c.ListDir(fileCtx(g.t), guestapi.FileRequest{Path: p, Depth: depth})
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +224,7 @@ func TestFileWriteAtomic(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		_, err := g.c.FileWrite(c, OpFileWrite, FileRequest{Path: "/workspace/f"}, pr)
+		_, err := g.c.WriteFile(c, guestapi.FileRequest{Path: "/workspace/f"}, pr)
 		done <- err
 	}()
 	pw.Write(bytes.Repeat([]byte("n"), 3<<20))
@@ -217,8 +238,8 @@ func TestFileWriteAtomic(t *testing.T) {
 		t.Errorf("after an interrupted write the file holds %q", got)
 	}
 	// A source that fails is a SourceError, and changes nothing either.
-	_, err := g.c.FileWrite(fileCtx(t), OpFileWrite, FileRequest{Path: "/workspace/f"}, io.MultiReader(strings.NewReader("xx"), fileErrReader{}))
-	var se *SourceError
+	_, err := g.c.WriteFile(fileCtx(t), guestapi.FileRequest{Path: "/workspace/f"}, io.MultiReader(strings.NewReader("xx"), fileErrReader{}))
+	var se *guestapi.SourceError
 	if !errors.As(err, &se) {
 		t.Errorf("failing source: %v, want a SourceError", err)
 	}
@@ -268,31 +289,46 @@ func TestFileErrors(t *testing.T) {
 		{"empty path", func() error { _, err := g.read("", 0, nil); return err }, errdefs.ErrInvalid, "path"},
 		{"write onto dir", func() error { _, err := g.write("/workspace/dir", "x", nil, ""); return err }, errdefs.ErrConflict, "is a directory"},
 		{"write /", func() error { _, err := g.write("/", "x", nil, ""); return err }, errdefs.ErrConflict, "is a directory"},
-		{"stat missing", func() error { _, err := g.do(OpFileStat, FileRequest{Path: "/nope"}); return err }, errdefs.ErrNotFound, "/nope"},
-		{"mkdir existing", func() error { _, err := g.do(OpFileMkdir, FileRequest{Path: "/workspace/dir"}); return err }, errdefs.ErrConflict, "exists"},
+		{"stat missing", func() error { _, err := g.do(guestapi.OpFileStat, guestapi.FileRequest{Path: "/nope"}); return err }, errdefs.ErrNotFound, "/nope"},
+		{"mkdir existing", func() error {
+			_, err := g.do(guestapi.OpFileMkdir, guestapi.FileRequest{Path: "/workspace/dir"})
+			return err
+		}, errdefs.ErrConflict, "exists"},
 		{"mkdir -p over a file", func() error {
-			_, err := g.do(OpFileMkdir, FileRequest{Path: "/workspace/file", Parents: true})
+			_, err := g.do(guestapi.OpFileMkdir, guestapi.FileRequest{Path: "/workspace/file", Parents: true})
 			return err
 		}, errdefs.ErrConflict, "not a directory"},
-		{"mkdir without parent", func() error { _, err := g.do(OpFileMkdir, FileRequest{Path: "/workspace/a/b"}); return err }, errdefs.ErrNotFound, "/workspace/a"},
-		{"remove missing", func() error { _, err := g.do(OpFileRemove, FileRequest{Path: "/workspace/nope"}); return err }, errdefs.ErrNotFound, "/workspace/nope"},
-		{"remove non-empty", func() error { _, err := g.do(OpFileRemove, FileRequest{Path: "/workspace/dir"}); return err }, errdefs.ErrConflict, "not empty"},
-		{"remove /", func() error { _, err := g.do(OpFileRemove, FileRequest{Path: "/", Recursive: true}); return err }, errdefs.ErrInvalid, "/"},
+		{"mkdir without parent", func() error {
+			_, err := g.do(guestapi.OpFileMkdir, guestapi.FileRequest{Path: "/workspace/a/b"})
+			return err
+		}, errdefs.ErrNotFound, "/workspace/a"},
+		{"remove missing", func() error {
+			_, err := g.do(guestapi.OpFileRemove, guestapi.FileRequest{Path: "/workspace/nope"})
+			return err
+		}, errdefs.ErrNotFound, "/workspace/nope"},
+		{"remove non-empty", func() error {
+			_, err := g.do(guestapi.OpFileRemove, guestapi.FileRequest{Path: "/workspace/dir"})
+			return err
+		}, errdefs.ErrConflict, "not empty"},
+		{"remove /", func() error {
+			_, err := g.do(guestapi.OpFileRemove, guestapi.FileRequest{Path: "/", Recursive: true})
+			return err
+		}, errdefs.ErrInvalid, "/"},
 		{"move missing", func() error {
-			_, err := g.do(OpFileMove, FileRequest{Path: "/workspace/nope", To: "/workspace/x"})
+			_, err := g.do(guestapi.OpFileMove, guestapi.FileRequest{Path: "/workspace/nope", To: "/workspace/x"})
 			return err
 		}, errdefs.ErrNotFound, "/workspace/nope"},
 		{"move onto existing", func() error {
-			_, err := g.do(OpFileMove, FileRequest{Path: "/workspace/file", To: "/workspace/fifo"})
+			_, err := g.do(guestapi.OpFileMove, guestapi.FileRequest{Path: "/workspace/file", To: "/workspace/fifo"})
 			return err
 		}, errdefs.ErrConflict, "already exists"},
 		{"move into itself", func() error {
-			_, err := g.do(OpFileMove, FileRequest{Path: "/workspace/dir", To: "/workspace/dir/sub/x"})
+			_, err := g.do(guestapi.OpFileMove, guestapi.FileRequest{Path: "/workspace/dir", To: "/workspace/dir/sub/x"})
 			return err
 		}, errdefs.ErrInvalid, "into itself"},
 		{"move onto non-empty dir", func() error {
 			os.MkdirAll(g.host("/workspace/d2"), 0o755)
-			_, err := g.do(OpFileMove, FileRequest{Path: "/workspace/d2", To: "/workspace/dir", Overwrite: true})
+			_, err := g.do(guestapi.OpFileMove, guestapi.FileRequest{Path: "/workspace/d2", To: "/workspace/dir", Overwrite: true})
 			return err
 		}, errdefs.ErrConflict, "not empty"},
 		{"list a file", func() error { _, err := g.list("/workspace/file", 1); return err }, errdefs.ErrConflict, "not a directory"},
@@ -364,20 +400,20 @@ func TestFileListStatMkdirRemoveMove(t *testing.T) {
 	}
 
 	// stat describes a link as a link.
-	r, err := g.do(OpFileStat, FileRequest{Path: "/workspace/p/link"})
+	r, err := g.do(guestapi.OpFileStat, guestapi.FileRequest{Path: "/workspace/p/link"})
 	if err != nil || r.Info.Type != api.TypeSymlink || r.Info.LinkTarget != "/etc/passwd" {
 		t.Errorf("stat link = %+v, %v", r, err)
 	}
-	if r, err := g.do(OpFileStat, FileRequest{Path: "/"}); err != nil || r.Info.Type != api.TypeDir || r.Info.Name != "/" {
+	if r, err := g.do(guestapi.OpFileStat, guestapi.FileRequest{Path: "/"}); err != nil || r.Info.Type != api.TypeDir || r.Info.Name != "/" {
 		t.Errorf("stat / = %+v, %v", r, err)
 	}
 
 	// mkdir, mkdir -p with mode and owner.
-	r, err = g.do(OpFileMkdir, FileRequest{Path: "/workspace/m", Mode: fmode(0o700), Owner: "alice"})
+	r, err = g.do(guestapi.OpFileMkdir, guestapi.FileRequest{Path: "/workspace/m", Mode: fmode(0o700), Owner: "alice"})
 	if err != nil || r.Info.Type != api.TypeDir || r.Info.Mode != 0o700 || r.Info.UID != 1000 {
 		t.Errorf("mkdir = %+v, %v", r, err)
 	}
-	if _, err := g.do(OpFileMkdir, FileRequest{Path: "/workspace/m/x/y/z", Parents: true, Mode: fmode(0o750)}); err != nil {
+	if _, err := g.do(guestapi.OpFileMkdir, guestapi.FileRequest{Path: "/workspace/m/x/y/z", Parents: true, Mode: fmode(0o750)}); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range []string{"x", "x/y", "x/y/z"} {
@@ -388,30 +424,30 @@ func TestFileListStatMkdirRemoveMove(t *testing.T) {
 	if st := fileLstat(t, g.host("/workspace/m")); st.Mode&0o7777 != 0o700 {
 		t.Errorf("mkdir -p changed an existing parent to %o", st.Mode&0o7777)
 	}
-	if _, err := g.do(OpFileMkdir, FileRequest{Path: "/workspace/m/x", Parents: true}); err != nil {
+	if _, err := g.do(guestapi.OpFileMkdir, guestapi.FileRequest{Path: "/workspace/m/x", Parents: true}); err != nil {
 		t.Errorf("mkdir -p of an existing directory: %v", err)
 	}
 
 	// move, with and without overwrite.
 	fileWriteHost(t, g.host("/workspace/m1"), "one")
 	fileWriteHost(t, g.host("/workspace/m2"), "two")
-	if _, err := g.do(OpFileMove, FileRequest{Path: "/workspace/m1", To: "/workspace/m2", Overwrite: true}); err != nil {
+	if _, err := g.do(guestapi.OpFileMove, guestapi.FileRequest{Path: "/workspace/m1", To: "/workspace/m2", Overwrite: true}); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(g.host("/workspace/m2")); string(b) != "one" {
 		t.Errorf("after move m2 holds %q", b)
 	}
-	if r, err := g.do(OpFileMove, FileRequest{Path: "/workspace/p", To: "/workspace/q"}); err != nil || r.Info.Type != api.TypeDir || r.Info.Path != "/workspace/q" {
+	if r, err := g.do(guestapi.OpFileMove, guestapi.FileRequest{Path: "/workspace/p", To: "/workspace/q"}); err != nil || r.Info.Type != api.TypeDir || r.Info.Path != "/workspace/q" {
 		t.Errorf("move dir = %+v, %v", r, err)
 	}
 
 	// remove: a file, an empty dir, a tree.
 	for _, p := range []string{"/workspace/m2", "/workspace/m/x/y/z"} {
-		if _, err := g.do(OpFileRemove, FileRequest{Path: p}); err != nil {
+		if _, err := g.do(guestapi.OpFileRemove, guestapi.FileRequest{Path: p}); err != nil {
 			t.Errorf("remove %s: %v", p, err)
 		}
 	}
-	if _, err := g.do(OpFileRemove, FileRequest{Path: "/workspace/q", Recursive: true}); err != nil {
+	if _, err := g.do(guestapi.OpFileRemove, guestapi.FileRequest{Path: "/workspace/q", Recursive: true}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(g.host("/workspace/q")); !os.IsNotExist(err) {
@@ -447,7 +483,7 @@ func TestFileTarRoundTrip(t *testing.T) {
 	mtime := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
 	os.Chtimes(filepath.Join(src, "a.txt"), mtime, mtime)
 
-	_, ds, err := g.c.FileRead(fileCtx(t), OpFileTarGet, FileRequest{Path: "/workspace/src"})
+	ds, err := g.c.TarGet(fileCtx(t), guestapi.FileRequest{Path: "/workspace/src"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +492,7 @@ func TestFileTarRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	ds.Close()
-	end, err := g.c.FileWrite(fileCtx(t), OpFileTarPut, FileRequest{Path: "/workspace/dst"}, bytes.NewReader(tarball.Bytes()))
+	end, err := g.c.TarPut(fileCtx(t), guestapi.FileRequest{Path: "/workspace/dst"}, bytes.NewReader(tarball.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,21 +525,21 @@ func TestFileTarRoundTrip(t *testing.T) {
 
 	// A single file downloads as one entry named after it; an owner
 	// given to the upload wins over the tar's.
-	_, ds, err = g.c.FileRead(fileCtx(t), OpFileTarGet, FileRequest{Path: "/workspace/src/a.txt"})
+	ds, err = g.c.TarGet(fileCtx(t), guestapi.FileRequest{Path: "/workspace/src/a.txt"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tarball.Reset()
 	io.Copy(&tarball, ds)
 	ds.Close()
-	if _, err := g.c.FileWrite(fileCtx(t), OpFileTarPut, FileRequest{Path: "/workspace/one", Owner: "0:50"}, &tarball); err != nil {
+	if _, err := g.c.TarPut(fileCtx(t), guestapi.FileRequest{Path: "/workspace/one", Owner: "0:50"}, &tarball); err != nil {
 		t.Fatal(err)
 	}
 	if st := fileLstat(t, g.host("/workspace/one/a.txt")); st.Uid != 0 || st.Gid != 50 {
 		t.Errorf("owner override: a.txt is %d:%d", st.Uid, st.Gid)
 	}
 	// Garbage is refused.
-	if _, err := g.c.FileWrite(fileCtx(t), OpFileTarPut, FileRequest{Path: "/workspace/g"}, strings.NewReader(strings.Repeat("garbage!", 200))); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := g.c.TarPut(fileCtx(t), guestapi.FileRequest{Path: "/workspace/g"}, strings.NewReader(strings.Repeat("garbage!", 200))); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("garbage tar: %v", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/wire"
 )
 
@@ -28,14 +29,14 @@ const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOV
 // to" before it is reported as a removal (the file left the watched tree).
 const movePairWait = 10 * time.Millisecond
 
-func (s *server) opFileWatch(c *opConn, req Request) {
+func (s *server) opFileWatch(c *opConn, req guestapi.Request) {
 	r, fr, p, ok := s.fileOp(c, req)
 	if !ok {
 		return
 	}
 	defer r.Close()
 	w, err := r.newWatcher(p, fr.Recursive)
-	if c.respond(Response{}, err) != nil || err != nil {
+	if c.respond(guestapi.Response{}, err) != nil || err != nil {
 		if w != nil {
 			w.Close()
 		}
@@ -53,7 +54,7 @@ func (s *server) opFileWatch(c *opConn, req Request) {
 	}()
 	reason, err := w.run(func(ev api.FileEvent) error { return c.fw.WriteJSON(wire.Event, ev) })
 	if reason != "" {
-		c.end(FileEnd{Reason: reason}, nil)
+		c.end(guestapi.FileEnd{Reason: reason}, nil)
 	}
 	if err != nil && !errors.Is(err, os.ErrClosed) {
 		s.log.Debug("file watch ended", "path", p, "err", err)

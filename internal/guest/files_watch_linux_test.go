@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 )
 
 // watchEvents collects a watch's events on a channel.
-func watchEvents(t *testing.T, g *fileGuest, p string, recursive bool) (<-chan api.FileEvent, <-chan error, *EventStream) {
+func watchEvents(t *testing.T, g *fileGuest, p string, recursive bool) (<-chan api.FileEvent, <-chan error, *guestapi.EventStream) {
 	t.Helper()
-	es, err := g.c.FileWatch(fileCtx(t), FileRequest{Path: p, Recursive: recursive})
+	es, err := g.c.Watch(fileCtx(t), guestapi.FileRequest{Path: p, Recursive: recursive})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +147,7 @@ func TestFileWatchFlatAndEnd(t *testing.T) {
 	os.RemoveAll(g.host("/workspace/flat"))
 	select {
 	case err := <-done:
-		var we *WatchEnded
+		var we *guestapi.WatchEnded
 		if !errors.As(err, &we) || !strings.Contains(we.Reason, "removed") {
 			t.Errorf("watch ended with %v", err)
 		}
@@ -154,10 +155,10 @@ func TestFileWatchFlatAndEnd(t *testing.T) {
 		t.Fatal("the watch did not end when its directory was removed")
 	}
 	// Watching a file or a missing path is refused.
-	if _, err := g.c.FileWatch(fileCtx(t), FileRequest{Path: "/etc/passwd"}); err == nil {
+	if _, err := g.c.Watch(fileCtx(t), guestapi.FileRequest{Path: "/etc/passwd"}); err == nil {
 		t.Error("watching a file succeeded")
 	}
-	if _, err := g.c.FileWatch(fileCtx(t), FileRequest{Path: "/nope"}); err == nil {
+	if _, err := g.c.Watch(fileCtx(t), guestapi.FileRequest{Path: "/nope"}); err == nil {
 		t.Error("watching a missing path succeeded")
 	}
 }
@@ -176,7 +177,7 @@ func TestFileWatchClientGoes(t *testing.T) {
 	}
 	before := count()
 	for i := 0; i < 5; i++ {
-		es, err := g.c.FileWatch(fileCtx(t), FileRequest{Path: "/workspace", Recursive: true})
+		es, err := g.c.Watch(fileCtx(t), guestapi.FileRequest{Path: "/workspace", Recursive: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/seccomp"
 	"github.com/paddock-dev/paddock/internal/sysmon"
 	"github.com/paddock-dev/paddock/wire"
@@ -32,10 +33,6 @@ var maskedPaths = []string{
 var readonlyPaths = []string{
 	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 }
-
-// Devices are bind-mounted from the host (a user namespace cannot mknod):
-// the guest forker's minimal root holds them for the guests it forks.
-var Devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // Run is the guest (`paddock guest`): PID 1 of a sandbox. The daemon
 // starts it in the sandbox's fresh namespaces and cgroup, usually ahead of
@@ -72,7 +69,7 @@ func Run() error {
 	spareThreads(8)
 	syncSock := os.NewFile(fdSync, "sync")
 	fail := func(err error) error {
-		b, _ := json.Marshal(Ready{Error: err.Error()})
+		b, _ := json.Marshal(guestapi.Ready{Error: err.Error()})
 		syncSock.Write(b)
 		return err
 	}
@@ -94,7 +91,7 @@ func Run() error {
 			closeAll(fds)
 		}
 		if cfg.Activate == nil {
-			b, _ := json.Marshal(Ready{Phase: "prepared"})
+			b, _ := json.Marshal(guestapi.Ready{Phase: "prepared"})
 			syncSock.Write(b)
 			continue
 		}
@@ -123,7 +120,7 @@ func closeAll(fds []int) {
 
 // prepare builds the sandbox and bounds the guest. It consumes fds and
 // returns the cgroup's OOM counter file.
-func prepare(p *Prepare, fds []int, sp *spawner) (*os.File, error) {
+func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (*os.File, error) {
 	if p.OOMFD < 0 || p.OOMFD >= len(fds) {
 		closeAll(fds)
 		return nil, fmt.Errorf("OOM counter fd %d not received", p.OOMFD)
@@ -159,7 +156,7 @@ func prepare(p *Prepare, fds []int, sp *spawner) (*os.File, error) {
 
 // identify gives the guest its cgroup namespace (rooted at the sandbox's
 // cgroup, which the daemon started it in) and the sandbox's hostname.
-func identify(p *Prepare) error {
+func identify(p *guestapi.Prepare) error {
 	// Namespaces are per thread: this one is for the cgroup2 mount; the
 	// spawner makes its own for what it forks.
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
@@ -199,7 +196,7 @@ func warmUp(sp *spawner) error {
 		return nil
 	}
 	// A root without true is not an error: the start just fails.
-	if err := wire.NewWriter(theirs).WriteJSON(wire.Request, Request{Op: OpStart, Start: &StartRequest{Cmd: []string{"true"}, Attach: true}}); err != nil {
+	if err := wire.NewWriter(theirs).WriteJSON(wire.Request, guestapi.Request{Op: guestapi.OpStart, Start: &guestapi.StartRequest{Cmd: []string{"true"}, Attach: true}}); err != nil {
 		ours.Close()
 		theirs.Close()
 		return nil
@@ -220,7 +217,7 @@ func warmUp(sp *spawner) error {
 			}
 		}
 	}()
-	s := newServer(ServeConfig{Env: []string{"PATH=/usr/bin:/bin"}, Workdir: "/"}, nil, sp, slog.New(slog.DiscardHandler))
+	s := newServer(guestapi.ServeConfig{Env: []string{"PATH=/usr/bin:/bin"}, Workdir: "/"}, nil, sp, slog.New(slog.DiscardHandler))
 	s.handle(ours) // closes ours
 	// The next command's pipes it made are this throwaway server's.
 	s.takeOutPipes().close()
@@ -267,7 +264,7 @@ func restrictAll(prog []byte, noNewPrivs bool) error {
 	return nil
 }
 
-func receiveConfig(sock *os.File) (*Config, []int, error) {
+func receiveConfig(sock *os.File) (*guestapi.Config, []int, error) {
 	buf := make([]byte, 1<<20)
 	// SCM_MAX_FD (253): an image may have many layers, each its own fd.
 	oob := make([]byte, unix.CmsgSpace(253*4))
@@ -290,7 +287,7 @@ func receiveConfig(sock *os.File) (*Config, []int, error) {
 		}
 		fds = append(fds, f...)
 	}
-	var cfg Config
+	var cfg guestapi.Config
 	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
 		closeAll(fds)
 		return nil, nil, fmt.Errorf("decoding config: %w", err)
@@ -302,8 +299,8 @@ func receiveConfig(sock *os.File) (*Config, []int, error) {
 // needs from the host arrives as file descriptors: the guest runs as an
 // unprivileged host uid and may not be able to walk the daemon's
 // directories by path.
-func buildRoot(cfg *Prepare, fds []int) error {
-	fdOf := func(m Mount, what string) (int, error) {
+func buildRoot(cfg *guestapi.Prepare, fds []int) error {
+	fdOf := func(m guestapi.Mount, what string) (int, error) {
 		if m.FD < 0 || m.FD >= len(fds) {
 			return -1, fmt.Errorf("%s: fd %d not received", what, m.FD)
 		}
@@ -470,7 +467,7 @@ func (r *rootMounter) mount(path, source, fstype string, flags uintptr, data str
 
 // bind attaches a host directory at b.Dest: a detached, read-only mount
 // the daemon made (idmapped where the kernel allows).
-func (r *rootMounter) bind(b Mount, fd int) error {
+func (r *rootMounter) bind(b guestapi.Mount, fd int) error {
 	t, err := r.target(b.Dest, b.File)
 	if err != nil {
 		return err
@@ -527,7 +524,7 @@ func (r *rootMounter) dev() error {
 	if err := r.mount("/dev", "tmpfs", "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k"); err != nil {
 		return err
 	}
-	for _, d := range Devices {
+	for _, d := range guestapi.Devices {
 		t, err := r.target("/dev/"+d, true)
 		if err != nil {
 			return err
@@ -666,3 +663,9 @@ func writeIdentity(hostname string) error {
 	}
 	return nil
 }
+
+// File descriptors the daemon passes to the guest.
+const (
+	fdSync   = 3 // SOCK_SEQPACKET to the daemon for config and ready
+	fdListen = 4 // the control socket listener
+)

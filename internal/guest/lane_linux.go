@@ -13,6 +13,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/wire"
 )
@@ -34,7 +35,7 @@ import (
 // (connect with AF_UNSPEC) and connected anywhere from the host's network
 // namespace by whoever held it.
 
-func init() { extraOps[OpLane] = (*server).opLane }
+func init() { extraOps[guestapi.OpLane] = (*server).opLane }
 
 // maxLanes bounds the lanes one guest serves; past it the daemon serves
 // the lane itself.
@@ -51,33 +52,29 @@ const reportBudget = 256 << 10
 const maxReportBacklog = 1 << 20
 
 // Report frames, guest to daemon, one exec after another: wire.Started
-// (laneStart), the exec's output frames while its budget lasts, then
-// wire.Release frames ({"bytes": N}: output passed on that the reports
-// do not carry), and its wire.Exit.
-type laneStart struct {
-	PID int      `json:"pid"`
-	Cmd []string `json:"cmd"`
-}
+// (guestapi.LaneStart), the exec's output frames while its budget lasts,
+// then wire.Release frames (guestapi.LanePassed: output passed on that
+// the reports do not carry), and its wire.Exit.
 
 // opLane takes a lane's socket from the daemon and serves it until the
 // client or the daemon closes it.
-func (s *server) opLane(c *opConn, req Request) {
+func (s *server) opLane(c *opConn, req guestapi.Request) {
 	if err := reqcheck.SandboxID("sandbox", req.Sandbox); err != nil {
-		c.respond(Response{}, err)
+		c.respond(guestapi.Response{}, err)
 		return
 	}
 	uc, ok := c.conn.(*net.UnixConn)
 	if !ok {
-		c.respond(Response{}, errdefs.Invalid("op", "a lane is handed over on a unix socket"))
+		c.respond(guestapi.Response{}, errdefs.Invalid("op", "a lane is handed over on a unix socket"))
 		return
 	}
 	if s.lanes.Add(1) > maxLanes {
 		s.lanes.Add(-1)
-		c.respond(Response{}, errdefs.New(errdefs.ErrUnavailable, "this sandbox serves %d lanes already", maxLanes))
+		c.respond(guestapi.Response{}, errdefs.New(errdefs.ErrUnavailable, "this sandbox serves %d lanes already", maxLanes))
 		return
 	}
 	defer s.lanes.Add(-1)
-	if c.respond(Response{}, nil) != nil || c.fr.Buffered() > 0 {
+	if c.respond(guestapi.Response{}, nil) != nil || c.fr.Buffered() > 0 {
 		return
 	}
 	lane, err := receiveConn(uc)
@@ -208,7 +205,7 @@ func (s *server) serveLane(lane, rep net.Conn, id string) {
 // laneExec runs one exec of a lane and streams it to the client. It
 // reports whether the lane is at a request's boundary.
 func (s *server) laneExec(lane net.Conn, req *api.ExecRequest, r *reporter, fail func(error) bool) bool {
-	p, err := s.spawn(ExecStart(req))
+	p, err := s.spawn(guestapi.ExecStart(req))
 	if errors.Is(err, errdefs.ErrInvalid) {
 		return fail(err)
 	}
@@ -222,8 +219,8 @@ func (s *server) laneExec(lane net.Conn, req *api.ExecRequest, r *reporter, fail
 	if req.Stdin != nil {
 		in := []byte(*req.Stdin)
 		go func() {
-			s.control(p, Request{Op: OpInput, Data: in})
-			s.control(p, Request{Op: OpCloseStdin})
+			s.control(p, guestapi.Request{Op: guestapi.OpInput, Data: in})
+			s.control(p, guestapi.Request{Op: guestapi.OpCloseStdin})
 		}()
 	}
 	started, _ := json.Marshal(struct {
@@ -319,7 +316,7 @@ func (r *reporter) addLocked(t wire.Type, payload []byte) {
 // flushPassedLocked queues the count of output not carried.
 func (r *reporter) flushPassedLocked() {
 	if r.passed > 0 {
-		b, _ := json.Marshal(map[string]int64{"bytes": r.passed})
+		b, _ := json.Marshal(guestapi.LanePassed{Bytes: r.passed})
 		r.addLocked(wire.Release, b)
 		r.passed = 0
 	}
@@ -328,7 +325,7 @@ func (r *reporter) flushPassedLocked() {
 // start queues an exec's start; it goes with the exec's first frame to
 // the client (its answer, held until output, exit or startHold).
 func (r *reporter) start(pid int, cmd []string) {
-	b, _ := json.Marshal(laneStart{PID: pid, Cmd: cmd})
+	b, _ := json.Marshal(guestapi.LaneStart{PID: pid, Cmd: cmd})
 	r.mu.Lock()
 	r.budget = reportBudget
 	r.begun = false

@@ -13,13 +13,14 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/wire"
 )
 
 // handedLane hands the guest side of a socket pair to s as a lane bound
 // to sandbox "box1" and returns the client's side and the report
 // connection.
-func handedLane(t *testing.T, c *Client) (net.Conn, *Conn) {
+func handedLane(t *testing.T, c *guestapi.Client) (net.Conn, *guestapi.Conn) {
 	t.Helper()
 	ours, theirs := socketPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -94,7 +95,7 @@ func TestLaneReports(t *testing.T) {
 		t.Fatalf("echo on the lane: %v", fs)
 	}
 	reports := readUntil(t, rep.Frames, wire.Exit, "echo's reports")
-	var rs laneStart
+	var rs guestapi.LaneStart
 	json.Unmarshal(reports[0].Payload, &rs)
 	if len(reports) != 3 || reports[0].Type != wire.Started || rs.PID != started.PID || strings.Join(rs.Cmd, " ") != "sh -c echo hi; exit 4" ||
 		reports[1].Type != wire.Stdout || string(reports[1].Payload) != "hi\n" || string(reports[2].Payload) != string(fs[2].Payload) {

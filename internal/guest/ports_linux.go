@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
 func init() {
-	extraOps[OpPortConnect] = (*server).opPortConnect
+	extraOps[guestapi.OpPortConnect] = (*server).opPortConnect
 }
 
 // portDialTimeout bounds a connect on the sandbox's loopback. A refusal is
@@ -23,13 +24,13 @@ const portDialTimeout = 10 * time.Second
 // opPortConnect dials the port in the sandbox's network namespace (the
 // guest lives in it, so 127.0.0.1 here is the sandbox's loopback, never
 // the host's) and then pipes bytes both ways.
-func (s *server) opPortConnect(c *opConn, req Request) {
+func (s *server) opPortConnect(c *opConn, req guestapi.Request) {
 	port := 0
 	if req.Port != nil {
 		port = req.Port.Port
 	}
 	tc, err := dialLoopback(port)
-	if c.respond(Response{}, err) != nil || err != nil {
+	if c.respond(guestapi.Response{}, err) != nil || err != nil {
 		if tc != nil {
 			tc.Close()
 		}
@@ -42,7 +43,7 @@ func (s *server) opPortConnect(c *opConn, req Request) {
 // listens on the IPv4 address (servers that bind "localhost" may take
 // either).
 func dialLoopback(port int) (net.Conn, error) {
-	if err := ValidPort(port); err != nil {
+	if err := guestapi.ValidPort(port); err != nil {
 		return nil, err
 	}
 	d := net.Dialer{Timeout: portDialTimeout}

@@ -3,6 +3,7 @@ package guest
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -11,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/wire"
 )
 
@@ -97,7 +100,7 @@ func TestDialLoopbackIPv6(t *testing.T) {
 
 // guestOnSocket serves the control protocol on a unix socket, as the guest
 // does, and returns a Client of it.
-func guestOnSocket(t *testing.T) *Client {
+func guestOnSocket(t *testing.T) *guestapi.Client {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "guest.sock")
 	ln, err := net.Listen("unix", path)
@@ -115,7 +118,7 @@ func guestOnSocket(t *testing.T) *Client {
 			go s.handle(c)
 		}
 	}()
-	return NewClient(func(ctx context.Context) (net.Conn, error) {
+	return guestapi.NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", path)
 	})
@@ -169,14 +172,34 @@ func TestDialPortErrors(t *testing.T) {
 		t.Errorf("DialPort to a closed port = %v, want not found: nothing listens", err)
 	}
 	// The guest validates too, for a client that skips the check.
-	_, _, err = gc.Call(ctx, Request{Op: OpPortConnect, Port: &PortRequest{Port: 99999}})
-	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "port") {
-		t.Errorf("port.connect 99999 = %v, want invalid port", err)
+	s := &server{}
+	if e := rawRequest(t, s, guestapi.Request{Op: guestapi.OpPortConnect, Port: &guestapi.PortRequest{Port: 99999}}); e == nil || e.Code != "invalid_argument" || !strings.Contains(e.Message, "port") {
+		t.Errorf("port.connect 99999 = %+v, want invalid port", e)
 	}
-	_, _, err = gc.Call(ctx, Request{Op: OpPortConnect})
-	if !errors.Is(err, errdefs.ErrInvalid) {
-		t.Errorf("port.connect without a port = %v, want invalid", err)
+	if e := rawRequest(t, s, guestapi.Request{Op: guestapi.OpPortConnect}); e == nil || e.Code != "invalid_argument" {
+		t.Errorf("port.connect without a port = %+v, want invalid", e)
 	}
+}
+
+// rawRequest sends req to s as it is, without the client's checks, and
+// returns the error the guest answers with.
+func rawRequest(t *testing.T, s *server, req guestapi.Request) *api.Error {
+	t.Helper()
+	ours, theirs := socketPair(t)
+	go s.handle(theirs)
+	ours.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := wire.NewWriter(ours).WriteJSON(wire.Request, req); err != nil {
+		t.Fatal(err)
+	}
+	f, err := wire.NewReader(ours).Read()
+	if err != nil || f.Type != wire.Response {
+		t.Fatalf("reading the answer to %s: frame %d, %v", req.Op, f.Type, err)
+	}
+	var resp guestapi.Response
+	if err := json.Unmarshal(f.Payload, &resp); err != nil {
+		t.Fatal(err)
+	}
+	return resp.Error
 }
 
 // TestDialPortKeepsBufferedBytes: bytes that arrive in the same read as
@@ -203,7 +226,7 @@ func TestDialPortKeepsBufferedBytes(t *testing.T) {
 		c.Write(b) // one write: the client's buffered read takes both
 		c.Write([]byte(" and later ones"))
 	}()
-	gc := NewClient(func(ctx context.Context) (net.Conn, error) {
+	gc := guestapi.NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", path)
 	})

@@ -20,30 +20,31 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reaper"
 	"github.com/paddock-dev/paddock/wire"
 )
 
 // processOps are the ops on processes.
 var processOps = map[string]opHandler{
-	OpPing: func(s *server, c *opConn, req Request) {
-		c.respond(Response{PID: os.Getpid()}, nil)
+	guestapi.OpPing: func(s *server, c *opConn, req guestapi.Request) {
+		c.respond(guestapi.Response{PID: os.Getpid()}, nil)
 	},
-	OpStart: (*server).opStart,
-	OpAttach: func(s *server, c *opConn, req Request) {
+	guestapi.OpStart: (*server).opStart,
+	guestapi.OpAttach: func(s *server, c *opConn, req guestapi.Request) {
 		p, err := s.lookup(req.PID)
-		if c.respond(Response{PID: req.PID}, err) != nil || err != nil {
+		if c.respond(guestapi.Response{PID: req.PID}, err) != nil || err != nil {
 			return
 		}
 		s.stream(c, p, req.Offset, nil)
 	},
-	OpList: func(s *server, c *opConn, req Request) {
-		c.respond(Response{Processes: s.list()}, nil)
+	guestapi.OpList: func(s *server, c *opConn, req guestapi.Request) {
+		c.respond(guestapi.Response{Processes: s.list()}, nil)
 	},
-	OpSignal:     (*server).opControl,
-	OpInput:      (*server).opControl,
-	OpCloseStdin: (*server).opControl,
-	OpResize:     (*server).opControl,
+	guestapi.OpSignal:     (*server).opControl,
+	guestapi.OpInput:      (*server).opControl,
+	guestapi.OpCloseStdin: (*server).opControl,
+	guestapi.OpResize:     (*server).opControl,
 }
 
 // process is one command the guest started, and its retained output.
@@ -82,32 +83,32 @@ func (s *server) lookup(pid int) (*process, error) {
 	return p, nil
 }
 
-func (s *server) opStart(c *opConn, req Request) {
+func (s *server) opStart(c *opConn, req guestapi.Request) {
 	if req.Start == nil || len(req.Start.Cmd) == 0 {
-		c.respond(Response{}, errdefs.Invalid("cmd", "must not be empty"))
+		c.respond(guestapi.Response{}, errdefs.Invalid("cmd", "must not be empty"))
 		return
 	}
 	p, err := s.spawn(req.Start)
 	if errors.Is(err, errdefs.ErrInvalid) {
-		c.respond(Response{}, err)
+		c.respond(guestapi.Response{}, err)
 		return
 	}
 	if err != nil && !req.Start.Attach {
-		c.respond(Response{}, errdefs.Invalid("cmd", "%v", err))
+		c.respond(guestapi.Response{}, errdefs.Invalid("cmd", "%v", err))
 		return
 	}
 	if err != nil {
-		c.respond(Response{}, nil)
+		c.respond(guestapi.Response{}, nil)
 		if c.fw.WriteJSON(wire.Exit, cannotRun(err)) == nil {
 			c.awaitRelease()
 		}
 		return
 	}
 	if !req.Start.Attach {
-		c.respond(Response{PID: p.pid}, nil)
+		c.respond(guestapi.Response{PID: p.pid}, nil)
 		return
 	}
-	b, _ := json.Marshal(Response{PID: p.pid})
+	b, _ := json.Marshal(guestapi.Response{PID: p.pid})
 	s.stream(c, p, 0, wire.AppendFrame(nil, wire.Response, b))
 }
 
@@ -139,12 +140,12 @@ func holdAnswer(p *process) (chan struct{}, func() bool) {
 	return held, t.Stop
 }
 
-func (s *server) opControl(c *opConn, req Request) {
+func (s *server) opControl(c *opConn, req guestapi.Request) {
 	p, err := s.lookup(req.PID)
 	if err == nil {
 		err = s.control(p, req)
 	}
-	c.respond(Response{PID: req.PID}, err)
+	c.respond(guestapi.Response{PID: req.PID}, err)
 }
 
 // stream sends p's output from off until it ends or the client goes away,
@@ -293,21 +294,21 @@ func writeFrameAfter(conn net.Conn, before []byte, hdr *[wire.HeaderSize]byte, t
 func (s *server) controlFrame(p *process, f wire.Frame) error {
 	switch f.Type {
 	case wire.Stdin:
-		return s.control(p, Request{Op: OpInput, Data: f.Payload})
+		return s.control(p, guestapi.Request{Op: guestapi.OpInput, Data: f.Payload})
 	case wire.CloseStdin:
-		return s.control(p, Request{Op: OpCloseStdin})
+		return s.control(p, guestapi.Request{Op: guestapi.OpCloseStdin})
 	case wire.Signal:
 		var v api.SignalRequest
 		if err := json.Unmarshal(f.Payload, &v); err != nil {
 			return err
 		}
-		return s.control(p, Request{Op: OpSignal, Signal: v.Signal})
+		return s.control(p, guestapi.Request{Op: guestapi.OpSignal, Signal: v.Signal})
 	case wire.Resize:
 		var v api.TTY
 		if err := json.Unmarshal(f.Payload, &v); err != nil {
 			return err
 		}
-		return s.control(p, Request{Op: OpResize, TTY: &v})
+		return s.control(p, guestapi.Request{Op: guestapi.OpResize, TTY: &v})
 	}
 	return errdefs.Invalid("frame", "unexpected frame type %d", f.Type)
 }
@@ -315,9 +316,9 @@ func (s *server) controlFrame(p *process, f wire.Frame) error {
 // eot is what closing a terminal's input means: ^D at the start of a line.
 var eot = []byte{4}
 
-func (s *server) control(p *process, req Request) error {
+func (s *server) control(p *process, req guestapi.Request) error {
 	switch req.Op {
-	case OpSignal:
+	case guestapi.OpSignal:
 		sig, err := parseSignal(req.Signal)
 		if err != nil {
 			return err
@@ -330,7 +331,7 @@ func (s *server) control(p *process, req Request) error {
 			}
 		}
 		return nil
-	case OpInput:
+	case guestapi.OpInput:
 		p.mu.Lock()
 		in := p.stdin
 		p.mu.Unlock()
@@ -339,7 +340,7 @@ func (s *server) control(p *process, req Request) error {
 		}
 		_, err := in.Write(req.Data)
 		return err
-	case OpCloseStdin:
+	case guestapi.OpCloseStdin:
 		p.mu.Lock()
 		in := p.stdin
 		if p.tty == nil {
@@ -355,7 +356,7 @@ func (s *server) control(p *process, req Request) error {
 			in.Close()
 		}
 		return nil
-	case OpResize:
+	case guestapi.OpResize:
 		if p.tty == nil {
 			return errdefs.Conflict("process %d has no terminal", p.pid)
 		}
@@ -385,7 +386,7 @@ func parseSignal(name string) (unix.Signal, error) {
 	return 0, errdefs.Invalid("signal", "unknown signal %q", name)
 }
 
-func (s *server) list() []ProcessInfo {
+func (s *server) list() []guestapi.ProcessInfo {
 	s.mu.Lock()
 	procs := make([]*process, 0, len(s.procs))
 	for _, p := range s.procs {
@@ -393,10 +394,10 @@ func (s *server) list() []ProcessInfo {
 	}
 	s.mu.Unlock()
 	sort.Slice(procs, func(i, j int) bool { return procs[i].started.Before(procs[j].started) })
-	out := make([]ProcessInfo, 0, len(procs))
+	out := make([]guestapi.ProcessInfo, 0, len(procs))
 	for _, p := range procs {
 		end, dropped := p.out.stats()
-		info := ProcessInfo{
+		info := guestapi.ProcessInfo{
 			PID: p.pid, Cmd: p.cmd, User: p.user, Cwd: p.cwd, TTY: p.tty != nil,
 			StartedAt: p.started, OutputBytes: end, DroppedBytes: dropped, Running: true,
 		}
@@ -574,7 +575,7 @@ func terminal(size *api.TTY, cred *syscall.Credential) (*stdio, error) {
 }
 
 // spawn forks and execs a command in the sandbox.
-func (s *server) spawn(sr *StartRequest) (*process, error) {
+func (s *server) spawn(sr *guestapi.StartRequest) (*process, error) {
 	cwd := sr.Cwd
 	if cwd == "" {
 		cwd = s.cfg.Workdir

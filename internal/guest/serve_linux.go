@@ -13,6 +13,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reaper"
 	"github.com/paddock-dev/paddock/wire"
 )
@@ -20,7 +21,7 @@ import (
 // serve is the guest's steady state: it reaps every process, forwards
 // signals, and serves the daemon's requests on the control socket, forking
 // each command on the spawner thread.
-func serve(cfg ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *os.File) error {
+func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *os.File) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("guest", os.Getpid())
 	lf := os.NewFile(fdListen, "listener")
 	ln, err := net.FileListener(lf)
@@ -34,7 +35,7 @@ func serve(cfg ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *o
 	go reaper.Run(sigs.chld, s.exited)
 	go s.forwardSignals(sigs.fwd)
 
-	b, _ := json.Marshal(Ready{Phase: "ready", PID: os.Getpid()})
+	b, _ := json.Marshal(guestapi.Ready{Phase: "ready", PID: os.Getpid()})
 	syncSock.Write(b)
 	syncSock.Close()
 
@@ -53,7 +54,7 @@ func serve(cfg ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *o
 }
 
 type server struct {
-	cfg ServeConfig
+	cfg guestapi.ServeConfig
 	oom *os.File
 	sp  *spawner
 	log *slog.Logger
@@ -76,7 +77,7 @@ type server struct {
 	lanes atomic.Int64
 }
 
-func newServer(cfg ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {
+func newServer(cfg guestapi.ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {
 	if cfg.OutputLimit <= 0 {
 		cfg.OutputLimit = 16 << 20
 	}
@@ -102,12 +103,12 @@ func (s *server) handle(conn net.Conn) {
 			return
 		}
 		if f.Type != wire.Request {
-			c.respond(Response{}, errdefs.Invalid("frame", "expected a request frame"))
+			c.respond(guestapi.Response{}, errdefs.Invalid("frame", "expected a request frame"))
 			return
 		}
-		var req Request
+		var req guestapi.Request
 		if err := json.Unmarshal(f.Payload, &req); err != nil {
-			c.respond(Response{}, errdefs.Invalid("request", "%v", err))
+			c.respond(guestapi.Response{}, errdefs.Invalid("request", "%v", err))
 			return
 		}
 		h, ok := processOps[req.Op]
@@ -115,7 +116,7 @@ func (s *server) handle(conn net.Conn) {
 			h, ok = extraOps[req.Op]
 		}
 		if !ok {
-			c.respond(Response{}, errdefs.Invalid("op", "unknown op %q", req.Op))
+			c.respond(guestapi.Response{}, errdefs.Invalid("op", "unknown op %q", req.Op))
 			return
 		}
 		h(s, c, req)
@@ -153,15 +154,15 @@ func (c *opConn) awaitRelease() {
 }
 
 // respond writes the Response frame: err as an error answer, or resp.
-func (c *opConn) respond(resp Response, err error) error {
+func (c *opConn) respond(resp guestapi.Response, err error) error {
 	if err != nil {
-		resp = Response{Error: apiError(err)}
+		resp = guestapi.Response{Error: apiError(err)}
 	}
 	return c.fw.WriteJSON(wire.Response, resp)
 }
 
 // opHandler serves one op.
-type opHandler func(s *server, c *opConn, req Request)
+type opHandler func(s *server, c *opConn, req guestapi.Request)
 
 // extraOps are the ops beyond processes: files (files_linux.go) and ports
 // (ports_linux.go) add theirs here in init functions.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/guestapi"
 )
 
 // TestForwardSignals: a signal PID 1 gets (sent here on the channel that
@@ -14,11 +16,11 @@ import (
 // it; the channel is the guest's from its start, not made when it serves.
 func TestForwardSignals(t *testing.T) {
 	s, c := procClient(t)
-	resp, err := c.Do(context.Background(), Request{Op: OpStart, Start: &StartRequest{Cmd: []string{"sleep", "30"}}})
+	pid, err := c.Start(context.Background(), &guestapi.StartRequest{Cmd: []string{"sleep", "30"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := s.lookup(resp.PID)
+	p, err := s.lookup(pid)
 	if err != nil {
 		t.Fatal(err)
 	}

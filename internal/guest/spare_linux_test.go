@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/wire"
 )
 
@@ -79,9 +80,9 @@ func TestSpareOutputPipes(t *testing.T) {
 	// and makes the next one before it answers.
 	taken := waitSpare()
 	putSpare(taken)
-	resp, err := c.Do(context.Background(), Request{Op: OpStart, Start: &StartRequest{Cmd: []string{"true"}}})
-	if err != nil || resp.PID <= 0 {
-		t.Fatalf("detached start: %+v, %v", resp, err)
+	pid, err := c.Start(context.Background(), &guestapi.StartRequest{Cmd: []string{"true"}})
+	if err != nil || pid <= 0 {
+		t.Fatalf("detached start: pid %d, %v", pid, err)
 	}
 	if now := s.takeOutPipes(); now == nil || now == taken {
 		t.Errorf("a detached start did not take the spare and make another (spare %p, now %p)", taken, now)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/snapshot"
@@ -93,7 +93,7 @@ type box struct {
 	mu       sync.Mutex
 	rec      record
 	inst     runtime.Instance
-	guest    *guest.Client
+	guest    *guestapi.Client
 	timer    *time.Timer
 	stopping bool // an exit of the guest is expected
 	// observed, when not nil, is closed once the observers have heard of
@@ -563,7 +563,7 @@ func (m *Manager) Free(base uint32) {
 
 func (b *box) attach(inst runtime.Instance) {
 	b.inst = inst
-	b.guest = guest.NewClient(inst.Dial)
+	b.guest = guestapi.NewClient(inst.Dial)
 	// Dial waits until the guest may be called (its limits set).
 	go b.guest.DialAhead()
 	b.stopping = false
@@ -851,7 +851,7 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 }
 
 // Guest returns the guest client of a running sandbox.
-func (m *Manager) Guest(ctx context.Context, id string) (*guest.Client, error) {
+func (m *Manager) Guest(ctx context.Context, id string) (*guestapi.Client, error) {
 	b, err := m.lookup(id)
 	if err != nil {
 		return nil, err

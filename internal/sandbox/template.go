@@ -13,7 +13,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/snapshot"
@@ -284,9 +284,9 @@ func (m *Manager) runStep(ctx context.Context, id string, s planned, env map[str
 	}
 	switch {
 	case s.step.Run != "":
-		return runCommand(ctx, gc, &guest.StartRequest{
-			Cmd: []string{"/bin/sh", "-c", s.step.Run}, Env: guest.EnvList(env), Cwd: workdir,
-			TimeoutSeconds: int64(stepTimeout / time.Second), Attach: true,
+		return runCommand(ctx, gc, &guestapi.StartRequest{
+			Cmd: []string{"/bin/sh", "-c", s.step.Run}, Env: guestapi.EnvList(env), Cwd: workdir,
+			TimeoutSeconds: int64(stepTimeout / time.Second),
 		}, emit)
 	case s.step.Copy != nil:
 		if err := mkdirAll(ctx, gc, s.put.Dir); err != nil {
@@ -296,7 +296,7 @@ func (m *Manager) runStep(ctx context.Context, id string, s planned, env map[str
 		if err := s.put.WriteTar(&tarball); err != nil {
 			return err
 		}
-		end, err := gc.FileWrite(ctx, guest.OpFileTarPut, guest.FileRequest{Path: s.put.Dir}, &tarball)
+		end, err := gc.TarPut(ctx, guestapi.FileRequest{Path: s.put.Dir}, &tarball)
 		if err != nil {
 			return err
 		}
@@ -314,11 +314,11 @@ func (m *Manager) runStep(ctx context.Context, id string, s planned, env map[str
 	return nil
 }
 
-func mkdirAll(ctx context.Context, gc *guest.Client, dir string) error {
+func mkdirAll(ctx context.Context, gc *guestapi.Client, dir string) error {
 	if dir == "/" {
 		return nil
 	}
-	_, err := gc.FileDo(ctx, guest.OpFileMkdir, guest.FileRequest{Path: dir, Parents: true})
+	_, err := gc.Mkdir(ctx, guestapi.FileRequest{Path: dir, Parents: true})
 	if err != nil {
 		return fmt.Errorf("making %s: %w", dir, err)
 	}
@@ -327,8 +327,8 @@ func mkdirAll(ctx context.Context, gc *guest.Client, dir string) error {
 
 // runCommand runs a command to its end, passing its output to emit; a
 // non-zero exit is an error.
-func runCommand(ctx context.Context, gc *guest.Client, start *guest.StartRequest, emit func(api.TemplateEvent)) error {
-	_, conn, err := gc.Call(ctx, guest.Request{Op: guest.OpStart, Start: start})
+func runCommand(ctx context.Context, gc *guestapi.Client, start *guestapi.StartRequest, emit func(api.TemplateEvent)) error {
+	_, conn, err := gc.StartAttached(ctx, start)
 	if err != nil {
 		return err
 	}

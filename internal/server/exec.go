@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/wire"
 )
@@ -33,28 +33,45 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	greq, whole, before := s.execOp(id, &req, wantsUpgrade(r))
-	s.streamOp(w, r, id, greq, whole, before)
+	call, whole, before := s.execOp(id, &req, wantsUpgrade(r))
+	s.streamOp(w, r, id, call, whole, before)
 }
 
 // streamBefore runs once the guest has answered a stream's request; the
 // tee it returns, if any, gets a copy of the frames.
-type streamBefore func(ctx context.Context, gc *guest.Client, resp *guest.Response, conn *guest.Conn) frameTee
+type streamBefore func(ctx context.Context, gc *guestapi.Client, pid int, conn *guestapi.Conn) frameTee
 
-// execOp is the guest request of an exec of sandbox id, whether its
+// streamCall is the guest call whose stream is relayed: an attached
+// start, or (start nil) an attach to process pid from offset.
+type streamCall struct {
+	start  *guestapi.StartRequest
+	pid    int
+	offset int64
+}
+
+// open makes the call; it returns the process's pid and its stream.
+func (sc streamCall) open(ctx context.Context, gc *guestapi.Client) (int, *guestapi.Conn, error) {
+	if sc.start != nil {
+		return gc.StartAttached(ctx, sc.start)
+	}
+	conn, err := gc.Attach(ctx, sc.pid, sc.offset)
+	return sc.pid, conn, err
+}
+
+// execOp is the guest call of an exec of sandbox id, whether its
 // stream may be passed on whole, and what runs once it started: the exec
 // log's copy, and the request's stdin sent.
-func (s *Server) execOp(id string, req *api.ExecRequest, upgrade bool) (guest.Request, bool, streamBefore) {
-	start := guest.ExecStart(req)
+func (s *Server) execOp(id string, req *api.ExecRequest, upgrade bool) (streamCall, bool, streamBefore) {
+	start := guestapi.ExecStart(req)
 	start.Stdin = start.Stdin || upgrade
 	// Input to send after the start needs the guest connection: such a
 	// stream is not passed on whole.
 	whole := req.Stdin == nil
-	return guest.Request{Op: guest.OpStart, Start: start}, whole, func(ctx context.Context, gc *guest.Client, resp *guest.Response, conn *guest.Conn) (tee frameTee) {
-		if c := s.execStarted(ctx, id, gc, resp.PID, req.Cmd); c != nil {
+	return streamCall{start: start}, whole, func(ctx context.Context, gc *guestapi.Client, pid int, conn *guestapi.Conn) (tee frameTee) {
+		if c := s.execStarted(ctx, id, gc, pid, req.Cmd); c != nil {
 			tee = c
 		}
-		if req.Stdin == nil || resp.PID == 0 {
+		if req.Stdin == nil || pid == 0 {
 			return tee
 		}
 		in := []byte(*req.Stdin)
@@ -77,22 +94,22 @@ type frameTee interface {
 	Detach()
 }
 
-// streamOp sends a streaming guest request (start with attach, or attach)
+// streamOp makes a streaming guest call (start with attach, or attach)
 // and relays its frames to the client: one way, or both ways after a 101
 // when the client asked for an upgrade. before runs once the guest has
 // answered, before any output is relayed; the tee it returns, if any, gets
 // a copy of the frames. With whole set (before does not use the guest
 // connection), a stream that came whole with the guest's answer goes to
 // the client first, and before runs after.
-func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, greq guest.Request, whole bool, before streamBefore) {
-	st, err := s.callStream(r.Context(), id, greq)
+func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, call streamCall, whole bool, before streamBefore) {
+	st, err := s.callStream(r.Context(), id, call)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
 	defer st.idle()
-	gc, resp, conn, done := st.gc, st.resp, st.conn, st.done
-	pid := strconv.Itoa(resp.PID)
+	gc, conn, done := st.gc, st.conn, st.done
+	pid := strconv.Itoa(st.pid)
 	if whole && !wantsUpgrade(r) {
 		if body := conn.Frames.Whole(wire.Exit); body != nil {
 			s.relayWhole(w, pid, body)
@@ -102,7 +119,7 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 	}
 	var tee frameTee
 	if before != nil {
-		if tee = before(r.Context(), gc, resp, conn); tee != nil {
+		if tee = before(r.Context(), gc, st.pid, conn); tee != nil {
 			defer tee.Detach()
 		}
 	}
@@ -147,18 +164,18 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, gre
 	relay(conn, wire.NewWriter(bufrw.Writer), bufrw.Flush, bufrw.Flush, done, tee)
 }
 
-// guestStream is a stream request the guest has answered.
+// guestStream is a stream call the guest has answered.
 type guestStream struct {
-	gc   *guest.Client
-	resp *guest.Response
-	conn *guest.Conn
+	gc   *guestapi.Client
+	pid  int
+	conn *guestapi.Conn
 	done <-chan struct{} // closed when the sandbox ends
 	idle func()          // the sandbox is no longer busy with it
 }
 
-// callStream sends a stream request to sandbox id's guest. The caller
-// must call idle when the stream is over.
-func (s *Server) callStream(ctx context.Context, id string, greq guest.Request) (*guestStream, error) {
+// callStream makes a stream call to sandbox id's guest. The caller must
+// call idle when the stream is over.
+func (s *Server) callStream(ctx context.Context, id string, call streamCall) (*guestStream, error) {
 	gc, err := s.mgr.Guest(ctx, id)
 	if err != nil {
 		return nil, err
@@ -169,12 +186,12 @@ func (s *Server) callStream(ctx context.Context, id string, greq guest.Request) 
 		idle()
 		return nil, err
 	}
-	resp, conn, err := gc.Call(ctx, greq)
+	pid, conn, err := call.open(ctx, gc)
 	if err != nil {
 		idle()
 		return nil, err
 	}
-	return &guestStream{gc: gc, resp: resp, conn: conn, done: done, idle: idle}, nil
+	return &guestStream{gc: gc, pid: pid, conn: conn, done: done, idle: idle}, nil
 }
 
 // whole finishes a stream that came whole and was passed on: the guest
@@ -184,7 +201,7 @@ func (st *guestStream) whole(ctx context.Context, body []byte, before streamBefo
 	st.conn.Release()
 	// The client may be gone already: what is left is ours.
 	if before != nil {
-		if tee := before(context.WithoutCancel(ctx), st.gc, st.resp, st.conn); tee != nil {
+		if tee := before(context.WithoutCancel(ctx), st.gc, st.pid, st.conn); tee != nil {
 			teeWhole(tee, body)
 			tee.Detach()
 		}
@@ -218,7 +235,7 @@ func teeWhole(tee frameTee, body []byte) {
 
 // forwardInput passes the client's input frames to the guest until the
 // client stops sending.
-func forwardInput(client *bufio.Reader, conn *guest.Conn) {
+func forwardInput(client *bufio.Reader, conn *guestapi.Conn) {
 	fr := wire.NewReader(client)
 	for {
 		f, err := fr.Read()
@@ -240,7 +257,7 @@ func forwardInput(client *bufio.Reader, conn *guest.Conn) {
 // pending; last sends the final frame. tee, if set, gets each frame after
 // the client. It reports whether the guest's stream ended with its exit
 // frame, read whole.
-func relay(conn *guest.Conn, out *wire.Writer, flush, last func() error, done <-chan struct{}, tee frameTee) (exited bool) {
+func relay(conn *guestapi.Conn, out *wire.Writer, flush, last func() error, done <-chan struct{}, tee frameTee) (exited bool) {
 	for {
 		f, err := conn.Frames.Read()
 		if err != nil {

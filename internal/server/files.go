@@ -15,7 +15,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 )
 
 // fileRoutes are the /v1/sandboxes/{id}/files endpoints. Every path names
@@ -93,162 +93,175 @@ func ownerArg(field, v string) (string, error) {
 
 // fileArgs reads the arguments of a file endpoint (from the query, or
 // from a JSON body) into the request for the guest.
-type fileArgs func(w http.ResponseWriter, r *http.Request) (guest.FileRequest, error)
+type fileArgs func(w http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error)
 
 // pathArgs reads the path of the ops that take nothing else.
-func pathArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+func pathArgs(_ http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error) {
 	p, err := queryPath(r)
-	return guest.FileRequest{Path: p}, err
+	return guestapi.FileRequest{Path: p}, err
 }
 
-func readArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+func readArgs(_ http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error) {
 	p, err := queryPath(r)
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	off, err := int64Param(r, "offset")
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	length, err := int64Param(r, "length")
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
-	fr := guest.FileRequest{Path: p, Length: length}
+	fr := guestapi.FileRequest{Path: p, Length: length}
 	if off != nil {
 		fr.Offset = *off
 	}
 	return fr, nil
 }
 
-func writeArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+func writeArgs(_ http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error) {
 	p, err := queryPath(r)
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	mode, err := modeArg("mode", r.URL.Query().Get("mode"))
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	owner, err := ownerArg("owner", r.URL.Query().Get("owner"))
-	return guest.FileRequest{Path: p, Mode: mode, Owner: owner}, err
+	return guestapi.FileRequest{Path: p, Mode: mode, Owner: owner}, err
 }
 
-func listArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+func listArgs(_ http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error) {
 	p, err := queryPath(r)
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	d, err := int64Param(r, "depth")
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	depth := 1
 	if d != nil {
 		if *d < 1 || *d > 1<<16 {
-			return guest.FileRequest{}, errdefs.Invalid("depth", "%d is outside 1..65536", *d)
+			return guestapi.FileRequest{}, errdefs.Invalid("depth", "%d is outside 1..65536", *d)
 		}
 		depth = int(*d)
 	}
-	return guest.FileRequest{Path: p, Depth: depth}, nil
+	return guestapi.FileRequest{Path: p, Depth: depth}, nil
 }
 
-func mkdirArgs(w http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+func mkdirArgs(w http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error) {
 	var req api.MkdirRequest
 	if err := decode(w, r, &req); err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	p, err := filePath("path", req.Path)
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	mode, err := modeArg("mode", req.Mode)
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	owner, err := ownerArg("owner", req.Owner)
-	return guest.FileRequest{Path: p, Parents: req.Parents, Mode: mode, Owner: owner}, err
+	return guestapi.FileRequest{Path: p, Parents: req.Parents, Mode: mode, Owner: owner}, err
 }
 
-func removeArgs(w http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+func removeArgs(w http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error) {
 	var req api.RemoveRequest
 	if err := decode(w, r, &req); err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	p, err := filePath("path", req.Path)
-	return guest.FileRequest{Path: p, Recursive: req.Recursive}, err
+	return guestapi.FileRequest{Path: p, Recursive: req.Recursive}, err
 }
 
-func moveArgs(w http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+func moveArgs(w http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error) {
 	var req api.MoveRequest
 	if err := decode(w, r, &req); err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	from, err := filePath("from", req.From)
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	to, err := filePath("to", req.To)
-	return guest.FileRequest{Path: from, To: to, Overwrite: req.Overwrite}, err
+	return guestapi.FileRequest{Path: from, To: to, Overwrite: req.Overwrite}, err
 }
 
-func tarPutArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+func tarPutArgs(_ http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error) {
 	p, err := queryPath(r)
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	owner, err := ownerArg("owner", r.URL.Query().Get("owner"))
-	return guest.FileRequest{Path: p, Owner: owner}, err
+	return guestapi.FileRequest{Path: p, Owner: owner}, err
 }
 
-func watchArgs(_ http.ResponseWriter, r *http.Request) (guest.FileRequest, error) {
+func watchArgs(_ http.ResponseWriter, r *http.Request) (guestapi.FileRequest, error) {
 	p, err := queryPath(r)
 	if err != nil {
-		return guest.FileRequest{}, err
+		return guestapi.FileRequest{}, err
 	}
 	recursive, err := boolParam(r, "recursive")
-	return guest.FileRequest{Path: p, Recursive: recursive}, err
+	return guestapi.FileRequest{Path: p, Recursive: recursive}, err
 }
 
 // fileGuest reads a file request's arguments, then finds the guest of the
 // running sandbox: bad arguments are refused before the sandbox is looked
 // up. On error it has answered.
-func (s *Server) fileGuest(w http.ResponseWriter, r *http.Request, args fileArgs) (*guest.Client, guest.FileRequest, bool) {
+func (s *Server) fileGuest(w http.ResponseWriter, r *http.Request, args fileArgs) (*guestapi.Client, guestapi.FileRequest, bool) {
 	fr, err := args(w, r)
 	if err != nil {
 		writeError(w, r, s.log, err)
-		return nil, guest.FileRequest{}, false
+		return nil, guestapi.FileRequest{}, false
 	}
 	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
-		return nil, guest.FileRequest{}, false
+		return nil, guestapi.FileRequest{}, false
 	}
 	return gc, fr, true
 }
 
+// fileInfoOp is a file op that has no stream and answers with a file's
+// description: (*guestapi.Client).Stat, Mkdir, Move.
+type fileInfoOp func(gc *guestapi.Client, ctx context.Context, fr guestapi.FileRequest) (*api.FileInfo, error)
+
 // fileDo makes a file op that has no stream. On error it has answered.
-func (s *Server) fileDo(w http.ResponseWriter, r *http.Request, op string, args fileArgs) (*guest.FileResponse, bool) {
+func (s *Server) fileDo(w http.ResponseWriter, r *http.Request, op fileInfoOp, args fileArgs) (*api.FileInfo, bool) {
 	gc, fr, ok := s.fileGuest(w, r, args)
 	if !ok {
 		return nil, false
 	}
-	resp, err := gc.FileDo(r.Context(), op, fr)
+	fi, err := op(gc, r.Context(), fr)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return nil, false
 	}
-	return resp, true
+	return fi, true
+}
+
+// fileReadOp is a file op whose answer is a data stream.
+type fileReadOp func(gc *guestapi.Client, ctx context.Context, fr guestapi.FileRequest) (*guestapi.FileResponse, *guestapi.DataStream, error)
+
+// tarGet is (*guestapi.Client).TarGet as a fileReadOp.
+func tarGet(gc *guestapi.Client, ctx context.Context, fr guestapi.FileRequest) (*guestapi.FileResponse, *guestapi.DataStream, error) {
+	ds, err := gc.TarGet(ctx, fr)
+	return nil, ds, err
 }
 
 // fileRead starts a file op whose answer is a data stream; the caller
 // closes it. On error it has answered.
-func (s *Server) fileRead(w http.ResponseWriter, r *http.Request, op string, args fileArgs) (*guest.FileResponse, *guest.DataStream, bool) {
+func (s *Server) fileRead(w http.ResponseWriter, r *http.Request, op fileReadOp, args fileArgs) (*guestapi.FileResponse, *guestapi.DataStream, bool) {
 	gc, fr, ok := s.fileGuest(w, r, args)
 	if !ok {
 		return nil, nil, false
 	}
-	resp, ds, err := gc.FileRead(r.Context(), op, fr)
+	resp, ds, err := op(gc, r.Context(), fr)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return nil, nil, false
@@ -256,14 +269,18 @@ func (s *Server) fileRead(w http.ResponseWriter, r *http.Request, op string, arg
 	return resp, ds, true
 }
 
+// fileWriteOp is a file op that streams data to the guest:
+// (*guestapi.Client).WriteFile, TarPut.
+type fileWriteOp func(gc *guestapi.Client, ctx context.Context, fr guestapi.FileRequest, src io.Reader) (*guestapi.FileEnd, error)
+
 // fileWrite makes a file op that streams the request body to the guest.
 // On error it has answered.
-func (s *Server) fileWrite(w http.ResponseWriter, r *http.Request, op string, args fileArgs) (*guest.FileEnd, bool) {
+func (s *Server) fileWrite(w http.ResponseWriter, r *http.Request, op fileWriteOp, args fileArgs) (*guestapi.FileEnd, bool) {
 	gc, fr, ok := s.fileGuest(w, r, args)
 	if !ok {
 		return nil, false
 	}
-	end, err := gc.FileWrite(r.Context(), op, fr, r.Body)
+	end, err := op(gc, r.Context(), fr, r.Body)
 	if err != nil {
 		writeError(w, r, s.log, bodyError(err))
 		return nil, false
@@ -273,7 +290,7 @@ func (s *Server) fileWrite(w http.ResponseWriter, r *http.Request, op string, ar
 
 // bodyError names the request body when it is what failed.
 func bodyError(err error) error {
-	var se *guest.SourceError
+	var se *guestapi.SourceError
 	if errors.As(err, &se) {
 		return errdefs.Invalid("body", "reading the request body: %v", se.Err)
 	}
@@ -282,7 +299,7 @@ func bodyError(err error) error {
 
 // sendData answers 200, with the headers set so far, and the data as the
 // body (none to a HEAD).
-func (s *Server) sendData(w http.ResponseWriter, r *http.Request, ds *guest.DataStream) {
+func (s *Server) sendData(w http.ResponseWriter, r *http.Request, ds *guestapi.DataStream) {
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
 		return
@@ -308,7 +325,7 @@ func (s *Server) abortStream(r *http.Request, err error) {
 // readFile streams a file's bytes: the whole file, or length bytes from
 // offset. Content-Length is set when the size is known.
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
-	resp, ds, ok := s.fileRead(w, r, guest.OpFileRead, readArgs)
+	resp, ds, ok := s.fileRead(w, r, (*guestapi.Client).ReadFile, readArgs)
 	if !ok {
 		return
 	}
@@ -328,14 +345,14 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 
 // writeFile writes the request body to a file atomically.
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
-	if end, ok := s.fileWrite(w, r, guest.OpFileWrite, writeArgs); ok {
+	if end, ok := s.fileWrite(w, r, (*guestapi.Client).WriteFile, writeArgs); ok {
 		writeJSON(w, http.StatusOK, end.Info)
 	}
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
-	if resp, ok := s.fileDo(w, r, guest.OpFileStat, pathArgs); ok {
-		writeJSON(w, http.StatusOK, resp.Info)
+	if fi, ok := s.fileDo(w, r, (*guestapi.Client).Stat, pathArgs); ok {
+		writeJSON(w, http.StatusOK, fi)
 	}
 }
 
@@ -345,7 +362,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ls, err := gc.FileList(r.Context(), fr)
+	ls, err := gc.ListDir(r.Context(), fr)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -382,26 +399,31 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
-	if resp, ok := s.fileDo(w, r, guest.OpFileMkdir, mkdirArgs); ok {
-		writeJSON(w, http.StatusOK, resp.Info)
+	if fi, ok := s.fileDo(w, r, (*guestapi.Client).Mkdir, mkdirArgs); ok {
+		writeJSON(w, http.StatusOK, fi)
 	}
 }
 
+// remove is (*guestapi.Client).Remove as a fileInfoOp.
+func remove(gc *guestapi.Client, ctx context.Context, fr guestapi.FileRequest) (*api.FileInfo, error) {
+	return nil, gc.Remove(ctx, fr)
+}
+
 func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.fileDo(w, r, guest.OpFileRemove, removeArgs); ok {
+	if _, ok := s.fileDo(w, r, remove, removeArgs); ok {
 		w.WriteHeader(http.StatusNoContent)
 	}
 }
 
 func (s *Server) moveFile(w http.ResponseWriter, r *http.Request) {
-	if resp, ok := s.fileDo(w, r, guest.OpFileMove, moveArgs); ok {
-		writeJSON(w, http.StatusOK, resp.Info)
+	if fi, ok := s.fileDo(w, r, (*guestapi.Client).Move, moveArgs); ok {
+		writeJSON(w, http.StatusOK, fi)
 	}
 }
 
 // downloadTar streams a file or directory tree as a tar.
 func (s *Server) downloadTar(w http.ResponseWriter, r *http.Request) {
-	_, ds, ok := s.fileRead(w, r, guest.OpFileTarGet, pathArgs)
+	_, ds, ok := s.fileRead(w, r, tarGet, pathArgs)
 	if !ok {
 		return
 	}
@@ -413,7 +435,7 @@ func (s *Server) downloadTar(w http.ResponseWriter, r *http.Request) {
 // uploadTar extracts the request body, a tar, into a directory (made,
 // with its parents, if missing).
 func (s *Server) uploadTar(w http.ResponseWriter, r *http.Request) {
-	if end, ok := s.fileWrite(w, r, guest.OpFileTarPut, tarPutArgs); ok {
+	if end, ok := s.fileWrite(w, r, (*guestapi.Client).TarPut, tarPutArgs); ok {
 		writeJSON(w, http.StatusOK, api.TarResult{Entries: end.Entries, Bytes: end.Bytes})
 	}
 }
@@ -431,7 +453,7 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	es, err := gc.FileWatch(r.Context(), fr)
+	es, err := gc.Watch(r.Context(), fr)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -452,11 +474,11 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			end := api.WatchEnd{Type: api.WatchEndType}
-			var we *guest.WatchEnded
+			var we *guestapi.WatchEnded
 			switch {
 			case errors.As(err, &we):
 				end.Reason = we.Reason
-			case errors.Is(err, guest.ErrStreamCut) && sandboxEnding(done):
+			case errors.Is(err, guestapi.ErrStreamCut) && sandboxEnding(done):
 				end.Error = "sandbox ended"
 			default:
 				end.Error = fmt.Sprint(err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/telemetry/hub"
 	"github.com/paddock-dev/paddock/wire"
@@ -109,7 +109,7 @@ func (s *Server) upgradeLane(w http.ResponseWriter) (net.Conn, *bufio.ReadWriter
 // handLane hands a lane to sandbox id's guest when it is a plaintext unix
 // socket with nothing read ahead, and follows the guest's reports of its
 // execs. It reports whether the guest took the lane.
-func (s *Server) handLane(r *http.Request, id string, gc *guest.Client, hj net.Conn, bufrw *bufio.ReadWriter) bool {
+func (s *Server) handLane(r *http.Request, id string, gc *guestapi.Client, hj net.Conn, bufrw *bufio.ReadWriter) bool {
 	sc, ok := hj.(syscall.Conn)
 	if !ok || r.TLS != nil || hj.LocalAddr().Network() != "unix" || bufrw.Reader.Buffered() > 0 {
 		return false
@@ -128,10 +128,10 @@ func (s *Server) handLane(r *http.Request, id string, gc *guest.Client, hj net.C
 const maxPassed = 1 << 40
 
 // laneReports follows a guest's reports of the execs on a lane it took
-// (internal/guest/lane_linux.go): the exec log's copy and events, and the
+// (guestapi.LaneStart, guestapi.LanePassed): the exec log's copy and events, and the
 // sandbox's busy mark while an exec runs. Closing rep (when the reports
 // break off or make no sense) closes the lane after its exec in flight.
-func (s *Server) laneReports(id string, gc *guest.Client, rep *guest.Conn) {
+func (s *Server) laneReports(id string, gc *guestapi.Client, rep *guestapi.Conn) {
 	defer rep.Close()
 	var cp *hub.ExecCopy
 	idle := func() {}
@@ -152,10 +152,7 @@ func (s *Server) laneReports(id string, gc *guest.Client, rep *guest.Conn) {
 		switch f.Type {
 		case wire.Started:
 			end()
-			var st struct {
-				PID int      `json:"pid"`
-				Cmd []string `json:"cmd"`
-			}
+			var st guestapi.LaneStart
 			if json.Unmarshal(f.Payload, &st) != nil || st.PID <= 0 {
 				return
 			}
@@ -168,9 +165,7 @@ func (s *Server) laneReports(id string, gc *guest.Client, rep *guest.Conn) {
 				cp.Frame(f.Type, f.Payload)
 			}
 		case wire.Release:
-			var d struct {
-				Bytes int64 `json:"bytes"`
-			}
+			var d guestapi.LanePassed
 			if json.Unmarshal(f.Payload, &d) != nil || d.Bytes < 0 || d.Bytes > maxPassed {
 				return
 			}
@@ -223,15 +218,15 @@ func (s *Server) laneExec(r *http.Request, f wire.Frame, out *wire.Writer, bw *b
 		return fail(err)
 	}
 	id := req.Sandbox
-	greq, whole, before := s.execOp(id, &req.Exec, false)
-	st, err := s.callStream(r.Context(), id, greq)
+	call, whole, before := s.execOp(id, &req.Exec, false)
+	st, err := s.callStream(r.Context(), id, call)
 	if err != nil {
 		return fail(err)
 	}
 	defer st.idle()
 	started, _ := json.Marshal(struct {
 		PID int `json:"pid"`
-	}{st.resp.PID})
+	}{st.pid})
 	if whole {
 		if body := st.conn.Frames.Whole(wire.Exit); body != nil {
 			out.Write(wire.Started, started)
@@ -243,7 +238,7 @@ func (s *Server) laneExec(r *http.Request, f wire.Frame, out *wire.Writer, bw *b
 	}
 	var tee frameTee
 	if before != nil {
-		if tee = before(r.Context(), st.gc, st.resp, st.conn); tee != nil {
+		if tee = before(r.Context(), st.gc, st.pid, st.conn); tee != nil {
 			defer tee.Detach()
 		}
 	}

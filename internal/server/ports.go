@@ -12,7 +12,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
@@ -113,7 +113,7 @@ func parsePort(s string) (int, error) {
 		}
 	}
 	n, _ := strconv.Atoi(s)
-	if guest.ValidPort(n) != nil {
+	if guestapi.ValidPort(n) != nil {
 		return bad()
 	}
 	return n, nil
@@ -185,7 +185,7 @@ func (s *Server) openPort(t *portTable) http.HandlerFunc {
 			writeError(w, r, s.log, errdefs.Invalid("port", "required: the port in the sandbox to forward"))
 			return
 		}
-		if err := guest.ValidPort(*req.Port); err != nil {
+		if err := guestapi.ValidPort(*req.Port); err != nil {
 			writeError(w, r, s.log, err)
 			return
 		}

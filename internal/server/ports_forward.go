@@ -13,7 +13,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
@@ -81,7 +81,7 @@ type forward struct {
 // open returns the forward of a port of a running sandbox, opening it if
 // there is none; created says which.
 func (t *portTable) open(ctx context.Context, id string, port int) (f api.PortForward, created bool, err error) {
-	if err := guest.ValidPort(port); err != nil {
+	if err := guestapi.ValidPort(port); err != nil {
 		return api.PortForward{}, false, err
 	}
 	done, err := t.done(ctx, id)

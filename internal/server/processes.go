@@ -7,7 +7,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 )
 
@@ -21,13 +21,13 @@ func (s *Server) processRoutes() []route {
 		{"GET /v1/sandboxes/{id}/processes/{pid}", s.getProcess},
 		{"GET /v1/sandboxes/{id}/processes/{pid}/stream", s.attachProcess},
 		{"POST /v1/sandboxes/{id}/processes/{pid}/stdin", s.processInput},
-		{"POST /v1/sandboxes/{id}/processes/{pid}/close-stdin", s.processControl(guest.OpCloseStdin)},
-		{"POST /v1/sandboxes/{id}/processes/{pid}/signal", s.processControl(guest.OpSignal)},
-		{"POST /v1/sandboxes/{id}/processes/{pid}/resize", s.processControl(guest.OpResize)},
+		{"POST /v1/sandboxes/{id}/processes/{pid}/close-stdin", s.processControl(closeStdin)},
+		{"POST /v1/sandboxes/{id}/processes/{pid}/signal", s.processControl(signal)},
+		{"POST /v1/sandboxes/{id}/processes/{pid}/resize", s.processControl(resize)},
 	}
 }
 
-func toProcess(pi guest.ProcessInfo) api.Process {
+func toProcess(pi guestapi.ProcessInfo) api.Process {
 	p := api.Process{
 		PID: pi.PID, Cmd: pi.Cmd, User: pi.User, Cwd: pi.Cwd, TTY: pi.TTY, StartedAt: pi.StartedAt,
 		State: "running", Exit: pi.Exit, OutputBytes: pi.OutputBytes, DroppedBytes: pi.DroppedBytes,
@@ -62,19 +62,19 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	start := &guest.StartRequest{
-		Cmd: req.Cmd, Env: guest.EnvList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
+	start := &guestapi.StartRequest{
+		Cmd: req.Cmd, Env: guestapi.EnvList(req.Env), Cwd: req.Cwd, User: req.User, TTY: req.TTY,
 		TimeoutSeconds: req.TimeoutSeconds, Stdin: req.Stdin || req.TTY != nil,
 	}
-	resp, err := gc.Do(r.Context(), guest.Request{Op: guest.OpStart, Start: start})
+	pid, err := gc.Start(r.Context(), start)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
-	if c := s.execStarted(r.Context(), r.PathValue("id"), gc, resp.PID, req.Cmd); c != nil {
+	if c := s.execStarted(r.Context(), r.PathValue("id"), gc, pid, req.Cmd); c != nil {
 		c.Detach() // nobody reads its stream here
 	}
-	p, err := s.process(r, resp.PID)
+	p, err := s.process(r, pid)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -88,16 +88,11 @@ func (s *Server) process(r *http.Request, pid int) (api.Process, error) {
 	if err != nil {
 		return api.Process{}, err
 	}
-	resp, err := gc.Do(r.Context(), guest.Request{Op: guest.OpList})
+	pi, err := gc.Process(r.Context(), pid)
 	if err != nil {
 		return api.Process{}, err
 	}
-	for _, pi := range resp.Processes {
-		if pi.PID == pid {
-			return toProcess(pi), nil
-		}
-	}
-	return api.Process{}, errdefs.NotFound("process", strconv.Itoa(pid))
+	return toProcess(pi), nil
 }
 
 func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
@@ -106,13 +101,13 @@ func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	resp, err := gc.Do(r.Context(), guest.Request{Op: guest.OpList})
+	ps, err := gc.Processes(r.Context())
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
 	}
-	out := make([]api.Process, 0, len(resp.Processes))
-	for _, pi := range resp.Processes {
+	out := make([]api.Process, 0, len(ps))
+	for _, pi := range ps {
 		out = append(out, toProcess(pi))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -146,7 +141,7 @@ func (s *Server) attachProcess(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.streamOp(w, r, r.PathValue("id"), guest.Request{Op: guest.OpAttach, PID: pid, Offset: off}, true, nil)
+	s.streamOp(w, r, r.PathValue("id"), streamCall{pid: pid, offset: off}, true, nil)
 }
 
 // processInput writes the request body to the process's stdin, streaming;
@@ -171,7 +166,7 @@ func (s *Server) processInput(w http.ResponseWriter, r *http.Request) {
 	for {
 		n, rerr := io.ReadFull(r.Body, buf)
 		if n > 0 {
-			if _, err := gc.Do(r.Context(), guest.Request{Op: guest.OpInput, PID: pid, Data: buf[:n]}); err != nil {
+			if err := gc.Input(r.Context(), pid, buf[:n]); err != nil {
 				writeError(w, r, s.log, err)
 				return
 			}
@@ -185,7 +180,7 @@ func (s *Server) processInput(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if closeAfter {
-		if _, err := gc.Do(r.Context(), guest.Request{Op: guest.OpCloseStdin, PID: pid}); err != nil {
+		if err := gc.CloseStdin(r.Context(), pid); err != nil {
 			writeError(w, r, s.log, err)
 			return
 		}
@@ -193,41 +188,53 @@ func (s *Server) processInput(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// control is one of the ops processControl serves: it reads the
+// request's body, if any, and returns the call that sends the op to a
+// process.
+type control func(w http.ResponseWriter, r *http.Request) (func(gc *guestapi.Client, pid int) error, error)
+
+func closeStdin(_ http.ResponseWriter, r *http.Request) (func(*guestapi.Client, int) error, error) {
+	return func(gc *guestapi.Client, pid int) error { return gc.CloseStdin(r.Context(), pid) }, nil
+}
+
+func signal(w http.ResponseWriter, r *http.Request) (func(*guestapi.Client, int) error, error) {
+	var body api.SignalRequest
+	if err := decode(w, r, &body); err != nil {
+		return nil, err
+	}
+	return func(gc *guestapi.Client, pid int) error { return gc.Signal(r.Context(), pid, body.Signal) }, nil
+}
+
+func resize(w http.ResponseWriter, r *http.Request) (func(*guestapi.Client, int) error, error) {
+	var body api.TTY
+	if err := decode(w, r, &body); err != nil {
+		return nil, err
+	}
+	if err := reqcheck.TTY(&body); err != nil {
+		return nil, err
+	}
+	return func(gc *guestapi.Client, pid int) error { return gc.Resize(r.Context(), pid, body) }, nil
+}
+
 // processControl serves close-stdin, signal and resize.
-func (s *Server) processControl(op string) http.HandlerFunc {
+func (s *Server) processControl(op control) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		pid, err := pidParam(r)
 		if err != nil {
 			writeError(w, r, s.log, err)
 			return
 		}
-		req := guest.Request{Op: op, PID: pid}
-		switch op {
-		case guest.OpSignal:
-			var body api.SignalRequest
-			if err := decode(w, r, &body); err != nil {
-				writeError(w, r, s.log, err)
-				return
-			}
-			req.Signal = body.Signal
-		case guest.OpResize:
-			var body api.TTY
-			if err := decode(w, r, &body); err != nil {
-				writeError(w, r, s.log, err)
-				return
-			}
-			if err := reqcheck.TTY(&body); err != nil {
-				writeError(w, r, s.log, err)
-				return
-			}
-			req.TTY = &body
+		send, err := op(w, r)
+		if err != nil {
+			writeError(w, r, s.log, err)
+			return
 		}
 		gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
 		if err != nil {
 			writeError(w, r, s.log, err)
 			return
 		}
-		if _, err := gc.Do(r.Context(), req); err != nil {
+		if err := send(gc, pid); err != nil {
 			writeError(w, r, s.log, err)
 			return
 		}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/telemetry/execlog"
 	"github.com/paddock-dev/paddock/internal/telemetry/hub"
 	"github.com/paddock-dev/paddock/wire"
@@ -38,7 +38,7 @@ func (s *Server) telemetryRoutes() []route {
 // returns the copy of its output (nil without telemetry). Its events come
 // after the sandbox's created event: an exec right after a create can
 // start before telemetry has heard of the create.
-func (s *Server) execStarted(ctx context.Context, id string, gc *guest.Client, pid int, cmd []string) *hub.ExecCopy {
+func (s *Server) execStarted(ctx context.Context, id string, gc *guestapi.Client, pid int, cmd []string) *hub.ExecCopy {
 	if s.tel == nil || pid <= 0 || s.mgr.Observed(ctx, id) != nil {
 		return nil
 	}

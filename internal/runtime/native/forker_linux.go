@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reaper"
 )
 
@@ -268,7 +268,7 @@ func isolateMounts() error {
 			return fmt.Errorf("creating /%s: %w", d, err)
 		}
 	}
-	for _, d := range guest.Devices {
+	for _, d := range guestapi.Devices {
 		target := top + "/dev/" + d
 		fd, err := unix.Open(target, unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_RDONLY, 0o644)
 		if err != nil {

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
@@ -180,7 +180,7 @@ func (g *guestProc) kill() {
 }
 
 // call sends one Config message and waits for the guest's answer.
-func (g *guestProc) call(ctx context.Context, cfg *guest.Config, fds []int, logPath string) (*guest.Ready, error) {
+func (g *guestProc) call(ctx context.Context, cfg *guestapi.Config, fds []int, logPath string) (*guestapi.Ready, error) {
 	if err := sendConfig(g.sync, cfg, fds); err != nil {
 		return nil, err
 	}
@@ -191,7 +191,7 @@ func (g *guestProc) call(ctx context.Context, cfg *guest.Config, fds []int, logP
 	return rd, nil
 }
 
-func sendConfig(sock *os.File, cfg *guest.Config, fds []int) error {
+func sendConfig(sock *os.File, cfg *guestapi.Config, fds []int) error {
 	b, err := json.Marshal(cfg)
 	if err != nil {
 		return err
@@ -207,9 +207,9 @@ func sendConfig(sock *os.File, cfg *guest.Config, fds []int) error {
 }
 
 // waitReady waits for the guest's ready (or failure) message.
-func waitReady(ctx context.Context, sock *os.File, done <-chan struct{}) (*guest.Ready, error) {
+func waitReady(ctx context.Context, sock *os.File, done <-chan struct{}) (*guestapi.Ready, error) {
 	type result struct {
-		r   guest.Ready
+		r   guestapi.Ready
 		err error
 	}
 	ch := make(chan result, 1)
@@ -220,7 +220,7 @@ func waitReady(ctx context.Context, sock *os.File, done <-chan struct{}) (*guest
 			ch <- result{err: fmt.Errorf("guest exited before it was ready")}
 			return
 		}
-		var rd guest.Ready
+		var rd guestapi.Ready
 		if err := json.Unmarshal(buf[:n], &rd); err != nil {
 			ch <- result{err: fmt.Errorf("decoding guest ready: %w", err)}
 			return

@@ -27,7 +27,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 	"github.com/paddock-dev/paddock/internal/storage/image"
@@ -381,7 +381,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 			return err
 		}
 	}
-	p := &guest.Prepare{
+	p := &guestapi.Prepare{
 		Hostname: g.sb.id,
 		CgroupV2: r.cfg.Cgroups.Mode() == cgroup.V2,
 		Seccomp:  r.cfg.Seccomp,
@@ -424,7 +424,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		if err != nil {
 			return fmt.Errorf("binding %s: %w", f.Dest, err)
 		}
-		p.Binds = append(p.Binds, guest.Mount{Source: src, Dest: f.Dest, FD: i, File: !f.Dir})
+		p.Binds = append(p.Binds, guestapi.Mount{Source: src, Dest: f.Dest, FD: i, File: !f.Dir})
 	}
 	if len(mounts) > 0 && !idmapped {
 		return fmt.Errorf("%w: volumes need idmapped mounts, which this kernel or filesystem lacks", errdefs.ErrUnavailable)
@@ -434,14 +434,14 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		if err != nil {
 			return fmt.Errorf("mounting a volume at %s: %w", m.Dest, err)
 		}
-		p.Binds = append(p.Binds, guest.Mount{Source: m.Source, Dest: m.Dest, FD: i})
+		p.Binds = append(p.Binds, guestapi.Mount{Source: m.Source, Dest: m.Dest, FD: i})
 	}
 	if p.OOMFD, err = add(openOOM(g.sb.cg)); err != nil {
 		return err
 	}
 	g.sb.st.Idmapped = idmapped
 	mark("binds")
-	if _, err := g.call(ctx, &guest.Config{Prepare: p}, fds, filepath.Join(g.dir, "guest.log")); err != nil {
+	if _, err := g.call(ctx, &guestapi.Config{Prepare: p}, fds, filepath.Join(g.dir, "guest.log")); err != nil {
 		return fmt.Errorf("preparing sandbox: %w", err)
 	}
 	g.image = img.ID
@@ -592,7 +592,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		env = append(env, more...)
 		mark("setup")
 	}
-	act := &guest.Activate{Serve: guest.ServeConfig{
+	act := &guestapi.Activate{Serve: guestapi.ServeConfig{
 		Env:         env,
 		Workdir:     spec.Workdir,
 		OutputLimit: r.cfg.OutputLimit,
@@ -623,7 +623,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 
 // activation is what a sandbox's guest still needs once Start returns.
 type activation struct {
-	act     *guest.Activate
+	act     *guestapi.Activate
 	sync    *os.File // the guest's sync socket, closed when done
 	logPath string
 	lim     cgroup.Limits
@@ -649,7 +649,7 @@ func (r *Runtime) activate(sb *Sandbox, a activation) {
 	// sets the limits (Restore). So the create answers now (see
 	// Sandbox.Activate), and the rest follows in the background; nothing
 	// of the sandbox's own runs before all of it is done (Dial waits).
-	err := sendConfig(a.sync, &guest.Config{Activate: a.act}, nil)
+	err := sendConfig(a.sync, &guestapi.Config{Activate: a.act}, nil)
 	mark("sent")
 	close(sb.sent)
 	go r.activated(sb, a, err, t0, phases)
@@ -675,7 +675,7 @@ func (r *Runtime) activated(sb *Sandbox, a activation, err error, t0 time.Time, 
 	// Limited: Dial may connect; the guest accepts once it has activated.
 	sb.limitErr = err
 	close(sb.limited)
-	var rd *guest.Ready
+	var rd *guestapi.Ready
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		rd, err = waitReady(ctx, a.sync, sb.done)
@@ -711,7 +711,7 @@ func closedChan() chan struct{} {
 // in the initial user namespace), so that host files owned by root show as
 // root in the sandbox instead of nobody; otherwise it is an O_PATH handle
 // on the directory.
-func (r *Runtime) mountFDs(pid int, img *image.Image, p *guest.Prepare) (fds []int, idmapped bool, err error) {
+func (r *Runtime) mountFDs(pid int, img *image.Image, p *guestapi.Prepare) (fds []int, idmapped bool, err error) {
 	srcs := append([]string(nil), img.Layers...)
 	for _, b := range img.Binds {
 		srcs = append(srcs, b.Source)
@@ -737,10 +737,10 @@ func (r *Runtime) mountFDs(pid int, img *image.Image, p *guest.Prepare) (fds []i
 		}
 	}
 	for i, l := range img.Layers {
-		p.Layers = append(p.Layers, guest.Mount{Source: l, FD: i})
+		p.Layers = append(p.Layers, guestapi.Mount{Source: l, FD: i})
 	}
 	for i, b := range img.Binds {
-		p.Binds = append(p.Binds, guest.Mount{Source: b.Source, Dest: b.Dest, FD: len(img.Layers) + i})
+		p.Binds = append(p.Binds, guestapi.Mount{Source: b.Source, Dest: b.Dest, FD: len(img.Layers) + i})
 	}
 	return fds, idmapped, nil
 }
@@ -805,11 +805,11 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 		}
 		// The guest must answer on its socket, or the sandbox is not
 		// usable. (A frozen one cannot; its process was checked above.)
-		c := guest.NewClient(sb.Dial)
+		c := guestapi.NewClient(sb.Dial)
 		defer c.Close() // nothing kept for later: the manager has its own
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if _, err := c.Do(pctx, guest.Request{Op: guest.OpPing}); err != nil {
+		if err := c.Ping(pctx); err != nil {
 			sb.Kill()
 			return nil, fmt.Errorf("pinging guest: %w", err)
 		}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/telemetry/events"
 	"github.com/paddock-dev/paddock/internal/telemetry/execlog"
 	"github.com/paddock-dev/paddock/wire"
@@ -39,7 +39,7 @@ var errStopping = errors.New("the daemon is stopping")
 type ExecCopy struct {
 	h       *Hub
 	id      string
-	gc      *guest.Client
+	gc      *guestapi.Client
 	pid     int
 	cmd     []string // cut for events
 	started time.Time
@@ -146,7 +146,7 @@ func (f *feeder) close() {
 // when no longer feeding it. The process's log entry exists when it
 // returns (a client may ask for it at once); its start event and the copy
 // follow on a goroutine of its own.
-func (h *Hub) ExecStarted(id string, gc *guest.Client, pid int, cmd []string) *ExecCopy {
+func (h *Hub) ExecStarted(id string, gc *guestapi.Client, pid int, cmd []string) *ExecCopy {
 	c := h.newCopy(id, gc, pid, events.CutCmd(cmd), time.Now())
 	c.relay = feeder{c: c, ch: make(chan relayed, 64)}
 	w, err := h.execs.Start(c.id, c.pid, cmd, c.started)
@@ -166,7 +166,7 @@ func (h *Hub) ExecStarted(id string, gc *guest.Client, pid int, cmd []string) *E
 	return c
 }
 
-func (h *Hub) newCopy(id string, gc *guest.Client, pid int, cmd []string, started time.Time) *ExecCopy {
+func (h *Hub) newCopy(id string, gc *guestapi.Client, pid int, cmd []string, started time.Time) *ExecCopy {
 	c := &ExecCopy{h: h, id: id, gc: gc, pid: pid, cmd: cmd, started: started, poke: make(chan struct{}, 1)}
 	c.budget.Store(copyBudget)
 	return c
@@ -344,7 +344,7 @@ func (c *ExecCopy) fetch(from, to int64) error {
 func (c *ExecCopy) fetchFrom(from, to int64) (pos int64, err error) {
 	ctx, cancel := context.WithTimeout(c.h.ctx, fetchTimeout)
 	defer cancel()
-	_, conn, err := c.gc.Call(ctx, guest.Request{Op: guest.OpAttach, PID: c.pid, Offset: from})
+	conn, err := c.gc.Attach(ctx, c.pid, from)
 	if err != nil {
 		return from, err
 	}
@@ -383,7 +383,7 @@ func (c *ExecCopy) fetchFrom(from, to int64) (pos int64, err error) {
 // output until the exit. A stream that breaks ends the copy with an exit
 // saying so.
 func (c *ExecCopy) follow() (*api.ExitStatus, error) {
-	_, conn, err := c.gc.Call(c.h.ctx, guest.Request{Op: guest.OpAttach, PID: c.pid, Offset: c.out.logged})
+	conn, err := c.gc.Attach(c.h.ctx, c.pid, c.out.logged)
 	if err != nil {
 		return c.lost(err)
 	}
@@ -448,7 +448,7 @@ func (c *ExecCopy) finish(exit *api.ExitStatus) {
 
 // SetGuests sets how the hub reaches a running sandbox's guest, to carry
 // on the output copies a daemon restart cut short.
-func (h *Hub) SetGuests(f func(ctx context.Context, id string) (*guest.Client, error)) {
+func (h *Hub) SetGuests(f func(ctx context.Context, id string) (*guestapi.Client, error)) {
 	h.mu.Lock()
 	h.guests = f
 	h.mu.Unlock()
@@ -478,12 +478,12 @@ func (h *Hub) resumeCopies(id string) {
 	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
 	defer cancel()
 	gc, err := guests(ctx, id)
-	var listed map[int]guest.ProcessInfo
+	var listed map[int]guestapi.ProcessInfo
 	if err == nil {
-		var resp *guest.Response
-		if resp, err = gc.Do(ctx, guest.Request{Op: guest.OpList}); err == nil {
-			listed = map[int]guest.ProcessInfo{}
-			for _, pi := range resp.Processes {
+		var ps []guestapi.ProcessInfo
+		if ps, err = gc.Processes(ctx); err == nil {
+			listed = map[int]guestapi.ProcessInfo{}
+			for _, pi := range ps {
 				listed[pi.PID] = pi
 			}
 		}

@@ -23,7 +23,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 	"github.com/paddock-dev/paddock/internal/telemetry/admission"
 	"github.com/paddock-dev/paddock/internal/telemetry/autoscale"
@@ -95,7 +95,7 @@ type Hub struct {
 
 	mu       sync.Mutex
 	actions  Actions
-	guests   func(ctx context.Context, id string) (*guest.Client, error)
+	guests   func(ctx context.Context, id string) (*guestapi.Client, error)
 	admitted map[string]time.Time // keys given to Admit, when
 	boxes    map[string]*state
 }

@@ -1,19 +1,25 @@
-package guest
+package guestapi
 
 import "io"
 
-// dataFrames is the data of a file stream's Data frames as an io.Reader,
-// and an io.WriterTo that hands each payload on without a copy. next reads
-// the stream's next frame and returns its data, or the error that ends the
-// stream (io.EOF for a clean End); the guest's side and the daemon's side
-// each read their own end of the stream.
-type dataFrames struct {
+// DataFrames is the data of a file stream's Data frames as an io.Reader,
+// and an io.WriterTo that hands each payload on without a copy. The
+// guest's side and the daemon's side each read their own end of the
+// stream.
+type DataFrames struct {
 	next    func() ([]byte, error)
 	pending []byte
 	err     error
 }
 
-func (d *dataFrames) fill() error {
+// NewDataFrames reads data with next, which reads the stream's next frame
+// and returns its data, or the error that ends the stream (io.EOF for a
+// clean End).
+func NewDataFrames(next func() ([]byte, error)) DataFrames {
+	return DataFrames{next: next}
+}
+
+func (d *DataFrames) fill() error {
 	for len(d.pending) == 0 {
 		if d.err != nil {
 			return d.err
@@ -25,7 +31,7 @@ func (d *dataFrames) fill() error {
 
 // Read reads the data; it returns io.EOF after a clean End frame and the
 // stream's error after a failed one.
-func (d *dataFrames) Read(p []byte) (int, error) {
+func (d *DataFrames) Read(p []byte) (int, error) {
 	if err := d.fill(); err != nil {
 		return 0, err
 	}
@@ -35,7 +41,7 @@ func (d *dataFrames) Read(p []byte) (int, error) {
 }
 
 // WriteTo writes the data to w frame by frame.
-func (d *dataFrames) WriteTo(w io.Writer) (int64, error) {
+func (d *DataFrames) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	for {
 		if err := d.fill(); err != nil {

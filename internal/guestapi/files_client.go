@@ -1,4 +1,4 @@
-package guest
+package guestapi
 
 import (
 	"context"
@@ -17,12 +17,12 @@ import (
 // turns its stream into an io.Reader, an io.Writer's source, or a
 // sequence of values. Nothing is buffered beyond one frame.
 
-// fileChunkSize is the payload of the data frames a file op sends: big enough
-// that framing costs nothing, far below wire.MaxPayload.
-const fileChunkSize = 1 << 20
+// FileChunkSize is the payload of the data frames a file op sends: big
+// enough that framing costs nothing, far below wire.MaxPayload.
+const FileChunkSize = 1 << 20
 
-// fileChunks recycles the data buffers of file streams.
-var fileChunks = sync.Pool{New: func() any { b := make([]byte, fileChunkSize); return &b }}
+// fileChunks recycles the data buffers of the uploads.
+var fileChunks = sync.Pool{New: func() any { b := make([]byte, FileChunkSize); return &b }}
 
 // ErrStreamCut is the error of a file stream whose guest connection broke
 // before the End frame (the sandbox ended, most likely).
@@ -48,9 +48,9 @@ func readFileEnd(payload []byte) (FileEnd, error) {
 	return e, fileEndError(e.Error)
 }
 
-// FileDo makes a file op that has no stream (stat, mkdir, remove, move).
-func (c *Client) FileDo(ctx context.Context, op string, fr FileRequest) (*FileResponse, error) {
-	resp, err := c.Do(ctx, Request{Op: op, File: &fr})
+// fileDo makes a file op that has no stream.
+func (c *Client) fileDo(ctx context.Context, op string, fr *FileRequest) (*FileResponse, error) {
+	resp, err := c.do(ctx, Request{Op: op, File: fr})
 	if err != nil {
 		return nil, err
 	}
@@ -60,21 +60,67 @@ func (c *Client) FileDo(ctx context.Context, op string, fr FileRequest) (*FileRe
 	return resp.File, nil
 }
 
+// fileInfo makes a file op that answers with a file's description.
+func (c *Client) fileInfo(ctx context.Context, op string, fr *FileRequest) (*api.FileInfo, error) {
+	resp, err := c.fileDo(ctx, op, fr)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Info, nil
+}
+
+// Stat describes fr.Path (not following a symbolic link there).
+func (c *Client) Stat(ctx context.Context, fr FileRequest) (*api.FileInfo, error) {
+	return c.fileInfo(ctx, OpFileStat, &fr)
+}
+
+// Mkdir makes directory fr.Path (fr.Mode, fr.Owner; with fr.Parents its
+// missing parents too, and an existing directory is fine) and describes
+// it.
+func (c *Client) Mkdir(ctx context.Context, fr FileRequest) (*api.FileInfo, error) {
+	return c.fileInfo(ctx, OpFileMkdir, &fr)
+}
+
+// Move renames fr.Path to fr.To (replacing it with fr.Overwrite) and
+// describes the result.
+func (c *Client) Move(ctx context.Context, fr FileRequest) (*api.FileInfo, error) {
+	return c.fileInfo(ctx, OpFileMove, &fr)
+}
+
+// Remove removes fr.Path; a directory with its contents when
+// fr.Recursive.
+func (c *Client) Remove(ctx context.Context, fr FileRequest) error {
+	_, err := c.fileDo(ctx, OpFileRemove, &fr)
+	return err
+}
+
 // DataStream is the data of a read or a tar download: Read returns
 // io.EOF after a clean End frame and the guest's error after a failed
 // one; WriteTo writes the data to w frame by frame.
 type DataStream struct {
-	dataFrames
+	DataFrames
 	conn *Conn
 	stop func() bool
 	end  *FileEnd
 	once sync.Once
 }
 
-// FileRead starts a read (op file.read) or a tar download (file.tar_get)
-// and returns the guest's answer and the data.
-func (c *Client) FileRead(ctx context.Context, op string, fr FileRequest) (*FileResponse, *DataStream, error) {
-	resp, conn, err := c.Call(ctx, Request{Op: op, File: &fr})
+// ReadFile starts reading fr.Path (fr.Length bytes from fr.Offset, or to
+// its end) and returns the guest's answer (the file's description, how
+// many bytes come) and the data.
+func (c *Client) ReadFile(ctx context.Context, fr FileRequest) (*FileResponse, *DataStream, error) {
+	return c.fileRead(ctx, OpFileRead, &fr)
+}
+
+// TarGet starts a tar download of fr.Path, a file or a directory tree.
+func (c *Client) TarGet(ctx context.Context, fr FileRequest) (*DataStream, error) {
+	_, ds, err := c.fileRead(ctx, OpFileTarGet, &fr)
+	return ds, err
+}
+
+// fileRead starts an op whose answer is followed by a data stream.
+func (c *Client) fileRead(ctx context.Context, op string, fr *FileRequest) (*FileResponse, *DataStream, error) {
+	resp, conn, err := c.request(ctx, Request{Op: op, File: fr})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -82,7 +128,7 @@ func (c *Client) FileRead(ctx context.Context, op string, fr FileRequest) (*File
 		resp.File = &FileResponse{}
 	}
 	d := &DataStream{conn: conn}
-	d.next = d.nextData
+	d.DataFrames = NewDataFrames(d.nextData)
 	d.stop = context.AfterFunc(ctx, func() { conn.Conn.Close() })
 	return resp.File, d, nil
 }
@@ -131,13 +177,26 @@ type SourceError struct{ Err error }
 func (e *SourceError) Error() string { return "reading the data to write: " + e.Err.Error() }
 func (e *SourceError) Unwrap() error { return e.Err }
 
-// FileWrite makes a write (op file.write) or a tar upload (file.tar_put)
-// with src's bytes and returns the guest's End frame. An error before any
-// data is sent (the target is a directory, the owner is unknown) comes
-// back without src having been read. A failure to read src is a
-// *SourceError; the guest then drops what it received.
-func (c *Client) FileWrite(ctx context.Context, op string, fr FileRequest, src io.Reader) (*FileEnd, error) {
-	_, conn, err := c.Call(ctx, Request{Op: op, File: &fr})
+// WriteFile replaces fr.Path (fr.Mode, fr.Owner) with src's bytes and
+// returns the guest's End frame (Info describes the file written). An
+// error before any data is sent (the target is a directory, the owner is
+// unknown) comes back without src having been read. A failure to read
+// src is a *SourceError; the guest then drops what it received and the
+// file is as it was.
+func (c *Client) WriteFile(ctx context.Context, fr FileRequest, src io.Reader) (*FileEnd, error) {
+	return c.fileWrite(ctx, OpFileWrite, &fr, src)
+}
+
+// TarPut extracts src, a tar stream, into directory fr.Path (made with
+// its parents if missing; entries owned by fr.Owner if set) and returns
+// the guest's End frame (Entries, Bytes). Errors come as WriteFile's do.
+func (c *Client) TarPut(ctx context.Context, fr FileRequest, src io.Reader) (*FileEnd, error) {
+	return c.fileWrite(ctx, OpFileTarPut, &fr, src)
+}
+
+// fileWrite makes an op that streams src's bytes to the guest.
+func (c *Client) fileWrite(ctx context.Context, op string, fr *FileRequest, src io.Reader) (*FileEnd, error) {
+	_, conn, err := c.request(ctx, Request{Op: op, File: fr})
 	if err != nil {
 		return nil, err
 	}
@@ -209,9 +268,10 @@ func readGuestEnd(ctx context.Context, conn *Conn) (*FileEnd, error) {
 // ListStream is the entries of a list, in batches.
 type ListStream struct{ ds *DataStream }
 
-// FileList starts a list; its entries come in batches from Next.
-func (c *Client) FileList(ctx context.Context, fr FileRequest) (*ListStream, error) {
-	_, ds, err := c.FileRead(ctx, OpFileList, fr)
+// ListDir starts listing directory fr.Path (fr.Depth levels); its
+// entries come in batches from Next.
+func (c *Client) ListDir(ctx context.Context, fr FileRequest) (*ListStream, error) {
+	_, ds, err := c.fileRead(ctx, OpFileList, &fr)
 	if err != nil {
 		return nil, err
 	}
@@ -249,9 +309,10 @@ func (l *ListStream) Abort() { l.ds.Abort() }
 // EventStream is the events of a watch.
 type EventStream struct{ ds *DataStream }
 
-// FileWatch starts a watch; it is in place when FileWatch returns.
-func (c *Client) FileWatch(ctx context.Context, fr FileRequest) (*EventStream, error) {
-	_, ds, err := c.FileRead(ctx, OpFileWatch, fr)
+// Watch starts watching directory fr.Path (its subdirectories too with
+// fr.Recursive); the watch is in place when Watch returns.
+func (c *Client) Watch(ctx context.Context, fr FileRequest) (*EventStream, error) {
+	_, ds, err := c.fileRead(ctx, OpFileWatch, &fr)
 	if err != nil {
 		return nil, err
 	}

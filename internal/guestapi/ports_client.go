@@ -1,4 +1,4 @@
-package guest
+package guestapi
 
 import (
 	"context"
@@ -17,7 +17,7 @@ func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if err := ValidPort(port); err != nil {
 		return nil, err
 	}
-	_, gc, err := c.Call(ctx, Request{Op: OpPortConnect, Port: &PortRequest{Port: port}})
+	_, gc, err := c.request(ctx, Request{Op: OpPortConnect, Port: &PortRequest{Port: port}})
 	if err != nil {
 		return nil, err
 	}

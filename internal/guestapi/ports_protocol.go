@@ -1,4 +1,4 @@
-package guest
+package guestapi
 
 import "github.com/paddock-dev/paddock/internal/errdefs"
 

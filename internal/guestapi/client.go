@@ -1,4 +1,4 @@
-package guest
+package guestapi
 
 import (
 	"bufio"
@@ -158,11 +158,11 @@ func (c *Conn) recycle() {
 // Send writes one frame to the guest.
 func (c *Conn) Send(t wire.Type, payload []byte) error { return c.out.Write(t, payload) }
 
-// Call sends req and returns the guest's response and the open connection
-// (the caller closes or releases it). A kept connection that turns out
+// request sends req and returns the guest's response and the open
+// connection (the caller closes or releases it). A kept connection that turns out
 // closed (its guest from before connections were kept, or gone) before
 // the request is answered is dropped and the request sent on a new one.
-func (c *Client) Call(ctx context.Context, req Request) (*Response, *Conn, error) {
+func (c *Client) request(ctx context.Context, req Request) (*Response, *Conn, error) {
 	for {
 		conn, kept, err := c.connect(ctx)
 		if err != nil {
@@ -218,9 +218,9 @@ func (c *Client) call(ctx context.Context, conn net.Conn, req Request) (_ *Respo
 	return &resp, gc, false, nil
 }
 
-// Do sends a request that needs no stream and returns the response.
-func (c *Client) Do(ctx context.Context, req Request) (*Response, error) {
-	resp, conn, err := c.Call(ctx, req)
+// do sends a request that needs no stream and returns the response.
+func (c *Client) do(ctx context.Context, req Request) (*Response, error) {
+	resp, conn, err := c.request(ctx, req)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,84 @@
+package guestapi
+
+// Devices are the /dev entries a guest binds from the host (a user
+// namespace cannot mknod): the guest forker's minimal root holds them for
+// the guests it forks.
+var Devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// Config is a message from the daemon on the sync socket. A guest is
+// usually started ahead of time: it is sent Prepare (become this sandbox,
+// minus its environment) while nobody waits, and Activate (the
+// environment; start serving) when a create asks for a sandbox. A cold
+// start sends both in one message.
+type Config struct {
+	Prepare  *Prepare  `json:"prepare,omitempty"`
+	Activate *Activate `json:"activate,omitempty"`
+}
+
+// Prepare builds the sandbox. Every host directory arrives as a
+// descriptor (Mount.FD indexes those sent with the message): the guest runs
+// as an unprivileged host uid and may not be able to walk the daemon's
+// directories by path.
+type Prepare struct {
+	// Layers are the read-only lower layers, top-most first.
+	Layers []Mount `json:"layers"`
+	// Disk is the sandbox's writable volume (a detached mount); the
+	// overlay's upper and work dirs are Disk's upper/ and work/.
+	Disk Mount `json:"disk"`
+	// Binds are host directories mounted read-only into the rootfs.
+	Binds []Mount `json:"binds"`
+	// OOMFD indexes the fd of the cgroup's OOM event counter file.
+	OOMFD    int    `json:"oom_fd"`
+	Hostname string `json:"hostname"`
+	// CgroupV2 mounts the sandbox's own cgroup2 tree at /sys/fs/cgroup.
+	CgroupV2 bool `json:"cgroup_v2"`
+	// Seccomp is a compiled BPF program the guest and its processes run
+	// under.
+	Seccomp []byte `json:"seccomp"`
+	// Caps is the capability set the sandbox keeps ("CAP_CHOWN", ...).
+	Caps []string `json:"caps"`
+	// AllowSetuid leaves no_new_privs unset, so that setuid programs
+	// (sudo) raise a process to the sandbox's root, within Caps.
+	AllowSetuid bool `json:"allow_setuid,omitempty"`
+	// SkipWarmUp leaves out the warm-up command: the daemon waits for
+	// this guest (a resume, a create with no warm guest), and the
+	// command would only delay the sandbox's first one.
+	SkipWarmUp bool `json:"skip_warm_up,omitempty"`
+}
+
+// Activate starts a prepared guest serving with the sandbox's environment.
+type Activate struct {
+	Serve ServeConfig `json:"serve"`
+}
+
+// Mount is a directory for the root filesystem, sent as a detached mount
+// the daemon made (open_tree: read-only, idmapped where the kernel
+// allows). A mount of the daemon's namespace could not be bound from or
+// mounted on inside the guest's; a detached one can be attached.
+type Mount struct {
+	// Source is the host path, for messages only.
+	Source string `json:"source,omitempty"`
+	// FD indexes the descriptors sent with the message.
+	FD   int    `json:"fd"`
+	Dest string `json:"dest,omitempty"`
+	// File: the mount is of a file, not a directory.
+	File bool `json:"file,omitempty"`
+}
+
+// ServeConfig is what the guest needs once the sandbox is built.
+type ServeConfig struct {
+	Env     []string `json:"env"`
+	Workdir string   `json:"workdir"`
+	// OutputLimit caps the output retained per process, in bytes.
+	OutputLimit int64 `json:"output_limit"`
+	// Retain is how many finished processes are kept for reattach.
+	Retain int `json:"retain"`
+}
+
+// Ready answers each Config: an error, or the phase reached ("prepared",
+// or "ready" with the guest's pid in its namespace, which must be 1).
+type Ready struct {
+	Error string `json:"error,omitempty"`
+	Phase string `json:"phase,omitempty"`
+	PID   int    `json:"pid,omitempty"`
+}
