@@ -995,3 +995,98 @@ func TestFilesBigRoundTrip(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestFilesCPSparse: paddock cp keeps the holes of sparse files both ways
+// (a 1 GiB file with a few bytes of data takes a few KiB on the host and
+// in the sandbox), and a copy out refuses what passes --max-size (a
+// 15 TiB sparse file, by default) before writing anything.
+func TestFilesCPSparse(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	id := d.Create(api.CreateRequest{})
+	const size = 1 << 30
+	blocks := func(p string) (int64, int64) {
+		t.Helper()
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Size, st.Blocks * 512
+	}
+	_, stderr, st := d.Exec(id, "sh", "-c", `set -e
+mkdir -p /workspace/tree
+cd /workspace
+truncate -s 1G sparse; printf head | dd of=sparse conv=notrunc status=none
+printf mid | dd of=sparse bs=1 seek=536870912 conv=notrunc status=none
+cp --sparse=always sparse tree/sparse
+truncate -s 15T huge; printf x >> huge`)
+	if st.ExitCode != 0 {
+		t.Fatalf("making sparse files: %s", stderr)
+	}
+
+	out := t.TempDir()
+	start := time.Now()
+	d.MustCLI("cp", id+":/workspace/sparse", filepath.Join(out, "one"))
+	d.MustCLI("cp", id+":/workspace/tree", filepath.Join(out, "tree"))
+	t.Logf("two 1 GiB sparse copies out in %v", time.Since(start))
+	for _, p := range []string{filepath.Join(out, "one"), filepath.Join(out, "tree", "sparse")} {
+		n, alloc := blocks(p)
+		if n != size || alloc > 1<<20 {
+			t.Errorf("%s: %d bytes, %d allocated; want %d with holes", p, n, alloc, size)
+		}
+		f, _ := os.Open(p)
+		b := make([]byte, 3)
+		f.ReadAt(b, 512<<20)
+		f.Close()
+		if string(b) != "mid" {
+			t.Errorf("%s: %q at 512 MiB", p, b)
+		}
+	}
+
+	for _, args := range [][]string{
+		{"cp", id + ":/workspace/huge", filepath.Join(out, "huge")},
+		{"cp", id + ":/workspace", filepath.Join(out, "ws")},
+		{"cp", "--max-size", "100m", id + ":/workspace/sparse", filepath.Join(out, "capped")},
+		{"cp", "--max-size", "100m", id + ":/workspace/tree", filepath.Join(out, "cappedtree")},
+	} {
+		r := d.CLI(args...)
+		if r.Code == 0 || !strings.Contains(r.Stderr, "--max-size") {
+			t.Errorf("%q: exit %d, %s", args, r.Code, r.Stderr)
+		}
+	}
+	for _, p := range []string{"huge", "capped", "ws/huge", "cappedtree/sparse"} {
+		if _, err := os.Stat(filepath.Join(out, p)); err == nil {
+			t.Errorf("%s was written past the cap", p)
+		}
+	}
+
+	// Into the sandbox: a file and a tree, holes kept there too.
+	local := t.TempDir()
+	os.Mkdir(filepath.Join(local, "dir"), 0o755)
+	for _, p := range []string{"in", "dir/in"} {
+		f, err := os.Create(filepath.Join(local, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Truncate(size)
+		f.WriteAt([]byte("tail"), size-4)
+		f.Close()
+	}
+	d.MustCLI("cp", filepath.Join(local, "in"), id+":/workspace/in")
+	d.MustCLI("cp", filepath.Join(local, "dir"), id+":/workspace/dir")
+	stdout, stderr2, st2 := d.Exec(id, "sh", "-c", "stat -c '%s %b %B' /workspace/in /workspace/dir/in; tail -c 4 /workspace/in")
+	if st2.ExitCode != 0 {
+		t.Fatal(stderr2)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	for _, l := range lines[:2] {
+		var n, b, bs int64
+		fmt.Sscan(l, &n, &b, &bs)
+		if n != size || b*bs > 1<<20 {
+			t.Errorf("in the sandbox: %q (size, blocks, block size); want %d bytes with holes", l, size)
+		}
+	}
+	if !strings.HasSuffix(stdout, "tail") {
+		t.Errorf("the uploaded file ends %q", stdout)
+	}
+}

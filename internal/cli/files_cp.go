@@ -17,11 +17,18 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guest"
+	"github.com/paddock-dev/paddock/internal/sparse"
 )
+
+// defaultMaxCopy caps what a copy out of a sandbox writes on the host
+// unless --max-size says otherwise.
+const defaultMaxCopy = 16 << 30
 
 func cpCmd(g *globals) *cobra.Command {
 	var archive bool
+	var maxSize string
 	cmd := &cobra.Command{
 		Use:   "cp [-a] SRC DST",
 		Short: "Copy files and directories between the host and a sandbox",
@@ -42,10 +49,19 @@ absolute one included): a target is only text, which paddock never follows
 on the host (nothing is extracted through a link, and a template build
 refuses a copy source reached through one that leaves its context). Files copied into a sandbox belong to root
 and files copied out to you, unless -a keeps the numeric owners. Copies out
-never make set-id files.`,
+never make set-id files.
+
+Holes of sparse files are kept both ways (only their data travels). A copy
+out writes at most --max-size bytes of files on the host (holes included;
+default 16g, 0 for no cap): a sandbox's file can be far larger than the
+host has room for.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, dst := parseLocation(args[0]), parseLocation(args[1])
+			limit, err := parseSize(maxSize)
+			if err != nil {
+				return fmt.Errorf("--max-size: %w", err)
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -74,11 +90,12 @@ never make set-id files.`,
 			case dst.remote:
 				return upload(ctx, c, src.path, dst, archive)
 			default:
-				return download(ctx, c, src, dst.path, archive)
+				return download(ctx, c, src, dst.path, archive, limit)
 			}
 		},
 	}
 	cmd.Flags().BoolVarP(&archive, "archive", "a", false, "keep numeric owners (uid/gid)")
+	cmd.Flags().StringVar(&maxSize, "max-size", formatSize(defaultMaxCopy), "most bytes of files a copy out of a sandbox writes on the host, holes included (0: no cap)")
 	return cmd
 }
 
@@ -125,6 +142,11 @@ func upload(ctx context.Context, c *client.Client, src string, dst location, arc
 		case !exists && strings.HasSuffix(dst.path, "/"):
 			return fmt.Errorf("%s:%s: no such directory", dst.id, dst.path)
 		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Blocks*512 < st.Size {
+			// A file with holes goes as a sparse tar entry: only its
+			// data travels, and the holes stay holes in the sandbox.
+			return uploadTar(ctx, c, dst.id, path.Dir(target), src, path.Base(target), archive)
+		}
 		f, err := os.Open(src)
 		if err != nil {
 			return err
@@ -155,6 +177,12 @@ func upload(ctx context.Context, c *client.Client, src string, dst location, arc
 	} else {
 		dir, prefix = path.Dir(path.Clean(dst.path)), path.Base(path.Clean(dst.path))
 	}
+	return uploadTar(ctx, c, dst.id, dir, src, prefix, archive)
+}
+
+// uploadTar sends the host file or tree src as a tar whose names start
+// with prefix, extracted into the sandbox directory dir.
+func uploadTar(ctx context.Context, c *client.Client, id, dir, src, prefix string, archive bool) error {
 	pr, pw := io.Pipe()
 	werr := make(chan error, 1)
 	go func() {
@@ -162,7 +190,7 @@ func upload(ctx context.Context, c *client.Client, src string, dst location, arc
 		pw.CloseWithError(err)
 		werr <- err
 	}()
-	_, err = c.UploadTar(ctx, dst.id, dir, pr, client.UploadOptions{})
+	_, err := c.UploadTar(ctx, id, dir, pr, client.UploadOptions{})
 	pr.CloseWithError(errors.New("upload ended"))
 	if terr := <-werr; terr != nil && err != nil {
 		return terr
@@ -186,6 +214,7 @@ func remoteDirLink(ctx context.Context, c *client.Client, l location) bool {
 // with prefix (none: relative to src). Links are stored as links.
 func writeLocalTar(w io.Writer, src, prefix string, archive bool) error {
 	tw := tar.NewWriter(w)
+	buf := make([]byte, 256<<10)
 	links := map[[2]uint64]string{}
 	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -232,17 +261,20 @@ func writeLocalTar(w io.Writer, src, prefix string, archive bool) error {
 				links[key] = name
 			}
 		}
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
 		if h.Typeflag != tar.TypeReg {
-			return nil
+			return tw.WriteHeader(h)
 		}
 		f, err := os.Open(p)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
+		if ex, err := sparse.Extents(f, h.Size); err == nil && sparse.Sparse(ex, h.Size) {
+			return sparse.WriteTar(tw, w, h, f, ex, buf)
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
 		if n, err := io.CopyN(tw, f, h.Size); err != nil {
 			return fmt.Errorf("%s: changed while it was copied (%d of %d bytes): %w", p, n, h.Size, err)
 		}
@@ -259,7 +291,9 @@ func writeLocalTar(w io.Writer, src, prefix string, archive bool) error {
 // directory with the same checks as an upload into a sandbox (no "..",
 // nothing written through a link that leads out), and set-id bits are
 // dropped.
-func download(ctx context.Context, c *client.Client, src location, dst string, archive bool) error {
+//
+// At most limit bytes of files are written (holes included; 0: no cap).
+func download(ctx context.Context, c *client.Client, src location, dst string, archive bool, limit int64) error {
 	info, err := c.Stat(ctx, src.id, src.path)
 	if err != nil {
 		return err
@@ -278,7 +312,7 @@ func download(ctx context.Context, c *client.Client, src location, dst string, a
 		case derr != nil && strings.HasSuffix(dst, "/"):
 			return fmt.Errorf("%s: no such directory", dst)
 		}
-		return downloadFile(ctx, c, src, info, target, archive)
+		return downloadFile(ctx, c, src, info, target, archive, limit)
 	}
 	if info.IsDir() && derr == nil && !dstIsDir {
 		return fmt.Errorf("cannot copy directory %s:%s onto %s, which is not a directory", src.id, src.path, dst)
@@ -309,11 +343,18 @@ func download(ctx context.Context, c *client.Client, src location, dst string, a
 		return err
 	}
 	defer rc.Close()
-	_, err = guest.ExtractTar(d, rc, guest.ExtractOptions{Chown: archive, UID: -1, GID: -1, Rename: rename})
+	_, err = guest.ExtractTar(d, rc, guest.ExtractOptions{Chown: archive, UID: -1, GID: -1, Rename: rename, MaxSize: limit})
+	if errors.Is(err, errdefs.ErrTooLarge) {
+		err = fmt.Errorf("%w (--max-size raises the cap)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("copying %s:%s to %s: %w", src.id, src.path, dst, err)
 	}
 	return nil
+}
+
+func tooLarge(src location, size, limit int64) error {
+	return fmt.Errorf("%w: %s:%s is %d bytes, more than the %d bytes a copy out may write (--max-size raises the cap)", errdefs.ErrTooLarge, src.id, src.path, size, limit)
 }
 
 // replaceFirst returns a Rename that replaces a name's first element
@@ -332,8 +373,12 @@ func replaceFirst(to string) func(string) string {
 }
 
 // downloadFile copies one sandbox file to a host file, replacing it only
-// once the copy is complete.
-func downloadFile(ctx context.Context, c *client.Client, src location, info *client.FileInfo, target string, archive bool) error {
+// once the copy is complete. Runs of zeros become holes; more than limit
+// bytes (0: no cap) are refused.
+func downloadFile(ctx context.Context, c *client.Client, src location, info *client.FileInfo, target string, archive bool, limit int64) error {
+	if limit > 0 && info.Size > limit {
+		return tooLarge(src, info.Size, limit)
+	}
 	rc, err := c.ReadFile(ctx, src.id, src.path)
 	if err != nil {
 		return err
@@ -344,7 +389,18 @@ func downloadFile(ctx context.Context, c *client.Client, src location, info *cli
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	_, err = io.Copy(tmp, rc)
+	var r io.Reader = rc
+	if limit > 0 {
+		r = io.LimitReader(rc, limit+1) // the file may grow meanwhile
+	}
+	w := sparse.NewWriter(tmp)
+	_, err = io.Copy(w, r)
+	if err == nil {
+		err = w.Close()
+	}
+	if err == nil && limit > 0 && w.Size() > limit {
+		err = tooLarge(src, w.Size(), limit)
+	}
 	if err == nil {
 		err = tmp.Chmod((info.Mode & 0o1777).OS())
 	}

@@ -464,3 +464,22 @@ func TestExtractTarHostile(t *testing.T) {
 		})
 	}
 }
+
+// TestExtractTarMaxSize: a cap on what an extraction makes refuses the
+// entry that would pass it, before anything of it is written, and counts
+// a sparse entry's whole size.
+func TestExtractTarMaxSize(t *testing.T) {
+	dest := t.TempDir()
+	d, err := os.Open(dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	_, err = ExtractTar(d, fileTar(t, fileTarEntry{name: "a", typ: tar.TypeReg, body: "12345"}, fileTarEntry{name: "b", typ: tar.TypeReg, body: "123456"}), ExtractOptions{UID: -1, GID: -1, MaxSize: 10})
+	if !errors.Is(err, errdefs.ErrTooLarge) || !strings.Contains(err.Error(), `"b"`) {
+		t.Errorf("got %v, want ErrTooLarge naming b", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dest, "b")); err == nil {
+		t.Error("b was written past the cap")
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/sparse"
 )
 
 // tarSource writes a file or a directory tree of the sandbox as a tar
@@ -26,6 +27,7 @@ type tarSource struct {
 	dir     *os.File
 	base    string
 	ids     *idNames
+	w       io.Writer // under tw, for sparse entries
 	tw      *tar.Writer
 	links   map[[2]uint64]string
 	buf     []byte
@@ -50,7 +52,7 @@ func (t *tarSource) write(w io.Writer) error {
 	bp := fileChunks.Get().(*[]byte)
 	defer fileChunks.Put(bp)
 	t.buf = *bp
-	t.tw = tar.NewWriter(w)
+	t.w, t.tw = w, tar.NewWriter(w)
 	name := path.Base(t.p)
 	if t.p == "/" {
 		name = "."
@@ -158,6 +160,17 @@ func (t *tarSource) file(dir int, name, p string, h *tar.Header, st *unix.Stat_t
 	}
 	h.Typeflag = tar.TypeReg
 	h.Size = st.Size
+	// A file with holes goes as a sparse entry: only its data travels.
+	if ex, err := sparse.Extents(f, st.Size); err == nil && sparse.Sparse(ex, st.Size) {
+		t.entries++
+		if err := sparse.WriteTar(t.tw, t.w, h, f, ex, t.buf); err != nil {
+			if _, ok := err.(*os.PathError); ok {
+				return fsError(p, err)
+			}
+			return err
+		}
+		return nil
+	}
 	if err := t.tw.WriteHeader(h); err != nil {
 		return err
 	}
@@ -186,9 +199,6 @@ func (t *tarSource) file(dir int, name, p string, h *tar.Header, st *unix.Stat_t
 // fileReaderOnly hides a reader's other methods (WriterTo) from io.Copy.
 type fileReaderOnly struct{ io.Reader }
 
-// fileWriterOnly hides a writer's other methods (ReaderFrom) from io.Copy.
-type fileWriterOnly struct{ io.Writer }
-
 // ExtractOptions say how ExtractTar treats what it extracts.
 type ExtractOptions struct {
 	// Chown gives entries an owner: UID and GID where they are not -1,
@@ -201,6 +211,11 @@ type ExtractOptions struct {
 	// Rename maps an entry's name (clean and relative) to the name it is
 	// extracted as; "" skips the entry. Nil keeps names.
 	Rename func(name string) string
+	// MaxSize caps the bytes of file content the extraction makes, holes
+	// included (a sparse entry counts its whole size); 0 is no cap. A
+	// sandbox's disk cap bounds what goes in; a copy out to the host has
+	// only this.
+	MaxSize int64
 }
 
 // ExtractStats says what ExtractTar did.
@@ -262,6 +277,7 @@ type extractor struct {
 	dir  int
 	opts ExtractOptions
 	buf  []byte
+	size int64 // bytes of file content made so far
 }
 
 // entryName cleans an entry's name: relative, no "." or empty elements;
@@ -355,6 +371,12 @@ func (x *extractor) extract(h *tar.Header, tr io.Reader) (bool, error) {
 	}
 	if name == "" {
 		return false, nil // the archive's root: the destination itself
+	}
+	if h.Typeflag == tar.TypeReg && x.opts.MaxSize > 0 {
+		if h.Size > x.opts.MaxSize-x.size {
+			return false, fmt.Errorf("%w: tar entry %q: its %d bytes pass the cap of %d bytes on what this copy may write", errdefs.ErrTooLarge, name, h.Size, x.opts.MaxSize)
+		}
+		x.size += h.Size
 	}
 	parent, base, err := x.parentOf(name)
 	if err != nil {
@@ -455,7 +477,13 @@ func (x *extractor) writeFile(pfd int, tmp, label string, tr io.Reader, uid, gid
 	}
 	f := os.NewFile(uintptr(fd), label)
 	defer f.Close()
-	if _, err := io.CopyBuffer(fileWriterOnly{f}, fileReaderOnly{tr}, x.buf); err != nil {
+	// Runs of zeros (a sparse entry's holes among them) become holes.
+	sw := sparse.NewWriter(f)
+	_, err = io.CopyBuffer(sw, fileReaderOnly{tr}, x.buf)
+	if err == nil {
+		err = sw.Close()
+	}
+	if err != nil {
 		var errno unix.Errno
 		if errors.As(err, &errno) {
 			return err
