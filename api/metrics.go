@@ -44,6 +44,27 @@ type Metrics struct {
 	// Autoscale is set for a running autoscaled sandbox: the limits the
 	// autoscaler has it at.
 	Autoscale *Resources `json:"autoscale,omitempty"`
+	// Storage is the space left on the filesystem that holds every
+	// sandbox's disk, shared by all sandboxes.
+	Storage *StorageSpace `json:"storage,omitempty"`
+}
+
+// StorageSpace is the space of the filesystem that holds sandboxes' disks
+// (the host's, or the XFS image paddock made on it).
+type StorageSpace struct {
+	SizeBytes int64 `json:"size_bytes"`
+	// FreeBytes is what a new disk may take now: the free space less a
+	// margin, no more than the host's filesystem below can back.
+	FreeBytes int64 `json:"free_bytes"`
+	// HostFreeBytes is the free space of the host's filesystem below.
+	HostFreeBytes int64 `json:"host_free_bytes"`
+	// PromisedBytes is disks' capacity not backed by allocated blocks
+	// (only with an overcommit above 1).
+	PromisedBytes int64 `json:"promised_bytes"`
+	// ShortBytes is how much of PromisedBytes the free space cannot hold:
+	// writes past it fail with I/O errors. Above zero is an alarm.
+	ShortBytes int64   `json:"short_bytes"`
+	Overcommit float64 `json:"overcommit"`
 }
 
 // SandboxSample is one running sandbox's latest sample, in GET /v1/metrics.

@@ -109,6 +109,15 @@ type Daemon struct {
 // the test fails if any mount, cgroup or process of it is left behind.
 func StartDaemon(t *testing.T, extra ...string) *Daemon {
 	t.Helper()
+	d := prepareDaemon(t, extra...)
+	d.Start()
+	return d
+}
+
+// prepareDaemon is StartDaemon without the start: for a test that sets up
+// the daemon's directories first.
+func prepareDaemon(t *testing.T, extra ...string) *Daemon {
+	t.Helper()
 	id := randHex(4)
 	root, err := os.MkdirTemp("", "paddock-e2e-")
 	if err != nil {
@@ -133,9 +142,12 @@ func StartDaemon(t *testing.T, extra ...string) *Daemon {
 		"--state-dir", d.StateDir, "--run-dir", d.RunDir,
 		"--listen", d.Host, "--cgroup-parent", d.Cgroup,
 		"--uid-start", fmt.Sprint(d.UIDStart), "--disk-pool", "1",
+		// Thin disks: allocated ones (the daemon's default) would take
+		// 10 GiB of the host's disk for each warm guest and pooled disk
+		// of every test daemon at once. TestDiskSpaceBacked runs with 1.
+		"--disk-overcommit", "100",
 		"--log-level", "debug"}, extra...)
 	t.Cleanup(d.cleanup)
-	d.Start()
 	return d
 }
 

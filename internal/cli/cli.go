@@ -163,6 +163,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.TokenFile, "token-file", "", "file holding the bearer token TCP listeners require")
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup under which sandboxes live")
 	f.IntVar(&cfg.DiskPool, "disk-pool", cfg.DiskPool, "ready disks of the default size to keep")
+	f.Float64Var(&cfg.DiskOvercommit, "disk-overcommit", cfg.DiskOvercommit, "how far disks' capacity may exceed the storage's free space: 1 allocates every disk (a full storage refuses creates; writes never fail for want of space below the disk), above 1 disks are thin")
 	f.Var(sizeFlag{&cfg.StorageSize}, "storage-size", "size of the XFS image made for disks, snapshots and volumes when the state directory cannot reflink, e.g. 200g (default: its filesystem's size)")
 	f.IntVar(&cfg.WarmGuests, "warm-guests", cfg.WarmGuests, "sandboxes of the default image to keep ready (its warm pool; templates set their own with warm: N)")
 	f.IntVar(&cfg.BlankGuests, "blank-guests", cfg.BlankGuests, "guests of each kind (new sandboxes, resumes) to keep started but bound to no image: creates that no warm pool serves and resumes start from one")

@@ -84,6 +84,13 @@ func printStats(w io.Writer, m *api.Metrics) {
 	fmt.Fprintf(tw, "memory\t%s\tpeak %s\tlimit %s\n", formatSize(s.MemoryBytes), formatSize(s.MemoryPeakBytes), limitString(s.MemoryLimitBytes, formatSize))
 	fmt.Fprintf(tw, "pids\t%d\tlimit %s\t\n", s.Pids, limitString(s.PidsLimit, count))
 	fmt.Fprintf(tw, "disk\t%s\tof %s\t\n", formatSize(s.DiskUsedBytes), formatSize(s.DiskBytes))
+	if st := m.Storage; st != nil {
+		short := ""
+		if st.ShortBytes > 0 {
+			short = "SHORT " + formatSize(st.ShortBytes) + ": writes may fail"
+		}
+		fmt.Fprintf(tw, "storage\t%s free\tof %s (host %s free)\t%s\n", formatSize(st.FreeBytes), formatSize(st.SizeBytes), formatSize(st.HostFreeBytes), short)
+	}
 	fmt.Fprintf(tw, "network\tin %s\tout %s\t\n", formatSize(int64(s.NetRxBytes)), formatSize(int64(s.NetTxBytes)))
 	fmt.Fprintf(tw, "egress\t%d allowed\t%d denied\t\n", s.EgressAllowed, s.EgressDenied)
 	fmt.Fprintf(tw, "oom kills\t%d\t\t\n", s.OOMKills)

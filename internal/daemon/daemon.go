@@ -56,6 +56,12 @@ type Config struct {
 	Defaults api.Resources
 	// DiskPool is how many ready disks of the default size to keep.
 	DiskPool int
+	// DiskOvercommit is how far the capacity of all disks may exceed the
+	// storage's free space: 1 (the default) allocates every disk when it
+	// is made, so a sandbox that fills its disk gets ENOSPC at its cap
+	// and a disk the storage cannot back is refused; above 1 disks are
+	// sparse (thin) and the metrics say when the storage runs short.
+	DiskOvercommit float64
 	// Network configures sandboxes' egress; Network.Disabled leaves them
 	// with loopback only.
 	Network NetworkConfig
@@ -122,11 +128,12 @@ func Defaults() Config {
 			Pids:        4096,
 			DiskBytes:   10 << 30,
 		},
-		DiskPool:    4,
-		WarmGuests:  2,
-		BlankGuests: 2,
-		UIDStart:    1 << 28,
-		OutputLimit: 16 << 20,
+		DiskPool:       4,
+		DiskOvercommit: 1,
+		WarmGuests:     2,
+		BlankGuests:    2,
+		UIDStart:       1 << 28,
+		OutputLimit:    16 << 20,
 		Telemetry: TelemetryConfig{
 			CPUOvercommit:    DefaultCPUOvercommit,
 			MemoryOvercommit: DefaultMemoryOvercommit,
@@ -193,13 +200,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Substrate:   sub,
 		DefaultSize: cfg.Defaults.DiskBytes,
 		PoolSize:    cfg.DiskPool,
+		Overcommit:  cfg.DiskOvercommit,
 		Logger:      log.With("component", "disk"),
 	})
 	if err != nil {
 		return fmt.Errorf("setting up disks: %w", err)
 	}
 	defer disks.Close()
-	volPool, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "volumes"), Substrate: sub, DefaultSize: cfg.Defaults.DiskBytes, Logger: log.With("component", "volume")})
+	volPool, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "volumes"), Substrate: sub, DefaultSize: cfg.Defaults.DiskBytes, Overcommit: cfg.DiskOvercommit, Logger: log.With("component", "volume")})
 	if err != nil {
 		return fmt.Errorf("setting up volumes: %w", err)
 	}
@@ -209,7 +217,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("loading volumes: %w", err)
 	}
 	defer vols.Close()
-	snapMounts, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "snapmounts"), Substrate: sub, DefaultSize: cfg.Defaults.DiskBytes, Logger: log.With("component", "snapshot")})
+	snapMounts, err := disk.NewPool(disk.Config{Dir: filepath.Join(storage, "snapmounts"), Substrate: sub, DefaultSize: cfg.Defaults.DiskBytes, Overcommit: cfg.DiskOvercommit, Logger: log.With("component", "snapshot")})
 	if err != nil {
 		return fmt.Errorf("setting up snapshot mounts: %w", err)
 	}
@@ -259,7 +267,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Logger:                  log,
 	})
 	defer mgr.Close()
-	tel, err := startTelemetry(cfg, cgroups, mgr, log.With("component", "telemetry"))
+	tel, err := startTelemetry(cfg, cgroups, mgr, disks, log.With("component", "telemetry"))
 	if err != nil {
 		return err
 	}

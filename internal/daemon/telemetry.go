@@ -10,6 +10,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/gateway"
 	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
 	"github.com/paddock-dev/paddock/internal/telemetry/admission"
 	"github.com/paddock-dev/paddock/internal/telemetry/budget"
 	"github.com/paddock-dev/paddock/internal/telemetry/hub"
@@ -38,13 +39,18 @@ type TelemetryConfig struct {
 }
 
 // startTelemetry makes the hub; the manager observes through it.
-func startTelemetry(cfg Config, cgroups *cgroup.Manager, mgr *sandbox.Manager, log *slog.Logger) (*hub.Hub, error) {
+func startTelemetry(cfg Config, cgroups *cgroup.Manager, mgr *sandbox.Manager, disks *disk.Pool, log *slog.Logger) (*hub.Hub, error) {
 	tc := cfg.Telemetry
 	hc := hub.Config{
 		Dir:     filepath.Join(cfg.StateDir, "telemetry"),
 		Cgroups: cgroups,
 		Disk: func(id string) (used, size int64, err error) {
 			return mgr.DiskUsage(context.Background(), id)
+		},
+		Storage: func() (api.StorageSpace, error) {
+			sp, err := disks.Space()
+			return api.StorageSpace{SizeBytes: sp.Size, FreeBytes: sp.Free, HostFreeBytes: sp.HostFree,
+				PromisedBytes: sp.Promised, ShortBytes: sp.Short, Overcommit: sp.Overcommit}, err
 		},
 		Prices:           tc.Prices,
 		CPUOvercommit:    tc.CPUOvercommit,

@@ -34,7 +34,7 @@ func benchVolume(b *testing.B, dir string, opts loopOptions) string {
 		b.Skip(err)
 	}
 	log := testLogger(b)
-	if _, err := makeVolume(context.Background(), mkfs, dir, DefaultSize, log); err != nil {
+	if _, err := makeVolume(context.Background(), mkfs, dir, DefaultSize, createSparse, log); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {

@@ -2,12 +2,11 @@ package disk
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
 // Ready clones. A snapshot image that sandboxes are made from more than
@@ -172,12 +171,20 @@ func (p *Pool) cloneInto(ctx context.Context, path string) (*entry, error) {
 		if _, err := cloneFile(ctx, path, img, p.copyOpts); err != nil {
 			return err
 		}
-		var st unix.Stat_t
-		if err := unix.Stat(img, &st); err != nil {
+		f, err := os.OpenFile(img, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("opening disk image: %w", err)
+		}
+		defer f.Close()
+		if err := p.reserve(f); err != nil {
 			return err
 		}
-		size = st.Size
-		return nil
+		fi, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("inspecting disk image: %w", err)
+		}
+		size = fi.Size()
+		return f.Close()
 	})
 	if err != nil {
 		return nil, err

@@ -93,6 +93,13 @@ type Config struct {
 	// Logger receives background events (refill failures, sweeps); nil
 	// discards them.
 	Logger *slog.Logger
+	// Overcommit is how far the capacity of the disks may exceed the
+	// storage's free space (space_linux.go): 1, the default, allocates
+	// every image when it is made, so that a disk never promises space
+	// its storage cannot give; above 1 images are sparse and admitted
+	// while the capacity not yet written stays within the free space
+	// times Overcommit. At most 100.
+	Overcommit float64
 	// Substrate is what PrepareSubstrate made of Dir or a parent of it;
 	// snapshots copy rather than reflink when its Reflink is false. nil
 	// means Dir is used as it is: snapshots try reflink and fall back to
@@ -187,6 +194,12 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.PoolSize < 0 {
 		return cfg, errdefs.Invalid("pool size", "%d is negative", cfg.PoolSize)
+	}
+	if cfg.Overcommit == 0 {
+		cfg.Overcommit = 1
+	}
+	if !(cfg.Overcommit >= 1 && cfg.Overcommit <= 100) {
+		return cfg, errdefs.Invalid("disk overcommit", "must be between 1 and 100, got %v", cfg.Overcommit)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

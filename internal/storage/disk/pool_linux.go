@@ -203,7 +203,7 @@ func (p *Pool) refill(ctx context.Context) {
 // make makes a volume of size bytes in a new pool directory.
 func (p *Pool) make(ctx context.Context, size int64) (*entry, error) {
 	dir := filepath.Join(p.poolDir, strconv.FormatUint(p.seq.Add(1), 10))
-	dev, err := makeVolume(ctx, p.mkfs, dir, size, p.log)
+	dev, err := makeVolume(ctx, p.mkfs, dir, size, p.createImage, p.log)
 	if err != nil {
 		return nil, err
 	}

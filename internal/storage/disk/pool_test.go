@@ -128,6 +128,11 @@ func newTestPool(t testing.TB, cfg Config) *Pool {
 	if cfg.DefaultSize == 0 {
 		cfg.DefaultSize = testSize
 	}
+	if cfg.Overcommit == 0 {
+		// Thin, as these tests were written for (sparse images, copies
+		// that fill the substrate); test/TestDiskSpaceBacked covers 1.
+		cfg.Overcommit = 100
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}

@@ -61,11 +61,12 @@ func findMkfs(configured string) (string, error) {
 	return "", fmt.Errorf("%w: mkfs.ext4 not found (install e2fsprogs)", errdefs.ErrUnavailable)
 }
 
-// makeVolume makes a mounted volume of size bytes in the new directory dir
-// and returns its loop device. On failure it leaves nothing behind.
-func makeVolume(ctx context.Context, mkfs, dir string, size int64, log *slog.Logger) (dev string, err error) {
+// makeVolume makes a mounted volume of size bytes in the new directory dir,
+// its image made by create, and returns its loop device. On failure it
+// leaves nothing behind.
+func makeVolume(ctx context.Context, mkfs, dir string, size int64, create func(img string, size int64) error, log *slog.Logger) (dev string, err error) {
 	return buildVolume(dir, log, func(img string) error {
-		if err := createSparse(img, size); err != nil {
+		if err := create(img, size); err != nil {
 			return err
 		}
 		cmd := exec.CommandContext(ctx, mkfs, append(mkfsArgs, img)...)

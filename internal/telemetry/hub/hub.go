@@ -42,6 +42,8 @@ type Config struct {
 	Cgroups *cgroup.Manager
 	// Disk reports a sandbox's disk use and size; nil leaves them zero.
 	Disk func(id string) (used, size int64, err error)
+	// Storage reports the space left for disks; nil reports none.
+	Storage func() (api.StorageSpace, error)
 	// Interval between samples; default 1 s.
 	Interval time.Duration
 	// Prices turn usage into a cost for the cost budget.
@@ -161,7 +163,7 @@ func New(cfg Config) (*Hub, error) {
 		return nil, err
 	}
 	if h.col, err = prom.New(prom.Config{Sampler: h.sampler, States: cfg.States, WarmPools: cfg.WarmPools, WarmTargets: cfg.WarmTargets,
-		Admission: h.adm, Budgets: h.budgets, Autoscaler: h.scaler}); err != nil {
+		Admission: h.adm, Budgets: h.budgets, Autoscaler: h.scaler, Storage: cfg.Storage}); err != nil {
 		return nil, err
 	}
 	h.registry = prometheus.NewRegistry()

@@ -51,6 +51,11 @@ func (h *Hub) Metrics(id string, from, to time.Time) (api.Metrics, error) {
 	if l, ok := h.scaler.Limits(id); ok {
 		out.Autoscale = &api.Resources{CPUs: l.CPUs, MemoryBytes: l.MemoryBytes, Pids: l.Pids}
 	}
+	if h.cfg.Storage != nil {
+		if sp, err := h.cfg.Storage(); err == nil {
+			out.Storage = &sp
+		}
+	}
 	return out, nil
 }
 

@@ -50,6 +50,8 @@ type Config struct {
 	Admission   *admission.Controller
 	Budgets     *budget.Tracker
 	Autoscaler  *autoscale.Autoscaler
+	// Storage reports the space left for sandboxes' disks; may be nil.
+	Storage func() (api.StorageSpace, error)
 	// TopN is how many sandboxes get series of their own. Default 20, at
 	// most 200; -1 for none.
 	TopN int
@@ -129,6 +131,12 @@ var (
 	dAdmCPUUsed    = desc("paddock_admission_cpus_reserved", "CPUs reserved by sandboxes.")
 	dAdmMemLimit   = desc("paddock_admission_memory_limit_bytes", "Memory that can be reserved: (capacity - reserved) × overcommit.")
 	dAdmMemUsed    = desc("paddock_admission_memory_reserved_bytes", "Memory reserved by sandboxes.")
+	dStorageSize   = desc("paddock_storage_size_bytes", "Size of the filesystem that holds sandboxes' disks.")
+	dStorageFree   = desc("paddock_storage_free_bytes", "Space a new disk may take now: free less a margin, no more than the host's filesystem below can back.")
+	dStorageHost   = desc("paddock_storage_host_free_bytes", "Free space of the host's filesystem below the storage.")
+	dStorageProm   = desc("paddock_storage_promised_bytes", "Disks' capacity not backed by allocated blocks (overcommit above 1).")
+	dStorageShort  = desc("paddock_storage_short_bytes", "Promised disk capacity the free space cannot hold: writes past it fail with I/O errors. Alert above 0.")
+	dStorageRatio  = desc("paddock_storage_overcommit_ratio", "The configured disk overcommit (1: every disk backed).")
 	dBudgetWarn    = desc("paddock_budget_warnings_total", "Budget warnings fired.", "budget")
 	dBudgetExceed  = desc("paddock_budget_exceeded_total", "Budgets reached (and their action run).", "budget")
 	dAutoscale     = desc("paddock_autoscale_changes_total", "Autoscale limit changes, by direction; failed ones were refused or could not be applied.", "direction")
@@ -165,7 +173,8 @@ var (
 
 var allDescs = []*prometheus.Desc{
 	dSandboxes, dWarmPool, dWarmTarget, dTickSeconds, dTickSandboxes, dOmitted,
-	dAdmCPULimit, dAdmCPUUsed, dAdmMemLimit, dAdmMemUsed, dBudgetWarn, dBudgetExceed, dAutoscale,
+	dAdmCPULimit, dAdmCPUUsed, dAdmMemLimit, dAdmMemUsed, dStorageSize, dStorageFree, dStorageHost,
+	dStorageProm, dStorageShort, dStorageRatio, dBudgetWarn, dBudgetExceed, dAutoscale,
 	dAllCPU, dAllThrottled, dAllRx, dAllTx, dAllEgress, dAllOOM, dAllCores, dAllMem, dAllMemLimit, dAllPids, dAllDisk,
 	dCPU, dCores, dThrottled, dMem, dMemPeak, dMemLimit, dPids, dPidsLimit, dDisk, dDiskLimit, dRx, dTx, dEgress, dOOM,
 }
@@ -239,6 +248,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(ch, dAdmCPUUsed, use.CPUs)
 		gauge(ch, dAdmMemLimit, float64(lim.MemoryBytes))
 		gauge(ch, dAdmMemUsed, float64(use.MemoryBytes))
+	}
+	if c.cfg.Storage != nil {
+		if sp, err := c.cfg.Storage(); err == nil {
+			gauge(ch, dStorageSize, float64(sp.SizeBytes))
+			gauge(ch, dStorageFree, float64(sp.FreeBytes))
+			gauge(ch, dStorageHost, float64(sp.HostFreeBytes))
+			gauge(ch, dStorageProm, float64(sp.PromisedBytes))
+			gauge(ch, dStorageShort, float64(sp.ShortBytes))
+			gauge(ch, dStorageRatio, sp.Overcommit)
+		}
 	}
 	if b := c.cfg.Budgets; b != nil {
 		warns, exceeded := b.Counts()

@@ -1,0 +1,275 @@
+package disk
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/errdefs"
+)
+
+// Space. A volume's image is a file on the storage filesystem (the host's,
+// or the substrate's XFS image, itself a file on the host's). Made sparse,
+// an image promises its sandbox space that nobody has set aside: when the
+// filesystem below fills, the loop device's writes fail, the volume's
+// ext4 logs "potential data loss", and the writer, whose write(2) and
+// sync(1) had already succeeded, loses its data (issue 20.5). So with an
+// overcommit of 1 (Config.Overcommit, the default) every image is
+// allocated when it is made (fallocate; on an XFS image substrate the
+// blocks XFS gave it are allocated in the image on the host too): a
+// sandbox that fills its disk gets ENOSPC from its own ext4, at its cap,
+// and a disk that cannot be backed is refused when it is made, with
+// ErrUnavailable naming the space. Above 1 images stay sparse and are
+// admitted while the caps not yet written (Space.Promised) stay within the
+// free space times the overcommit: thin, and reported by Space (the
+// daemon's metrics and stats), with Space.Short set once the filesystem
+// below cannot hold what was promised. Clones share blocks with their
+// source (reflink): what a clone rewrites needs new blocks that nothing
+// set aside; Space.Free keeps a margin (keepBack) for that and for the
+// filesystems' own metadata.
+
+// Space is what the storage filesystem can still give disks.
+type Space struct {
+	// Size is the storage filesystem's size in bytes (the XFS image's,
+	// on an xfs-image substrate).
+	Size int64
+	// Free is what a new disk may take now: the free space less a margin,
+	// and on an xfs-image substrate no more than the host's filesystem
+	// can back.
+	Free int64
+	// HostFree is the free space of the host filesystem below an XFS
+	// image substrate; otherwise that of the storage filesystem.
+	HostFree int64
+	// Promised is the capacity of the disks (ready, handed out) not yet
+	// backed by allocated blocks: what sandboxes may still write.
+	Promised int64
+	// Short is how much of Promised the free space cannot hold: writes
+	// past it fail on the loop devices (I/O errors, lost data). Zero with
+	// an overcommit of 1.
+	Short int64
+	// Overcommit is the configured ratio (1: every disk backed).
+	Overcommit float64
+}
+
+// allocMu serialises the check of the free space with the allocation
+// that relies on it, across the pools of this process (they share the
+// substrate).
+var allocMu sync.Mutex
+
+// keepBack is the margin of a filesystem of size bytes that disks may not
+// take: 2%, at least 32 MiB, at most 1 GiB.
+func keepBack(size int64) int64 { return min(max(size/50, 32<<20), 1<<30) }
+
+func statSpace(path string) (size, avail int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, 0, fmt.Errorf("reading free space of %s: %w", path, err)
+	}
+	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize, nil
+}
+
+// space measures the storage filesystem that holds dir; images lists the
+// images whose unwritten capacity counts as promised.
+func space(dir string, sub *Substrate, overcommit float64) (Space, error) {
+	size, avail, err := statSpace(dir)
+	if err != nil {
+		return Space{}, err
+	}
+	sp := Space{Size: size, Free: avail - keepBack(size), HostFree: avail, Overcommit: overcommit}
+	root := dir
+	if sub != nil {
+		root = sub.dir
+	}
+	if sp.Promised, err = promised(root); err != nil {
+		return Space{}, err
+	}
+	if sub != nil && sub.mode == SubstrateXFSImage {
+		hostSize, hostAvail, err := statSpace(filepath.Dir(sub.image))
+		if err != nil {
+			return Space{}, err
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(sub.image, &st); err != nil {
+			return Space{}, fmt.Errorf("inspecting %s: %w", sub.image, err)
+		}
+		// What XFS holds (its files, fallocated or written) beyond what
+		// the host has allocated under it (a disk made sparse by an
+		// earlier version): the host owes it. XFS punches what it frees
+		// out of the image (substrateData), so what the host allocated
+		// is about what XFS holds once every disk is backed.
+		owed := max(0, size-avail-st.Blocks*512)
+		sp.HostFree = hostAvail
+		sp.Free = min(sp.Free, hostAvail-keepBack(hostSize)-owed)
+		sp.Short = max(0, owed-hostAvail)
+	}
+	sp.Free = max(sp.Free, 0)
+	sp.Short = max(sp.Short, sp.Promised-max(avail, 0))
+	return sp, nil
+}
+
+// promised sums, over the volume images under root (pool/ and vol/ of
+// each pool there), the capacity not backed by allocated blocks.
+func promised(root string) (int64, error) {
+	var sum int64
+	for _, pattern := range []string{"*/*/" + imageName, "*/*/*/" + imageName} {
+		imgs, err := filepath.Glob(filepath.Join(root, pattern))
+		if err != nil {
+			return 0, err
+		}
+		for _, img := range imgs {
+			if d := filepath.Base(filepath.Dir(filepath.Dir(img))); d != "pool" && d != "vol" {
+				continue
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(img, &st); err != nil {
+				continue // removed while we looked
+			}
+			sum += max(0, st.Size-st.Blocks*512)
+		}
+	}
+	return sum, nil
+}
+
+// Space reports the storage filesystem's space as the pool sees it.
+func (p *Pool) Space() (Space, error) { return space(p.cfg.Dir, p.cfg.Substrate, p.cfg.Overcommit) }
+
+// noSpace is the error of a disk the storage cannot back.
+func noSpace(size int64, sp Space) error {
+	if sp.Overcommit > 1 {
+		return fmt.Errorf("%w: disk: %s requested, %s free on the storage filesystem × %.1f overcommit, %s promised to disks",
+			errdefs.ErrUnavailable, mib(size), mib(sp.Free), sp.Overcommit, mib(sp.Promised))
+	}
+	return fmt.Errorf("%w: disk: %s requested, %s free on the storage filesystem", errdefs.ErrUnavailable, mib(size), mib(sp.Free))
+}
+
+func mib(n int64) string { return fmt.Sprintf("%d MiB", n>>20) }
+
+// createImage creates the image img of size bytes for a volume, in a
+// pool directory: see reserve.
+func (p *Pool) createImage(img string, size int64) error {
+	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("creating disk image: %w", err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		return fmt.Errorf("sizing disk image: %w", err)
+	}
+	if err := p.reserve(f); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// reserve admits the image f, in a pool directory (so that Space counts
+// it as promised), or refuses it with ErrUnavailable when the storage
+// cannot back it. With an overcommit of 1 it allocates what f lacks (a
+// clone keeps the extents it shares with its source).
+func (p *Pool) reserve(f *os.File) error {
+	allocMu.Lock()
+	defer allocMu.Unlock()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("inspecting disk image: %w", err)
+	}
+	need := max(0, st.Size-st.Blocks*512)
+	sp, err := p.Space()
+	if err != nil {
+		return err
+	}
+	if p.cfg.Overcommit > 1 {
+		if float64(sp.Promised) > float64(sp.Free)*p.cfg.Overcommit {
+			return noSpace(st.Size, sp)
+		}
+		return nil
+	}
+	if need > sp.Free {
+		return noSpace(st.Size, sp)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, st.Size); err != nil {
+		if errors.Is(err, unix.ENOSPC) {
+			return noSpace(st.Size, sp)
+		}
+		return fmt.Errorf("allocating disk image: %w", err)
+	}
+	if s := p.cfg.Substrate; s != nil && s.mode == SubstrateXFSImage {
+		if err := s.back(f); err != nil {
+			if errors.Is(err, unix.ENOSPC) {
+				return noSpace(st.Size, sp)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// back allocates, in the XFS image on the host, the blocks XFS gave f: an
+// unwritten extent in XFS is still a hole in the image until written, and
+// writing it would need host space nobody set aside.
+func (s *Substrate) back(f *os.File) error {
+	img, err := os.OpenFile(s.image, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", s.image, err)
+	}
+	defer img.Close()
+	return extents(f, func(physical, length int64) error {
+		if err := unix.Fallocate(int(img.Fd()), unix.FALLOC_FL_KEEP_SIZE, physical, length); err != nil {
+			return fmt.Errorf("backing disk image in %s: %w", s.image, err)
+		}
+		return nil
+	})
+}
+
+// fiemap and fiemapExtent are struct fiemap and struct fiemap_extent of
+// linux/fiemap.h.
+type fiemap struct {
+	start, length                  uint64
+	flags, mapped, count, reserved uint32
+}
+
+type fiemapExtent struct {
+	logical, physical, length uint64
+	reserved64                [2]uint64
+	flags                     uint32
+	reserved                  [3]uint32
+}
+
+const (
+	fsIocFiemap       = 0xc020660b // _IOWR('f', 11, struct fiemap)
+	fiemapExtentLast  = 0x1
+	fiemapFlagSync    = 0x1
+	fiemapBatch       = 128
+	fiemapExtentsSize = fiemapBatch * int(unsafe.Sizeof(fiemapExtent{}))
+)
+
+// extents calls fn with the physical offset and length, in bytes on the
+// filesystem's device, of every extent of f.
+func extents(f *os.File, fn func(physical, length int64) error) error {
+	buf := make([]byte, int(unsafe.Sizeof(fiemap{}))+fiemapExtentsSize)
+	hdr := (*fiemap)(unsafe.Pointer(&buf[0]))
+	exts := unsafe.Slice((*fiemapExtent)(unsafe.Pointer(&buf[unsafe.Sizeof(fiemap{})])), fiemapBatch)
+	next := uint64(0)
+	for {
+		*hdr = fiemap{start: next, length: ^uint64(0) - next, flags: fiemapFlagSync, count: fiemapBatch}
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fsIocFiemap, uintptr(unsafe.Pointer(&buf[0]))); errno != 0 {
+			return fmt.Errorf("mapping %s: %w", f.Name(), errno)
+		}
+		if hdr.mapped == 0 {
+			return nil
+		}
+		for _, e := range exts[:hdr.mapped] {
+			if err := fn(int64(e.physical), int64(e.length)); err != nil {
+				return err
+			}
+			next = e.logical + e.length
+			if e.flags&fiemapExtentLast != 0 {
+				return nil
+			}
+		}
+	}
+}
