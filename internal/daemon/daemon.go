@@ -159,6 +159,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer releasePID()
+	if err := liftFileMax(log); err != nil {
+		return err
+	}
 	listeners, token, err := listen(cfg)
 	if err != nil {
 		return err
