@@ -11,7 +11,7 @@ GOFLAGS_STATIC := -tags 'netgo osusergo' -ldflags '-linkmode external -extldflag
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
-.PHONY: all build deps up down test test-short bench lint fmt clean
+.PHONY: all build deps up down test test-short fuzz bench lint fmt clean
 
 all: build
 
@@ -50,9 +50,26 @@ up: deps build
 down:
 	$(PREFIX)/bin/paddock serve --stop $(SERVE_FLAGS)
 
-# test runs every test; tests that need root skip without it.
+# test runs every test (tests that need root skip without it), then every
+# fuzz target for a short while.
 test: deps build
 	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -timeout 20m ./...
+	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
+
+# fuzz runs every Fuzz* function of the module, one at a time, for
+# FUZZTIME each (new targets are found, not listed here). The corpora are
+# committed under each package's testdata/fuzz/; a failing input is
+# written there too, to be committed with its fix.
+FUZZTIME      ?= 20s
+TEST_FUZZTIME ?= 10s
+fuzz:
+	@set -o pipefail; targets=$$(PADDOCK_BIN=$(CURDIR)/$(BIN) go test -list '^Fuzz' ./... | \
+		awk '/^Fuzz/ { names = names " " $$1; next } /^ok/ { n = split(names, a, " "); for (i = 1; i <= n; i++) print $$2 "@" a[i] } { names = "" }') || exit 1; \
+	echo "fuzz: $$(echo $$targets | wc -w) targets, $(FUZZTIME) each"; \
+	for t in $$targets; do \
+		pkg=$${t%@*}; name=$${t#*@}; echo "fuzz: $$pkg $$name"; \
+		go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 test-short: build
 	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -short ./...
