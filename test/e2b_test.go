@@ -336,12 +336,14 @@ func TestE2BHostileInput(t *testing.T) {
 	if got := envd("POST", "/process.Process/SendSignal", "application/json", `{"process":{"pid":999999},"signal":"SIGNAL_SIGKILL"}`); got.status != 404 {
 		t.Errorf("signal to no process: %d %s", got.status, got.body)
 	}
-	// Sandbox headers that name nothing, or something that is not an id.
+	// Sandbox headers that name nothing, or something that is not an id:
+	// another sandbox's token is a wrong token for them (the credentials
+	// are checked before the id is looked up).
 	for _, bad := range []string{"../../etc", "nosuchsandbox", strings.Repeat("a", 200)} {
 		req, _ := http.NewRequest("GET", e.URL+"/files?path=x", nil)
 		req.Header.Set("E2b-Sandbox-Id", bad)
 		req.Header.Set("X-Access-Token", token)
-		if got := do(t, req); got.status != 502 {
+		if got := do(t, req); got.status != 401 {
 			t.Errorf("sandbox header %.20q: %d %s", bad, got.status, got.body)
 		}
 	}

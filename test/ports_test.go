@@ -12,8 +12,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -748,13 +746,7 @@ func TestPortSDK(t *testing.T) {
 // the TCP address.
 func newTCPDaemon(t *testing.T) (*Daemon, string, string) {
 	t.Helper()
-	token := "test-token-" + randHex(8)
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tcpAddr := freeHostPort(t)
-	return newDaemon(t, "--listen", "tcp://"+tcpAddr, "--token-file", tokenFile), token, tcpAddr
+	return newTCPDaemonArgs(t)
 }
 
 // freeHostPort returns a free address on the host's loopback.

@@ -180,6 +180,11 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	f.BoolVar(&stop, "stop", false, "stop the daemon running with this run dir (its pid file, "+daemon.PIDFile+"), as SIGTERM does: sandboxes keep running")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long --stop waits for the daemon to exit")
+	f.DurationVar(&cfg.HTTP.ReadTimeout, "http-read-timeout", 30*time.Second, "time a TCP client has to send a request until its credentials are checked")
+	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 2*time.Minute, "close an API connection idle this long between requests")
+	f.IntVar(&cfg.HTTP.Limits.Conns, "http-max-conns", 4096, "connections each TCP listener holds at once")
+	f.IntVar(&cfg.HTTP.Limits.Unauthenticated, "http-max-unauthenticated", 1024, "connections each TCP listener holds before their credentials are checked (the oldest is closed for a new one)")
+	f.IntVar(&cfg.HTTP.Limits.PerPeer, "http-max-unauthenticated-per-peer", 64, "such connections one client address holds (its oldest is closed for its new one)")
 	f.StringVar(&cfg.E2BListen, "e2b-listen", "", "serve the E2B-compatible API on tcp://HOST:PORT (needs --token-file; see docs/e2b.md)")
 	return cmd
 }

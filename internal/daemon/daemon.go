@@ -20,6 +20,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/connlimit"
 	"github.com/paddock-dev/paddock/internal/runtime/native"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 	"github.com/paddock-dev/paddock/internal/seccomp"
@@ -88,6 +89,24 @@ type Config struct {
 	// E2BListen, tcp://HOST:PORT, serves the E2B-compatible facade
 	// (package e2b); it needs TokenFile.
 	E2BListen string
+	// HTTP bounds the API's and the facade's connections.
+	HTTP HTTPConfig
+}
+
+// HTTPConfig bounds the connections of the HTTP servers (see package
+// connlimit for what counts as authenticated).
+type HTTPConfig struct {
+	// ReadTimeout bounds reading a request on a TCP listener until its
+	// credentials are checked (headers alone: at most 10 s); an
+	// authenticated request may then stream for as long as it lasts.
+	// Default 30 s.
+	ReadTimeout time.Duration
+	// IdleTimeout closes a connection that waits this long for its next
+	// request. Default 2 minutes.
+	IdleTimeout time.Duration
+	// Limits bound each TCP listener's connections (zero fields: the
+	// defaults of connlimit.Limits).
+	Limits connlimit.Limits
 }
 
 // ImageConfig configures OCI images.
@@ -336,7 +355,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	errc := make(chan error, len(listeners)+1)
 	var servers []*http.Server
 	if e2bL != nil {
-		hs, err := serveE2B(e2bL, e2bToken, mgr, st, cgroups, log.With("component", "e2b"), errc)
+		hs, err := serveE2B(e2bL, e2bToken, cfg.HTTP, mgr, st, cgroups, log.With("component", "e2b"), errc)
 		if err != nil {
 			return err
 		}
@@ -347,12 +366,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if l.Addr().Network() == "tcp" {
 			tok = token
 		}
-		hs := &http.Server{Handler: srv.Handler(tok), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		hs := httpServer(cfg.HTTP, srv.Handler(tok), log)
+		if tok != "" {
+			l = guard(hs, l, cfg.HTTP, log)
+		} else {
 			// Exec output streams through the API's connections.
-			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			hs.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 				wire.SetSendBuffer(c)
 				return ctx
-			}}
+			}
+		}
 		servers = append(servers, hs)
 		go func(l net.Listener) { errc <- hs.Serve(l) }(l)
 		log.Info("listening", "addr", l.Addr().Network()+"://"+l.Addr().String())
@@ -373,6 +396,36 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	return nil
+}
+
+// httpServer is an API server with cfg's timeouts. The read timeout is
+// left to guard: a unix socket's requests are all trusted, and a read
+// deadline would cut their streams.
+func httpServer(cfg HTTPConfig, h http.Handler, log *slog.Logger) *http.Server {
+	cfg = cfg.withDefaults()
+	return &http.Server{Handler: h, ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout), IdleTimeout: cfg.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+}
+
+// guard bounds a TCP listener's connections and gives its server the
+// read timeout that holds until a request is authenticated
+// (connlimit.Authenticated lifts it).
+func guard(hs *http.Server, l net.Listener, cfg HTTPConfig, log *slog.Logger) net.Listener {
+	cl := connlimit.New(l, cfg.Limits, log)
+	hs.ReadTimeout = cfg.withDefaults().ReadTimeout
+	hs.ConnState = cl.ConnState
+	hs.ConnContext = connlimit.ConnContext
+	return cl
+}
+
+func (c HTTPConfig) withDefaults() HTTPConfig {
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 2 * time.Minute
+	}
+	return c
 }
 
 // listen opens every listener before anything else, so that a second

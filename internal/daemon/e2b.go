@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/e2b"
@@ -46,7 +45,7 @@ func listenE2B(cfg Config) (net.Listener, string, error) {
 
 // serveE2B serves the E2B facade on l over the same manager as the
 // native API.
-func serveE2B(l net.Listener, token string, mgr *sandbox.Manager, st *store.Store, cgroups *cgroup.Manager, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+func serveE2B(l net.Listener, token string, httpCfg HTTPConfig, mgr *sandbox.Manager, st *store.Store, cgroups *cgroup.Manager, log *slog.Logger, errc chan<- error) (*http.Server, error) {
 	srv, err := e2b.New(e2b.Config{
 		Manager: mgr,
 		Store:   st,
@@ -63,7 +62,8 @@ func serveE2B(l net.Listener, token string, mgr *sandbox.Manager, st *store.Stor
 	if err != nil {
 		return nil, err
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	hs := httpServer(httpCfg, srv.Handler(), log)
+	l = guard(hs, l, httpCfg, log)
 	go func() { errc <- hs.Serve(l) }()
 	log.Info("E2B facade listening", "addr", "tcp://"+l.Addr().String())
 	return hs, nil

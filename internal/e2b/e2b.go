@@ -26,6 +26,7 @@ import (
 	"sync"
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/connlimit"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 	"github.com/paddock-dev/paddock/internal/store"
@@ -164,6 +165,7 @@ func (s *Server) Handler() http.Handler {
 			writeAPIError(w, http.StatusUnauthorized, "missing or wrong API key (X-API-KEY)")
 			return
 		}
+		connlimit.Authenticated(w, r)
 		s.control.ServeHTTP(w, r)
 	})
 }

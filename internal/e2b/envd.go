@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/connlimit"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 )
 
@@ -88,27 +89,37 @@ func (s *Server) running(ctx context.Context, id string) (running, paused bool) 
 
 // health is envd's liveness probe: 204 while the sandbox runs, 502 once
 // it is killed or paused (the SDKs read a dropped stream followed by a
-// 502 as "the sandbox ended"). It never resumes a sandbox.
+// 502 as "the sandbox ended"). It never resumes a sandbox. A caller
+// without the sandbox's access token (the SDKs send it here too) gets
+// the 502 of an unknown id, so that the probe does not tell who holds no
+// key which ids exist.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	if ok, _ := s.running(r.Context(), sandboxID(r)); !ok {
-		unreachable(w, sandboxID(r))
+	id := sandboxID(r)
+	if !s.holdsToken(r, id) {
+		unreachable(w, id)
 		return
 	}
+	if ok, _ := s.running(r.Context(), id); !ok {
+		unreachable(w, id)
+		return
+	}
+	connlimit.Authenticated(w, r)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// sandboxCall checks that the sandbox runs and that the caller holds its
-// access token (or, for /files with signed, a valid signature) before h.
+// holdsToken reports whether r carries sandbox id's access token.
+func (s *Server) holdsToken(r *http.Request, id string) bool {
+	return subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(s.accessToken(id))) == 1
+}
+
+// sandboxCall checks that the caller holds the sandbox's access token
+// (or, for /files with signed, a valid signature) and that the sandbox
+// runs before h. The credentials go first: a caller without them learns
+// nothing of whether the id exists.
 func (s *Server) sandboxCall(signed bool, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := sandboxID(r)
-		ok, wake := s.running(r.Context(), id)
-		if !ok && !wake {
-			unreachable(w, id)
-			return
-		}
-		tok := r.Header.Get("X-Access-Token")
-		ok = subtle.ConstantTimeCompare([]byte(tok), []byte(s.accessToken(id))) == 1
+		ok := s.holdsToken(r, id)
 		if !ok && signed && r.URL.Query().Has("signature") {
 			if err := s.checkSignature(r, id); err != nil {
 				writeAPIError(w, http.StatusUnauthorized, err.Error())
@@ -122,6 +133,12 @@ func (s *Server) sandboxCall(signed bool, h http.HandlerFunc) http.Handler {
 			} else {
 				s.writeUnaryError(w, r, &rpcError{Code: "unauthenticated", Message: "missing or wrong X-Access-Token"})
 			}
+			return
+		}
+		connlimit.Authenticated(w, r)
+		ok, wake := s.running(r.Context(), id)
+		if !ok && !wake {
+			unreachable(w, id)
 			return
 		}
 		if wake {

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/connlimit"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/sandbox"
@@ -104,6 +105,7 @@ func (s *Server) auth(token string, next http.Handler) http.Handler {
 			writeError(w, r, s.log, &HTTPError{Code: http.StatusUnauthorized, Msg: "missing or wrong bearer token", Err: errdefs.ErrDenied})
 			return
 		}
+		connlimit.Authenticated(w, r)
 		next.ServeHTTP(w, r)
 	})
 }
