@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -55,6 +56,11 @@ type Space struct {
 	// Overcommit is the configured ratio (1: every disk backed).
 	Overcommit float64
 }
+
+// spaceSettle is how long a disk that does not fit waits for space being
+// freed: a disk just removed gives its blocks back only once its loop
+// device has let go of its image and XFS has processed the unlink.
+const spaceSettle = 500 * time.Millisecond
 
 // allocMu serialises the check of the free space with the allocation
 // that relies on it, across the pools of this process (they share the
@@ -178,18 +184,25 @@ func (p *Pool) reserve(f *os.File) error {
 		return fmt.Errorf("inspecting disk image: %w", err)
 	}
 	need := max(0, st.Size-st.Blocks*512)
-	sp, err := p.Space()
-	if err != nil {
-		return err
-	}
-	if p.cfg.Overcommit > 1 {
-		if float64(sp.Promised) > float64(sp.Free)*p.cfg.Overcommit {
+	var sp Space
+	for deadline := time.Now().Add(spaceSettle); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if sp, err = p.Space(); err != nil {
+			return err
+		}
+		fits := need <= sp.Free
+		if p.cfg.Overcommit > 1 {
+			fits = float64(sp.Promised) <= float64(sp.Free)*p.cfg.Overcommit
+		}
+		if fits {
+			break
+		}
+		if time.Now().After(deadline) {
 			return noSpace(st.Size, sp)
 		}
-		return nil
 	}
-	if need > sp.Free {
-		return noSpace(st.Size, sp)
+	if p.cfg.Overcommit > 1 {
+		return nil
 	}
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, st.Size); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
