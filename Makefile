@@ -76,7 +76,11 @@ test-short: build
 
 bench: deps build
 	@for p in $(BENCH_DEPS); do dpkg -s $$p >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEPS); break; }; done
-	PADDOCK_BIN=$(CURDIR)/$(BIN) go run ./bench -out BENCHMARKS.md
+	@# BASE=<rev> also builds that revision and compares it with this build in
+	@# alternating blocks (the "baseline" section), e.g. make bench BASE=HEAD~5.
+	@if [ -n "$(BASE)" ]; then rm -rf .bench-base && mkdir -p .bench-base && \
+		git archive $(BASE) | tar -x -C .bench-base && $(MAKE) -C .bench-base build VERSION=base-$(BASE); fi
+	PADDOCK_BIN=$(CURDIR)/$(BIN) go run ./bench -out BENCHMARKS.md $(if $(BASE),-baseline $(CURDIR)/.bench-base/bin/paddock)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

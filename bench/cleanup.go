@@ -49,6 +49,7 @@ func (r *rig) close(keepLog bool) cleanupReport {
 	defer cancel()
 
 	rep := cleanupReport{Done: true, CgroupNames: []string{r.cgroupParent, r.cgroupParent + "-runc"}}
+	r.closeBaseline(ctx, &rep)
 	if r.daemon != nil {
 		r.removeSandboxes(ctx, &rep)
 		if err := r.daemon.stop(); err != nil {

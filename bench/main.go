@@ -31,6 +31,7 @@ type options struct {
 	n         int
 	out       string
 	bin       string
+	baseline  string   // a second paddock binary to compare with; "" for none
 	only      []string // benchmark names; empty means all
 	keepGoing bool
 	args      []string // as given, for the reproduce line
@@ -57,6 +58,7 @@ func allBenchmarks() []benchmark {
 		{"fork", fmt.Sprintf("Fork ×%d of a sandbox holding 1 GiB", forkCount), benchFork},
 		{"e2b", "E2B SDK: create + run('echo hi') + kill, against the native API", benchE2B},
 		{"egress", "HTTPS through the egress proxy", benchEgress},
+		{"baseline", "This build against a baseline binary, in alternating blocks", benchBaseline},
 	}
 }
 
@@ -74,6 +76,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.n, "n", 50, "timed iterations per tool (warm-ups excluded); exec round trips take max(n, 200)")
 	fs.StringVar(&o.out, "out", "BENCHMARKS.md", "markdown file to write")
 	fs.StringVar(&o.bin, "bin", os.Getenv("PADDOCK_BIN"), "paddock binary (default $PADDOCK_BIN)")
+	fs.StringVar(&o.baseline, "baseline", "", "a second paddock binary (the previous main, say) compared with -bin in alternating blocks")
 	only := fs.String("only", "", "comma-separated benchmarks to run: "+strings.Join(benchmarkNames(), ","))
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "run the remaining benchmarks after one fails")
 	if err := fs.Parse(args); err != nil {

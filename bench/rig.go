@@ -41,7 +41,8 @@ type rig struct {
 	netName      string     // the daemon's network (nftables table, link prefix)
 	egress       *egressNet // the egress benchmark's upstream; nil unless it runs
 	e2b          *e2bEndpoint
-	egressErr    error // why egress is nil when it should run
+	baseline     *baselineDaemon // the -baseline daemon; nil unless it runs
+	egressErr    error           // why egress is nil when it should run
 
 	mu      sync.Mutex
 	made    map[string]bool // sandboxes created and not yet removed
