@@ -1,8 +1,9 @@
 // Package disk owns the size-capped filesystems that hold sandboxes'
-// writable layers, and their snapshots. Each volume is a sparse file
-// formatted as ext4, attached to a loop device and mounted on the host, so
-// a sandbox that fills its disk gets ENOSPC at its own cap and nobody else
-// notices. Making a volume costs tens of milliseconds, so a Pool keeps
+// writable layers, and their snapshots. Each volume is a file formatted
+// as ext4, attached to a loop device and mounted on the host, so a sandbox
+// that fills its disk gets ENOSPC at its own cap and nobody else notices;
+// its blocks are allocated when it is made (or it is sparse, with
+// Config.Overcommit above 1: space_linux.go). Making a volume costs tens of milliseconds, so a Pool keeps
 // ready, mounted volumes of the default size and hands one out by renaming
 // its directory.
 //
@@ -67,8 +68,7 @@ const (
 	// MaxSize is the largest volume, the largest file ext4 with 4 KiB
 	// blocks (the usual host filesystem) can hold.
 	MaxSize = 16 << 40
-	// DefaultSize is Config.DefaultSize when it is left zero. The backing
-	// file is sparse, so the size costs nothing until written.
+	// DefaultSize is Config.DefaultSize when it is left zero.
 	DefaultSize = 10 << 30
 
 	sizeAlign = 1 << 20 // sizes are rounded up to whole MiB
