@@ -93,7 +93,7 @@ type Gateway struct {
 
 	mu      sync.Mutex
 	events  func(id string, e Event)
-	selfFn  func(id string) (map[string]any, error)
+	selfFn  func(id string) (api.Self, error)
 	cas     map[string]*egress.CA
 	denials map[string][]egress.Event // recent denials per sandbox, newest last
 
@@ -296,7 +296,7 @@ func (g *Gateway) SetEvents(f func(id string, e Event)) {
 
 // SetSelf sets what is added to a sandbox's self view (limits, usage,
 // budgets).
-func (g *Gateway) SetSelf(f func(id string) (map[string]any, error)) {
+func (g *Gateway) SetSelf(f func(id string) (api.Self, error)) {
 	g.mu.Lock()
 	g.selfFn = f
 	g.mu.Unlock()

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -34,50 +36,47 @@ When a connection fails, look at denials.json: a refused HTTP request got a
 once; a refused DNS name got REFUSED. Ask whoever runs you to add the rule.
 `
 
-// denial is a refusal as the agent sees it.
-type denial struct {
-	Time    time.Time `json:"time"`
-	Kind    string    `json:"kind"`
-	Host    string    `json:"host,omitempty"`
-	IP      string    `json:"ip,omitempty"`
-	Port    uint16    `json:"port,omitempty"`
-	Method  string    `json:"method,omitempty"`
-	Path    string    `json:"path,omitempty"`
-	Reason  string    `json:"reason"`
-	Rule    string    `json:"rule,omitempty"`
-	Suggest string    `json:"suggest,omitempty"`
-}
-
-func denials(evs []egress.Event) []denial {
-	out := make([]denial, 0, len(evs))
+func denials(evs []egress.Event) []api.Denial {
+	out := make([]api.Denial, 0, len(evs))
 	for _, e := range evs {
-		out = append(out, denial{Time: e.Time, Kind: string(e.Kind), Host: e.Host, IP: e.IP, Port: e.Port,
+		out = append(out, api.Denial{Time: e.Time, Kind: string(e.Kind), Host: e.Host, IP: e.IP, Port: e.Port,
 			Method: e.Method, Path: e.Path, Reason: e.Reason, Rule: e.Rule, Suggest: e.Suggest})
 	}
 	return out
 }
 
-// selfView is what sandbox id may know about itself.
-func (g *Gateway) selfView(id string) map[string]any {
-	v := map[string]any{}
+// selfView is what sandbox id may know about itself: the hub's part (if
+// it knows the sandbox), its policy and its denials.
+func (g *Gateway) selfView(id string) api.Self {
 	g.mu.Lock()
 	selfFn := g.selfFn
 	g.mu.Unlock()
+	var v api.Self
 	if selfFn != nil {
-		if more, err := selfFn(id); err == nil {
-			for k, x := range more {
-				v[k] = x
-			}
+		if hv, err := selfFn(id); err == nil {
+			v = hv
 		}
 	}
-	v["sandbox"] = id
+	v.Sandbox = id
 	if p, ok := g.eng.Policy(id); ok {
-		v["policy"] = p
-	} else {
-		v["policy"] = api.Policy{}
+		v.Policy = *p
 	}
-	v["denials"] = denials(g.Denials(id))
+	v.Denials = denials(g.Denials(id))
 	return v
+}
+
+// selfDocs are the JSON documents http://paddock.internal serves, by path;
+// api/openapi.yaml documents each.
+var selfDocs = map[string]func(api.Self) any{
+	"/v1/self":         func(v api.Self) any { return v },
+	"/v1/self/policy":  func(v api.Self) any { return v.Policy },
+	"/v1/self/denials": func(v api.Self) any { return v.Denials },
+}
+
+// SelfPaths lists the paths of the JSON documents http://paddock.internal
+// serves a sandbox.
+func SelfPaths() []string {
+	return slices.Sorted(maps.Keys(selfDocs))
 }
 
 func (g *Gateway) serveSelf(w http.ResponseWriter, r *http.Request) {
@@ -91,27 +90,20 @@ func (g *Gateway) serveSelf(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not a sandbox", http.StatusForbidden)
 		return
 	}
-	v := g.selfView(id)
-	var body any
-	switch r.URL.Path {
-	case "/v1/self", "/v1/self/":
-		body = v
-	case "/v1/self/policy":
-		body = v["policy"]
-	case "/v1/self/denials":
-		body = v["denials"]
-	case "/":
+	if r.URL.Path == "/" {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Write([]byte(selfReadme))
 		return
-	default:
+	}
+	doc, ok := selfDocs[strings.TrimSuffix(r.URL.Path, "/")]
+	if !ok {
 		http.Error(w, "not found: try /v1/self", http.StatusNotFound)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	enc.Encode(body)
+	enc.Encode(doc(g.selfView(id)))
 }
 
 // refreshSelf keeps every attached sandbox's /run/paddock tree current.
@@ -164,18 +156,18 @@ type selfTree struct {
 
 // writeSelf writes the files of sandbox id's self view v that changed
 // since tree's last write, as of now, and records what it wrote.
-func (g *Gateway) writeSelf(id string, v map[string]any, tree *selfTree, now time.Time) {
+func (g *Gateway) writeSelf(id string, v api.Self, tree *selfTree, now time.Time) {
 	dir := filepath.Join(g.dir(id), "self")
 	g.writeSelfFile(dir, "README", []byte(selfReadme+"\n"), tree.written)
-	for name, x := range map[string]any{"policy.json": v["policy"], "denials.json": v["denials"]} {
+	for name, x := range map[string]any{"policy.json": v.Policy, "denials.json": v.Denials} {
 		b, _ := json.MarshalIndent(x, "", "  ")
 		g.writeSelfFile(dir, name, append(b, '\n'), tree.written)
 	}
 	keyed := v
-	if u, ok := v["usage"].(api.Sample); ok {
-		keyed = maps.Clone(v)
+	if v.Usage != nil {
+		u := *v.Usage
 		u.Time = time.Time{}
-		keyed["usage"] = u
+		keyed.Usage = &u
 	}
 	key, _ := json.Marshal(keyed)
 	if bytes.Equal(key, tree.key) && now.Sub(tree.keyAt) < selfStale {

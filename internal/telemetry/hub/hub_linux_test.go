@@ -86,7 +86,7 @@ func TestHubLifecycle(t *testing.T) {
 		t.Errorf("events: %v %+v", err, evs)
 	}
 	self, err := h.Self(id)
-	if err != nil || self["limits"].(selfLimits).Pids != 128 || self["usage"] == nil {
+	if err != nil || self.Limits == nil || self.Limits.Pids != 128 || self.Usage == nil {
 		t.Errorf("self view: %v %+v", err, self)
 	}
 

@@ -143,42 +143,32 @@ func (h *Hub) ReadLog(ctx context.Context, id string, seq uint64, from int64, fo
 	return h.execs.Read(ctx, id, seq, from, follow, fn)
 }
 
-// selfLimits are a sandbox's limits as it sees them.
-type selfLimits struct {
-	CPUs        float64 `json:"cpus"`
-	MemoryBytes int64   `json:"memory_bytes"`
-	Pids        int64   `json:"pids"`
-	DiskBytes   int64   `json:"disk_bytes"`
-}
-
 // Self is what sandbox id may know of itself, for /run/paddock and
 // http://paddock.internal/v1/self: its limits (as in force now, autoscale
-// included), its usage, and its budgets with what remains.
-func (h *Hub) Self(id string) (map[string]any, error) {
+// included), its usage, and its budgets with what remains. The gateway
+// adds its policy and denials.
+func (h *Hub) Self(id string) (api.Self, error) {
 	h.mu.Lock()
 	st := h.boxes[id]
-	var lim selfLimits
+	var lim api.Resources
 	var auto *api.Autoscale
 	if st != nil {
-		lim = selfLimits{CPUs: st.res.CPUs, MemoryBytes: st.res.MemoryBytes, Pids: st.res.Pids, DiskBytes: st.res.DiskBytes}
+		lim = api.Resources{CPUs: st.res.CPUs, MemoryBytes: st.res.MemoryBytes, Pids: st.res.Pids, DiskBytes: st.res.DiskBytes}
 		auto = st.autoscale
 	}
 	h.mu.Unlock()
 	if st == nil {
-		return nil, errdefs.NotFound("sandbox", id)
+		return api.Self{}, errdefs.NotFound("sandbox", id)
 	}
 	if l, ok := h.scaler.Limits(id); ok {
 		lim.CPUs, lim.MemoryBytes = l.CPUs, l.MemoryBytes
 	}
-	v := map[string]any{"limits": lim}
+	v := api.Self{Sandbox: id, Limits: &lim, Autoscale: auto}
 	if cur, ok, err := h.sampler.Current(id); err == nil && ok {
-		v["usage"] = cur.Sample
+		v.Usage = &cur.Sample
 	}
 	if bs, err := h.budgets.Status(id); err == nil {
-		v["budgets"] = toBudgets(bs).Budgets
-	}
-	if auto != nil {
-		v["autoscale"] = auto
+		v.Budgets = toBudgets(bs).Budgets
 	}
 	return v, nil
 }
