@@ -99,6 +99,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Denial":       api.Denial{},
 		"Sample":       api.Sample{},
 		"Metrics":      api.Metrics{},
+		"StorageSpace": api.StorageSpace{},
 		"BudgetStatus": api.BudgetStatus{},
 		"BudgetLine":   api.BudgetLine{},
 		"Autoscale":    api.Autoscale{},
