@@ -261,7 +261,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer ociImages.Close()
-	prog, err := seccomp.Compile(seccomp.DockerDefaultCaps)
+	prog, err := seccomp.Compile(seccomp.SandboxCaps)
 	if err != nil {
 		return fmt.Errorf("compiling seccomp profile: %w", err)
 	}
@@ -305,7 +305,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Disks:       disks,
 		IDs:         mgr,
 		Seccomp:     prog,
-		Caps:        seccomp.DockerDefaultCaps,
+		Caps:        seccomp.SandboxCaps,
 		OutputLimit: cfg.OutputLimit,
 		WarmGuests:  cfg.WarmGuests,
 		BlankGuests: cfg.BlankGuests,

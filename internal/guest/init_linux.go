@@ -345,6 +345,7 @@ func buildRoot(cfg *guestapi.Prepare, fds []int) error {
 		r.dev,
 		r.mask,
 		loopbackUp,
+		enablePing,
 		func() error { return pivot(root) },
 	}
 	for _, step := range steps {
@@ -622,6 +623,17 @@ func loopbackUp() error {
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	return nil
+}
+
+// enablePing lets every group of the sandbox open ICMP echo sockets
+// (SOCK_DGRAM, IPPROTO_ICMP) in its network namespace, where the kernel's
+// default allows none: ping works without CAP_NET_RAW, which sandboxes do
+// not get. The range is read in our user namespace: all its 65536 gids.
+func enablePing() error {
+	if err := os.WriteFile("/proc/sys/net/ipv4/ping_group_range", []byte("0 65535"), 0); err != nil {
+		return fmt.Errorf("allowing ICMP echo sockets: %w", err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	profiles "github.com/moby/profiles/seccomp"
@@ -33,6 +34,13 @@ var DockerDefaultCaps = []string{
 	"CAP_KILL",
 	"CAP_AUDIT_WRITE",
 }
+
+// SandboxCaps are the capabilities a sandbox's processes get: Docker's
+// default set without CAP_NET_RAW (as Podman). An agent's work needs no
+// raw or packet sockets (crafting frames, sniffing its link); ping still
+// works through unprivileged ICMP sockets, which the guest enables in the
+// sandbox's network namespace (net.ipv4.ping_group_range).
+var SandboxCaps = slices.DeleteFunc(slices.Clone(DockerDefaultCaps), func(c string) bool { return c == "CAP_NET_RAW" })
 
 // sockFilterSize is sizeof(struct sock_filter): u16 code, u8 jt, u8 jf, u32 k.
 const sockFilterSize = 8
