@@ -127,9 +127,12 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 // captureLocked copies b's disk to dst, freezing its processes for the
 // moment of the copy if they run.
 func (m *Manager) captureLocked(ctx context.Context, b *box, dst string) (runtime.Capture, error) {
+	mv, err := next(b, actSnapshot)
+	if err != nil {
+		return runtime.Capture{}, err
+	}
 	var pause func() (func(), error)
-	switch b.rec.State {
-	case api.StateRunning:
+	if mv.step == stepLive {
 		inst := b.inst
 		pause = func() (func(), error) {
 			if err := inst.Freeze(ctx); err != nil {
@@ -141,10 +144,6 @@ func (m *Manager) captureLocked(ctx context.Context, b *box, dst string) (runtim
 				}
 			}, nil
 		}
-	case api.StateFrozen, api.StatePaused, api.StateStopped:
-		// Nothing runs that could write.
-	default:
-		return runtime.Capture{}, errdefs.Conflict("sandbox %s is %s; it cannot be snapshotted", b.rec.ID, b.rec.State)
 	}
 	c, err := m.cfg.Runtime.Snapshot(ctx, b.rec.ID, dst, pause)
 	if err != nil {
@@ -273,13 +272,17 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 // base, while b's processes are frozen; it returns the copies by volume.
 func (m *Manager) captureVolumesLocked(ctx context.Context, b *box, base string) (map[string]string, error) {
 	out := map[string]string{}
+	mv, err := next(b, actSnapshot)
+	if err != nil {
+		return nil, err
+	}
 	for i, v := range b.rec.Volumes {
 		if v.Name == "" || out[v.Name] != "" {
 			continue
 		}
 		dst := fmt.Sprintf("%s.vol%d", base, i)
 		var pause func() (func(), error)
-		if b.rec.State == api.StateRunning {
+		if mv.step == stepLive {
 			inst := b.inst
 			pause = func() (func(), error) {
 				if err := inst.Freeze(ctx); err != nil {

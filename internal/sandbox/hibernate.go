@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
-	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // touch records activity on the sandbox (an API call that reached it).
@@ -60,11 +59,15 @@ func (m *Manager) wakeLocked(ctx context.Context, b *box) error {
 	if !b.rec.AutoResume {
 		return nil
 	}
-	switch b.rec.State {
-	case api.StateFrozen:
-		return m.thawLocked(b)
-	case api.StatePaused:
-		return m.startLocked(ctx, b)
+	mv, err := next(b, actWake)
+	if err != nil {
+		return err
+	}
+	switch mv.step {
+	case stepThaw:
+		return m.thawLocked(b, mv.to)
+	case stepStart:
+		return m.startLocked(ctx, b, mv.to)
 	}
 	return nil
 }
@@ -80,25 +83,24 @@ func (m *Manager) Pause(ctx context.Context, id string) (api.Sandbox, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := m.pauseLocked(ctx, b); err != nil {
+	if err := m.pauseLocked(ctx, b, actPause); err != nil {
 		return api.Sandbox{}, err
 	}
 	return b.viewLocked(), nil
 }
 
-func (m *Manager) pauseLocked(ctx context.Context, b *box) error {
-	switch b.rec.State {
-	case api.StatePaused:
-		return nil
-	case api.StateRunning, api.StateFrozen:
-	default:
-		return errdefs.Conflict("sandbox %s is %s; only a running or frozen sandbox can be paused", b.rec.ID, b.rec.State)
+// pauseLocked pauses b on request (actPause) or because it is idle
+// (actIdle).
+func (m *Manager) pauseLocked(ctx context.Context, b *box, act action) error {
+	mv, err := next(b, act)
+	if err != nil || mv.step == stepNone {
+		return err
 	}
 	start := time.Now()
 	if err := m.stopLocked(ctx, b); err != nil {
 		return err
 	}
-	b.rec.State = api.StatePaused
+	b.rec.State = mv.to
 	b.rec.Error = ""
 	m.persistLocked(b)
 	m.notify(b).Stopped(b.viewLocked())
@@ -116,14 +118,13 @@ func (m *Manager) Resume(ctx context.Context, id string) (api.Sandbox, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch b.rec.State {
-	case api.StateRunning:
-	case api.StateFrozen:
-		err = m.thawLocked(b)
-	case api.StatePaused, api.StateStopped, api.StateFailed:
-		err = m.startLocked(ctx, b)
-	default:
-		err = errdefs.Conflict("sandbox %s is %s", id, b.rec.State)
+	mv, err := next(b, actResume)
+	switch {
+	case err != nil:
+	case mv.step == stepThaw:
+		err = m.thawLocked(b, mv.to)
+	case mv.step == stepStart:
+		err = m.startLocked(ctx, b, mv.to)
 	}
 	if err != nil {
 		return api.Sandbox{}, err
@@ -131,8 +132,9 @@ func (m *Manager) Resume(ctx context.Context, id string) (api.Sandbox, error) {
 	return b.viewLocked(), nil
 }
 
-// startLocked starts the sandbox's guest again on its disk and uid range.
-func (m *Manager) startLocked(ctx context.Context, b *box) error {
+// startLocked starts the sandbox's guest again on its disk and uid range;
+// it is then in state to.
+func (m *Manager) startLocked(ctx context.Context, b *box, to api.State) error {
 	img, err := m.cfg.Images.Get(imageRef(b.rec.Sandbox))
 	if err != nil {
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
@@ -157,7 +159,7 @@ func (m *Manager) startLocked(ctx context.Context, b *box) error {
 	if base := inst.Info().UIDBase; base != b.rec.UIDBase {
 		m.rebase(b, base)
 	}
-	b.rec.State = api.StateRunning
+	b.rec.State = to
 	b.rec.Error = ""
 	b.rec.Runtime = inst.State()
 	m.persistLocked(b)
@@ -178,17 +180,17 @@ func (m *Manager) Freeze(ctx context.Context, id string) (api.Sandbox, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch b.rec.State {
-	case api.StateFrozen:
-	case api.StateRunning:
+	mv, err := next(b, actFreeze)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	if mv.step == stepFreeze {
 		if err := b.inst.Freeze(ctx); err != nil {
 			return api.Sandbox{}, fmt.Errorf("freezing %s: %w", id, err)
 		}
-		b.rec.State = api.StateFrozen
+		b.rec.State = mv.to
 		m.persistLocked(b)
 		m.notify(b).Event(id, "lifecycle", "frozen", nil)
-	default:
-		return api.Sandbox{}, notRunning(b)
 	}
 	return b.viewLocked(), nil
 }
@@ -201,23 +203,24 @@ func (m *Manager) Thaw(ctx context.Context, id string) (api.Sandbox, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch b.rec.State {
-	case api.StateRunning:
-	case api.StateFrozen:
-		if err := m.thawLocked(b); err != nil {
+	mv, err := next(b, actThaw)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	if mv.step == stepThaw {
+		if err := m.thawLocked(b, mv.to); err != nil {
 			return api.Sandbox{}, err
 		}
-	default:
-		return api.Sandbox{}, errdefs.Conflict("sandbox %s is %s, not frozen", id, b.rec.State)
 	}
 	return b.viewLocked(), nil
 }
 
-func (m *Manager) thawLocked(b *box) error {
+// thawLocked lets b's processes run again; it is then in state to.
+func (m *Manager) thawLocked(b *box, to api.State) error {
 	if err := b.inst.Thaw(); err != nil {
 		return fmt.Errorf("thawing %s: %w", b.rec.ID, err)
 	}
-	b.rec.State = api.StateRunning
+	b.rec.State = to
 	b.touch()
 	m.persistLocked(b)
 	m.notify(b).Event(b.rec.ID, "lifecycle", "thawed", nil)
@@ -254,12 +257,12 @@ func (m *Manager) pauseIfIdle(b *box, now time.Time) {
 	}
 	defer b.mu.Unlock()
 	limit := time.Duration(b.rec.AutoPauseSeconds) * time.Second
-	if limit <= 0 || b.rec.State != api.StateRunning || b.idleFor(now) < limit {
+	if _, err := next(b, actIdle); err != nil || limit <= 0 || b.idleFor(now) < limit {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := m.pauseLocked(ctx, b); err != nil {
+	if err := m.pauseLocked(ctx, b, actIdle); err != nil {
 		m.log.Warn("auto-pausing", "sandbox", b.rec.ID, "err", err)
 		return
 	}

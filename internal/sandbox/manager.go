@@ -623,11 +623,15 @@ func (m *Manager) watch(b *box, inst runtime.Instance) {
 		}
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		if b.inst != inst || b.stopping || (b.rec.State != api.StateRunning && b.rec.State != api.StateFrozen) {
+		if b.inst != inst || b.stopping {
+			return
+		}
+		mv, err := next(b, actExit)
+		if err != nil {
 			return
 		}
 		m.log.Warn("sandbox guest exited unexpectedly", "sandbox", b.rec.ID, "why", why)
-		b.rec.State = api.StateFailed
+		b.rec.State = mv.to
 		b.rec.Error = why
 		b.detach()
 		if err := m.cfg.Runtime.Stop(context.Background(), b.rec.ID); err != nil {
@@ -779,13 +783,14 @@ func (m *Manager) Stop(ctx context.Context, id string) (api.Sandbox, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.rec.State != api.StateRunning && b.rec.State != api.StateFrozen {
-		return api.Sandbox{}, notRunning(b)
+	mv, err := next(b, actStop)
+	if err != nil {
+		return api.Sandbox{}, err
 	}
 	if err := m.stopLocked(ctx, b); err != nil {
 		return api.Sandbox{}, err
 	}
-	b.rec.State = api.StateStopped
+	b.rec.State = mv.to
 	m.persistLocked(b)
 	view := b.viewLocked()
 	m.notify(b).Stopped(view)
@@ -828,8 +833,12 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	if _, err := m.lookup(id); err != nil {
 		return err // deleted while we waited for the lock
 	}
-	if (b.rec.State == api.StateRunning || b.rec.State == api.StateFrozen) && !force {
-		return errdefs.Conflict("sandbox %s is running; stop it first or force the removal", id)
+	act := actRemove
+	if force {
+		act = actForceRemove
+	}
+	if _, err := next(b, act); err != nil {
+		return err
 	}
 	if b.timer != nil {
 		b.timer.Stop()
@@ -923,15 +932,20 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		r := b.rec
 		known[r.ID] = true
 		log := m.log.With("sandbox", r.ID)
-		switch r.State {
-		case api.StateRunning, api.StateFrozen:
+		mv, err := next(b, actRestart)
+		if err != nil {
+			log.Warn("sandbox in an unknown state", "state", r.State)
+		}
+		switch mv.step {
+		case stepAttach:
 			inst, err := m.cfg.Runtime.Restore(ctx, r.ID, runtime.RestoreSpec{State: r.Runtime, Resources: r.Resources, Frozen: r.State == api.StateFrozen})
 			if err != nil {
 				log.Warn("sandbox did not survive; marking it stopped", "err", err)
 				if err := m.cfg.Runtime.Stop(ctx, r.ID); err != nil {
 					log.Warn("releasing sandbox", "err", err)
 				}
-				b.rec.State = api.StateStopped
+				lost, _ := next(b, actLost)
+				b.rec.State = lost.to
 				b.rec.Error = "the sandbox ended while the daemon was down"
 				m.persistLocked(b)
 				break
@@ -945,7 +959,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			}
 			m.obs.Running(r.ID, b.viewLocked())
 			log.Info("sandbox re-attached")
-		case api.StateCreating:
+		case stepRemove:
 			// A create the daemon did not finish: remove it.
 			if err := m.cfg.Runtime.Remove(ctx, r.ID); err != nil {
 				log.Warn("removing half-created sandbox", "err", err)

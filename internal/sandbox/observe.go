@@ -79,8 +79,11 @@ func (m *Manager) Update(ctx context.Context, id string, req api.UpdateRequest) 
 		return api.Sandbox{}, err
 	}
 	if res != b.rec.Resources {
-		switch b.rec.State {
-		case api.StateRunning, api.StateFrozen:
+		mv, err := next(b, actUpdate)
+		if err != nil {
+			return api.Sandbox{}, err
+		}
+		if mv.step == stepLive {
 			if err := m.notify(b).Resize(id, res); err != nil {
 				return api.Sandbox{}, err
 			}
@@ -88,10 +91,6 @@ func (m *Manager) Update(ctx context.Context, id string, req api.UpdateRequest) 
 				m.notify(b).Resize(id, b.rec.Resources)
 				return api.Sandbox{}, fmt.Errorf("updating limits of %s: %w", id, err)
 			}
-		case api.StatePaused, api.StateStopped, api.StateFailed:
-			// Applied when it starts again.
-		default:
-			return api.Sandbox{}, errdefs.Conflict("sandbox %s is %s", id, b.rec.State)
 		}
 		b.rec.Resources = res
 	}

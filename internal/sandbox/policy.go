@@ -40,13 +40,14 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p api.Policy) (api.P
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch b.rec.State {
-	case api.StateRunning, api.StateFrozen:
+	mv, err := next(b, actPolicy)
+	if err != nil {
+		return api.Policy{}, err
+	}
+	if mv.step == stepLive {
 		if _, err := m.cfg.Egress.SetPolicy(id, &p); err != nil {
 			return api.Policy{}, fmt.Errorf("applying policy: %w", err)
 		}
-	case api.StateCreating:
-		return api.Policy{}, errdefs.Conflict("sandbox %s is being created", id)
 	}
 	b.rec.Policy = &p
 	m.persistLocked(b)
