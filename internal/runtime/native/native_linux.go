@@ -258,9 +258,11 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 // startGuest starts a guest for sandbox id in a new cgroup of that name
 // (no limits yet), with dir as its run dir, on the uid range at uidBase
 // (0 takes a new one). undo removes all of it.
-func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool) (_ *guestProc, undo func(), retErr error) {
+func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool) (_ *guestProc, _ func(), retErr error) {
 	var cleanups []func()
-	undo = func() {
+	// Not the named result: a failing return sets that to nil before the
+	// deferred undo runs.
+	undo := func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
 			cleanups[i]()
 		}
