@@ -264,6 +264,10 @@ func (g *Group) Name() string { return g.name }
 // "/paddock/<name>".
 func (g *Group) Path() string { return g.rel }
 
+// Dirs are the group's directories, one per hierarchy it lives in, for
+// reading its control files (tests check limits and freezing there).
+func (g *Group) Dirs() []string { return g.d.dirs() }
+
 // AddProc moves the process pid into the group in every hierarchy. It fails
 // with an error wrapping errdefs.ErrNotFound if there is no such process.
 func (g *Group) AddProc(pid int) error {

@@ -176,8 +176,9 @@ type Instance interface {
 	// run again.
 	Freeze(ctx context.Context) error
 	Thaw() error
-	// Update changes the CPU, memory and pids limits in place (zero
-	// fields are left as they are).
+	// Update sets the CPU, memory and pids limits in place to res's; a
+	// zero field means no limit (callers pass all three). The disk's
+	// size does not change.
 	Update(res api.Resources) error
 	Info() api.RuntimeInfo
 }

@@ -51,12 +51,16 @@ type guestProc struct {
 	raised bool
 }
 
-// sealedSelf copies the running binary into a sealed memfd. Guests are
-// exec'd from it, so /proc/1/exe in a sandbox is this memfd: nothing can
-// write it (F_SEAL_WRITE), and the host's binary is never exposed
-// (CVE-2019-5736). One copy serves every sandbox.
-func sealedSelf() (*os.File, error) {
-	src, err := os.Open("/proc/self/exe")
+// sealedSelf copies the guest binary (path, or the running binary when
+// path is empty) into a sealed memfd. Guests are exec'd from it, so
+// /proc/1/exe in a sandbox is this memfd: nothing can write it
+// (F_SEAL_WRITE), and the host's binary is never exposed (CVE-2019-5736).
+// One copy serves every sandbox.
+func sealedSelf(path string) (*os.File, error) {
+	if path == "" {
+		path = "/proc/self/exe"
+	}
+	src, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}

@@ -57,6 +57,10 @@ type Config struct {
 	// BlankGuests is how many guests to keep started but bound to no
 	// image or disk, for the starts no warm pool serves (blank_linux.go).
 	BlankGuests int
+	// GuestBinary is the static paddock binary exec'd as each guest (and
+	// the forker); empty means this process's own. Tests, whose binary is
+	// not paddock, set it.
+	GuestBinary string
 	// Network wires each sandbox's network namespace to the egress path;
 	// nil leaves sandboxes with loopback only.
 	Network runtime.Network
@@ -142,7 +146,7 @@ func New(cfg Config) (*Runtime, error) {
 			}
 		}
 	}
-	exe, err := sealedSelf()
+	exe, err := sealedSelf(cfg.GuestBinary)
 	if err != nil {
 		return nil, fmt.Errorf("sealing guest binary: %w", err)
 	}

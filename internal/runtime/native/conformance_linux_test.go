@@ -1,0 +1,273 @@
+package native
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/runtime/runtimetest"
+	"github.com/paddock-dev/paddock/internal/seccomp"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
+	"github.com/paddock-dev/paddock/internal/storage/image"
+)
+
+// TestConformance runs the runtime suite on the native tier, on a cgroup
+// parent, uid ranges and directories of its own.
+func TestConformance(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the native runtime needs root")
+	}
+	if testing.Short() {
+		t.Skip("starts real sandboxes")
+	}
+	bin := guestBinary(t)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	parent := fmt.Sprintf("paddock-conformance-%d", rand.IntN(1<<30))
+	cgroups, err := cgroup.NewManager(parent, log)
+	if err != nil {
+		t.Fatalf("setting up cgroups: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := cgroups.Remove(); err != nil {
+			t.Errorf("removing cgroup parent %s: %v", parent, err)
+		}
+	})
+	images, err := image.NewStore(t.TempDir(), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := images.Get(image.HostImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := seccomp.Compile(seccomp.DockerDefaultCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ranges far from the end-to-end tests' (1<<29 up).
+	ids := &testIDs{start: 3<<30 + uint32(rand.IntN(255))*64<<16, n: 64}
+
+	var mu sync.Mutex
+	pools := map[string]*disk.Pool{} // the last pool made per runtime dir
+	suite := t
+	runtimetest.Run(t, runtimetest.Harness{
+		New: func(t *testing.T, dir string) runtime.Runtime {
+			// A restarted daemon opens the disks again: the pool of the
+			// runtime it replaces goes first.
+			mu.Lock()
+			if old := pools[dir]; old != nil {
+				old.Close()
+			}
+			mu.Unlock()
+			disks, err := disk.NewPool(disk.Config{Dir: filepath.Join(dir, "disks"), DefaultSize: 256 << 20, Logger: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Closed after the sandboxes are removed, at the end of
+			// the whole suite.
+			suite.Cleanup(func() { disks.Close() })
+			mu.Lock()
+			pools[dir] = disks
+			mu.Unlock()
+			rt, err := New(Config{
+				RunDir:      dir,
+				Cgroups:     cgroups,
+				Disks:       disks,
+				IDs:         ids,
+				Seccomp:     prog,
+				Caps:        seccomp.DockerDefaultCaps,
+				GuestBinary: bin,
+				Logger:      log,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rt
+		},
+		Spec: func(t *testing.T) runtime.Spec { return runtime.Spec{Image: img} },
+		Limits: func(t *testing.T, id string) api.Resources {
+			g, err := cgroups.Load(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := g.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return api.Resources{CPUs: cpus(t, g), MemoryBytes: st.MemoryLimit, Pids: st.PidsLimit}
+		},
+		Frozen: func(t *testing.T, id string) bool {
+			g, err := cgroups.Load(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return frozen(t, g)
+		},
+		Traces: func(t *testing.T, id string) []string {
+			var left []string
+			if g, err := cgroups.Load(id); err == nil {
+				left = append(left, "cgroup "+g.Path())
+			} else if !errors.Is(err, errdefs.ErrNotFound) {
+				t.Fatal(err)
+			}
+			mounts, err := os.ReadFile("/proc/self/mountinfo")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, line := range strings.Split(string(mounts), "\n") {
+				if strings.Contains(line, id) {
+					left = append(left, "mount "+line)
+				}
+			}
+			left = append(left, processesOf(t, id)...)
+			mu.Lock()
+			for dir, disks := range pools {
+				if vols, err := disks.List(); err == nil && slices.Contains(vols, id) {
+					left = append(left, "disk "+id)
+				}
+				if _, err := os.Lstat(filepath.Join(dir, "sandboxes", id)); err == nil {
+					left = append(left, "run dir "+filepath.Join(dir, "sandboxes", id))
+				}
+			}
+			mu.Unlock()
+			return left
+		},
+	})
+}
+
+// guestBinary is a static paddock binary for the guests: $PADDOCK_BIN
+// (make test sets it), or one built now. The test binary cannot serve:
+// it is linked dynamically, and the forker's mount namespace has no
+// loader.
+func guestBinary(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("PADDOCK_BIN"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "paddock")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/paddock-dev/paddock/cmd/paddock")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building paddock for the guests (or set PADDOCK_BIN): %v\n%s", err, out)
+	}
+	return bin
+}
+
+// cpus reads the group's CPU quota in cores.
+func cpus(t *testing.T, g *cgroup.Group) float64 {
+	t.Helper()
+	for _, d := range g.Dirs() {
+		if b, err := os.ReadFile(filepath.Join(d, "cpu.max")); err == nil { // v2
+			quota, period, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+			return ratio(t, quota, period)
+		}
+		if b, err := os.ReadFile(filepath.Join(d, "cpu.cfs_quota_us")); err == nil { // v1
+			p, err := os.ReadFile(filepath.Join(d, "cpu.cfs_period_us"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ratio(t, strings.TrimSpace(string(b)), strings.TrimSpace(string(p)))
+		}
+	}
+	t.Fatalf("no CPU controller for cgroup %s", g.Path())
+	return 0
+}
+
+func ratio(t *testing.T, quota, period string) float64 {
+	t.Helper()
+	if quota == "max" || quota == "-1" {
+		return 0
+	}
+	q, err1 := strconv.ParseFloat(quota, 64)
+	p, err2 := strconv.ParseFloat(period, 64)
+	if err1 != nil || err2 != nil || p == 0 {
+		t.Fatalf("CPU quota %q over period %q", quota, period)
+	}
+	return q / p
+}
+
+// frozen reads the group's freezer.
+func frozen(t *testing.T, g *cgroup.Group) bool {
+	t.Helper()
+	for _, d := range g.Dirs() {
+		if b, err := os.ReadFile(filepath.Join(d, "cgroup.freeze")); err == nil { // v2
+			return strings.TrimSpace(string(b)) == "1"
+		}
+		if b, err := os.ReadFile(filepath.Join(d, "freezer.state")); err == nil { // v1
+			return strings.TrimSpace(string(b)) == "FROZEN"
+		}
+	}
+	t.Fatalf("no freezer for cgroup %s", g.Path())
+	return false
+}
+
+// processesOf lists the host processes in a cgroup named id.
+func processesOf(t *testing.T, id string) []string {
+	t.Helper()
+	var out []string
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cgroup"))
+		if err != nil {
+			if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, os.ErrPermission) {
+				t.Logf("reading the cgroups of %s: %v", p.Name(), err)
+			}
+			continue
+		}
+		if bytes.Contains(b, []byte("/"+id)) {
+			out = append(out, "process "+p.Name())
+		}
+	}
+	return out
+}
+
+// testIDs hands out n uid ranges from start.
+type testIDs struct {
+	mu    sync.Mutex
+	start uint32
+	n     int
+	used  map[uint32]bool
+}
+
+func (s *testIDs) Alloc() (uint32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used == nil {
+		s.used = map[uint32]bool{}
+	}
+	for i := range s.n {
+		base := s.start + uint32(i)<<16
+		if !s.used[base] {
+			s.used[base] = true
+			return base, nil
+		}
+	}
+	return 0, errdefs.New(errdefs.ErrUnavailable, "all test uid ranges are in use")
+}
+
+func (s *testIDs) Free(base uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.used, base)
+}
