@@ -101,11 +101,6 @@ func (tb *testbed) stop() {
 	tb.m = nil
 }
 
-func (tb *testbed) restart() {
-	tb.stop()
-	tb.start()
-}
-
 func (tb *testbed) create() api.Sandbox {
 	tb.t.Helper()
 	sb, err := tb.m.Create(context.Background(), api.CreateRequest{Resources: api.Resources{CPUs: 1, MemoryBytes: 256 << 20, Pids: 100}})
