@@ -18,8 +18,8 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/guest"
 	"github.com/paddock-dev/paddock/internal/sparse"
+	"github.com/paddock-dev/paddock/internal/untar"
 )
 
 // defaultMaxCopy caps what a copy out of a sandbox writes on the host
@@ -343,7 +343,7 @@ func download(ctx context.Context, c *client.Client, src location, dst string, a
 		return err
 	}
 	defer rc.Close()
-	_, err = guest.ExtractTar(d, rc, guest.ExtractOptions{Chown: archive, UID: -1, GID: -1, Rename: rename, MaxSize: limit})
+	_, err = untar.ExtractTar(d, rc, untar.ExtractOptions{Chown: archive, UID: -1, GID: -1, Rename: rename, MaxSize: limit})
 	if errors.Is(err, errdefs.ErrTooLarge) {
 		err = fmt.Errorf("%w (--max-size raises the cap)", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/untar"
 )
 
 // hostSentinels records host files that no file op may touch, and checks
@@ -340,7 +341,7 @@ func fileTar(t *testing.T, entries ...fileTarEntry) *bytes.Buffer {
 	return &buf
 }
 
-// TestExtractTarHostile feeds ExtractTar the archives a hostile sandbox
+// TestExtractTarHostile feeds untar.ExtractTar the archives a hostile sandbox
 // or client would craft. Each entry must land inside the destination or
 // be refused with an error naming it; nothing outside may change.
 func TestExtractTarHostile(t *testing.T) {
@@ -357,7 +358,7 @@ func TestExtractTarHostile(t *testing.T) {
 		name    string
 		before  func(dest string) // what the sandbox planted in the destination
 		entries []fileTarEntry
-		opts    ExtractOptions
+		opts    untar.ExtractOptions
 		refused string // the entry the error must name
 		check   func(t *testing.T, dest string)
 	}{
@@ -427,7 +428,7 @@ func TestExtractTarHostile(t *testing.T) {
 				t.Errorf("suid is %o", st.Mode&0o7777)
 			}
 		}},
-		{name: "renamed names are checked too", opts: ExtractOptions{UID: -1, GID: -1, Rename: func(n string) string { return "../" + n }}, entries: []fileTarEntry{reg("f", "x")}, refused: "../f"},
+		{name: "renamed names are checked too", opts: untar.ExtractOptions{UID: -1, GID: -1, Rename: func(n string) string { return "../" + n }}, entries: []fileTarEntry{reg("f", "x")}, refused: "../f"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := t.TempDir()
@@ -443,9 +444,9 @@ func TestExtractTarHostile(t *testing.T) {
 			defer d.Close()
 			opts := tc.opts
 			if opts.Rename == nil {
-				opts = ExtractOptions{UID: -1, GID: -1}
+				opts = untar.ExtractOptions{UID: -1, GID: -1}
 			}
-			_, err = ExtractTar(d, fileTar(t, tc.entries...), opts)
+			_, err = untar.ExtractTar(d, fileTar(t, tc.entries...), opts)
 			if tc.refused != "" {
 				if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), `"`+tc.refused+`"`) {
 					t.Errorf("got %v, want a refusal naming %q", err, tc.refused)
@@ -475,7 +476,7 @@ func TestExtractTarMaxSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	_, err = ExtractTar(d, fileTar(t, fileTarEntry{name: "a", typ: tar.TypeReg, body: "12345"}, fileTarEntry{name: "b", typ: tar.TypeReg, body: "123456"}), ExtractOptions{UID: -1, GID: -1, MaxSize: 10})
+	_, err = untar.ExtractTar(d, fileTar(t, fileTarEntry{name: "a", typ: tar.TypeReg, body: "12345"}, fileTarEntry{name: "b", typ: tar.TypeReg, body: "123456"}), untar.ExtractOptions{UID: -1, GID: -1, MaxSize: 10})
 	if !errors.Is(err, errdefs.ErrTooLarge) || !strings.Contains(err.Error(), `"b"`) {
 		t.Errorf("got %v, want ErrTooLarge naming b", err)
 	}

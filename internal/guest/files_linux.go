@@ -1,8 +1,6 @@
 package guest
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -18,6 +16,8 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/openat"
+	"github.com/paddock-dev/paddock/internal/untar"
 	"github.com/paddock-dev/paddock/wire"
 )
 
@@ -149,7 +149,7 @@ func (r *fsRoot) openRegular(p string) (*os.File, *unix.Stat_t, error) {
 	err = unix.Fstat(int(h.Fd()), &hst)
 	h.Close()
 	if err != nil {
-		return nil, nil, fsError(p, err)
+		return nil, nil, openat.Error(p, err)
 	}
 	if err := requireRegular(p, hst.Mode); err != nil {
 		return nil, nil, err
@@ -161,7 +161,7 @@ func (r *fsRoot) openRegular(p string) (*os.File, *unix.Stat_t, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		f.Close()
-		return nil, nil, fsError(p, err)
+		return nil, nil, openat.Error(p, err)
 	}
 	if st.Dev != hst.Dev || st.Ino != hst.Ino {
 		f.Close()
@@ -208,7 +208,7 @@ func sendFile(c *opConn, f *os.File, off, limit int64, exact bool) (int64, error
 			return sent, nil
 		}
 		if err != nil {
-			return sent, fsError(f.Name(), err)
+			return sent, openat.Error(f.Name(), err)
 		}
 	}
 	return sent, nil
@@ -335,30 +335,24 @@ func (r *fsRoot) createAtomic(p string, mode *api.FileMode, owner string) (*atom
 		}
 	case err != nil && !errors.Is(err, unix.ENOENT):
 		dir.Close()
-		return nil, fsError(p, err)
+		return nil, openat.Error(p, err)
 	}
 	if mode != nil {
 		w.mode = uint32(*mode)
 	}
 	for i := 0; ; i++ {
-		w.tmp = fileTempName()
+		w.tmp = openat.TempName()
 		fd, err := unix.Openat(int(dir.Fd()), w.tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if errors.Is(err, unix.EEXIST) && i < 8 {
 			continue
 		}
 		if err != nil {
 			dir.Close()
-			return nil, fsError(p, err)
+			return nil, openat.Error(p, err)
 		}
 		w.f = os.NewFile(uintptr(fd), p)
 		return w, nil
 	}
-}
-
-func fileTempName() string {
-	var b [8]byte
-	rand.Read(b[:])
-	return ".paddock-" + hex.EncodeToString(b[:]) + ".tmp"
 }
 
 // writebackChunk is how much written data the kernel is asked to start
@@ -370,7 +364,7 @@ func (w *atomicFile) Write(b []byte) (int, error) {
 	n, err := w.f.Write(b)
 	w.n += int64(n)
 	if err != nil {
-		return n, fsError(w.p, err)
+		return n, openat.Error(w.p, err)
 	}
 	if w.n-w.flushed >= writebackChunk {
 		unix.SyncFileRange(int(w.f.Fd()), w.flushed, w.n-w.flushed, unix.SYNC_FILE_RANGE_WRITE)
@@ -384,18 +378,18 @@ func (w *atomicFile) Write(b []byte) (int, error) {
 // directory.
 func (w *atomicFile) commit() (*api.FileInfo, error) {
 	defer w.dir.Close()
-	err := setOwnerMode(int(w.f.Fd()), w.p, w.uid, w.gid, w.mode)
+	err := openat.SetOwnerMode(int(w.f.Fd()), w.p, w.uid, w.gid, w.mode)
 	if err == nil {
 		if err = w.f.Sync(); err != nil {
-			err = fsError(w.p, err)
+			err = openat.Error(w.p, err)
 		}
 	}
 	if cerr := w.f.Close(); err == nil && cerr != nil {
-		err = fsError(w.p, cerr)
+		err = openat.Error(w.p, cerr)
 	}
 	if err == nil {
 		if err = unix.Renameat(int(w.dir.Fd()), w.tmp, int(w.dir.Fd()), w.name); err != nil {
-			err = fsError(w.p, err)
+			err = openat.Error(w.p, err)
 		}
 	}
 	if err != nil {
@@ -411,22 +405,6 @@ func (w *atomicFile) abort() {
 	w.f.Close()
 	unix.Unlinkat(int(w.dir.Fd()), w.tmp, 0)
 	w.dir.Close()
-}
-
-// setOwnerMode chowns (ids of -1 are kept) then chmods an open file.
-func setOwnerMode(fd int, p string, uid, gid int, mode uint32) error {
-	if uid >= 0 || gid >= 0 {
-		if err := unix.Fchown(fd, uid, gid); err != nil {
-			if errors.Is(err, unix.EINVAL) {
-				return errdefs.Invalid("owner", "%s: uid %d or gid %d does not exist in the sandbox", p, uid, gid)
-			}
-			return fsError(p, err)
-		}
-	}
-	if err := unix.Fchmod(fd, mode); err != nil {
-		return fsError(p, err)
-	}
-	return nil
 }
 
 // syncDirFD makes a rename in dir durable.
@@ -464,11 +442,11 @@ func (r *fsRoot) mkdirAll(p string, mode uint32, uid, gid int) (*os.File, error)
 		}
 	}
 	if cur == nil {
-		return nil, fsError("/", unix.ENOENT)
+		return nil, openat.Error("/", unix.ENOENT)
 	}
 	for j := i; j < len(parts); j++ {
 		prefix := "/" + strings.Join(parts[:j+1], "/")
-		next, err := mkdirAt(int(cur.Fd()), parts[j], prefix, mode, uid, gid, false)
+		next, err := openat.Mkdir(int(cur.Fd()), parts[j], prefix, mode, uid, gid, false)
 		cur.Close()
 		if err != nil {
 			return nil, err
@@ -476,46 +454,6 @@ func (r *fsRoot) mkdirAll(p string, mode uint32, uid, gid int) (*os.File, error)
 		cur = next
 	}
 	return cur, nil
-}
-
-// mkdirAt makes directory name in dir and returns a handle on it. A new
-// directory gets mode and owner. An existing directory is fine unless
-// exclusive is set.
-func mkdirAt(dir int, name, p string, mode uint32, uid, gid int, exclusive bool) (*os.File, error) {
-	err := unix.Mkdirat(dir, name, 0o700)
-	created := err == nil
-	if err != nil && (exclusive || !errors.Is(err, unix.EEXIST)) {
-		return nil, fsError(p, err)
-	}
-	fd, err := openat2Retry(dir, name, &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: resolveBeneath | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV,
-	})
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			// Had the link led to a directory, the caller would have
-			// resolved it (inside the root) instead of making it.
-			return nil, errdefs.Conflict("%s: is a symbolic link to nothing; directories are not made through it", p)
-		}
-		if errors.Is(err, unix.ENOTDIR) {
-			return nil, errdefs.Conflict("%s: exists and is not a directory", p)
-		}
-		if errors.Is(err, unix.EXDEV) {
-			// A mount point: open it the ordinary way.
-			fd, err = unix.Openat(dir, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		}
-		if err != nil {
-			return nil, fsError(p, err)
-		}
-	}
-	f := os.NewFile(uintptr(fd), p)
-	if created {
-		if err := setOwnerMode(fd, p, uid, gid, mode); err != nil {
-			f.Close()
-			return nil, err
-		}
-	}
-	return f, nil
 }
 
 func (s *server) opFileMkdir(c *opConn, req guestapi.Request) {
@@ -556,7 +494,7 @@ func (r *fsRoot) mkdir(p string, parents bool, mode *api.FileMode, owner string)
 		return nil, err
 	}
 	defer dir.Close()
-	d, err := mkdirAt(int(dir.Fd()), base, p, m, uid, gid, true)
+	d, err := openat.Mkdir(int(dir.Fd()), base, p, m, uid, gid, true)
 	if err != nil {
 		return nil, err
 	}
@@ -586,11 +524,11 @@ func (r *fsRoot) remove(p string, recursive bool) error {
 	defer dir.Close()
 	st, err := lstatAt(int(dir.Fd()), base)
 	if err != nil {
-		return fsError(p, err)
+		return openat.Error(p, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		if err := unix.Unlinkat(int(dir.Fd()), base, 0); err != nil {
-			return fsError(p, err)
+			return openat.Error(p, err)
 		}
 		return nil
 	}
@@ -600,7 +538,7 @@ func (r *fsRoot) remove(p string, recursive bool) error {
 			return errdefs.Conflict("%s: directory not empty (remove it recursively)", p)
 		}
 		if err != nil {
-			return fsError(p, err)
+			return openat.Error(p, err)
 		}
 		return nil
 	}
@@ -618,7 +556,7 @@ func removeAllAt(dir int, name, p string) error {
 			return nil
 		}
 		if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
-			return fsError(p, err)
+			return openat.Error(p, err)
 		}
 		sub, err := openChildDir(dir, name)
 		if errors.Is(err, unix.ENOENT) {
@@ -628,9 +566,9 @@ func removeAllAt(dir int, name, p string) error {
 			continue // swapped for a file or link: unlink that
 		}
 		if err != nil {
-			return fsError(p, err)
+			return openat.Error(p, err)
 		}
-		if noDescend(int(sub.Fd())) {
+		if openat.NoDescend(int(sub.Fd())) {
 			sub.Close()
 			return errdefs.Conflict("%s: is a kernel file system mount", p)
 		}
@@ -654,7 +592,7 @@ func removeAllAt(dir int, name, p string) error {
 		if (errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST)) && attempt < 16 {
 			continue // something was added meanwhile
 		}
-		return fsError(p, err)
+		return openat.Error(p, err)
 	}
 }
 
@@ -685,7 +623,7 @@ func (r *fsRoot) move(from, to string, overwrite bool) (*api.FileInfo, error) {
 	}
 	defer fdir.Close()
 	if _, err := lstatAt(int(fdir.Fd()), fbase); err != nil {
-		return nil, fsError(from, err)
+		return nil, openat.Error(from, err)
 	}
 	tdir, tbase, err := r.parent(to)
 	if err != nil {
@@ -714,9 +652,9 @@ func (r *fsRoot) move(from, to string, overwrite bool) (*api.FileInfo, error) {
 	case errors.Is(err, unix.EXDEV):
 		return nil, errdefs.Invalid("to", "%s and %s are on different file systems", from, to)
 	case errors.Is(err, unix.ENOENT):
-		return nil, fsError(from, err)
+		return nil, openat.Error(from, err)
 	default:
-		return nil, fsError(to, err)
+		return nil, openat.Error(to, err)
 	}
 	return r.statPath(to, r.ids())
 }
@@ -774,7 +712,7 @@ func (l *lister) flush() error {
 func (l *lister) walk(d *os.File, p string, level int) error {
 	names, err := d.Readdirnames(-1)
 	if err != nil {
-		return fsError(p, err)
+		return openat.Error(p, err)
 	}
 	sort.Strings(names)
 	for _, name := range names {
@@ -801,7 +739,7 @@ func (l *lister) walk(d *os.File, p string, level int) error {
 		if err != nil {
 			continue // removed or swapped meanwhile
 		}
-		if noDescend(int(sub.Fd())) {
+		if openat.NoDescend(int(sub.Fd())) {
 			sub.Close()
 			continue
 		}
@@ -874,7 +812,7 @@ func (s *server) opFileTarPut(c *opConn, req guestapi.Request) {
 		return
 	}
 	defer r.Close()
-	opts := ExtractOptions{Chown: true, UID: -1, GID: -1, KeepSetID: true}
+	opts := untar.ExtractOptions{Chown: true, UID: -1, GID: -1, KeepSetID: true, Cut: errClientGone}
 	ids := r.ids()
 	uid, gid, err := ids.owner(fr.Owner)
 	var dir *os.File
@@ -887,7 +825,7 @@ func (s *server) opFileTarPut(c *opConn, req guestapi.Request) {
 	}
 	defer dir.Close()
 	src := newDataReader(c.fr)
-	stats, err := ExtractTar(dir, src, opts)
+	stats, err := untar.ExtractTar(dir, src, opts)
 	if err == nil {
 		err = src.drain()
 	}

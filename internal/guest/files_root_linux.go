@@ -1,7 +1,6 @@
 package guest
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/openat"
 )
 
 // fileRootDir is the directory file ops resolve paths under: the
@@ -23,15 +23,12 @@ var fileRootDir = "/"
 // counter), and /proc/1 is the guest: a file op that followed
 // /proc/1/fd/N, /proc/self/root or /proc/1/cwd would act on the host side
 // of the sandbox. So every path is resolved by the kernel under a handle
-// on the root (openat2Retry RESOLVE_IN_ROOT: "..", absolute symlinks and
+// on the root (openat2 RESOLVE_IN_ROOT: "..", absolute symlinks and
 // symlinks to ".." stay inside), magic links are refused
-// (RESOLVE_NO_MAGICLINKS), and nothing on procfs is touched at all: what
-// it holds that a file op could reach and the sandbox's own processes
-// could not is the guest's own state (its environment, memory, fd table).
-const (
-	resolveInRoot  = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
-	resolveBeneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS
-)
+// (RESOLVE_NO_MAGICLINKS; openat.ResolveInRoot), and nothing on procfs is
+// touched at all: what it holds that a file op could reach and the
+// sandbox's own processes could not is the guest's own state (its
+// environment, memory, fd table).
 
 // fsRoot is the handle every path of a file op is resolved under.
 type fsRoot struct {
@@ -56,9 +53,6 @@ func (r *fsRoot) Close() error { return r.f.Close() }
 
 func (r *fsRoot) fd() int { return int(r.f.Fd()) }
 
-// maxPath bounds a path argument (PATH_MAX).
-const maxPath = 4096
-
 // clean turns a path argument into a clean absolute path inside the
 // sandbox: relative paths are taken from the workdir. The result is only a
 // name; resolving it is the kernel's job (under the root).
@@ -68,8 +62,8 @@ func (r *fsRoot) clean(field, p string) (string, error) {
 		return "", errdefs.Invalid(field, "must not be empty")
 	case strings.IndexByte(p, 0) >= 0:
 		return "", errdefs.Invalid(field, "contains a NUL byte")
-	case len(p) > maxPath:
-		return "", errdefs.Invalid(field, "longer than %d bytes", maxPath)
+	case len(p) > openat.MaxPath:
+		return "", errdefs.Invalid(field, "longer than %d bytes", openat.MaxPath)
 	}
 	if !strings.HasPrefix(p, "/") {
 		p = r.workdir + "/" + p
@@ -85,25 +79,13 @@ func rootRel(p string) string {
 	return strings.TrimPrefix(p, "/")
 }
 
-// openat2Retry retries the EAGAIN the kernel answers when a rename or mount
-// raced with a confined resolution.
-func openat2Retry(dirfd int, name string, how *unix.OpenHow) (int, error) {
-	for i := 0; ; i++ {
-		fd, err := unix.Openat2(dirfd, name, how)
-		if (err == unix.EAGAIN || err == unix.EINTR) && i < 64 {
-			continue
-		}
-		return fd, err
-	}
-}
-
 // open resolves p (clean, absolute) inside the root, following symbolic
 // links the way the kernel does with the root as "/", and opens it with
 // flags. What it opens must not be on procfs.
 func (r *fsRoot) open(p string, flags int) (*os.File, error) {
-	fd, err := openat2Retry(r.fd(), rootRel(p), &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Resolve: resolveInRoot})
+	fd, err := openat.Openat2(r.fd(), rootRel(p), &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Resolve: openat.ResolveInRoot})
 	if err != nil {
-		return nil, fsError(p, err)
+		return nil, openat.Error(p, err)
 	}
 	f := os.NewFile(uintptr(fd), p)
 	if err := notProc(f, p); err != nil {
@@ -125,9 +107,9 @@ func (r *fsRoot) parent(p string) (*os.File, string, error) {
 	}
 	dir, base := path.Split(p)
 	dir = path.Clean(dir)
-	fd, err := openat2Retry(r.fd(), rootRel(dir), &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveInRoot})
+	fd, err := openat.Openat2(r.fd(), rootRel(dir), &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: openat.ResolveInRoot})
 	if err != nil {
-		return nil, "", fsError(dir, err)
+		return nil, "", openat.Error(dir, err)
 	}
 	d := os.NewFile(uintptr(fd), dir)
 	if err := notProc(d, p); err != nil {
@@ -141,7 +123,7 @@ func (r *fsRoot) parent(p string) (*os.File, string, error) {
 func notProc(f *os.File, p string) error {
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
-		return fsError(p, err)
+		return openat.Error(p, err)
 	}
 	if st.Type == unix.PROC_SUPER_MAGIC {
 		return fmt.Errorf("%w: %s: is on /proc, which file operations do not touch (use exec)", errdefs.ErrDenied, p)
@@ -164,17 +146,6 @@ func isPseudoFS(fd int) bool {
 	return false
 }
 
-// noDescend reports whether a walk (list, tar, recursive watch) must not
-// enter the directory fd: procfs and sysfs are kernel interfaces, not
-// files of the sandbox.
-func noDescend(fd int) bool {
-	var st unix.Statfs_t
-	if unix.Fstatfs(fd, &st) != nil {
-		return true
-	}
-	return st.Type == unix.PROC_SUPER_MAGIC || st.Type == unix.SYSFS_MAGIC
-}
-
 // lstatAt describes name in dir without following a symbolic link.
 func lstatAt(dir int, name string) (unix.Stat_t, error) {
 	var st unix.Stat_t
@@ -193,7 +164,7 @@ func readlinkAt(dir int, name string) (string, error) {
 		if n < size {
 			return string(buf[:n]), nil
 		}
-		if size > maxPath {
+		if size > openat.MaxPath {
 			return string(buf[:n]), nil
 		}
 	}
@@ -252,7 +223,7 @@ func (r *fsRoot) statPath(p string, ids *idNames) (*api.FileInfo, error) {
 	defer dir.Close()
 	st, err := lstatAt(int(dir.Fd()), base)
 	if err != nil {
-		return nil, fsError(p, err)
+		return nil, openat.Error(p, err)
 	}
 	target := ""
 	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
@@ -260,48 +231,6 @@ func (r *fsRoot) statPath(p string, ids *idNames) (*api.FileInfo, error) {
 	}
 	fi := fileInfo(p, &st, target, ids)
 	return &fi, nil
-}
-
-// fsErrors are the errors file ops meet: each one's category, and what
-// its message says after the path.
-var fsErrors = map[unix.Errno]struct {
-	cat error
-	msg string
-}{
-	unix.ENOENT:       {errdefs.ErrNotFound, "no such file or directory"},
-	unix.EEXIST:       {errdefs.ErrConflict, "already exists"},
-	unix.ENOTEMPTY:    {errdefs.ErrConflict, "directory not empty"},
-	unix.EISDIR:       {errdefs.ErrConflict, "is a directory"},
-	unix.ENOTDIR:      {errdefs.ErrConflict, "not a directory"},
-	unix.EBUSY:        {errdefs.ErrConflict, "busy (a mount point?)"},
-	unix.ETXTBSY:      {errdefs.ErrConflict, "text file busy"},
-	unix.EMLINK:       {errdefs.ErrConflict, "too many links"},
-	unix.ELOOP:        {errdefs.ErrDenied, "refused: a symbolic link loop, or a /proc magic link (file operations never follow those)"},
-	unix.EXDEV:        {errdefs.ErrInvalid, "crosses file systems or leaves the directory it must stay in"},
-	unix.EACCES:       {errdefs.ErrDenied, "operation not permitted"},
-	unix.EPERM:        {errdefs.ErrDenied, "operation not permitted"},
-	unix.EROFS:        {errdefs.ErrDenied, "read-only file system"},
-	unix.ENOSPC:       {errdefs.ErrTooLarge, "no space left on the sandbox's disk"},
-	unix.EDQUOT:       {errdefs.ErrTooLarge, "no space left on the sandbox's disk"},
-	unix.EFBIG:        {errdefs.ErrTooLarge, "file too large"},
-	unix.ENAMETOOLONG: {errdefs.ErrInvalid, "name too long"},
-	unix.EINVAL:       {errdefs.ErrInvalid, "invalid argument"},
-}
-
-// fsError turns a syscall error about p into an error category with a
-// message that names p.
-func fsError(p string, err error) error {
-	var errno unix.Errno
-	if errors.As(err, &errno) {
-		if e, ok := fsErrors[errno]; ok {
-			if e.cat == errdefs.ErrInvalid {
-				// The path is what is invalid: name the field.
-				return errdefs.Invalid("path", "%s: %s", p, e.msg)
-			}
-			return fmt.Errorf("%w: %s: %s", e.cat, p, e.msg)
-		}
-	}
-	return fmt.Errorf("%s: %w", p, err)
 }
 
 func timespecTime(ts unix.Timespec) time.Time { return time.Unix(ts.Sec, ts.Nsec) }

@@ -16,6 +16,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/openat"
 	"github.com/paddock-dev/paddock/wire"
 )
 
@@ -100,7 +101,7 @@ func (r *fsRoot) newWatcher(p string, recursive bool) (*watcher, error) {
 	err = unix.Fstat(int(dir.Fd()), &st)
 	dir.Close()
 	if err != nil {
-		return nil, fsError(p, err)
+		return nil, openat.Error(p, err)
 	}
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
@@ -150,7 +151,7 @@ func (w *watcher) openBeneath(rel string, flags int) (int, error) {
 	defer dir.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(dir.Fd()), &st); err != nil {
-		return -1, fsError(w.p, err)
+		return -1, openat.Error(w.p, err)
 	}
 	if st.Dev != w.dev || st.Ino != w.ino {
 		return -1, fmt.Errorf("%w: %s: the watched directory was moved or replaced", errdefs.ErrNotFound, w.p)
@@ -159,12 +160,12 @@ func (w *watcher) openBeneath(rel string, flags int) (int, error) {
 	if name == "" {
 		name = "."
 	}
-	fd, err := openat2Retry(int(dir.Fd()), name, &unix.OpenHow{
+	fd, err := openat.Openat2(int(dir.Fd()), name, &unix.OpenHow{
 		Flags:   uint64(flags | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC),
-		Resolve: resolveBeneath | unix.RESOLVE_NO_SYMLINKS,
+		Resolve: openat.ResolveBeneath | unix.RESOLVE_NO_SYMLINKS,
 	})
 	if err != nil {
-		return -1, fsError(path.Join(w.p, rel), err)
+		return -1, openat.Error(path.Join(w.p, rel), err)
 	}
 	return fd, nil
 }
@@ -180,7 +181,7 @@ func (w *watcher) addWatch(rel string) (bool, error) {
 		return false, err
 	}
 	defer unix.Close(fd)
-	if noDescend(fd) {
+	if openat.NoDescend(fd) {
 		if rel == "" {
 			return false, fmt.Errorf("%w: %s: is on /proc or /sys, which cannot be watched", errdefs.ErrDenied, w.p)
 		}
@@ -192,7 +193,7 @@ func (w *watcher) addWatch(rel string) (bool, error) {
 	var st, pst unix.Stat_t
 	proc := fmt.Sprintf("/proc/self/fd/%d", fd)
 	if err := unix.Fstat(fd, &st); err != nil {
-		return false, fsError(path.Join(w.p, rel), err)
+		return false, openat.Error(path.Join(w.p, rel), err)
 	}
 	if err := unix.Stat(proc, &pst); err != nil || pst.Dev != st.Dev || pst.Ino != st.Ino {
 		return false, fmt.Errorf("watching %s: /proc/self/fd does not name the directory opened", path.Join(w.p, rel))
@@ -207,7 +208,7 @@ func (w *watcher) addWatch(rel string) (bool, error) {
 		if errors.Is(err, unix.ENOSPC) {
 			return false, fmt.Errorf("%w: %s: the sandbox's inotify watch limit is reached", errdefs.ErrTooLarge, w.p)
 		}
-		return false, fsError(path.Join(w.p, rel), err)
+		return false, openat.Error(path.Join(w.p, rel), err)
 	}
 	if old, ok := w.wds[int32(wd)]; ok && old != rel {
 		delete(w.dirs, old)
@@ -447,7 +448,7 @@ func (w *watcher) handle(ev rawEvent, emit func(api.FileEvent) error) (string, e
 }
 
 // isFileTemp reports a name of the file API's temporary files
-// (fileTempName). Their events are not reported: a write through the file
+// (openat.TempName). Their events are not reported: a write through the file
 // API shows as one write event when it lands. (Sandbox code can use such
 // names to go unseen; a watch is a convenience, not an audit.)
 func isFileTemp(name string) bool {
