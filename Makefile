@@ -11,7 +11,7 @@ GOFLAGS_STATIC := -tags 'netgo osusergo' -ldflags '-linkmode external -extldflag
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
-.PHONY: all build deps up down test test-short fuzz bench lint fmt clean
+.PHONY: all build deps up down uninstall test test-short fuzz bench lint fmt clean
 
 all: build
 
@@ -49,6 +49,13 @@ up: deps build
 
 down:
 	$(PREFIX)/bin/paddock serve --stop $(SERVE_FLAGS)
+
+# uninstall removes the daemon and every trace of it: its sandboxes, their
+# cgroups, its storage mount, network rules, state and run dirs (a stopped
+# daemon keeps them for its running sandboxes), then the installed binary.
+uninstall:
+	$(PREFIX)/bin/paddock serve --uninstall $(SERVE_FLAGS)
+	rm -f $(PREFIX)/bin/paddock
 
 # test runs every test (tests that need root skip without it), then every
 # fuzz target for a short while.

@@ -124,13 +124,24 @@ func serveCmd() *cobra.Command {
 	cfg := daemon.Defaults()
 	var listen []string
 	var level string
-	var stop bool
+	var stop, uninstall bool
 	var stopTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the paddock daemon (as root)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(listen) > 0 {
+				cfg.Listen = listen
+			}
+			if uninstall {
+				log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+				if err := daemon.Uninstall(cmd.Context(), cfg, log); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed the paddock daemon of %s and every sandbox, mount, cgroup and network rule it made\n", cfg.StateDir)
+				return nil
+			}
 			if stop {
 				pid, err := daemon.Stop(cfg.RunDir, stopTimeout)
 				switch {
@@ -142,9 +153,6 @@ func serveCmd() *cobra.Command {
 					fmt.Fprintf(cmd.OutOrStdout(), "stopped the paddock daemon of %s (pid %d); its sandboxes keep running\n", cfg.RunDir, pid)
 				}
 				return nil
-			}
-			if len(listen) > 0 {
-				cfg.Listen = listen
 			}
 			var lv slog.Level
 			if err := lv.UnmarshalText([]byte(level)); err != nil {
@@ -179,6 +187,7 @@ func serveCmd() *cobra.Command {
 	telemetryFlags(f, &cfg.Telemetry)
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	f.BoolVar(&stop, "stop", false, "stop the daemon running with this run dir (its pid file, "+daemon.PIDFile+"), as SIGTERM does: sandboxes keep running")
+	f.BoolVar(&uninstall, "uninstall", false, "remove every trace of the daemon with these directories, cgroup parent and network name: stop it, kill its sandboxes, unmount its storage, delete its network rules, cgroups, state and run dirs")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long --stop waits for the daemon to exit")
 	f.DurationVar(&cfg.HTTP.ReadTimeout, "http-read-timeout", 30*time.Second, "time a TCP client has to send a request until its credentials are checked")
 	f.DurationVar(&cfg.HTTP.IdleTimeout, "http-idle-timeout", 2*time.Minute, "close an API connection idle this long between requests")
