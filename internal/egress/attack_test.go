@@ -86,16 +86,8 @@ func (rec *recorder) anyContains(s string) bool {
 // with server name sni, and returns every byte of the answer.
 func rawTLS(t *testing.T, h *harness, sni string, dst netip.AddrPort, req string) string {
 	t.Helper()
-	conn, err := h.dial(context.Background(), sb1Addr, dst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := tls.Client(conn, &tls.Config{ServerName: sni, RootCAs: h.trust("sb1"), NextProtos: []string{"http/1.1"}})
+	tc := sendTLS(t, h, sni, dst, req)
 	defer tc.Close()
-	tc.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(tc, req); err != nil {
-		t.Fatal(err)
-	}
 	resp, err := http.ReadResponse(bufio.NewReader(io.TeeReader(tc, &bytes.Buffer{})), nil)
 	if err != nil {
 		t.Fatalf("reading the answer: %v", err)
@@ -103,6 +95,23 @@ func rawTLS(t *testing.T, h *harness, sni string, dst netip.AddrPort, req string
 	var raw bytes.Buffer
 	resp.Write(&raw) // status line, every header, the body as sent
 	return raw.String()
+}
+
+// sendTLS opens a TLS connection from sb1 through the proxy to dst and
+// writes req on it.
+func sendTLS(t *testing.T, h *harness, sni string, dst netip.AddrPort, req string) *tls.Conn {
+	t.Helper()
+	conn, err := h.dial(context.Background(), sb1Addr, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(conn, &tls.Config{ServerName: sni, RootCAs: h.trust("sb1"), NextProtos: []string{"http/1.1"}})
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(tc, req); err != nil {
+		tc.Close()
+		t.Fatal(err)
+	}
+	return tc
 }
 
 const secretValue = "ghp_REALsecretVALUE_0123456789"
@@ -137,9 +146,9 @@ func setupSecrets(t *testing.T) *secretsSetup {
 			"https://evil.example.com:"+s.port+"/", // intercepted, so its requests are readable
 			"http://api.example.com:"+s.httpPort+"/", "http://evil.example.com:"+s.httpPort+"/"),
 		Secrets: []api.SecretBinding{
-			{Name: "GITHUB_TOKEN", Hosts: []string{"api.example.com"}, Paths: []string{"/v1/"}, Methods: []string{"GET", "POST"},
+			{Name: "GITHUB_TOKEN", Hosts: []string{"api.example.com:" + s.port}, Paths: []string{"/v1/"}, Methods: []string{"GET", "POST"},
 				Inject: api.SecretInjection{Header: "Authorization", Format: "Bearer %s"}},
-			{Name: "BASIC", Hosts: []string{"basic.example.com"}, Inject: api.SecretInjection{Basic: &api.BasicAuth{User: "bot"}}},
+			{Name: "BASIC", Hosts: []string{"https://basic.example.com:" + s.port}, Inject: api.SecretInjection{Basic: &api.BasicAuth{User: "bot"}}},
 		},
 	})
 	s.ph = h.store.Placeholder("sb1", "GITHUB_TOKEN")

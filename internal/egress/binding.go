@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"regexp"
 	"strings"
 
@@ -17,9 +18,12 @@ import (
 // outside its scope. A binding allows nothing by itself: its hosts must
 // also be allowed by the policy.
 //
-// Scope: Hosts (names or *.names, required), optionally Paths (same path
-// syntax as URL rules: "/v1/" a prefix, "/v1/x" exact, "re:/v1/[0-9]+" a
-// regex) and Methods.
+// Scope: Hosts (required), each a name or *.name with an optional :PORT
+// and an optional https:// in front ("api.example.com" is
+// https://api.example.com:443, the scheme's port; "api.example.com:8443"
+// only that port: another port of the host never gets the secret),
+// optionally Paths (same path syntax as URL rules: "/v1/" a prefix,
+// "/v1/x" exact, "re:/v1/[0-9]+" a regex) and Methods.
 //
 // Inside the scope:
 //   - the Inject target is set from the secret when the request lacks it
@@ -136,9 +140,53 @@ func placeholder(key []byte, sandbox, name string) string {
 // binding is a secret binding compiled for matching.
 type binding struct {
 	api.SecretBinding
-	hosts   []hostPattern
+	hosts   []boundHost
 	paths   []pathPattern
 	methods []string
+}
+
+// boundHost is one host of a binding's scope: a name pattern and the one
+// port its HTTPS is served on.
+type boundHost struct {
+	hostPattern
+	port uint16
+}
+
+func (h boundHost) String() string {
+	if h.port == 443 {
+		return "https://" + h.hostPattern.String()
+	}
+	return fmt.Sprintf("https://%s:%d", h.hostPattern.String(), h.port)
+}
+
+// parseBoundHost takes name, *.name, either with :PORT, and an optional
+// https:// in front; the port defaults to 443.
+func parseBoundHost(s string) (boundHost, error) {
+	hp := s
+	if scheme, rest, ok := strings.Cut(s, "://"); ok {
+		if !strings.EqualFold(scheme, "https") {
+			return boundHost{}, errorf("secrets go over HTTPS only, not %s", scheme)
+		}
+		hp = rest
+	}
+	if strings.ContainsAny(hp, "/?#@") {
+		return boundHost{}, errorf("a host is a name with an optional :PORT, no path")
+	}
+	b := boundHost{port: 443}
+	name := hp
+	if i := strings.LastIndexByte(hp, ':'); i >= 0 {
+		port, err := parsePort(hp[i+1:])
+		if err != nil {
+			return boundHost{}, err
+		}
+		name, b.port = hp[:i], port
+	}
+	pat, err := parseDomain(name)
+	if err != nil {
+		return boundHost{}, err
+	}
+	b.hostPattern = pat
+	return b, nil
 }
 
 func compileBinding(b api.SecretBinding) (*binding, error) {
@@ -150,7 +198,7 @@ func compileBinding(b api.SecretBinding) (*binding, error) {
 	}
 	c := &binding{SecretBinding: b}
 	for _, h := range b.Hosts {
-		hp, err := parseDomain(h)
+		hp, err := parseBoundHost(h)
 		if err != nil {
 			return nil, errorf("host %q: %v", h, err)
 		}
@@ -198,9 +246,17 @@ func (b *binding) matchHost(host string) bool {
 }
 
 // inScope reports whether a request is inside the binding's scope:
-// HTTPS, one of its hosts, and its paths and methods if it has any.
-func (b *binding) inScope(https bool, host, cleanedPath, method string) bool {
-	if !https || !b.matchHost(host) {
+// HTTPS, one of its hosts on that host's port, and its paths and methods
+// if it has any.
+func (b *binding) inScope(https bool, host string, port uint16, cleanedPath, method string) bool {
+	if !https {
+		return false
+	}
+	hostOK := false
+	for _, h := range b.hosts {
+		hostOK = hostOK || h.port == port && h.match(host)
+	}
+	if !hostOK {
 		return false
 	}
 	if len(b.paths) > 0 {

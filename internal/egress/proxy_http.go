@@ -81,7 +81,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		rs.scheme = "https"
 	}
 	if len(pol.bindings) > 0 {
-		plan, refusal := p.planSecrets(f, pol, https, host, r)
+		plan, refusal := p.planSecrets(f, pol, https, host, port, r)
 		if refusal != nil {
 			ev.Exfiltration = refusal.exfil
 			p.refuse(w, f, &ev, refusal.status, refusal.d, refusal.exfil)
@@ -298,18 +298,16 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 			return errEncoded
 		}
-		for _, vs := range resp.Header {
-			for i, v := range vs {
-				vs[i] = rs.plan.scrubString(v)
-			}
-		}
-		resp.Trailer = nil
+		rs.plan.scrubHeader(resp.Header)
+		// Trailers are named now (the answer's Trailer header) and
+		// filled in when the body ends: both are scrubbed.
+		rs.plan.scrubHeader(resp.Trailer)
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
 				resp.Body = &scrubConn{ReadWriteCloser: rwc, s: newScrubber(rwc, rs.plan.sameLength)}
 			}
 		} else {
-			resp.Body = newScrubber(resp.Body, rs.plan.scrub)
+			resp.Body = &trailerScrubber{ReadCloser: newScrubber(resp.Body, rs.plan.scrub), resp: resp, plan: rs.plan}
 			resp.ContentLength = -1
 			resp.Header.Del("Content-Length")
 		}
@@ -390,6 +388,7 @@ type secretPlan struct {
 	forbidden  map[string]string // placeholder → name: outside the scope
 	scrub      []replacement     // value forms → placeholder, in responses
 	sameLength []replacement     // the same, length kept, for upgraded streams
+	names      []string          // the values in lower case, for header names
 	injected   []string
 }
 
@@ -408,7 +407,7 @@ type refusal struct {
 // planSecrets sorts the sandbox's bindings for one request: in scope
 // (inject), out of scope (placeholder forbidden), and the values to
 // scrub from the answer of a host that may have received them.
-func (p *Proxy) planSecrets(f *flow, pol *compiled, https bool, host string, r *http.Request) (*secretPlan, *refusal) {
+func (p *Proxy) planSecrets(f *flow, pol *compiled, https bool, host string, port uint16, r *http.Request) (*secretPlan, *refusal) {
 	if p.cfg.Secrets == nil {
 		if https && pol.hasBindingFor(host) {
 			return nil, &refusal{status: http.StatusBadGateway, d: Decision{Reason: "the policy binds secrets but the proxy has no secret store"}}
@@ -419,7 +418,7 @@ func (p *Proxy) planSecrets(f *flow, pol *compiled, https bool, host string, r *
 	plan := &secretPlan{forbidden: map[string]string{}}
 	for _, b := range pol.bindings {
 		ph := p.cfg.Secrets.Placeholder(f.id, b.Name)
-		in := b.inScope(https, host, cleaned, r.Method)
+		in := b.inScope(https, host, port, cleaned, r.Method)
 		if !in {
 			plan.forbidden[ph] = b.Name
 		}
@@ -447,7 +446,11 @@ func (p *Proxy) planSecrets(f *flow, pol *compiled, https bool, host string, r *
 func scopeString(pol *compiled, name string) string {
 	for _, b := range pol.bindings {
 		if b.Name == name {
-			s := "https://" + strings.Join(b.Hosts, ", https://")
+			var hosts []string
+			for _, h := range b.hosts {
+				hosts = append(hosts, h.String())
+			}
+			s := strings.Join(hosts, ", ")
 			if len(b.Paths) > 0 {
 				s += " paths " + strings.Join(b.Paths, " ")
 			}
@@ -461,31 +464,58 @@ func scopeString(pol *compiled, name string) string {
 }
 
 func (plan *secretPlan) addScrub(value, ph string, b *binding) {
-	add := func(old, new string) {
-		if old == "" || old == new {
-			return
-		}
-		plan.scrub = append(plan.scrub, replacement{old: []byte(old), new: []byte(new)})
-		plan.sameLength = append(plan.sameLength, replacement{old: []byte(old), new: []byte(strings.Repeat("*", len(old)))})
-	}
-	add(value, ph)
-	if q := url.QueryEscape(value); q != value {
-		add(q, ph)
-	}
-	add(base64.StdEncoding.EncodeToString([]byte(value)), base64.StdEncoding.EncodeToString([]byte(ph)))
+	user := ""
 	if b.Inject.Basic != nil {
-		u := b.Inject.Basic.User + ":"
-		add(base64.StdEncoding.EncodeToString([]byte(u+value)), base64.StdEncoding.EncodeToString([]byte(u+ph)))
+		user = b.Inject.Basic.User
+	}
+	forms := secretForms(value, ph, user)
+	plan.scrub = append(plan.scrub, forms...)
+	plan.sameLength = append(plan.sameLength, sameLength(forms)...)
+	plan.names = append(plan.names, strings.ToLower(value))
+}
+
+// scrubHeader scrubs h in place: values, and names that hold a secret
+// (matched regardless of case: names reach the sandbox canonicalized) are
+// dropped.
+func (plan *secretPlan) scrubHeader(h http.Header) {
+	for k, vs := range h {
+		if plan.badName(k) {
+			delete(h, k)
+			continue
+		}
+		for i, v := range vs {
+			vs[i] = scrubString(plan.scrub, v)
+		}
 	}
 }
 
-func (plan *secretPlan) scrubString(s string) string {
-	for _, r := range plan.scrub {
-		if strings.Contains(s, string(r.old)) {
-			s = strings.ReplaceAll(s, string(r.old), string(r.new))
+func (plan *secretPlan) badName(k string) bool {
+	lk := strings.ToLower(k)
+	if scrubString(plan.scrub, lk) != lk || scrubString(plan.scrub, k) != k {
+		return true
+	}
+	for _, n := range plan.names {
+		if strings.Contains(lk, n) {
+			return true
 		}
 	}
-	return s
+	return false
+}
+
+// trailerScrubber scrubs an answer's trailers once its body has ended,
+// before the reverse proxy copies them.
+type trailerScrubber struct {
+	io.ReadCloser
+	resp *http.Response
+	plan *secretPlan
+}
+
+func (t *trailerScrubber) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	if err != nil {
+		t.plan.scrubHeader(t.resp.Trailer)
+	}
+	return n, err
 }
 
 // findPlaceholder looks for a forbidden placeholder in the request line

@@ -3,6 +3,8 @@ package egress
 import (
 	"bytes"
 	"io"
+	"regexp"
+	"strings"
 )
 
 // errPlaceholder is returned by a placeholderScanner that met a
@@ -92,8 +94,53 @@ func (s *placeholderScanner) scan() (string, bool) {
 	}
 }
 
-// replacement is one old → new of a scrubber.
-type replacement struct{ old, new []byte }
+// replacement is one old → new of a scrubber: old is a literal, or re a
+// pattern whose matches are at most longest bytes. fill replaces a match
+// with as many '*'s instead of new.
+type replacement struct {
+	old     []byte
+	re      *regexp.Regexp
+	longest int
+	new     []byte
+	fill    bool
+}
+
+// span is the longest text r replaces.
+func (r replacement) span() int {
+	if r.re != nil {
+		return r.longest
+	}
+	return len(r.old)
+}
+
+// find returns the first match of r in b as [start, end), or -1.
+func (r replacement) find(b []byte) (int, int) {
+	if r.re != nil {
+		loc := r.re.FindIndex(b)
+		if loc == nil {
+			return -1, -1
+		}
+		return loc[0], loc[1]
+	}
+	j := bytes.Index(b, r.old)
+	return j, j + len(r.old)
+}
+
+// sameLength returns reps that keep the length of what they replace.
+func sameLength(reps []replacement) []replacement {
+	out := make([]replacement, len(reps))
+	for i, r := range reps {
+		r.fill = true
+		out[i] = r
+	}
+	return out
+}
+
+// scrubString is s with reps applied.
+func scrubString(reps []replacement, s string) string {
+	b, _ := io.ReadAll(newScrubber(io.NopCloser(strings.NewReader(s)), reps))
+	return string(b)
+}
 
 // scrubber replaces every occurrence of the olds in a stream as it
 // passes, holding back the longest old's length minus one, so that an
@@ -114,7 +161,7 @@ type scrubber struct {
 func newScrubber(src io.ReadCloser, reps []replacement) *scrubber {
 	hold := 0
 	for _, r := range reps {
-		hold = max(hold, len(r.old)-1)
+		hold = max(hold, r.span()-1)
 	}
 	return &scrubber{src: src, reps: reps, hold: hold, chunk: make([]byte, 32<<10)}
 }
@@ -146,22 +193,26 @@ func (s *scrubber) process() {
 	}
 	i := 0
 	for i < limit {
-		best, bestRep := -1, -1
+		best, bestEnd, bestRep := -1, -1, -1
 		for k, r := range s.reps {
-			j := bytes.Index(s.in[i:], r.old)
+			j, end := r.find(s.in[i:])
 			if j < 0 || i+j >= limit {
 				continue
 			}
-			if best < 0 || j < best || j == best && len(r.old) > len(s.reps[bestRep].old) {
-				best, bestRep = j, k
+			if best < 0 || j < best || j == best && end > bestEnd {
+				best, bestEnd, bestRep = j, end, k
 			}
 		}
 		if best < 0 {
 			break
 		}
 		s.out = append(s.out, s.in[i:i+best]...)
-		s.out = append(s.out, s.reps[bestRep].new...)
-		i += best + len(s.reps[bestRep].old)
+		if r := s.reps[bestRep]; r.fill {
+			s.out = append(s.out, bytes.Repeat([]byte{'*'}, bestEnd-best)...)
+		} else {
+			s.out = append(s.out, r.new...)
+		}
+		i += bestEnd
 	}
 	if i < limit {
 		s.out = append(s.out, s.in[i:limit]...)
