@@ -52,6 +52,13 @@ func (p *Pool) Snapshot(ctx context.Context, id, dst string, pause func() (resum
 		return c, err
 	}
 	defer pin.release()
+	// What the sandbox wrote reaches the image first, to be counted.
+	if err := unix.Syncfs(pin.root); err != nil {
+		return c, fmt.Errorf("snapshotting disk of %q: flushing: %w", id, err)
+	}
+	if err := p.admitShare(pin.img); err != nil {
+		return c, fmt.Errorf("snapshotting disk of %q: %w", id, err)
+	}
 	if err := p.capture(ctx, pin, dst, pause, &c); err != nil {
 		return c, fmt.Errorf("snapshotting disk of %q: %w", id, err)
 	}

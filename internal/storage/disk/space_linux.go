@@ -29,10 +29,12 @@ import (
 // admitted while the caps not yet written (Space.Promised) stay within the
 // free space times the overcommit: thin, and reported by Space (the
 // daemon's metrics and stats), with Space.Short set once the filesystem
-// below cannot hold what was promised. Clones share blocks with their
-// source (reflink): what a clone rewrites needs new blocks that nothing
-// set aside; Space.Free keeps a margin (keepBack) for that and for the
-// filesystems' own metadata.
+// below cannot hold what was promised. A disk that shares blocks with a
+// snapshot or its source (reflink) needs new blocks for what it rewrites:
+// its shared bytes count as promised too, and with an overcommit of 1 a
+// new disk is admitted only if the free space holds it and every
+// promise. Space.Free keeps a margin (keepBack) for the filesystems' own
+// metadata.
 
 // Space is what the storage filesystem can still give disks.
 type Space struct {
@@ -46,8 +48,9 @@ type Space struct {
 	// HostFree is the free space of the host filesystem below an XFS
 	// image substrate; otherwise that of the storage filesystem.
 	HostFree int64
-	// Promised is the capacity of the disks (ready, handed out) not yet
-	// backed by allocated blocks: what sandboxes may still write.
+	// Promised is the capacity of the disks (ready, handed out) not
+	// backed by blocks of their own: not allocated (thin) or shared with
+	// a snapshot (reflink). What sandboxes may still need.
 	Promised int64
 	// Short is how much of Promised the free space cannot hold: writes
 	// past it fail on the loop devices (I/O errors, lost data). Zero with
@@ -119,7 +122,7 @@ func space(dir string, sub *Substrate, overcommit float64) (Space, error) {
 }
 
 // promised sums, over the volume images under root (pool/ and vol/ of
-// each pool there), the capacity not backed by allocated blocks.
+// each pool there), the capacity not backed by blocks of their own.
 func promised(root string) (int64, error) {
 	var sum int64
 	for _, pattern := range []string{"*/*/" + imageName, "*/*/*/" + imageName} {
@@ -131,14 +134,40 @@ func promised(root string) (int64, error) {
 			if d := filepath.Base(filepath.Dir(filepath.Dir(img))); d != "pool" && d != "vol" {
 				continue
 			}
-			var st unix.Stat_t
-			if err := unix.Stat(img, &st); err != nil {
+			n, _, err := unbacked(img)
+			if err != nil {
 				continue // removed while we looked
 			}
-			sum += max(0, st.Size-st.Blocks*512)
+			sum += n
 		}
 	}
 	return sum, nil
+}
+
+// unbacked is what the image img lacks of blocks of its own: the part
+// not allocated and the part shared with other files; shareable is what
+// a reflink would share now (its written blocks that are its own alone).
+func unbacked(img string) (n, shareable int64, err error) {
+	f, err := os.Open(img)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, 0, err
+	}
+	n = max(0, st.Size-st.Blocks*512)
+	err = extents(f, func(_, length int64, flags uint32) error {
+		switch {
+		case flags&fiemapExtentShared != 0:
+			n += length
+		case flags&fiemapExtentUnwritten == 0:
+			shareable += length
+		}
+		return nil
+	})
+	return n, shareable, err
 }
 
 // Space reports the storage filesystem's space as the pool sees it.
@@ -146,7 +175,7 @@ func (p *Pool) Space() (Space, error) { return space(p.cfg.Dir, p.cfg.Substrate,
 
 // noSpace is the error of a disk the storage cannot back.
 func noSpace(size int64, sp Space) error {
-	if sp.Overcommit > 1 {
+	if sp.Overcommit > 1 || sp.Promised > 0 {
 		return fmt.Errorf("%w: disk: %s requested, %s free on the storage filesystem × %.1f overcommit, %s promised to disks",
 			errdefs.ErrUnavailable, mib(size), mib(sp.Free), sp.Overcommit, mib(sp.Promised))
 	}
@@ -183,18 +212,15 @@ func (p *Pool) reserve(f *os.File) error {
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return fmt.Errorf("inspecting disk image: %w", err)
 	}
-	need := max(0, st.Size-st.Blocks*512)
 	var sp Space
 	for deadline := time.Now().Add(spaceSettle); ; time.Sleep(20 * time.Millisecond) {
 		var err error
 		if sp, err = p.Space(); err != nil {
 			return err
 		}
-		fits := need <= sp.Free
-		if p.cfg.Overcommit > 1 {
-			fits = float64(sp.Promised) <= float64(sp.Free)*p.cfg.Overcommit
-		}
-		if fits {
+		// f is in a pool directory: Promised counts it, all of it
+		// before it is allocated.
+		if float64(sp.Promised) <= float64(sp.Free)*p.cfg.Overcommit {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -221,6 +247,31 @@ func (p *Pool) reserve(f *os.File) error {
 	return nil
 }
 
+// admitShare refuses, with an overcommit of 1, a snapshot by reflink of
+// the image f that would make more of its blocks shared than the free
+// space could give back: each is one the disk needs anew when it
+// rewrites it. (A copy takes its space now and checks it: copyReserve.)
+func (p *Pool) admitShare(f *os.File) error {
+	if p.cfg.Overcommit > 1 || p.copyOpts.copyOnly {
+		return nil
+	}
+	allocMu.Lock()
+	defer allocMu.Unlock()
+	_, own, err := unbacked(f.Name())
+	if err != nil {
+		return fmt.Errorf("mapping disk image: %w", err)
+	}
+	sp, err := p.Space()
+	if err != nil {
+		return err
+	}
+	if own+sp.Promised > sp.Free {
+		return fmt.Errorf("%w: disk: a snapshot would share %s its disk may need again; %s free on the storage filesystem, %s promised to disks",
+			errdefs.ErrUnavailable, mib(own), mib(sp.Free), mib(sp.Promised))
+	}
+	return nil
+}
+
 // back allocates, in the XFS image on the host, the blocks XFS gave f: an
 // unwritten extent in XFS is still a hole in the image until written, and
 // writing it would need host space nobody set aside.
@@ -230,7 +281,7 @@ func (s *Substrate) back(f *os.File) error {
 		return fmt.Errorf("opening %s: %w", s.image, err)
 	}
 	defer img.Close()
-	return extents(f, func(physical, length int64) error {
+	return extents(f, func(physical, length int64, _ uint32) error {
 		if err := unix.Fallocate(int(img.Fd()), unix.FALLOC_FL_KEEP_SIZE, physical, length); err != nil {
 			return fmt.Errorf("backing disk image in %s: %w", s.image, err)
 		}
@@ -253,22 +304,23 @@ type fiemapExtent struct {
 }
 
 const (
-	fsIocFiemap       = 0xc020660b // _IOWR('f', 11, struct fiemap)
-	fiemapExtentLast  = 0x1
-	fiemapFlagSync    = 0x1
-	fiemapBatch       = 128
-	fiemapExtentsSize = fiemapBatch * int(unsafe.Sizeof(fiemapExtent{}))
+	fsIocFiemap           = 0xc020660b // _IOWR('f', 11, struct fiemap)
+	fiemapExtentLast      = 0x1
+	fiemapExtentShared    = 0x2000
+	fiemapExtentUnwritten = 0x800
+	fiemapBatch           = 128
+	fiemapExtentsSize     = fiemapBatch * int(unsafe.Sizeof(fiemapExtent{}))
 )
 
 // extents calls fn with the physical offset and length, in bytes on the
-// filesystem's device, of every extent of f.
-func extents(f *os.File, fn func(physical, length int64) error) error {
+// filesystem's device, and the FIEMAP_EXTENT_* flags of every extent of f.
+func extents(f *os.File, fn func(physical, length int64, flags uint32) error) error {
 	buf := make([]byte, int(unsafe.Sizeof(fiemap{}))+fiemapExtentsSize)
 	hdr := (*fiemap)(unsafe.Pointer(&buf[0]))
 	exts := unsafe.Slice((*fiemapExtent)(unsafe.Pointer(&buf[unsafe.Sizeof(fiemap{})])), fiemapBatch)
 	next := uint64(0)
 	for {
-		*hdr = fiemap{start: next, length: ^uint64(0) - next, flags: fiemapFlagSync, count: fiemapBatch}
+		*hdr = fiemap{start: next, length: ^uint64(0) - next, count: fiemapBatch}
 		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fsIocFiemap, uintptr(unsafe.Pointer(&buf[0]))); errno != 0 {
 			return fmt.Errorf("mapping %s: %w", f.Name(), errno)
 		}
@@ -276,7 +328,7 @@ func extents(f *os.File, fn func(physical, length int64) error) error {
 			return nil
 		}
 		for _, e := range exts[:hdr.mapped] {
-			if err := fn(int64(e.physical), int64(e.length)); err != nil {
+			if err := fn(int64(e.physical), int64(e.length), e.flags); err != nil {
 				return err
 			}
 			next = e.logical + e.length

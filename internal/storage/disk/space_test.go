@@ -42,10 +42,28 @@ func TestAllocatedDisks(t *testing.T) {
 	if ids, _ := p.List(); len(ids) != 1 {
 		t.Errorf("disks after the refusal: %v", ids)
 	}
+	// A snapshot by reflink makes the disk's blocks shared: each is one it
+	// needs anew when it rewrites it.
+	acquire(t, p, "s", 32<<20)
+	writeFile(t, filepath.Join(v.Path, "data"), 64<<20)
+	writeFile(t, filepath.Join(filepath.Dir(filepath.Dir(v.Path)), "s", rootName, "data"), 24<<20)
+	noPause := func() (func(), error) { return func() {}, nil }
+	if _, err := p.Snapshot(context.Background(), "a", filepath.Join(s.Dir(), "a.img"), noPause); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("a snapshot sharing 64 MiB with %d MiB free: %v, want ErrUnavailable", sp.Free>>20, err)
+	}
+	if _, err := p.Snapshot(context.Background(), "s", filepath.Join(s.Dir(), "s.img"), noPause); err != nil {
+		t.Fatalf("a snapshot sharing 24 MiB: %v", err)
+	}
+	if sp, err := p.Space(); err != nil || sp.Promised < 24<<20 {
+		t.Errorf("Space after a snapshot = %+v, %v; want the shared 24 MiB promised", sp, err)
+	}
+	if _, err := p.Acquire(context.Background(), "t", 32<<20, 1000, 1000); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "promised") {
+		t.Errorf("a disk that would leave the shared blocks no room: %v, want ErrUnavailable naming what is promised", err)
+	}
 	// Thin, the same disk is admitted and promised.
-	thin := newTestPool(t, Config{Dir: filepath.Join(s.Dir(), "thin"), Substrate: s, Overcommit: 4})
+	thin := newTestPool(t, Config{Dir: filepath.Join(s.Dir(), "thin"), Substrate: s, Overcommit: 50})
 	acquire(t, thin, "c", 200<<20)
-	if sp, err := thin.Space(); err != nil || sp.Promised < 150<<20 {
+	if sp, err := thin.Space(); err != nil || sp.Promised < 200<<20 {
 		t.Errorf("thin Space = %+v, %v; want its disk promised", sp, err)
 	}
 }
