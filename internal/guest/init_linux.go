@@ -1,7 +1,6 @@
 package guest
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,13 +68,12 @@ func Run() error {
 	spareThreads(8)
 	syncSock := os.NewFile(fdSync, "sync")
 	fail := func(err error) error {
-		b, _ := json.Marshal(guestapi.Ready{Error: err.Error()})
-		syncSock.Write(b)
+		guestapi.SendReady(syncSock, guestapi.Ready{Error: err.Error()})
 		return err
 	}
 	var oom *os.File
 	for {
-		cfg, fds, err := receiveConfig(syncSock)
+		cfg, fds, err := guestapi.ReceiveConfig(syncSock)
 		if err != nil {
 			return fail(err)
 		}
@@ -91,8 +89,7 @@ func Run() error {
 			closeAll(fds)
 		}
 		if cfg.Activate == nil {
-			b, _ := json.Marshal(guestapi.Ready{Phase: "prepared"})
-			syncSock.Write(b)
+			guestapi.SendReady(syncSock, guestapi.Ready{Phase: guestapi.PhasePrepared})
 			continue
 		}
 		if oom == nil {
@@ -262,37 +259,6 @@ func restrictAll(prog []byte, noNewPrivs bool) error {
 		return fmt.Errorf("loading seccomp filter: %w", err)
 	}
 	return nil
-}
-
-func receiveConfig(sock *os.File) (*guestapi.Config, []int, error) {
-	buf := make([]byte, 1<<20)
-	// SCM_MAX_FD (253): an image may have many layers, each its own fd.
-	oob := make([]byte, unix.CmsgSpace(253*4))
-	n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
-	if err != nil {
-		return nil, nil, fmt.Errorf("receiving config: %w", err)
-	}
-	if n == 0 {
-		return nil, nil, errors.New("daemon closed the sync socket")
-	}
-	var fds []int
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil {
-		return nil, nil, fmt.Errorf("parsing config fds: %w", err)
-	}
-	for _, m := range msgs {
-		f, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			return nil, nil, fmt.Errorf("parsing config fds: %w", err)
-		}
-		fds = append(fds, f...)
-	}
-	var cfg guestapi.Config
-	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
-		closeAll(fds)
-		return nil, nil, fmt.Errorf("decoding config: %w", err)
-	}
-	return &cfg, fds, nil
 }
 
 // buildRoot builds the root filesystem and pivots into it. Everything it

@@ -35,8 +35,7 @@ func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.Fil
 	go reaper.Run(sigs.chld, s.exited)
 	go s.forwardSignals(sigs.fwd)
 
-	b, _ := json.Marshal(guestapi.Ready{Phase: "ready", PID: os.Getpid()})
-	syncSock.Write(b)
+	guestapi.SendReady(syncSock, guestapi.Ready{Phase: guestapi.PhaseReady, PID: os.Getpid()})
 	syncSock.Close()
 
 	for {

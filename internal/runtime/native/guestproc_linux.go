@@ -2,8 +2,6 @@ package native
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -185,7 +183,7 @@ func (g *guestProc) kill() {
 
 // call sends one Config message and waits for the guest's answer.
 func (g *guestProc) call(ctx context.Context, cfg *guestapi.Config, fds []int, logPath string) (*guestapi.Ready, error) {
-	if err := sendConfig(g.sync, cfg, fds); err != nil {
+	if err := guestapi.SendConfig(g.sync, cfg, fds); err != nil {
 		return nil, err
 	}
 	rd, err := waitReady(ctx, g.sync, g.sb.done)
@@ -193,21 +191,6 @@ func (g *guestProc) call(ctx context.Context, cfg *guestapi.Config, fds []int, l
 		return nil, fmt.Errorf("%w%s", err, guestLogTail(logPath))
 	}
 	return rd, nil
-}
-
-func sendConfig(sock *os.File, cfg *guestapi.Config, fds []int) error {
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		return err
-	}
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	if err := unix.Sendmsg(int(sock.Fd()), b, oob, nil, 0); err != nil {
-		return fmt.Errorf("sending guest config: %w", err)
-	}
-	return nil
 }
 
 // waitReady waits for the guest's ready (or failure) message.
@@ -218,22 +201,8 @@ func waitReady(ctx context.Context, sock *os.File, done <-chan struct{}) (*guest
 	}
 	ch := make(chan result, 1)
 	go func() {
-		buf := make([]byte, 64<<10)
-		n, err := sock.Read(buf)
-		if err != nil || n == 0 {
-			ch <- result{err: fmt.Errorf("guest exited before it was ready")}
-			return
-		}
-		var rd guestapi.Ready
-		if err := json.Unmarshal(buf[:n], &rd); err != nil {
-			ch <- result{err: fmt.Errorf("decoding guest ready: %w", err)}
-			return
-		}
-		if rd.Error != "" {
-			ch <- result{err: errors.New(rd.Error)}
-			return
-		}
-		ch <- result{r: rd}
+		rd, err := guestapi.ReadReady(sock)
+		ch <- result{r: rd, err: err}
 	}()
 	select {
 	case res := <-ch:

@@ -655,7 +655,7 @@ func (r *Runtime) activate(sb *Sandbox, a activation) {
 	// sets the limits (Restore). So the create answers now (see
 	// Sandbox.Activate), and the rest follows in the background; nothing
 	// of the sandbox's own runs before all of it is done (Dial waits).
-	err := sendConfig(a.sync, &guestapi.Config{Activate: a.act}, nil)
+	err := guestapi.SendConfig(a.sync, &guestapi.Config{Activate: a.act}, nil)
 	mark("sent")
 	close(sb.sent)
 	go r.activated(sb, a, err, t0, phases)

@@ -1,0 +1,95 @@
+package guestapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// The sync socket (SOCK_SEQPACKET) carries one JSON message per packet:
+// Config from the daemon, with the descriptors it indexes (SCM_RIGHTS),
+// and Ready from the guest after each.
+
+// Phases a Ready reports.
+const (
+	PhasePrepared = "prepared"
+	PhaseReady    = "ready"
+)
+
+// SendConfig sends cfg and the descriptors its Mount.FD fields index.
+func SendConfig(sock *os.File, cfg *Config, fds []int) error {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if err := unix.Sendmsg(int(sock.Fd()), b, oob, nil, 0); err != nil {
+		return fmt.Errorf("sending guest config: %w", err)
+	}
+	return nil
+}
+
+// ReceiveConfig reads the next Config and its descriptors (close-on-exec).
+func ReceiveConfig(sock *os.File) (*Config, []int, error) {
+	buf := make([]byte, 1<<20)
+	// SCM_MAX_FD (253): an image may have many layers, each its own fd.
+	oob := make([]byte, unix.CmsgSpace(253*4))
+	n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, nil, fmt.Errorf("receiving config: %w", err)
+	}
+	if n == 0 {
+		return nil, nil, errors.New("daemon closed the sync socket")
+	}
+	var fds []int
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return nil, nil, fmt.Errorf("parsing config fds: %w", err)
+	}
+	for _, m := range msgs {
+		f, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return nil, nil, fmt.Errorf("parsing config fds: %w", err)
+		}
+		fds = append(fds, f...)
+	}
+	var cfg Config
+	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, nil, fmt.Errorf("decoding config: %w", err)
+	}
+	return &cfg, fds, nil
+}
+
+// SendReady answers a Config.
+func SendReady(sock *os.File, rd Ready) error {
+	b, _ := json.Marshal(rd)
+	_, err := sock.Write(b)
+	return err
+}
+
+// ReadReady reads the guest's answer to a Config; a Ready that carries
+// an error is returned as that error.
+func ReadReady(sock *os.File) (Ready, error) {
+	var rd Ready
+	buf := make([]byte, 64<<10)
+	n, err := sock.Read(buf)
+	if err != nil || n == 0 {
+		return rd, errors.New("guest exited before it was ready")
+	}
+	if err := json.Unmarshal(buf[:n], &rd); err != nil {
+		return rd, fmt.Errorf("decoding guest ready: %w", err)
+	}
+	if rd.Error != "" {
+		return rd, errors.New(rd.Error)
+	}
+	return rd, nil
+}
