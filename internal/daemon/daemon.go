@@ -340,6 +340,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err == nil
 	})
 	tel.Run()
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go watchStorage(watchCtx, disks, log.With("component", "disk"))
 
 	srv := server.New(mgr, api.VersionInfo{
 		Version:   Version,

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/telemetry/admission"
 	"github.com/paddock-dev/paddock/internal/telemetry/autoscale"
@@ -112,7 +113,11 @@ func TestScrape(t *testing.T) {
 		Admission:   adm,
 		Budgets:     bt,
 		Autoscaler:  as,
-		TopN:        10,
+		Storage: func() (api.StorageSpace, error) {
+			return api.StorageSpace{SizeBytes: 100 << 30, FreeBytes: 20 << 30, HostFreeBytes: 21 << 30,
+				PromisedBytes: 30 << 30, ShortBytes: 9 << 30, Overcommit: 2}, nil
+		},
+		TopN: 10,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +146,10 @@ func TestScrape(t *testing.T) {
 		{"paddock_warm_pool_target", []string{"pool", "template:web"}, 3},
 		{"paddock_admission_cpus_limit", nil, 8},
 		{"paddock_admission_memory_reserved_bytes", nil, 1 << 30},
+		{"paddock_storage_free_bytes", nil, 20 << 30},
+		{"paddock_storage_host_free_bytes", nil, 21 << 30},
+		{"paddock_storage_short_bytes", nil, 9 << 30},
+		{"paddock_storage_overcommit_ratio", nil, 2},
 		{"paddock_autoscale_changes_total", []string{"direction", "grow"}, 0},
 		{"paddock_budget_exceeded_total", []string{"budget", "cost"}, 0},
 		{"paddock_telemetry_sampled_sandboxes", nil, 31},
