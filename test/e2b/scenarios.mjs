@@ -50,9 +50,9 @@ const scenarios = {
       assert.equal((await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout, '/tmp\n')
       assert.equal((await sbx.commands.run('python --version && git --version >/dev/null && echo ok')).stdout.trim().split('\n').pop(), 'ok')
       // Passwordless sudo to the sandbox's root, bounded like root's calls:
-      // Docker's capabilities (no CAP_SYS_ADMIN: no mounts) and seccomp.
+      // Docker's capabilities less CAP_NET_RAW (no CAP_SYS_ADMIN: no mounts) and seccomp.
       assert.equal((await sbx.commands.run('sudo -n whoami')).stdout, 'root\n')
-      assert.match((await sbx.commands.run('sudo -n grep -E "^(CapEff|Seccomp):" /proc/self/status')).stdout, /CapEff:\s+00000000a80425fb\nSeccomp:\s+2/)
+      assert.match((await sbx.commands.run('sudo -n grep -E "^(CapEff|Seccomp):" /proc/self/status')).stdout, /CapEff:\s+00000000a80405fb\nSeccomp:\s+2/)
       await assert.rejects(sbx.commands.run('sudo -n mount -t tmpfs t /mnt'), CommandExitError)
 
       // A background command, listed, then killed.
