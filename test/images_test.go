@@ -1,6 +1,7 @@
 package test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -427,6 +428,41 @@ func TestImageBare(t *testing.T) {
 	for _, l := range layerDirs(t, d) {
 		if _, err := os.Lstat(filepath.Join(d.StateDir, "images", "oci", "layers", l, "root", "etc")); err == nil {
 			t.Fatalf("layer %s gained an /etc", l)
+		}
+	}
+}
+
+// TestImageHostileMetadata: an image the sandbox cannot be made from is
+// the caller's fault, answered 400 naming what is wrong, not 500: a
+// capability xattr the kernel refuses (at import), and a symbolic link
+// where the sandbox mounts /run/paddock (at create).
+func TestImageHostileMetadata(t *testing.T) {
+	d := StartDaemon(t)
+	ctx := context.Background()
+	progs := hostProgramEntries(t, map[string]string{"bin/sh": "/bin/sh"})
+
+	var capLayer bytes.Buffer
+	tw := tar.NewWriter(&capLayer)
+	tw.WriteHeader(&tar.Header{Name: "bin/ping", Typeflag: tar.TypeReg, Mode: 0o755, Size: 1, Format: tar.FormatPAX,
+		PAXRecords: map[string]string{"SCHILY.xattr.security.capability": "not a capability"}})
+	tw.Write([]byte("x"))
+	tw.Close()
+	img := withConfig(t, gzLayer(t, layerBytes(t, progs)), gzLayer(t, capLayer.Bytes()), v1.Config{})
+	_, err := d.Client().ImportImage(ctx, bytes.NewReader(ociLayoutTar(t, img, "e2e/badcap:1")), "")
+	if !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "security.capability") || !strings.Contains(err.Error(), "bin/ping") {
+		t.Errorf("importing a bad capability: %v; want invalid_argument naming bin/ping and security.capability", err)
+	}
+
+	for tag, target := range map[string]string{"e2e/runlink:1": "/etc", "e2e/runlink:2": "/nowhere"} {
+		img = withConfig(t, gzLayer(t, layerBytes(t, progs)), gzLayer(t, layerBytes(t, []tarEntry{
+			{name: "run/paddock", typ: tar.TypeSymlink, linkname: target},
+		})), v1.Config{})
+		if _, err := d.Client().ImportImage(ctx, bytes.NewReader(ociLayoutTar(t, img, tag)), ""); err != nil {
+			t.Fatal(err)
+		}
+		_, err = d.Client().Create(ctx, api.CreateRequest{Image: tag})
+		if !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "/run/paddock") {
+			t.Errorf("a sandbox of %s (/run/paddock -> %s): %v; want invalid_argument naming /run/paddock", tag, target, err)
 		}
 	}
 }

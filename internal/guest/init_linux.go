@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/seccomp"
 	"github.com/paddock-dev/paddock/internal/sysmon"
@@ -68,7 +69,7 @@ func Run() error {
 	spareThreads(8)
 	syncSock := os.NewFile(fdSync, "sync")
 	fail := func(err error) error {
-		guestapi.SendReady(syncSock, guestapi.Ready{Error: err.Error()})
+		guestapi.SendReady(syncSock, guestapi.FailReady(err))
 		return err
 	}
 	var oom *os.File
@@ -411,11 +412,36 @@ func (r *rootMounter) target(path string, file bool) (*os.File, error) {
 		}
 		return h, nil
 	}
+	// A directory paddock binds (/run/paddock, a volume's mount point)
+	// must be one in the image: a symbolic link there would put the
+	// mount wherever it leads (under the root, but over something else).
+	if isLink(r.root, path) {
+		return nil, errdefs.New(errdefs.ErrInvalid, "the image has a symbolic link at %s, where the sandbox mounts a directory; it must be a directory or absent", path)
+	}
 	h, err := mkdirAllInRoot(r.root, path, 0o755)
 	if err != nil {
+		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			// What the image has on the way is not a directory (a file,
+			// a dangling or looping link).
+			return nil, errdefs.New(errdefs.ErrInvalid, "the image cannot hold a directory at %s, where the sandbox mounts one: %v", path, err)
+		}
 		return nil, fmt.Errorf("creating %s: %w", path, err)
 	}
 	return h, nil
+}
+
+// isLink reports whether path's last element, its parent resolved
+// inside root, is a symbolic link. Links on the way (/var/run -> /run)
+// resolve inside the root and are fine.
+func isLink(root *os.File, path string) bool {
+	dir, err := openInRoot(root, filepath.Dir(path))
+	if err != nil {
+		return false
+	}
+	defer dir.Close()
+	var st unix.Stat_t
+	err = unix.Fstatat(int(dir.Fd()), filepath.Base(path), &st, unix.AT_SYMLINK_NOFOLLOW)
+	return err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK
 }
 
 func procPath(f *os.File) string { return fmt.Sprintf("/proc/self/fd/%d", f.Fd()) }

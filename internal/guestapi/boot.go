@@ -79,6 +79,10 @@ type ServeConfig struct {
 // or "ready" with the guest's pid in its namespace, which must be 1).
 type Ready struct {
 	Error string `json:"error,omitempty"`
+	// Code is the error's category (errdefs.Code) when it has one: a
+	// sandbox whose image cannot be assembled is the caller's fault,
+	// not the host's.
+	Code  string `json:"code,omitempty"`
 	Phase string `json:"phase,omitempty"`
 	PID   int    `json:"pid,omitempty"`
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // The sync socket (SOCK_SEQPACKET) carries one JSON message per packet:
@@ -89,7 +91,20 @@ func ReadReady(sock *os.File) (Ready, error) {
 		return rd, fmt.Errorf("decoding guest ready: %w", err)
 	}
 	if rd.Error != "" {
+		if cat := errdefs.FromCode(rd.Code); cat != nil {
+			return rd, errdefs.New(cat, "%s", rd.Error)
+		}
 		return rd, errors.New(rd.Error)
 	}
 	return rd, nil
+}
+
+// FailReady is the Ready that reports err, with its category when it
+// has one.
+func FailReady(err error) Ready {
+	rd := Ready{Error: err.Error()}
+	if code := errdefs.Code(err); code != "internal" {
+		rd.Code = code
+	}
+	return rd
 }

@@ -3,6 +3,7 @@ package oci
 import (
 	"archive/tar"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -517,6 +518,11 @@ func (a *applier) setXattrs(fd int, hdr *tar.Header, regular bool) error {
 		if err == unix.EOPNOTSUPP {
 			a.stats.SkippedXattrs++
 			continue
+		}
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ERANGE) || errors.Is(err, unix.E2BIG) {
+			// A value the kernel cannot take (a malformed capability
+			// set, say) is the image's fault.
+			return fmt.Errorf("%w: extended attribute %s: the kernel refuses its value (%v)", errdefs.ErrInvalid, k, err)
 		}
 		if err != nil {
 			return fmt.Errorf("setting xattr %s: %w", k, err)

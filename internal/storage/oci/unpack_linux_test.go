@@ -338,3 +338,18 @@ func TestOpaqueRootStack(t *testing.T) {
 		t.Errorf("stack %v, want %v", got, want)
 	}
 }
+
+// TestUnpackBadCapability: a security.capability xattr the kernel refuses
+// is the image's fault: ErrInvalid naming the entry and the attribute,
+// not an internal error.
+func TestUnpackBadCapability(t *testing.T) {
+	needRoot(t)
+	s := openStore(t)
+	e := reg("bin/ping", "x")
+	e.hdr.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": "not a capability"}
+	data := entriesTar(t, []entry{e})
+	_, _, err := unpackBytes(t, s, data, data)
+	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "bin/ping") || !strings.Contains(err.Error(), "security.capability") {
+		t.Errorf("err = %v, want ErrInvalid naming bin/ping and security.capability", err)
+	}
+}
