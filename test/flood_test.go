@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -133,4 +136,46 @@ func openFDs(t *testing.T, d *Daemon) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// TestSelfEndpointFlood: the sandboxes' self endpoint listens on every
+// address of the host, so any peer can reach it: a peer that is no
+// sandbox gets its 403 and the connection closed, and its thousand
+// silent connections do not take the daemon's descriptors. Before, each
+// stayed open as long as the peer kept it.
+func TestSelfEndpointFlood(t *testing.T) {
+	d := newDaemon(t)
+	m := regexp.MustCompile(`self_port=(\d+)`).FindStringSubmatch(d.Log())
+	if m == nil {
+		t.Fatalf("no self_port in the daemon's log:\n%s", d.Log())
+	}
+	addr := "127.0.0.1:" + m[1]
+	base := openFDs(t, d)
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for i := 0; i < 1000; i++ {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("dialing connection %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	if n := openFDs(t, d); n > base+200 {
+		t.Errorf("the daemon holds %d descriptors with 1000 connections to the self endpoint open (%d before)", n, base)
+	}
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /v1/self HTTP/1.1\r\nHost: paddock.internal\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(c)
+	if !strings.HasPrefix(string(b), "HTTP/1.1 403") || err != nil {
+		t.Errorf("a host peer's request: %q, %v (want a 403, then the connection closed)", b, err)
+	}
 }

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/connlimit"
 	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/egress"
 	"github.com/paddock-dev/paddock/internal/egress/dns"
@@ -204,8 +205,15 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting the egress proxy: %w", err)
 	}
-	g.self = &http.Server{Handler: http.HandlerFunc(g.serveSelf), ReadHeaderTimeout: 5 * time.Second}
-	go g.self.Serve(g.selfLn)
+	// The self endpoint's listener is on every address of the host, so
+	// any peer that reaches the host can connect: a connection answers
+	// one request and is closed (connlimit: none is ever authenticated),
+	// and silent ones are bounded per peer and in all.
+	selfLn := connlimit.New(g.selfLn, connlimit.Limits{}, g.log.With("part", "self"))
+	g.self = &http.Server{Handler: http.HandlerFunc(g.serveSelf), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second, ConnState: selfLn.ConnState,
+		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
+	go g.self.Serve(selfLn)
 	g.wg.Add(1)
 	go g.refreshSelf(time.Second)
 	g.log.Info("egress gateway up", "proxy_port", port(g.proxyLn.Addr()), "dns_port", g.dns.Addr().Port(), "self_port", port(g.selfLn.Addr()), "upstream_dns", cfg.Upstream)
