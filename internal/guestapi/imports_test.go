@@ -2,8 +2,6 @@ package guestapi
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -22,7 +20,10 @@ var mayImportGuest = map[string]bool{
 // main depends on the guest's PID 1 side; the daemon reaches a guest
 // through this package only.
 func TestDaemonImportsNoGuest(t *testing.T) {
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("finding the go command: %v", err)
+	}
 	out, err := exec.Command(goTool, "list", "-deps", "-test=false", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`, "github.com/paddock-dev/paddock/...").Output()
 	if err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {
