@@ -1,7 +1,12 @@
 package guestapi
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -46,5 +51,71 @@ func TestDaemonImportsNoGuest(t *testing.T) {
 	}
 	if checked < 20 {
 		t.Fatalf("go list named %d packages of the module; want the whole module", checked)
+	}
+}
+
+// TestNoRawRequestsOutsideGuest: outside the guest and this package no
+// code builds a Request, reads a Response or names an op; it calls the
+// Client's methods, so that a change of an op touches only the two sides
+// of the protocol.
+func TestNoRawRequestsOutsideGuest(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := func(name string) bool {
+		return name == "Request" || name == "Response" || strings.HasPrefix(name, "Op")
+	}
+	checked := 0
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if d.IsDir() {
+			switch rel {
+			case filepath.Join("internal", "guest"), filepath.Join("internal", "guestapi"), ".git":
+				return filepath.SkipDir
+			}
+			if strings.HasPrefix(d.Name(), ".") && rel != "." {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), p, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		checked++
+		local := ""
+		for _, imp := range f.Imports {
+			if imp.Path.Value == `"github.com/paddock-dev/paddock/internal/guestapi"` {
+				local = "guestapi"
+				if imp.Name != nil {
+					local = imp.Name.Name
+				}
+			}
+		}
+		if local == "" {
+			return nil
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if sel, ok := n.(*ast.SelectorExpr); ok {
+				if x, ok := sel.X.(*ast.Ident); ok && x.Name == local && raw(sel.Sel.Name) {
+					t.Errorf("%s uses %s.%s: call the Client's method for it", rel, local, sel.Sel.Name)
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 100 {
+		t.Fatalf("read %d Go files under %s; want the whole module", checked, root)
 	}
 }
