@@ -308,7 +308,11 @@ func download(ctx context.Context, c *client.Client, src location, dst string, a
 		target := dst
 		switch {
 		case dstIsDir:
-			target = filepath.Join(dst, info.Name)
+			name, err := hostName(info.Name)
+			if err != nil {
+				return fmt.Errorf("copying %s:%s: %w", src.id, src.path, err)
+			}
+			target = filepath.Join(dst, name)
 		case derr != nil && strings.HasSuffix(dst, "/"):
 			return fmt.Errorf("%s: no such directory", dst)
 		}
@@ -351,6 +355,16 @@ func download(ctx context.Context, c *client.Client, src location, dst string, a
 		return fmt.Errorf("copying %s:%s to %s: %w", src.id, src.path, dst, err)
 	}
 	return nil
+}
+
+// hostName checks a file name the sandbox reported before it is joined
+// to a host directory: one element, so that it names a file in that
+// directory and nowhere else.
+func hostName(name string) (string, error) {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+		return "", fmt.Errorf("%w: the sandbox named the file %q, which is not a file name", errdefs.ErrInvalid, name)
+	}
+	return name, nil
 }
 
 func tooLarge(src location, size, limit int64) error {

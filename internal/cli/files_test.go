@@ -81,3 +81,18 @@ func TestParseMode(t *testing.T) {
 		}
 	}
 }
+
+// TestHostName: a name the sandbox reports for a file copied into a host
+// directory is one element, never a path that leads elsewhere.
+func TestHostName(t *testing.T) {
+	for _, name := range []string{"", ".", "..", "../x", "a/b", "/etc/passwd", "x\x00y"} {
+		if _, err := hostName(name); err == nil {
+			t.Errorf("hostName(%q) accepted", name)
+		}
+	}
+	for _, name := range []string{"a", "a.txt", "..a", "a b"} {
+		if got, err := hostName(name); err != nil || got != name {
+			t.Errorf("hostName(%q) = %q, %v", name, got, err)
+		}
+	}
+}
