@@ -168,6 +168,7 @@ func (s *Store) extract(ctx context.Context, b blob, rootfd int, imageLeft *atom
 	}
 	diff := newDigester(contentReader{dec}, s.lim.MaxLayerSize, "uncompressed layer")
 	a := newApplier(rootfd, s.lim, imageLeft, s.log)
+	a.room = s.room
 	err = a.apply(ctx, diff)
 	if err == nil {
 		// The tar's end-of-archive marker need not be the end of the
@@ -337,4 +338,18 @@ func short(d string) string {
 		return d[:i]
 	}
 	return d
+}
+
+// room refuses n more bytes of unpacked content when the store's file
+// system would be left with less than MinFree free. Every unpack under
+// way writes to that file system, so its free space accounts them all.
+func (s *Store) room(n int64) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.dir, &st); err != nil {
+		return fmt.Errorf("checking the image store's free space: %w", err)
+	}
+	if free := int64(st.Bavail) * st.Bsize; free-n < s.lim.MinFree {
+		return fmt.Errorf("%w: unpacking would leave less than %d bytes free on the image store's file system (%d free)", errdefs.ErrNoSpace, s.lim.MinFree, free)
+	}
+	return nil
 }

@@ -104,6 +104,13 @@ type Limits struct {
 	// MaxArchiveSize caps an archive given to Import (it is spooled to disk
 	// before it is read).
 	MaxArchiveSize int64
+	// MinFree is what an unpack leaves free on the store's file system:
+	// it stops with ErrNoSpace before writing past it. The caps above are
+	// per layer and per image; this one counts every unpack at once (the
+	// file system's free space is the account), so a small archive that
+	// decompresses to far more (a gzip bomb) cannot fill the host's disk
+	// under them.
+	MinFree int64
 }
 
 // DefaultLimits are the limits Open uses unless told otherwise.
@@ -115,6 +122,7 @@ var DefaultLimits = Limits{
 	MaxMetadataSize: 4 << 20,
 	MaxXattrSize:    64 << 10,
 	MaxArchiveSize:  32 << 30,
+	MinFree:         1 << 30,
 }
 
 // withDefaults fills zero fields from DefaultLimits.
@@ -140,6 +148,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxArchiveSize > 0 {
 		d.MaxArchiveSize = l.MaxArchiveSize
+	}
+	if l.MinFree > 0 {
+		d.MinFree = l.MinFree
 	}
 	return d
 }

@@ -63,7 +63,10 @@ type applier struct {
 	root      int // O_RDONLY|O_DIRECTORY handle on the layer's root
 	lim       Limits
 	imageLeft *atomic.Int64 // bytes the image may still unpack, shared by its layers
-	log       *slog.Logger
+	// room, if set, refuses n more bytes of content when the host
+	// cannot spare them.
+	room func(n int64) error
+	log  *slog.Logger
 
 	dirs   map[string]int  // O_PATH handles on directories, by layer-relative path
 	hidden map[string]bool // names a whiteout in this layer hid from lower layers
@@ -442,6 +445,11 @@ func (w *budgetWriter) Write(p []byte) (int, error) {
 	}
 	if w.a.imageLeft.Add(-n) < 0 {
 		return 0, w.a.imageTooLarge()
+	}
+	if w.a.room != nil {
+		if err := w.a.room(n); err != nil {
+			return 0, err
+		}
 	}
 	return w.f.Write(p)
 }

@@ -353,3 +353,39 @@ func TestUnpackBadCapability(t *testing.T) {
 		t.Errorf("err = %v, want ErrInvalid naming bin/ping and security.capability", err)
 	}
 }
+
+// TestUnpackBombFree: a gzip bomb (128 MiB of zeros in about 128 KiB,
+// made here) under the layer and image caps still stops where the store's
+// file system would be left with less than MinFree: ErrNoSpace, and
+// nothing of the layer stays.
+func TestUnpackBombFree(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	if free < 256<<20 {
+		t.Skip("less than 256 MiB free")
+	}
+	// Room for 32 MiB more.
+	s := openStore(t, WithLimits(Limits{MinFree: free - 32<<20}))
+	var tarBuf bytes.Buffer
+	tw := tar.NewWriter(&tarBuf)
+	tw.WriteHeader(&tar.Header{Name: "bomb", Typeflag: tar.TypeReg, Mode: 0o644, Size: 128 << 20})
+	zero := make([]byte, 1<<20)
+	for range 128 {
+		tw.Write(zero)
+	}
+	tw.Close()
+	var gz bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestCompression)
+	zw.Write(tarBuf.Bytes())
+	zw.Close()
+	_, _, err := unpackBytes(t, s, gz.Bytes(), tarBuf.Bytes())
+	if !errors.Is(err, errdefs.ErrNoSpace) || !strings.Contains(err.Error(), "free") {
+		t.Errorf("err = %v, want ErrNoSpace", err)
+	}
+	t.Logf("a %d-byte blob of %d bytes: %v", gz.Len(), tarBuf.Len(), err)
+}
