@@ -93,3 +93,52 @@ func TestSandboxFilesBounded(t *testing.T) {
 		t.Errorf("a sandbox made while the hog held its files: %s", out)
 	}
 }
+
+// aioHogProgram forks a process that takes up to argv[2] AIO contexts of
+// argv[1] events (io_setup) and holds them; it prints how many it got and
+// why it stopped.
+const aioHogProgram = `
+import ctypes, os, sys, time
+nr = {"x86_64": 206, "aarch64": 0}[os.uname().machine]
+libc = ctypes.CDLL(None, use_errno=True)
+r, w = os.pipe()
+if os.fork() == 0:
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    got, err = 0, 0
+    while got < int(sys.argv[2]):
+        ctx = ctypes.c_ulong(0)
+        if libc.syscall(nr, int(sys.argv[1]), ctypes.byref(ctx)) != 0:
+            err = ctypes.get_errno()
+            break
+        got += 1
+    os.write(w, ("%d %s\n" % (got, os.strerror(err) if err else "none")).encode())
+    time.sleep(600)
+    os._exit(0)
+os.close(w)
+print(os.read(r, 100).decode().strip(), flush=True)
+`
+
+// TestSandboxAIOBounded: AIO contexts are bounded by a sandbox's memory
+// limit (an AIO ring is charged to it), not by the host's fs.aio-max-nr
+// (65536 events by default): a sandbox holding 256 contexts of 1024
+// events (some 16 MiB of rings) leaves its neighbour able to take one.
+// Before the daemon lifted that cap, 64 such contexts took it all and the
+// neighbour's io_setup failed with EAGAIN.
+func TestSandboxAIOBounded(t *testing.T) {
+	d := StartDaemon(t, "--warm-guests", "0")
+	hog := d.Create(api.CreateRequest{Resources: api.Resources{MemoryBytes: 128 << 20}})
+	neighbour := d.Create(api.CreateRequest{})
+	res := d.run(hog, "", "python3", "-c", aioHogProgram, "1024", "256")
+	t.Logf("the hog's AIO contexts of 1024 events: %s", strings.TrimSpace(res.Stdout))
+	if f := strings.Fields(res.Stdout); len(f) < 2 {
+		t.Fatalf("the hog: %s", res)
+	} else if n, _ := strconv.Atoi(f[0]); n != 256 {
+		t.Errorf("the hog got %d of 256 contexts", n)
+	}
+	out := d.run(neighbour, "", "python3", "-c", aioHogProgram, "128", "1")
+	if f := strings.Fields(out.Stdout); len(f) < 1 || f[0] != "1" {
+		t.Errorf("the neighbour could not take an AIO context while the hog held its own: %s", out)
+	}
+}

@@ -178,7 +178,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer releasePID()
-	if err := liftFileMax(log); err != nil {
+	if err := liftHostCaps(log); err != nil {
 		return err
 	}
 	listeners, token, err := listen(cfg)
