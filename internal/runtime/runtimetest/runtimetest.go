@@ -6,9 +6,11 @@ package runtimetest
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,6 +53,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("StopKeepsDisk", func(t *testing.T) { testStop(t, h) })
 	t.Run("Snapshot", func(t *testing.T) { testSnapshot(t, h) })
 	t.Run("RemoveEveryTrace", func(t *testing.T) { testRemove(t, h) })
+	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, h) })
 }
 
 func ctxOf(t *testing.T) context.Context {
@@ -388,5 +391,58 @@ func testRemove(t *testing.T, h Harness) {
 	}
 	if _, _, err := rt.DiskUsage(insts[0].ID()); err == nil {
 		t.Error("DiskUsage answers for a removed sandbox")
+	}
+}
+
+// testConcurrent starts and removes sandboxes at the same time: each gets
+// its own guest, and all go without a trace.
+func testConcurrent(t *testing.T, h Harness) {
+	rt := newRuntime(t, h, t.TempDir())
+	const n = 3
+	ids := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		spec := h.Spec(t)
+		spec.ID = runtime.NewID()
+		spec.Resources = startLimits
+		ids[i] = spec.ID
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			inst, err := rt.Start(ctxOf(t), spec)
+			if err == nil {
+				if a, ok := inst.(runtime.Activating); ok {
+					a.Activate()
+				}
+				var conn net.Conn
+				if conn, err = inst.Dial(ctxOf(t)); err == nil {
+					conn.Close()
+				}
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("starting %s beside others: %v", ids[i], err)
+		}
+	}
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = rt.Remove(ctxOf(t), ids[i])
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("removing %s beside others: %v", ids[i], err)
+		}
+		if left := h.Traces(t, ids[i]); len(left) > 0 {
+			t.Errorf("removing %s beside others left %v", ids[i], left)
+		}
 	}
 }
