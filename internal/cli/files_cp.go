@@ -304,7 +304,14 @@ func download(ctx context.Context, c *client.Client, src location, dst string, a
 	if derr != nil && !os.IsNotExist(derr) {
 		return derr
 	}
-	if info.Type == client.TypeFile {
+	// The tar's names start with the source's name ("." for the root).
+	// A file goes through it too: a sparse file's holes travel as holes,
+	// and its entry is made beside the target and renamed over it once
+	// complete.
+	var dir string
+	var rename func(string) string
+	switch {
+	case info.Type == client.TypeFile:
 		target := dst
 		switch {
 		case dstIsDir:
@@ -316,15 +323,9 @@ func download(ctx context.Context, c *client.Client, src location, dst string, a
 		case derr != nil && strings.HasSuffix(dst, "/"):
 			return fmt.Errorf("%s: no such directory", dst)
 		}
-		return downloadFile(ctx, c, src, info, target, archive, limit)
-	}
-	if info.IsDir() && derr == nil && !dstIsDir {
+		dir, rename = filepath.Dir(filepath.Clean(target)), replaceFirst(filepath.Base(filepath.Clean(target)))
+	case info.IsDir() && derr == nil && !dstIsDir:
 		return fmt.Errorf("cannot copy directory %s:%s onto %s, which is not a directory", src.id, src.path, dst)
-	}
-	// The tar's names start with the source's name ("." for the root).
-	var dir string
-	var rename func(string) string
-	switch {
 	case info.Path == "/":
 		if err := os.MkdirAll(dst, 0o755); err != nil {
 			return err
@@ -367,10 +368,6 @@ func hostName(name string) (string, error) {
 	return name, nil
 }
 
-func tooLarge(src location, size, limit int64) error {
-	return fmt.Errorf("%w: %s:%s is %d bytes, more than the %d bytes a copy out may write (--max-size raises the cap)", errdefs.ErrTooLarge, src.id, src.path, size, limit)
-}
-
 // replaceFirst returns a Rename that replaces a name's first element
 // with to ("" drops it, and the entry for the element itself).
 func replaceFirst(to string) func(string) string {
@@ -384,51 +381,4 @@ func replaceFirst(to string) func(string) string {
 		}
 		return to + "/" + rest
 	}
-}
-
-// downloadFile copies one sandbox file to a host file, replacing it only
-// once the copy is complete. Runs of zeros become holes; more than limit
-// bytes (0: no cap) are refused.
-func downloadFile(ctx context.Context, c *client.Client, src location, info *client.FileInfo, target string, archive bool, limit int64) error {
-	if limit > 0 && info.Size > limit {
-		return tooLarge(src, info.Size, limit)
-	}
-	rc, err := c.ReadFile(ctx, src.id, src.path)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".paddock-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	var r io.Reader = rc
-	if limit > 0 {
-		r = io.LimitReader(rc, limit+1) // the file may grow meanwhile
-	}
-	w := sparse.NewWriter(tmp)
-	_, err = io.Copy(w, r)
-	if err == nil {
-		err = w.Close()
-	}
-	if err == nil && limit > 0 && w.Size() > limit {
-		err = tooLarge(src, w.Size(), limit)
-	}
-	if err == nil {
-		err = tmp.Chmod((info.Mode & 0o1777).OS())
-	}
-	if err == nil && archive {
-		err = tmp.Chown(int(info.UID), int(info.GID))
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), target)
-	}
-	if err != nil {
-		return fmt.Errorf("copying %s:%s to %s: %w", src.id, src.path, target, err)
-	}
-	return nil
 }
