@@ -55,7 +55,11 @@ func secretForms(value, ph, user string) []replacement {
 	}
 	if len(value) <= maxEscapedSecret && utf8.ValidString(value) {
 		re, longest := escapedPattern(value)
-		reps = append(reps, replacement{re: regexp.MustCompile(re), longest: longest, new: []byte(ph)})
+		rep := replacement{re: regexp.MustCompile("^" + re), starts: escapeStarts(value), longest: longest, new: []byte(ph)}
+		if first, n := utf8.DecodeRuneInString(value); n == 1 && len(value) > 1 && first != ' ' {
+			rep.lit, rep.next = value[0], escapeStarts(value[1:])
+		}
+		reps = append(reps, rep)
 	} else {
 		add(value, ph)
 		add(url.QueryEscape(value), ph)
@@ -77,6 +81,16 @@ func secretForms(value, ph, user string) []replacement {
 	add(hex.EncodeToString([]byte(value)), hex.EncodeToString([]byte(ph)))
 	add(strings.ToUpper(hex.EncodeToString([]byte(value))), strings.ToUpper(hex.EncodeToString([]byte(ph))))
 	return reps
+}
+
+// escapeStarts is every byte an escape of s's first character begins
+// with (see runeEscapes).
+func escapeStarts(s string) string {
+	starts := s[:1] + `%\&`
+	if s[0] == ' ' {
+		starts += "+"
+	}
+	return starts
 }
 
 // base64Core is the part of the base64 of value, placed off bytes into an

@@ -98,8 +98,15 @@ func (s *placeholderScanner) scan() (string, bool) {
 // pattern whose matches are at most longest bytes. fill replaces a match
 // with as many '*'s instead of new.
 type replacement struct {
-	old     []byte
-	re      *regexp.Regexp
+	old []byte
+	// re matches at the start of its input only; starts holds every byte
+	// a match can begin with, so that re is tried only where one is.
+	re     *regexp.Regexp
+	starts string
+	// lit is the raw first byte of a one-byte first character, which a
+	// match can follow only with a byte of next (cheaper than re).
+	lit     byte
+	next    string
 	longest int
 	new     []byte
 	fill    bool
@@ -116,11 +123,22 @@ func (r replacement) span() int {
 // find returns the first match of r in b as [start, end), or -1.
 func (r replacement) find(b []byte) (int, int) {
 	if r.re != nil {
-		loc := r.re.FindIndex(b)
-		if loc == nil {
-			return -1, -1
+		for from := 0; from < len(b); {
+			j := bytes.IndexAny(b[from:], r.starts)
+			if j < 0 {
+				break
+			}
+			k := from + j
+			if r.next != "" && b[k] == r.lit && k+1 < len(b) && strings.IndexByte(r.next, b[k+1]) < 0 {
+				from = k + 1
+				continue
+			}
+			if loc := r.re.FindIndex(b[from+j:]); loc != nil {
+				return from + j, from + j + loc[1]
+			}
+			from += j + 1
 		}
-		return loc[0], loc[1]
+		return -1, -1
 	}
 	j := bytes.Index(b, r.old)
 	return j, j + len(r.old)
