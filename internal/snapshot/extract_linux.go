@@ -202,6 +202,12 @@ func openLayerDir(root, rel string) (fd int, hides bool, err error) {
 		return -1, false, fmt.Errorf("opening layer %s: %w", root, err)
 	}
 	for _, name := range strings.Split(rel, "/") {
+		if name == "" || name == "." || name == ".." {
+			// The caller passes a clean path; one that is not could
+			// walk out of the layer (".." is a directory too).
+			unix.Close(cur)
+			return -1, false, errdefs.Invalid("path", "%q is not a clean path below /", "/"+rel)
+		}
 		var st unix.Stat_t
 		if err := unix.Fstatat(cur, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			unix.Close(cur)
