@@ -18,7 +18,6 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/sandbox"
-	"github.com/paddock-dev/paddock/internal/server"
 )
 
 // Labels that carry E2B's view of a sandbox in paddock's record, so that
@@ -62,10 +61,10 @@ func (s *Server) controlRoutes() *http.ServeMux {
 	return mux
 }
 
-// fail answers a control-plane call with err's status (paddock's one
-// mapping) in E2B's error body.
+// fail answers a control-plane or /files call with err's status
+// (paddock's one mapping, errdefs.HTTPStatus) in E2B's error body.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	code := server.Status(err)
+	code := errdefs.HTTPStatus(err)
 	msg := err.Error()
 	if code >= 500 && code != http.StatusServiceUnavailable {
 		s.log.Error("E2B request failed", "method", r.Method, "path", r.URL.Path, "err", err)

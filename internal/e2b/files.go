@@ -20,7 +20,6 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
-	"github.com/paddock-dev/paddock/internal/server"
 )
 
 // envd's REST /files: GET downloads one file, POST uploads one or more
@@ -63,37 +62,26 @@ func (s *Server) checkSignature(r *http.Request, id string) error {
 	return nil
 }
 
-// filesError answers a /files call with err's status and E2B's body.
-func (s *Server) filesError(w http.ResponseWriter, r *http.Request, err error) {
-	code := server.Status(err)
-	msg := err.Error()
-	if code >= 500 && code != http.StatusServiceUnavailable {
-		s.log.Error("envd /files failed", "method", r.Method, "err", err)
-		msg = "internal error; see the daemon log"
-	}
-	writeAPIError(w, code, msg)
-}
-
 func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	user, err := fileUser(r)
 	if err != nil {
-		s.filesError(w, r, err)
+		s.fail(w, r, err)
 		return
 	}
 	p := r.URL.Query().Get("path")
 	if p == "" || strings.ContainsRune(p, 0) {
-		s.filesError(w, r, errdefs.Invalid("path", "must name a file"))
+		s.fail(w, r, errdefs.Invalid("path", "must name a file"))
 		return
 	}
 	p = resolve(user, p)
 	gc, err := s.guestOf(r)
 	if err != nil {
-		s.filesError(w, r, err)
+		s.fail(w, r, err)
 		return
 	}
 	resp, data, err := gc.ReadFile(r.Context(), guestapi.FileRequest{Path: p})
 	if err != nil {
-		s.filesError(w, r, err)
+		s.fail(w, r, err)
 		return
 	}
 	defer data.Close()
@@ -143,17 +131,17 @@ type writtenFile struct {
 func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	user, err := fileUser(r)
 	if err != nil {
-		s.filesError(w, r, err)
+		s.fail(w, r, err)
 		return
 	}
 	q := r.URL.Query().Get("path")
 	if strings.ContainsRune(q, 0) {
-		s.filesError(w, r, errdefs.Invalid("path", "contains a NUL byte"))
+		s.fail(w, r, errdefs.Invalid("path", "contains a NUL byte"))
 		return
 	}
 	body, err := decoded(r.Header.Get("Content-Encoding"), r.Body)
 	if err != nil {
-		s.filesError(w, r, err)
+		s.fail(w, r, err)
 		return
 	}
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -174,7 +162,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		err = errdefs.Invalid("content-type", "%q is neither multipart/form-data nor application/octet-stream", ct)
 	}
 	if err != nil {
-		s.filesError(w, r, err)
+		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -74,7 +74,3 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 		json.NewEncoder(w).Encode(v)
 	}
 }
-
-// Status is the HTTP status of err, for other surfaces of the daemon (the
-// E2B facade) that answer in their own body format.
-func Status(err error) int { return status(err) }
