@@ -24,6 +24,17 @@ const (
 	StateFailed  State = "failed"
 )
 
+// TimeoutAction is what a sandbox's timeout does when it is up.
+type TimeoutAction string
+
+const (
+	// TimeoutRemove ends and removes the sandbox (the default).
+	TimeoutRemove TimeoutAction = "remove"
+	// TimeoutPause pauses the sandbox and clears its timeout: it is kept
+	// until it is resumed or removed.
+	TimeoutPause TimeoutAction = "pause"
+)
+
 // Resources are a sandbox's limits. Zero means "the daemon's default".
 type Resources struct {
 	// CPUs is a CPU quota in cores (0.5 = half a core).
@@ -43,9 +54,12 @@ type CreateRequest struct {
 	Workdir   string            `json:"workdir,omitempty"`
 	Resources Resources         `json:"resources,omitempty"`
 	// Timeout is the sandbox's lifetime in seconds; when it is up the
-	// sandbox is ended and removed. 0 means no timeout.
-	TimeoutSeconds int64             `json:"timeout_seconds,omitempty"`
-	Labels         map[string]string `json:"labels,omitempty"`
+	// sandbox is ended and removed (or paused: OnTimeout). 0 means no
+	// timeout.
+	TimeoutSeconds int64 `json:"timeout_seconds,omitempty"`
+	// OnTimeout is what the timeout does; default TimeoutRemove.
+	OnTimeout TimeoutAction     `json:"on_timeout,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
 	// AutoPauseSeconds pauses the sandbox after this long without an API
 	// call, an open stream or network traffic. 0: never.
 	AutoPauseSeconds int64 `json:"auto_pause_seconds,omitempty"`
@@ -79,9 +93,11 @@ type Sandbox struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	// ExpiresAt is when the timeout ends the sandbox, if it has one.
-	ExpiresAt        *time.Time `json:"expires_at,omitempty"`
-	AutoPauseSeconds int64      `json:"auto_pause_seconds,omitempty"`
-	AutoResume       bool       `json:"auto_resume"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// OnTimeout is what happens at ExpiresAt; "" is TimeoutRemove.
+	OnTimeout        TimeoutAction `json:"on_timeout,omitempty"`
+	AutoPauseSeconds int64         `json:"auto_pause_seconds,omitempty"`
+	AutoResume       bool          `json:"auto_resume"`
 	// LastActiveAt is the last API call, stream or network traffic.
 	LastActiveAt *time.Time    `json:"last_active_at,omitempty"`
 	Volumes      []VolumeMount `json:"volumes,omitempty"`

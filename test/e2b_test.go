@@ -348,3 +348,71 @@ func TestE2BHostileInput(t *testing.T) {
 		}
 	}
 }
+
+// TestE2BTimeoutSurvivesRestart: an E2B sandbox's timeout, and the pause
+// that autoPause makes of it, are the sandbox's record: a daemon killed
+// with -9 and restarted before the timeout still pauses (autoPause) or
+// removes (the default) the sandbox when it is up, as E2B would.
+func TestE2BTimeoutSurvivesRestart(t *testing.T) {
+	e := startE2BDaemon(t)
+	create := func(body string) string {
+		t.Helper()
+		ans := e2bCall(t, e, "POST", "/sandboxes", body)
+		if ans.status != 201 {
+			t.Fatalf("create %s: %d %s", body, ans.status, ans.body)
+		}
+		return jsonField(t, ans.body, "sandboxID")
+	}
+	const timeout = 10 * time.Second
+	start := time.Now()
+	paused := create(`{"timeout":10,"autoPause":true}`)
+	killed := create(`{"timeout":10}`)
+	e.Sh(paused, "echo kept >/home/user/kept.txt")
+	if sb := e.get(paused); sb.OnTimeout != api.TimeoutPause || sb.ExpiresAt == nil {
+		t.Fatalf("record of an autoPause sandbox: on_timeout %q expires_at %v", sb.OnTimeout, sb.ExpiresAt)
+	}
+
+	e.Kill9()
+	e.Start()
+	if time.Since(start) > timeout-2*time.Second {
+		t.Skipf("the restart took %v: too close to the %v timeout to tell", time.Since(start), timeout)
+	}
+	for _, id := range []string{paused, killed} {
+		if ans := e2bCall(t, e, "GET", "/sandboxes/"+id, ""); ans.status != 200 || !strings.Contains(ans.body, `"state":"running"`) {
+			t.Fatalf("%s after the restart, before its timeout: %d %s", id, ans.status, ans.body)
+		}
+	}
+
+	deadline := time.Now().Add(timeout + 20*time.Second)
+	for {
+		p := e2bCall(t, e, "GET", "/sandboxes/"+paused, "")
+		k := e2bCall(t, e, "GET", "/sandboxes/"+killed, "")
+		if strings.Contains(p.body, `"state":"paused"`) && k.status == 404 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after create: autoPause sandbox %d %s, want paused; default sandbox %d %s, want 404",
+				time.Since(start).Round(time.Second), p.status, p.body, k.status, k.body)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if took := time.Since(start); took < timeout {
+		t.Errorf("the timeout acted after %v, before its %v", took, timeout)
+	}
+	// Paused: no timeout left (E2B keeps it until killed or resumed);
+	// connect resumes it with its files and a new timeout.
+	if sb := e.get(paused); sb.ExpiresAt != nil {
+		t.Errorf("a sandbox paused by its timeout still expires at %v", sb.ExpiresAt)
+	}
+	ans := e2bCall(t, e, "POST", "/sandboxes/"+paused+"/connect", `{"timeout":60}`)
+	if ans.status != 201 {
+		t.Fatalf("connect to resume: %d %s", ans.status, ans.body)
+	}
+	if out := e.Sh(paused, "cat /home/user/kept.txt"); out != "kept\n" {
+		t.Errorf("file after the timeout's pause and a resume: %q", out)
+	}
+	if sb := e.get(paused); sb.ExpiresAt == nil || time.Until(*sb.ExpiresAt) > 61*time.Second {
+		t.Errorf("timeout after connect: %v, want about 60 s", sb.ExpiresAt)
+	}
+}
+

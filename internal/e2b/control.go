@@ -23,7 +23,9 @@ import (
 // Labels that carry E2B's view of a sandbox in paddock's record, so that
 // create costs no write beyond the manager's own.
 const (
-	metaPrefix     = "e2b.meta/"
+	metaPrefix = "e2b.meta/"
+	// labelAutoPause marked autoPause sandboxes of daemons before the
+	// record's on_timeout; it is still left out of their metadata.
 	labelAutoPause = "e2b.auto-pause"
 	clientID       = "paddock"
 	// defaultTimeout is E2B's default sandbox lifetime, in seconds.
@@ -160,18 +162,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	// From takes an image name, a template name or a snapshot id.
 	creq.From = template
+	creq.TimeoutSeconds = timeout
 	if req.AutoPause {
-		labels[labelAutoPause] = "true"
-	} else {
-		creq.TimeoutSeconds = timeout
+		creq.OnTimeout = api.TimeoutPause
 	}
 	sb, err := s.mgr.Create(r.Context(), creq)
 	if err != nil {
 		s.fail(w, r, err)
 		return
-	}
-	if req.AutoPause {
-		s.armPause(sb.ID, time.Duration(timeout)*time.Second)
 	}
 	writeJSON(w, http.StatusCreated, s.ref(sb))
 }
@@ -233,8 +231,6 @@ func (s *Server) detail(sb api.Sandbox) detail {
 	}
 	if sb.ExpiresAt != nil {
 		d.EndAt = *sb.ExpiresAt
-	} else if end, ok := s.pauseAt(sb.ID); ok {
-		d.EndAt = end
 	}
 	return d
 }
@@ -265,10 +261,6 @@ func (s *Server) forget(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.tags, id)
-	if t := s.pauseTimers[id]; t != nil {
-		t.timer.Stop()
-		delete(s.pauseTimers, id)
-	}
 }
 
 type timeoutRequest struct {
@@ -313,26 +305,21 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// extend makes sandbox id end d from now (a kill, or a pause for those
-// created with autoPause); with onlyLater an earlier end is kept.
+// extend makes sandbox id's timeout be up d from now (a kill, or a pause
+// for those created with autoPause: the record's OnTimeout); with
+// onlyLater an earlier end is kept.
 func (s *Server) extend(ctx context.Context, id string, d time.Duration, onlyLater bool) error {
 	sb, err := s.mgr.Get(ctx, id)
 	if err != nil {
 		return err
 	}
 	end := time.Now().Add(d)
-	if sb.Labels[labelAutoPause] == "true" {
-		if cur, ok := s.pauseAt(id); ok && onlyLater && cur.After(end) {
-			return nil
-		}
-		s.armPause(id, d)
-		return nil
-	}
 	if onlyLater && sb.ExpiresAt != nil && sb.ExpiresAt.After(end) {
 		return nil
 	}
 	if d == 0 {
-		// E2B ends the sandbox now; paddock's 0 would mean "never".
+		// E2B ends (or pauses) the sandbox now; paddock's 0 would mean
+		// "never".
 		d = time.Millisecond
 	}
 	_, err = s.mgr.SetTimeout(ctx, id, d)
@@ -364,12 +351,6 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 // hold stops a paused sandbox's timeout: E2B keeps paused sandboxes until
 // they are killed or resumed.
 func (s *Server) hold(ctx context.Context, id string) error {
-	s.mu.Lock()
-	if t := s.pauseTimers[id]; t != nil {
-		t.timer.Stop()
-		delete(s.pauseTimers, id)
-	}
-	s.mu.Unlock()
 	_, err := s.mgr.SetTimeout(ctx, id, 0)
 	return err
 }
@@ -595,45 +576,4 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		out = append(out, m)
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// pauseTimer pauses a sandbox created with autoPause when its time is up.
-type pauseTimer struct {
-	timer *time.Timer
-	at    time.Time
-}
-
-func (s *Server) armPause(id string, d time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if t := s.pauseTimers[id]; t != nil {
-		t.timer.Stop()
-	}
-	pt := &pauseTimer{at: time.Now().Add(d)}
-	pt.timer = time.AfterFunc(d, func() {
-		s.mu.Lock()
-		if s.pauseTimers[id] != pt {
-			s.mu.Unlock()
-			return
-		}
-		delete(s.pauseTimers, id)
-		s.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := s.mgr.Pause(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			s.log.Warn("pausing a sandbox whose E2B timeout is up", "sandbox", id, "err", err)
-			return
-		}
-		s.log.Info("sandbox paused at the end of its E2B timeout", "sandbox", id)
-	})
-	s.pauseTimers[id] = pt
-}
-
-func (s *Server) pauseAt(id string) (time.Time, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if t := s.pauseTimers[id]; t != nil {
-		return t.at, true
-	}
-	return time.Time{}, false
 }

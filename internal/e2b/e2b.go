@@ -75,9 +75,6 @@ type Server struct {
 	mu sync.Mutex
 	// tags maps sandbox → process tag → pid, for tag selectors.
 	tags map[string]map[string]uint32
-	// pauseTimers pause sandboxes created with autoPause when their
-	// timeout is up (in memory: they do not survive a daemon restart).
-	pauseTimers map[string]*pauseTimer
 }
 
 const secretBucket = "e2b"
@@ -92,13 +89,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		mgr:         cfg.Manager,
-		stats:       cfg.Stats,
-		log:         cfg.Logger,
-		apiKey:      APIKey(cfg.Token),
-		secret:      secret,
-		tags:        map[string]map[string]uint32{},
-		pauseTimers: map[string]*pauseTimer{},
+		mgr:    cfg.Manager,
+		stats:  cfg.Stats,
+		log:    cfg.Logger,
+		apiKey: APIKey(cfg.Token),
+		secret: secret,
+		tags:   map[string]map[string]uint32{},
 	}
 	s.control = s.controlRoutes()
 	s.envd = s.envdRoutes()

@@ -209,6 +209,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 		Workdir:          rec.Workdir,
 		Resources:        rec.Resources,
 		Labels:           labels,
+		OnTimeout:        rec.OnTimeout,
 		AutoPauseSeconds: rec.AutoPauseSeconds,
 		AutoResume:       &rec.AutoResume,
 		Volumes:          rec.Volumes,

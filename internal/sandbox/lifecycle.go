@@ -13,8 +13,8 @@ const (
 	actStop        action = "stop"
 	actRemove      action = "remove"       // without force
 	actForceRemove action = "force remove" // also the timeout's
-	actPause       action = "pause"
-	actIdle        action = "idle" // auto-pause
+	actPause       action = "pause"        // also the timeout's, with on_timeout pause
+	actIdle        action = "idle"         // auto-pause
 	actResume      action = "resume"
 	actFreeze      action = "freeze"
 	actThaw        action = "thaw"

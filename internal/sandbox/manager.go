@@ -278,6 +278,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		Resources:        res,
 		Labels:           req.Labels,
 		CreatedAt:        now,
+		OnTimeout:        req.OnTimeout,
 		AutoPauseSeconds: req.AutoPauseSeconds,
 		AutoResume:       req.AutoResume == nil || *req.AutoResume,
 		Volumes:          req.Volumes,
@@ -686,6 +687,9 @@ func (m *Manager) persistLocked(b *box) {
 	}
 }
 
+// armTimer starts b's timeout from its record (so that it is the same
+// after a restart): at ExpiresAt the sandbox is removed, or paused when
+// its OnTimeout says so. b.mu is held.
 func (m *Manager) armTimer(b *box) {
 	if b.rec.ExpiresAt == nil {
 		return
@@ -694,12 +698,44 @@ func (m *Manager) armTimer(b *box) {
 		b.timer.Stop()
 	}
 	id := b.rec.ID
+	if b.rec.OnTimeout == api.TimeoutPause {
+		b.timer = time.AfterFunc(time.Until(*b.rec.ExpiresAt), func() { m.pauseOnTimeout(b) })
+		return
+	}
 	b.timer = time.AfterFunc(time.Until(*b.rec.ExpiresAt), func() {
 		m.log.Info("sandbox timed out", "sandbox", id)
 		if err := m.Remove(context.Background(), id, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			m.log.Warn("removing timed-out sandbox", "sandbox", id, "err", err)
 		}
 	})
+}
+
+// pauseOnTimeout pauses b when its timeout is up and clears the timeout:
+// a paused sandbox is kept until it is resumed or removed.
+func (m *Manager) pauseOnTimeout(b *box) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, err := m.lookup(b.rec.ID); err != nil {
+		return // removed
+	}
+	if b.rec.ExpiresAt == nil || time.Now().Before(*b.rec.ExpiresAt) {
+		return // the timeout was cleared or moved while this one fired
+	}
+	b.timer = nil
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	switch err := m.pauseLocked(ctx, b, actPause); {
+	case err == nil:
+		m.log.Info("sandbox timed out: paused", "sandbox", b.rec.ID)
+	case errors.Is(err, errdefs.ErrConflict):
+		// Stopped or failed: nothing to pause, and the timeout is spent.
+	default:
+		// Kept with its timeout: the next daemon tries again.
+		m.log.Warn("pausing a sandbox whose timeout is up", "sandbox", b.rec.ID, "err", err)
+		return
+	}
+	b.rec.ExpiresAt = nil
+	m.persistLocked(b)
 }
 
 func (m *Manager) lookup(id string) (*box, error) {

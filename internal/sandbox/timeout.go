@@ -7,8 +7,8 @@ import (
 	"github.com/paddock-dev/paddock/api"
 )
 
-// SetTimeout sets a sandbox's lifetime to end d from now (it is then
-// removed, as with a create's timeout_seconds); 0 clears it.
+// SetTimeout sets a sandbox's timeout to be up d from now (it is then
+// removed or paused, as its OnTimeout says); 0 clears it.
 func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (api.Sandbox, error) {
 	b, err := m.lookup(id)
 	if err != nil {

@@ -44,6 +44,8 @@ func validateCreate(req *api.CreateRequest, hostCPUs int) error {
 	switch {
 	case req.TimeoutSeconds < 0 || time.Duration(req.TimeoutSeconds)*time.Second > maxTimeout:
 		return errdefs.Invalid("timeout_seconds", "%d is outside 0..%d", req.TimeoutSeconds, int64(maxTimeout/time.Second))
+	case req.OnTimeout != "" && req.OnTimeout != api.TimeoutRemove && req.OnTimeout != api.TimeoutPause:
+		return errdefs.Invalid("on_timeout", "%q is neither %q nor %q", req.OnTimeout, api.TimeoutRemove, api.TimeoutPause)
 	case req.AutoPauseSeconds < 0 || time.Duration(req.AutoPauseSeconds)*time.Second > maxTimeout:
 		return errdefs.Invalid("auto_pause_seconds", "%d is outside 0..%d", req.AutoPauseSeconds, int64(maxTimeout/time.Second))
 	}
