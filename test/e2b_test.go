@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"mime/multipart"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -413,6 +416,95 @@ func TestE2BTimeoutSurvivesRestart(t *testing.T) {
 	}
 	if sb := e.get(paused); sb.ExpiresAt == nil || time.Until(*sb.ExpiresAt) > 61*time.Second {
 		t.Errorf("timeout after connect: %v, want about 60 s", sb.ExpiresAt)
+	}
+}
+
+// TestE2BSignedURLBinding: a signed /files URL allows the one operation,
+// path and user it was signed for. Each attack here worked before the
+// signature bound them: a user chosen by an Authorization header, a path
+// chosen by multipart file names under a signature over no path, a
+// second part riding on a signed path.
+func TestE2BSignedURLBinding(t *testing.T) {
+	e := startE2BDaemon(t)
+	ans := e2bCall(t, e, "POST", "/sandboxes", `{}`)
+	if ans.status != 201 {
+		t.Fatalf("create: %d %s", ans.status, ans.body)
+	}
+	id, token := jsonField(t, ans.body, "sandboxID"), jsonField(t, ans.body, "envdAccessToken")
+	signed := func(method, path, user string) string {
+		raw := path + ":" + map[string]string{"GET": "read", "POST": "write"}[method] + ":" + user + ":" + token
+		sum := sha256.Sum256([]byte(raw))
+		q := url.Values{"signature": {"v1_" + base64.RawStdEncoding.EncodeToString(sum[:])}}
+		if path != "" {
+			q.Set("path", path)
+		}
+		if user != "" {
+			q.Set("username", user)
+		}
+		return e.URL + "/files?" + q.Encode()
+	}
+	// upload posts a multipart body with the given file names and no
+	// access token.
+	upload := func(u, auth string, names ...string) e2bAnswer {
+		var body bytes.Buffer
+		mw := multipart.NewWriter(&body)
+		for _, n := range names {
+			fw, _ := mw.CreateFormFile("file", n)
+			fw.Write([]byte("echo pwned\n"))
+		}
+		mw.Close()
+		req, _ := http.NewRequest("POST", u, &body)
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("Content-Type", mw.FormDataContentType())
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		return do(t, req)
+	}
+	exists := func(p string) bool {
+		_, _, st := e.Exec(id, "test", "-e", p)
+		return st != nil && st.ExitCode == 0
+	}
+	root := "Basic " + base64.StdEncoding.EncodeToString([]byte("root:"))
+
+	// A signature made without a user, used with root's Basic header.
+	if got := upload(signed("POST", "notes.txt", ""), root, "notes.txt"); got.status != 401 || !strings.Contains(got.body, "user") {
+		t.Errorf("default-user write signature with Authorization root: %d %s, want 401 naming the user", got.status, got.body)
+	}
+	if exists("/root/notes.txt") {
+		t.Error("a write signed for the default user wrote /root/notes.txt")
+	}
+	// The same signature with no header writes as the default user.
+	if got := upload(signed("POST", "notes.txt", ""), "", "notes.txt"); got.status != 200 || !strings.Contains(got.body, "/home/user/notes.txt") {
+		t.Errorf("default-user write signature: %d %s", got.status, got.body)
+	}
+	if out := e.Sh(id, "stat -c %U /home/user/notes.txt"); out != "user\n" {
+		t.Errorf("owner of a signed write: %q", out)
+	}
+
+	// A signature over no path, with the path in the part's file name.
+	if got := upload(signed("POST", "", ""), "", "/etc/profile.d/zz.sh"); got.status != 401 || !strings.Contains(got.body, "path") {
+		t.Errorf("write signature over no path: %d %s, want 401 naming the path", got.status, got.body)
+	}
+	if exists("/etc/profile.d/zz.sh") {
+		t.Error("a signature over no path wrote /etc/profile.d/zz.sh")
+	}
+
+	// A signature over one path, with a second part named elsewhere.
+	if got := upload(signed("POST", "one.txt", ""), "", "one.txt", "/etc/profile.d/zz2.sh"); got.status != 400 {
+		t.Errorf("signed upload with a second part: %d %s, want 400", got.status, got.body)
+	}
+	if exists("/etc/profile.d/zz2.sh") {
+		t.Error("a second part of a signed upload wrote /etc/profile.d/zz2.sh")
+	}
+
+	// A read signed for the default user does not read root's files.
+	e.Sh(id, "echo secret >/root/r.txt && chmod 600 /root/r.txt")
+	req, _ := http.NewRequest("GET", signed("GET", "/root/r.txt", ""), nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("Authorization", root)
+	if got := do(t, req); got.status != 401 {
+		t.Errorf("default-user read signature with Authorization root: %d %q, want 401", got.status, got.body)
 	}
 }
 

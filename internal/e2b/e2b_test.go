@@ -95,10 +95,44 @@ func TestSignature(t *testing.T) {
 		{"expired", "GET", fmt.Sprintf("path=a.txt&signature=%s&signature_expiration=%d", url.QueryEscape(sign("a.txt", "read", "", past)), past), false},
 		{"expiry stripped", "GET", "path=a.txt&signature=" + url.QueryEscape(sign("a.txt", "read", "", future)), false},
 		{"write", "POST", "path=a.txt&signature=" + url.QueryEscape(sign("a.txt", "write", "", 0)), true},
+		{"no path", "POST", "signature=" + url.QueryEscape(sign("", "write", "", 0)), false},
+		{"username twice", "POST", "path=a.txt&username=&username=root&signature=" + url.QueryEscape(sign("a.txt", "write", "", 0)), false},
+		{"path twice", "GET", "path=a.txt&path=/root/x&signature=" + url.QueryEscape(sign("a.txt", "read", "", 0)), false},
 	} {
 		r := httptest.NewRequest(tc.method, "/files?"+tc.query, nil)
-		if err := s.checkSignature(r, "sbx1"); (err == nil) != tc.ok {
+		if _, err := s.checkSignature(r, "sbx1"); (err == nil) != tc.ok {
 			t.Errorf("%s: checkSignature = %v, want ok=%v", tc.name, err, tc.ok)
+		}
+	}
+	// The user is the signed one: an Authorization header may repeat it
+	// but not name another.
+	for _, tc := range []struct {
+		signed, header, want string
+	}{
+		{"", "", DefaultUser},
+		{"", "Basic " + base64.StdEncoding.EncodeToString([]byte(DefaultUser+":")), DefaultUser},
+		{"", "Basic cm9vdDo=", ""}, // root:
+		{"root", "Basic cm9vdDo=", "root"},
+		{"root", "", "root"},
+		{"root", "Basic dXNlcjo=", ""}, // user:
+	} {
+		q := "path=a.txt&signature=" + url.QueryEscape(sign("a.txt", "write", tc.signed, 0))
+		if tc.signed != "" {
+			q += "&username=" + tc.signed
+		}
+		r := httptest.NewRequest("POST", "/files?"+q, nil)
+		if tc.header != "" {
+			r.Header.Set("Authorization", tc.header)
+		}
+		g, err := s.checkSignature(r, "sbx1")
+		if tc.want == "" {
+			if err == nil {
+				t.Errorf("signed for %q, Authorization %q: granted %+v, want refused", tc.signed, tc.header, g)
+			}
+			continue
+		}
+		if err != nil || g.user != tc.want || g.path != "a.txt" || g.op != "write" {
+			t.Errorf("signed for %q, Authorization %q: %+v %v, want user %q", tc.signed, tc.header, g, err, tc.want)
 		}
 	}
 }

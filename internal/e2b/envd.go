@@ -121,10 +121,12 @@ func (s *Server) sandboxCall(signed bool, h http.HandlerFunc) http.Handler {
 		id := sandboxID(r)
 		ok := s.holdsToken(r, id)
 		if !ok && signed && r.URL.Query().Has("signature") {
-			if err := s.checkSignature(r, id); err != nil {
+			g, err := s.checkSignature(r, id)
+			if err != nil {
 				writeAPIError(w, http.StatusUnauthorized, err.Error())
 				return
 			}
+			r = r.WithContext(context.WithValue(r.Context(), grantKey{}, g))
 			ok = true
 		}
 		if !ok {

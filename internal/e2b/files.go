@@ -26,40 +26,83 @@ import (
 // (multipart, field "file"; or the raw body as application/octet-stream),
 // either optionally gzip-encoded.
 
-// fileUser is the user of a /files call: ?username=, else Basic auth,
-// else the default.
+// fileUser is the user of a /files call: the signed user for a signed
+// URL (see grant), else ?username=, else Basic auth, else the default.
 func fileUser(r *http.Request) (string, error) {
+	if g, ok := grantOf(r); ok {
+		return g.user, nil
+	}
 	if u := r.URL.Query().Get("username"); u != "" {
 		return u, validUser(u)
 	}
 	return userOf(r)
 }
 
-// checkSignature verifies a signed /files URL: signature is "v1_" and the
-// unpadded base64 of sha256("path:operation:user:token[:expiration]").
-func (s *Server) checkSignature(r *http.Request, id string) error {
+// grant is what a signed /files URL allows, and nothing more: one
+// operation on one path, as one user. The access token allows everything.
+type grant struct {
+	op   string // "read" or "write"
+	path string // as signed, never empty
+	user string // as signed; DefaultUser when the signature named none
+}
+
+type grantKey struct{}
+
+// grantOf returns the grant of a call authorised by a signature.
+func grantOf(r *http.Request) (grant, bool) {
+	g, ok := r.Context().Value(grantKey{}).(grant)
+	return g, ok
+}
+
+// checkSignature verifies a signed /files URL and returns what it grants.
+// The signature is "v1_" and the unpadded base64 of
+// sha256("path:operation:user:token[:expiration]"), as envd computes it;
+// an empty user stands for the default one. The user a call runs as is
+// then the signed one whatever the request's Authorization says (a Basic
+// header naming another user is refused), and the path is the signed
+// one: a signature over no path grants nothing (envd would take the
+// upload's part names as paths).
+func (s *Server) checkSignature(r *http.Request, id string) (grant, error) {
 	q := r.URL.Query()
-	op := "read"
-	if r.Method == http.MethodPost {
-		op = "write"
+	for _, k := range []string{"path", "username", "signature", "signature_expiration"} {
+		if len(q[k]) > 1 {
+			return grant{}, fmt.Errorf("%s is given more than once", k)
+		}
 	}
-	raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + s.accessToken(id)
+	g := grant{op: "read", path: q.Get("path"), user: q.Get("username")}
+	if r.Method == http.MethodPost {
+		g.op = "write"
+	}
+	raw := g.path + ":" + g.op + ":" + g.user + ":" + s.accessToken(id)
 	if exp := q.Get("signature_expiration"); exp != "" {
 		n, err := strconv.ParseInt(exp, 10, 64)
 		if err != nil {
-			return errors.New("signature_expiration is not a Unix time")
+			return grant{}, errors.New("signature_expiration is not a Unix time")
 		}
 		if time.Now().Unix() > n {
-			return errors.New("the signature has expired")
+			return grant{}, errors.New("the signature has expired")
 		}
 		raw += ":" + exp
 	}
 	sum := sha256.Sum256([]byte(raw))
 	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
 	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
-		return errors.New("invalid signature")
+		return grant{}, errors.New("invalid signature")
 	}
-	return nil
+	if g.path == "" {
+		return grant{}, errors.New("the signature names no path; sign the URL for the file it is for")
+	}
+	if g.user == "" {
+		g.user = DefaultUser
+	} else if err := validUser(g.user); err != nil {
+		return grant{}, err
+	}
+	if r.Header.Get("Authorization") != "" {
+		if u, err := userOf(r); err != nil || u != g.user {
+			return grant{}, fmt.Errorf("the signature is for user %q; the Authorization header names another", g.user)
+		}
+	}
+	return g, nil
 }
 
 func (s *Server) download(w http.ResponseWriter, r *http.Request) {
@@ -183,8 +226,10 @@ func decoded(encoding string, body io.Reader) (io.Reader, error) {
 }
 
 // uploadParts writes each "file" part: to ?path= when it is given and
-// there is one part, else to the part's file name.
+// there is one part, else to the part's file name. A signed upload writes
+// one part, to the signed path.
 func (s *Server) uploadParts(r *http.Request, user, target string, mr *multipart.Reader) ([]writtenFile, error) {
+	_, signed := grantOf(r)
 	var out []writtenFile
 	for {
 		part, err := mr.NextPart()
@@ -197,6 +242,9 @@ func (s *Server) uploadParts(r *http.Request, user, target string, mr *multipart
 		if part.FormName() != "file" {
 			part.Close()
 			continue
+		}
+		if signed && len(out) > 0 {
+			return nil, errdefs.Invalid("file", "a signed upload writes one file, to the signed path; this one has more parts")
 		}
 		dest := target
 		if dest == "" || len(out) > 0 {
