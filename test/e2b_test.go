@@ -6,6 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
 	"mime/multipart"
 	"net"
 	"net/http"
@@ -375,6 +378,8 @@ func TestE2BTimeoutSurvivesRestart(t *testing.T) {
 		t.Fatalf("record of an autoPause sandbox: on_timeout %q expires_at %v", sb.OnTimeout, sb.ExpiresAt)
 	}
 
+	token := jsonField(t, e2bCall(t, e, "GET", "/sandboxes/"+paused, "").body, "envdAccessToken")
+
 	e.Kill9()
 	e.Start()
 	if time.Since(start) > timeout-2*time.Second {
@@ -410,6 +415,9 @@ func TestE2BTimeoutSurvivesRestart(t *testing.T) {
 	ans := e2bCall(t, e, "POST", "/sandboxes/"+paused+"/connect", `{"timeout":60}`)
 	if ans.status != 201 {
 		t.Fatalf("connect to resume: %d %s", ans.status, ans.body)
+	}
+	if got := jsonField(t, ans.body, "envdAccessToken"); got != token {
+		t.Errorf("envd access token after the restart: %s, before: %s", got, token)
 	}
 	if out := e.Sh(paused, "cat /home/user/kept.txt"); out != "kept\n" {
 		t.Errorf("file after the timeout's pause and a resume: %q", out)
@@ -508,3 +516,89 @@ func TestE2BSignedURLBinding(t *testing.T) {
 	}
 }
 
+// TestE2BMetricsMatchNative: getMetrics shows the telemetry hub's
+// samples, the ones /v1/sandboxes/{id}/metrics shows: the same times and
+// the same numbers (cpuUsedPct is cpu_percent as a share of the
+// sandbox's CPUs, E2B's unit).
+func TestE2BMetricsMatchNative(t *testing.T) {
+	e := startE2BDaemon(t)
+	ans := e2bCall(t, e, "POST", "/sandboxes", `{}`)
+	if ans.status != 201 {
+		t.Fatalf("create: %d %s", ans.status, ans.body)
+	}
+	id := jsonField(t, ans.body, "sandboxID")
+	start := time.Now()
+	e.Sh(id, "head -c 30000000 /dev/zero >/home/user/fill; timeout 3 sh -c 'while :; do :; done'; true")
+
+	type e2bMetric struct {
+		Timestamp  time.Time `json:"timestamp"`
+		CPUCount   int       `json:"cpuCount"`
+		CPUUsedPct float64   `json:"cpuUsedPct"`
+		MemUsed    int64     `json:"memUsed"`
+		MemTotal   int64     `json:"memTotal"`
+		DiskUsed   int64     `json:"diskUsed"`
+		DiskTotal  int64     `json:"diskTotal"`
+	}
+	e2bMetrics := func(query string) []e2bMetric {
+		t.Helper()
+		ans := e2bCall(t, e, "GET", "/sandboxes/"+id+"/metrics"+query, "")
+		var out []e2bMetric
+		if ans.status != 200 || json.Unmarshal([]byte(ans.body), &out) != nil {
+			t.Fatalf("getMetrics%s: %d %s", query, ans.status, ans.body)
+		}
+		return out
+	}
+	native := func() api.Metrics {
+		t.Helper()
+		var m api.Metrics
+		if a := e.do("GET", "/v1/sandboxes/"+id+"/metrics?since=1m", ""); a.Status != 200 || json.Unmarshal(a.Body, &m) != nil {
+			t.Fatalf("native metrics: %d %s", a.Status, a.Body)
+		}
+		return m
+	}
+	cpus := e.get(id).Resources.CPUs
+	same := func(m e2bMetric, s api.Sample) {
+		t.Helper()
+		want := math.Min(100, s.CPUPercent/cpus)
+		if !m.Timestamp.Equal(s.Time) || math.Abs(m.CPUUsedPct-want) > 1e-9 || m.MemUsed != s.MemoryBytes || m.MemTotal != s.MemoryLimitBytes ||
+			m.DiskUsed != s.DiskUsedBytes || m.DiskTotal != s.DiskBytes {
+			t.Errorf("E2B %+v; /v1 at %v: cpu_percent %g (÷ %g cpus = %g) memory %d/%d disk %d/%d",
+				m, s.Time, s.CPUPercent, cpus, want, s.MemoryBytes, s.MemoryLimitBytes, s.DiskUsedBytes, s.DiskBytes)
+		}
+	}
+	// Without a range: the latest sample, /v1's current one (asked again
+	// if a sample was taken between the two calls).
+	for try := 0; ; try++ {
+		latest := e2bMetrics("")
+		cur := native().Current
+		if len(latest) != 1 || cur == nil {
+			t.Fatalf("latest samples: E2B %+v, /v1 %+v", latest, cur)
+		}
+		if latest[0].Timestamp.Equal(cur.Time) || try == 10 {
+			same(latest[0], *cur)
+			break
+		}
+	}
+	// With a range: /v1's history over it, sample for sample.
+	ranged := e2bMetrics(fmt.Sprintf("?start=%d&end=%d", start.Unix()-1, time.Now().Unix()+1))
+	byTime := map[int64]api.Sample{}
+	for _, s := range native().History {
+		byTime[s.Time.UnixNano()] = s
+	}
+	if len(ranged) < 2 {
+		t.Fatalf("getMetrics over the last seconds: %d samples", len(ranged))
+	}
+	busy := false
+	for _, m := range ranged {
+		s, ok := byTime[m.Timestamp.UnixNano()]
+		if !ok {
+			t.Errorf("E2B sample at %v is not among /v1's samples", m.Timestamp)
+			continue
+		}
+		same(m, s)
+		busy = busy || m.CPUUsedPct > 1 // the host is shared: any use compares
+	}
+	if !busy {
+		t.Errorf("no sample shows the busy loop: %+v", ranged)
+	}
+}

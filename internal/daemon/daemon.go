@@ -265,7 +265,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("compiling seccomp profile: %w", err)
 	}
-	gw, err := startGateway(cfg, log.With("component", "egress"))
+	secrets, err := openSecrets(cfg)
+	if err != nil {
+		return err
+	}
+	gw, err := startGateway(cfg, secrets, log.With("component", "egress"))
 	if err != nil {
 		return err
 	}
@@ -358,7 +362,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	errc := make(chan error, len(listeners)+1)
 	var servers []*http.Server
 	if e2bL != nil {
-		hs, err := serveE2B(e2bL, e2bToken, cfg.HTTP, mgr, st, cgroups, log.With("component", "e2b"), errc)
+		hs, err := serveE2B(e2bL, e2bToken, cfg.HTTP, mgr, st, secrets, tel, log.With("component", "e2b"), errc)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -9,10 +11,12 @@ import (
 	"os"
 	"strings"
 
-	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/e2b"
+	"github.com/paddock-dev/paddock/internal/egress"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 	"github.com/paddock-dev/paddock/internal/store"
+	"github.com/paddock-dev/paddock/internal/telemetry/hub"
 )
 
 // listenE2B opens the E2B facade's listener (tcp://HOST:PORT), early with
@@ -45,19 +49,17 @@ func listenE2B(cfg Config) (net.Listener, string, error) {
 
 // serveE2B serves the E2B facade on l over the same manager as the
 // native API.
-func serveE2B(l net.Listener, token string, httpCfg HTTPConfig, mgr *sandbox.Manager, st *store.Store, cgroups *cgroup.Manager, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+func serveE2B(l net.Listener, token string, httpCfg HTTPConfig, mgr *sandbox.Manager, st *store.Store, secrets *egress.SecretStore, tel *hub.Hub, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+	key, err := e2bKey(st, secrets)
+	if err != nil {
+		return nil, err
+	}
 	srv, err := e2b.New(e2b.Config{
-		Manager: mgr,
-		Store:   st,
-		Token:   token,
-		Stats: func(id string) (cgroup.Stats, error) {
-			g, err := cgroups.Load(id)
-			if err != nil {
-				return cgroup.Stats{}, err
-			}
-			return g.Stats()
-		},
-		Logger: log,
+		Manager:   mgr,
+		Key:       key,
+		Token:     token,
+		Telemetry: tel,
+		Logger:    log,
 	})
 	if err != nil {
 		return nil, err
@@ -67,4 +69,23 @@ func serveE2B(l net.Listener, token string, httpCfg HTTPConfig, mgr *sandbox.Man
 	go func() { errc <- hs.Serve(l) }()
 	log.Info("E2B facade listening", "addr", "tcp://"+l.Addr().String())
 	return hs, nil
+}
+
+// e2bKey is the key the facade derives envd access tokens from: the one
+// daemons before this one made at random and kept in the store's "e2b"
+// bucket, so that the sandboxes made then keep their tokens, else one the
+// secret store derives.
+func e2bKey(st *store.Store, secrets *egress.SecretStore) ([]byte, error) {
+	var legacy struct {
+		Secret string `json:"secret"`
+	}
+	err := st.Get("e2b", "secret", &legacy)
+	if err == nil {
+		if b, err := hex.DecodeString(legacy.Secret); err == nil && len(b) == 32 {
+			return b, nil
+		}
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, fmt.Errorf("reading the E2B facade's key: %w", err)
+	}
+	return secrets.DerivedKey("e2b envd access tokens"), nil
 }

@@ -8,21 +8,33 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/paddock-dev/paddock/internal/egress"
 	"github.com/paddock-dev/paddock/internal/gateway"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 )
 
+// gatewayDir holds the gateway's state: its secrets, CAs and sandboxes'
+// trees.
+func gatewayDir(cfg Config) string { return filepath.Join(cfg.StateDir, "gateway") }
+
+// openSecrets opens the daemon's secret store, which the gateway's
+// bindings and the E2B facade's key share.
+func openSecrets(cfg Config) (*egress.SecretStore, error) {
+	return egress.OpenSecretStore(filepath.Join(gatewayDir(cfg), "secrets"))
+}
+
 // startGateway starts the egress gateway, or returns nil when the network
 // is disabled.
-func startGateway(cfg Config, log *slog.Logger) (*gateway.Gateway, error) {
+func startGateway(cfg Config, secrets *egress.SecretStore, log *slog.Logger) (*gateway.Gateway, error) {
 	n := cfg.Network
 	if n.Disabled {
 		log.Warn("network egress disabled: sandboxes have loopback only")
 		return nil, nil
 	}
 	gc := gateway.Config{
-		Dir:      filepath.Join(cfg.StateDir, "gateway"),
+		Dir:      gatewayDir(cfg),
+		Secrets:  secrets,
 		Name:     n.Name,
 		Upstream: n.DNS,
 		Logger:   log,

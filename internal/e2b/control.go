@@ -540,40 +540,91 @@ type metric struct {
 	DiskTotal     int64     `json:"diskTotal"`
 }
 
-// metrics answers with one sample taken now (paddock keeps no history
-// here): CPU use is the average since the sandbox started.
+// maxMetricsRange is how far back getMetrics' start may reach (the
+// telemetry hub keeps a week).
+const maxMetricsRange = 7 * 24 * time.Hour
+
+// metrics answers with the telemetry hub's samples of the sandbox, the
+// ones /v1/sandboxes/{id}/metrics shows: the latest while it runs, or
+// those between ?start= and ?end= (Unix seconds). E2B's cpuUsedPct is a
+// share of the sandbox's CPUs; paddock's cpu_percent is of one core:
+// cpuUsedPct is cpu_percent / cpus.
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.mgr.Get(r.Context(), r.PathValue("id"))
+	if s.tel == nil {
+		s.fail(w, r, errdefs.New(errdefs.ErrUnavailable, "telemetry is not configured on this daemon"))
+		return
+	}
+	id := r.PathValue("id")
+	sb, err := s.mgr.Get(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	now := time.Now()
+	q := r.URL.Query()
+	from, err := unixParam(q, "start", now.Add(-maxMetricsRange))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	to, err := unixParam(q, "end", now)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if from.Before(now.Add(-maxMetricsRange)) {
+		from = now.Add(-maxMetricsRange)
+	}
+	// A create answers before telemetry hears of the sandbox.
+	if err := s.mgr.Observed(r.Context(), id); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	m, err := s.tel.Metrics(id, from, to)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	out := []metric{}
-	if sb.State == api.StateRunning || sb.State == api.StateFrozen {
-		now := time.Now().UTC()
-		m := metric{
-			Timestamp: now, TimestampUnix: now.Unix(),
-			CPUCount: int(math.Ceil(sb.Resources.CPUs)), MemTotal: sb.Resources.MemoryBytes,
-			DiskTotal: sb.Resources.DiskBytes,
+	if q.Has("start") || q.Has("end") {
+		for _, smp := range m.History {
+			out = append(out, metricOf(sb, smp))
 		}
-		if s.stats != nil {
-			st, err := s.stats(sb.ID)
-			if err != nil {
-				s.fail(w, r, err)
-				return
-			}
-			m.MemUsed = st.MemoryCurrent
-			if st.MemoryLimit > 0 {
-				m.MemTotal = st.MemoryLimit
-			}
-			if up := now.Sub(sb.CreatedAt); up > 0 && sb.Resources.CPUs > 0 {
-				m.CPUUsedPct = math.Min(100, float64(st.CPUUsageNanos)/float64(up.Nanoseconds())/sb.Resources.CPUs*100)
-			}
-		}
-		if used, size, err := s.mgr.DiskUsage(r.Context(), sb.ID); err == nil {
-			m.DiskUsed, m.DiskTotal = used, size
-		}
-		out = append(out, m)
+	} else if m.Current != nil && (sb.State == api.StateRunning || sb.State == api.StateFrozen) {
+		out = append(out, metricOf(sb, *m.Current))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// metricOf is one telemetry sample as E2B describes it.
+func metricOf(sb api.Sandbox, smp api.Sample) metric {
+	m := metric{
+		Timestamp: smp.Time.UTC(), TimestampUnix: smp.Time.Unix(),
+		CPUCount: int(math.Ceil(sb.Resources.CPUs)),
+		MemUsed:  smp.MemoryBytes, MemTotal: smp.MemoryLimitBytes,
+		DiskUsed: smp.DiskUsedBytes, DiskTotal: smp.DiskBytes,
+	}
+	if sb.Resources.CPUs > 0 {
+		m.CPUUsedPct = math.Min(100, smp.CPUPercent/sb.Resources.CPUs)
+	}
+	if m.MemTotal <= 0 {
+		m.MemTotal = sb.Resources.MemoryBytes
+	}
+	if m.DiskTotal <= 0 {
+		m.DiskTotal = sb.Resources.DiskBytes
+	}
+	return m
+}
+
+// unixParam reads a time given in Unix seconds.
+func unixParam(q url.Values, name string, def time.Time) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return time.Time{}, errdefs.Invalid(name, "%q is not a Unix time in seconds", v)
+	}
+	return time.Unix(n, 0), nil
 }

@@ -12,24 +12,22 @@ package e2b
 
 import (
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
-	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/connlimit"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/sandbox"
-	"github.com/paddock-dev/paddock/internal/store"
 )
 
 // EnvdVersion is the envd version the facade reports. The SDKs gate
@@ -49,22 +47,28 @@ const DefaultUser = "user"
 // Config configures the facade.
 type Config struct {
 	Manager *sandbox.Manager
-	// Store keeps the facade's secret (which envd access tokens are
-	// derived from) across restarts.
-	Store *store.Store
+	// Key is the secret envd access tokens are derived from (32 bytes or
+	// more), the same across restarts: the daemon's secret store derives
+	// it.
+	Key []byte
 	// Token is the daemon's bearer token: the one API key accepted is
 	// derived from it (APIKey).
 	Token string
-	// Stats reads a running sandbox's cgroup counters, for metrics; nil
-	// answers metrics with zeros.
-	Stats  func(id string) (cgroup.Stats, error)
-	Logger *slog.Logger
+	// Telemetry answers getMetrics; nil answers it 503.
+	Telemetry Telemetry
+	Logger    *slog.Logger
+}
+
+// Telemetry is where the facade reads a sandbox's metrics: the telemetry
+// hub, as /v1/sandboxes/{id}/metrics does.
+type Telemetry interface {
+	Metrics(id string, from, to time.Time) (api.Metrics, error)
 }
 
 // Server serves the facade.
 type Server struct {
 	mgr    *sandbox.Manager
-	stats  func(string) (cgroup.Stats, error)
+	tel    Telemetry
 	log    *slog.Logger
 	apiKey string
 	secret []byte
@@ -77,50 +81,25 @@ type Server struct {
 	tags map[string]map[string]uint32
 }
 
-const secretBucket = "e2b"
-
 // New returns the facade's server.
 func New(cfg Config) (*Server, error) {
 	if cfg.Token == "" {
 		return nil, errors.New("the E2B facade needs the daemon's token (--token-file): its API key is derived from it")
 	}
-	secret, err := loadSecret(cfg.Store)
-	if err != nil {
-		return nil, err
+	if len(cfg.Key) < 32 {
+		return nil, errors.New("the E2B facade needs a key of 32 bytes or more: its envd access tokens are derived from it")
 	}
 	s := &Server{
 		mgr:    cfg.Manager,
-		stats:  cfg.Stats,
+		tel:    cfg.Telemetry,
 		log:    cfg.Logger,
 		apiKey: APIKey(cfg.Token),
-		secret: secret,
+		secret: cfg.Key,
 		tags:   map[string]map[string]uint32{},
 	}
 	s.control = s.controlRoutes()
 	s.envd = s.envdRoutes()
 	return s, nil
-}
-
-// loadSecret returns the facade's random secret, made on first use.
-func loadSecret(st *store.Store) ([]byte, error) {
-	var v struct {
-		Secret string `json:"secret"`
-	}
-	err := st.Get(secretBucket, "secret", &v)
-	if err == nil {
-		if b, err := hex.DecodeString(v.Secret); err == nil && len(b) == 32 {
-			return b, nil
-		}
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		return nil, fmt.Errorf("reading the E2B secret: %w", err)
-	}
-	b := make([]byte, 32)
-	rand.Read(b)
-	v.Secret = hex.EncodeToString(b)
-	if err := st.Put(secretBucket, "secret", v); err != nil {
-		return nil, fmt.Errorf("recording the E2B secret: %w", err)
-	}
-	return b, nil
 }
 
 // APIKey returns the E2B API key that stands for the daemon token token:

@@ -33,6 +33,7 @@ import (
 // fsync, rename, fsync of the directory).
 type SecretStore struct {
 	dir            string
+	key            []byte
 	aead           cipher.AEAD
 	placeholderKey []byte
 
@@ -77,7 +78,7 @@ func OpenSecretStore(dir string) (*SecretStore, error) {
 	}
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte("paddock placeholder v1"))
-	s := &SecretStore{dir: dir, aead: aead, placeholderKey: m.Sum(nil), secrets: map[string]sealedSecret{}}
+	s := &SecretStore{dir: dir, key: key, aead: aead, placeholderKey: m.Sum(nil), secrets: map[string]sealedSecret{}}
 	b, err := os.ReadFile(filepath.Join(dir, secretDataFile))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -198,6 +199,15 @@ func (s *SecretStore) Get(name string) ([]byte, error) {
 		return nil, fmt.Errorf("opening secret %q: %w", name, err)
 	}
 	return v, nil
+}
+
+// DerivedKey returns a 32-byte key for purpose, derived from the store's
+// key: the same across restarts, distinct per purpose, and stored nowhere
+// (the E2B facade derives its envd access tokens from one).
+func (s *SecretStore) DerivedKey(purpose string) []byte {
+	m := hmac.New(sha256.New, s.key)
+	m.Write([]byte("paddock derived key\x00" + purpose))
+	return m.Sum(nil)
 }
 
 // Placeholder is what sandbox sees instead of the secret name's value.

@@ -109,6 +109,37 @@ func TestSecretStore(t *testing.T) {
 	}
 }
 
+// TestDerivedKey: a derived key is the same after the store is opened
+// again, distinct per purpose and per store, and written nowhere.
+func TestDerivedKey(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenSecretStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := s.DerivedKey("a"), s.DerivedKey("b")
+	if len(a) != 32 || bytes.Equal(a, b) {
+		t.Fatalf("keys for two purposes: %x %x", a, b)
+	}
+	again, err := OpenSecretStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(again.DerivedKey("a"), a) {
+		t.Error("a derived key changed when the store was opened again")
+	}
+	other, err := OpenSecretStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(other.DerivedKey("a"), a) {
+		t.Error("two stores derive the same key")
+	}
+	if names := again.List(); len(names) != 0 {
+		t.Errorf("deriving keys listed secrets: %v", names)
+	}
+}
+
 func TestCA(t *testing.T) {
 	ca, err := NewCA("sb1")
 	if err != nil {

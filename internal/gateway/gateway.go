@@ -69,7 +69,9 @@ type Config struct {
 	// SystemBundle is the host's CA bundle, the base of every sandbox's
 	// bundle. Default /etc/ssl/certs/ca-certificates.crt.
 	SystemBundle string
-	Logger       *slog.Logger
+	// Secrets are the secrets bindings inject; nil opens Dir/secrets.
+	Secrets *egress.SecretStore
+	Logger  *slog.Logger
 }
 
 // Event is one egress decision (Egress set) or DNS query (DNS set).
@@ -138,8 +140,10 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	if g.bundle, err = os.ReadFile(cfg.SystemBundle); err != nil {
 		g.log.Warn("no host CA bundle; sandboxes trust only their own CA", "path", cfg.SystemBundle, "err", err)
 	}
-	if g.secrets, err = egress.OpenSecretStore(filepath.Join(cfg.Dir, "secrets")); err != nil {
-		return nil, err
+	if g.secrets = cfg.Secrets; g.secrets == nil {
+		if g.secrets, err = egress.OpenSecretStore(filepath.Join(cfg.Dir, "secrets")); err != nil {
+			return nil, err
+		}
 	}
 	g.eng = egress.NewEngine(egress.EngineConfig{})
 
