@@ -151,17 +151,19 @@ func TestConformance(t *testing.T) {
 }
 
 // guestBinary is a static paddock binary for the guests: $PADDOCK_BIN
-// (make test sets it), or one built now. The test binary cannot serve:
-// it is linked dynamically, and the forker's mount namespace has no
-// loader.
+// (make test sets it), or one built now as make build does. The test
+// binary cannot serve: it is linked dynamically, and the forker's mount
+// namespace has no loader.
 func guestBinary(t *testing.T) string {
 	t.Helper()
 	if bin := os.Getenv("PADDOCK_BIN"); bin != "" {
 		return bin
 	}
 	bin := filepath.Join(t.TempDir(), "paddock")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/paddock-dev/paddock/cmd/paddock")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	// As make build does: static, with libseccomp linked in.
+	cmd := exec.Command("go", "build", "-tags", "netgo osusergo", "-ldflags", "-linkmode external -extldflags -static",
+		"-o", bin, "github.com/paddock-dev/paddock/cmd/paddock")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building paddock for the guests (or set PADDOCK_BIN): %v\n%s", err, out)
 	}
