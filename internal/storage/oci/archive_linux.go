@@ -100,7 +100,9 @@ func (s *Store) spool(ctx context.Context, r io.Reader) (*os.File, error) {
 		in = zr
 	}
 	lim := &io.LimitedReader{R: ctxReader{ctx, in}, N: s.lim.MaxArchiveSize + 1}
-	n, err := io.Copy(f, lim)
+	// A gzip-compressed archive inflates here: a small one can spool far
+	// more than it sent, so the store's free space is checked as it goes.
+	n, err := io.Copy(roomWriter{f, s}, lim)
 	if err == nil && n > s.lim.MaxArchiveSize {
 		err = fmt.Errorf("%w: archive is larger than %d bytes", errdefs.ErrTooLarge, s.lim.MaxArchiveSize)
 	}
@@ -109,6 +111,20 @@ func (s *Store) spool(ctx context.Context, r io.Reader) (*os.File, error) {
 		return nil, fmt.Errorf("spooling archive: %w", err)
 	}
 	return f, nil
+}
+
+// roomWriter writes to a file of the store while the store's file system
+// keeps MinFree free.
+type roomWriter struct {
+	f *os.File
+	s *Store
+}
+
+func (w roomWriter) Write(p []byte) (int, error) {
+	if err := w.s.room(int64(len(p))); err != nil {
+		return 0, err
+	}
+	return w.f.Write(p)
 }
 
 type ctxReader struct {

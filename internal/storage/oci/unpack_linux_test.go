@@ -389,3 +389,30 @@ func TestUnpackBombFree(t *testing.T) {
 	}
 	t.Logf("a %d-byte blob of %d bytes: %v", gz.Len(), tarBuf.Len(), err)
 }
+
+// TestImportBombFree: a gzip-compressed archive inflates as it is spooled;
+// a bomb (128 MiB of zeros in about 128 KiB) stops where the store's file
+// system would keep less than MinFree, with ErrNoSpace.
+func TestImportBombFree(t *testing.T) {
+	dir := t.TempDir()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	if free < 256<<20 {
+		t.Skip("less than 256 MiB free")
+	}
+	s := openStore(t, WithLimits(Limits{MinFree: free - 32<<20}))
+	var gz bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestCompression)
+	zero := make([]byte, 1<<20)
+	for range 128 {
+		zw.Write(zero)
+	}
+	zw.Close()
+	_, err := s.Import(context.Background(), &gz, "")
+	if !errors.Is(err, errdefs.ErrNoSpace) {
+		t.Errorf("err = %v, want ErrNoSpace", err)
+	}
+}
