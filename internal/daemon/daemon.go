@@ -179,7 +179,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer releasePID()
 	if err := liftHostCaps(log); err != nil {
-		return err
+		// A host whose /proc/sys is read-only (a daemon in a container)
+		// still runs sandboxes; they can deny each other these tables.
+		log.Warn("host-wide caps stay: one sandbox can use up the host's open files or AIO contexts", "err", err)
 	}
 	listeners, token, err := listen(cfg)
 	if err != nil {
