@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -360,17 +361,7 @@ func TestUnpackBadCapability(t *testing.T) {
 // nothing of the layer stays.
 func TestUnpackBombFree(t *testing.T) {
 	needRoot(t)
-	dir := t.TempDir()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	free := int64(st.Bavail) * st.Bsize
-	if free < 256<<20 {
-		t.Skip("less than 256 MiB free")
-	}
-	// Room for 32 MiB more.
-	s := openStore(t, WithLimits(Limits{MinFree: free - 32<<20}))
+	s := storeWithRoom(t, 32<<20)
 	var tarBuf bytes.Buffer
 	tw := tar.NewWriter(&tarBuf)
 	tw.WriteHeader(&tar.Header{Name: "bomb", Typeflag: tar.TypeReg, Mode: 0o644, Size: 128 << 20})
@@ -394,16 +385,8 @@ func TestUnpackBombFree(t *testing.T) {
 // a bomb (128 MiB of zeros in about 128 KiB) stops where the store's file
 // system would keep less than MinFree, with ErrNoSpace.
 func TestImportBombFree(t *testing.T) {
-	dir := t.TempDir()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	free := int64(st.Bavail) * st.Bsize
-	if free < 256<<20 {
-		t.Skip("less than 256 MiB free")
-	}
-	s := openStore(t, WithLimits(Limits{MinFree: free - 32<<20}))
+	needRoot(t)
+	s := storeWithRoom(t, 32<<20)
 	var gz bytes.Buffer
 	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestCompression)
 	zero := make([]byte, 1<<20)
@@ -415,4 +398,23 @@ func TestImportBombFree(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrNoSpace) {
 		t.Errorf("err = %v, want ErrNoSpace", err)
 	}
+}
+
+// storeWithRoom opens a store on a file system of its own (a tmpfs, so
+// that no other writer on the host moves its free space) whose unpacks
+// may write about room bytes before its free space reaches MinFree.
+func storeWithRoom(t *testing.T, room int64) *Store {
+	t.Helper()
+	const minFree = 16 << 20
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", room+minFree+4<<20)); err != nil {
+		t.Skipf("no tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	s, err := Open(filepath.Join(dir, "images"), testLogger(t), WithLimits(Limits{MinFree: minFree}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
