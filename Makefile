@@ -7,7 +7,7 @@ PREFIX   ?= /usr/local
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 # The guest runs inside sandboxes whose root may have no C library, so the
 # one binary is linked statically (cgo is needed for libseccomp).
-GOFLAGS_STATIC := -tags 'netgo osusergo' -ldflags '-linkmode external -extldflags "-static" -X github.com/paddock-dev/paddock/internal/daemon.Version=$(VERSION)'
+GOFLAGS_STATIC := -tags 'netgo osusergo' -ldflags '-linkmode external -extldflags "-static" -X github.com/paddock-dev/paddock/internal/cli.Version=$(VERSION)'
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
@@ -18,6 +18,14 @@ all: build
 build:
 	@mkdir -p $(dir $(BIN))
 	CGO_ENABLED=1 go build $(GOFLAGS_STATIC) -o $(BIN) ./cmd/paddock 2> >(grep -v -e 'statically linked applications requires' -e 'in function' >&2)
+
+# cross builds the SDK and the client-only CLI for macOS, so that neither
+# comes to need the daemon's Linux-only packages.
+cross:
+	@for a in amd64 arm64; do \
+		echo "cross: darwin/$$a"; \
+		CGO_ENABLED=0 GOOS=darwin GOARCH=$$a go build -o /dev/null ./client ./cmd/paddock || exit 1; \
+	done
 
 # deps installs what is missing (Debian/Ubuntu packages).
 deps:
@@ -58,9 +66,14 @@ uninstall:
 	rm -f $(PREFIX)/bin/paddock
 
 # test runs every test (tests that need root skip without it), then every
-# fuzz target for a short while.
-test: deps build
-	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -timeout 20m ./...
+# fuzz target for a short while. The unit tests run under the race
+# detector; the end-to-end packages (E2E), which drive the real binary,
+# without it. cross first: a client that stopped building for macOS fails.
+E2E  := ./test ./bench
+UNIT  = $$(go list ./... | grep -v -e '/paddock/test$$' -e '/paddock/bench$$')
+test: deps build cross
+	go test -race -count=1 -timeout 20m $(UNIT)
+	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -timeout 20m $(E2E)
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 # fuzz runs every Fuzz* function of the module, one at a time, for

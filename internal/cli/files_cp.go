@@ -19,7 +19,6 @@ import (
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/sparse"
-	"github.com/paddock-dev/paddock/internal/untar"
 )
 
 // defaultMaxCopy caps what a copy out of a sandbox writes on the host
@@ -254,7 +253,7 @@ func writeLocalTar(w io.Writer, src, prefix string, archive bool) error {
 			h.Uid, h.Gid = 0, 0
 		}
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
-			key := [2]uint64{st.Dev, st.Ino}
+			key := [2]uint64{uint64(st.Dev), uint64(st.Ino)} // Dev is an int32 on macOS
 			if first, ok := links[key]; ok {
 				h.Typeflag, h.Linkname, h.Size = tar.TypeLink, first, 0
 			} else {
@@ -348,7 +347,7 @@ func download(ctx context.Context, c *client.Client, src location, dst string, a
 		return err
 	}
 	defer rc.Close()
-	_, err = untar.ExtractTar(d, rc, untar.ExtractOptions{Chown: archive, UID: -1, GID: -1, Rename: rename, MaxSize: limit})
+	err = extractTar(d, rc, archive, rename, limit)
 	if errors.Is(err, errdefs.ErrTooLarge) {
 		err = fmt.Errorf("%w (--max-size raises the cap)", err)
 	}

@@ -16,18 +16,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
-	"github.com/paddock-dev/paddock/internal/daemon"
 )
-
-// telemetryFlags are `paddock serve`'s admission and budget settings.
-func telemetryFlags(f *pflag.FlagSet, tc *daemon.TelemetryConfig) {
-	f.Float64Var(&tc.CPUOvercommit, "cpu-overcommit", tc.CPUOvercommit, "admission control: CPU limits of all sandboxes together per host CPU")
-	f.Float64Var(&tc.MemoryOvercommit, "memory-overcommit", tc.MemoryOvercommit, "admission control: memory limits of all sandboxes together per byte of host memory (1: strict)")
-	f.Var(sizeFlag{&tc.MemoryCapacity}, "admission-memory", "memory admission control hands out, e.g. 16g (default: the host's)")
-	f.Float64Var(&tc.Prices.CPUSecond, "price-cpu-second", 0, "price of a CPU-second, for cost budgets")
-	f.Float64Var(&tc.Prices.MemoryGBHour, "price-memory-gb-hour", 0, "price of a GB-hour of memory limit, for cost budgets")
-	f.Float64Var(&tc.Prices.EgressGB, "price-egress-gb", 0, "price of a GB through the egress proxy, for cost budgets")
-}
 
 func telemetryCmds(g *globals) []*cobra.Command {
 	return []*cobra.Command{statsCmd(g), topCmd(g), eventsCmd(g), logsCmd(g), updateCmd(g)}

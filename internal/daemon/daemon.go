@@ -36,12 +36,12 @@ import (
 	"github.com/paddock-dev/paddock/wire"
 )
 
-// Version is set at build time (-ldflags "-X github.com/paddock-dev/paddock/internal/daemon.Version=...").
-var Version = "dev"
-
 // Config is the daemon's configuration. Zero values take the defaults
 // from Defaults; flags and environment map onto these fields.
 type Config struct {
+	// Version is this build's, reported by GET /v1/version and logged
+	// (default "dev"; the CLI passes its build stamp).
+	Version string
 	// StateDir holds the store, images and disks (default /var/lib/paddock).
 	StateDir string
 	// RunDir holds sockets and per-sandbox mount points (default /run/paddock).
@@ -137,6 +137,7 @@ type NetworkConfig struct {
 // Defaults returns the default configuration.
 func Defaults() Config {
 	return Config{
+		Version:      "dev",
 		StateDir:     "/var/lib/paddock",
 		RunDir:       "/run/paddock",
 		Listen:       []string{"unix:///run/paddock/paddock.sock"},
@@ -351,7 +352,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go watchStorage(watchCtx, disks, log.With("component", "disk"))
 
 	srv := server.New(mgr, api.VersionInfo{
-		Version:   Version,
+		Version:   cfg.Version,
 		Runtime:   rt.Name(),
 		CgroupV2:  cgroups.Mode() == cgroup.V2,
 		Idmapped:  rt.Idmapped(),
@@ -389,7 +390,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		go func(l net.Listener) { errc <- hs.Serve(l) }(l)
 		log.Info("listening", "addr", l.Addr().Network()+"://"+l.Addr().String())
 	}
-	log.Info("paddock ready", "version", Version, "state_dir", cfg.StateDir, "cgroup_v2", cgroups.Mode() == cgroup.V2, "idmapped", rt.Idmapped(), "storage", sub.Mode(), "reflink", sub.Reflink())
+	log.Info("paddock ready", "version", cfg.Version, "state_dir", cfg.StateDir, "cgroup_v2", cgroups.Mode() == cgroup.V2, "idmapped", rt.Idmapped(), "storage", sub.Mode(), "reflink", sub.Reflink())
 
 	select {
 	case <-ctx.Done():

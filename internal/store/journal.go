@@ -152,5 +152,5 @@ func appendEntry(f *os.File, off int64, b []byte, sync bool) error {
 	if !sync {
 		return nil
 	}
-	return unix.Fdatasync(int(f.Fd()))
+	return durable.DataSync(f)
 }

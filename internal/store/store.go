@@ -17,8 +17,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -278,7 +278,7 @@ func (s *Store) putJournal(bucket, key string, v any, sync bool) error {
 func (s *Store) syncer() {
 	defer close(s.syncerDone)
 	for range s.syncs {
-		if err := unix.Fdatasync(int(s.journal.Fd())); err != nil {
+		if err := durable.DataSync(s.journal); err != nil {
 			s.log.Error("syncing the store's journal", "err", err)
 		}
 	}
