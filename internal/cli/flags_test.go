@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/e2b"
 )
 
@@ -32,6 +33,36 @@ func TestE2BKey(t *testing.T) {
 	root.SetArgs([]string{"e2b-key"})
 	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "no token") {
 		t.Errorf("e2b-key without a token: %v, want an error saying there is no token", err)
+	}
+}
+
+func TestCreateOnTimeoutFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want api.TimeoutAction
+		err  string
+	}{
+		{[]string{"--timeout", "10m", "--on-timeout", "pause"}, api.TimeoutPause, ""},
+		{[]string{"--timeout", "10m"}, "", ""},
+		{[]string{"--timeout", "10m", "--on-timeout", "explode"}, "", "--on-timeout"},
+		{[]string{"--on-timeout", "pause"}, "", "needs --timeout"},
+	} {
+		var f createFlags
+		cmd := &cobra.Command{Use: "create"}
+		f.register(cmd)
+		if err := cmd.ParseFlags(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		req, err := f.request()
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: %v, want an error naming %s", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || req.OnTimeout != tc.want || req.TimeoutSeconds != 600 {
+			t.Errorf("%v: on_timeout %q timeout %d %v, want %q after 600 s", tc.args, req.OnTimeout, req.TimeoutSeconds, err, tc.want)
+		}
 	}
 }
 

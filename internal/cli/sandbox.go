@@ -27,7 +27,9 @@ type createFlags struct {
 	env     []string
 	workdir string
 	timeout time.Duration
-	labels  []string
+	// onTimeout is what the timeout does: remove (default) or pause.
+	onTimeout string
+	labels    []string
 	// autoPause pauses the sandbox after this long idle; noAutoResume
 	// keeps it paused until resumed explicitly.
 	autoPause    time.Duration
@@ -47,7 +49,8 @@ func (f *createFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.disk, "disk", "", "cap on the writable layer, e.g. 1g")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE; repeatable")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory inside the sandbox")
-	fl.DurationVar(&f.timeout, "timeout", 0, "lifetime, after which the sandbox is removed, e.g. 10m")
+	fl.DurationVar(&f.timeout, "timeout", 0, "lifetime, after which the sandbox is removed (or paused: --on-timeout), e.g. 10m")
+	fl.StringVar(&f.onTimeout, "on-timeout", "", `what the timeout does: "remove" (default) or "pause" (kept until resumed or removed)`)
 	fl.StringArrayVarP(&f.labels, "label", "l", nil, "label KEY=VALUE; repeatable")
 	fl.DurationVar(&f.autoPause, "auto-pause", 0, "pause the sandbox after it has been idle this long, e.g. 10m")
 	fl.BoolVar(&f.noAutoResume, "no-auto-resume", false, "do not resume a paused sandbox on the next call that needs it")
@@ -79,6 +82,15 @@ func (f *createFlags) request() (api.CreateRequest, error) {
 		return req, fmt.Errorf("--timeout: %s is shorter than a second", f.timeout)
 	}
 	req.TimeoutSeconds = int64(f.timeout / time.Second)
+	switch a := api.TimeoutAction(f.onTimeout); a {
+	case "", api.TimeoutRemove, api.TimeoutPause:
+		req.OnTimeout = a
+	default:
+		return req, fmt.Errorf("--on-timeout: %q is neither %q nor %q", f.onTimeout, api.TimeoutRemove, api.TimeoutPause)
+	}
+	if req.OnTimeout != "" && f.timeout == 0 {
+		return req, fmt.Errorf("--on-timeout needs --timeout")
+	}
 	if f.autoPause < 0 {
 		return req, fmt.Errorf("--auto-pause: %s is negative", f.autoPause)
 	}
