@@ -14,6 +14,7 @@ import json
 import os
 import struct
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -156,7 +157,13 @@ def main():
 
         st, _, body = control("GET", "/v2/sandboxes?metadata=" + urllib.parse.quote("client=python"))
         check(st == 200 and [s["sandboxID"] for s in json.loads(body)] == [sbx["sandboxID"]], "list by metadata: %s" % body)
-        st, _, body = control("GET", "/sandboxes/%s/metrics" % sbx["sandboxID"])
+        # The first sample comes within the telemetry's interval (1 s):
+        # before it the answer is [], as E2B's own right after a create.
+        for _ in range(50):
+            st, _, body = control("GET", "/sandboxes/%s/metrics" % sbx["sandboxID"])
+            if st != 200 or json.loads(body):
+                break
+            time.sleep(0.1)
         check(st == 200 and json.loads(body)[0]["memTotal"] > 0, "metrics %s" % body)
     finally:
         st, _, _ = control("DELETE", "/sandboxes/" + sbx["sandboxID"])

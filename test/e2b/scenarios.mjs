@@ -234,8 +234,9 @@ const scenarios = {
       assert.ok(left > 100_000 && left <= 121_000, `endAt is the timeout away (${left} ms)`)
 
       await a.commands.run('head -c 20000000 /dev/zero | md5sum >/dev/null')
-      const metrics = await a.getMetrics()
-      assert.ok(metrics.length >= 1)
+      // [] until the first sample (the telemetry's interval, 1 s).
+      let metrics = []
+      await until('a metrics sample', async () => (metrics = await a.getMetrics()).length >= 1, 5000)
       const m = metrics[metrics.length - 1]
       assert.ok(m.memTotal > 0 && m.memUsed > 0 && m.diskTotal > 0 && m.cpuCount >= 1, JSON.stringify(m))
       info('metrics', JSON.stringify(m))
