@@ -34,8 +34,8 @@ import (
 	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
 )
 
-// Type is what an event is about.
-type Type string
+// Type is what an event is about (api.Event.Type).
+type Type = string
 
 const (
 	Lifecycle Type = "lifecycle" // created, started, stopped, failed, deleted
@@ -49,21 +49,12 @@ const (
 	Autoscale Type = "autoscale" // a resize decision: autoscale.Decision
 )
 
-// Event is one entry of a sandbox's log.
-type Event struct {
-	// Seq numbers a sandbox's events from 1, without gaps; it survives
-	// daemon restarts. A client resumes with List or Follow after the last
-	// Seq it saw; a jump means the retention cap dropped events.
-	Seq     uint64    `json:"seq"`
-	Time    time.Time `json:"time"`
-	Sandbox string    `json:"sandbox"`
-	Type    Type      `json:"type"`
-	// Message is one line for humans, at most MaxMessage bytes.
-	Message string `json:"message,omitempty"`
-	// Data is the type's payload (ExecData, LimitsData, ...; the egress
-	// proxy's decision for policy events).
-	Data json.RawMessage `json:"data,omitempty"`
-}
+// Event is one entry of a sandbox's log, as the API shows it. Seq numbers
+// a sandbox's events from 1, without gaps, and survives daemon restarts;
+// Message is one line for humans, at most MaxMessage bytes; Data is the
+// type's payload (ExecData, LimitsData, ...; the egress proxy's decision
+// for policy events).
+type Event = api.Event
 
 // ExecData is the payload of an exec event.
 type ExecData struct {

@@ -12,10 +12,6 @@ import (
 	"github.com/paddock-dev/paddock/internal/telemetry/execlog"
 )
 
-func toEvent(e events.Event) api.Event {
-	return api.Event{Seq: e.Seq, Time: e.Time, Sandbox: e.Sandbox, Type: string(e.Type), Message: e.Message, Data: e.Data}
-}
-
 func toBudgets(st budget.Status) *api.BudgetStatus {
 	out := &api.BudgetStatus{Budgets: make([]api.BudgetLine, 0, len(st.Budgets))}
 	for _, l := range st.Budgets {
@@ -79,40 +75,13 @@ type EventQuery struct {
 
 // Events returns sandbox id's retained events matching q, oldest first.
 func (h *Hub) Events(id string, q EventQuery) ([]api.Event, error) {
-	eq := events.Query{After: q.After, Since: q.Since, Limit: q.Limit}
-	for _, t := range q.Types {
-		eq.Types = append(eq.Types, events.Type(t))
-	}
-	evs, err := h.events.List(id, eq)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]api.Event, 0, len(evs))
-	for _, e := range evs {
-		out = append(out, toEvent(e))
-	}
-	return out, nil
+	return h.events.List(id, events.Query{After: q.After, Since: q.Since, Limit: q.Limit, Types: q.Types})
 }
 
 // FollowEvents streams sandbox id's events after seq after, then each
 // new one, until ctx ends.
 func (h *Hub) FollowEvents(ctx context.Context, id string, after uint64) (<-chan api.Event, error) {
-	in, err := h.events.Follow(ctx, id, after)
-	if err != nil {
-		return nil, err
-	}
-	out := make(chan api.Event)
-	go func() {
-		defer close(out)
-		for e := range in {
-			select {
-			case out <- toEvent(e):
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return out, nil
+	return h.events.Follow(ctx, id, after)
 }
 
 // Logs lists sandbox id's processes with kept output, oldest first.
