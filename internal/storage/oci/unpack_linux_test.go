@@ -355,18 +355,18 @@ func TestUnpackBadCapability(t *testing.T) {
 	}
 }
 
-// TestUnpackBombFree: a gzip bomb (128 MiB of zeros in about 128 KiB,
+// TestUnpackBombFree: a gzip bomb (64 MiB of zeros in about 64 KiB,
 // made here) under the layer and image caps still stops where the store's
 // file system would be left with less than MinFree: ErrNoSpace, and
 // nothing of the layer stays.
 func TestUnpackBombFree(t *testing.T) {
 	needRoot(t)
-	s := storeWithRoom(t, 32<<20)
+	s := storeWithRoom(t, 8<<20)
 	var tarBuf bytes.Buffer
 	tw := tar.NewWriter(&tarBuf)
-	tw.WriteHeader(&tar.Header{Name: "bomb", Typeflag: tar.TypeReg, Mode: 0o644, Size: 128 << 20})
+	tw.WriteHeader(&tar.Header{Name: "bomb", Typeflag: tar.TypeReg, Mode: 0o644, Size: 64 << 20})
 	zero := make([]byte, 1<<20)
-	for range 128 {
+	for range 64 {
 		tw.Write(zero)
 	}
 	tw.Close()
@@ -382,15 +382,15 @@ func TestUnpackBombFree(t *testing.T) {
 }
 
 // TestImportBombFree: a gzip-compressed archive inflates as it is spooled;
-// a bomb (128 MiB of zeros in about 128 KiB) stops where the store's file
+// a bomb (64 MiB of zeros in about 64 KiB) stops where the store's file
 // system would keep less than MinFree, with ErrNoSpace.
 func TestImportBombFree(t *testing.T) {
 	needRoot(t)
-	s := storeWithRoom(t, 32<<20)
+	s := storeWithRoom(t, 8<<20)
 	var gz bytes.Buffer
 	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestCompression)
 	zero := make([]byte, 1<<20)
-	for range 128 {
+	for range 64 {
 		zw.Write(zero)
 	}
 	zw.Close()
