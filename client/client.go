@@ -301,7 +301,15 @@ func (c *Client) Thaw(ctx context.Context, id string) (*api.Sandbox, error) {
 
 func (c *Client) lifecycle(ctx context.Context, id, verb string) (*api.Sandbox, error) {
 	var sb api.Sandbox
-	return &sb, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/"+verb, nil, &sb)
+	err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/"+verb, nil, &sb)
+	switch verb {
+	case "freeze", "pause", "stop":
+		// A bound lane is served by the guest alone: a frozen one cannot
+		// answer it, and no wake comes through it. The next exec takes the
+		// daemon's lane, which thaws or resumes a sandbox that auto-resumes.
+		c.lanes.drop(id)
+	}
+	return &sb, err
 }
 
 // IsNotFound is errors.Is(err, ErrNotFound), for brevity.

@@ -109,7 +109,8 @@ func (ls *lanes) pool(key string) *connPool {
 	return p
 }
 
-// drop closes the idle lanes bound to sandbox id (deleted).
+// drop closes the idle lanes bound to sandbox id (deleted, frozen, paused
+// or stopped).
 func (ls *lanes) drop(id string) {
 	ls.mu.Lock()
 	p := ls.pools[id]

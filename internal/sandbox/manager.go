@@ -913,6 +913,25 @@ func (m *Manager) Guest(ctx context.Context, id string) (*guestapi.Client, error
 	return b.guest, nil
 }
 
+// RunningGuest is Guest without the wake: the guest of a sandbox that is
+// running now, or a conflict. A lane bound to a sandbox is opened this way:
+// the guest serves it alone, so a frozen guest could not answer it, and the
+// SDK opens one ahead of its next exec, which must not undo a freeze or a
+// pause that came in between.
+func (m *Manager) RunningGuest(ctx context.Context, id string) (*guestapi.Client, error) {
+	b, err := m.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rec.State != api.StateRunning || b.guest == nil {
+		return nil, notRunning(b)
+	}
+	b.touch()
+	return b.guest, nil
+}
+
 // Done returns a channel closed when the sandbox's guest exits, for
 // streams that must end with the sandbox.
 func (m *Manager) Done(ctx context.Context, id string) (<-chan struct{}, error) {

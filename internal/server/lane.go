@@ -53,7 +53,7 @@ func (s *Server) sandboxLane(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, errdefs.Invalid("upgrade", "GET /v1/sandboxes/{id}/lane needs \"Connection: Upgrade\" and \"Upgrade: %s\"", api.LaneProtocol))
 		return
 	}
-	gc, err := s.mgr.Guest(r.Context(), id)
+	gc, err := s.mgr.RunningGuest(r.Context(), id)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
