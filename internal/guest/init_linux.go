@@ -49,7 +49,7 @@ func Run() error {
 	// runtime wake an idle vCPU for every goroutine another one readies,
 	// which on a virtual machine costs 40-100 µs each. One P made the
 	// exec round trip 50-90 µs faster; streaming and files throughput
-	// did not drop (docs/ARCHITECTURE.md). The cost: Go code that runs
+	// did not drop (docs/exec.md). The cost: Go code that runs
 	// long (a big tar's headers, a deep listing) shares the one P, which
 	// the runtime passes on at least every 10 ms.
 	runtime.GOMAXPROCS(1)

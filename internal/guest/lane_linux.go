@@ -23,7 +23,7 @@ import (
 // and hands the client's socket over (OpLane). The client's execs then
 // reach the guest without the daemon in between, and their frames go
 // straight back: two thread wakes and the daemon's relay fewer per exec
-// (docs/ARCHITECTURE.md, "Exec lanes"). The daemon still sees every exec:
+// (docs/exec.md, "Lanes bound to a sandbox"). The daemon still sees every exec:
 // the guest reports each one on the connection that handed the lane over
 // (its start, its output up to a budget and then its byte counts, its
 // exit), and the daemon keeps the exec log, the events and the sandbox's

@@ -24,7 +24,7 @@ import (
 // request. It spares each exec an HTTP request and answer: net/http's
 // parsing, its read-ahead goroutine on the connection, and the thread
 // wakes these cost on both sides, about 0.1 ms of a round trip on a small VM
-// (docs/ARCHITECTURE.md). An exec that needs input or a terminal goes
+// (docs/exec.md). An exec that needs input or a terminal goes
 // through POST /v1/sandboxes/{id}/exec.
 func (s *Server) lane(w http.ResponseWriter, r *http.Request) {
 	if !upgradeTo(r, api.LaneProtocol) {

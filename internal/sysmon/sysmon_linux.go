@@ -11,7 +11,7 @@
 // machine a wake costs 40-100 µs. With a 2 ms slack sysmon wakes about
 // three times per exec in the guest, and the exec round trip was 70-100 µs
 // faster for the guest's and 40-80 µs for the daemon's (alternating blocks
-// against the same build without it; docs/ARCHITECTURE.md).
+// against the same build without it; docs/exec.md).
 //
 // What sysmon does is not urgent at that scale: it takes a P back from a
 // thread blocked in a system call (up to 2 ms later now; file transfers
