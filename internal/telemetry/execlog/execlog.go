@@ -18,7 +18,10 @@
 // output goes); a sandbox keeps at most MaxSandboxBytes, dropping the
 // oldest processes' output first (finished ones entirely), and at most
 // MaxProcesses process records. Writes are not fsynced: after a crash a
-// torn last record is cut off.
+// torn last record is cut off. The logs live on the host's disk, outside
+// every sandbox's disk cap, so all sandboxes together are bounded too:
+// output is not kept (counted as dropped, like a ring's) while the logs'
+// file system has less than MinFree free.
 //
 // A process's record is written to disk with its first output, at its
 // exit, or when its writer asks (Save), whichever comes first, not when
@@ -54,6 +57,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
 	"github.com/paddock-dev/paddock/wire"
+	"golang.org/x/sys/unix"
 )
 
 // Config configures a Store.
@@ -68,7 +72,11 @@ type Config struct {
 	MaxSandboxBytes int64
 	// MaxProcesses caps the process records a sandbox keeps. Default 1024.
 	MaxProcesses int
-	Logger       *slog.Logger
+	// MinFree is what the logs leave free on their file system: below it
+	// output is dropped rather than written. Default 1 GiB; negative
+	// turns the check off.
+	MinFree int64
+	Logger  *slog.Logger
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
@@ -103,6 +111,49 @@ type Store struct {
 
 	mu    sync.Mutex
 	boxes map[string]*sandbox
+
+	space spaceCheck
+}
+
+// spaceCheck remembers whether the logs' file system was short of MinFree
+// when last looked at: a statfs a second at most, not one per write.
+type spaceCheck struct {
+	mu      sync.Mutex
+	checked time.Time
+	short   bool
+}
+
+// spaceCheckEvery is how long a look at the free space stands.
+const spaceCheckEvery = time.Second
+
+// short reports whether the logs' file system has less than MinFree free,
+// and logs when that changes.
+func (s *Store) short() bool {
+	if s.cfg.MinFree < 0 {
+		return false
+	}
+	c := &s.space
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := s.cfg.Now()
+	if !c.checked.IsZero() && now.Sub(c.checked) < spaceCheckEvery {
+		return c.short
+	}
+	c.checked = now
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.cfg.Dir, &st); err != nil {
+		return c.short
+	}
+	free := int64(st.Bavail) * st.Bsize
+	if short := free < s.cfg.MinFree; short != c.short {
+		c.short = short
+		if short {
+			s.log.Warn("exec log: output dropped while its file system is short of space", "dir", s.cfg.Dir, "free", free, "min_free", s.cfg.MinFree)
+		} else {
+			s.log.Info("exec log: keeping output again", "dir", s.cfg.Dir, "free", free)
+		}
+	}
+	return c.short
 }
 
 type sandbox struct {
@@ -148,6 +199,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if cfg.MaxProcesses == 0 {
 		cfg.MaxProcesses = 1024
+	}
+	if cfg.MinFree == 0 {
+		cfg.MinFree = 1 << 30
 	}
 	switch {
 	case cfg.MaxProcessBytes < 64<<10:
@@ -405,6 +459,10 @@ func (w *Writer) Skip(n int64) {
 	}
 	w.b.mu.Lock()
 	defer w.b.mu.Unlock()
+	w.skipLocked(n)
+}
+
+func (w *Writer) skipLocked(n int64) {
 	w.p.meta.End += n
 	if !w.p.old.exists && w.p.cur.size == 0 {
 		w.p.meta.Start = w.p.meta.End
@@ -421,6 +479,12 @@ func (w *Writer) Write(stream wire.Type, data []byte) error {
 	}
 	if err := w.saveLocked(); err != nil {
 		return err
+	}
+	if s.short() {
+		w.skipLocked(int64(len(data)))
+		close(p.changed)
+		p.changed = make(chan struct{})
+		return nil
 	}
 	segMax := s.cfg.MaxProcessBytes / 2
 	for len(data) > 0 {

@@ -15,6 +15,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/wire"
+	"golang.org/x/sys/unix"
 )
 
 func open(t *testing.T, cfg Config) *Store {
@@ -416,4 +417,75 @@ func pids(ps []Process) []int {
 		out = append(out, p.PID)
 	}
 	return out
+}
+
+// TestMinFree: output is dropped, and counted, while the logs' file system
+// is short of MinFree, and kept again once there is room; a real tmpfs
+// of 8 MiB stands for a full host disk.
+func TestMinFree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=8m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	now := time.Now()
+	s := open(t, Config{Dir: filepath.Join(dir, "logs"), MinFree: 4 << 20, Now: func() time.Time { return now }})
+	w, err := s.Start("sbx", 1, nil, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mib := bytes.Repeat([]byte("z"), 1<<20)
+	write := func() {
+		t.Helper()
+		if err := w.Write(wire.Stdout, mib); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}
+	kept := func() int64 {
+		t.Helper()
+		n, err := s.Bytes("sbx")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	write()
+	write()
+	if n := kept(); n < 2<<20 {
+		t.Fatalf("kept %d bytes with room to spare, want 2 MiB", n)
+	}
+	// Another writer takes the room: free drops under MinFree.
+	filler := filepath.Join(dir, "filler")
+	if err := os.WriteFile(filler, bytes.Repeat([]byte("f"), 3<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(2 * spaceCheckEvery)
+	before := kept()
+	write()
+	if n := kept(); n != before {
+		t.Fatalf("kept %d bytes while short of space, want %d (output dropped)", n, before)
+	}
+	p, err := s.Find("sbx", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.End != 3<<20 {
+		t.Fatalf("end offset %d, want %d: dropped output must still be counted", p.End, 3<<20)
+	}
+	os.Remove(filler)
+	now = now.Add(2 * spaceCheckEvery)
+	write()
+	if n := kept(); n <= before {
+		t.Fatalf("kept %d bytes after room came back, want more than %d", n, before)
+	}
+	var got int64
+	if err := s.Read(context.Background(), "sbx", w.Seq(), 0, false, func(c Chunk) error { got += int64(len(c.Data)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got != 3<<20 {
+		t.Fatalf("read %d bytes back, want the 3 MiB that were kept", got)
+	}
 }
