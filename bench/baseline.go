@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -56,6 +59,7 @@ func (r *rig) startBaseline(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	d.args = knownFlags(r.opts.baseline, d.args)
 	b.daemon = d
 	r.baseline = b
 	r.log.Info("starting baseline daemon", "bin", r.opts.baseline, "dir", b.root)
@@ -281,4 +285,23 @@ func baselineBars(cur, base *baselineSide) []bar {
 		{Issue: 19, What: "streaming through exec, median, against the baseline", Target: target,
 			Value: fmt.Sprintf("%.0f vs %.0f MB/s", ra, rb), Verdict: check(ra >= rb*(1-baselineNoise))},
 	}
+}
+
+// knownFlags drops from args the flags (each with its value) that bin's
+// `serve` does not know: a baseline from before a flag of the rig's (say
+// --disk-overcommit) would refuse to start otherwise. Its help lists them.
+func knownFlags(bin string, args []string) []string {
+	help, _ := exec.Command(bin, "serve", "--help").CombinedOutput()
+	out := args[:1:1] // "serve"
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		if strings.HasPrefix(a, "--") && !bytes.Contains(help, []byte(a+" ")) {
+			if i+1 < len(args) && !strings.HasPrefix(args[i+1], "--") {
+				i++
+			}
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
 }
