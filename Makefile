@@ -100,7 +100,7 @@ bench: deps build
 	@# alternating blocks (the "baseline" section), e.g. make bench BASE=HEAD~5.
 	@if [ -n "$(BASE)" ]; then rm -rf .bench-base && mkdir -p .bench-base && \
 		git archive $(BASE) | tar -x -C .bench-base && $(MAKE) -C .bench-base build VERSION=base-$(BASE); fi
-	PADDOCK_BIN=$(CURDIR)/$(BIN) go run ./bench -out BENCHMARKS.md $(if $(BASE),-baseline $(CURDIR)/.bench-base/bin/paddock)
+	PADDOCK_BIN=$(CURDIR)/$(BIN) go run ./bench -out BENCHMARKS.md $(if $(BASE),-baseline $(CURDIR)/.bench-base/bin/paddock -baseline-rev $(BASE))
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

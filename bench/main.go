@@ -28,13 +28,14 @@ import (
 
 // options are the command-line flags.
 type options struct {
-	n         int
-	out       string
-	bin       string
-	baseline  string   // a second paddock binary to compare with; "" for none
-	only      []string // benchmark names; empty means all
-	keepGoing bool
-	args      []string // as given, for the reproduce line
+	n           int
+	out         string
+	bin         string
+	baseline    string   // a second paddock binary to compare with; "" for none
+	baselineRev string   // the revision baseline was built from, if known
+	only        []string // benchmark names; empty means all
+	keepGoing   bool
+	args        []string // as given, for the reproduce line
 }
 
 // benchmark is one named benchmark; it reports into a section.
@@ -77,6 +78,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.out, "out", "BENCHMARKS.md", "markdown file to write")
 	fs.StringVar(&o.bin, "bin", os.Getenv("PADDOCK_BIN"), "paddock binary (default $PADDOCK_BIN)")
 	fs.StringVar(&o.baseline, "baseline", "", "a second paddock binary (the previous main, say) compared with -bin in alternating blocks")
+	fs.StringVar(&o.baselineRev, "baseline-rev", "", "the revision -baseline was built from (make bench BASE=REV sets it), for the reproduce line")
 	only := fs.String("only", "", "comma-separated benchmarks to run: "+strings.Join(benchmarkNames(), ","))
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "run the remaining benchmarks after one fails")
 	if err := fs.Parse(args); err != nil {
@@ -110,6 +112,9 @@ func (o options) selected(name string) bool { return len(o.only) == 0 || slices.
 func (o options) command() string {
 	if len(o.args) == 0 || slices.Equal(o.args, []string{"-out", "BENCHMARKS.md"}) {
 		return "make bench"
+	}
+	if o.baselineRev != "" && slices.Equal(o.args, []string{"-out", "BENCHMARKS.md", "-baseline", o.baseline, "-baseline-rev", o.baselineRev}) {
+		return "make bench BASE=" + o.baselineRev
 	}
 	return "make build && PADDOCK_BIN=$PWD/bin/paddock go run ./bench " + strings.Join(o.args, " ")
 }
