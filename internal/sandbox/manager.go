@@ -299,8 +299,8 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	}
 	spec := m.spec(&rec, img)
 	spec.DiskFrom = src.diskFrom
-	// The guest activates once the sandbox is recorded (see PutQuick
-	// below); one that fails before is cleaned up by the runtime.
+	// The guest activates just before the sandbox is recorded (see
+	// PutQuick below); one that fails before is cleaned up by the runtime.
 	spec.Held = true
 	if len(req.Volumes) > 0 {
 		// Not a warm guest: this sandbox is built now, under an id
@@ -368,6 +368,14 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		<-inst.Done()
 		return api.Sandbox{}, fmt.Errorf("runtime reused sandbox id %s", rec.ID)
 	}
+	// The guest gets its Activate before the record is written: from then
+	// on it serves without this daemon, so a record never names a guest
+	// that a kill -9 left waiting for an Activate that will not come (it
+	// would be found dead and the sandbox stopped). A kill between the
+	// two leaves a guest no record names, which the next daemon removes
+	// (the create never answered).
+	activate(inst)
+	mark("activated")
 	// In the store's journal before the answer, synced right after it:
 	// the record survives the daemon's death at once, and a host crash
 	// once the sync is done (a crash before that ends the sandbox's
@@ -387,8 +395,6 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	m.armTimer(b)
 	view := b.viewLocked()
 	b.shown.Store(&view)
-	activate(inst)
-	mark("activated")
 	// The observers hear of the sandbox after the answer: telemetry is not
 	// needed for it (it opens the cgroup's files for sampling, records the
 	// event). Whatever is done to the sandbox next (a stop, a removal)
