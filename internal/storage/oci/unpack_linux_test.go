@@ -231,18 +231,7 @@ func TestUnpackLimits(t *testing.T) {
 	t.Run("gzip bomb", func(t *testing.T) {
 		// 64 MiB of zeros compress to about 64 KiB.
 		s := openStore(t, WithLimits(Limits{MaxLayerSize: 8 << 20}))
-		var tarBuf bytes.Buffer
-		tw := tar.NewWriter(&tarBuf)
-		tw.WriteHeader(&tar.Header{Name: "bomb", Typeflag: tar.TypeReg, Mode: 0o644, Size: 64 << 20})
-		zero := make([]byte, 1<<20)
-		for range 64 {
-			tw.Write(zero)
-		}
-		tw.Close()
-		var gz bytes.Buffer
-		zw := gzip.NewWriter(&gz)
-		zw.Write(tarBuf.Bytes())
-		zw.Close()
+		gz, tarBuf := gzipBomb(64 << 20)
 		_, _, err := unpackBytes(t, s, gz.Bytes(), tarBuf.Bytes())
 		if !errors.Is(err, errdefs.ErrTooLarge) {
 			t.Errorf("err = %v, want ErrTooLarge", err)
@@ -362,18 +351,7 @@ func TestUnpackBadCapability(t *testing.T) {
 func TestUnpackBombFree(t *testing.T) {
 	needRoot(t)
 	s := storeWithRoom(t, 8<<20)
-	var tarBuf bytes.Buffer
-	tw := tar.NewWriter(&tarBuf)
-	tw.WriteHeader(&tar.Header{Name: "bomb", Typeflag: tar.TypeReg, Mode: 0o644, Size: 64 << 20})
-	zero := make([]byte, 1<<20)
-	for range 64 {
-		tw.Write(zero)
-	}
-	tw.Close()
-	var gz bytes.Buffer
-	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestCompression)
-	zw.Write(tarBuf.Bytes())
-	zw.Close()
+	gz, tarBuf := gzipBomb(64 << 20)
 	_, _, err := unpackBytes(t, s, gz.Bytes(), tarBuf.Bytes())
 	if !errors.Is(err, errdefs.ErrNoSpace) || !strings.Contains(err.Error(), "free") {
 		t.Errorf("err = %v, want ErrNoSpace", err)
@@ -417,4 +395,21 @@ func storeWithRoom(t *testing.T, room int64) *Store {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// gzipBomb is a layer holding one file of n zero bytes (n a multiple of
+// 1 MiB), gzipped (about 1 KiB per MiB), and the tar it compresses.
+func gzipBomb(n int64) (gz, tarBuf *bytes.Buffer) {
+	tarBuf, gz = &bytes.Buffer{}, &bytes.Buffer{}
+	tw := tar.NewWriter(tarBuf)
+	tw.WriteHeader(&tar.Header{Name: "bomb", Typeflag: tar.TypeReg, Mode: 0o644, Size: n})
+	zero := make([]byte, 1<<20)
+	for range n >> 20 {
+		tw.Write(zero)
+	}
+	tw.Close()
+	zw, _ := gzip.NewWriterLevel(gz, gzip.BestCompression)
+	zw.Write(tarBuf.Bytes())
+	zw.Close()
+	return gz, tarBuf
 }
