@@ -49,6 +49,7 @@ func allBenchmarks() []benchmark {
 	return []benchmark{
 		{"cold", "Cold create → first output of `echo hi`", benchCold},
 		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
+		{"churn", "Churn: concurrent create → exec → delete loops", benchChurn},
 		{"density", fmt.Sprintf("%d sandboxes each running `sleep 3600`", densityCount), benchDensity},
 		{"stream", "Streaming through exec", benchStream},
 		{"files", "File upload and download through the files API", benchFiles},
@@ -80,6 +81,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.baseline, "baseline", "", "a second paddock binary (the previous main, say) compared with -bin in alternating blocks")
 	fs.StringVar(&o.baselineRev, "baseline-rev", "", "the revision -baseline was built from (make bench BASE=REV sets it), for the reproduce line")
 	only := fs.String("only", "", "comma-separated benchmarks to run: "+strings.Join(benchmarkNames(), ","))
+	fs.DurationVar(&churnTime, "churn-time", churnTime, "how long each churn loop runs")
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "run the remaining benchmarks after one fails")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+)
+
+// churnClients is how many loops run at once (issue 21's bar).
+const churnClients = 8
+
+// churnResult is one churn loop's outcome: completed cycles, errors and
+// the duration of each cycle.
+type churnResult struct {
+	Cycles  []time.Duration
+	Errors  int
+	FirstEr string
+	Took    time.Duration
+}
+
+func (c *churnResult) rate() float64 {
+	if c.Took <= 0 {
+		return 0
+	}
+	return float64(len(c.Cycles)) / c.Took.Seconds()
+}
+
+// churn runs n concurrent loops of cycle for d and collects every cycle's
+// duration and the errors.
+func churn(ctx context.Context, n int, d time.Duration, cycle func(ctx context.Context) error) *churnResult {
+	var (
+		mu  sync.Mutex
+		res churnResult
+		wg  sync.WaitGroup
+	)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	t0 := time.Now()
+	end := t0.Add(d)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) && ctx.Err() == nil {
+				t1 := time.Now()
+				err := cycle(ctx)
+				took := time.Since(t1)
+				mu.Lock()
+				if err != nil {
+					res.Errors++
+					if res.FirstEr == "" {
+						res.FirstEr = err.Error()
+					}
+				} else {
+					res.Cycles = append(res.Cycles, took)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	res.Took = time.Since(t0)
+	return &res
+}
+
+// sandboxCycle is create → exec `echo hi` → delete through the Go SDK.
+func (r *rig) sandboxCycle(req api.CreateRequest) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		sb, err := r.client.Create(ctx, req)
+		if err != nil {
+			return fmt.Errorf("create: %w", err)
+		}
+		r.track(sb.ID)
+		var out strings.Builder
+		st, err := r.client.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"echo", "hi"}}, client.ExecIO{Stdout: &out})
+		eerr := execResult([]string{"echo", "hi"}, st, err, "")
+		if eerr == nil && out.String() != "hi\n" {
+			eerr = fmt.Errorf("echo hi printed %q", out.String())
+		}
+		if err := r.remove(ctx, sb.ID); err != nil {
+			return err
+		}
+		return eerr
+	}
+}
+
+// churnTime is how long each churn loop runs (issue 21: 60 s); -churn-time
+// shortens it for development.
+var churnTime = 60 * time.Second
+
+// churnTemplate is the template of the churn loop that starts from one.
+const (
+	churnTemplate = "bench-churn"
+	churnWarm     = 8
+	churnBarRate  = 200.0
+)
+
+func churnMethod() []string {
+	return []string{
+		fmt.Sprintf("%d clients at once, each looping for %s: `Create` (default image and limits) → `Exec(echo hi)` (output checked to be `hi\\n`) → `Delete` with force, through the Go SDK, one client object shared (its connections kept alive). The rate is completed cycles ÷ wall time; an error is any failed call or wrong output. The cycle's percentiles are of whole cycles.", churnClients, churnTime),
+		fmt.Sprintf("**From a template**: the same loop with `Create({from: %q})`, a template with `warm: %d`.", churnTemplate, churnWarm),
+		"**bwrap** and **runc run**: the same number of loops, each spawning the tool with `echo hi` (flags and bundle as in the cold table) and reaping it; runc's container is checked gone after each run.",
+	}
+}
+
+// benchChurn runs the churn loops of paddock and its peers.
+func benchChurn(ctx context.Context, r *rig) *section {
+	s := &section{Method: churnMethod()}
+	t := table{Header: []string{"loop", "cycles", "rate", "errors", "cycle p50", "p90", "p99", "max"}}
+	row := func(name string, c *churnResult) {
+		sm := summarize(c.Cycles)
+		t.add(name, fmt.Sprint(len(c.Cycles)), fmt.Sprintf("%.1f/s", c.rate()), fmt.Sprint(c.Errors), ms(sm.Median), ms(sm.P90), ms(sm.P99), ms(sm.Max))
+		if c.FirstEr != "" {
+			s.note("%s: first error: %s", name, truncate(c.FirstEr, 300))
+		}
+	}
+	b1 := bar{Issue: 21, What: fmt.Sprintf("sustained churn, %d clients × create → exec echo hi → delete, default image", churnClients), Target: "≥ 200/s, 0 errors, p99 reported", Value: noPeerValue, Verdict: notMeasured}
+	b2 := bar{Issue: 21, What: fmt.Sprintf("sustained churn from a template with a warm pool, %d clients", churnClients), Target: "≥ 200/s, 0 errors, p99 reported", Value: noPeerValue, Verdict: notMeasured}
+	b3 := bar{Issue: 21, What: "the same churn loop (spawn → echo hi → exit), bwrap and runc, as rates", Target: "reported", Value: noPeerValue, Verdict: notMeasured}
+	defer func() {
+		s.Tables = append(s.Tables, t)
+		s.Bars = []bar{b1, b2, b3}
+	}()
+	churnBar := func(b *bar, c *churnResult) {
+		sm := summarize(c.Cycles)
+		b.Value = fmt.Sprintf("%.1f/s, %d errors, p99 %s", c.rate(), c.Errors, ms(sm.P99))
+		b.Verdict = check(c.rate() >= churnBarRate && c.Errors == 0)
+	}
+
+	r.idle(ctx)
+	c := churn(ctx, churnClients, churnTime, r.sandboxCycle(api.CreateRequest{}))
+	row("paddock, default image", c)
+	churnBar(&b1, c)
+	if ctx.Err() != nil {
+		s.Err = ctx.Err()
+		return s
+	}
+
+	spec := tplSpec(churnWarm)
+	spec.Name = churnTemplate
+	if _, err := r.client.BuildTemplate(ctx, spec, nil); err != nil {
+		s.Err = fmt.Errorf("building the churn template: %w", err)
+		return s
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		if err := r.client.DeleteTemplate(dctx, churnTemplate); err != nil && s.Err == nil {
+			s.Err = fmt.Errorf("removing the churn template: %w", err)
+		}
+	}()
+	if err := r.waitPool(ctx, "template:"+churnTemplate, churnWarm); err != nil {
+		s.Err = err
+		return s
+	}
+	c = churn(ctx, churnClients, churnTime, r.sandboxCycle(api.CreateRequest{From: churnTemplate}))
+	row(fmt.Sprintf("paddock, template with warm: %d", churnWarm), c)
+	churnBar(&b2, c)
+
+	var peers []string
+	if r.bwrap != "" {
+		c = churn(ctx, churnClients, churnTime, func(ctx context.Context) error {
+			_, err := coldProcess(ctx, toolBwrap, bwrapArgv(r.bwrap, echoHi()...))
+			return err
+		})
+		row("bwrap", c)
+		peers = append(peers, fmt.Sprintf("bwrap %.1f/s", c.rate()))
+	}
+	if r.runc != nil {
+		c = churn(ctx, churnClients, churnTime, func(ctx context.Context) error {
+			_, err := r.coldRunc(ctx)
+			return err
+		})
+		row("runc run", c)
+		peers = append(peers, fmt.Sprintf("runc %.1f/s", c.rate()))
+	}
+	if len(peers) > 0 {
+		b3.Value, b3.Verdict = strings.Join(peers, ", "), reported
+	}
+	return s
+}
