@@ -5,9 +5,15 @@ export PATH := /usr/local/go/bin:$(PATH)
 BIN      ?= bin/paddock
 PREFIX   ?= /usr/local
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-# The guest runs inside sandboxes whose root may have no C library, so the
-# one binary is linked statically (cgo is needed for libseccomp).
-GOFLAGS_STATIC := -tags 'netgo osusergo' -ldflags '-linkmode external -extldflags "-static" -X github.com/paddock-dev/paddock/internal/cli.Version=$(VERSION)'
+# paddock is linked statically (cgo is needed for libseccomp) so that one
+# file runs on any Linux host. The guest (cmd/paddock-guest), which runs in
+# sandboxes whose root may have no C library, is built first, without cgo
+# (so static), into internal/guestbin, and embedded in paddock (the
+# embedguest tag). Its symbol tables are left out: panics still print
+# file:line.
+GUEST_BIN      := internal/guestbin/paddock-guest
+GUEST_FLAGS    := -tags 'netgo osusergo' -trimpath -ldflags '-s -w'
+GOFLAGS_STATIC := -tags 'netgo osusergo embedguest' -ldflags '-linkmode external -extldflags "-static" -X github.com/paddock-dev/paddock/internal/cli.Version=$(VERSION)'
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
@@ -17,6 +23,7 @@ all: build
 
 build:
 	@mkdir -p $(dir $(BIN))
+	CGO_ENABLED=0 go build $(GUEST_FLAGS) -o $(GUEST_BIN) ./cmd/paddock-guest
 	CGO_ENABLED=1 go build $(GOFLAGS_STATIC) -o $(BIN) ./cmd/paddock 2> >(grep -v -e 'statically linked applications requires' -e 'in function' >&2)
 
 # cross builds the SDK and the client-only CLI for macOS, so that neither
@@ -111,4 +118,4 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 clean:
-	rm -rf bin
+	rm -rf bin $(GUEST_BIN)

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/guestbin"
 )
 
 // exitError carries an exit code out of a command without printing.
@@ -132,7 +133,12 @@ func versionCmd(g *globals) *cobra.Command {
 		Short: "Print the client and daemon versions",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(g.stdout, "client: %s\n", Version)
+			embedded := ""
+			if guestbin.Embedded() {
+				// The daemon this binary serves runs its slim guest.
+				embedded = " (slim guest embedded)"
+			}
+			fmt.Fprintf(g.stdout, "client: %s%s\n", Version, embedded)
 			c, err := g.client()
 			if err != nil {
 				return err

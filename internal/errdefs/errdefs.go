@@ -6,7 +6,6 @@ package errdefs
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"syscall"
 )
 
@@ -110,23 +109,25 @@ func New(cat error, format string, args ...any) error {
 
 // HTTPStatus maps an error's category to an HTTP status. It is the only
 // place where that mapping is made: the daemon's answers and the error
-// frames of lanes a guest serves both take it.
+// frames of lanes a guest serves both take it. The codes are written out,
+// not net/http's constants: the guest links this package, and net/http
+// would double its binary.
 func HTTPStatus(err error) int {
 	switch {
 	case errors.Is(err, ErrNotFound):
-		return http.StatusNotFound
+		return 404 // Not Found
 	case errors.Is(err, ErrInvalid):
-		return http.StatusBadRequest
+		return 400 // Bad Request
 	case errors.Is(err, ErrConflict):
-		return http.StatusConflict
+		return 409 // Conflict
 	case errors.Is(err, ErrDenied):
-		return http.StatusForbidden
+		return 403 // Forbidden
 	case errors.Is(err, ErrTooLarge):
-		return http.StatusRequestEntityTooLarge
+		return 413 // Content Too Large
 	case errors.Is(err, ErrUnavailable):
-		return http.StatusServiceUnavailable
+		return 503 // Service Unavailable
 	case IsNoSpace(err):
-		return http.StatusInsufficientStorage
+		return 507 // Insufficient Storage
 	}
-	return http.StatusInternalServerError
+	return 500 // Internal Server Error
 }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
-	"github.com/paddock-dev/paddock/internal/seccomp"
+	seccompload "github.com/paddock-dev/paddock/internal/seccomp/load"
 	"github.com/paddock-dev/paddock/internal/sysmon"
 	"github.com/paddock-dev/paddock/wire"
 )
@@ -256,7 +256,7 @@ func restrictAll(prog []byte, noNewPrivs bool) error {
 	if len(prog) == 0 {
 		return nil
 	}
-	if err := seccomp.LoadAllThreads(prog); err != nil {
+	if err := seccompload.AllThreads(prog); err != nil {
 		return fmt.Errorf("loading seccomp filter: %w", err)
 	}
 	return nil

@@ -9,10 +9,9 @@
 package openat
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -98,11 +97,12 @@ func Error(p string, err error) error {
 }
 
 // TempName is a name for a file made beside its target and renamed over
-// it once complete.
+// it once complete. Its callers create it with O_EXCL|O_NOFOLLOW, so a
+// guessed name can only make a create fail; math/rand/v2's generator
+// (ChaCha8, seeded by the runtime from the kernel) serves, and keeps the
+// guest, which links this package, free of crypto's packages.
 func TempName() string {
-	var b [8]byte
-	rand.Read(b[:])
-	return ".paddock-" + hex.EncodeToString(b[:]) + ".tmp"
+	return fmt.Sprintf(".paddock-%016x.tmp", rand.Uint64())
 }
 
 // SetOwnerMode chowns (ids of -1 are kept) then chmods an open file; p

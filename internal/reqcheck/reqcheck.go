@@ -9,9 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"net/http"
 	"path"
 	"strings"
 
@@ -153,16 +151,15 @@ func LaneRequest(payload []byte, bound string) (api.LaneRequest, error) {
 }
 
 // DecodeError turns a JSON decoder's error into one that names what was
-// wrong with the body, categorized for its status.
+// wrong with the body, categorized for its status. (A body over the
+// daemon's limit is the server's to name: this package does not link
+// net/http, which the guest would carry.)
 func DecodeError(err error) error {
 	var (
-		mbe *http.MaxBytesError
 		se  *json.SyntaxError
 		ute *json.UnmarshalTypeError
 	)
 	switch {
-	case errors.As(err, &mbe):
-		return fmt.Errorf("%w: request body exceeds %d bytes", errdefs.ErrTooLarge, mbe.Limit)
 	case errors.As(err, &se):
 		return errdefs.Invalid("body", "malformed JSON at byte %d: %v", se.Offset, se)
 	case errors.As(err, &ute):

@@ -42,9 +42,6 @@ var DockerDefaultCaps = []string{
 // sandbox's network namespace (net.ipv4.ping_group_range).
 var SandboxCaps = slices.DeleteFunc(slices.Clone(DockerDefaultCaps), func(c string) bool { return c == "CAP_NET_RAW" })
 
-// sockFilterSize is sizeof(struct sock_filter): u16 code, u8 jt, u8 jf, u32 k.
-const sockFilterSize = 8
-
 // Profile expands Docker's default profile for a sandbox holding caps (its
 // bounding set), on this host's architecture and kernel: rules the caps
 // unlock are added (mount with CAP_SYS_ADMIN, ...), rules for other arches

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -160,6 +161,9 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			return fmt.Errorf("%w: request body exceeds %d bytes", errdefs.ErrTooLarge, mbe.Limit)
+		}
 		return reqcheck.DecodeError(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {

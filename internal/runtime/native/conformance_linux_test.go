@@ -150,8 +150,9 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// guestBinary is a static paddock binary for the guests: $PADDOCK_BIN
-// (make test sets it), or one built now as make build does. The test
+// guestBinary is a static binary with the guest verbs: $PADDOCK_BIN (a
+// paddock binary; make test sets it), or paddock-guest built now as make
+// build builds the one it embeds. The test
 // binary cannot serve: it is linked dynamically, and the forker's mount
 // namespace has no loader.
 func guestBinary(t *testing.T) string {
@@ -159,13 +160,12 @@ func guestBinary(t *testing.T) string {
 	if bin := os.Getenv("PADDOCK_BIN"); bin != "" {
 		return bin
 	}
-	bin := filepath.Join(t.TempDir(), "paddock")
-	// As make build does: static, with libseccomp linked in.
-	cmd := exec.Command("go", "build", "-tags", "netgo osusergo", "-ldflags", "-linkmode external -extldflags -static",
-		"-o", bin, "github.com/paddock-dev/paddock/cmd/paddock")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+	bin := filepath.Join(t.TempDir(), "paddock-guest")
+	// As make build builds the guest it embeds: static, without cgo.
+	cmd := exec.Command("go", "build", "-tags", "netgo osusergo", "-o", bin, "github.com/paddock-dev/paddock/cmd/paddock-guest")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building paddock for the guests (or set PADDOCK_BIN): %v\n%s", err, out)
+		t.Fatalf("building paddock-guest (or set PADDOCK_BIN): %v\n%s", err, out)
 	}
 	return bin
 }

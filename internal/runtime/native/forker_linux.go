@@ -6,60 +6,29 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	goruntime "runtime"
 	"strconv"
 	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/paddock-dev/paddock/internal/guestapi"
-	"github.com/paddock-dev/paddock/internal/reaper"
+	"github.com/paddock-dev/paddock/internal/guestfork"
 )
 
-// The forker is a small helper process (`paddock guest-forker`) that forks
-// guests for the daemon. Forking into a new user namespace cannot use
-// vfork (the child waits for its uid map), so it copies the forking
-// process's page tables, and every page the forking process writes
-// afterwards costs a copy-on-write fault. Forking from the daemon would
-// make the requests it serves right after a create slow; the forker is
-// idle and small. It runs at a low priority, and so do the guests it forks
-// until the daemon hands one a sandbox: getting guests ready ahead of time
-// must not slow down the sandboxes in use.
-//
-// The forker runs in its own mount namespace holding only what a guest
-// needs before it pivots into its sandbox's root (see isolateMounts): a
-// guest's mount namespace is a copy of its forker's, and a copy of the
-// host's would keep every host mount that existed at the fork (a loop
-// device, another daemon's disk, an operator's mount) alive for as long
-// as the guest waits in a pool, whatever the host unmounts meanwhile.
-
-// forkerNice is the forker's (and fresh guests') scheduling priority.
-const forkerNice = 10
-
-// Descriptors of a fork request, in order.
-const (
-	forkStdin = iota
-	forkLog
-	forkSync
-	forkListen
-	forkCgroup // v2 only: the cgroup to clone into
-)
+// The forker is a small helper process (the guest binary's
+// `guest-forker`, internal/guestfork) that forks guests for the daemon.
+// Forking into a new user namespace cannot use vfork (the child waits for
+// its uid map), so it copies the forking process's page tables, and every
+// page the forking process writes afterwards costs a copy-on-write fault.
+// Forking from the daemon would make the requests it serves right after a
+// create slow; the forker is idle and small. It runs at a low priority,
+// and so do the guests it forks until the daemon hands one a sandbox:
+// getting guests ready ahead of time must not slow down the sandboxes in
+// use. It runs in its own mount namespace holding only what a guest needs
+// before it pivots into its sandbox's root (guestfork's isolateMounts).
 
 // forkRequest asks the forker for a guest.
-type forkRequest struct {
-	UIDBase   uint32 `json:"uid_base"`
-	UseCgroup bool   `json:"use_cgroup"`
-	// Urgent forks the guest at the normal priority: a sandbox waits for
-	// it (a resume, a create that found no warm guest).
-	Urgent bool `json:"urgent,omitempty"`
-}
-
-// forkReply answers a forkRequest; the guest's pidfd comes with it.
-type forkReply struct {
-	PID   int    `json:"pid"`
-	Error string `json:"error,omitempty"`
-}
+type forkRequest = guestfork.Request
 
 // forker is the daemon's handle on the helper process.
 type forker struct {
@@ -68,7 +37,8 @@ type forker struct {
 	cmd  *exec.Cmd
 }
 
-// startForker starts the helper with the sealed guest binary.
+// startForker starts the helper from the sealed guest binary, which it
+// also forks every guest from.
 func startForker(exe *os.File) (*forker, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -77,7 +47,7 @@ func startForker(exe *os.File) (*forker, error) {
 	ours := os.NewFile(uintptr(pair[0]), "forker")
 	theirs := os.NewFile(uintptr(pair[1]), "forker-child")
 	defer theirs.Close()
-	cmd := exec.Command(fmt.Sprintf("/proc/self/fd/%d", exe.Fd()), "guest-forker")
+	cmd := exec.Command(fmt.Sprintf("/proc/self/fd/%d", exe.Fd()), guestfork.ForkerVerb)
 	cmd.Args[0] = "paddock"
 	cmd.ExtraFiles = []*os.File{theirs, exe} // fds 3 and 4
 	cmd.Stderr = os.Stderr
@@ -108,7 +78,7 @@ func (f *forker) fork(req forkRequest, fds []int) (int, int, error) {
 	if err != nil || n == 0 {
 		return 0, -1, fmt.Errorf("reading the forker's answer: %v", err)
 	}
-	var rep forkReply
+	var rep guestfork.Reply
 	if err := json.Unmarshal(buf[:n], &rep); err != nil {
 		return 0, -1, fmt.Errorf("decoding the forker's answer: %w", err)
 	}
@@ -132,190 +102,6 @@ func (f *forker) close() {
 	f.sock.Close()
 	f.cmd.Process.Kill()
 	f.cmd.Wait()
-}
-
-// RunForker is the helper process: it serves fork requests on fd 3 until
-// the daemon closes it, forking from the sealed binary on fd 4, and reaps
-// the guests it forked.
-func RunForker() error {
-	if err := isolateMounts(); err != nil {
-		return err
-	}
-	sock := os.NewFile(3, "forker")
-	// The guest's own descriptors take 0-4 in the child: keep the binary
-	// out of their way, or exec would find a socket at its path.
-	exeFD, err := unix.FcntlInt(4, unix.F_DUPFD_CLOEXEC, 64)
-	if err != nil {
-		return fmt.Errorf("moving the guest binary's fd: %w", err)
-	}
-	unix.Close(4)
-	exe := os.NewFile(uintptr(exeFD), "guest-exe")
-	lowerPriority()
-	go reaper.Run(reaper.Watch(), nil) // the guests this process forked
-	buf := make([]byte, 4096)
-	oob := make([]byte, unix.CmsgSpace(8*4))
-	for {
-		n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if err != nil || n == 0 {
-			return err // the daemon is gone
-		}
-		var fds []int
-		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
-		for _, m := range msgs {
-			if got, err := unix.ParseUnixRights(&m); err == nil {
-				fds = append(fds, got...)
-			}
-		}
-		var req forkRequest
-		pid, pidfd, err := -1, -1, json.Unmarshal(buf[:n], &req)
-		if err == nil {
-			pid, pidfd, err = forkAt(exe, req, fds)
-		}
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		rep := forkReply{PID: pid}
-		var rights []byte
-		if err != nil {
-			rep.Error = err.Error()
-		} else {
-			rights = unix.UnixRights(pidfd)
-		}
-		b, _ := json.Marshal(rep)
-		err = unix.Sendmsg(int(sock.Fd()), b, rights, nil, 0)
-		if pidfd >= 0 {
-			unix.Close(pidfd)
-		}
-		if err != nil {
-			return err
-		}
-	}
-}
-
-// forkAt forks the guest from a thread at the priority it should start
-// with: the forker's own, or the normal one for an urgent request (a child
-// inherits the nice value of the thread that forks it).
-func forkAt(exe *os.File, req forkRequest, fds []int) (int, int, error) {
-	if !req.Urgent {
-		return forkGuest(exe, req, fds)
-	}
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	unix.Setpriority(unix.PRIO_PROCESS, 0, 0) // 0: this thread
-	defer unix.Setpriority(unix.PRIO_PROCESS, 0, forkerNice)
-	return forkGuest(exe, req, fds)
-}
-
-// forkGuest starts a guest in new user, mount, pid, net, ipc and uts
-// namespaces with root mapped to req.UIDBase.
-func forkGuest(exe *os.File, req forkRequest, fds []int) (pid, pidfd int, err error) {
-	need := forkCgroup
-	if req.UseCgroup {
-		need++
-	}
-	if len(fds) != need {
-		return -1, -1, fmt.Errorf("fork request carries %d fds, want %d", len(fds), need)
-	}
-	pidfd = -1
-	sys := &syscall.SysProcAttr{
-		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
-			unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
-		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(req.UIDBase), Size: idRange}},
-		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(req.UIDBase), Size: idRange}},
-		GidMappingsEnableSetgroups: true,
-		// Our host uid (0) is unmapped in the new namespace: become its
-		// root before exec, or exec drops every capability.
-		Credential: &syscall.Credential{Uid: 0, Gid: 0},
-		Setsid:     true,
-		PidFD:      &pidfd,
-	}
-	if req.UseCgroup {
-		sys.UseCgroupFD = true
-		sys.CgroupFD = fds[forkCgroup]
-	}
-	pid, err = syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", exe.Fd()), []string{"paddock", "guest"}, &syscall.ProcAttr{
-		Env:   []string{},
-		Files: []uintptr{uintptr(fds[forkStdin]), uintptr(fds[forkLog]), uintptr(fds[forkLog]), uintptr(fds[forkSync]), uintptr(fds[forkListen])},
-		Sys:   sys,
-	})
-	if err != nil {
-		return -1, -1, fmt.Errorf("starting guest: %w", err)
-	}
-	return pid, pidfd, nil
-}
-
-// isolateMounts replaces the forker's copy of the host's mount table with
-// a minimal root: a read-only tmpfs holding /tmp (where a guest stages its
-// root), fresh proc and sysfs instances (the kernel lets a user namespace
-// mount proc and sysfs only where one is already fully visible, and /proc
-// serves the forker's and guests' /proc/self), and the devices guests
-// bind. The host's tree is detached at once, so neither the forker nor a
-// guest forked from it holds a host mount.
-func isolateMounts() error {
-	// The daemon started us in a new mount namespace; nothing done here
-	// may reach the host's.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("making mounts private: %w", err)
-	}
-	// Any directory of the host's tree serves as the mount point: the
-	// tmpfs becomes the root below.
-	const top = "/tmp"
-	if err := unix.Mount("tmpfs", top, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=16k"); err != nil {
-		return fmt.Errorf("mounting the forker's root: %w", err)
-	}
-	for _, d := range []string{"proc", "sys", "dev", "tmp"} {
-		if err := unix.Mkdir(top+"/"+d, 0o755); err != nil {
-			return fmt.Errorf("creating /%s: %w", d, err)
-		}
-	}
-	for _, d := range guestapi.Devices {
-		target := top + "/dev/" + d
-		fd, err := unix.Open(target, unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_RDONLY, 0o644)
-		if err != nil {
-			return fmt.Errorf("creating /dev/%s: %w", d, err)
-		}
-		unix.Close(fd)
-		if err := unix.Mount("/dev/"+d, target, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("binding /dev/%s: %w", d, err)
-		}
-	}
-	// The flags a guest's own proc and sysfs are mounted with, or fewer:
-	// a new instance may not be less restricted than the visible one.
-	if err := unix.Mount("proc", top+"/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mounting proc: %w", err)
-	}
-	if err := unix.Mount("sysfs", top+"/sys", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mounting sysfs: %w", err)
-	}
-	if err := unix.Chdir(top); err != nil {
-		return fmt.Errorf("entering the forker's root: %w", err)
-	}
-	// runc's pivot_root(".", ".") idiom: the old root ends up on top of
-	// the new one and is detached right away.
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivot_root: %w", err)
-	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detaching the host's root: %w", err)
-	}
-	if err := unix.Chdir("/"); err != nil {
-		return err
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("making the forker's root read-only: %w", err)
-	}
-	return nil
-}
-
-// lowerPriority sets every thread of this process to forkerNice; threads
-// started later inherit it from the one that starts them.
-func lowerPriority() {
-	tasks, _ := os.ReadDir("/proc/self/task")
-	for _, t := range tasks {
-		if tid, err := strconv.Atoi(t.Name()); err == nil {
-			unix.Setpriority(unix.PRIO_PROCESS, tid, forkerNice)
-		}
-	}
 }
 
 // raisePriority gives every thread of process pid the normal priority.

@@ -1,6 +1,7 @@
 package native
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/guestbin"
+	"github.com/paddock-dev/paddock/internal/guestfork"
 	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
@@ -49,20 +52,29 @@ type guestProc struct {
 	raised bool
 }
 
-// sealedSelf copies the guest binary (path, or the running binary when
-// path is empty) into a sealed memfd. Guests are exec'd from it, so
-// /proc/1/exe in a sandbox is this memfd: nothing can write it
-// (F_SEAL_WRITE), and the host's binary is never exposed (CVE-2019-5736).
-// One copy serves every sandbox.
+// sealedSelf copies the guest binary into a sealed memfd: the binary at
+// path; when path is empty, the slim guest this build embeds
+// (internal/guestbin), or else the running binary. The forker and every
+// guest are exec'd from it, so /proc/1/exe in a sandbox is this memfd:
+// nothing can write it (F_SEAL_WRITE), and the host's binary is never
+// exposed (CVE-2019-5736). One copy serves every sandbox.
 func sealedSelf(path string) (*os.File, error) {
-	if path == "" {
+	var src io.Reader
+	switch {
+	case path != "":
+	case guestbin.Embedded():
+		src = bytes.NewReader(guestbin.Binary())
+	default:
 		path = "/proc/self/exe"
 	}
-	src, err := os.Open(path)
-	if err != nil {
-		return nil, err
+	if src == nil {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		src = f
 	}
-	defer src.Close()
 	fd, err := unix.MemfdCreate("paddock-guest", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
@@ -129,8 +141,8 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 	}
 	defer devNull.Close()
 
-	fds := []int{int(devNull.Fd()), int(logFile.Fd()), int(childSync.Fd()), int(lnFile.Fd())}
-	req := forkRequest{UIDBase: uidBase, Urgent: !warm}
+	fds := []int{guestfork.FDStdin: int(devNull.Fd()), guestfork.FDLog: int(logFile.Fd()), guestfork.FDSync: int(childSync.Fd()), guestfork.FDListen: int(lnFile.Fd())}
+	req := forkRequest{UIDBase: uidBase, IDs: idRange, Urgent: !warm}
 	if r.cfg.Cgroups.Mode() == cgroup.V2 {
 		cgfd, err := cg.OpenDirFD()
 		if err != nil {

@@ -57,9 +57,10 @@ type Config struct {
 	// BlankGuests is how many guests to keep started but bound to no
 	// image or disk, for the starts no warm pool serves (blank_linux.go).
 	BlankGuests int
-	// GuestBinary is the static paddock binary exec'd as each guest (and
-	// the forker); empty means this process's own. Tests, whose binary is
-	// not paddock, set it.
+	// GuestBinary is a static binary with the guest verbs (paddock-guest,
+	// or paddock itself) exec'd as the forker and each guest; empty means
+	// the slim guest this build embeds (internal/guestbin), or else this
+	// process's own binary. Tests, whose binary is not paddock, set it.
 	GuestBinary string
 	// Network wires each sandbox's network namespace to the egress path;
 	// nil leaves sandboxes with loopback only.
@@ -71,7 +72,7 @@ type Config struct {
 type Runtime struct {
 	cfg      Config
 	log      *slog.Logger
-	guestExe *os.File // sealed copy of our binary, exec'd as each guest
+	guestExe *os.File // sealed copy of the guest binary (sealedSelf)
 	warmDir  string   // run dirs of warm guests, until a create takes one
 	blankDir string   // run dirs of blank guests (blank_linux.go)
 

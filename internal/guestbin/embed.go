@@ -1,0 +1,8 @@
+//go:build embedguest
+
+package guestbin
+
+import _ "embed"
+
+//go:embed paddock-guest
+var binary []byte

@@ -1,0 +1,5 @@
+//go:build !embedguest
+
+package guestbin
+
+var binary []byte
