@@ -152,6 +152,16 @@ func (d *daemon) stop() error {
 	return nil
 }
 
+// kill sends the daemon SIGKILL, as a crash would, and waits until it is
+// gone. Its sandboxes and helpers are left as the kill left them.
+func (d *daemon) kill() {
+	if !d.running() {
+		return
+	}
+	d.cmd.Process.Kill()
+	<-d.exited
+}
+
 // rss is the daemon's resident set size.
 func (d *daemon) rss() (int64, error) { return procStatusBytes(d.pid(), "VmRSS") }
 

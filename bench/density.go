@@ -3,15 +3,52 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 )
 
 const (
-	densityCount  = 100
 	densitySettle = 2 * time.Second
+	// densityDisk is each density sandbox's disk: the host's free space
+	// times the bench's --disk-overcommit cannot promise a thousand disks
+	// of the default 10 GiB (see densityMethod).
+	densityDisk = 256 << 20
+	// densityCPUs and densityMemory are each density sandbox's limits:
+	// admission (CPU ×256 and memory ×16 of the host's, by default) would
+	// refuse the thousandth sandbox of the default 2 CPUs and 1 GiB.
+	densityCPUs   = 0.25
+	densityMemory = 256 << 20
+	// densityCalibrate sandboxes are started first; what they cost is
+	// projected to the whole count and checked against the host's limits.
+	densityCalibrate = 20
+	densityRTTs      = 100
+	densityRTTWarmup = 20
+	densityRSSWait   = 10 * time.Second // for the daemon's RSS to fall back after the removals
+
+	densityMemMax    = 3 << 20
+	densityRSSMax    = 100 << 10
+	densityRTTRatio  = 1.2
+	densityAfterFrac = 0.10
+	// maxSandboxes is the daemon's cap on uid ranges in use.
+	maxSandboxes = 4096
 )
+
+// densityCount is how many sandboxes the density section starts (issue
+// 21: 1000); -density lowers it for development.
+var densityCount = 1000
+
+func densityRequest() api.CreateRequest {
+	return api.CreateRequest{Resources: api.Resources{CPUs: densityCPUs, MemoryBytes: densityMemory, DiskBytes: densityDisk}}
+}
 
 // memSnapshot is the host's and the daemon's memory at one moment.
 type memSnapshot struct {
@@ -37,25 +74,32 @@ type sandboxMemory struct {
 	GuestPSS  int64 // the same with shared pages split among sharers
 	ProcsRSS  int64 // every process in the sandbox's cgroup
 	Procs     int
+	Threads   int   // tasks of those processes (each takes a pid and a kernel stack)
 	CgroupMem int64 // the sandbox's memory cgroup charge (-1 if unreadable)
 }
 
 // densityRun is what the density benchmark measured.
 type densityRun struct {
+	Count               int // sandboxes asked for
 	Before, With, After memSnapshot
+	AfterWait           time.Duration // removal → the After reading
 	Starts, Removes     []time.Duration
 	StartTotal          time.Duration
 	RemoveTotal         time.Duration
 	Sandboxes           []sandboxMemory
 	Sleeping            int // sandboxes whose sleep was running
+	Running             int // sandboxes List reported running
+	RTTOne, RTTMany     []time.Duration
+	Projection          []string // the host limits checked before the bulk start
 }
 
-// benchDensity starts 100 sandboxes back to back, each with `sleep 3600`
+// benchDensity starts densityCount sandboxes, each with `sleep 3600`
 // started through ExecStream and its stream closed (the process keeps
-// running), measures what they cost the host, and removes them.
+// running), measures what they cost the host and an exec round trip into
+// one of them, and removes them.
 func benchDensity(ctx context.Context, r *rig) *section {
 	s := &section{Method: densityMethod()}
-	var d densityRun
+	d := densityRun{Count: densityCount}
 	s.Err = r.density(ctx, &d)
 	densityTable(s, &d)
 	s.Bars = densityBars(&d)
@@ -63,32 +107,76 @@ func benchDensity(ctx context.Context, r *rig) *section {
 }
 
 func (r *rig) density(ctx context.Context, d *densityRun) error {
+	req := densityRequest()
 	// One sandbox first, so that one-time costs are not in the numbers.
-	if err := r.withSandbox(ctx, api.CreateRequest{}, func(string) error { return nil }); err != nil {
+	if err := r.withSandbox(ctx, req, func(string) error { return nil }); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
-	r.idle(ctx)
+	if err := r.waitFullPool(ctx, defaultPool); err != nil {
+		return err
+	}
 	var err error
 	if d.Before, err = r.memSnapshot(); err != nil {
 		return err
 	}
-	var ids []string
-	defer func() { r.removeAll(ids) }() // what the timed removal below did not get to
-	t0 := time.Now()
-	for i := 0; i < densityCount; i++ {
-		t1 := time.Now()
-		id, err := r.startSleeper(ctx)
-		took := time.Since(t1)
-		if id != "" {
-			ids = append(ids, id)
-		}
-		if err != nil {
-			d.StartTotal = time.Since(t0)
-			return fmt.Errorf("sandbox %d: %w", i+1, err)
-		}
-		d.Starts = append(d.Starts, took)
+	if d.Count > maxSandboxes {
+		return fmt.Errorf("%d sandboxes asked for; the daemon gives out at most %d uid ranges", d.Count, maxSandboxes)
 	}
-	d.StartTotal = time.Since(t0)
+	var (
+		mu  sync.Mutex
+		ids []string
+	)
+	// What the timed removal below did not get to.
+	defer func() { r.removeConcurrently(ids, startWorkers) }()
+	start := func(ctx context.Context, n int) error {
+		t0 := time.Now()
+		made, err := r.startMany(ctx, n, startWorkers, func(ctx context.Context) (string, error) {
+			t1 := time.Now()
+			id, err := r.startSleeper(ctx, req)
+			took := time.Since(t1)
+			if err == nil {
+				mu.Lock()
+				d.Starts = append(d.Starts, took)
+				mu.Unlock()
+			}
+			return id, err
+		})
+		d.StartTotal += time.Since(t0)
+		ids = append(ids, made...)
+		return err
+	}
+
+	// The round trip with one sandbox, in the first of them.
+	if err := start(ctx, 1); err != nil {
+		return err
+	}
+	r.idle(ctx)
+	if d.RTTOne, err = r.rtts(ctx, ids[0]); err != nil {
+		return err
+	}
+	// A few more, whose cost is projected to the whole count and checked
+	// against the host's limits before the rest start.
+	cal := min(densityCalibrate, d.Count) - 1
+	h0, err := r.hostLimits()
+	if err != nil {
+		return err
+	}
+	if err := start(ctx, cal); err != nil {
+		return err
+	}
+	r.idle(ctx)
+	h1, err := r.hostLimits()
+	if err != nil {
+		return err
+	}
+	var problems []string
+	d.Projection, problems = project(h0, h1, cal, d.Count-len(ids))
+	if len(problems) > 0 {
+		return fmt.Errorf("%d sandboxes would not fit this host (projected from %d): %s", d.Count, cal, strings.Join(problems, "; "))
+	}
+	if err := start(ctx, d.Count-len(ids)); err != nil {
+		return err
+	}
 	r.log.Info("density: sandboxes running", "count", len(ids), "took", d.StartTotal.Round(time.Millisecond))
 
 	time.Sleep(densitySettle)
@@ -96,23 +184,83 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 	if d.With, err = r.memSnapshot(); err != nil {
 		return err
 	}
+	if d.Running, err = r.countRunning(ctx, ids); err != nil {
+		return err
+	}
 	if err := r.measureSandboxes(ctx, ids, d); err != nil {
 		return err
 	}
-	if err := r.timedRemove(ctx, ids, d); err != nil {
+	r.idle(ctx)
+	if d.RTTMany, err = r.rtts(ctx, ids[0]); err != nil {
+		return err
+	}
+	if err := r.timedRemove(ids, d); err != nil {
 		return err
 	}
 	ids = nil
+	return r.rssAfter(ctx, d)
+}
+
+// rtts takes densityRTTs exec round trips of `true` in a sandbox, after
+// warm-ups.
+func (r *rig) rtts(ctx context.Context, id string) ([]time.Duration, error) {
+	var out []time.Duration
+	for i := range densityRTTWarmup + densityRTTs {
+		d, err := r.execTrue(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("exec round trip %d: %w", i+1, err)
+		}
+		if i >= densityRTTWarmup {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+// countRunning counts the sandboxes of ids that List reports running.
+func (r *rig) countRunning(ctx context.Context, ids []string) (int, error) {
+	list, err := r.client.List(ctx, client.ListOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	n := 0
+	for _, sb := range list {
+		if want[sb.ID] && sb.State == api.StateRunning {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// rssAfter reads the daemon's RSS after the removals: at densitySettle,
+// then again until it is within densityAfterFrac of its start or
+// densityRSSWait has passed (the Go runtime returns freed pages over
+// time).
+func (r *rig) rssAfter(ctx context.Context, d *densityRun) error {
+	t0 := time.Now()
 	time.Sleep(densitySettle)
-	r.idle(ctx)
-	d.After, err = r.memSnapshot()
-	return err
+	for {
+		r.idle(ctx)
+		var err error
+		if d.After, err = r.memSnapshot(); err != nil {
+			return err
+		}
+		d.AfterWait = time.Since(t0)
+		if float64(d.After.DaemonRSS) <= float64(d.Before.DaemonRSS)*(1+densityAfterFrac) || d.AfterWait > densityRSSWait || ctx.Err() != nil {
+			return nil
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // startSleeper creates a sandbox and starts `sleep 3600` in it without
 // waiting for it: the stream is closed once the process runs.
-func (r *rig) startSleeper(ctx context.Context) (string, error) {
-	sb, err := r.create(ctx, api.CreateRequest{})
+func (r *rig) startSleeper(ctx context.Context, req api.CreateRequest) (string, error) {
+	sb, err := r.create(ctx, req)
 	if err != nil {
 		return "", err
 	}
@@ -122,6 +270,120 @@ func (r *rig) startSleeper(ctx context.Context) (string, error) {
 	}
 	st.Close()
 	return sb.ID, nil
+}
+
+// hostLimit is one of the host's limits a thousand sandboxes may reach:
+// what is used now and what is available.
+type hostLimit struct {
+	Name      string
+	Used      int64
+	Available int64 // beyond Used; -1 if unbounded
+	Unit      func(int64) string
+}
+
+// hostLimits reads the limits the density run may reach: the daemon's
+// open files against its RLIMIT_NOFILE, the host's tasks against pid_max,
+// MemAvailable, and the free space below the daemon's storage.
+func (r *rig) hostLimits() ([]hostLimit, error) {
+	pid := r.daemon.pid()
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return nil, fmt.Errorf("counting the daemon's open files: %w", err)
+	}
+	nofile, err := softLimit(pid, "Max open files")
+	if err != nil {
+		return nil, err
+	}
+	tasks, err := hostTasks()
+	if err != nil {
+		return nil, err
+	}
+	pidMax, err := readInt("/proc/sys/kernel/pid_max")
+	if err != nil {
+		return nil, err
+	}
+	avail, err := memAvailable()
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(r.root, &st); err != nil {
+		return nil, fmt.Errorf("reading the host's free space: %w", err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	count := func(n int64) string { return fmt.Sprint(n) }
+	// Margins: what the rest of the host (other work, the bench) needs.
+	return []hostLimit{
+		{"the daemon's open files (RLIMIT_NOFILE)", int64(len(fds)), nofile - int64(len(fds)) - 256, count},
+		{"tasks on the host (kernel.pid_max)", tasks, pidMax - tasks - 2048, count},
+		{"MemAvailable", 0, avail - 1<<30, mib},
+		{"free space below the daemon's storage", 0, free - 1<<30, mib},
+	}, nil
+}
+
+// project scales what cal sandboxes cost (between before and after) to
+// more sandboxes, and says which limit they would exceed.
+func project(before, after []hostLimit, cal, more int) (lines, problems []string) {
+	for i, a := range after {
+		b := before[i]
+		// Used grows, or Available shrinks (for those read as a level).
+		per := (a.Used - b.Used) - (a.Available - b.Available)
+		if cal <= 0 || per <= 0 {
+			continue
+		}
+		per /= int64(cal)
+		need := per * int64(more)
+		lines = append(lines, fmt.Sprintf("%s: %s per sandbox, %s for %d more, %s left", a.Name, a.Unit(per), a.Unit(need), more, a.Unit(a.Available)))
+		if need > a.Available {
+			problems = append(problems, fmt.Sprintf("%s: %d more need about %s, %s left", a.Name, more, a.Unit(need), a.Unit(a.Available)))
+		}
+	}
+	return lines, problems
+}
+
+// softLimit reads a soft limit of /proc/<pid>/limits.
+func softLimit(pid int, name string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, name); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				if f[0] == "unlimited" {
+					return math.MaxInt64 / 2, nil
+				}
+				return strconv.ParseInt(f[0], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/limits has no %q", pid, name)
+}
+
+// hostTasks counts the threads on the host (each takes a pid).
+func hostTasks() (int64, error) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 4 {
+		return 0, fmt.Errorf("parsing /proc/loadavg")
+	}
+	_, total, ok := strings.Cut(f[3], "/")
+	if !ok {
+		return 0, fmt.Errorf("parsing /proc/loadavg")
+	}
+	return strconv.ParseInt(total, 10, 64)
+}
+
+func readInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
 func (r *rig) measureSandboxes(ctx context.Context, ids []string, d *densityRun) error {
@@ -148,6 +410,9 @@ func (r *rig) measureSandboxes(ctx context.Context, ids []string, d *densityRun)
 				m.ProcsRSS += rss
 				m.Procs++
 			}
+			if n, err := kbField(fmt.Sprintf("/proc/%d/status", pid), "Threads"); err == nil {
+				m.Threads += int(n >> 10) // kbField reads a count as kB
+			}
 			if st, err := readProcStat(pid); err == nil && st.Comm == "sleep" {
 				d.Sleeping++
 			}
@@ -157,31 +422,53 @@ func (r *rig) measureSandboxes(ctx context.Context, ids []string, d *densityRun)
 	return nil
 }
 
-func (r *rig) timedRemove(ctx context.Context, ids []string, d *densityRun) error {
+// timedRemove deletes the sandboxes, startWorkers at a time, timing each
+// delete and the whole.
+func (r *rig) timedRemove(ids []string, d *densityRun) error {
+	var mu sync.Mutex
 	t0 := time.Now()
-	for _, id := range ids {
+	_, err := r.startMany(context.Background(), len(ids), startWorkers, func(ctx context.Context) (string, error) {
+		mu.Lock()
+		id := ids[0]
+		ids = ids[1:]
+		mu.Unlock()
 		t1 := time.Now()
-		if err := r.remove(ctx, id); err != nil {
-			return err
-		}
-		d.Removes = append(d.Removes, time.Since(t1))
-	}
+		err := r.remove(ctx, id)
+		took := time.Since(t1)
+		mu.Lock()
+		d.Removes = append(d.Removes, took)
+		mu.Unlock()
+		return "", err
+	})
 	d.RemoveTotal = time.Since(t0)
-	return nil
+	return err
 }
 
 func densityMethod() []string {
 	return []string{
-		fmt.Sprintf("After one warm-up sandbox, %d sandboxes are started back to back (default image and limits). "+
+		fmt.Sprintf("After one warm-up sandbox, %d sandboxes are started, %d creates at a time (as fast as the daemon serves them). "+
 			"Each start is `Create` then `ExecStream(sleep 3600)`, whose stream is closed as soon as the process runs; "+
-			"the clock runs around both calls.", densityCount),
+			"the clock of a start runs around both calls, the total from the first to the last.", densityCount, startWorkers),
+		fmt.Sprintf("Each sandbox asks for %.2g CPU, %s of memory and a %s disk instead of the defaults (2 CPUs, 1 GiB, 10 GiB): with the daemon's "+
+			"default admission (CPU limits up to 256× the host's CPUs, memory limits up to 16× its memory) the 257th sandbox of 2 CPUs would be "+
+			"refused, and the host's free disk space times the bench's `--disk-overcommit 100` cannot promise a thousand 10 GiB disks. "+
+			"An idle agent's sandbox needs neither; the limits cap a sandbox, they do not reserve anything. Disks of a size other than the "+
+			"default are not served by the default pool's ready disks and warm guests: each is made and bound when it is asked for.",
+			densityCPUs, mib(densityMemory), mib(densityDisk)),
+		fmt.Sprintf("Before the bulk start, the first %d sandboxes' cost in the daemon's open files, the host's tasks, MemAvailable and the free "+
+			"space below the storage is projected to the whole count; the section fails with that message instead of running into a limit "+
+			"(the uid ranges are capped at %d by the daemon).", densityCalibrate, maxSandboxes),
 		fmt.Sprintf("Memory is read %s after the last start, once the daemon is idle: the daemon's VmRSS "+
 			"(/proc/PID/status), the host's MemAvailable (/proc/meminfo) against the same readings before the first start, "+
 			"and for each sandbox the VmRSS and PSS of its guest (host pid from `Get`: `runtime.host_pid`), the VmRSS of "+
-			"every process in its cgroup, and its memory cgroup's charge.", densitySettle),
+			"every process in its cgroup, and its memory cgroup's charge. `List` is checked to report every sandbox running.", densitySettle),
 		"MemAvailable also moves with unrelated activity on the host and with the page cache of the sandboxes' disk images: " +
 			"read it as an estimate. RSS counts shared pages in every process that maps them; PSS splits them.",
-		"Then the sandboxes are removed one by one (`Delete` with force), timed, and the daemon's RSS is read again.",
+		fmt.Sprintf("**exec round trip**: %d SDK round trips of `true` (after %d warm-ups) in the first sandbox, once while it is the only one "+
+			"the harness made (the pools full) and again with all of them running.", densityRTTs, densityRTTWarmup),
+		fmt.Sprintf("Then the sandboxes are removed, %d deletes at a time (`Delete` with force), each timed; the daemon's RSS is read "+
+			"%s later, and again every half second until it is within %.0f%% of its start or %s have passed.",
+			startWorkers, densitySettle, densityAfterFrac*100, densityRSSWait),
 	}
 }
 
@@ -189,18 +476,19 @@ func densityTable(s *section, d *densityRun) {
 	t := table{Header: []string{"measure", "value"}}
 	if len(d.Starts) > 0 {
 		sm := summarize(d.Starts)
-		t.add(fmt.Sprintf("start %d sandboxes back to back", len(d.Starts)),
+		t.add(fmt.Sprintf("start %d sandboxes, %d at a time", len(d.Starts), startWorkers),
 			fmt.Sprintf("%s total; per sandbox median %s, p90 %s, max %s", seconds(d.StartTotal), ms(sm.Median), ms(sm.P90), ms(sm.Max)))
 	}
 	if len(d.Sandboxes) > 0 {
 		n := int64(len(d.Sandboxes))
-		t.add("sandboxes whose `sleep` was running when measured", fmt.Sprintf("%d of %d", d.Sleeping, n))
-		t.add("daemon RSS: before / with them / after removing them", fmt.Sprintf("%s / %s / %s", mib(d.Before.DaemonRSS), mib(d.With.DaemonRSS), afterRSS(d)))
+		t.add("sandboxes `List` reported running / whose `sleep` was running when measured", fmt.Sprintf("%d / %d of %d", d.Running, d.Sleeping, n))
+		t.add("daemon RSS: before / with them / after removing them", fmt.Sprintf("%s / %s / %s (read %s after the removals)", mib(d.Before.DaemonRSS), mib(d.With.DaemonRSS), afterRSS(d), seconds(d.AfterWait)))
 		t.add("daemon RSS growth per sandbox", mib((d.With.DaemonRSS-d.Before.DaemonRSS)/n))
 		t.add("host MemAvailable drop ÷ sandboxes", mib((d.Before.Available-d.With.Available)/n))
 		var guest, pss, procs, cg int64
-		var nproc, ncg int
+		var nproc, ncg, threads int
 		for _, m := range d.Sandboxes {
+			threads += m.Threads
 			guest += m.GuestRSS
 			pss += m.GuestPSS
 			procs += m.ProcsRSS
@@ -212,17 +500,28 @@ func densityTable(s *section, d *densityRun) {
 		}
 		t.add("guest (PID 1) RSS: sum / per sandbox", fmt.Sprintf("%s / %s", mib(guest), mib(guest/n)))
 		t.add("guest PSS per sandbox", mib(pss/n))
-		t.add("RSS of every process in a sandbox (guest + sleep) per sandbox", fmt.Sprintf("%s (%.1f processes each)", mib(procs/n), float64(nproc)/float64(n)))
+		t.add("RSS of every process in a sandbox (guest + sleep) per sandbox", fmt.Sprintf("%s (%.1f processes, %.1f threads each)", mib(procs/n), float64(nproc)/float64(n), float64(threads)/float64(n)))
 		if ncg > 0 {
 			t.add("memory cgroup charge per sandbox", mib(cg/int64(ncg)))
 		}
 	}
+	if len(d.RTTOne) > 0 {
+		one := summarize(d.RTTOne)
+		t.add("exec round trip of `true`, one sandbox: median (p90)", fmt.Sprintf("%s (%s)", ms(one.Median), ms(one.P90)))
+		if len(d.RTTMany) > 0 {
+			many := summarize(d.RTTMany)
+			t.add(fmt.Sprintf("the same with %d running: median (p90), ÷ one", len(d.Sandboxes)), fmt.Sprintf("%s (%s), %s", ms(many.Median), ms(many.P90), ratio(many.Median, one.Median)))
+		}
+	}
 	if len(d.Removes) > 0 {
 		sm := summarize(d.Removes)
-		t.add(fmt.Sprintf("remove %d sandboxes one by one", len(d.Removes)),
+		t.add(fmt.Sprintf("remove %d sandboxes, %d at a time", len(d.Removes), startWorkers),
 			fmt.Sprintf("%s total; per sandbox median %s, p90 %s, max %s", seconds(d.RemoveTotal), ms(sm.Median), ms(sm.P90), ms(sm.Max)))
 	}
 	s.Tables = append(s.Tables, t)
+	if len(d.Projection) > 0 {
+		s.note("projected from the first %d sandboxes before the rest started: %s", densityCalibrate, strings.Join(d.Projection, "; "))
+	}
 	if len(d.Sandboxes) > 0 && d.Sleeping < len(d.Sandboxes) {
 		s.note("only %d of %d sandboxes still ran their `sleep` when measured: closing an exec stream may have ended the process", d.Sleeping, len(d.Sandboxes))
 	}
@@ -240,14 +539,38 @@ func afterRSS(d *densityRun) string {
 }
 
 func densityBars(d *densityRun) []bar {
-	b := bar{Issue: 2, What: fmt.Sprintf("%d sandboxes running sleep: daemon RSS and per-sandbox host memory", densityCount),
+	b := bar{Issue: 2, What: fmt.Sprintf("%d sandboxes running sleep: daemon RSS and per-sandbox host memory", d.Count),
 		Target: "reported", Value: noPeerValue, Verdict: notMeasured}
-	if n := int64(len(d.Sandboxes)); n == densityCount {
-		b.Value = fmt.Sprintf("daemon RSS %s → %s; per sandbox %s (MemAvailable drop), guest RSS %s",
-			mib(d.Before.DaemonRSS), mib(d.With.DaemonRSS), mib((d.Before.Available-d.With.Available)/n), mib(sumGuestRSS(d)/n))
-		b.Verdict = reported
+	what := fmt.Sprintf("%d idle sandboxes (each running sleep): ", d.Count)
+	running := bar{Issue: 21, What: what + "all running", Target: fmt.Sprintf("%d of %d", d.Count, d.Count), Value: noPeerValue, Verdict: notMeasured}
+	avail := bar{Issue: 21, What: what + "host MemAvailable drop per sandbox", Target: "≤ 3 MiB", Value: noPeerValue, Verdict: notMeasured}
+	rss := bar{Issue: 21, What: what + "daemon RSS growth per sandbox", Target: "≤ 100 KiB", Value: noPeerValue, Verdict: notMeasured}
+	rtt := bar{Issue: 21, What: what + "exec round trip of `true` into one of them, median, ÷ with one sandbox", Target: "≤ 1.2×", Value: noPeerValue, Verdict: notMeasured}
+	after := bar{Issue: 21, What: what + "daemon RSS after removing them, vs its start", Target: "within 10%", Value: noPeerValue, Verdict: notMeasured}
+	n := int64(len(d.Sandboxes))
+	if n != int64(d.Count) || n == 0 {
+		return []bar{b, running, avail, rss, rtt, after}
 	}
-	return []bar{b}
+	drop, growth := (d.Before.Available-d.With.Available)/n, (d.With.DaemonRSS-d.Before.DaemonRSS)/n
+	b.Value = fmt.Sprintf("daemon RSS %s → %s; per sandbox %s (MemAvailable drop), guest RSS %s",
+		mib(d.Before.DaemonRSS), mib(d.With.DaemonRSS), mib(drop), mib(sumGuestRSS(d)/n))
+	b.Verdict = reported
+	running.Value = fmt.Sprintf("%d running per List, %d with their sleep", d.Running, d.Sleeping)
+	running.Verdict = check(d.Running == d.Count && d.Sleeping == d.Count)
+	avail.Value, avail.Verdict = mib(drop), check(drop <= densityMemMax)
+	rss.Value = fmt.Sprintf("%s (%s → %s)", mib(growth), mib(d.Before.DaemonRSS), mib(d.With.DaemonRSS))
+	rss.Verdict = check(growth <= densityRSSMax)
+	if len(d.RTTOne) > 0 && len(d.RTTMany) > 0 {
+		one, many := summarize(d.RTTOne).Median, summarize(d.RTTMany).Median
+		rtt.Value = fmt.Sprintf("%s vs %s (%s)", ms(many), ms(one), ratio(many, one))
+		rtt.Verdict = check(float64(many) <= densityRTTRatio*float64(one))
+	}
+	if d.After.DaemonRSS > 0 {
+		after.Value = fmt.Sprintf("%s after vs %s at the start (%+.0f%%, read %s after the removals)", mib(d.After.DaemonRSS), mib(d.Before.DaemonRSS),
+			100*(float64(d.After.DaemonRSS)/float64(d.Before.DaemonRSS)-1), seconds(d.AfterWait))
+		after.Verdict = check(float64(d.After.DaemonRSS) <= float64(d.Before.DaemonRSS)*(1+densityAfterFrac))
+	}
+	return []bar{b, running, avail, rss, rtt, after}
 }
 
 func sumGuestRSS(d *densityRun) int64 {

@@ -50,7 +50,10 @@ func allBenchmarks() []benchmark {
 		{"cold", "Cold create → first output of `echo hi`", benchCold},
 		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
 		{"churn", "Churn: concurrent create → exec → delete loops", benchChurn},
-		{"density", fmt.Sprintf("%d sandboxes each running `sleep 3600`", densityCount), benchDensity},
+		{"burst", fmt.Sprintf("Burst: %d creates at once, each → first output of `echo hi`", burstSize), benchBurst},
+		{"delete", "Delete: the answer, the release of every part, and kill -9 during deletes", benchDelete},
+		{"refill", "Refill: exec round trip while another client drains the pool", benchRefill},
+		{"density", fmt.Sprintf("%d idle sandboxes, each running `sleep 3600`", densityCount), benchDensity},
 		{"stream", "Streaming through exec", benchStream},
 		{"files", "File upload and download through the files API", benchFiles},
 		{"telemetry", "Telemetry: metrics collection cost and resize latency", benchTelemetry},
@@ -82,12 +85,16 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.baselineRev, "baseline-rev", "", "the revision -baseline was built from (make bench BASE=REV sets it), for the reproduce line")
 	only := fs.String("only", "", "comma-separated benchmarks to run: "+strings.Join(benchmarkNames(), ","))
 	fs.DurationVar(&churnTime, "churn-time", churnTime, "how long each churn loop runs")
+	fs.IntVar(&densityCount, "density", densityCount, "sandboxes the density benchmark starts (issue 21's bar is for 1000)")
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "run the remaining benchmarks after one fails")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if densityCount < 2 {
+		return o, fmt.Errorf("-density must be at least 2, got %d", densityCount)
 	}
 	if o.n < 1 {
 		return o, fmt.Errorf("-n must be at least 1, got %d", o.n)

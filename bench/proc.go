@@ -52,6 +52,9 @@ type procStat struct {
 	Comm  string
 	State byte
 	PPID  int
+	// Start is the process's start time in clock ticks since boot: a pid
+	// with another start time is another process.
+	Start uint64
 }
 
 func readProcStat(pid int) (procStat, error) {
@@ -72,7 +75,11 @@ func readProcStat(pid int) (procStat, error) {
 	if err != nil {
 		return procStat{}, fmt.Errorf("parsing /proc/%d/stat: %w", pid, err)
 	}
-	return procStat{PID: pid, Comm: string(b[open+1 : end]), State: rest[0][0], PPID: ppid}, nil
+	st := procStat{PID: pid, Comm: string(b[open+1 : end]), State: rest[0][0], PPID: ppid}
+	if len(rest) > 19 {
+		st.Start, _ = strconv.ParseUint(rest[19], 10, 64)
+	}
+	return st, nil
 }
 
 // allPIDs lists the processes in /proc.

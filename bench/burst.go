@@ -1,0 +1,263 @@
+package main
+
+// Issue 21's burst bar: 50 creates released at once, each to the first
+// output of `echo hi`.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+)
+
+const (
+	burstSize   = 50
+	burstRounds = 4
+	burstP50Max = 30 * time.Millisecond
+	burstP99Max = 100 * time.Millisecond
+	defaultPool = "image:" + hostImage
+)
+
+// burstSample is one create of a burst.
+type burstSample struct {
+	ID      string
+	Created time.Duration // release → Create returned
+	First   time.Duration // release → first stdout byte of echo hi
+	Err     error
+}
+
+// burstRound is one burst of burstSize creates.
+type burstRound struct {
+	Samples       []burstSample
+	ReadyBefore   int // the default pool's ready guests at the release (GET /v1/pools)
+	ReadyAfter    int // the same once every create had answered
+	Target        int // the size the pool is kept at
+	FromPool      int // sandboxes whose id was a ready warm guest's at the release
+	Wall          time.Duration
+	FirstErr      error
+	Errors        int
+	DeleteErr     error
+	poolReadError error
+}
+
+func (b *burstRound) firsts() []time.Duration {
+	var out []time.Duration
+	for _, s := range b.Samples {
+		if s.Err == nil {
+			out = append(out, s.First)
+		}
+	}
+	return out
+}
+
+func burstMethod() []string {
+	return []string{
+		fmt.Sprintf("%d rounds. Before each the harness waits until the default image's pool (`%s`) is full again and the daemon is idle. "+
+			"Then %d goroutines, each already blocked on one channel, are released together by closing it; the clock of every sample "+
+			"starts at that release (one instant for all %d), so time a create spends queued in the client or the daemon is counted. "+
+			"Each goroutine calls `Create` (default image and limits) then `Exec(echo hi)`; its sample ends when the first stdout byte "+
+			"reaches the SDK's writer. Every output is checked to be `hi\\n`; a failed create or exec is an error, not a sample.",
+			burstRounds, defaultPool, burstSize, burstSize),
+		"One client object (the Go SDK's, its HTTP connections kept alive) serves all goroutines, as an agent platform's would.",
+		"**From the pool**: how many of the sandboxes have the id of a warm guest that was ready at the release (the daemon names a " +
+			"warm guest by the id it hands out; the harness lists `run/warm` just before the release). The rest were made during the " +
+			"burst: forked and bound on the spot, or refilled and handed out meanwhile. `GET /v1/pools` is read before the release and " +
+			"after the last create answered.",
+		"The round's sandboxes are deleted together after its last sample, outside every clock. p50 and p99 are nearest-rank, per round " +
+			"and over all rounds' samples pooled.",
+	}
+}
+
+// benchBurst releases burstSize creates at once, several rounds.
+func benchBurst(ctx context.Context, r *rig) *section {
+	s := &section{Method: burstMethod()}
+	var rounds []*burstRound
+	for i := range burstRounds {
+		if err := r.waitFullPool(ctx, defaultPool); err != nil {
+			s.Err = err
+			break
+		}
+		b, err := r.burst(ctx)
+		rounds = append(rounds, b)
+		if err != nil {
+			s.Err = fmt.Errorf("round %d: %w", i+1, err)
+			break
+		}
+		r.log.Info("burst", "round", i+1, "errors", b.Errors, "from_pool", b.FromPool)
+	}
+	burstTable(s, rounds)
+	s.Bars = burstBars(rounds)
+	return s
+}
+
+// waitFullPool waits until pool holds as many ready sandboxes as its
+// target, and the daemon is idle.
+func (r *rig) waitFullPool(ctx context.Context, pool string) error {
+	p, err := r.client.Pools(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the pools: %w", err)
+	}
+	return r.waitPool(ctx, pool, p.Target[pool])
+}
+
+// burst runs one round. Its error is one that ends the section (a failed
+// delete, an interrupt); failed creates are counted in the round.
+func (r *rig) burst(ctx context.Context) (*burstRound, error) {
+	b := &burstRound{Samples: make([]burstSample, burstSize)}
+	warm := warmIDs(r.root)
+	if p, err := r.client.Pools(ctx); err == nil {
+		b.ReadyBefore, b.Target = p.Ready[defaultPool], p.Target[defaultPool]
+	} else {
+		b.poolReadError = err
+	}
+	release := make(chan struct{})
+	var (
+		wg sync.WaitGroup
+		t0 time.Time // written before release is closed, read after
+	)
+	for i := range b.Samples {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-release
+			b.Samples[i] = r.burstOne(ctx, t0)
+		}()
+	}
+	t0 = time.Now()
+	close(release)
+	wg.Wait()
+	b.Wall = time.Since(t0)
+	if p, err := r.client.Pools(ctx); err == nil {
+		b.ReadyAfter = p.Ready[defaultPool]
+	} else {
+		b.poolReadError = err
+	}
+	var ids []string
+	for i := range b.Samples {
+		sm := &b.Samples[i]
+		if sm.ID != "" {
+			ids = append(ids, sm.ID)
+			if warm[sm.ID] {
+				b.FromPool++
+			}
+		}
+		if sm.Err != nil {
+			b.Errors++
+			if b.FirstErr == nil {
+				b.FirstErr = sm.Err
+			}
+		}
+	}
+	b.DeleteErr = r.removeConcurrently(ids, burstSize)
+	return b, errors.Join(b.DeleteErr, ctx.Err())
+}
+
+// burstOne is one goroutine's sample, timed from t0, the release.
+func (r *rig) burstOne(ctx context.Context, t0 time.Time) burstSample {
+	req := api.ExecRequest{Cmd: echoHi()}
+	sb, err := r.client.Create(ctx, api.CreateRequest{})
+	created := time.Since(t0)
+	if err != nil {
+		return burstSample{Err: fmt.Errorf("creating: %w", err)}
+	}
+	r.track(sb.ID)
+	out := &firstWrite{}
+	st, err := r.client.Exec(ctx, sb.ID, req, client.ExecIO{Stdout: out})
+	if err := errors.Join(execResult(req.Cmd, st, err, ""), wantOutput(toolSDK, out.buf.Bytes(), coldOutput)); err != nil {
+		return burstSample{ID: sb.ID, Err: err}
+	}
+	return burstSample{ID: sb.ID, Created: created, First: out.at.Sub(t0)}
+}
+
+// warmIDs are the ids of the warm guests ready now: the names under
+// run/warm, which a hand-out renames to the sandbox's directory.
+func warmIDs(root string) map[string]bool {
+	ents, _ := os.ReadDir(filepath.Join(root, "run", "warm"))
+	ids := make(map[string]bool, len(ents))
+	for _, e := range ents {
+		ids[e.Name()] = true
+	}
+	return ids
+}
+
+// removeConcurrently deletes sandboxes with up to n deletes at once,
+// without the caller's deadline (it runs on the way out too).
+func (r *rig) removeConcurrently(ids []string, n int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, max(n, 1))
+	)
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := r.remove(ctx, id); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func burstTable(s *section, rounds []*burstRound) {
+	t := table{Header: []string{"round", "served", "errors", "first output p50", "p90", "p99", "max", "Create p50", "from the pool", "pool ready before → after (target)", "wall"}}
+	var all, allCreated []time.Duration
+	var errs, served, fromPool int
+	for i, b := range rounds {
+		f := b.firsts()
+		var created []time.Duration
+		for _, sm := range b.Samples {
+			if sm.Err == nil {
+				created = append(created, sm.Created)
+			}
+		}
+		fs, cs := summarize(f), summarize(created)
+		t.add(fmt.Sprint(i+1), fmt.Sprintf("%d of %d", fs.N, burstSize), fmt.Sprint(b.Errors), ms(fs.Median), ms(fs.P90), ms(fs.P99), ms(fs.Max),
+			ms(cs.Median), fmt.Sprint(b.FromPool), fmt.Sprintf("%d → %d (%d)", b.ReadyBefore, b.ReadyAfter, b.Target), ms(b.Wall))
+		all, allCreated = append(all, f...), append(allCreated, created...)
+		errs, served, fromPool = errs+b.Errors, served+fs.N, fromPool+b.FromPool
+		if b.FirstErr != nil {
+			s.note("round %d: first error: %s", i+1, truncate(b.FirstErr.Error(), 300))
+		}
+		if b.poolReadError != nil {
+			s.note("round %d: reading the pools failed: %v", i+1, b.poolReadError)
+		}
+	}
+	if len(rounds) > 1 {
+		fs, cs := summarize(all), summarize(allCreated)
+		t.add("all rounds", fmt.Sprintf("%d of %d", served, burstSize*len(rounds)), fmt.Sprint(errs), ms(fs.Median), ms(fs.P90), ms(fs.P99), ms(fs.Max),
+			ms(cs.Median), fmt.Sprint(fromPool), "", "")
+	}
+	s.Tables = append(s.Tables, t)
+}
+
+func burstBars(rounds []*burstRound) []bar {
+	b := bar{Issue: 21, What: fmt.Sprintf("burst: %d creates at once, each → first output of `echo hi` (all rounds pooled)", burstSize),
+		Target: "p50 ≤ 30 ms, p99 ≤ 100 ms, 0 errors", Value: noPeerValue, Verdict: notMeasured}
+	var all []time.Duration
+	errs := 0
+	for _, r := range rounds {
+		all = append(all, r.firsts()...)
+		errs += r.Errors
+	}
+	if len(all) > 0 {
+		sm := summarize(all)
+		b.Value = fmt.Sprintf("p50 %s, p99 %s, %d errors (%d samples, %d rounds)", ms(sm.Median), ms(sm.P99), errs, sm.N, len(rounds))
+		b.Verdict = check(sm.Median <= burstP50Max && sm.P99 <= burstP99Max && errs == 0)
+	}
+	return []bar{b}
+}
