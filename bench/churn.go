@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -104,6 +105,7 @@ func churnMethod() []string {
 	return []string{
 		fmt.Sprintf("%d clients at once, each looping for %s: `Create` (default image and limits) → `Exec(echo hi)` (output checked to be `hi\\n`) → `Delete` with force, through the Go SDK, one client object shared (its connections kept alive). The rate is completed cycles ÷ wall time; an error is any failed call or wrong output. The cycle's percentiles are of whole cycles.", churnClients, churnTime),
 		fmt.Sprintf("**From a template**: the same loop with `Create({from: %q})`, a template with `warm: %d`.", churnTemplate, churnWarm),
+		fmt.Sprintf("Each paddock loop starts with its pool full (`%s`, or the template's) and the daemon idle; the template is removed after its loop, and the peers start once the default pool is full again, so that no refill runs during their loops.", defaultPool),
 		"**bwrap** and **runc run**: the same number of loops, each spawning the tool with `echo hi` (flags and bundle as in the cold table) and reaping it; runc's container is checked gone after each run.",
 	}
 }
@@ -132,7 +134,10 @@ func benchChurn(ctx context.Context, r *rig) *section {
 		b.Verdict = check(c.rate() >= churnBarRate && c.Errors == 0)
 	}
 
-	r.idle(ctx)
+	if err := r.waitFullPool(ctx, defaultPool); err != nil {
+		s.Err = err
+		return s
+	}
 	c := churn(ctx, churnClients, churnTime, r.sandboxCycle(api.CreateRequest{}))
 	row("paddock, default image", c)
 	churnBar(&b1, c)
@@ -141,27 +146,22 @@ func benchChurn(ctx context.Context, r *rig) *section {
 		return s
 	}
 
-	spec := tplSpec(churnWarm)
-	spec.Name = churnTemplate
-	if _, err := r.client.BuildTemplate(ctx, spec, nil); err != nil {
-		s.Err = fmt.Errorf("building the churn template: %w", err)
-		return s
+	c, err := r.templateChurn(ctx)
+	if c != nil {
+		row(fmt.Sprintf("paddock, template with warm: %d", churnWarm), c)
+		churnBar(&b2, c)
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		defer cancel()
-		if err := r.client.DeleteTemplate(dctx, churnTemplate); err != nil && s.Err == nil {
-			s.Err = fmt.Errorf("removing the churn template: %w", err)
-		}
-	}()
-	if err := r.waitPool(ctx, "template:"+churnTemplate, churnWarm); err != nil {
+	if err != nil {
 		s.Err = err
 		return s
 	}
-	c = churn(ctx, churnClients, churnTime, r.sandboxCycle(api.CreateRequest{From: churnTemplate}))
-	row(fmt.Sprintf("paddock, template with warm: %d", churnWarm), c)
-	churnBar(&b2, c)
 
+	// The peers' loops start once the daemon has refilled its pools, so
+	// that its background work does not land in their numbers.
+	if err := r.waitFullPool(ctx, defaultPool); err != nil {
+		s.Err = err
+		return s
+	}
 	var peers []string
 	if r.bwrap != "" {
 		c = churn(ctx, churnClients, churnTime, func(ctx context.Context) error {
@@ -170,6 +170,7 @@ func benchChurn(ctx context.Context, r *rig) *section {
 		})
 		row("bwrap", c)
 		peers = append(peers, fmt.Sprintf("bwrap %.1f/s", c.rate()))
+		r.idle(ctx)
 	}
 	if r.runc != nil {
 		c = churn(ctx, churnClients, churnTime, func(ctx context.Context) error {
@@ -183,4 +184,27 @@ func benchChurn(ctx context.Context, r *rig) *section {
 		b3.Value, b3.Verdict = strings.Join(peers, ", "), reported
 	}
 	return s
+}
+
+// templateChurn builds the churn template, waits for its pool, runs the
+// churn loop from it and removes the template, so that its pool does not
+// refill while the peers run.
+func (r *rig) templateChurn(ctx context.Context) (_ *churnResult, retErr error) {
+	spec := tplSpec(churnWarm)
+	spec.Name = churnTemplate
+	if _, err := r.client.BuildTemplate(ctx, spec, nil); err != nil {
+		return nil, fmt.Errorf("building the churn template: %w", err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		if err := r.client.DeleteTemplate(dctx, churnTemplate); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("removing the churn template: %w", err))
+		}
+	}()
+	if err := r.waitPool(ctx, "template:"+churnTemplate, churnWarm); err != nil {
+		return nil, err
+	}
+	c := churn(ctx, churnClients, churnTime, r.sandboxCycle(api.CreateRequest{From: churnTemplate}))
+	return c, ctx.Err()
 }

@@ -15,6 +15,10 @@ import (
 	"github.com/paddock-dev/paddock/client"
 )
 
+// diskOvercommit is the daemon's --disk-overcommit: how far its thin
+// disks' capacity may exceed the host's free space.
+const diskOvercommit = 1000
+
 const (
 	daemonStartTimeout = 30 * time.Second
 	daemonStopTimeout  = 20 * time.Second
@@ -48,9 +52,11 @@ func newDaemon(bin, root, cgroupParent string, uidStart uint32, extra ...string)
 			"--listen", "unix://" + sock,
 			"--cgroup-parent", cgroupParent,
 			"--uid-start", fmt.Sprint(uidStart),
-			// Thin disks, as before disks were allocated: the density
-			// run's 100 sandboxes of 10 GiB would not fit allocated.
-			"--disk-overcommit", "100",
+			// Thin disks, promised far beyond the host's free space:
+			// the bench's sandboxes write a few MiB each, and the
+			// bursts of fifty 10 GiB disks (plus the pools') must not
+			// be refused on a shared disk with a few GiB free.
+			"--disk-overcommit", fmt.Sprint(diskOvercommit),
 			"--log-level", logLevel(),
 		},
 	}

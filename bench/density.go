@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -29,10 +31,14 @@ const (
 	densityMemory = 256 << 20
 	// densityCalibrate sandboxes are started first; what they cost is
 	// projected to the whole count and checked against the host's limits.
-	densityCalibrate = 20
-	densityRTTs      = 100
-	densityRTTWarmup = 20
-	densityRSSWait   = 10 * time.Second // for the daemon's RSS to fall back after the removals
+	densityCalibrate  = 50
+	densityWatchEvery = 10 // starts between two checks of the host's limits
+	densityRTTs       = 100
+	densityRTTWarmup  = 20
+	densityRSSWait    = 10 * time.Second // for the daemon's RSS to fall back after the removals
+	// densityTimeout bounds the section: a thousand starts and removals
+	// at today's few per second take minutes.
+	densityTimeout = 12 * time.Minute
 
 	densityMemMax    = 3 << 20
 	densityRSSMax    = 100 << 10
@@ -128,9 +134,15 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 	)
 	// What the timed removal below did not get to.
 	defer func() { r.removeConcurrently(ids, startWorkers) }()
+	var started atomic.Int64
 	start := func(ctx context.Context, n int) error {
 		t0 := time.Now()
 		made, err := r.startMany(ctx, n, startWorkers, func(ctx context.Context) (string, error) {
+			if started.Add(1)%densityWatchEvery == 0 {
+				if err := r.withinLimits(); err != nil {
+					return "", fmt.Errorf("after %d sandboxes: %w", started.Load(), err)
+				}
+			}
 			t1 := time.Now()
 			id, err := r.startSleeper(ctx, req)
 			took := time.Since(t1)
@@ -172,7 +184,17 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 	var problems []string
 	d.Projection, problems = project(h0, h1, cal, d.Count-len(ids))
 	if len(problems) > 0 {
-		return fmt.Errorf("%d sandboxes would not fit this host (projected from %d): %s", d.Count, cal, strings.Join(problems, "; "))
+		err := fmt.Errorf("%d sandboxes would not fit this host (projected from the first %d): %s", d.Count, len(ids), strings.Join(problems, "; "))
+		// What the sandboxes made so far cost is still worth a table.
+		with, merr := r.memSnapshot()
+		if merr == nil {
+			d.With = with
+			d.Running, merr = r.countRunning(ctx, ids)
+		}
+		if merr == nil {
+			merr = r.measureSandboxes(ctx, ids, d)
+		}
+		return errors.Join(err, merr)
 	}
 	if err := start(ctx, d.Count-len(ids)); err != nil {
 		return err
@@ -277,8 +299,13 @@ func (r *rig) startSleeper(ctx context.Context, req api.CreateRequest) (string, 
 type hostLimit struct {
 	Name      string
 	Used      int64
-	Available int64 // beyond Used; -1 if unbounded
+	Available int64 // beyond Used, less a margin for the rest of the host
 	Unit      func(int64) string
+	// Projected: a projection that exceeds Available fails the run before
+	// the bulk start. The host's tasks are only watched during it: other
+	// work and kernel workers (loop devices') move them too much to
+	// project from a few sandboxes.
+	Projected bool
 }
 
 // hostLimits reads the limits the density run may reach: the daemon's
@@ -314,11 +341,25 @@ func (r *rig) hostLimits() ([]hostLimit, error) {
 	count := func(n int64) string { return fmt.Sprint(n) }
 	// Margins: what the rest of the host (other work, the bench) needs.
 	return []hostLimit{
-		{"the daemon's open files (RLIMIT_NOFILE)", int64(len(fds)), nofile - int64(len(fds)) - 256, count},
-		{"tasks on the host (kernel.pid_max)", tasks, pidMax - tasks - 2048, count},
-		{"MemAvailable", 0, avail - 1<<30, mib},
-		{"free space below the daemon's storage", 0, free - 1<<30, mib},
+		{"the daemon's open files (RLIMIT_NOFILE)", int64(len(fds)), nofile - int64(len(fds)) - 256, count, true},
+		{"tasks on the host (kernel.pid_max)", tasks, pidMax - tasks - 1024, count, false},
+		{"MemAvailable", 0, avail - 1<<30, mib, true},
+		{"free space below the daemon's storage", 0, free - 1<<30, mib, true},
 	}, nil
+}
+
+// withinLimits fails once a host limit is down to its margin.
+func (r *rig) withinLimits() error {
+	h, err := r.hostLimits()
+	if err != nil {
+		return err
+	}
+	for _, l := range h {
+		if l.Available < 0 {
+			return fmt.Errorf("this host's limit is reached: %s, %s in use", l.Name, l.Unit(l.Used))
+		}
+	}
+	return nil
 }
 
 // project scales what cal sandboxes cost (between before and after) to
@@ -334,7 +375,7 @@ func project(before, after []hostLimit, cal, more int) (lines, problems []string
 		per /= int64(cal)
 		need := per * int64(more)
 		lines = append(lines, fmt.Sprintf("%s: %s per sandbox, %s for %d more, %s left", a.Name, a.Unit(per), a.Unit(need), more, a.Unit(a.Available)))
-		if need > a.Available {
+		if need > a.Available && a.Projected {
 			problems = append(problems, fmt.Sprintf("%s: %d more need about %s, %s left", a.Name, more, a.Unit(need), a.Unit(a.Available)))
 		}
 	}
@@ -451,13 +492,14 @@ func densityMethod() []string {
 			"the clock of a start runs around both calls, the total from the first to the last.", densityCount, startWorkers),
 		fmt.Sprintf("Each sandbox asks for %.2g CPU, %s of memory and a %s disk instead of the defaults (2 CPUs, 1 GiB, 10 GiB): with the daemon's "+
 			"default admission (CPU limits up to 256× the host's CPUs, memory limits up to 16× its memory) the 257th sandbox of 2 CPUs would be "+
-			"refused, and the host's free disk space times the bench's `--disk-overcommit 100` cannot promise a thousand 10 GiB disks. "+
+			"refused, and the host's free disk space (a few GiB on this shared machine) times the bench's `--disk-overcommit %d` cannot promise a thousand 10 GiB disks. "+
 			"An idle agent's sandbox needs neither; the limits cap a sandbox, they do not reserve anything. Disks of a size other than the "+
 			"default are not served by the default pool's ready disks and warm guests: each is made and bound when it is asked for.",
-			densityCPUs, mib(densityMemory), mib(densityDisk)),
-		fmt.Sprintf("Before the bulk start, the first %d sandboxes' cost in the daemon's open files, the host's tasks, MemAvailable and the free "+
-			"space below the storage is projected to the whole count; the section fails with that message instead of running into a limit "+
-			"(the uid ranges are capped at %d by the daemon).", densityCalibrate, maxSandboxes),
+			densityCPUs, mib(densityMemory), mib(densityDisk), diskOvercommit),
+		fmt.Sprintf("Before the bulk start, the first %d sandboxes' cost in the daemon's open files (against its RLIMIT_NOFILE), MemAvailable and the free "+
+			"space below the storage is projected to the whole count, and the section fails with that message instead of running into a limit; "+
+			"those limits and the host's tasks (against kernel.pid_max) are checked again every %d starts. The uid ranges are capped at %d by the daemon.",
+			densityCalibrate, densityWatchEvery, maxSandboxes),
 		fmt.Sprintf("Memory is read %s after the last start, once the daemon is idle: the daemon's VmRSS "+
 			"(/proc/PID/status), the host's MemAvailable (/proc/meminfo) against the same readings before the first start, "+
 			"and for each sandbox the VmRSS and PSS of its guest (host pid from `Get`: `runtime.host_pid`), the VmRSS of "+

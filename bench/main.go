@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -211,6 +212,9 @@ func finishReport(rep *report, opts options, log *slog.Logger) error {
 // the run; with the defaults each takes well under a minute.
 const benchTimeout = 5 * time.Minute
 
+// longBenchmarks are those that may take longer than benchTimeout.
+var longBenchmarks = map[string]time.Duration{"density": densityTimeout}
+
 // runSelected runs the selected benchmarks in order. Without -keep-going
 // the first failure stops the rest, which the report marks as not run.
 func runSelected(ctx context.Context, r *rig, opts options, rep *report) error {
@@ -228,7 +232,7 @@ func runSelected(ctx context.Context, r *rig, opts options, rep *report) error {
 			continue
 		}
 		r.log.Info("running benchmark", "name", b.name)
-		bctx, cancel := context.WithTimeout(ctx, benchTimeout)
+		bctx, cancel := context.WithTimeout(ctx, cmp.Or(longBenchmarks[b.name], benchTimeout))
 		s := b.run(bctx, r)
 		cancel()
 		s.Name, s.Title = b.name, b.title

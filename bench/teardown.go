@@ -263,12 +263,12 @@ func deleteMethod(n int) []string {
 			"directory `run/sandboxes/ID` (and so its mounts) gone. Its uid range and nftables state are not visible from outside and are not checked.",
 		fmt.Sprintf("**kill -9 during deletes**: with the pools full and the daemon idle, the harness counts what the daemon holds at rest with no sandbox "+
 			"(processes in its cgroups, cgroups under its parent, loop devices and mounts under the run's directory, host links of its network, live "+
-			"children of the harness other than the daemon). It starts %d sandboxes (%d creates at a time, each running `true` once; disks of %s rather than the default 10 GiB, which the host's free space times the bench's `--disk-overcommit 100` could not promise fifty of beside the pools), records each "+
+			"children of the harness other than the daemon). It starts %d sandboxes (default image and limits, %d creates at a time, each running `true` once), records each "+
 			"one's parts as above, releases %d `Delete`s at once, and sends the daemon SIGKILL when the %dth answer arrives (or %s after the release). "+
 			"It restarts the daemon on the same directories, waits for its default pool to fill, and then, within %s: every sandbox whose delete was "+
 			"answered must be gone from `List`; one whose delete never answered may still be listed, but only running (it must then run `true`, "+
 			"and is deleted normally); one listed in any other state (stopped: its guest killed, the record kept) is a delete neither finished nor undone; every part of every deleted sandbox must be released as above; and the counts must be back at rest. Anything else is a leak "+
-			"and fails the bar.", crashSandboxes, startWorkers, mib(densityDisk), crashSandboxes, crashAfter, crashKillLatest, crashSettle),
+			"and fails the bar.", crashSandboxes, startWorkers, crashSandboxes, crashAfter, crashKillLatest, crashSettle),
 	}
 }
 
@@ -569,20 +569,13 @@ func (r *rig) startMany(ctx context.Context, n, workers int, start func(ctx cont
 	return ids, ctx.Err()
 }
 
-// crashRequest is the crash test's sandbox: small disks, so that fifty of
-// them and the pools fit what the host's free space times the bench's
-// --disk-overcommit admits.
-func crashRequest() api.CreateRequest {
-	return api.CreateRequest{Resources: api.Resources{DiskBytes: densityDisk}}
-}
-
 func (r *rig) crashDeletes(ctx context.Context, c *crashRun) error {
 	if err := r.waitFullPool(ctx, defaultPool); err != nil {
 		return err
 	}
 	c.Rest = r.holdings()
 	ids, err := r.startMany(ctx, crashSandboxes, startWorkers, func(ctx context.Context) (string, error) {
-		sb, err := r.create(ctx, crashRequest())
+		sb, err := r.create(ctx, api.CreateRequest{})
 		if err != nil {
 			return "", err
 		}
