@@ -15,9 +15,9 @@ import (
 	"github.com/paddock-dev/paddock/client"
 )
 
-// diskOvercommit is the daemon's --disk-overcommit: how far its thin
-// disks' capacity may exceed the host's free space.
-const diskOvercommit = 1000
+// diskOvercommit is the daemon's --disk-overcommit (its maximum): how far
+// its thin disks' capacity may exceed the host's free space.
+const diskOvercommit = 100
 
 const (
 	daemonStartTimeout = 30 * time.Second
@@ -52,10 +52,10 @@ func newDaemon(bin, root, cgroupParent string, uidStart uint32, extra ...string)
 			"--listen", "unix://" + sock,
 			"--cgroup-parent", cgroupParent,
 			"--uid-start", fmt.Sprint(uidStart),
-			// Thin disks, promised far beyond the host's free space:
-			// the bench's sandboxes write a few MiB each, and the
-			// bursts of fifty 10 GiB disks (plus the pools') must not
-			// be refused on a shared disk with a few GiB free.
+			// Thin disks, promised up to the daemon's limit beyond the
+			// host's free space: the bench's sandboxes write a few MiB
+			// each. Fifty 10 GiB disks and the pools' then need 6 GiB
+			// free.
 			"--disk-overcommit", fmt.Sprint(diskOvercommit),
 			"--log-level", logLevel(),
 		},

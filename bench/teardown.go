@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
@@ -45,6 +47,7 @@ type sandboxTrace struct {
 	PID    int    // its guest (runtime.host_pid)
 	Start  uint64 // the guest's start time, against pid reuse
 	Cgroup string // runtime.cgroup, e.g. /parent/id
+	PidNS  uint64 // the inode of its pid namespace: its processes' mark
 	Veth   int    // host ifindex of its veth; 0 if it has none
 	Loop   string // the loop device of its disk, e.g. loop12; "" if none found
 	runDir string
@@ -93,6 +96,9 @@ func (r *rig) trace(ctx context.Context, id string) (sandboxTrace, error) {
 		return t, fmt.Errorf("reading the guest of %s: %w", id, err)
 	}
 	t.Start = st.Start
+	if t.PidNS, err = pidNS(t.PID); err != nil {
+		return t, fmt.Errorf("reading the pid namespace of %s: %w", id, err)
+	}
 	if t.Veth, err = hostPeer(t.PID); err != nil {
 		return t, fmt.Errorf("finding the veth of %s: %w", id, err)
 	}
@@ -132,7 +138,7 @@ func (t sandboxTrace) check(disks string) released {
 	var x released
 	st, err := readProcStat(t.PID)
 	x.Proc = err != nil || st.Start != t.Start || st.State == 'Z'
-	x.Cgroup, x.CgroupKept = cgroupReleased(t.Cgroup)
+	x.Cgroup, x.CgroupKept = cgroupReleased(t.Cgroup, t.PidNS)
 	if t.Veth == 0 {
 		x.Veth = true
 	} else if _, err := netlink.LinkByIndex(t.Veth); err != nil {
@@ -149,8 +155,9 @@ func (t sandboxTrace) check(disks string) released {
 }
 
 // cgroupReleased: every hierarchy's directory of cg is gone, or holds no
-// process (kept: a recycled cgroup).
-func cgroupReleased(cg string) (gone, kept bool) {
+// process of the sandbox's pid namespace (kept: a recycled cgroup, empty
+// or already another sandbox's).
+func cgroupReleased(cg string, ns uint64) (gone, kept bool) {
 	if cg == "" {
 		return true, false
 	}
@@ -159,12 +166,25 @@ func cgroupReleased(cg string) (gone, kept bool) {
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		if len(strings.TrimSpace(string(b))) > 0 {
-			return false, false
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				if n, err := pidNS(pid); err == nil && n == ns {
+					return false, false
+				}
+			}
 		}
 		kept = true
 	}
 	return true, kept
+}
+
+// pidNS is the inode of pid's pid namespace.
+func pidNS(pid int) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", pid), &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
 }
 
 // cgroupPathDirs lists the directories of cgroup path cg ("/parent/id") in
@@ -257,18 +277,19 @@ func deleteMethod(n int) []string {
 			"records what it holds on the host, waits until the daemon is idle, then times `Delete` with force (call → answer). "+
 			"From the same instant the harness polls every %s, until all are released or %s, each part:", n, releasePoll, releaseTimeout),
 		"the guest process (`runtime.host_pid`, with its start time against pid reuse; a zombie counts as gone); its cgroup (`runtime.cgroup`) " +
-			"in every hierarchy: gone, or kept with no process in it (counted as recycled); its veth (the host end, found before the delete through " +
+			"in every hierarchy: gone, or kept with no process of the sandbox's pid namespace in it (counted as recycled); its veth (the host end, found before the delete through " +
 			"eth0's peer index in the guest's network namespace): gone, or kept while the guest is gone (a pooled network slot); its disk: the " +
 			"directory `disks/vol/ID` gone and the loop device that backed it detached, or backing a file in `disks/pool/` again (recycled); its run " +
 			"directory `run/sandboxes/ID` (and so its mounts) gone. Its uid range and nftables state are not visible from outside and are not checked.",
 		fmt.Sprintf("**kill -9 during deletes**: with the pools full and the daemon idle, the harness counts what the daemon holds at rest with no sandbox "+
 			"(processes in its cgroups, cgroups under its parent, loop devices and mounts under the run's directory, host links of its network, live "+
-			"children of the harness other than the daemon). It starts %d sandboxes (default image and limits, %d creates at a time, each running `true` once), records each "+
+			"children of the harness other than the daemon). It starts %d sandboxes (default image and limits but %s disks: fifty 10 GiB disks and the pools' need ~10 GiB free on the host, "+
+			"which this shared machine rarely has; %d creates at a time, each running `true` once), records each "+
 			"one's parts as above, releases %d `Delete`s at once, and sends the daemon SIGKILL when the %dth answer arrives (or %s after the release). "+
 			"It restarts the daemon on the same directories, waits for its default pool to fill, and then, within %s: every sandbox whose delete was "+
 			"answered must be gone from `List`; one whose delete never answered may still be listed, but only running (it must then run `true`, "+
 			"and is deleted normally); one listed in any other state (stopped: its guest killed, the record kept) is a delete neither finished nor undone; every part of every deleted sandbox must be released as above; and the counts must be back at rest. Anything else is a leak "+
-			"and fails the bar.", crashSandboxes, startWorkers, crashSandboxes, crashAfter, crashKillLatest, crashSettle),
+			"and fails the bar.", crashSandboxes, mib(densityDisk), startWorkers, crashSandboxes, crashAfter, crashKillLatest, crashSettle),
 	}
 }
 
@@ -569,13 +590,19 @@ func (r *rig) startMany(ctx context.Context, n, workers int, start func(ctx cont
 	return ids, ctx.Err()
 }
 
+// smallDisk asks for the default image and limits with a disk of
+// densityDisk.
+func smallDisk() api.CreateRequest {
+	return api.CreateRequest{Resources: api.Resources{DiskBytes: densityDisk}}
+}
+
 func (r *rig) crashDeletes(ctx context.Context, c *crashRun) error {
 	if err := r.waitFullPool(ctx, defaultPool); err != nil {
 		return err
 	}
 	c.Rest = r.holdings()
 	ids, err := r.startMany(ctx, crashSandboxes, startWorkers, func(ctx context.Context) (string, error) {
-		sb, err := r.create(ctx, api.CreateRequest{})
+		sb, err := r.create(ctx, smallDisk())
 		if err != nil {
 			return "", err
 		}
