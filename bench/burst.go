@@ -217,10 +217,9 @@ func warmIDs(root string) map[string]bool {
 }
 
 // removeConcurrently deletes sandboxes with up to n deletes at once,
-// without the caller's deadline (it runs on the way out too).
+// each with its own deadline rather than the caller's: it runs on the way
+// out too, also for a thousand sandboxes.
 func (r *rig) removeConcurrently(ids []string, n int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
 	var (
 		mu   sync.Mutex
 		errs []error
@@ -232,6 +231,8 @@ func (r *rig) removeConcurrently(ids []string, n int) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
+			ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+			defer cancel()
 			if err := r.remove(ctx, id); err != nil {
 				mu.Lock()
 				errs = append(errs, err)

@@ -367,8 +367,9 @@ func (r *rig) withinLimits() error {
 func project(before, after []hostLimit, cal, more int) (lines, problems []string) {
 	for i, a := range after {
 		b := before[i]
-		// Used grows, or Available shrinks (for those read as a level).
-		per := (a.Used - b.Used) - (a.Available - b.Available)
+		// Available is the limit less what is used (or a level read
+		// directly): what it lost is what they took.
+		per := b.Available - a.Available
 		if cal <= 0 || per <= 0 {
 			continue
 		}

@@ -34,7 +34,7 @@ const (
 	crashSandboxes  = 50
 	crashAfter      = 5                      // answers before the kill
 	crashKillLatest = 3 * time.Second        // kill by then even if fewer answered
-	crashSettle     = 30 * time.Second       // for the restarted daemon to finish
+	crashSettle     = 15 * time.Second       // for the restarted daemon to finish
 	startWorkers    = 8                      // concurrent creates when starting many sandboxes
 	startTimeout    = 30 * time.Second       // one create and its first exec
 	crashDeleteWait = 100 * time.Millisecond // for deletes still in flight after the kill
