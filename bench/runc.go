@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -23,8 +24,8 @@ type runcRig struct {
 	stateRoot    string // runc --root
 	rootfs       string
 	cgroupParent string
-	base         []byte // config.json as `runc spec` wrote it
-	seq          int
+	base         []byte       // config.json as `runc spec` wrote it
+	seq          atomic.Int64 // the churn loops make ids concurrently
 }
 
 // prepareRunc builds the shared rootfs (mount points and the /bin, /lib
@@ -63,8 +64,7 @@ func prepareRunc(ctx context.Context, bin, dir, cgroupParent string) (*runcRig, 
 
 // newID returns a container id unique within this run.
 func (r *runcRig) newID(kind string) string {
-	r.seq++
-	return fmt.Sprintf("bench-%s-%d", kind, r.seq)
+	return fmt.Sprintf("bench-%s-%d", kind, r.seq.Add(1))
 }
 
 // bundle writes the bundle for container id running args and returns its
