@@ -83,10 +83,7 @@ func (r *rig) sandboxCycle(req api.CreateRequest) func(ctx context.Context) erro
 		if eerr == nil && out.String() != "hi\n" {
 			eerr = fmt.Errorf("echo hi printed %q", out.String())
 		}
-		if err := r.remove(ctx, sb.ID); err != nil {
-			return err
-		}
-		return eerr
+		return errors.Join(eerr, r.remove(ctx, sb.ID))
 	}
 }
 

@@ -9,7 +9,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -212,8 +211,17 @@ func finishReport(rep *report, opts options, log *slog.Logger) error {
 // the run; with the defaults each takes well under a minute.
 const benchTimeout = 5 * time.Minute
 
-// longBenchmarks are those that may take longer than benchTimeout.
-var longBenchmarks = map[string]time.Duration{"density": densityTimeout}
+// deadline bounds benchmark name: benchTimeout, or longer for those
+// whose work is long by design.
+func deadline(name string) time.Duration {
+	switch name {
+	case "churn": // four loops of churnTime, the pools' refills between them
+		return 4*churnTime + 3*time.Minute
+	case "density":
+		return densityTimeout
+	}
+	return benchTimeout
+}
 
 // runSelected runs the selected benchmarks in order. Without -keep-going
 // the first failure stops the rest, which the report marks as not run.
@@ -232,7 +240,7 @@ func runSelected(ctx context.Context, r *rig, opts options, rep *report) error {
 			continue
 		}
 		r.log.Info("running benchmark", "name", b.name)
-		bctx, cancel := context.WithTimeout(ctx, cmp.Or(longBenchmarks[b.name], benchTimeout))
+		bctx, cancel := context.WithTimeout(ctx, deadline(b.name))
 		s := b.run(bctx, r)
 		cancel()
 		s.Name, s.Title = b.name, b.title
