@@ -74,6 +74,45 @@ func (r *rig) memSnapshot() (memSnapshot, error) {
 	return memSnapshot{DaemonRSS: rss, Available: avail}, nil
 }
 
+// goHeap is the daemon's Go runtime memory, from its Prometheus
+// exposition (the Go collector's go_memstats_*): what it holds live and
+// what it keeps from the kernel without using it.
+type goHeap struct {
+	Inuse      int64 // heap spans in use
+	Retained   int64 // heap idle and not returned to the kernel
+	Stacks     int64
+	Goroutines int64
+	OK         bool
+}
+
+func (r *rig) goHeap(ctx context.Context) goHeap {
+	b, err := r.client.Prometheus(ctx)
+	if err != nil {
+		return goHeap{}
+	}
+	v := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, val, ok := strings.Cut(line, " ")
+		if !ok || !strings.HasPrefix(name, "go_") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
+			v[name] = int64(f)
+		}
+	}
+	idle, idleOK := v["go_memstats_heap_idle_bytes"]
+	inuse, inuseOK := v["go_memstats_heap_inuse_bytes"]
+	return goHeap{Inuse: inuse, Retained: idle - v["go_memstats_heap_released_bytes"], Stacks: v["go_memstats_stack_inuse_bytes"],
+		Goroutines: v["go_goroutines"], OK: idleOK && inuseOK}
+}
+
+func (g goHeap) String() string {
+	if !g.OK {
+		return noPeerValue
+	}
+	return fmt.Sprintf("%s / %s / %s / %d", mib(g.Inuse), mib(g.Retained), mib(g.Stacks), g.Goroutines)
+}
+
 // sandboxMemory is what one running sandbox costs the host.
 type sandboxMemory struct {
 	GuestRSS  int64 // the guest (PID 1 inside), as the host sees it
@@ -88,6 +127,8 @@ type sandboxMemory struct {
 type densityRun struct {
 	Count               int // sandboxes asked for
 	Before, With, After memSnapshot
+	HeapBefore          goHeap
+	HeapWith, HeapAfter goHeap
 	AfterWait           time.Duration // removal → the After reading
 	Starts, Removes     []time.Duration
 	StartTotal          time.Duration
@@ -125,6 +166,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 	if d.Before, err = r.memSnapshot(); err != nil {
 		return err
 	}
+	d.HeapBefore = r.goHeap(ctx)
 	if d.Count > maxSandboxes {
 		return fmt.Errorf("%d sandboxes asked for; the daemon gives out at most %d uid ranges", d.Count, maxSandboxes)
 	}
@@ -206,6 +248,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 	if d.With, err = r.memSnapshot(); err != nil {
 		return err
 	}
+	d.HeapWith = r.goHeap(ctx)
 	if d.Running, err = r.countRunning(ctx, ids); err != nil {
 		return err
 	}
@@ -272,6 +315,7 @@ func (r *rig) rssAfter(ctx context.Context, d *densityRun) error {
 			return err
 		}
 		d.AfterWait = time.Since(t0)
+		d.HeapAfter = r.goHeap(ctx)
 		if float64(d.After.DaemonRSS) <= float64(d.Before.DaemonRSS)*(1+densityAfterFrac) || d.AfterWait > densityRSSWait || ctx.Err() != nil {
 			return nil
 		}
@@ -502,7 +546,8 @@ func densityMethod() []string {
 			"those limits and the host's tasks (against kernel.pid_max) are checked again every %d starts. The uid ranges are capped at %d by the daemon.",
 			densityCalibrate, densityWatchEvery, maxSandboxes),
 		fmt.Sprintf("Memory is read %s after the last start, once the daemon is idle: the daemon's VmRSS "+
-			"(/proc/PID/status), the host's MemAvailable (/proc/meminfo) against the same readings before the first start, "+
+			"(/proc/PID/status) and its Go runtime's heap in use, idle heap not returned to the kernel, stacks and goroutines "+
+			"(`go_memstats_*` and `go_goroutines` of its `/metrics`), the host's MemAvailable (/proc/meminfo) against the same readings before the first start, "+
 			"and for each sandbox the VmRSS and PSS of its guest (host pid from `Get`: `runtime.host_pid`), the VmRSS of "+
 			"every process in its cgroup, and its memory cgroup's charge. `List` is checked to report every sandbox running.", densitySettle),
 		"MemAvailable also moves with unrelated activity on the host and with the page cache of the sandboxes' disk images: " +
@@ -527,6 +572,11 @@ func densityTable(s *section, d *densityRun) {
 		t.add("sandboxes `List` reported running / whose `sleep` was running when measured", fmt.Sprintf("%d / %d of %d", d.Running, d.Sleeping, n))
 		t.add("daemon RSS: before / with them / after removing them", fmt.Sprintf("%s / %s / %s (read %s after the removals)", mib(d.Before.DaemonRSS), mib(d.With.DaemonRSS), afterRSS(d), seconds(d.AfterWait)))
 		t.add("daemon RSS growth per sandbox", mib((d.With.DaemonRSS-d.Before.DaemonRSS)/n))
+		if d.HeapBefore.OK {
+			t.add("daemon Go heap in use / idle heap not returned to the kernel / stacks / goroutines: before", d.HeapBefore.String())
+			t.add("… with them", d.HeapWith.String())
+			t.add("… after removing them", d.HeapAfter.String())
+		}
 		t.add("host MemAvailable drop ÷ sandboxes", mib((d.Before.Available-d.With.Available)/n))
 		var guest, pss, procs, cg int64
 		var nproc, ncg, threads int
@@ -568,10 +618,22 @@ func densityTable(s *section, d *densityRun) {
 	if len(d.Sandboxes) > 0 && d.Sleeping < len(d.Sandboxes) {
 		s.note("only %d of %d sandboxes still ran their `sleep` when measured: closing an exec stream may have ended the process", d.Sleeping, len(d.Sandboxes))
 	}
-	if d.After.DaemonRSS > 0 && d.After.DaemonRSS > d.Before.DaemonRSS+(d.With.DaemonRSS-d.Before.DaemonRSS)/2 {
-		s.note("after all sandboxes were removed the daemon still held more than half of the RSS it had grown by (%s before, %s after): a leak, or memory the Go runtime has not yet returned",
-			mib(d.Before.DaemonRSS), mib(d.After.DaemonRSS))
+	if d.After.DaemonRSS > 0 && float64(d.After.DaemonRSS) > float64(d.Before.DaemonRSS)*(1+densityAfterFrac) {
+		s.note("after all sandboxes were removed the daemon's RSS stayed %s above its start (%s before, %s after)%s",
+			mib(d.After.DaemonRSS-d.Before.DaemonRSS), mib(d.Before.DaemonRSS), mib(d.After.DaemonRSS), heapVerdict(d))
 	}
+}
+
+// heapVerdict says where the RSS that stayed is, as far as the Go
+// runtime's numbers tell.
+func heapVerdict(d *densityRun) string {
+	b, a := d.HeapBefore, d.HeapAfter
+	if !b.OK || !a.OK {
+		return ": a leak, or memory the Go runtime has not yet returned"
+	}
+	return fmt.Sprintf(". Of it, the Go heap in use grew by %s and the idle heap the runtime keeps from the kernel by %s; goroutines %d → %d "+
+		"(live objects that stay are a leak; idle heap is the runtime's, returned by its scavenger over minutes)",
+		mib(a.Inuse-b.Inuse), mib(a.Retained-b.Retained), b.Goroutines, a.Goroutines)
 }
 
 func afterRSS(d *densityRun) string {
