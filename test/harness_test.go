@@ -190,11 +190,21 @@ func (d *Daemon) Kill9() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	list, _ := d.client.List(ctx, client.ListOptions{})
 	cancel()
+	var guests []int
 	for _, sb := range list {
 		if sb.Runtime != nil && sb.Runtime.HostPID > 0 {
-			d.orphans = append(d.orphans, sb.Runtime.HostPID)
+			guests = append(guests, sb.Runtime.HostPID)
 		}
 	}
+	d.killer(guests)()
+}
+
+// killer returns Kill9 as a function that kills at once: what it needs
+// to reap afterwards (guests, which the caller names, the forker, warm
+// guests) is gathered now.
+func (d *Daemon) killer(guests []int) func() {
+	d.t.Helper()
+	d.orphans = append(d.orphans, guests...)
 	// Its helper (the guest forker) and warm guests are reparented to us
 	// too.
 	d.orphans = append(d.orphans, childrenOf(d.cmd.Process.Pid)...)
@@ -209,8 +219,10 @@ func (d *Daemon) Kill9() {
 			}
 		}
 	}
-	d.cmd.Process.Kill()
-	d.cmd.Wait()
+	return func() {
+		d.cmd.Process.Kill()
+		d.cmd.Wait()
+	}
 }
 
 // childrenOf lists the processes whose parent is pid.

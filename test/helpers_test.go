@@ -281,8 +281,25 @@ func cgroupDirs(cgroupPath string) []string {
 
 // traces lists what is left on the host of sandbox sb (as it was last
 // seen running): mounts, cgroups, loop devices, directories and processes.
-// Empty means the sandbox is gone.
+// Empty means the sandbox is gone. A removal answers before its teardown
+// is done (within a second, usually tens of milliseconds): traces looks
+// again for up to teardownWait before it reports any.
 func (d *Daemon) traces(sb *api.Sandbox) []string {
+	deadline := time.Now().Add(teardownWait)
+	for {
+		left := d.tracesOnce(sb)
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// teardownWait is how long a test waits for a removed sandbox's traces to
+// go: the bar is a second, and the machine is shared.
+const teardownWait = 5 * time.Second
+
+func (d *Daemon) tracesOnce(sb *api.Sandbox) []string {
 	var left []string
 	id := sb.ID
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
@@ -381,13 +398,15 @@ func (d *Daemon) daemonTraces() []string {
 	// forker's cgroup for a moment before it is moved into its own, where
 	// it is recognisably warm: look again before calling it a leftover.
 	var left []string
-	for i := 0; i < 20; i++ {
+	for deadline := time.Now().Add(teardownWait); ; {
 		if left = d.daemonTracesOnce(); len(left) == 0 {
 			return nil
 		}
+		if time.Now().After(deadline) {
+			return left
+		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return left
 }
 
 func (d *Daemon) daemonTracesOnce() []string {

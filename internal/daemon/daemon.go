@@ -401,6 +401,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	for _, hs := range servers {
 		hs.Shutdown(sctx)
 	}
+	// Removals answered before the stop finish their teardowns here, or
+	// at the next start (they are recorded).
+	if err := mgr.Settle(sctx); err != nil {
+		log.Warn("stopping with teardowns unfinished; the next start finishes them", "err", err)
+	}
 	log.Info("paddock stopped; sandboxes keep running")
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err

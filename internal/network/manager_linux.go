@@ -32,6 +32,8 @@ type Manager struct {
 	hostIno  uint64          // its inode, to refuse attaching to it
 	nl       *netlink.Handle // host netns, for Attach and Restore
 	nlDelete *netlink.Handle // host netns, for the worker (a deletion holds its socket ~30 ms)
+	probe    int             // a socket in the host netns, for the worker's SIOCGIFINDEX
+	grace    time.Duration   // kernelGrace (tests lengthen it)
 
 	mu     sync.RWMutex
 	slots  *slots
@@ -56,15 +58,30 @@ type Manager struct {
 	wg   sync.WaitGroup
 }
 
-// deletion is a host interface the worker deletes, then frees its block.
+// deletion is a host interface the worker sees gone (or deletes), then
+// frees its block.
 type deletion struct {
 	name string
-	slot int // -1: no block to free
+	slot int       // -1: no block to free
+	at   time.Time // when it was queued
 }
 
-// closeDrain bounds how long Close keeps deleting interfaces still queued;
-// whatever is left is found and pruned by the next Manager.
-const closeDrain = 5 * time.Second
+const (
+	// closeDrain bounds how long Close keeps deleting interfaces still
+	// queued; whatever is left is found and pruned by the next Manager.
+	closeDrain = 5 * time.Second
+	// kernelGrace is how long the worker leaves a queued interface to
+	// the kernel, which deletes a veth pair with the network namespace
+	// of its peer (once the sandbox's processes are gone), in batches
+	// (one netns cleanup work for many): measured here, 20 pairs of dead
+	// namespaces vanish within ~20 ms of each other, while deleting them
+	// one by one costs ~30-50 ms each under the rtnl lock that every
+	// Attach needs too. A pair still there after it is deleted here.
+	kernelGrace = 500 * time.Millisecond
+	// sweepEvery is how often the worker looks for queued interfaces the
+	// kernel has deleted.
+	sweepEvery = 20 * time.Millisecond
+)
 
 // New installs (or replaces) the nftables table, and finds the "<Name>-*"
 // interfaces an earlier daemon left: their blocks stay taken until Restore
@@ -76,6 +93,8 @@ func New(cfg Config) (_ *Manager, retErr error) {
 		return nil, err
 	}
 	m := &Manager{
+		probe:   -1,
+		grace:   kernelGrace,
 		cfg:     cfg,
 		log:     cfg.Logger.With("component", "network"),
 		prefix:  cfg.Name + "-",
@@ -107,6 +126,9 @@ func New(cfg Config) (_ *Manager, retErr error) {
 	if m.nlDelete, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 		return nil, fmt.Errorf("opening netlink: %w", err)
 	}
+	if m.probe, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("opening a probe socket: %w", err)
+	}
 	if err := m.checkRoutes(); err != nil {
 		return nil, err
 	}
@@ -128,6 +150,9 @@ func (m *Manager) release() {
 	}
 	if m.nlDelete != nil {
 		m.nlDelete.Close()
+	}
+	if m.probe >= 0 {
+		unix.Close(m.probe)
 	}
 	if m.host.IsOpen() {
 		m.host.Close()
@@ -248,7 +273,7 @@ func (m *Manager) Attach(id string, netnsFD int) (_ Link, retErr error) {
 		case l.HostIf != "":
 			// Half made: the worker deletes the veth, then frees the
 			// name and the block.
-			m.queue = append(m.queue, deletion{name: l.HostIf, slot: slot})
+			m.queue = append(m.queue, deletion{name: l.HostIf, slot: slot, at: time.Now()})
 		default:
 			m.slots.free(slot)
 		}
@@ -498,7 +523,7 @@ func (m *Manager) Prune() int {
 	n := 0
 	for name, slot := range m.orphans {
 		delete(m.orphans, name)
-		m.queue = append(m.queue, deletion{name: name, slot: slot})
+		m.queue = append(m.queue, deletion{name: name, slot: slot, at: time.Now()})
 		n++
 	}
 	m.mu.Unlock()
@@ -509,9 +534,10 @@ func (m *Manager) Prune() int {
 }
 
 // Detach forgets sandbox id at once (Lookup no longer answers for it) and
-// hands its host interface to the background worker, which deletes it if
-// it still exists (a dead sandbox's netns takes its veth pair with it) and
-// only then frees its address. It does no system call.
+// hands its host interface to the background worker, which frees its
+// address once the interface is gone: a dead sandbox's netns takes its
+// veth pair with it, and one still there after kernelGrace is deleted.
+// It does no system call.
 func (m *Manager) Detach(id string) error {
 	m.mu.Lock()
 	if m.closed {
@@ -526,7 +552,7 @@ func (m *Manager) Detach(id string) error {
 	delete(m.byID, id)
 	delete(m.byAddr, l.SandboxAddr)
 	slot, _ := m.slots.index(l.Prefix.Addr())
-	m.queue = append(m.queue, deletion{name: l.HostIf, slot: slot})
+	m.queue = append(m.queue, deletion{name: l.HostIf, slot: slot, at: time.Now()})
 	m.mu.Unlock()
 	m.poke()
 	return nil
@@ -539,29 +565,18 @@ func (m *Manager) poke() {
 	}
 }
 
-// worker deletes queued interfaces one at a time: deletions serialise on
-// the kernel's rtnl lock anyway, and one goroutine bounds what a burst of
-// Detaches costs the host.
+// worker frees the blocks of queued interfaces once they are gone. Most
+// go with their sandbox's network namespace, which the kernel cleans up
+// in batches; the worker only looks (SIOCGIFINDEX, no netlink dump) every
+// sweepEvery. Those still there after kernelGrace it deletes, one at a
+// time: deletions serialise on the kernel's rtnl lock anyway, and one
+// goroutine bounds what a burst of them costs the host.
 func (m *Manager) worker() {
 	defer m.wg.Done()
-	var deadline time.Time
+	var deadline time.Time // set once Close asks the worker to stop
+	tick := time.NewTicker(sweepEvery)
+	defer tick.Stop()
 	for {
-		m.mu.Lock()
-		var d deletion
-		more := len(m.queue) > 0
-		if more {
-			d = m.queue[0]
-			m.queue = m.queue[1:]
-		}
-		m.mu.Unlock()
-		if !more {
-			select {
-			case <-m.wake:
-				continue
-			case <-m.stop:
-				return
-			}
-		}
 		if deadline.IsZero() {
 			select {
 			case <-m.stop:
@@ -569,17 +584,82 @@ func (m *Manager) worker() {
 			default:
 			}
 		}
+		m.mu.Lock()
+		pending := append([]deletion(nil), m.queue...)
+		m.mu.Unlock()
+		if len(pending) == 0 {
+			if !deadline.IsZero() {
+				return
+			}
+			select {
+			case <-m.wake:
+			case <-m.stop:
+			}
+			continue
+		}
 		if !deadline.IsZero() && time.Now().After(deadline) {
-			m.log.Warn("leaving interfaces for the next start to prune", "first", d.name)
+			m.log.Warn("leaving interfaces for the next start to prune", "first", pending[0].name)
 			return
 		}
-		m.delete(d)
+		var stale []deletion
+		for _, d := range pending {
+			switch {
+			case !m.exists(d.name):
+				m.done(d)
+			case !deadline.IsZero() || time.Since(d.at) > m.grace:
+				stale = append(stale, d)
+			}
+		}
+		// One explicit deletion per sweep: those the kernel deletes
+		// meanwhile are not waited for behind it.
+		if len(stale) > 0 {
+			m.delete(stale[0])
+			continue
+		}
+		select {
+		case <-tick.C:
+		case <-m.wake:
+		case <-m.stop:
+		}
+	}
+}
+
+// exists reports whether the host has an interface named name (an error
+// other than ENODEV counts as yes: the explicit deletion finds out).
+func (m *Manager) exists(name string) bool {
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return true
+	}
+	err = unix.IoctlIfreq(m.probe, unix.SIOCGIFINDEX, ifr)
+	return !errors.Is(err, unix.ENODEV)
+}
+
+// done frees the name and block of d, whose interface is gone, and takes
+// it off the queue.
+func (m *Manager) done(d deletion) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.unqueueLocked(d.name)
+	delete(m.names, d.name)
+	if d.slot >= 0 {
+		m.slots.free(d.slot)
+	}
+}
+
+// unqueueLocked takes the interface name off the queue; m.mu is held.
+func (m *Manager) unqueueLocked(name string) {
+	for i, q := range m.queue {
+		if q.name == name {
+			m.queue = append(m.queue[:i], m.queue[i+1:]...)
+			return
+		}
 	}
 }
 
 // delete removes d's interface, retrying a failure twice, then frees its
-// name and block. An interface that cannot be deleted keeps both: a leak is
-// better than two sandboxes with one address.
+// name and block. An interface that cannot be deleted keeps both, and
+// leaves the queue: a leak is better than two sandboxes with one address.
 func (m *Manager) delete(d deletion) {
 	var err error
 	for attempt, wait := 0, 100*time.Millisecond; attempt < 3; attempt, wait = attempt+1, wait*10 {
@@ -602,14 +682,12 @@ func (m *Manager) delete(d deletion) {
 	}
 	if err != nil {
 		m.log.Error("deleting a sandbox interface; its address stays reserved", "interface", d.name, "err", err)
+		m.mu.Lock()
+		m.unqueueLocked(d.name)
+		m.mu.Unlock()
 		return
 	}
-	m.mu.Lock()
-	delete(m.names, d.name)
-	if d.slot >= 0 {
-		m.slots.free(d.slot)
-	}
-	m.mu.Unlock()
+	m.done(d)
 }
 
 // Lookup returns the sandbox whose address addr is: the peer address of a

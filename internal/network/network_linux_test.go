@@ -486,6 +486,35 @@ func TestDetach(t *testing.T) {
 	_ = lb
 }
 
+// TestDetachLeavesDeadToKernel: the veth pairs of sandboxes whose
+// processes are gone go with their network namespaces, which the kernel
+// cleans up in batches: the worker frees their blocks without deleting
+// anything itself (its own deletions are held back here for an hour).
+func TestDetachLeavesDeadToKernel(t *testing.T) {
+	f := newFixture(t)
+	f.m.mu.Lock()
+	f.m.grace = time.Hour
+	f.m.mu.Unlock()
+	var links []Link
+	for i := range 8 {
+		ns, l := f.attach(t, fmt.Sprintf("dead-%d", i))
+		unix.Close(ns.fd)
+		syscall.Kill(ns.pid, syscall.SIGKILL)
+		links = append(links, l)
+	}
+	for i := range links {
+		if err := f.m.Detach(fmt.Sprintf("dead-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range links {
+		waitFree(t, f.m, l)
+		if _, err := netlink.LinkByName(l.HostIf); err == nil {
+			t.Errorf("%s freed while it exists", l.HostIf)
+		}
+	}
+}
+
 func waitFree(t testing.TB, m *Manager, l Link) {
 	t.Helper()
 	slot, _ := m.slots.index(l.SandboxAddr)

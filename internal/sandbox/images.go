@@ -220,6 +220,7 @@ func (s Images) Remove(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
+	m.settleBriefly(ctx) // a sandbox just removed may still use it
 	m.img.mu.Lock()
 	defer m.img.mu.Unlock()
 	img, err := o.Get(ref)

@@ -40,7 +40,7 @@ const (
 	stepStop               // end its processes (thawed first), keep its disk
 	stepFreeze             // stop its processes in place
 	stepThaw               // let them run again
-	stepRemove             // remove every trace of it
+	stepRemove             // end its processes now, every other trace in the background
 	stepLive               // act on the running guest (freezing it for a capture)
 	stepRecord             // change the record only; a start applies it
 	stepFail               // record why it ended, release its CPU and memory
@@ -57,7 +57,16 @@ type move struct {
 	step step
 }
 
+// removed is where a sandbox ends: no record, nothing on the host. No
+// move leads there directly; a teardown ends there (stateRemoving).
 const removed api.State = ""
+
+// stateRemoving is a sandbox whose removal is acknowledged and whose
+// teardown (teardown.go) is not finished. It is internal: the record
+// keeps it so that a restarted daemon finishes the teardown, but the API
+// no longer shows the sandbox (Get answers 404), while its id and uid
+// range stay taken.
+const stateRemoving api.State = "removing"
 
 // lifecycle is the state machine: what each action does from each state.
 // An action missing from a state's row is refused there (an event is
@@ -65,15 +74,15 @@ const removed api.State = ""
 // docs/ARCHITECTURE.md shows it (TestLifecycleTable renders it).
 var lifecycle = map[api.State]map[action]move{
 	api.StateCreating: {
-		actRemove:      {removed, stepRemove},
-		actForceRemove: {removed, stepRemove},
+		actRemove:      {stateRemoving, stepRemove},
+		actForceRemove: {stateRemoving, stepRemove},
 		actWake:        {api.StateCreating, stepNone},
 		// A create the daemon did not finish is removed.
-		actRestart: {removed, stepRemove},
+		actRestart: {stateRemoving, stepRemove},
 	},
 	api.StateRunning: {
 		actStop:        {api.StateStopped, stepStop},
-		actForceRemove: {removed, stepRemove},
+		actForceRemove: {stateRemoving, stepRemove},
 		actPause:       {api.StatePaused, stepStop},
 		actIdle:        {api.StatePaused, stepStop},
 		actResume:      {api.StateRunning, stepNone},
@@ -89,7 +98,7 @@ var lifecycle = map[api.State]map[action]move{
 	},
 	api.StateFrozen: {
 		actStop:        {api.StateStopped, stepStop},
-		actForceRemove: {removed, stepRemove},
+		actForceRemove: {stateRemoving, stepRemove},
 		actPause:       {api.StatePaused, stepStop},
 		actResume:      {api.StateRunning, stepThaw},
 		actFreeze:      {api.StateFrozen, stepNone},
@@ -103,8 +112,8 @@ var lifecycle = map[api.State]map[action]move{
 		actLost:        {api.StateStopped, stepStop},
 	},
 	api.StatePaused: {
-		actRemove:      {removed, stepRemove},
-		actForceRemove: {removed, stepRemove},
+		actRemove:      {stateRemoving, stepRemove},
+		actForceRemove: {stateRemoving, stepRemove},
 		actPause:       {api.StatePaused, stepNone},
 		actResume:      {api.StateRunning, stepStart},
 		actWake:        {api.StateRunning, stepStart},
@@ -114,8 +123,8 @@ var lifecycle = map[api.State]map[action]move{
 		actRestart:     {api.StatePaused, stepNone},
 	},
 	api.StateStopped: {
-		actRemove:      {removed, stepRemove},
-		actForceRemove: {removed, stepRemove},
+		actRemove:      {stateRemoving, stepRemove},
+		actForceRemove: {stateRemoving, stepRemove},
 		actResume:      {api.StateRunning, stepStart},
 		actWake:        {api.StateStopped, stepNone},
 		actSnapshot:    {api.StateStopped, stepNone},
@@ -124,19 +133,26 @@ var lifecycle = map[api.State]map[action]move{
 		actRestart:     {api.StateStopped, stepNone},
 	},
 	api.StateFailed: {
-		actRemove:      {removed, stepRemove},
-		actForceRemove: {removed, stepRemove},
+		actRemove:      {stateRemoving, stepRemove},
+		actForceRemove: {stateRemoving, stepRemove},
 		actResume:      {api.StateRunning, stepStart},
 		actWake:        {api.StateFailed, stepNone},
 		actUpdate:      {api.StateFailed, stepRecord},
 		actPolicy:      {api.StateFailed, stepRecord},
 		actRestart:     {api.StateFailed, stepNone},
 	},
+	// The teardown goes on in the background (teardown.go) and ends with
+	// the record; a restarted daemon takes it up again.
+	stateRemoving: {
+		actRemove:      {stateRemoving, stepNone},
+		actForceRemove: {stateRemoving, stepNone},
+		actRestart:     {stateRemoving, stepRemove},
+	},
 }
 
 // states and actions order the table's rows and columns.
 var (
-	states  = []api.State{api.StateCreating, api.StateRunning, api.StateFrozen, api.StatePaused, api.StateStopped, api.StateFailed}
+	states  = []api.State{api.StateCreating, api.StateRunning, api.StateFrozen, api.StatePaused, api.StateStopped, api.StateFailed, stateRemoving}
 	actions = []action{actStop, actRemove, actForceRemove, actPause, actIdle, actResume, actFreeze, actThaw, actWake, actSnapshot, actUpdate, actPolicy, actExit, actRestart, actLost}
 )
 

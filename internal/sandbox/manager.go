@@ -75,6 +75,9 @@ type Manager struct {
 
 	img imageState // images.go
 
+	// tearing holds a token per teardown running (teardown.go).
+	tearing chan struct{}
+
 	wg     sync.WaitGroup
 	closed chan struct{}
 }
@@ -96,6 +99,12 @@ type box struct {
 	guest    *guestapi.Client
 	timer    *time.Timer
 	stopping bool // an exit of the guest is expected
+	// gone is set (under Manager.mu) once its removal is acknowledged:
+	// lookups no longer find it, while its id and uid range stay taken
+	// until its teardown is done. torn (also under Manager.mu) is
+	// closed when the teardown ends (teardown.go).
+	gone bool
+	torn chan struct{}
 	// observed, when not nil, is closed once the observers have heard of
 	// the create (see create and notify).
 	observed chan struct{}
@@ -127,12 +136,13 @@ func NewManager(cfg Config) *Manager {
 		cfg.MaxSandboxes = 4096
 	}
 	m := &Manager{
-		cfg:    cfg,
-		log:    cfg.Logger,
-		obs:    nopObserver{},
-		boxes:  map[string]*box{},
-		slots:  map[int]string{},
-		closed: make(chan struct{}),
+		cfg:     cfg,
+		log:     cfg.Logger,
+		obs:     nopObserver{},
+		boxes:   map[string]*box{},
+		slots:   map[int]string{},
+		tearing: make(chan struct{}, teardownWorkers),
+		closed:  make(chan struct{}),
 	}
 	m.wg.Add(1)
 	go m.autoPause(time.Second)
@@ -750,6 +760,7 @@ func (m *Manager) lookup(id string) (*box, error) {
 	}
 	m.mu.Lock()
 	b, ok := m.boxes[id]
+	ok = ok && !b.gone
 	m.mu.Unlock()
 	if !ok {
 		return nil, errdefs.NotFound("sandbox", id)
@@ -783,7 +794,9 @@ func (m *Manager) List(ctx context.Context, f Filter) []api.Sandbox {
 	m.mu.Lock()
 	boxes := make([]*box, 0, len(m.boxes))
 	for _, b := range m.boxes {
-		boxes = append(boxes, b)
+		if !b.gone {
+			boxes = append(boxes, b)
+		}
 	}
 	m.mu.Unlock()
 	out := []api.Sandbox{}
@@ -863,8 +876,11 @@ func (m *Manager) stopLocked(ctx context.Context, b *box) error {
 	return nil
 }
 
-// Remove removes a sandbox and every trace of it. A running sandbox is
-// only removed with force.
+// Remove removes a sandbox. A running sandbox is only removed with
+// force. It answers once the removal is recorded and the sandbox's
+// processes are killed; the rest of its teardown (cgroup, disk, network,
+// run dir, uid range, record) follows in the background (teardown.go).
+// From then on the sandbox is gone from Get and List.
 func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	b, err := m.lookup(id)
 	if err != nil {
@@ -879,24 +895,38 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 	if force {
 		act = actForceRemove
 	}
-	if _, err := next(b, act); err != nil {
+	mv, err := next(b, act)
+	if err != nil {
 		return err
+	}
+	// Journaled, not committed: the tombstone survives a kill -9 of the
+	// daemon at once (the next one finishes the teardown) and costs no
+	// database commit on the answer's path.
+	prev := b.rec.State
+	b.rec.State = mv.to
+	if err := m.cfg.Store.PutQuick(bucket, id, b.rec); err != nil {
+		b.rec.State = prev
+		return fmt.Errorf("recording the removal: %w", err)
 	}
 	if b.timer != nil {
 		b.timer.Stop()
 	}
-	if err := m.stopLocked(ctx, b); err != nil {
-		return err
+	m.mu.Lock()
+	b.gone = true
+	m.mu.Unlock()
+	if b.inst != nil {
+		// SIGKILL to the guest ends its pid namespace: nothing of the
+		// sandbox runs, or reaches the network, after the answer. The
+		// teardown waits for it to die.
+		b.stopping = true
+		if err := b.inst.Kill(); err != nil {
+			m.log.Warn("killing a removed sandbox; its teardown kills its cgroup", "sandbox", id, "err", err)
+		}
 	}
-	if err := m.cfg.Runtime.Remove(ctx, id); err != nil {
-		return fmt.Errorf("removing sandbox: %w", err)
-	}
-	if err := m.cfg.Store.Delete(bucket, id); err != nil {
-		return fmt.Errorf("deleting record: %w", err)
-	}
-	m.releaseMounts(id, b.rec.Volumes)
-	m.forget(id)
-	m.notify(b).Removed(id)
+	// Its processes are dying: what admission holds for it is free now,
+	// so a create right after this answer is not refused for it.
+	m.obs.Release(id)
+	m.tearDown(b)
 	m.log.Info("sandbox deleted", "sandbox", id)
 	return nil
 }
@@ -1021,14 +1051,20 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			m.obs.Running(r.ID, b.viewLocked())
 			log.Info("sandbox re-attached")
 		case stepRemove:
-			// A create the daemon did not finish: remove it.
-			if err := m.cfg.Runtime.Remove(ctx, r.ID); err != nil {
-				log.Warn("removing half-created sandbox", "err", err)
+			// A create the daemon did not finish, or a removal it
+			// acknowledged and did not finish: the teardown takes it up.
+			if b.rec.State != mv.to {
+				b.rec.State = mv.to
+				if err := m.cfg.Store.PutQuick(bucket, r.ID, b.rec); err != nil {
+					log.Warn("recording the removal", "err", err)
+				}
 			}
-			m.cfg.Store.Delete(bucket, r.ID)
-			m.releaseMounts(r.ID, r.Volumes)
+			m.mu.Lock()
+			b.gone = true
+			m.mu.Unlock()
+			log.Info("finishing the teardown of a removed sandbox", "was", r.State)
+			m.tearDown(b)
 			b.mu.Unlock()
-			m.forget(r.ID)
 			continue
 		}
 		m.armTimer(b)

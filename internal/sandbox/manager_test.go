@@ -221,9 +221,12 @@ func TestLifecycleFollowsTable(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s of a %s sandbox: %v", act, from, err)
 				}
-				if mv.to == removed {
+				if mv.to == stateRemoving {
 					if _, err := tb.m.Get(context.Background(), sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
 						t.Fatalf("after %s, Get: %v, want not found", act, err)
+					}
+					if err := tb.m.Settle(context.Background()); err != nil {
+						t.Fatal(err)
 					}
 					if left := tb.rt.Traces(sb.ID); len(left) > 0 {
 						t.Fatalf("after %s, the host still has %v", act, left)
@@ -383,7 +386,6 @@ func TestRuntimeErrors(t *testing.T) {
 		{"freeze", api.StateRunning, calls[actFreeze]},
 		{"thaw", api.StateFrozen, calls[actThaw]},
 		{"update", api.StateRunning, calls[actUpdate]},
-		{"remove", api.StateStopped, calls[actRemove]},
 		{"start", api.StatePaused, calls[actResume]},
 	} {
 		t.Run(tc.op+" from "+string(tc.from), func(t *testing.T) {
@@ -467,6 +469,9 @@ func TestConcurrentCalls(t *testing.T) {
 	removers.Wait()
 	if list := tb.m.List(ctx, Filter{}); len(list) != 0 {
 		t.Errorf("left after removing all: %v", list)
+	}
+	if err := tb.m.Settle(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if left, _ := tb.rt.Leftovers(); len(left) != 0 {
 		t.Errorf("the host still has %v", left)

@@ -17,7 +17,9 @@ type Observer interface {
 	// its id, or a provisional key when the runtime picks the id. A
 	// refusal (ErrUnavailable, saying why) fails the create or resume.
 	Admit(key string, res api.Resources) error
-	// Release returns an admission that did not become a running sandbox.
+	// Release returns an admission that did not become a running sandbox,
+	// or that of a sandbox whose processes were killed for its removal
+	// (Removed follows once its teardown is done).
 	Release(key string)
 	// Running: the sandbox's processes run (created, resumed, or found
 	// running after a daemon restart, when Admit was not called). key is

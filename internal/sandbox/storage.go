@@ -80,6 +80,7 @@ func (s Volumes) Remove(ctx context.Context, name string) error {
 	if m.cfg.Volumes == nil {
 		return errNoVolumes
 	}
+	m.settleBriefly(ctx) // a sandbox just removed may still hold it
 	return m.cfg.Volumes.Remove(ctx, name)
 }
 
@@ -112,5 +113,6 @@ func (s Snapshots) Remove(ctx context.Context, id string) error {
 	if m.cfg.Snapshots == nil {
 		return errNoSnapshots
 	}
+	m.settleBriefly(ctx) // a sandbox just removed may still hold it
 	return m.cfg.Snapshots.Remove(id)
 }

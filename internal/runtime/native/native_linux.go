@@ -851,25 +851,37 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 	}
 	os.Remove(filepath.Join(r.dir(id), "guest.sock"))
 	if r.cfg.Network != nil {
+		// Its address is free once the kernel has deleted its veth pair
+		// (with its network namespace, now that the processes are gone).
 		r.cfg.Network.Detach(id)
 	}
 	return nil
 }
 
-// Remove implements runtime.Runtime.
+// Remove implements runtime.Runtime. The sandbox's manager calls it in
+// the background, after the removal was answered; it can be called again
+// after a failure, and for a sandbox an earlier daemon left.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
+	t0 := time.Now()
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
+	defer func() { r.log.Debug("remove phases", append([]any{"sandbox", id}, phases...)...) }()
 	if err := r.Stop(ctx, id); err != nil {
 		return err
 	}
+	mark("stopped")
 	if err := r.cfg.Disks.Remove(ctx, id); err != nil {
 		return fmt.Errorf("removing disk: %w", err)
 	}
+	mark("disk")
 	if err := os.RemoveAll(r.dir(id)); err != nil {
 		return fmt.Errorf("removing run dir: %w", err)
 	}
+	mark("run dir")
 	if r.cfg.Network != nil {
 		r.cfg.Network.Forget(id)
 	}
+	mark("network")
 	return nil
 }
 
