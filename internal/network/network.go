@@ -6,8 +6,10 @@
 // The table is static: it matches the sandboxes' host-side interfaces by
 // name prefix ("<Name>-*"), so attaching or detaching a sandbox never
 // touches it. Attach runs when a warm guest is built, off the create path;
-// Detach only releases the address and hands the slow veth deletion to a
-// background worker. A create therefore costs the network nothing.
+// Detach only forgets the sandbox and hands its interface to a background
+// worker, which frees the address once the kernel has deleted the veth
+// pair with the sandbox's network namespace (or deletes it itself, if it
+// stays). A create or a removal therefore costs the network nothing.
 //
 // What a sandbox's packets meet on the host (see rules_linux.go for every
 // rule and why):
