@@ -601,19 +601,24 @@ func (m *Manager) worker() {
 			m.log.Warn("leaving interfaces for the next start to prune", "first", pending[0].name)
 			return
 		}
-		var stale []deletion
+		var gone, stale []deletion
 		for _, d := range pending {
 			switch {
 			case !m.exists(d.name):
-				m.done(d)
+				gone = append(gone, d)
 			case !deadline.IsZero() || time.Since(d.at) > m.grace:
 				stale = append(stale, d)
 			}
 		}
 		// One explicit deletion per sweep: those the kernel deletes
 		// meanwhile are not waited for behind it.
-		if len(stale) > 0 {
-			m.delete(stale[0])
+		if len(gone) == 0 && len(stale) > 0 {
+			if m.delete(stale[0]) {
+				gone = append(gone, stale[0])
+			}
+		}
+		if len(gone) > 0 {
+			m.free(gone)
 			continue
 		}
 		select {
@@ -621,6 +626,39 @@ func (m *Manager) worker() {
 		case <-m.wake:
 		case <-m.stop:
 		}
+	}
+}
+
+// free hands the blocks of gone interfaces back, once the host keeps
+// nothing of their sandboxes' addresses: their elements in the table's
+// per-sandbox sets (connection counts, DNS rate) and their conntrack
+// entries (connections to the proxy that the dead sandbox left open) go
+// first, so that the next sandbox given an address starts afresh. A
+// failure is logged: what it leaves expires or is collected by the kernel.
+func (m *Manager) free(gone []deletion) {
+	var addrs []netip.Addr
+	for _, d := range gone {
+		if d.slot >= 0 {
+			addrs = append(addrs, m.slots.link(d.slot).SandboxAddr)
+		}
+	}
+	if len(addrs) > 0 {
+		if err := forgetAddrs(m.cfg.Name, addrs); err != nil {
+			m.log.Warn("removing sandboxes' set elements", "count", len(addrs), "err", err)
+		}
+		var filters []netlink.CustomConntrackFilter
+		for _, a := range addrs {
+			f := &netlink.ConntrackFilter{}
+			if err := f.AddIP(netlink.ConntrackOrigSrcIP, a.AsSlice()); err == nil {
+				filters = append(filters, f)
+			}
+		}
+		if _, err := m.nlDelete.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, filters...); err != nil {
+			m.log.Warn("removing sandboxes' conntrack entries", "count", len(addrs), "err", err)
+		}
+	}
+	for _, d := range gone {
+		m.done(d)
 	}
 }
 
@@ -657,10 +695,11 @@ func (m *Manager) unqueueLocked(name string) {
 	}
 }
 
-// delete removes d's interface, retrying a failure twice, then frees its
-// name and block. An interface that cannot be deleted keeps both, and
-// leaves the queue: a leak is better than two sandboxes with one address.
-func (m *Manager) delete(d deletion) {
+// delete removes d's interface, retrying a failure twice, and reports
+// whether it is gone. An interface that cannot be deleted keeps its name
+// and block, and leaves the queue: a leak is better than two sandboxes
+// with one address.
+func (m *Manager) delete(d deletion) bool {
 	var err error
 	for attempt, wait := 0, 100*time.Millisecond; attempt < 3; attempt, wait = attempt+1, wait*10 {
 		if attempt > 0 {
@@ -685,9 +724,9 @@ func (m *Manager) delete(d deletion) {
 		m.mu.Lock()
 		m.unqueueLocked(d.name)
 		m.mu.Unlock()
-		return
+		return false
 	}
-	m.done(d)
+	return true
 }
 
 // Lookup returns the sandbox whose address addr is: the peer address of a

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -498,6 +499,19 @@ func TestDetachLeavesDeadToKernel(t *testing.T) {
 	var links []Link
 	for i := range 8 {
 		ns, l := f.attach(t, fmt.Sprintf("dead-%d", i))
+		if i == 0 {
+			// What the host keeps per address: a set element and a
+			// conntrack entry for a TCP connection, one for DNS.
+			inNS(t, ns.fd, func() {
+				dialTCP("203.0.113.5:1000")
+				udpExchange("8.8.8.8:53", "query", waitOK)
+			})
+			expectHit(t, "tcp", f.proxy.hits)
+			expectHit(t, "udp dns", f.dnsUDP.hits)
+			if left := addrTraces(t, f.cfg.Name, l.SandboxAddr); len(left) == 0 {
+				t.Fatal("the sandbox's connections left no set element or conntrack entry to test with")
+			}
+		}
 		unix.Close(ns.fd)
 		syscall.Kill(ns.pid, syscall.SIGKILL)
 		links = append(links, l)
@@ -512,7 +526,42 @@ func TestDetachLeavesDeadToKernel(t *testing.T) {
 		if _, err := netlink.LinkByName(l.HostIf); err == nil {
 			t.Errorf("%s freed while it exists", l.HostIf)
 		}
+		if left := addrTraces(t, f.cfg.Name, l.SandboxAddr); len(left) > 0 {
+			t.Errorf("%s freed while the host keeps %v", l.SandboxAddr, left)
+		}
 	}
+}
+
+// addrTraces lists what the host keeps of a sandbox address: elements of
+// table name's per-sandbox sets and conntrack entries from it.
+func addrTraces(t testing.TB, name string, a netip.Addr) []string {
+	t.Helper()
+	var left []string
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, set := range []string{"conns", "dnsrate"} {
+		elems, err := c.GetSetElements(&nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: name}, Name: set, KeyType: nftables.TypeIPAddr})
+		if err != nil {
+			t.Fatalf("listing set %s: %v", set, err)
+		}
+		for _, e := range elems {
+			if k, ok := netip.AddrFromSlice(e.Key); ok && k == a {
+				left = append(left, "element of "+set)
+			}
+		}
+	}
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatalf("listing conntrack: %v", err)
+	}
+	for _, f := range flows {
+		if src, ok := netip.AddrFromSlice(f.Forward.SrcIP.To4()); ok && src == a {
+			left = append(left, "conntrack "+f.String())
+		}
+	}
+	return left
 }
 
 func waitFree(t testing.TB, m *Manager, l Link) {

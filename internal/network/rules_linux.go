@@ -3,6 +3,7 @@ package network
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"time"
 
@@ -271,6 +272,46 @@ func deleteTable(name string) error {
 		return fmt.Errorf("deleting nftables table %s: %w", name, err)
 	}
 	return nil
+}
+
+// forgetAddrs deletes addrs' elements from the per-sandbox sets of table
+// name. Deleting an element that is not there fails the whole batch, so
+// only those found are deleted; one that expires in between makes it try
+// again.
+func forgetAddrs(name string, addrs []netip.Addr) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("opening nftables: %w", err)
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: name}
+	want := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		want[a] = true
+	}
+	for attempt := 0; ; attempt++ {
+		for _, setName := range []string{"conns", "dnsrate"} {
+			set := &nftables.Set{Table: t, Name: setName, KeyType: nftables.TypeIPAddr}
+			elems, err := c.GetSetElements(set)
+			if err != nil {
+				return fmt.Errorf("listing set %s: %w", setName, err)
+			}
+			var del []nftables.SetElement
+			for _, e := range elems {
+				if a, ok := netip.AddrFromSlice(e.Key); ok && want[a] {
+					del = append(del, nftables.SetElement{Key: e.Key})
+				}
+			}
+			if len(del) > 0 {
+				if err := c.SetDeleteElements(set, del); err != nil {
+					return fmt.Errorf("deleting from set %s: %w", setName, err)
+				}
+			}
+		}
+		err := c.Flush()
+		if err == nil || attempt > 0 {
+			return err
+		}
+	}
 }
 
 // ifname matches an interface name: exactly, if name ends in a NUL, or by
