@@ -48,6 +48,9 @@ const (
 	maxSandboxes = 4096
 )
 
+// kernelStack is a thread's kernel stack on x86-64 (THREAD_SIZE).
+const kernelStack = 16 << 10
+
 // densityCount is how many sandboxes the density section starts (issue
 // 21: 1000); -density lowers it for development.
 var densityCount = 1000
@@ -115,12 +118,13 @@ func (g goHeap) String() string {
 
 // sandboxMemory is what one running sandbox costs the host.
 type sandboxMemory struct {
-	GuestRSS  int64 // the guest (PID 1 inside), as the host sees it
-	GuestPSS  int64 // the same with shared pages split among sharers
-	ProcsRSS  int64 // every process in the sandbox's cgroup
-	Procs     int
-	Threads   int   // tasks of those processes (each takes a pid and a kernel stack)
-	CgroupMem int64 // the sandbox's memory cgroup charge (-1 if unreadable)
+	GuestRSS   int64 // the guest (PID 1 inside), as the host sees it
+	GuestPSS   int64 // the same with shared pages split among sharers
+	ProcsRSS   int64 // every process in the sandbox's cgroup
+	Procs      int
+	Threads    int   // tasks of those processes (each takes a pid and a kernel stack)
+	PageTables int64 // VmPTE of those processes
+	CgroupMem  int64 // the sandbox's memory cgroup charge (-1 if unreadable)
 }
 
 // densityRun is what the density benchmark measured.
@@ -496,6 +500,9 @@ func (r *rig) measureSandboxes(ctx context.Context, ids []string, d *densityRun)
 				m.ProcsRSS += rss
 				m.Procs++
 			}
+			if pte, err := procStatusBytes(pid, "VmPTE"); err == nil {
+				m.PageTables += pte
+			}
 			if n, err := kbField(fmt.Sprintf("/proc/%d/status", pid), "Threads"); err == nil {
 				m.Threads += int(n >> 10) // kbField reads a count as kB
 			}
@@ -549,7 +556,7 @@ func densityMethod() []string {
 			"(/proc/PID/status) and its Go runtime's heap in use, idle heap not returned to the kernel, stacks and goroutines "+
 			"(`go_memstats_*` and `go_goroutines` of its `/metrics`), the host's MemAvailable (/proc/meminfo) against the same readings before the first start, "+
 			"and for each sandbox the VmRSS and PSS of its guest (host pid from `Get`: `runtime.host_pid`), the VmRSS of "+
-			"every process in its cgroup, and its memory cgroup's charge. `List` is checked to report every sandbox running.", densitySettle),
+			"every process in its cgroup with their page tables (VmPTE) and threads (each a 16 KiB kernel stack), and its memory cgroup's charge. `List` is checked to report every sandbox running.", densitySettle),
 		"MemAvailable also moves with unrelated activity on the host and with the page cache of the sandboxes' disk images: " +
 			"read it as an estimate. RSS counts shared pages in every process that maps them; PSS splits them.",
 		fmt.Sprintf("**exec round trip**: %d SDK round trips of `true` (after %d warm-ups) in the first sandbox, once while it is the only one "+
@@ -578,10 +585,11 @@ func densityTable(s *section, d *densityRun) {
 			t.add("… after removing them", d.HeapAfter.String())
 		}
 		t.add("host MemAvailable drop ÷ sandboxes", mib((d.Before.Available-d.With.Available)/n))
-		var guest, pss, procs, cg int64
+		var guest, pss, procs, cg, pte int64
 		var nproc, ncg, threads int
 		for _, m := range d.Sandboxes {
 			threads += m.Threads
+			pte += m.PageTables
 			guest += m.GuestRSS
 			pss += m.GuestPSS
 			procs += m.ProcsRSS
@@ -597,6 +605,8 @@ func densityTable(s *section, d *densityRun) {
 		if ncg > 0 {
 			t.add("memory cgroup charge per sandbox", mib(cg/int64(ncg)))
 		}
+		t.add("page tables (VmPTE) of its processes, per sandbox", mib(pte/n))
+		t.add(fmt.Sprintf("kernel stacks of its threads (%d KiB each), per sandbox", kernelStack>>10), mib(int64(threads)*kernelStack/n))
 	}
 	if len(d.RTTOne) > 0 {
 		one := summarize(d.RTTOne)
