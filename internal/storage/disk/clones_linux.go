@@ -111,8 +111,8 @@ func (p *Pool) dropRecentLocked(path string) bool {
 }
 
 // Forget drops what the pool keeps of the snapshot image at path (its
-// ready clone, with the clone's loop device, mount and blocks), for a
-// snapshot removed. A clone being made of it is not kept when it is done
+// ready clone, whose loop device, mount and blocks go in the background),
+// for a snapshot removed. A clone being made of it is not kept when it is done
 // (makeClone finds its source gone).
 func (p *Pool) Forget(path string) {
 	p.mu.Lock()

@@ -3,13 +3,17 @@
 // as ext4, attached to a loop device and mounted on the host, so a sandbox
 // that fills its disk gets ENOSPC at its own cap and nobody else notices;
 // its blocks are allocated when it is made (or it is sparse, with
-// Config.Overcommit above 1: space_linux.go). Making a volume costs tens of milliseconds, so a Pool keeps
-// ready, mounted volumes of the default size and hands one out by renaming
-// its directory.
+// Config.Overcommit above 1: space_linux.go). A volume's image is a clone
+// of a pristine image formatted once per size (pristine_linux.go), so
+// making one costs no mkfs; a Pool keeps ready, mounted volumes of the
+// default size, made by a few low-priority workers, and hands one out by
+// renaming its directory. Remove renames a volume into trash and returns;
+// it is unmounted and deleted behind the caller (reap_linux.go).
 //
 // Layout under Config.Dir (everything there belongs to this package):
 //
 //	lock               flock held by the one process that owns Dir
+//	pristine/<v>-ext4-<size>M.img  formatted images new volumes clone
 //	pool/<n>/disk.img  a volume being made, or ready to hand out
 //	pool/<n>/root      its mountpoint
 //	vol/<id>/disk.img  the volume handed out to sandbox <id>
@@ -20,8 +24,9 @@
 // mountpoint cannot be renamed while mounted, but its parent can, and the
 // mount moves with it), so after a crash each directory is in exactly one
 // state: pool and trash entries are swept by the next NewPool, vol entries
-// are kept and re-mounted by Open. Loop devices are attached with
-// autoclear, so they free themselves when the last mount goes away, and
+// are kept and re-mounted by Open. Entry names <n> are never used twice.
+// Loop devices are attached with autoclear, so they free themselves when
+// the last mount goes away (and only then can they be bound again), and
 // with direct I/O, so a block is cached once, by the volume's filesystem.
 //
 // # Substrate

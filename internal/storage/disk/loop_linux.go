@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -16,6 +17,13 @@ import (
 // loopAttachTries bounds the retries when another process configures the
 // free device between LOOP_CTL_GET_FREE and LOOP_CONFIGURE.
 const loopAttachTries = 16
+
+// attachMu serialises this process's attaches: LOOP_CTL_GET_FREE names
+// the lowest unbound device, the same one to every caller until one binds
+// it, so concurrent attaches (a refill's workers, creates that found the
+// pool empty) would all but one fail and retry, 16 times in a row with 8
+// at once. LOOP_CONFIGURE takes 0.2 ms here, 1.5 on a loaded host.
+var attachMu sync.Mutex
 
 // loopOptions say how attachLoop binds a backing file.
 type loopOptions struct {
@@ -60,6 +68,8 @@ func attachLoop(img string, opts loopOptions) (fd int, dev string, err error) {
 	}
 	defer unix.Close(ctl)
 
+	attachMu.Lock()
+	defer attachMu.Unlock()
 	for range loopAttachTries {
 		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
 		if err != nil {

@@ -195,7 +195,12 @@ func (p *Pool) abandon() {
 	p.closed = true
 	p.mu.Unlock()
 	p.cancel()
-	<-p.done
+	p.refillWG.Wait()
+	// Removals not yet begun are lost, as in a crash.
+	p.reaper.mu.Lock()
+	p.reaper.queue = nil
+	p.reaper.mu.Unlock()
+	p.reaper.wait()
 	p.lock.Unlock()
 }
 
@@ -541,6 +546,7 @@ func TestRemoveBusy(t *testing.T) {
 	if ids, _ := p.List(); len(ids) != 0 {
 		t.Errorf("List after Remove = %v", ids)
 	}
+	p.reaper.wait()
 	// The holder cannot keep filling a deleted disk.
 	if _, err := f.Write(make([]byte, 4096)); !errors.Is(err, syscall.EIO) {
 		t.Errorf("write to a removed disk = %v, want EIO", err)

@@ -59,7 +59,9 @@ func (p *Pool) Snapshot(ctx context.Context, id, dst string, pause func() (resum
 	if err := p.admitShare(pin.img); err != nil {
 		return c, fmt.Errorf("snapshotting disk of %q: %w", id, err)
 	}
-	if err := p.capture(ctx, pin, dst, pause, &c); err != nil {
+	err = p.capture(ctx, pin, dst, pause, &c)
+	forgetPromised() // the disk's blocks are shared now
+	if err != nil {
 		return c, fmt.Errorf("snapshotting disk of %q: %w", id, err)
 	}
 	c.Total = time.Since(start)

@@ -630,8 +630,8 @@ func TestAcquireFromReadyClone(t *testing.T) {
 	if left != nil {
 		t.Fatal("the clone of a removed snapshot was kept")
 	}
-	// Forgotten (a snapshot removed through the store): its clone goes at
-	// once, with its mount and loop device.
+	// Forgotten (a snapshot removed through the store): its clone goes,
+	// with its mount and loop device, in the background.
 	if _, err := p.AcquireFrom(ctx, "c6", other, 0, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -643,6 +643,7 @@ func TestAcquireFromReadyClone(t *testing.T) {
 		t.Fatalf("ready clone not mounted in %s", rc.e.dir)
 	}
 	p.Forget(other)
+	p.reaper.wait()
 	p.mu.Lock()
 	left = p.clones[other]
 	p.mu.Unlock()

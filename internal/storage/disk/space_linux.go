@@ -82,9 +82,10 @@ func statSpace(path string) (size, avail int64, err error) {
 	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize, nil
 }
 
-// space measures the storage filesystem that holds dir; images lists the
-// images whose unwritten capacity counts as promised.
-func space(dir string, sub *Substrate, overcommit float64) (Space, error) {
+// space measures the storage filesystem that holds dir; promise sums
+// what the disks under the storage's root are promised (promised, or
+// what reserve remembers of it).
+func space(dir string, sub *Substrate, overcommit float64, promise func(root string) (int64, error)) (Space, error) {
 	size, avail, err := statSpace(dir)
 	if err != nil {
 		return Space{}, err
@@ -94,7 +95,7 @@ func space(dir string, sub *Substrate, overcommit float64) (Space, error) {
 	if sub != nil {
 		root = sub.dir
 	}
-	if sp.Promised, err = promised(root); err != nil {
+	if sp.Promised, err = promise(root); err != nil {
 		return Space{}, err
 	}
 	if sub != nil && sub.mode == SubstrateXFSImage {
@@ -171,7 +172,35 @@ func unbacked(img string) (n, shareable int64, err error) {
 }
 
 // Space reports the storage filesystem's space as the pool sees it.
-func (p *Pool) Space() (Space, error) { return space(p.cfg.Dir, p.cfg.Substrate, p.cfg.Overcommit) }
+func (p *Pool) Space() (Space, error) {
+	return space(p.cfg.Dir, p.cfg.Substrate, p.cfg.Overcommit, promised)
+}
+
+// promisedTTL is how long reserve trusts a walk of every image (promised,
+// a FIEMAP each: a millisecond for ten disks here, tens for hundreds),
+// adding to it the images it admits since. What it forgets only makes it
+// stricter (a disk removed, blocks a thin disk allocated since), but for
+// blocks a snapshot shares, so Snapshot forgets the walk; and a disk
+// refused on a remembered walk is tried again on a fresh one.
+const promisedTTL = time.Second
+
+// promisedWalk is a remembered walk of promised, less the image being
+// admitted then, plus the images admitted since.
+type promisedWalk struct {
+	at  time.Time
+	sum int64
+}
+
+// promisedWalks are the walks by storage root; allocMu guards them.
+var promisedWalks = map[string]*promisedWalk{}
+
+// forgetPromised drops the remembered walks, for a change reserve does
+// not see (blocks newly shared).
+func forgetPromised() {
+	allocMu.Lock()
+	clear(promisedWalks)
+	allocMu.Unlock()
+}
 
 // noSpace is the error of a disk the storage cannot back.
 func noSpace(size int64, sp Space) error {
@@ -184,23 +213,6 @@ func noSpace(size int64, sp Space) error {
 
 func mib(n int64) string { return fmt.Sprintf("%d MiB", n>>20) }
 
-// createImage creates the image img of size bytes for a volume, in a
-// pool directory: see reserve.
-func (p *Pool) createImage(img string, size int64) error {
-	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("creating disk image: %w", err)
-	}
-	defer f.Close()
-	if err := f.Truncate(size); err != nil {
-		return fmt.Errorf("sizing disk image: %w", err)
-	}
-	if err := p.reserve(f); err != nil {
-		return err
-	}
-	return f.Close()
-}
-
 // reserve admits the image f, in a pool directory (so that Space counts
 // it as promised), or refuses it with ErrUnavailable when the storage
 // cannot back it. With an overcommit of 1 it allocates what f lacks (a
@@ -212,24 +224,48 @@ func (p *Pool) reserve(f *os.File) error {
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return fmt.Errorf("inspecting disk image: %w", err)
 	}
+	// f is in a pool directory: a walk counts it, all of it before it
+	// is allocated (own).
+	own, _, err := unbacked(f.Name())
+	if err != nil {
+		return fmt.Errorf("mapping disk image: %w", err)
+	}
+	var walk *promisedWalk
+	remembered := func(root string) (int64, error) {
+		if walk = promisedWalks[root]; walk == nil || time.Since(walk.at) > promisedTTL {
+			sum, err := promised(root)
+			if err != nil {
+				return 0, err
+			}
+			walk = &promisedWalk{at: time.Now(), sum: sum - own}
+			promisedWalks[root] = walk
+		}
+		return walk.sum + own, nil
+	}
 	var sp Space
 	for deadline := time.Now().Add(spaceSettle); ; time.Sleep(20 * time.Millisecond) {
-		var err error
-		if sp, err = p.Space(); err != nil {
+		if sp, err = space(p.cfg.Dir, p.cfg.Substrate, p.cfg.Overcommit, remembered); err != nil {
 			return err
 		}
-		// f is in a pool directory: Promised counts it, all of it
-		// before it is allocated.
 		if float64(sp.Promised) <= float64(sp.Free)*p.cfg.Overcommit {
 			break
 		}
 		if time.Now().After(deadline) {
 			return noSpace(st.Size, sp)
 		}
+		clear(promisedWalks) // walk again
 	}
 	if p.cfg.Overcommit > 1 {
+		walk.sum += own
 		return nil
 	}
+	defer func() {
+		if n, _, err := unbacked(f.Name()); err == nil {
+			walk.sum += n // what allocating left of own: the shared part
+		} else {
+			clear(promisedWalks)
+		}
+	}()
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, st.Size); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
 			return noSpace(st.Size, sp)

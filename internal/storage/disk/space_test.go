@@ -32,8 +32,10 @@ func TestAllocatedDisks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sp.Free >= 200<<20 || sp.Free <= 0 || sp.Promised != 0 || sp.Short != 0 || sp.Overcommit != 1 {
-		t.Errorf("Space = %+v, want under 200 MiB free and nothing promised", sp)
+	// Promised: only the few blocks it shares with its pristine image
+	// (what mkfs wrote), which it would need anew to rewrite.
+	if sp.Free >= 200<<20 || sp.Free <= 0 || sp.Promised > v.Size/100 || sp.Short != 0 || sp.Overcommit != 1 {
+		t.Errorf("Space = %+v, want under 200 MiB free and at most 1%% of the disk promised", sp)
 	}
 	_, err = p.Acquire(context.Background(), "b", 200<<20, 1000, 1000)
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "disk: 200 MiB requested") {

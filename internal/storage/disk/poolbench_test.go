@@ -1,0 +1,156 @@
+package disk
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Pool-level benchmarks: what a sandbox's create and delete cost through
+// the exported API, on an XFS substrate with 10 GiB disks, thin (the
+// bench's --disk-overcommit 100) and a pool of 4 (the daemon's default).
+
+func rusage(tb testing.TB, who int) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(who, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// processCPU is the CPU time this process and its waited-for children
+// (mkfs) have used; threadCPU the calling thread's, childrenCPU the
+// children's.
+func processCPU(tb testing.TB) time.Duration {
+	return rusage(tb, unix.RUSAGE_SELF) + childrenCPU(tb)
+}
+
+func threadCPU(tb testing.TB) time.Duration { return rusage(tb, unix.RUSAGE_THREAD) }
+
+func childrenCPU(tb testing.TB) time.Duration { return rusage(tb, unix.RUSAGE_CHILDREN) }
+
+// machineBusy is the time every CPU spent not idle, from /proc/stat:
+// kernel threads' work too, and other processes', so compare it only on a
+// quiet machine.
+func machineBusy(tb testing.TB) time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var user, nice, system, idle, iowait, irq, softirq uint64
+	if _, err := fmt.Sscanf(string(b), "cpu %d %d %d %d %d %d %d", &user, &nice, &system, &idle, &iowait, &irq, &softirq); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(user+nice+system+irq+softirq) * 10 * time.Millisecond // USER_HZ is 100
+}
+
+func churnPool(b *testing.B, poolSize int) *Pool {
+	b.Helper()
+	s := testSubstrate(b, SubstrateOptions{Size: 256 << 30})
+	p := substratePool(b, s, Config{DefaultSize: DefaultSize, PoolSize: poolSize, Overcommit: 100, Logger: slog.New(slog.DiscardHandler)})
+	waitReady(b, p, poolSize)
+	return p
+}
+
+// BenchmarkPoolChurn loops Acquire then Remove, from one client and from
+// eight at once, with the pool refilling behind them. Reported: the wall
+// and calling thread's CPU of each call, the cycles per second, and per
+// cycle the CPU of the whole process (refill and removals included,
+// until Close has finished them) and of the whole machine.
+func BenchmarkPoolChurn(b *testing.B) {
+	for _, clients := range []int{1, 8} {
+		b.Run(strconv.Itoa(clients), func(b *testing.B) {
+			p := churnPool(b, 4)
+			ctx := context.Background()
+			var mu sync.Mutex
+			var acqWall, acqCPU, remWall, remCPU time.Duration
+			var n int
+			cpu0, busy0, t0 := processCPU(b), machineBusy(b), time.Now()
+			var wg sync.WaitGroup
+			work := make(chan int)
+			for c := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					runtime.LockOSThread()
+					defer runtime.UnlockOSThread()
+					for i := range work {
+						id := fmt.Sprintf("c%d-%d", c, i)
+						c0, w0 := threadCPU(b), time.Now()
+						if _, err := p.Acquire(ctx, id, 0, 1000, 1000); err != nil {
+							b.Error(err)
+							return
+						}
+						c1, w1 := threadCPU(b), time.Now()
+						if err := p.Remove(ctx, id); err != nil {
+							b.Error(err)
+							return
+						}
+						c2, w2 := threadCPU(b), time.Now()
+						mu.Lock()
+						acqWall, acqCPU = acqWall+w1.Sub(w0), acqCPU+c1-c0
+						remWall, remCPU = remWall+w2.Sub(w1), remCPU+c2-c1
+						n++
+						mu.Unlock()
+					}
+				}()
+			}
+			for i := 0; b.Loop(); i++ {
+				work <- i
+			}
+			close(work)
+			wg.Wait()
+			elapsed := time.Since(t0)
+			if err := p.Close(); err != nil {
+				b.Fatal(err)
+			}
+			cpu, busy := processCPU(b)-cpu0, machineBusy(b)-busy0
+			us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(n) }
+			b.ReportMetric(us(acqWall), "acquire-µs")
+			b.ReportMetric(us(acqCPU), "acquire-cpu-µs")
+			b.ReportMetric(us(remWall), "remove-µs")
+			b.ReportMetric(us(remCPU), "remove-cpu-µs")
+			b.ReportMetric(float64(n)/elapsed.Seconds(), "cycles/s")
+			b.ReportMetric(us(cpu), "process-cpu-µs/cycle")
+			b.ReportMetric(us(busy), "machine-busy-µs/cycle")
+		})
+	}
+}
+
+// BenchmarkPoolRefill empties a pool of 16 and times its refill:
+// disks/s is the rate at which the pool makes ready volumes.
+func BenchmarkPoolRefill(b *testing.B) {
+	const size = 16
+	p := churnPool(b, size)
+	ctx := context.Background()
+	var refill time.Duration
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		for j := range size {
+			if _, err := p.Acquire(ctx, fmt.Sprintf("r%d", j), 0, 1000, 1000); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		waitReady(b, p, size)
+		refill += time.Since(t0)
+		b.StopTimer()
+		for j := range size {
+			if err := p.Remove(ctx, fmt.Sprintf("r%d", j)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		time.Sleep(300 * time.Millisecond) // removals done before the next
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(size*b.N)/refill.Seconds(), "disks/s")
+}

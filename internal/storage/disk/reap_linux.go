@@ -1,0 +1,101 @@
+package disk
+
+import (
+	"context"
+	"log/slog"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxReapers bounds the volumes removed at once. A removal is mostly
+// waiting: the unmount commits the volume's journal and flushes it through
+// both loop devices, milliseconds of I/O for well under one of CPU.
+const maxReapers = 4
+
+// refillNice is the scheduling priority of the threads that make volumes
+// ahead of time, as the runtime's forker's: below the sandboxes, so a
+// refill never takes the CPU they need, but not so low that a busy host
+// starves it and every create makes its volume on the spot.
+const refillNice = 10
+
+// ioprioLow is IOPRIO_CLASS_BE at its lowest level, 7, for the refill's
+// I/O.
+const ioprioLow = 2<<13 | 7
+
+// lowerPriority moves the calling goroutine to a thread of its own at
+// refillNice and the lowest best-effort I/O priority. The thread is never
+// unlocked: it exits with the goroutine, taking its priority with it.
+func lowerPriority() {
+	runtime.LockOSThread()
+	unix.Setpriority(unix.PRIO_PROCESS, 0, refillNice) // 0: this thread
+	unix.Syscall(unix.SYS_IOPRIO_SET, 1, 0, ioprioLow) // IOPRIO_WHO_PROCESS, this thread
+}
+
+// reaper tears volume directories down in the background, so that Remove
+// costs its caller one rename. A directory handed to it is already out of
+// every caller's reach (in trash, or a pool entry nobody will take), and
+// its name is never used again, so nothing can be given out before it is
+// clean: its loop device frees itself only once unmounted (autoclear), and
+// a crash leaves it for the next NewPool's sweep.
+type reaper struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	queue   []string
+	running int
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// remove queues dir's teardown; after close it tears dir down before
+// returning.
+func (r *reaper) remove(dir string) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		r.teardown(dir)
+		return
+	}
+	r.queue = append(r.queue, dir)
+	if r.running < maxReapers {
+		r.running++
+		r.wg.Add(1)
+		go r.work()
+	}
+	r.mu.Unlock()
+}
+
+func (r *reaper) work() {
+	defer r.wg.Done()
+	for {
+		r.mu.Lock()
+		if len(r.queue) == 0 {
+			r.running--
+			r.mu.Unlock()
+			return
+		}
+		dir := r.queue[0]
+		r.queue = r.queue[1:]
+		r.mu.Unlock()
+		r.teardown(dir)
+	}
+}
+
+func (r *reaper) teardown(dir string) {
+	if err := teardown(context.Background(), dir, r.log); err != nil {
+		r.log.Warn("removing disk", "path", dir, "err", err)
+	}
+}
+
+// wait returns when every removal queued so far is done.
+func (r *reaper) wait() { r.wg.Wait() }
+
+// close waits for the removals under way; later ones run in the caller.
+func (r *reaper) close() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.wg.Wait()
+}
