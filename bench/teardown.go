@@ -31,8 +31,9 @@ const (
 	releaseBarMax   = time.Second
 	releaseTimeout  = 10 * time.Second
 	releasePoll     = time.Millisecond
+	releaseDeepPoll = 50 * time.Millisecond // between two searches for what holds a network namespace
 	crashSandboxes  = 50
-	crashAfter      = 5                      // answers before the kill
+	crashAfter      = crashSandboxes / 2     // answers before the kill
 	crashKillLatest = 3 * time.Second        // kill by then even if fewer answered
 	crashSettle     = 15 * time.Second       // for the restarted daemon to finish
 	startWorkers    = 8                      // concurrent creates when starting many sandboxes
@@ -48,6 +49,7 @@ type sandboxTrace struct {
 	Start  uint64 // the guest's start time, against pid reuse
 	Cgroup string // runtime.cgroup, e.g. /parent/id
 	PidNS  uint64 // the inode of its pid namespace: its processes' mark
+	NetNS  uint64 // the inode of its network namespace
 	Veth   int    // host ifindex of its veth; 0 if it has none
 	Loop   string // the loop device of its disk, e.g. loop12; "" if none found
 	runDir string
@@ -96,8 +98,11 @@ func (r *rig) trace(ctx context.Context, id string) (sandboxTrace, error) {
 		return t, fmt.Errorf("reading the guest of %s: %w", id, err)
 	}
 	t.Start = st.Start
-	if t.PidNS, err = pidNS(t.PID); err != nil {
+	if t.PidNS, err = nsInode(t.PID, "pid"); err != nil {
 		return t, fmt.Errorf("reading the pid namespace of %s: %w", id, err)
+	}
+	if t.NetNS, err = nsInode(t.PID, "net"); err != nil {
+		return t, fmt.Errorf("reading the network namespace of %s: %w", id, err)
 	}
 	if t.Veth, err = hostPeer(t.PID); err != nil {
 		return t, fmt.Errorf("finding the veth of %s: %w", id, err)
@@ -134,7 +139,11 @@ func hostPeer(pid int) (int, error) {
 }
 
 // check looks at each part of the sandbox once.
-func (t sandboxTrace) check(disks string) released {
+//
+// deep also looks for what holds the sandbox's network namespace (every
+// process's namespaces and open files: milliseconds), which tells a
+// pooled veth from one the kernel has yet to delete.
+func (t sandboxTrace) check(disks string, deep bool) released {
 	var x released
 	st, err := readProcStat(t.PID)
 	x.Proc = err != nil || st.Start != t.Start || st.State == 'Z'
@@ -143,9 +152,10 @@ func (t sandboxTrace) check(disks string) released {
 		x.Veth = true
 	} else if _, err := netlink.LinkByIndex(t.Veth); err != nil {
 		x.Veth = true
-	} else if x.Proc {
-		// Still there with its sandbox's guest gone: its end is in a
-		// namespace the daemon keeps (a pooled network slot).
+	} else if x.Proc && deep && netnsHeld(t.NetNS) {
+		// Still there with its sandbox's guest gone and its namespace
+		// held: the daemon keeps it (a pooled network slot). Not held,
+		// the kernel is still destroying the namespace and the veth.
 		x.Veth, x.VethKept = true, true
 	}
 	x.Disk, x.DiskKept = t.diskReleased(disks)
@@ -168,7 +178,7 @@ func cgroupReleased(cg string, ns uint64) (gone, kept bool) {
 		}
 		for _, f := range strings.Fields(string(b)) {
 			if pid, err := strconv.Atoi(f); err == nil {
-				if n, err := pidNS(pid); err == nil && n == ns {
+				if n, err := nsInode(pid, "pid"); err == nil && n == ns {
 					return false, false
 				}
 			}
@@ -178,13 +188,36 @@ func cgroupReleased(cg string, ns uint64) (gone, kept bool) {
 	return true, kept
 }
 
-// pidNS is the inode of pid's pid namespace.
-func pidNS(pid int) (uint64, error) {
+// nsInode is the inode of pid's namespace of kind ("pid", "net").
+func nsInode(pid int, kind string) (uint64, error) {
 	var st unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", pid), &st); err != nil {
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, kind), &st); err != nil {
 		return 0, err
 	}
 	return st.Ino, nil
+}
+
+// netnsHeld reports whether network namespace ino is kept alive by a
+// process in it, an open file or a bind mount (nsfs): a namespace no one
+// holds is being destroyed by the kernel, with its veths.
+func netnsHeld(ino uint64) bool {
+	want := fmt.Sprintf("net:[%d]", ino)
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(b), want) {
+		return true
+	}
+	pids, _ := allPIDs()
+	for _, pid := range pids {
+		if n, err := nsInode(pid, "net"); err == nil && n == ino {
+			return true
+		}
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, fd := range fds {
+			if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && l == want {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // cgroupPathDirs lists the directories of cgroup path cg ("/parent/id") in
@@ -246,13 +279,18 @@ type releaseSample struct {
 // releaseTimeout.
 func (r *rig) watchRelease(ctx context.Context, t sandboxTrace, t0 time.Time, s *releaseSample) {
 	disks := r.disksDir()
+	var lastDeep time.Time
 	at := func(d *time.Duration, ok bool, now time.Duration) {
 		if ok && *d == 0 {
 			*d = now
 		}
 	}
 	for {
-		x := t.check(disks)
+		deep := time.Since(lastDeep) >= releaseDeepPoll
+		x := t.check(disks, deep)
+		if deep && x.Proc {
+			lastDeep = time.Now()
+		}
 		now := time.Since(t0)
 		at(&s.Proc, x.Proc, now)
 		at(&s.Cgroup, x.Cgroup, now)
@@ -278,14 +316,16 @@ func deleteMethod(n int) []string {
 			"From the same instant the harness polls every %s, until all are released or %s, each part:", n, releasePoll, releaseTimeout),
 		"the guest process (`runtime.host_pid`, with its start time against pid reuse; a zombie counts as gone); its cgroup (`runtime.cgroup`) " +
 			"in every hierarchy: gone, or kept with no process of the sandbox's pid namespace in it (counted as recycled); its veth (the host end, found before the delete through " +
-			"eth0's peer index in the guest's network namespace): gone, or kept while the guest is gone (a pooled network slot); its disk: the " +
+			"eth0's peer index in the guest's network namespace): gone, or kept with the guest gone and its network namespace still held by a process, an open file " +
+			"or a bind mount (a pooled network slot; looked for every 50 ms); its disk: the " +
 			"directory `disks/vol/ID` gone and the loop device that backed it detached, or backing a file in `disks/pool/` again (recycled); its run " +
 			"directory `run/sandboxes/ID` (and so its mounts) gone. Its uid range and nftables state are not visible from outside and are not checked.",
 		fmt.Sprintf("**kill -9 during deletes**: with the pools full and the daemon idle, the harness counts what the daemon holds at rest with no sandbox "+
 			"(processes in its cgroups, cgroups under its parent, loop devices and mounts under the run's directory, host links of its network, live "+
 			"children of the harness other than the daemon). It starts %d sandboxes (default image and limits but %s disks: fifty 10 GiB disks and the pools' need ~10 GiB free on the host, "+
 			"which this shared machine rarely has; %d creates at a time, each running `true` once), records each "+
-			"one's parts as above, releases %d `Delete`s at once, and sends the daemon SIGKILL when the %dth answer arrives (or %s after the release). "+
+			"one's parts as above, releases %d `Delete`s at once, and sends the daemon SIGKILL when the %dth answer arrives (or %s after the release): half, so that the kill falls among teardowns whether "+
+			"the daemon tears down before it answers (the other half still in progress) or behind its answers (the first half's). "+
 			"It restarts the daemon on the same directories, waits for its default pool to fill, and then, within %s: every sandbox whose delete was "+
 			"answered must be gone from `List`; one whose delete never answered may still be listed, but only running (it must then run `true`, "+
 			"and is deleted normally); one listed in any other state (stopped: its guest killed, the record kept) is a delete neither finished nor undone; every part of every deleted sandbox must be released as above; and the counts must be back at rest. Anything else is a leak "+
@@ -766,7 +806,7 @@ func (r *rig) settleAfterCrash(ctx context.Context, traces []sandboxTrace, acked
 	for {
 		var held []string
 		for _, t := range traces {
-			if x := t.check(r.disksDir()); !x.all() {
+			if x := t.check(r.disksDir(), true); !x.all() {
 				held = append(held, fmt.Sprintf("%s: %s", t.ID, strings.Join(x.missing(), ", ")))
 			}
 		}
