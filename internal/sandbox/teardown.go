@@ -52,11 +52,9 @@ func (m *Manager) tearDown(b *box) {
 			case <-m.closed:
 				return // the next daemon finishes it
 			}
-			t0 := time.Now()
-			err := m.tearDownOnce(b)
+			err := m.tearDownOnce(b, attempt)
 			<-m.tearing
 			if err == nil {
-				m.log.Debug("sandbox torn down", "sandbox", id, "took", time.Since(t0).Round(time.Microsecond).String(), "attempt", attempt)
 				return
 			}
 			m.log.Error("tearing down a removed sandbox; retrying", "sandbox", id, "attempt", attempt, "retry_in", wait.String(), "err", err)
@@ -72,9 +70,14 @@ func (m *Manager) tearDown(b *box) {
 
 // tearDownOnce removes every trace of b; it can be run again after a
 // failure.
-func (m *Manager) tearDownOnce(b *box) error {
+func (m *Manager) tearDownOnce(b *box, attempt int) error {
+	t0 := time.Now()
+	phases := []any{"sandbox", b.rec.ID, "attempt", attempt}
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
+	defer func() { m.log.Debug("teardown phases", phases...) }()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	mark("locked")
 	id := b.rec.ID
 	if b.inst != nil {
 		b.stopping = true
@@ -84,18 +87,22 @@ func (m *Manager) tearDownOnce(b *box) error {
 		case <-time.After(teardownDeath):
 		}
 		b.detach()
+		mark("dead")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := m.cfg.Runtime.Remove(ctx, id); err != nil {
 		return fmt.Errorf("removing sandbox: %w", err)
 	}
+	mark("removed")
 	m.releaseMounts(id, b.rec.Volumes)
 	if err := m.cfg.Store.Delete(bucket, id); err != nil {
 		return fmt.Errorf("deleting record: %w", err)
 	}
+	mark("unrecorded")
 	m.forget(id)
 	m.notify(b).Removed(id)
+	mark("done")
 	return nil
 }
 
