@@ -121,6 +121,9 @@ func (r *rig) removeSandboxes(ctx context.Context, rep *cleanupReport) {
 			rep.problem("%v", err)
 		}
 	}
+	// The daemon may tear sandboxes down behind its answers: stopping it
+	// before they are done would leave their parts for the next daemon.
+	r.waitTeardowns(ctx, -1, teardownTimeout)
 }
 
 // checkHost looks for anything of the run left on the host after the

@@ -21,7 +21,9 @@ const diskOvercommit = 100
 
 const (
 	daemonStartTimeout = 30 * time.Second
-	daemonStopTimeout  = 20 * time.Second
+	// daemonStopTimeout: a daemon waits for its pending teardowns before
+	// it exits.
+	daemonStopTimeout = time.Minute
 )
 
 // daemon is the private `paddock serve` the benchmarks run against.

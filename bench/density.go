@@ -23,7 +23,7 @@ const (
 	// densityDisk is each density sandbox's disk: the host's free space
 	// times the bench's --disk-overcommit cannot promise a thousand disks
 	// of the default 10 GiB (see densityMethod).
-	densityDisk = 256 << 20
+	densityDisk = 128 << 20
 	// densityCPUs and densityMemory are each density sandbox's limits:
 	// admission (CPU ×256 and memory ×16 of the host's, by default) would
 	// refuse the thousandth sandbox of the default 2 CPUs and 1 GiB.
@@ -137,6 +137,7 @@ type densityRun struct {
 	Starts, Removes     []time.Duration
 	StartTotal          time.Duration
 	RemoveTotal         time.Duration
+	TeardownWait        time.Duration // last delete answered → every sandbox cgroup gone
 	Sandboxes           []sandboxMemory
 	Sleeping            int // sandboxes whose sleep was running
 	Running             int // sandboxes List reported running
@@ -171,6 +172,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 		return err
 	}
 	d.HeapBefore = r.goHeap(ctx)
+	restCgroups := len(cgroupTree(r.cgroupParent))
 	if d.Count > maxSandboxes {
 		return fmt.Errorf("%d sandboxes asked for; the daemon gives out at most %d uid ranges", d.Count, maxSandboxes)
 	}
@@ -185,7 +187,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 		t0 := time.Now()
 		made, err := r.startMany(ctx, n, startWorkers, func(ctx context.Context) (string, error) {
 			if started.Add(1)%densityWatchEvery == 0 {
-				if err := r.withinLimits(); err != nil {
+				if err := r.withinLimits(ctx, ids[0]); err != nil {
 					return "", fmt.Errorf("after %d sandboxes: %w", started.Load(), err)
 				}
 			}
@@ -215,7 +217,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 	// A few more, whose cost is projected to the whole count and checked
 	// against the host's limits before the rest start.
 	cal := min(densityCalibrate, d.Count) - 1
-	h0, err := r.hostLimits()
+	h0, err := r.hostLimits(ctx, ids[0])
 	if err != nil {
 		return err
 	}
@@ -223,7 +225,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 		return err
 	}
 	r.idle(ctx)
-	h1, err := r.hostLimits()
+	h1, err := r.hostLimits(ctx, ids[0])
 	if err != nil {
 		return err
 	}
@@ -267,6 +269,11 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 		return err
 	}
 	ids = nil
+	t0 := time.Now()
+	if left := r.waitTeardowns(ctx, restCgroups, teardownTimeout); left > restCgroups {
+		return fmt.Errorf("%d sandbox cgroups still there %s after the last delete answered (%d at rest)", left-restCgroups, teardownTimeout, restCgroups)
+	}
+	d.TeardownWait = time.Since(t0)
 	return r.rssAfter(ctx, d)
 }
 
@@ -359,7 +366,7 @@ type hostLimit struct {
 // hostLimits reads the limits the density run may reach: the daemon's
 // open files against its RLIMIT_NOFILE, the host's tasks against pid_max,
 // MemAvailable, and the free space below the daemon's storage.
-func (r *rig) hostLimits() ([]hostLimit, error) {
+func (r *rig) hostLimits(ctx context.Context, id string) ([]hostLimit, error) {
 	pid := r.daemon.pid()
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
@@ -387,8 +394,15 @@ func (r *rig) hostLimits() ([]hostLimit, error) {
 	}
 	free := int64(st.Bavail) * st.Bsize
 	count := func(n int64) string { return fmt.Sprint(n) }
+	m, err := r.client.Metrics(ctx, id, client.MetricsOptions{Since: time.Now()})
+	if err != nil || m.Storage == nil {
+		return nil, fmt.Errorf("reading the daemon's storage admission (metrics of %s): %v", id, err)
+	}
+	st2 := m.Storage
+	admit := int64(float64(st2.FreeBytes)*st2.Overcommit) - st2.PromisedBytes
 	// Margins: what the rest of the host (other work, the bench) needs.
 	return []hostLimit{
+		{"disk capacity the daemon admits (free space × overcommit − promised)", 0, admit - 4*densityDisk, mib, true},
 		{"the daemon's open files (RLIMIT_NOFILE)", int64(len(fds)), nofile - int64(len(fds)) - 256, count, true},
 		{"tasks on the host (kernel.pid_max)", tasks, pidMax - tasks - 1024, count, false},
 		{"MemAvailable", 0, avail - 1<<30, mib, true},
@@ -397,8 +411,8 @@ func (r *rig) hostLimits() ([]hostLimit, error) {
 }
 
 // withinLimits fails once a host limit is down to its margin.
-func (r *rig) withinLimits() error {
-	h, err := r.hostLimits()
+func (r *rig) withinLimits(ctx context.Context, id string) error {
+	h, err := r.hostLimits(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -561,8 +575,9 @@ func densityMethod() []string {
 			"read it as an estimate. RSS counts shared pages in every process that maps them; PSS splits them.",
 		fmt.Sprintf("**exec round trip**: %d SDK round trips of `true` (after %d warm-ups) in the first sandbox, once while it is the only one "+
 			"the harness made (the pools full) and again with all of them running.", densityRTTs, densityRTTWarmup),
-		fmt.Sprintf("Then the sandboxes are removed, %d deletes at a time (`Delete` with force), each timed; the daemon's RSS is read "+
-			"%s later, and again every half second until it is within %.0f%% of its start or %s have passed.",
+		fmt.Sprintf("Then the sandboxes are removed, %d deletes at a time (`Delete` with force), each timed; the harness waits until the "+
+			"daemon's cgroups are back to their number before the first start (a delete may answer first and tear down behind), and reads the "+
+			"daemon's RSS %s later, and again every half second until it is within %.0f%% of its start or %s have passed.",
 			startWorkers, densitySettle, densityAfterFrac*100, densityRSSWait),
 	}
 }
@@ -620,6 +635,7 @@ func densityTable(s *section, d *densityRun) {
 		sm := summarize(d.Removes)
 		t.add(fmt.Sprintf("remove %d sandboxes, %d at a time", len(d.Removes), startWorkers),
 			fmt.Sprintf("%s total; per sandbox median %s, p90 %s, max %s", seconds(d.RemoveTotal), ms(sm.Median), ms(sm.P90), ms(sm.Max)))
+		t.add("last delete answered → every sandbox's cgroup gone (the teardown behind the answers)", seconds(d.TeardownWait))
 	}
 	s.Tables = append(s.Tables, t)
 	if len(d.Projection) > 0 {

@@ -39,6 +39,8 @@ const (
 	startWorkers    = 8                      // concurrent creates when starting many sandboxes
 	startTimeout    = 30 * time.Second       // one create and its first exec
 	crashDeleteWait = 100 * time.Millisecond // for deletes still in flight after the kill
+	teardownQuiet   = 2 * time.Second        // no cgroup gone for this long: the teardowns are done
+	teardownTimeout = 3 * time.Minute
 )
 
 // sandboxTrace is what a running sandbox holds on the host, recorded so
@@ -263,16 +265,15 @@ func (t sandboxTrace) diskReleased(disks string) (gone, kept bool) {
 
 // releaseSample is one delete: its answer and when each part went.
 type releaseSample struct {
-	Answer        time.Duration
-	Proc, Cgroup  time.Duration
-	Veth, Disk    time.Duration
-	RunDir, All   time.Duration
-	Kept          released // parts kept for a pool
-	Missing       []string // parts still held at releaseTimeout
-	TimedOut      bool
-	VethTraced    bool
-	LoopTraced    bool
-	AnsweredState string
+	Answer       time.Duration
+	Proc, Cgroup time.Duration
+	Veth, Disk   time.Duration
+	RunDir, All  time.Duration
+	Kept         released // parts kept for a pool
+	Missing      []string // parts still held at releaseTimeout
+	TimedOut     bool
+	VethTraced   bool
+	LoopTraced   bool
 }
 
 // watchRelease polls t's parts from t0 until all are released or
@@ -628,6 +629,25 @@ func (r *rig) startMany(ctx context.Context, n, workers int, start func(ctx cont
 		return ids, fmt.Errorf("starting %d sandboxes (%d made): %w", n, len(ids), errs[0])
 	}
 	return ids, ctx.Err()
+}
+
+// waitTeardowns waits until the daemon's sandboxes' cgroups number at
+// most limit, or, with limit < 0, until their number has not changed for
+// teardownQuiet; at most timeout. A delete that answers at once tears the
+// sandbox down behind its answer, out of sight of List; its cgroup goes
+// last but one. It returns how many are left.
+func (r *rig) waitTeardowns(ctx context.Context, limit int, timeout time.Duration) int {
+	deadline := time.Now().Add(timeout)
+	n, since := len(cgroupTree(r.cgroupParent)), time.Now()
+	for {
+		if (limit >= 0 && n <= limit) || (limit < 0 && time.Since(since) >= teardownQuiet) || time.Now().After(deadline) || ctx.Err() != nil {
+			return n
+		}
+		time.Sleep(200 * time.Millisecond)
+		if m := len(cgroupTree(r.cgroupParent)); m != n {
+			n, since = m, time.Now()
+		}
+	}
 }
 
 // smallDisk asks for the default image and limits with a disk of
