@@ -128,17 +128,18 @@ func (r *rig) whileDraining(ctx context.Context, c *client.Client, run *refillRu
 	go func() {
 		defer wg.Done()
 		for dctx.Err() == nil {
-			sb, err := c.Create(dctx, api.CreateRequest{})
+			// A cycle runs to its end after the stop, on its own
+			// deadline: a create cut off mid-way could leave a sandbox
+			// the harness never heard of.
+			cctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+			sb, err := c.Create(cctx, api.CreateRequest{})
 			if err != nil {
-				if dctx.Err() == nil {
-					drainErr = fmt.Errorf("drainer: %w", err)
-				}
+				cancel()
+				drainErr = fmt.Errorf("drainer: %w", err)
 				return
 			}
 			r.track(sb.ID)
-			// Its own deadline: a delete must not be cut off by the stop.
-			delCtx, cancel := context.WithTimeout(context.Background(), opTimeout)
-			err = c.Delete(delCtx, sb.ID, true)
+			err = c.Delete(cctx, sb.ID, true)
 			cancel()
 			if err != nil && !client.IsNotFound(err) {
 				drainErr = fmt.Errorf("drainer: removing %s: %w", sb.ID, err)
