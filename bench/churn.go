@@ -91,6 +91,11 @@ func (r *rig) sandboxCycle(req api.CreateRequest) func(ctx context.Context) erro
 // shortens it for development.
 var churnTime = 60 * time.Second
 
+// peerChurnTime is how long bwrap's and runc's loops run: their rates
+// are steady within seconds, and two more minutes of them would make
+// `make bench` that much longer.
+func peerChurnTime() time.Duration { return min(churnTime, 20*time.Second) }
+
 // churnTemplate is the template of the churn loop that starts from one.
 const (
 	churnTemplate = "bench-churn"
@@ -103,7 +108,8 @@ func churnMethod() []string {
 		fmt.Sprintf("%d clients at once, each looping for %s: `Create` (default image and limits) → `Exec(echo hi)` (output checked to be `hi\\n`) → `Delete` with force, through the Go SDK, one client object shared (its connections kept alive). The rate is completed cycles ÷ wall time; an error is any failed call or wrong output. The cycle's percentiles are of whole cycles.", churnClients, churnTime),
 		fmt.Sprintf("**From a template**: the same loop with `Create({from: %q})`, a template with `warm: %d`.", churnTemplate, churnWarm),
 		fmt.Sprintf("Each paddock loop starts with its pool full (`%s`, or the template's) and the daemon idle; the template is removed after its loop, and the peers start once the default pool is full again, so that no refill runs during their loops.", defaultPool),
-		"**bwrap** and **runc run**: the same number of loops, each spawning the tool with `echo hi` (flags and bundle as in the cold table) and reaping it; runc's container is checked gone after each run.",
+		fmt.Sprintf("**bwrap** and **runc run**: the same number of loops, for %s (their rates are steady within seconds), each spawning the tool with `echo hi` "+
+			"(flags and bundle as in the cold table) and reaping it; runc's container is checked gone after each run.", peerChurnTime()),
 	}
 }
 
@@ -161,7 +167,7 @@ func benchChurn(ctx context.Context, r *rig) *section {
 	}
 	var peers []string
 	if r.bwrap != "" {
-		c = churn(ctx, churnClients, churnTime, func(ctx context.Context) error {
+		c = churn(ctx, churnClients, peerChurnTime(), func(ctx context.Context) error {
 			_, err := coldProcess(ctx, toolBwrap, bwrapArgv(r.bwrap, echoHi()...))
 			return err
 		})
@@ -170,7 +176,7 @@ func benchChurn(ctx context.Context, r *rig) *section {
 		r.idle(ctx)
 	}
 	if r.runc != nil {
-		c = churn(ctx, churnClients, churnTime, func(ctx context.Context) error {
+		c = churn(ctx, churnClients, peerChurnTime(), func(ctx context.Context) error {
 			_, err := r.coldRunc(ctx)
 			return err
 		})

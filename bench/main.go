@@ -215,8 +215,8 @@ const benchTimeout = 5 * time.Minute
 // whose work is long by design.
 func deadline(name string) time.Duration {
 	switch name {
-	case "churn": // four loops of churnTime, the pools' refills between them
-		return 4*churnTime + 3*time.Minute
+	case "churn": // its loops, the pools' refills between them
+		return 2*churnTime + 2*peerChurnTime() + 3*time.Minute
 	case "density":
 		return densityTimeout
 	}
