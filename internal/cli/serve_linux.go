@@ -81,6 +81,7 @@ func serveCmd() *cobra.Command {
 	f.Int64Var(&cfg.OutputLimit, "output-limit", cfg.OutputLimit, "output retained per process, in bytes (oldest dropped first)")
 	f.Uint32Var(&cfg.UIDStart, "uid-start", cfg.UIDStart, "first host uid given to sandboxes (each gets 65536)")
 	telemetryFlags(f, &cfg.Telemetry)
+	f.BoolVar(&cfg.Debug, "debug-socket", false, "serve the Go runtime's profiles (pprof: CPU, heap, goroutines, mutex, block) on a root-only unix socket in the run dir, "+daemon.DebugSocket)
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	f.BoolVar(&stop, "stop", false, "stop the daemon running with this run dir (its pid file, "+daemon.PIDFile+"), as SIGTERM does: sandboxes keep running")
 	f.BoolVar(&uninstall, "uninstall", false, "remove every trace of the daemon with these directories, cgroup parent and network name: stop it, kill its sandboxes, unmount its storage, delete its network rules, cgroups, state and run dirs")

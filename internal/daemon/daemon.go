@@ -91,6 +91,10 @@ type Config struct {
 	E2BListen string
 	// HTTP bounds the API's and the facade's connections.
 	HTTP HTTPConfig
+	// Debug serves the Go runtime's CPU, heap, goroutine, mutex and block
+	// profiles on RunDir/debug.sock (root only; see serveDebug). Off by
+	// default.
+	Debug bool
 }
 
 // HTTPConfig bounds the connections of the HTTP servers (see package
@@ -179,6 +183,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer releasePID()
+	if cfg.Debug {
+		stopDebug, err := serveDebug(cfg.RunDir, log)
+		if err != nil {
+			return err
+		}
+		defer stopDebug()
+	}
 	if err := liftHostCaps(log); err != nil {
 		// A host whose /proc/sys is read-only (a daemon in a container)
 		// still runs sandboxes; they can deny each other these tables.
