@@ -3,11 +3,13 @@ package native
 import (
 	"bufio"
 	"context"
-	"errors"
 	"os"
+	goruntime "runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -25,6 +27,13 @@ type pool struct {
 	ready  []*guestProc // oldest first
 	// building counts guests being made for it.
 	building int
+	// extra is how many more than target it keeps for demand (want);
+	// lastTake is its last hand-out or miss; imageID is the image its
+	// guests are made from (known once one is made), which a miss is
+	// matched on.
+	extra    int
+	lastTake time.Time
+	imageID  string
 }
 
 // minFreeMemory is the host memory a refill leaves available: a warm
@@ -62,9 +71,9 @@ func (r *Runtime) SetPool(name string, src runtime.PoolSource, size int) {
 			drop, p.ready = p.ready, nil
 		}
 		p.src, p.target = src, size
-		if len(p.ready) > size {
-			drop = append(drop, p.ready[size:]...)
-			p.ready = p.ready[:size]
+		if len(p.ready) > p.want() {
+			drop = append(drop, p.ready[p.want():]...)
+			p.ready = p.ready[:p.want()]
 		}
 	}
 	r.mu.Unlock()
@@ -103,19 +112,27 @@ func (r *Runtime) poke() {
 	}
 }
 
-// keepWarm refills the pools, one guest at a time, backing off on errors
-// and while the host is short of memory.
+// refillWorkers is how many guests the refill makes at once. Making one
+// is mostly waiting (the fork, the guest's start-up, a disk's clone and
+// mount, the guest's Prepare), done at a low priority by the forkers and
+// the guests: two at a time on this 2-core host keep up with what one
+// at a time could not (issue 21).
+var refillWorkers = max(2, goruntime.NumCPU())
+
+// keepWarm refills the pools, several guests at a time, backing off on
+// errors and while the host is short of memory.
 func (r *Runtime) keepWarm() {
 	defer r.wg.Done()
-	backoff := 100 * time.Millisecond
 	for {
 		select {
 		case <-r.stop:
 			return
 		case <-r.refill:
 		}
-		// Let a burst of creates finish before competing with it.
-		for settled := false; !settled; {
+		// Let a burst of creates finish before competing with it, unless
+		// a pool is empty: then the next create would fork a guest on its
+		// own path, which costs it far more than the refill's competition.
+		for settled := r.starved(); !settled; {
 			select {
 			case <-r.stop:
 				return
@@ -124,43 +141,82 @@ func (r *Runtime) keepWarm() {
 				settled = true
 			}
 		}
-		for {
-			name, start := r.nextGuest()
-			if start == nil {
-				break
-			}
-			var err error = errShortOfMemory
-			if memAvailable() >= minFreeMemory {
-				err = start()
-			}
-			if err != nil {
-				select {
-				case <-r.stop:
-					return
-				default:
-				}
-				if err != errShortOfMemory {
-					r.log.Warn("starting a warm guest", "pool", name, "err", err, "retry_in", backoff)
-				}
-				select {
-				case <-r.stop:
-					return
-				case <-time.After(backoff):
-				}
-				backoff = min(backoff*2, 30*time.Second)
-				continue
-			}
-			backoff = 100 * time.Millisecond
-			select {
-			case <-r.stop:
-				return
-			default:
-			}
+		if !r.fill() {
+			return
 		}
 	}
 }
 
-var errShortOfMemory = errors.New("the host is short of memory")
+// fill makes guests, refillWorkers at a time, until every pool and blank
+// guest kind is full; false when the runtime stops.
+func (r *Runtime) fill() bool {
+	sem := make(chan struct{}, refillWorkers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	// backoff grows while starts fail (or memory is short) and is reset
+	// by a start that succeeds; failed says one failed since the last
+	// look.
+	const firstBackoff = 100 * time.Millisecond
+	var backoff atomic.Int64
+	backoff.Store(int64(firstBackoff))
+	var failed atomic.Bool
+	for {
+		select {
+		case <-r.stop:
+			return false
+		case sem <- struct{}{}:
+		}
+		if failed.Swap(false) || memAvailable() < minFreeMemory {
+			<-sem
+			wait := time.Duration(backoff.Load())
+			select {
+			case <-r.stop:
+				return false
+			case <-time.After(wait):
+			}
+			backoff.Store(int64(min(2*wait, 30*time.Second)))
+			continue
+		}
+		name, start := r.nextGuest()
+		if start == nil {
+			<-sem
+			return true
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := start(); err != nil {
+				select {
+				case <-r.stop:
+				default:
+					r.log.Warn("starting a warm guest", "pool", name, "err", err)
+				}
+				failed.Store(true)
+				return
+			}
+			backoff.Store(int64(firstBackoff))
+		}()
+	}
+}
+
+// starved reports whether a pool or a kind of blank guest has none ready
+// and none being made.
+func (r *Runtime) starved() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.pools {
+		if len(p.ready)+p.building == 0 && p.want() > 0 {
+			return true
+		}
+	}
+	for _, k := range r.blankKinds() {
+		if len(r.blank[k])+r.blankBuilding[k] == 0 && r.cfg.BlankGuests > 0 {
+			return true
+		}
+	}
+	return false
+}
 
 // nextGuest says which guest the refill makes next: for the pool
 // furthest below its size, else a blank guest (blank_linux.go) while
@@ -191,17 +247,29 @@ func (r *Runtime) countLocked() int {
 }
 
 // neediest returns the pool furthest below its size, or nil when all are
-// full (or the guests of all pools reach maxWarm).
+// full (or the guests of all pools reach maxWarm). Pools idle for
+// demandIdle lose the guests their demand added.
 func (r *Runtime) neediest() *pool {
+	var drop []*guestProc
+	defer func() {
+		for _, g := range drop {
+			r.discard(g)
+		}
+	}()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	total := len(r.building) + len(r.blank[forNew]) + len(r.blank[forRestart])
 	names := make([]string, 0, len(r.pools))
 	for name, p := range r.pools {
-		total += len(p.ready)
+		if p.extra > 0 && time.Since(p.lastTake) > demandIdle {
+			p.extra = 0
+			if len(p.ready) > p.target {
+				drop = append(drop, p.ready[p.target:]...)
+				p.ready = p.ready[:p.target]
+			}
+		}
 		names = append(names, name)
 	}
-	if total >= maxWarm {
+	if r.countLocked() >= maxWarm {
 		return nil
 	}
 	sort.Strings(names)
@@ -209,7 +277,7 @@ func (r *Runtime) neediest() *pool {
 	bestNeed := 0
 	for _, name := range names {
 		p := r.pools[name]
-		if need := p.target - len(p.ready) - p.building; need > bestNeed {
+		if need := p.want() - len(p.ready) - p.building; need > bestNeed {
 			best, bestNeed = p, need
 		}
 	}
@@ -218,6 +286,19 @@ func (r *Runtime) neediest() *pool {
 	}
 	return best
 }
+
+// want is how many guests p keeps ready: its size, and as many more as
+// creates lately found it empty (up to maxDemand), so that a pool serving
+// a sustained stream of creates grows until it keeps up with them, and
+// shrinks back once they stop (demandIdle).
+func (p *pool) want() int { return p.target + p.extra }
+
+// maxDemand bounds the guests a pool keeps beyond its size for demand.
+const maxDemand = 64
+
+// demandIdle is how long a pool goes without a hand-out before the
+// guests its demand added go.
+const demandIdle = 30 * time.Second
 
 // refillSettle is how long the pools wait after a create before they
 // start another guest.
@@ -245,9 +326,10 @@ func (r *Runtime) newGuest(p *pool) (_ *guestProc, retErr error) {
 		delete(r.building, id)
 		p.building--
 		keep := retErr == nil && r.pools[p.name] == p && p.src.DiskFrom == src.DiskFrom &&
-			p.src.DiskBytes == src.DiskBytes && len(p.ready) < p.target
+			p.src.DiskBytes == src.DiskBytes && len(p.ready) < p.want()
 		if keep {
 			p.ready = append(p.ready, g)
+			p.imageID = g.image
 		}
 		r.mu.Unlock()
 		if retErr == nil && !keep {
@@ -293,19 +375,32 @@ func (r *Runtime) newBuildingID() string {
 }
 
 // takeWarm returns a live warm guest made from spec's image,
-// DiskFrom and disk size, if there is one.
+// DiskFrom and disk size, if there is one. A pool of that source found
+// empty grows (want) and is refilled at once.
 func (r *Runtime) takeWarm(spec runtime.Spec) *guestProc {
 	size := spec.Resources.DiskBytes
+	match := func(image, diskFrom string, diskBytes int64) bool {
+		return image == spec.Image.ID && diskFrom == spec.DiskFrom && (size == 0 || size == diskBytes)
+	}
 	for {
 		r.mu.Lock()
 		var g *guestProc
 	search:
 		for _, p := range r.pools {
 			for i, c := range p.ready {
-				if c.image == spec.Image.ID && c.diskFrom == spec.DiskFrom && (size == 0 || size == c.diskBytes) {
+				if match(c.image, c.diskFrom, c.diskBytes) {
 					g = c
 					p.ready = append(p.ready[:i:i], p.ready[i+1:]...)
+					p.lastTake = time.Now()
 					break search
+				}
+			}
+		}
+		if g == nil {
+			for _, p := range r.pools {
+				if p.imageID != "" && match(p.imageID, p.src.DiskFrom, p.src.DiskBytes) {
+					p.lastTake = time.Now()
+					p.extra = min(p.extra+1, maxDemand)
 				}
 			}
 		}

@@ -57,6 +57,9 @@ type Sandbox struct {
 	// Start, or by the watcher of a held sandbox that died unactivated.
 	activation   func()
 	activateOnce sync.Once
+	// held is activation, for the watcher to run if the guest of a held
+	// start dies before Activate (holdActivation); guarded by mu.
+	held func()
 
 	// mu guards pidFile against use after the watcher closed it: a closed
 	// fd number may be reused, and a signal must never reach another
@@ -193,6 +196,11 @@ func (s *Sandbox) Activate() {
 			s.activation()
 		}
 	})
+	// What the activation held (its environment, its socket) is not
+	// needed for the rest of the sandbox's life.
+	s.mu.Lock()
+	s.held = nil
+	s.mu.Unlock()
 	select {
 	case <-s.sent:
 	case <-s.done:
@@ -301,8 +309,30 @@ func (s *Sandbox) watch(pidfd int) error {
 		})
 		f.Close()
 		s.pidFile = nil
+		held := s.held
 		s.mu.Unlock()
 		close(s.done)
+		if held != nil {
+			// Held, and never activated: its socket is closed and its
+			// waiters (Dial) told all the same.
+			s.activateOnce.Do(held)
+		}
 	}()
 	return nil
+}
+
+// holdActivation makes a held start's activation (run by Activate) also
+// run if the guest dies before Activate: the watcher runs it then, rather
+// than a goroutine per sandbox that would wait for the guest's end for
+// all of its life (issue 21: what the daemon holds per sandbox).
+func (s *Sandbox) holdActivation() {
+	s.mu.Lock()
+	gone := s.pidFile == nil
+	if !gone {
+		s.held = s.activation
+	}
+	s.mu.Unlock()
+	if gone {
+		go s.activateOnce.Do(s.activation)
+	}
 }
