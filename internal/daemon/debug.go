@@ -33,6 +33,9 @@ func serveDebug(runDir string, log *slog.Logger) (stop func(), err error) {
 		l.Close()
 		return nil, err
 	}
+	// A heap sample every 4 KiB rather than 512: per-sandbox structures
+	// are small, and the density work counts them (issue 21).
+	goruntime.MemProfileRate = 4096
 	goruntime.SetMutexProfileFraction(5)
 	goruntime.SetBlockProfileRate(int(100 * time.Microsecond))
 	mux := http.NewServeMux()

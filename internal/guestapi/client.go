@@ -104,7 +104,18 @@ func (c *Client) Close() {
 
 // readers recycles the connections' read buffers: a fresh 64 KiB buffer
 // per call costs more in page faults than the call itself on small VMs.
-var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readerSize) }}
+
+// readerSize is a call's read buffer: an exec's output streams through
+// it.
+const readerSize = 64 << 10
+
+// reportReaderSize is the read buffer of a lane's report connection,
+// kept for as long as the client keeps the lane: its frames are small
+// (an exec's start, output batches read past it straight into the
+// frame, the exit), and a call's 64 KiB for each lane a client keeps
+// open was most of what the daemon held per sandbox (issue 21).
+const reportReaderSize = 4 << 10
 
 // Conn is an open guest connection after its request was answered: for
 // streaming ops, the output frames follow on Frames and input frames go
@@ -151,6 +162,9 @@ func (c *Conn) Release() {
 }
 
 func (c *Conn) recycle() {
+	if c.br.Size() != readerSize {
+		return // a report connection's own (HandLane)
+	}
 	c.br.Reset(nil)
 	readers.Put(c.br)
 }
@@ -181,6 +195,11 @@ func (c *Client) request(ctx context.Context, req Request) (*Response, *Conn, er
 // before the request could be answered.
 func (c *Client) call(ctx context.Context, conn net.Conn, req Request) (_ *Response, _ *Conn, stale bool, _ error) {
 	br := readers.Get().(*bufio.Reader)
+	return c.callWith(ctx, conn, br, req)
+}
+
+// callWith is call reading through br.
+func (c *Client) callWith(ctx context.Context, conn net.Conn, br *bufio.Reader, req Request) (_ *Response, _ *Conn, stale bool, _ error) {
 	br.Reset(conn)
 	gc := &Conn{Conn: conn, Frames: wire.NewReader(br), out: wire.NewWriter(conn), br: br, client: c}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -263,7 +282,7 @@ func (c *Client) HandLane(ctx context.Context, id string, lane syscall.Conn) (*C
 		conn.Close()
 		return nil, errors.New("the guest connection is not a unix socket")
 	}
-	_, gc, _, err := c.call(ctx, conn, Request{Op: OpLane, Sandbox: id})
+	_, gc, _, err := c.callWith(ctx, conn, bufio.NewReaderSize(nil, reportReaderSize), Request{Op: OpLane, Sandbox: id})
 	if err != nil {
 		return nil, err
 	}
