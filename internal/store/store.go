@@ -34,6 +34,10 @@ type Store struct {
 	// wmu orders the writes to the database (Put, Delete, folds) with
 	// each other.
 	wmu sync.Mutex
+	// qmu guards queue: the Puts and Deletes waiting for the next group
+	// commit (commit).
+	qmu   sync.Mutex
+	queue []*commitReq
 
 	// jmu guards the journal: the file, the offset of the next entry, the
 	// last sequence number, and the entries not folded yet (pending, in
@@ -138,6 +142,11 @@ func (s *Store) Close() error {
 func (s *Store) fold(write func(tx *bolt.Tx) error) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	return s.foldLocked(write)
+}
+
+// foldLocked is fold with wmu held.
+func (s *Store) foldLocked(write func(tx *bolt.Tx) error) error {
 	s.jmu.Lock()
 	batch := append([]entry(nil), s.pending...)
 	through := uint64(0)
@@ -194,13 +203,60 @@ func (s *Store) fold(write func(tx *bolt.Tx) error) error {
 	return nil
 }
 
+// commitReq is a write waiting for a commit (see commit).
+type commitReq struct {
+	write func(tx *bolt.Tx) error
+	done  chan error
+}
+
+// commit writes write in a database transaction, durable when it
+// returns. Writes that wait while another commits go in one transaction
+// together (a group commit: one bbolt commit, two fsyncs, for all of
+// them), so that concurrent callers (deletes of many sandboxes at once)
+// do not queue for a commit each. A batch that fails is retried one
+// write at a time, so that each caller gets its own error.
+func (s *Store) commit(write func(tx *bolt.Tx) error) error {
+	req := &commitReq{write: write, done: make(chan error, 1)}
+	s.qmu.Lock()
+	s.queue = append(s.queue, req)
+	s.qmu.Unlock()
+	s.wmu.Lock()
+	select {
+	case err := <-req.done: // committed by the caller before us
+		s.wmu.Unlock()
+		return err
+	default:
+	}
+	s.qmu.Lock()
+	batch := s.queue
+	s.queue = nil
+	s.qmu.Unlock()
+	err := s.foldLocked(func(tx *bolt.Tx) error {
+		for _, r := range batch {
+			if err := r.write(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for _, r := range batch {
+		if err != nil && len(batch) > 1 {
+			r.done <- s.foldLocked(r.write)
+		} else {
+			r.done <- err
+		}
+	}
+	s.wmu.Unlock()
+	return <-req.done
+}
+
 // Put writes v as JSON under bucket/key.
 func (s *Store) Put(bucket, key string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encoding %s/%s: %w", bucket, key, err)
 	}
-	return s.fold(func(tx *bolt.Tx) error {
+	return s.commit(func(tx *bolt.Tx) error {
 		bk, err := tx.CreateBucketIfNotExists([]byte(bucket))
 		if err != nil {
 			return err
@@ -328,7 +384,7 @@ func (s *Store) Get(bucket, key string, v any) error {
 
 // Delete removes bucket/key; removing a missing key is not an error.
 func (s *Store) Delete(bucket, key string) error {
-	return s.fold(func(tx *bolt.Tx) error {
+	return s.commit(func(tx *bolt.Tx) error {
 		bk := tx.Bucket([]byte(bucket))
 		if bk == nil {
 			return nil

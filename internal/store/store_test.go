@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,4 +211,86 @@ func TestPutNowFoldsAndEach(t *testing.T) {
 	if f, err := s.folded(); err != nil || f != s.seq {
 		t.Fatalf("folded %d, %v; want %d", f, err, s.seq)
 	}
+}
+
+// TestConcurrentWritesCommitTogether: Puts and Deletes from many
+// goroutines at once, which share group commits, are each done when they
+// return: the database, reopened, has every Put not deleted after it.
+func TestConcurrentWritesCommitTogether(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 64
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("k%02d", i)
+			if err := s.Put("b", key, rec{key, i}); err != nil {
+				errs <- err
+				return
+			}
+			if i%2 == 0 {
+				errs <- s.Delete("b", key)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got := 0
+	if err := s.Each("b", func(k string, raw json.RawMessage) error {
+		var r rec
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return err
+		}
+		if r.N%2 == 0 || r.Name != k {
+			t.Errorf("record %s = %+v survived, or is not its own", k, r)
+		}
+		got++
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got != n/2 {
+		t.Fatalf("%d records after reopening, want %d", got, n/2)
+	}
+}
+
+// BenchmarkConcurrentPutDelete: 8 writers at once, each a Put then a
+// Delete of its own key (a sandbox's record and its removal).
+func BenchmarkConcurrentPutDelete(b *testing.B) {
+	s, err := Open(filepath.Join(b.TempDir(), "db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	b.SetParallelism(8)
+	var seq atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			key := fmt.Sprint(seq.Add(1))
+			if err := s.Put("b", key, rec{key, 1}); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Delete("b", key); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
