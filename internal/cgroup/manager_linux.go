@@ -408,8 +408,17 @@ func (g *Group) Kill() error {
 
 // killEach is Kill for kernels without cgroup.kill. Freezing first means a
 // process cannot fork between being listed and being signalled; a frozen
-// v1 task only dies once thawed, hence the thaw before waiting.
+// v1 task only dies once thawed, hence the thaw before waiting. An empty
+// group is not frozen at all: a removed sandbox's group is empty by the
+// time its teardown gets here (its guest, the pid namespace's init, died,
+// and the kernel killed and reaped the namespace's other processes
+// before that death was reported), and on v1 the first freeze and the
+// last thaw on the host patch the kernel's code (the freezer's static
+// key), which under churn cost more CPU than the rest of the teardown.
 func (g *Group) killEach() error {
+	if pids, err := g.Pids(); err == nil && len(pids) == 0 {
+		return nil
+	}
 	deadline := time.Now().Add(killTimeout)
 	for round := 1; ; round++ {
 		fctx, cancel := context.WithTimeout(context.Background(), killFreezeTimeout)
