@@ -361,7 +361,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go watchStorage(watchCtx, disks, log.With("component", "disk"))
-	go trimMemory(watchCtx, log)
+	go trimMemory(watchCtx, mgr.Len, log)
 
 	srv := server.New(mgr, api.VersionInfo{
 		Version:   cfg.Version,

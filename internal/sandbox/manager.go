@@ -151,6 +151,13 @@ func NewManager(cfg Config) *Manager {
 
 func hostCPUs() int { return goruntime.NumCPU() }
 
+// Len returns how many sandboxes the manager knows of, in any state.
+func (m *Manager) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.boxes)
+}
+
 // SetRuntime sets the runtime sandboxes run on.
 func (m *Manager) SetRuntime(rt runtime.Runtime) { m.cfg.Runtime = rt }
 
