@@ -13,12 +13,12 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/paddock-dev/paddock/internal/guestfork"
+	"github.com/paddock-dev/paddock/internal/guestmain"
 )
 
 func main() {
 	if len(os.Args) > 1 {
-		guestfork.Main(os.Args[1]) // returns unless the verb is the guest's
+		guestmain.Main(os.Args[1]) // returns unless the verb is the guest's
 	}
 	fmt.Fprintln(os.Stderr, "paddock-guest: the paddock daemon starts this binary; it has no verbs for people")
 	os.Exit(2)

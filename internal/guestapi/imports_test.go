@@ -15,10 +15,13 @@ import (
 const guestPkg = "github.com/paddock-dev/paddock/internal/guest"
 
 // mayImportGuest are the packages that may depend on the PID 1 side: the
-// guest itself and the binary's main, which dispatches to it.
+// guest itself, the dispatcher of the guest binary's verbs and the two
+// mains that call it.
 var mayImportGuest = map[string]bool{
 	guestPkg: true,
-	"github.com/paddock-dev/paddock/cmd/paddock": true,
+	"github.com/paddock-dev/paddock/internal/guestmain": true,
+	"github.com/paddock-dev/paddock/cmd/paddock":        true,
+	"github.com/paddock-dev/paddock/cmd/paddock-guest":  true,
 }
 
 // TestDaemonImportsNoGuest: no package of the module but the guest and

@@ -32,6 +32,13 @@ const (
 	FDCgroup // v2 only: the cgroup to clone into
 )
 
+// The hidden verbs the daemon starts its guest binary with
+// (internal/guestmain runs them).
+const (
+	GuestVerb  = "guest"        // PID 1 of a sandbox
+	ForkerVerb = "guest-forker" // the forker
+)
+
 // Request asks the forker for a guest.
 type Request struct {
 	// UIDBase is the host uid (and gid) that root in the guest's user
