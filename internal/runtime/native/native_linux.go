@@ -92,6 +92,12 @@ type Runtime struct {
 	blank         [blankKinds][]*guestProc
 	blankBuilding [blankKinds]int
 	closing       bool
+	// made is closed (and replaced) whenever the refill finishes a warm
+	// guest, made or not, waking the creates waiting for one (takeWarm).
+	made chan struct{}
+	// evicting counts starts that evicted the warm and blank guests for
+	// room and are retrying: the refill makes none meanwhile.
+	evicting int
 
 	refill chan struct{}
 	stop   chan struct{}
@@ -112,6 +118,7 @@ func New(cfg Config) (*Runtime, error) {
 		idmap:    true,
 		building: map[string]bool{},
 		pools:    map[string]*pool{},
+		made:     make(chan struct{}),
 		refill:   make(chan struct{}, 1),
 		forkers:  make(chan *forker, forkerCount),
 		stop:     make(chan struct{}),
@@ -249,7 +256,7 @@ func (r *Runtime) Warm() int {
 // started again; else new, or a copy of spec.DiskFrom) and its root
 // filesystem. UIDBase 0 takes a new range. On failure everything it made
 // is removed, except a disk that existed before.
-func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *guestProc, retErr error) {
+func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool, urgent func() bool) (_ *guestProc, retErr error) {
 	t0 := time.Now()
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
@@ -263,6 +270,13 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool) (_ *g
 		return nil, err
 	}
 	mark("guest")
+	if warm && urgent != nil && urgent() {
+		// A create waits for this warm guest: its disk and Prepare run
+		// at the normal priority, not the refill's low one.
+		raisePriority(g.sb.st.PID)
+		g.raised = true
+		mark("raised")
+	}
 	vol := spec.ID
 	if warm {
 		vol = warmPrefix + spec.ID
@@ -552,7 +566,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	picked := spec.ID == ""
 	var g *guestProc
 	if picked && len(spec.Mounts) == 0 {
-		g = r.takeWarm(spec)
+		g = r.takeWarm(ctx, spec)
 	}
 	if g != nil {
 		mark("taken")
@@ -571,20 +585,28 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		}
 		g.volume = g.sb.id
 		mark("warm")
-	} else if g = r.blankFor(spec); g != nil {
-		if err := r.bindBlank(ctx, g, &spec, mark); err != nil {
-			return nil, err
-		}
-		mark("bound")
 	} else {
-		if spec.ID == "" {
-			spec.ID = runtime.NewID()
-		}
 		var err error
-		if g, err = r.build(ctx, spec, false); err != nil {
-			return nil, err
+		if g, err = r.startNew(ctx, &spec, mark); err != nil {
+			if !roomErr(err) {
+				return nil, err
+			}
+			// Refused for room the pools may hold: they give it up, and
+			// the start is tried once more (pools never fail a create).
+			n, done := r.evictWarm()
+			defer done()
+			mark("evicted")
+			if n == 0 {
+				return nil, err
+			}
+			r.log.Info("evicted warm guests for a start refused for room", "guests", n, "err", err)
+			if picked {
+				spec.ID = ""
+			}
+			if g, err = r.startNew(ctx, &spec, mark); err != nil {
+				return nil, err
+			}
 		}
-		mark("built")
 	}
 	defer func() {
 		if retErr == nil {
@@ -639,6 +661,35 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		go sb.activateOnce.Do(sb.activation)
 	}
 	return sb, nil
+}
+
+// startNew starts spec on a blank guest, or builds its guest now (no
+// warm guest serves it); on failure nothing of it is left but a disk
+// that existed before.
+func (r *Runtime) startNew(ctx context.Context, spec *runtime.Spec, mark func(string)) (*guestProc, error) {
+	if g := r.blankFor(*spec); g != nil {
+		if err := r.bindBlank(ctx, g, spec, mark); err != nil {
+			return nil, err
+		}
+		mark("bound")
+		return g, nil
+	}
+	if spec.ID == "" {
+		spec.ID = runtime.NewID()
+	}
+	g, err := r.build(ctx, *spec, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	mark("built")
+	return g, nil
+}
+
+// roomErr reports whether err refused a start for want of something warm
+// and blank guests hold: disk space (a promise each), loop devices,
+// memory.
+func roomErr(err error) bool {
+	return errors.Is(err, errdefs.ErrUnavailable) || errdefs.IsNoSpace(err) || errors.Is(err, syscall.ENOMEM)
 }
 
 // activation is what a sandbox's guest still needs once Start returns.

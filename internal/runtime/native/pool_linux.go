@@ -25,8 +25,10 @@ type pool struct {
 	src    runtime.PoolSource
 	target int
 	ready  []*guestProc // oldest first
-	// building counts guests being made for it.
+	// building counts guests being made for it; waiting, the creates
+	// waiting for one of those (takeWarm), never more than building.
 	building int
+	waiting  int
 	// extra is how many more than target it keeps for demand (want);
 	// lastTake is its last hand-out or miss; imageID is the image its
 	// guests are made from (known once one is made), which a miss is
@@ -223,6 +225,12 @@ func (r *Runtime) starved() bool {
 // there are fewer than BlankGuests; start is nil when all are full (or
 // the guests of all pools reach maxWarm).
 func (r *Runtime) nextGuest() (name string, start func() error) {
+	r.mu.Lock()
+	evicting := r.evicting > 0
+	r.mu.Unlock()
+	if evicting {
+		return "", nil // poked again when the start that evicted ends
+	}
 	if p := r.neediest(); p != nil {
 		return p.name, func() error { _, err := r.newGuest(p); return err }
 	}
@@ -326,11 +334,13 @@ func (r *Runtime) newGuest(p *pool) (_ *guestProc, retErr error) {
 		delete(r.building, id)
 		p.building--
 		keep := retErr == nil && r.pools[p.name] == p && p.src.DiskFrom == src.DiskFrom &&
-			p.src.DiskBytes == src.DiskBytes && len(p.ready) < p.want()
+			p.src.DiskBytes == src.DiskBytes && (len(p.ready) < p.want() || p.waiting > 0)
 		if keep {
 			p.ready = append(p.ready, g)
 			p.imageID = g.image
 		}
+		close(r.made)
+		r.made = make(chan struct{})
 		r.mu.Unlock()
 		if retErr == nil && !keep {
 			r.discard(g) // the pool shrank or changed meanwhile
@@ -342,7 +352,12 @@ func (r *Runtime) newGuest(p *pool) (_ *guestProc, retErr error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	g, err = r.build(ctx, runtime.Spec{ID: id, Image: img, Resources: api.Resources{DiskBytes: src.DiskBytes}, DiskFrom: src.DiskFrom}, true)
+	awaited := func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return p.waiting > 0
+	}
+	g, err = r.build(ctx, runtime.Spec{ID: id, Image: img, Resources: api.Resources{DiskBytes: src.DiskBytes}, DiskFrom: src.DiskFrom}, true, awaited)
 	if err != nil {
 		return nil, err
 	}
@@ -358,8 +373,10 @@ func (r *Runtime) newGuest(p *pool) (_ *guestProc, retErr error) {
 	// Built at a low priority, so as not to slow running sandboxes; raised
 	// to the normal one now, so that a hand-out need not (0.5-1.5 ms on
 	// its path on a small host).
-	raisePriority(g.sb.st.PID)
-	g.raised = true
+	if !g.raised {
+		raisePriority(g.sb.st.PID)
+		g.raised = true
+	}
 	return g, nil
 }
 
@@ -374,14 +391,33 @@ func (r *Runtime) newBuildingID() string {
 	return id
 }
 
-// takeWarm returns a live warm guest made from spec's image,
-// DiskFrom and disk size, if there is one. A pool of that source found
-// empty grows (want) and is refilled at once.
-func (r *Runtime) takeWarm(spec runtime.Spec) *guestProc {
+// warmWait bounds how long a create that finds its pool empty waits for
+// a guest the refill is making for it, before it builds one itself.
+// Building one on the spot costs 150-250 ms under churn here (fork,
+// disk, Prepare) and duplicates the refill's work; a guest under way is
+// part-way there.
+const warmWait = 250 * time.Millisecond
+
+// takeWarm returns a live warm guest made from spec's image, DiskFrom
+// and disk size, if there is one. A pool of that source found empty
+// grows (want) and is refilled at once; if the refill is making guests
+// for it that no other create waits for, this one waits for the first
+// ready (up to warmWait) rather than build a guest beside them.
+func (r *Runtime) takeWarm(ctx context.Context, spec runtime.Spec) *guestProc {
 	size := spec.Resources.DiskBytes
 	match := func(image, diskFrom string, diskBytes int64) bool {
 		return image == spec.Image.ID && diskFrom == spec.DiskFrom && (size == 0 || size == diskBytes)
 	}
+	var waitOn *pool // the pool this create waits on, once it does
+	var timeout <-chan time.Time
+	defer func() {
+		if waitOn != nil {
+			r.mu.Lock()
+			waitOn.waiting--
+			r.mu.Unlock()
+		}
+	}()
+	missed := false
 	for {
 		r.mu.Lock()
 		var g *guestProc
@@ -396,22 +432,78 @@ func (r *Runtime) takeWarm(spec runtime.Spec) *guestProc {
 				}
 			}
 		}
+		var made chan struct{}
 		if g == nil {
 			for _, p := range r.pools {
-				if p.imageID != "" && match(p.imageID, p.src.DiskFrom, p.src.DiskBytes) {
+				if p.imageID == "" || !match(p.imageID, p.src.DiskFrom, p.src.DiskBytes) {
+					continue
+				}
+				if !missed {
 					p.lastTake = time.Now()
 					p.extra = min(p.extra+1, maxDemand)
 				}
+				if waitOn == nil && p.building > p.waiting {
+					waitOn = p
+					p.waiting++
+				}
+			}
+			missed = true
+			if waitOn != nil && waitOn.building > 0 {
+				made = r.made
 			}
 		}
 		r.mu.Unlock()
-		if g == nil {
+		if g != nil {
+			if !g.sb.exited() {
+				return g
+			}
+			r.discard(g)
+			continue
+		}
+		if made == nil {
 			return nil
 		}
-		if !g.sb.exited() {
-			return g
+		if timeout == nil {
+			r.poke() // the pool grew: the refill starts more at once
+			t := time.NewTimer(warmWait)
+			defer t.Stop()
+			timeout = t.C
 		}
+		select {
+		case <-made:
+		case <-timeout:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// evictWarm discards every ready warm and blank guest, and the demand
+// that grew the pools, so that what they hold (a disk promise each, loop
+// devices, memory, uid ranges) goes to a start that was refused for it.
+// It returns how many went and a done that the start calls once it has
+// retried: until then the refill makes none.
+func (r *Runtime) evictWarm() (int, func()) {
+	r.mu.Lock()
+	r.evicting++
+	var drop []*guestProc
+	for _, p := range r.pools {
+		drop = append(drop, p.ready...)
+		p.ready, p.extra = nil, 0
+	}
+	for k := range r.blank {
+		drop = append(drop, r.blank[k]...)
+		r.blank[k] = nil
+	}
+	r.mu.Unlock()
+	for _, g := range drop {
 		r.discard(g)
+	}
+	return len(drop), func() {
+		r.mu.Lock()
+		r.evicting--
+		r.mu.Unlock()
 	}
 }
 

@@ -1,9 +1,14 @@
 package native
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/storage/image"
 )
@@ -20,7 +25,7 @@ func TestPoolGrowsWithDemand(t *testing.T) {
 	spec := runtime.Spec{Image: &image.Image{ID: "sha256:a"}}
 
 	for i := range 3 {
-		if g := r.takeWarm(spec); g != nil {
+		if g := r.takeWarm(context.Background(), spec); g != nil {
 			t.Fatalf("take %d from an empty pool returned a guest", i)
 		}
 	}
@@ -33,7 +38,7 @@ func TestPoolGrowsWithDemand(t *testing.T) {
 	p.building-- // as newGuest would
 
 	for range 2 * maxDemand {
-		r.takeWarm(spec)
+		r.takeWarm(context.Background(), spec)
 	}
 	if p.extra != maxDemand {
 		t.Fatalf("demand grew to %d, past its bound %d", p.extra, maxDemand)
@@ -63,5 +68,96 @@ func TestStarved(t *testing.T) {
 	r.blank[forNew] = nil
 	if !r.starved() {
 		t.Fatal("no blank guest ready is not starved")
+	}
+}
+
+// TestMissWaitsForGuestUnderWay: a create that finds its pool empty while
+// the refill makes a guest for it waits for that guest rather than build
+// one beside it; a second create, with no guest under way that another
+// does not wait for, does not wait; a create whose awaited guest fails
+// stops waiting.
+func TestMissWaitsForGuestUnderWay(t *testing.T) {
+	r := &Runtime{pools: map[string]*pool{}, building: map[string]bool{}, made: make(chan struct{}), refill: make(chan struct{}, 1)}
+	p := &pool{name: "image:host", target: 1, imageID: "sha256:a", building: 1, src: runtime.PoolSource{DiskBytes: 1 << 30}}
+	r.pools[p.name] = p
+	spec := runtime.Spec{Image: &image.Image{ID: "sha256:a"}}
+	waiting := func() int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return p.waiting
+	}
+	finish := func(g *guestProc) { // as newGuest does
+		r.mu.Lock()
+		p.building--
+		if g != nil {
+			p.ready = append(p.ready, g)
+		}
+		close(r.made)
+		r.made = make(chan struct{})
+		r.mu.Unlock()
+	}
+
+	got := make(chan *guestProc)
+	go func() { got <- r.takeWarm(context.Background(), spec) }()
+	for deadline := time.Now().Add(5 * time.Second); waiting() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the create that missed does not wait for the guest under way")
+		}
+	}
+	if g := r.takeWarm(context.Background(), spec); g != nil {
+		t.Fatal("a second create took a guest from an empty pool")
+	}
+	if waiting() != 1 {
+		t.Fatalf("%d creates wait for the one guest under way", waiting())
+	}
+	want := &guestProc{image: "sha256:a", diskBytes: 1 << 30, sb: &Sandbox{done: make(chan struct{})}}
+	finish(want)
+	if g := <-got; g != want {
+		t.Fatalf("the waiting create got %v, not the guest made for it", g)
+	}
+	if waiting() != 0 || len(p.ready) != 0 {
+		t.Fatalf("after the hand-out: %d waiting, %d ready; want 0 and 0", waiting(), len(p.ready))
+	}
+
+	p.building = 1
+	go func() { got <- r.takeWarm(context.Background(), spec) }()
+	for waiting() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	finish(nil) // the refill failed to make it
+	if g := <-got; g != nil {
+		t.Fatalf("a create whose guest failed got %v", g)
+	}
+}
+
+// TestEvictingHoldsRefill: while a start that evicted the pools for room
+// retries, the refill makes no guest; and only refusals for room evict.
+func TestEvictingHoldsRefill(t *testing.T) {
+	r := &Runtime{pools: map[string]*pool{}, building: map[string]bool{}}
+	p := &pool{name: "image:host", target: 2, extra: 3}
+	r.pools[p.name] = p
+	n, done := r.evictWarm()
+	if n != 0 || p.extra != 0 {
+		t.Fatalf("evicting empty pools: %d went, demand %d left; want 0 and 0", n, p.extra)
+	}
+	if name, start := r.nextGuest(); start != nil {
+		t.Fatalf("the refill makes a guest for %q while a start evicts", name)
+	}
+	done()
+	if _, start := r.nextGuest(); start == nil {
+		t.Fatal("the refill makes nothing for an empty pool once the start is done")
+	}
+	for _, c := range []struct {
+		err  error
+		room bool
+	}{
+		{fmt.Errorf("getting disk: %w", errdefs.New(errdefs.ErrUnavailable, "disk: 1 GiB requested, 0 free")), true},
+		{fmt.Errorf("starting guest: %w", syscall.ENOMEM), true},
+		{errdefs.Invalid("disk", "too big"), false},
+		{errors.New("guest exited"), false},
+	} {
+		if got := roomErr(c.err); got != c.room {
+			t.Errorf("roomErr(%v) = %v, want %v", c.err, got, c.room)
+		}
 	}
 }
