@@ -29,36 +29,8 @@ import (
 // TestConformance runs the runtime suite on the native tier, on a cgroup
 // parent, uid ranges and directories of its own.
 func TestConformance(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the native runtime needs root")
-	}
-	if testing.Short() {
-		t.Skip("starts real sandboxes")
-	}
-	bin := guestBinary(t)
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	parent := fmt.Sprintf("paddock-conformance-%d", rand.IntN(1<<30))
-	cgroups, err := cgroup.NewManager(parent, log)
-	if err != nil {
-		t.Fatalf("setting up cgroups: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := cgroups.Remove(); err != nil {
-			t.Errorf("removing cgroup parent %s: %v", parent, err)
-		}
-	})
-	images, err := image.NewStore(t.TempDir(), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := images.Get(image.HostImage)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prog, err := seccomp.Compile(seccomp.DockerDefaultCaps)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := nativeDeps(t, "paddock-conformance")
+	bin, log, cgroups, img, prog := d.bin, d.log, d.cgroups, d.img, d.prog
 	// Ranges far from the end-to-end tests' (1<<29 up).
 	ids := &testIDs{start: 3<<30 + uint32(rand.IntN(255))*64<<16, n: 64}
 
@@ -272,4 +244,52 @@ func (s *testIDs) Free(base uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.used, base)
+}
+
+// deps are what a test of real sandboxes needs besides disks: the guest
+// binary, a cgroup parent of its own (removed at the end), the host image
+// and the seccomp filter.
+type deps struct {
+	bin     string
+	log     *slog.Logger
+	cgroups *cgroup.Manager
+	img     *image.Image
+	prog    []byte
+}
+
+// nativeDeps skips unless root and not -short, and makes deps, the
+// cgroup parent named prefix and a random number.
+func nativeDeps(t *testing.T, prefix string) deps {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the native runtime needs root")
+	}
+	if testing.Short() {
+		t.Skip("starts real sandboxes")
+	}
+	bin := guestBinary(t)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	parent := fmt.Sprintf("%s-%d", prefix, rand.IntN(1<<30))
+	cgroups, err := cgroup.NewManager(parent, log)
+	if err != nil {
+		t.Fatalf("setting up cgroups: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := cgroups.Remove(); err != nil {
+			t.Errorf("removing cgroup parent %s: %v", parent, err)
+		}
+	})
+	images, err := image.NewStore(t.TempDir(), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := images.Get(image.HostImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := seccomp.Compile(seccomp.DockerDefaultCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return deps{bin: bin, log: log, cgroups: cgroups, img: img, prog: prog}
 }
