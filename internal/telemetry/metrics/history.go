@@ -49,17 +49,6 @@ func validateTiers(tiers []Tier, interval time.Duration) error {
 	return nil
 }
 
-// HistoryBytes is the most memory the history of one sandbox takes with
-// tiers, once every tier is full. A young sandbox takes less: rings grow
-// as they fill.
-func HistoryBytes(tiers []Tier) int {
-	n := 0
-	for _, t := range tiers {
-		n += t.points()
-	}
-	return n * int(unsafe.Sizeof(point{}))
-}
-
 // point is a Sample as the history stores it: 88 bytes instead of the
 // Sample's 150-odd. Memory is kept in KiB (the kernel charges pages),
 // the disk cap in MiB; all saturate rather than wrap.
@@ -139,56 +128,6 @@ func (p *point) sample() Sample {
 	}}
 }
 
-// ring keeps the last max points. Its buffer grows as it fills, so a
-// short-lived sandbox never pays for a full day.
-type ring struct {
-	buf  []point
-	head int // index of the oldest point once the buffer is full
-	max  int
-}
-
-func (r *ring) push(p point) {
-	if len(r.buf) < r.max {
-		if len(r.buf) == cap(r.buf) {
-			nb := make([]point, len(r.buf), min(max(2*cap(r.buf), 16), r.max))
-			copy(nb, r.buf)
-			r.buf = nb
-		}
-		r.buf = append(r.buf, p)
-		return
-	}
-	r.buf[r.head] = p
-	r.head++
-	if r.head == r.max {
-		r.head = 0
-	}
-}
-
-func (r *ring) len() int { return len(r.buf) }
-
-// at returns the i-th oldest point.
-func (r *ring) at(i int) *point {
-	i += r.head
-	if i >= len(r.buf) {
-		i -= len(r.buf)
-	}
-	return &r.buf[i]
-}
-
-// search returns the index of the first point at or after t (unix ns).
-func (r *ring) search(t int64) int {
-	lo, hi := 0, r.len()
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if r.at(m).t < t {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	return lo
-}
-
 // fold accumulates the samples of one interval of a coarse tier.
 type fold struct {
 	bucket int64 // interval number: t / resolution
@@ -255,27 +194,29 @@ func (f *fold) point() point {
 func (h *history) query(dst []Sample, from, to int64) []Sample {
 	// Walk from the finest tier to the coarsest; each coarser tier only
 	// fills in before the oldest point of the finer ones.
-	bound := int64(math.MaxInt64)
-	var parts [][2]int // per tier: index range
+	hi := to
+	if hi < math.MaxInt64 {
+		hi++ // exclusive
+	}
+	ends := make([]int64, len(h.rings)) // per tier: the end of its range
 	for i := range h.rings {
 		r := &h.rings[i]
-		hi := to
-		if hi < math.MaxInt64 {
-			hi++ // exclusive
-		}
-		hi = min(hi, bound)
-		lo := r.search(from)
-		end := r.search(hi)
-		parts = append(parts, [2]int{lo, end})
+		ends[i] = hi
 		if r.len() > 0 {
-			bound = min(bound, r.at(0).t)
+			hi = min(hi, r.oldest())
 		}
 	}
 	for i := len(h.rings) - 1; i >= 0; i-- {
-		r := &h.rings[i]
-		for j := parts[i][0]; j < parts[i][1]; j++ {
-			dst = append(dst, r.at(j).sample())
-		}
+		dst = h.rings[i].appendRange(dst, from, ends[i])
 	}
 	return dst
+}
+
+// bytes is the memory the history takes.
+func (h *history) bytes() int {
+	n := int(unsafe.Sizeof(*h)) + len(h.res)*8 + len(h.rings)*int(unsafe.Sizeof(ring{})) + len(h.folds)*int(unsafe.Sizeof(fold{}))
+	for i := range h.rings {
+		n += h.rings[i].bytes()
+	}
+	return n
 }

@@ -13,13 +13,17 @@ import (
 
 func TestPointSize(t *testing.T) {
 	if got := unsafe.Sizeof(point{}); got != 88 {
-		t.Errorf("point is %d bytes, want 88 (update the documented history size)", got)
+		t.Errorf("point is %d bytes, want 88", got)
 	}
-	// 900 + 1440 + 672 points of 88 bytes.
-	if got, want := HistoryBytes(DefaultTiers), 3012*88; got != want {
-		t.Errorf("HistoryBytes(DefaultTiers) = %d, want %d", got, want)
+}
+
+// ringTimes returns the times of the points r keeps, oldest first.
+func ringTimes(r *ring, from, to int64) []int64 {
+	var ts []int64
+	for _, s := range r.appendRange(nil, from, to) {
+		ts = append(ts, s.Time.UnixNano())
 	}
-	t.Logf("history per sandbox, all tiers full: %d bytes (%.0f KiB)", HistoryBytes(DefaultTiers), float64(HistoryBytes(DefaultTiers))/1024)
+	return ts
 }
 
 func TestRing(t *testing.T) {
@@ -31,38 +35,44 @@ func TestRing(t *testing.T) {
 		{max: 3, pushes: 2, want: []int64{0, 1}},
 		{max: 3, pushes: 3, want: []int64{0, 1, 2}},
 		{max: 3, pushes: 7, want: []int64{4, 5, 6}},
-		{max: 40, pushes: 100, want: func() []int64 {
-			var w []int64
-			for i := int64(60); i < 100; i++ {
-				w = append(w, i)
-			}
-			return w
-		}()},
+		{max: 40, pushes: 100, want: span(60, 100)},
+		{max: 100, pushes: 1000, want: span(900, 1000)},
+		{max: 128, pushes: 128, want: span(0, 128)},
+		{max: 128, pushes: 129, want: span(1, 129)},
+		{max: 128, pushes: 192, want: span(64, 192)},
+		{max: 128, pushes: 193, want: span(65, 193)},
 	}
 	for _, tt := range tests {
 		r := ring{max: tt.max}
 		for i := 0; i < tt.pushes; i++ {
-			r.push(point{t: int64(i)})
+			r.push(point{t: int64(i), memKiB: uint32(i % 3)})
 		}
-		if cap(r.buf) > tt.max {
-			t.Errorf("max %d: buffer grew to %d", tt.max, cap(r.buf))
+		if held := r.n; held < r.len() || held >= tt.max+chunkPoints {
+			t.Errorf("max %d: %d points held", tt.max, held)
 		}
-		var got []int64
-		for i := 0; i < r.len(); i++ {
-			got = append(got, r.at(i).t)
-		}
-		if !equal(got, tt.want) {
+		if got := ringTimes(&r, math.MinInt64, math.MaxInt64); !equal(got, tt.want) {
 			t.Errorf("max %d after %d pushes: %v, want %v", tt.max, tt.pushes, got, tt.want)
 		}
+		if r.len() != len(tt.want) {
+			t.Errorf("max %d after %d pushes: len %d, want %d", tt.max, tt.pushes, r.len(), len(tt.want))
+		}
+		if len(tt.want) > 0 && r.oldest() != tt.want[0] {
+			t.Errorf("max %d after %d pushes: oldest %d, want %d", tt.max, tt.pushes, r.oldest(), tt.want[0])
+		}
 		for _, x := range tt.want {
-			if i := r.search(x); r.at(i).t != x {
-				t.Errorf("search(%d) found %d", x, r.at(i).t)
+			if got := ringTimes(&r, x, x+1); len(got) != 1 || got[0] != x {
+				t.Errorf("range [%d, %d] found %v", x, x, got)
 			}
 		}
-		if r.search(math.MaxInt64) != r.len() {
-			t.Errorf("search past the end = %d, want %d", r.search(math.MaxInt64), r.len())
-		}
 	}
+}
+
+func span(from, to int64) []int64 {
+	var w []int64
+	for i := from; i < to; i++ {
+		w = append(w, i)
+	}
+	return w
 }
 
 func equal(a, b []int64) bool {
@@ -238,8 +248,8 @@ func TestPointRoundTrip(t *testing.T) {
 	}
 }
 
-// TestHistoryMemoryBound: 8 days of 1 s samples leave each ring exactly at
-// its tier's size, so a sandbox's history never passes HistoryBytes.
+// TestHistoryMemoryBound: 8 days of 1 s samples leave each ring at its
+// tier's size, give or take a chunk, so a sandbox's history stops growing.
 func TestHistoryMemoryBound(t *testing.T) {
 	h := newHistory(DefaultTiers)
 	r := Reading{MemoryBytes: 1 << 20}
@@ -248,15 +258,11 @@ func TestHistoryMemoryBound(t *testing.T) {
 		r.CPUNanos = uint64(i) * 1e6
 		h.add(toPoint(time.Unix(0, base+i*1e9), &r, 0.1), 1)
 	}
-	total := 0
-	for i, rg := range h.rings {
-		if rg.len() != DefaultTiers[i].points() || cap(rg.buf) != DefaultTiers[i].points() {
-			t.Errorf("tier %d: %d points in a buffer of %d, want %d", i, rg.len(), cap(rg.buf), DefaultTiers[i].points())
+	for i := range h.rings {
+		rg := &h.rings[i]
+		if rg.len() != DefaultTiers[i].points() || rg.n >= rg.max+chunkPoints {
+			t.Errorf("tier %d: %d points kept of %d held, want %d", i, rg.len(), rg.n, DefaultTiers[i].points())
 		}
-		total += cap(rg.buf) * int(unsafe.Sizeof(point{}))
-	}
-	if total != HistoryBytes(DefaultTiers) {
-		t.Errorf("%d bytes of rings, want %d", total, HistoryBytes(DefaultTiers))
 	}
 	all := h.query(nil, 0, math.MaxInt64)
 	if span := all[len(all)-1].Time.Sub(all[0].Time); span < 7*24*time.Hour-15*time.Minute {
