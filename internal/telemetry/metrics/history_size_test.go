@@ -213,3 +213,18 @@ func FuzzRingCoding(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkHistoryAdd is the cost of storing one busy sample into the
+// default tiers, most of what the history adds to a tick's work.
+func BenchmarkHistoryAdd(b *testing.B) {
+	gen := busySeries(1)
+	h := newHistory(DefaultTiers)
+	feed(h, gen, 8*24*3600) // full: rings drop as they add
+	var r Reading
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range int64(b.N) {
+		gen(i, &r)
+		h.add(toPoint(time.Unix(0, historyBase+(8*24*3600+i)*1e9), &r, 50), 1)
+	}
+}
