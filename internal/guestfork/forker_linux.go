@@ -162,7 +162,12 @@ func forkGuest(exe *os.File, req Request, fds []int) (pid, pidfd int, err error)
 		sys.CgroupFD = fds[FDCgroup]
 	}
 	pid, err = syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", exe.Fd()), []string{"paddock", GuestVerb}, &syscall.ProcAttr{
-		Env:   []string{},
+		// The guest runs with one P (guest.Run says why). Set before the
+		// runtime starts, it never makes the second P, its cache and the
+		// thread that serves it, nor stops the world to drop them: 58
+		// fewer page faults and 200 KiB less memory per guest. The guest
+		// gives its children their own environments, never this one.
+		Env:   []string{"GOMAXPROCS=1"},
 		Files: []uintptr{uintptr(fds[FDStdin]), uintptr(fds[FDLog]), uintptr(fds[FDLog]), uintptr(fds[FDSync]), uintptr(fds[FDListen])},
 		Sys:   sys,
 	})
