@@ -488,9 +488,7 @@ func (r *rig) holdings() holdings {
 	for _, p := range processesInCgroups([]string{r.cgroupParent}) {
 		h[holdProcs] = append(h[holdProcs], fmt.Sprintf("%d (%s) in %s", p.pid, p.comm, p.cgroup))
 	}
-	for _, dir := range cgroupTree(r.cgroupParent) {
-		h[holdCgroups] = append(h[holdCgroups], dir)
-	}
+	h[holdCgroups] = append(h[holdCgroups], cgroupTree(r.cgroupParent)...)
 	for _, l := range loopsUnder(r.root) {
 		h[holdLoops] = append(h[holdLoops], l[0]+" → "+l[1])
 	}
