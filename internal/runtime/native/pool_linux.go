@@ -392,11 +392,14 @@ func (r *Runtime) newBuildingID() string {
 }
 
 // warmWait bounds how long a create that finds its pool empty waits for
-// a guest the refill is making for it, before it builds one itself.
-// Building one on the spot costs 150-250 ms under churn here (fork,
-// disk, Prepare) and duplicates the refill's work; a guest under way is
-// part-way there.
-const warmWait = 250 * time.Millisecond
+// a guest the refill is making for it, before it builds one itself: a
+// guest under way, raised to the normal priority once awaited, is ready
+// before one started later, so the bound only guards against a refill
+// that stalls. Building one on the spot costs 150-250 ms under churn here
+// (fork, disk, Prepare) and duplicates the refill's work; in alternated
+// churn runs a 250 ms bound (waiters gave up and built anyway) did worse
+// than 1 s.
+const warmWait = time.Second
 
 // takeWarm returns a live warm guest made from spec's image, DiskFrom
 // and disk size, if there is one. A pool of that source found empty
