@@ -5,6 +5,7 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 )
 
 // errPlaceholder is returned by a placeholderScanner that met a
@@ -124,7 +125,7 @@ func (r replacement) span() int {
 func (r replacement) find(b []byte) (int, int) {
 	if r.re != nil {
 		for from := 0; from < len(b); {
-			j := bytes.IndexAny(b[from:], r.starts)
+			j := indexAnyByte(b[from:], r.starts)
 			if j < 0 {
 				break
 			}
@@ -142,6 +143,31 @@ func (r replacement) find(b []byte) (int, int) {
 	}
 	j := bytes.Index(b, r.old)
 	return j, j + len(r.old)
+}
+
+// indexAnyByte is the index of the first byte of b that is one of the
+// bytes of set, or -1. bytes.IndexAny takes set as UTF-8 runes: a set
+// holding the first byte of a multi-byte character (an escape start of a
+// secret such as "ʍ…") would never match it.
+func indexAnyByte(b []byte, set string) int {
+	if isASCII(set) {
+		return bytes.IndexAny(b, set) // its fast path for ASCII sets
+	}
+	for i, c := range b {
+		if strings.IndexByte(set, c) >= 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
 
 // sameLength returns reps that keep the length of what they replace.
