@@ -646,14 +646,7 @@ func (m *Manager) free(gone []deletion) {
 		if err := forgetAddrs(m.cfg.Name, addrs); err != nil {
 			m.log.Warn("removing sandboxes' set elements", "count", len(addrs), "err", err)
 		}
-		var filters []netlink.CustomConntrackFilter
-		for _, a := range addrs {
-			f := &netlink.ConntrackFilter{}
-			if err := f.AddIP(netlink.ConntrackOrigSrcIP, a.AsSlice()); err == nil {
-				filters = append(filters, f)
-			}
-		}
-		if _, err := m.nlDelete.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, filters...); err != nil {
+		if err := forgetConntrack(m.nlDelete, addrs); err != nil {
 			m.log.Warn("removing sandboxes' conntrack entries", "count", len(addrs), "err", err)
 		}
 	}
