@@ -47,3 +47,22 @@ const (
 	NodeDraining = "draining" // serving its sandboxes, taking no creates
 	NodeLost     = "lost"     // its Lease expired
 )
+
+// MaxNodeTag bounds a node's tag, so that a sandbox id (12 characters)
+// keeps at least 8 random ones after it.
+const MaxNodeTag = 4
+
+// IsNodeTag reports whether tag can be a node's tag: 1 to MaxNodeTag
+// lowercase letters and digits. The tags of a cluster's nodes are
+// prefix-free (none starts another), so an id names one node.
+func IsNodeTag(tag string) bool {
+	if len(tag) == 0 || len(tag) > MaxNodeTag {
+		return false
+	}
+	for i := 0; i < len(tag); i++ {
+		if c := tag[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
+}

@@ -79,6 +79,10 @@ type CreateRequest struct {
 	// Policy is what the sandbox may reach on the network; absent means
 	// nothing.
 	Policy *Policy `json:"policy,omitempty"`
+	// NodeSelector, through a cluster's gateway, places the sandbox on a
+	// node whose labels include all of these (api.Node.Labels). A single
+	// daemon ignores it.
+	NodeSelector map[string]string `json:"node_selector,omitempty"`
 }
 
 // Sandbox describes one sandbox.

@@ -99,6 +99,8 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.tokenFile, "token-file", "", "file holding the bearer token for a TCP daemon (default $PADDOCK_TOKEN)")
 	root.AddCommand(
 		serveCmd(),
+		gatewayCmd(),
+		nodesCmd(g),
 		versionCmd(g),
 		runCmd(g),
 		createCmd(g),

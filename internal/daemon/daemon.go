@@ -21,6 +21,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/connlimit"
+	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/runtime/native"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 	"github.com/paddock-dev/paddock/internal/seccomp"
@@ -51,6 +52,10 @@ type Config struct {
 	Listen []string
 	// TokenFile holds the bearer token TCP listeners require.
 	TokenFile string
+	// IDPrefix starts the id of every sandbox and snapshot this daemon
+	// makes: its node's tag in a cluster (api.Node.Tag), by which a
+	// gateway routes calls. Empty: none.
+	IDPrefix string
 	// CgroupParent names the cgroup under which sandboxes live.
 	CgroupParent string
 	// Defaults fill the resources a create leaves at zero.
@@ -177,6 +182,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return fmt.Errorf("creating %s: %w", d, err)
 		}
+	}
+	if err := runtime.SetIDPrefix(cfg.IDPrefix); err != nil {
+		return err
 	}
 	releasePID, err := holdPIDFile(cfg.RunDir)
 	if err != nil {

@@ -7,10 +7,12 @@ package runtime
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"net"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/storage/image"
 )
 
@@ -86,12 +88,31 @@ type Mount struct {
 	ReadOnly bool
 }
 
-// NewID returns a fresh sandbox id: 12 lowercase letters and digits.
+// idPrefix starts every id NewID mints: the node's tag in a cluster
+// (api.Node.Tag), so that a gateway routes a call by the id alone. It is
+// set once at start-up, before anything mints an id.
+var idPrefix string
+
+// SetIDPrefix makes every id NewID mints from now on start with tag (a
+// node's tag, api.IsNodeTag; "" for none).
+func SetIDPrefix(tag string) error {
+	if tag != "" && !api.IsNodeTag(tag) {
+		return fmt.Errorf("%w: id prefix %q: want 1 to %d of a-z and 0-9", errdefs.ErrInvalid, tag, api.MaxNodeTag)
+	}
+	idPrefix = tag
+	return nil
+}
+
+// NewID returns a fresh sandbox id: 12 lowercase letters and digits, the
+// first ones the node's tag (SetIDPrefix). With a tag of at most
+// api.MaxNodeTag characters at least 8 are random (36^8, 2.8e12 ids per
+// node); tags are distinct, so ids are unique across a cluster.
 func NewID() string {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
 	b := make([]byte, 12)
 	rand.Read(b)
-	for i := range b {
+	n := copy(b, idPrefix)
+	for i := n; i < len(b); i++ {
 		b[i] = alphabet[int(b[i])%len(alphabet)]
 	}
 	return string(b)

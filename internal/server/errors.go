@@ -37,6 +37,20 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	writeJSON(w, code, body)
 }
 
+// WriteError is writeError for a cluster's gateway, whose own errors (an
+// unknown node, a lost one) answer as the daemon's do.
+func WriteError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	writeError(w, r, log, err)
+}
+
+// ErrorFrame is the payload of an exec lane's error frame for err, with
+// the status it would have answered with.
+func ErrorFrame(r *http.Request, log *slog.Logger, err error) api.Error {
+	code, body := errorBody(r, log, err)
+	body.Status = code
+	return body
+}
+
 // errorBody is the status and body an error answers with; streams that
 // already sent their status carry the body in their last frame.
 func errorBody(r *http.Request, log *slog.Logger, err error) (int, api.Error) {

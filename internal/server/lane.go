@@ -205,9 +205,7 @@ func (s *Server) serveLane(r *http.Request, bufrw *bufio.ReadWriter, bound strin
 // take the next request.
 func (s *Server) laneExec(r *http.Request, f wire.Frame, out *wire.Writer, bw *bufio.Writer, bound string) bool {
 	fail := func(err error) bool {
-		code, body := errorBody(r, s.log, err)
-		body.Status = code
-		return out.WriteJSON(wire.Error, body) == nil && bw.Flush() == nil
+		return out.WriteJSON(wire.Error, ErrorFrame(r, s.log, err)) == nil && bw.Flush() == nil
 	}
 	if f.Type != wire.Request {
 		fail(errdefs.Invalid("frame", "a lane takes request frames (type %d), not type %d", wire.Request, f.Type))

@@ -95,6 +95,14 @@ func (s *Server) Handler(token string) http.Handler {
 }
 
 func (s *Server) auth(token string, next http.Handler) http.Handler {
+	return RequireToken(token, s.log, next)
+}
+
+// RequireToken serves next only to requests that carry token as their
+// bearer token (compared in constant time), and marks their connection
+// authenticated (connlimit). An empty token requires nothing. The daemon's
+// TCP listeners and a cluster's gateway check their clients with it.
+func RequireToken(token string, log *slog.Logger, next http.Handler) http.Handler {
 	if token == "" {
 		return next
 	}
@@ -103,7 +111,7 @@ func (s *Server) auth(token string, next http.Handler) http.Handler {
 		got := []byte(r.Header.Get("Authorization"))
 		if subtle.ConstantTimeCompare(got, want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
-			writeError(w, r, s.log, &HTTPError{Code: http.StatusUnauthorized, Msg: "missing or wrong bearer token", Err: errdefs.ErrDenied})
+			writeError(w, r, log, &HTTPError{Code: http.StatusUnauthorized, Msg: "missing or wrong bearer token", Err: errdefs.ErrDenied})
 			return
 		}
 		connlimit.Authenticated(w, r)
@@ -114,7 +122,11 @@ func (s *Server) auth(token string, next http.Handler) http.Handler {
 // sanePath refuses paths with dot segments, empty segments or encoded
 // separators, instead of letting the router clean and redirect them: an id
 // never contains them, and a client that sends them is confused or hostile.
-func (s *Server) sanePath(next http.Handler) http.Handler {
+func (s *Server) sanePath(next http.Handler) http.Handler { return SanePath(s.log, next) }
+
+// SanePath is the daemon's path check (see sanePath), for a gateway that
+// routes by the path.
+func SanePath(log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.EscapedPath()
 		// A proxied request's path beyond /v1/sandboxes/{id}/ports/{port}
@@ -133,7 +145,7 @@ func (s *Server) sanePath(next http.Handler) http.Handler {
 			}
 		}
 		if bad {
-			writeError(w, r, s.log, errdefs.Invalid("path", "%q has dot segments, empty segments or encoded separators", p))
+			writeError(w, r, log, errdefs.Invalid("path", "%q has dot segments, empty segments or encoded separators", p))
 			return
 		}
 		next.ServeHTTP(w, r)

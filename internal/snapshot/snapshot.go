@@ -20,7 +20,6 @@ package snapshot
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 	"github.com/paddock-dev/paddock/internal/store"
 )
@@ -52,15 +52,10 @@ var idPattern = regexp.MustCompile(`^snap-[a-z0-9]{12}$`)
 // IsID reports whether s looks like a snapshot id (not whether it exists).
 func IsID(s string) bool { return idPattern.MatchString(s) }
 
-func newID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 12)
-	rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	return Prefix + string(b)
-}
+// newID mints a snapshot id: Prefix and a sandbox-style id, which starts
+// with the node's tag in a cluster, so that a gateway routes calls for
+// the snapshot to its node.
+func newID() string { return Prefix + runtime.NewID() }
 
 // Config configures a Store.
 type Config struct {

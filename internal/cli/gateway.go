@@ -1,0 +1,226 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	goruntime "runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/connlimit"
+	"github.com/paddock-dev/paddock/internal/router"
+)
+
+// gatewayCmd runs a cluster gateway: the /v1 API of many nodes as one.
+// Its nodes come from --node flags or a JSON file (re-read when it
+// changes); in a Kubernetes cluster a watch of the nodes' records feeds
+// the same table.
+func gatewayCmd() *cobra.Command {
+	var listen, tokenFile, nodeTokenFile, nodesFile, level string
+	var nodeFlags []string
+	var pack bool
+	var limits connlimit.Limits
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "Serve the API of a cluster of paddock nodes as one (placement, routing by sandbox id)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var lv slog.Level
+			if err := lv.UnmarshalText([]byte(level)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+			token, err := readToken(tokenFile, "--token-file")
+			if err != nil {
+				return err
+			}
+			nodeToken, err := readToken(nodeTokenFile, "--node-token-file")
+			if err != nil {
+				return err
+			}
+			static, err := parseNodes(nodeFlags)
+			if err != nil {
+				return err
+			}
+			if len(static) == 0 && nodesFile == "" {
+				return errors.New("give the nodes with --node NAME=TAG@URL or --nodes-file")
+			}
+			u, err := url.Parse(listen)
+			if err != nil || u.Scheme != "tcp" || u.Host == "" {
+				return fmt.Errorf("--listen %q is not tcp://HOST:PORT", listen)
+			}
+			rt := router.New(router.Config{
+				Version:   api.VersionInfo{Version: Version, Runtime: "gateway", GoVersion: goruntime.Version()},
+				NodeToken: nodeToken,
+				Pack:      pack,
+				Defaults:  api.Resources{CPUs: float64(min(2, goruntime.NumCPU())), MemoryBytes: 1 << 30, DiskBytes: 10 << 30},
+				Log:       log,
+			})
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if nodesFile != "" {
+				if err := watchNodesFile(ctx, nodesFile, static, rt.SetNodes, log); err != nil {
+					return err
+				}
+			} else {
+				rt.SetNodes(static)
+			}
+			l, err := net.Listen("tcp", u.Host)
+			if err != nil {
+				return err
+			}
+			cl := connlimit.New(l, limits, log)
+			hs := &http.Server{
+				Handler:           rt.Handler(token),
+				ReadHeaderTimeout: 10 * time.Second,
+				IdleTimeout:       2 * time.Minute,
+				ConnState:         cl.ConnState,
+				ConnContext:       connlimit.ConnContext,
+				ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+			}
+			log.Info("gateway serving", "listen", l.Addr().String())
+			errc := make(chan error, 1)
+			go func() { errc <- hs.Serve(cl) }()
+			select {
+			case err := <-errc:
+				return err
+			case <-ctx.Done():
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			hs.Shutdown(sctx)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "tcp://127.0.0.1:7300", "address clients call, tcp://HOST:PORT")
+	f.StringVar(&tokenFile, "token-file", "", "file holding the bearer token clients must present (required)")
+	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the bearer token the gateway presents to nodes (their --token-file; required)")
+	f.StringArrayVar(&nodeFlags, "node", nil, "a node, NAME=TAG@URL (its tag starts its sandbox ids: paddock serve --id-prefix TAG); repeatable")
+	f.StringVar(&nodesFile, "nodes-file", "", "JSON file of nodes ([{name, tag, address, state, labels, capacity, allocated, pools}]), re-read when it changes")
+	f.BoolVar(&pack, "pack", false, "place creates on the fullest node that fits, instead of the emptiest")
+	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
+	f.IntVar(&limits.Conns, "http-max-conns", 4096, "connections the listener holds at once")
+	return cmd
+}
+
+// readToken reads a token file, which must hold at least 16 characters.
+func readToken(path, flag string) (string, error) {
+	if path == "" {
+		return "", fmt.Errorf("%s is required", flag)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", flag, err)
+	}
+	token := strings.TrimSpace(string(b))
+	if len(token) < 16 {
+		return "", fmt.Errorf("the token in %s is shorter than 16 characters", path)
+	}
+	return token, nil
+}
+
+// parseNodes reads --node NAME=TAG@URL flags: ready nodes of unknown
+// capacity.
+func parseNodes(flags []string) ([]api.Node, error) {
+	var out []api.Node
+	for _, f := range flags {
+		name, rest, ok1 := strings.Cut(f, "=")
+		tag, addr, ok2 := strings.Cut(rest, "@")
+		if !ok1 || !ok2 || name == "" || !api.IsNodeTag(tag) || addr == "" {
+			return nil, fmt.Errorf("--node %q is not NAME=TAG@URL (TAG: 1 to %d of a-z, 0-9)", f, api.MaxNodeTag)
+		}
+		out = append(out, api.Node{Name: name, Tag: tag, Address: addr, State: api.NodeReady})
+	}
+	return out, nil
+}
+
+// watchNodesFile loads the nodes file (with the static nodes) into the
+// table now, and again whenever its contents change, until ctx ends. A
+// file that does not parse keeps the last table.
+func watchNodesFile(ctx context.Context, path string, static []api.Node, set func([]api.Node), log *slog.Logger) error {
+	load := func() ([]byte, []api.Node, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		var nodes []api.Node
+		if err := json.Unmarshal(b, &nodes); err != nil {
+			return b, nil, fmt.Errorf("parsing %s: %w", path, err)
+		}
+		for i := range nodes {
+			if nodes[i].State == "" {
+				nodes[i].State = api.NodeReady
+			}
+		}
+		return b, append(nodes, static...), nil
+	}
+	last, nodes, err := load()
+	if err != nil {
+		return err
+	}
+	set(nodes)
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			b, nodes, err := load()
+			if bytes.Equal(b, last) {
+				continue
+			}
+			last = b
+			if err != nil {
+				log.Warn("nodes file unusable; keeping the last table", "err", err)
+				continue
+			}
+			log.Info("nodes file changed", "nodes", len(nodes))
+			set(nodes)
+		}
+	}()
+	return nil
+}
+
+// nodesCmd lists a cluster's nodes through its gateway.
+func nodesCmd(g *globals) *cobra.Command {
+	cmd := listCmd(g, listing[api.Node]{
+		short:  "List the nodes of a cluster (through its gateway): state, tag, capacity and allocation",
+		fetch:  func(c *client.Client, ctx context.Context) ([]api.Node, error) { return c.Nodes(ctx) },
+		key:    func(n api.Node) string { return n.Name },
+		header: "NAME\tTAG\tSTATE\tADDRESS\tSANDBOXES\tCPUS\tMEMORY",
+		row: func(n api.Node) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", n.Name, n.Tag, n.State, n.Address,
+				ofCapacity(fmt.Sprint(n.Allocated.Sandboxes), n.Capacity.Sandboxes > 0, fmt.Sprint(n.Capacity.Sandboxes)),
+				ofCapacity(fmt.Sprintf("%g", n.Allocated.CPUs), n.Capacity.CPUs > 0, fmt.Sprintf("%g", n.Capacity.CPUs)),
+				ofCapacity(formatSize(n.Allocated.MemoryBytes), n.Capacity.MemoryBytes > 0, formatSize(n.Capacity.MemoryBytes)))
+		},
+	})
+	cmd.Use, cmd.Aliases = "nodes", nil
+	return cmd
+}
+
+// ofCapacity is "USED/CAPACITY", or USED when the capacity is not known.
+func ofCapacity(used string, known bool, capacity string) string {
+	if !known {
+		return used
+	}
+	return used + "/" + capacity
+}

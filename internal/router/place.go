@@ -1,0 +1,319 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/internal/server"
+)
+
+// placedCount is what the gateway placed on one node since the table last
+// changed (guarded by Router.mu).
+type placedCount struct {
+	res   api.NodeResources
+	pools map[string]int // warm guests it expects the creates took
+}
+
+// add is a node's Allocated with what the gateway placed on it since.
+func (pc *placedCount) add(a api.NodeResources) api.NodeResources {
+	a.CPUs += pc.res.CPUs
+	a.MemoryBytes += pc.res.MemoryBytes
+	a.DiskBytes += pc.res.DiskBytes
+	a.Sandboxes += pc.res.Sandboxes
+	return a
+}
+
+// demand is what a create asks of a node for placing it.
+type demand struct {
+	res      api.NodeResources
+	pool     string            // the warm pool that would serve it
+	selector map[string]string // labels the node must have
+	only     string            // the node that must take it (its snapshot's), by name
+}
+
+// create places a new sandbox (POST /v1/sandboxes): it picks a node and
+// passes the request on as it came; a node that refuses it for want of
+// room (503: admission, a full disk) passes it to the next best node.
+func (rt *Router) create(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, reqcheck.MaxBody))
+	if err != nil {
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			err = fmt.Errorf("%w: request body exceeds %d bytes", errdefs.ErrTooLarge, mbe.Limit)
+		}
+		server.WriteError(w, r, rt.log, err)
+		return
+	}
+	var req api.CreateRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		server.WriteError(w, r, rt.log, reqcheck.DecodeError(err))
+		return
+	}
+	d, err := rt.demandOf(req)
+	if err != nil {
+		server.WriteError(w, r, rt.log, err)
+		return
+	}
+	tried := map[string]bool{}
+	var refusals []string
+	for {
+		n, err := rt.pick(d, tried)
+		if err != nil {
+			if len(refusals) > 0 {
+				err = errdefs.New(errdefs.ErrUnavailable, "no node took the sandbox: %s", strings.Join(refusals, "; "))
+			}
+			server.WriteError(w, r, rt.log, err)
+			return
+		}
+		tried[n.Name] = true
+		resp, err := n.post(r, "/v1/sandboxes", body)
+		if err != nil {
+			rt.unplace(n, d)
+			if r.Context().Err() != nil {
+				return
+			}
+			refusals = append(refusals, fmt.Sprintf("node %s did not answer (%v)", n.Name, err))
+			continue
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusInsufficientStorage {
+			rt.unplace(n, d)
+			refusals = append(refusals, fmt.Sprintf("node %s: %s", n.Name, errorMessage(resp)))
+			continue
+		}
+		if resp.StatusCode >= 300 {
+			rt.unplace(n, d)
+		}
+		copyResponse(w, resp)
+		return
+	}
+}
+
+// demandOf is what req asks of a node. Resources it leaves at zero count
+// as the gateway's defaults (the nodes').
+func (rt *Router) demandOf(req api.CreateRequest) (demand, error) {
+	def := rt.cfg.Defaults
+	pick := func(v, d float64) float64 {
+		if v > 0 {
+			return v
+		}
+		return d
+	}
+	d := demand{selector: req.NodeSelector}
+	d.res.CPUs = pick(req.Resources.CPUs, def.CPUs)
+	d.res.MemoryBytes = int64(pick(float64(req.Resources.MemoryBytes), float64(def.MemoryBytes)))
+	d.res.DiskBytes = int64(pick(float64(req.Resources.DiskBytes), float64(def.DiskBytes)))
+	d.res.Sandboxes = 1
+	switch {
+	case strings.HasPrefix(req.From, snapshotPrefix):
+		// A snapshot lives on the node that took it.
+		n, err := rt.owner(req.From, strings.TrimPrefix(req.From, snapshotPrefix))
+		if err != nil {
+			return d, err
+		}
+		d.only = n.Name
+	case req.From != "":
+		d.pool = "template:" + req.From
+	case req.Image != "":
+		d.pool = "image:" + req.Image
+	default:
+		d.pool = "image:host"
+	}
+	return d, nil
+}
+
+// pick chooses the node for d among those not tried, and counts d as
+// placed on it (unplace takes it back if the node refuses): ready nodes
+// with the selected labels and room for it, those with a warm guest of
+// its image or template first, then the emptiest (spread) or the fullest
+// (pack). With none, the error names what is missing.
+func (rt *Router) pick(d demand, tried map[string]bool) (*node, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	type cand struct {
+		n    *node
+		warm bool
+		load float64
+	}
+	var cands []cand
+	var ready, labelled int
+	short := map[string]int{} // nodes without room, by resource
+	for _, n := range rt.table.nodes {
+		if tried[n.Name] || n.State != api.NodeReady || (d.only != "" && n.Name != d.only) {
+			continue
+		}
+		ready++
+		if !hasLabels(n.Labels, d.selector) {
+			continue
+		}
+		labelled++
+		pc := rt.placed[n.Name]
+		if pc == nil {
+			pc = &placedCount{}
+		}
+		used := pc.add(n.Allocated)
+		lacks := lacking(n.Capacity, used, d.res)
+		for _, res := range lacks {
+			short[res]++
+		}
+		if len(lacks) > 0 {
+			continue
+		}
+		cands = append(cands, cand{n: n, warm: n.Pools[d.pool]-pc.pools[d.pool] > 0, load: load(n.Capacity, used)})
+	}
+	if len(cands) == 0 {
+		return nil, rt.nowhere(d, tried, ready, labelled, short)
+	}
+	sort.SliceStable(cands, func(i, j int) bool {
+		a, b := cands[i], cands[j]
+		if a.warm != b.warm {
+			return a.warm
+		}
+		if rt.cfg.Pack {
+			return a.load > b.load
+		}
+		return a.load < b.load
+	})
+	c := cands[0]
+	pc := rt.placed[c.n.Name]
+	if pc == nil {
+		pc = &placedCount{pools: map[string]int{}}
+		rt.placed[c.n.Name] = pc
+	}
+	pc.res = (&placedCount{res: d.res}).add(pc.res)
+	if c.warm {
+		pc.pools[d.pool]++
+	}
+	return c.n, nil
+}
+
+// unplace takes back what pick counted on n for d.
+func (rt *Router) unplace(n *node, d demand) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	pc := rt.placed[n.Name]
+	if pc == nil {
+		return // the table changed meanwhile
+	}
+	pc.res.CPUs -= d.res.CPUs
+	pc.res.MemoryBytes -= d.res.MemoryBytes
+	pc.res.DiskBytes -= d.res.DiskBytes
+	pc.res.Sandboxes -= d.res.Sandboxes
+	if pc.pools[d.pool] > 0 {
+		pc.pools[d.pool]--
+	}
+}
+
+// nowhere is the error of a create no node can take.
+func (rt *Router) nowhere(d demand, tried map[string]bool, ready, labelled int, short map[string]int) error {
+	switch {
+	case ready == 0 && d.only != "":
+		return errdefs.New(errdefs.ErrUnavailable, "node %s, which holds the snapshot, is not ready for creates", d.only)
+	case ready == 0 && len(tried) == 0:
+		return errdefs.New(errdefs.ErrUnavailable, "no node is ready for creates (%d known)", len(rt.table.nodes))
+	case ready == 0:
+		return errdefs.New(errdefs.ErrUnavailable, "every ready node refused the sandbox")
+	case labelled == 0:
+		return errdefs.New(errdefs.ErrUnavailable, "no ready node has the labels %s", formatLabels(d.selector))
+	}
+	names := make([]string, 0, len(short))
+	for res := range short {
+		names = append(names, res)
+	}
+	sort.Strings(names)
+	return errdefs.New(errdefs.ErrUnavailable, "no node has room for the sandbox: %s (%s requested) full on every node that could take it",
+		strings.Join(names, ", "), formatDemand(d.res))
+}
+
+// lacking names the resources of which a node with capacity cap, of which
+// used is taken, has less free than want. A zero capacity is not known
+// and bounds nothing.
+func lacking(capacity, used, want api.NodeResources) []string {
+	var out []string
+	if capacity.CPUs > 0 && used.CPUs+want.CPUs > capacity.CPUs {
+		out = append(out, "cpus")
+	}
+	if capacity.MemoryBytes > 0 && used.MemoryBytes+want.MemoryBytes > capacity.MemoryBytes {
+		out = append(out, "memory")
+	}
+	if capacity.DiskBytes > 0 && used.DiskBytes+want.DiskBytes > capacity.DiskBytes {
+		out = append(out, "disk")
+	}
+	if capacity.Sandboxes > 0 && used.Sandboxes+want.Sandboxes > capacity.Sandboxes {
+		out = append(out, "sandboxes")
+	}
+	return out
+}
+
+// load is how full a node is: its fullest known resource's share, or,
+// when it publishes no capacity, its sandboxes (so creates still spread).
+func load(capacity, used api.NodeResources) float64 {
+	shares := []struct{ used, cap float64 }{
+		{used.CPUs, capacity.CPUs},
+		{float64(used.MemoryBytes), float64(capacity.MemoryBytes)},
+		{float64(used.DiskBytes), float64(capacity.DiskBytes)},
+		{float64(used.Sandboxes), float64(capacity.Sandboxes)},
+	}
+	known, l := false, 0.0
+	for _, s := range shares {
+		if s.cap > 0 {
+			known = true
+			l = max(l, s.used/s.cap)
+		}
+	}
+	if !known {
+		return float64(used.Sandboxes)
+	}
+	return l
+}
+
+func hasLabels(labels, selector map[string]string) bool {
+	for k, v := range selector {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func formatLabels(m map[string]string) string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+func formatDemand(r api.NodeResources) string {
+	return fmt.Sprintf("%g CPUs, %.1f GiB memory, %.1f GiB disk", r.CPUs, float64(r.MemoryBytes)/(1<<30), float64(r.DiskBytes)/(1<<30))
+}
+
+// post sends a request body to the node as the client sent it, with the
+// node's token, and returns its answer.
+func (c *conns) post(r *http.Request, path string, body []byte) (*http.Response, error) {
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, c.base.String()+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	out.Header.Set("Content-Type", "application/json")
+	out.Header.Set("Authorization", "Bearer "+c.token)
+	return c.tr.RoundTrip(out)
+}
+
+// errorMessage reads the message of a node's error answer.
+func errorMessage(resp *http.Response) string {
+	defer resp.Body.Close()
+	var e api.Error
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&e); err != nil || e.Message == "" {
+		return fmt.Sprintf("status %d", resp.StatusCode)
+	}
+	return e.Message
+}
