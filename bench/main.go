@@ -61,6 +61,7 @@ func allBenchmarks() []benchmark {
 		{"snapshot", "Snapshot of a sandbox that wrote 1 GiB", benchSnapshot},
 		{"resume", "Resume of a paused sandbox → first exec output", benchResume},
 		{"fork", fmt.Sprintf("Fork ×%d of a sandbox holding 1 GiB", forkCount), benchFork},
+		{"gateway", "Through a cluster gateway: exec, create → first output and a 1 GiB stream against the daemon direct", benchGateway},
 		{"e2b", "E2B SDK: create + run('echo hi') + kill, against the native API", benchE2B},
 		{"egress", "HTTPS through the egress proxy", benchEgress},
 		{"baseline", "This build against a baseline binary, in alternating blocks", benchBaseline},

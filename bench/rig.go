@@ -42,6 +42,7 @@ type rig struct {
 	egress       *egressNet // the egress benchmark's upstream; nil unless it runs
 	e2b          *e2bEndpoint
 	baseline     *baselineDaemon // the -baseline daemon; nil unless it runs
+	nodeAddr     string          // the daemon's TCP listener, for the gateway section
 	egressErr    error           // why egress is nil when it should run
 
 	mu      sync.Mutex
@@ -87,6 +88,14 @@ func newRig(ctx context.Context, opts options, log *slog.Logger) (_ *rig, retErr
 		if r.egress, r.egressErr = newEgressNet(root, log); r.egressErr == nil {
 			extra = append(extra, r.egress.DaemonArgs()...)
 		}
+	}
+	if opts.selected("gateway") {
+		addr, args, err := gatewayArgs()
+		if err != nil {
+			return nil, err
+		}
+		r.nodeAddr = addr
+		extra = append(extra, args...)
 	}
 	if r.daemon, err = newDaemon(opts.bin, root, r.cgroupParent, uidStart, extra...); err != nil {
 		return nil, err

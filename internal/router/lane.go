@@ -14,6 +14,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/netpipe"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/server"
 	"github.com/paddock-dev/paddock/wire"
@@ -42,7 +43,9 @@ func (rt *Router) lane(w http.ResponseWriter, r *http.Request) {
 	if bufrw.Flush() != nil {
 		return
 	}
-	l := &gatewayLane{rt: rt, r: r, in: bufrw.Reader, out: bufrw.Writer, up: map[*conns]*upLane{}}
+	// A fast stream's output frames run to hundreds of KiB: buffers that
+	// hold one move it in few system calls.
+	l := &gatewayLane{rt: rt, r: r, in: bufrw.Reader, out: bufio.NewWriterSize(down, laneBuffer), up: map[*conns]*upLane{}}
 	defer l.release()
 	for l.next() {
 	}
@@ -196,8 +199,11 @@ func (c *conns) dialLane(ctx context.Context) (*upLane, error) {
 		conn.Close()
 		return nil, fmt.Errorf("opening an exec lane: status %d", resp.StatusCode)
 	}
-	return &upLane{conn: conn, br: br, bw: bufio.NewWriterSize(conn, 4<<10)}, nil
+	return &upLane{conn: conn, br: bufio.NewReaderSize(netpipe.WithBuffered(conn, br), laneBuffer), bw: bufio.NewWriterSize(conn, 4<<10)}, nil
 }
+
+// laneBuffer sizes the buffers of a lane's answers.
+const laneBuffer = 256 << 10
 
 // maxIdleLanes bounds the idle lanes the gateway keeps to one node.
 const maxIdleLanes = 64

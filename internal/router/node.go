@@ -168,7 +168,9 @@ func (c *conns) upgrade(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	netpipe.Splice(down, up)
+	t0 := time.Now()
+	in, out := netpipe.Splice(down, up)
+	c.log.Debug("upgraded connection ended", "path", r.URL.Path, "in", in, "out", out, "took", time.Since(t0))
 }
 
 // open sends r's request line and headers (and body) to the node on a new
