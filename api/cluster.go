@@ -16,6 +16,10 @@ type Node struct {
 	// Address is the base URL of the node's data-plane listener, which
 	// gateways call (https://host:port).
 	Address string `json:"address"`
+	// E2BAddress is the base URL of the node's E2B facade (paddock serve
+	// --e2b-listen), to which a gateway routes E2B calls; empty when the
+	// node serves none.
+	E2BAddress string `json:"e2b_address,omitempty"`
 	// Version is the paddock version the node runs.
 	Version string `json:"version"`
 	// Labels are the node's labels; a create may select nodes by them.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/e2b"
 	"github.com/paddock-dev/paddock/wire"
 )
 
@@ -31,6 +32,7 @@ type cluster struct {
 	records   []api.Node
 	nodesFile string
 	gwAddr    string
+	e2bAddr   string // the gateway's E2B listener
 	token     string
 	gw        *exec.Cmd
 	gwLog     *syncBuffer
@@ -43,6 +45,12 @@ type cluster struct {
 // front of them fed by a nodes file. Everything is removed when the test
 // ends, failed or not.
 func startCluster(t *testing.T, n int) *cluster {
+	return startClusterE2B(t, n, false)
+}
+
+// startClusterE2B is startCluster, with withE2B the nodes and the gateway
+// serving the E2B facade too.
+func startClusterE2B(t *testing.T, n int, withE2B bool) *cluster {
 	t.Helper()
 	dir := t.TempDir()
 	c := &cluster{t: t, nodesFile: filepath.Join(dir, "nodes.json"), token: "client-token-" + randHex(8)}
@@ -60,15 +68,26 @@ func startCluster(t *testing.T, n int) *cluster {
 		d.args = append(d.args, "--listen", "tcp://"+addr, "--token-file", nodeTokenFile, "--id-prefix", tag,
 			"--network-name", d.NetName, "--network-subnet", fmt.Sprintf("10.245.%d.0/20", 16*i),
 			"--cgroup-parent", d.Cgroup, "--uid-start", fmt.Sprint(d.UIDStart))
+		rec := api.Node{Name: fmt.Sprintf("node%d", i), Tag: tag, Address: "http://" + addr, State: api.NodeReady}
+		if withE2B {
+			e2bAddr := freeHostPort(t)
+			d.args = append(d.args, "--e2b-listen", "tcp://"+e2bAddr)
+			rec.E2BAddress = "http://" + e2bAddr
+		}
 		d.Start()
 		c.nodes = append(c.nodes, d)
-		c.records = append(c.records, api.Node{Name: fmt.Sprintf("node%d", i), Tag: tag, Address: "http://" + addr, State: api.NodeReady})
+		c.records = append(c.records, rec)
 	}
 	c.writeNodes()
 	c.gwAddr = freeHostPort(t)
 	c.gwLog = &syncBuffer{}
-	c.gw = exec.Command(paddockBin, "gateway", "--listen", "tcp://"+c.gwAddr, "--token-file", tokenFile,
-		"--node-token-file", nodeTokenFile, "--nodes-file", c.nodesFile, "--log-level", "debug")
+	args := []string{"gateway", "--listen", "tcp://" + c.gwAddr, "--token-file", tokenFile,
+		"--node-token-file", nodeTokenFile, "--nodes-file", c.nodesFile, "--log-level", "debug"}
+	if withE2B {
+		c.e2bAddr = freeHostPort(t)
+		args = append(args, "--e2b-listen", "tcp://"+c.e2bAddr)
+	}
+	c.gw = exec.Command(paddockBin, args...)
 	c.gw.Stdout, c.gw.Stderr = c.gwLog, c.gwLog
 	if err := c.gw.Start(); err != nil {
 		t.Fatal(err)
@@ -418,5 +437,60 @@ func badLane(t *testing.T, c *cluster, id string) {
 	errorFrame(http.StatusBadRequest, "request frames")
 	if _, err := fr.Read(); err == nil {
 		t.Fatal("the lane went on after a frame out of step")
+	}
+}
+
+// TestClusterE2B runs the unchanged npm e2b SDK's scenarios through a
+// gateway in front of two nodes: creates are placed on both, every later
+// call (control plane by path, envd by E2b-Sandbox-Id) reaches the node
+// that holds the sandbox.
+func TestClusterE2B(t *testing.T) {
+	dir := npmHarness(t)
+	c := startClusterE2B(t, 2, true)
+	e := &e2bDaemon{Daemon: c.nodes[0], URL: "http://" + c.e2bAddr, APIKey: e2b.APIKey(c.token)}
+	ctx := context.Background()
+	tags := map[byte]bool{}
+	for _, name := range []string{"commands", "pty", "files", "lifecycle", "killed"} {
+		t.Run(name, func(t *testing.T) {
+			info := runScenario(t, e, dir, name)
+			for _, id := range info["sandbox"] {
+				tags[id[0]] = true
+				if _, err := c.client.Get(ctx, id); err == nil {
+					t.Errorf("sandbox %s outlived its scenario", id)
+				}
+			}
+		})
+	}
+	if !tags['a'] || !tags['b'] {
+		t.Errorf("the scenarios' sandboxes were on nodes %v; want both a and b", tags)
+	}
+	// A wrong key, an unknown sandbox.
+	for _, tc := range []struct {
+		key, path, sandbox string
+		want               int
+	}{
+		{"e2b_wrong", "/sandboxes", "", http.StatusUnauthorized},
+		{e.APIKey, "/sandboxes/zzzzzzzzzzzz", "", http.StatusNotFound},
+		{e.APIKey, "/sandboxes/a%2f..", "", http.StatusBadRequest},
+		{"", "/health", "zzzzzzzzzzzz", http.StatusNotFound},
+	} {
+		req, _ := http.NewRequest("GET", e.URL+tc.path, nil)
+		req.Header.Set("X-API-Key", tc.key)
+		if tc.sandbox != "" {
+			req.Header.Set("E2b-Sandbox-Id", tc.sandbox)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want || body.Code != tc.want || body.Message == "" {
+			t.Errorf("GET %s: %d %+v; want %d in E2B's form", tc.path, resp.StatusCode, body, tc.want)
+		}
 	}
 }

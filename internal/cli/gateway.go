@@ -30,7 +30,7 @@ import (
 // changes); in a Kubernetes cluster a watch of the nodes' records feeds
 // the same table.
 func gatewayCmd() *cobra.Command {
-	var listen, tokenFile, nodeTokenFile, nodesFile, level string
+	var listen, e2bListen, tokenFile, nodeTokenFile, nodesFile, level string
 	var nodeFlags []string
 	var pack bool
 	var limits connlimit.Limits
@@ -83,18 +83,22 @@ func gatewayCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cl := connlimit.New(l, limits, log)
-			hs := &http.Server{
-				Handler:           rt.Handler(token),
-				ReadHeaderTimeout: 10 * time.Second,
-				IdleTimeout:       2 * time.Minute,
-				ConnState:         cl.ConnState,
-				ConnContext:       connlimit.ConnContext,
-				ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-			}
+			errc := make(chan error, 2)
+			hs := serveGateway(l, rt.Handler(token), limits, log, errc)
 			log.Info("gateway serving", "listen", l.Addr().String())
-			errc := make(chan error, 1)
-			go func() { errc <- hs.Serve(cl) }()
+			if e2bListen != "" {
+				eu, err := url.Parse(e2bListen)
+				if err != nil || eu.Scheme != "tcp" || eu.Host == "" {
+					return fmt.Errorf("--e2b-listen %q is not tcp://HOST:PORT", e2bListen)
+				}
+				el, err := net.Listen("tcp", eu.Host)
+				if err != nil {
+					return err
+				}
+				es := serveGateway(el, rt.E2BHandler(token), limits, log, errc)
+				defer es.Close()
+				log.Info("gateway serving the E2B API", "listen", el.Addr().String())
+			}
 			select {
 			case err := <-errc:
 				return err
@@ -108,14 +112,31 @@ func gatewayCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "tcp://127.0.0.1:7300", "address clients call, tcp://HOST:PORT")
+	f.StringVar(&e2bListen, "e2b-listen", "", "also serve the E2B-compatible API on tcp://HOST:PORT (its key: paddock e2b-key of --token-file), routed to the nodes' facades")
 	f.StringVar(&tokenFile, "token-file", "", "file holding the bearer token clients must present (required)")
 	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the bearer token the gateway presents to nodes (their --token-file; required)")
-	f.StringArrayVar(&nodeFlags, "node", nil, "a node, NAME=TAG@URL (its tag starts its sandbox ids: paddock serve --id-prefix TAG); repeatable")
-	f.StringVar(&nodesFile, "nodes-file", "", "JSON file of nodes ([{name, tag, address, state, labels, capacity, allocated, pools}]), re-read when it changes")
+	f.StringArrayVar(&nodeFlags, "node", nil, "a node, NAME=TAG@URL[,E2B_URL] (its tag starts its sandbox ids: paddock serve --id-prefix TAG; E2B_URL its --e2b-listen); repeatable")
+	f.StringVar(&nodesFile, "nodes-file", "", "JSON file of nodes ([{name, tag, address, e2b_address, state, labels, capacity, allocated, pools}]), re-read when it changes")
 	f.BoolVar(&pack, "pack", false, "place creates on the fullest node that fits, instead of the emptiest")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	f.IntVar(&limits.Conns, "http-max-conns", 4096, "connections the listener holds at once")
 	return cmd
+}
+
+// serveGateway serves h on l, its connections bounded as the daemon's
+// TCP listeners' are; Serve's end goes to errc.
+func serveGateway(l net.Listener, h http.Handler, limits connlimit.Limits, log *slog.Logger, errc chan<- error) *http.Server {
+	cl := connlimit.New(l, limits, log)
+	hs := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ConnState:         cl.ConnState,
+		ConnContext:       connlimit.ConnContext,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	go func() { errc <- hs.Serve(cl) }()
+	return hs
 }
 
 // readToken reads a token file, which must hold at least 16 characters.
@@ -134,17 +155,18 @@ func readToken(path, flag string) (string, error) {
 	return token, nil
 }
 
-// parseNodes reads --node NAME=TAG@URL flags: ready nodes of unknown
+// parseNodes reads --node NAME=TAG@URL[,E2B_URL] flags: ready nodes of unknown
 // capacity.
 func parseNodes(flags []string) ([]api.Node, error) {
 	var out []api.Node
 	for _, f := range flags {
 		name, rest, ok1 := strings.Cut(f, "=")
-		tag, addr, ok2 := strings.Cut(rest, "@")
+		tag, addrs, ok2 := strings.Cut(rest, "@")
+		addr, e2bAddr, _ := strings.Cut(addrs, ",")
 		if !ok1 || !ok2 || name == "" || !api.IsNodeTag(tag) || addr == "" {
-			return nil, fmt.Errorf("--node %q is not NAME=TAG@URL (TAG: 1 to %d of a-z, 0-9)", f, api.MaxNodeTag)
+			return nil, fmt.Errorf("--node %q is not NAME=TAG@URL[,E2B_URL] (TAG: 1 to %d of a-z, 0-9)", f, api.MaxNodeTag)
 		}
-		out = append(out, api.Node{Name: name, Tag: tag, Address: addr, State: api.NodeReady})
+		out = append(out, api.Node{Name: name, Tag: tag, Address: addr, E2BAddress: e2bAddr, State: api.NodeReady})
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -64,13 +65,18 @@ func (rt *Router) fanOut(r *http.Request) ([]answer, []string) {
 
 // get makes a GET call to the node and reads its whole answer.
 func (c *conns) get(ctx context.Context, path, query string) (int, []byte, error) {
-	u := *c.base
-	u.Path, u.RawQuery = path, query
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
 	if err != nil {
 		return 0, nil, err
 	}
+	req.URL.Path, req.URL.RawQuery = path, query
 	req.Header.Set("Authorization", "Bearer "+c.token)
+	return c.fetch(req, c.base)
+}
+
+// fetch sends req to the node at base and reads its whole answer.
+func (c *conns) fetch(req *http.Request, base *url.URL) (int, []byte, error) {
+	req.URL.Scheme, req.URL.Host, req.Host, req.RequestURI = base.Scheme, base.Host, base.Host, ""
 	resp, err := c.tr.RoundTrip(req)
 	if err != nil {
 		return 0, nil, err

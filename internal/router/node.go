@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/e2b"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/netpipe"
 	"github.com/paddock-dev/paddock/internal/server"
@@ -38,6 +39,11 @@ type conns struct {
 	proxy *httputil.ReverseProxy
 	lanes *lanePool
 	log   *slog.Logger
+
+	// The node's E2B facade, if it serves one.
+	e2bBase  *url.URL
+	e2bKey   string // the node's API key
+	e2bProxy *httputil.ReverseProxy
 }
 
 // dialTimeout bounds connecting to a node: one on the same network
@@ -52,8 +58,8 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 	base.Path = ""
 	c := &conns{name: an.Name, base: base, token: rt.cfg.NodeToken, log: rt.log.With("node", an.Name), lanes: &lanePool{}}
 	c.tr = &http.Transport{
-		DialContext:         c.dial,
-		DialTLSContext:      c.dial,
+		DialContext:         dialPlain,
+		DialTLSContext:      dialTLS,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
@@ -73,6 +79,12 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 		},
 		ErrorLog: slog.NewLogLogger(c.log.Handler(), slog.LevelDebug),
 	}
+	if an.E2BAddress != "" {
+		if err := c.newE2BProxy(an.E2BAddress); err != nil {
+			return nil, err
+		}
+		c.e2bKey = e2b.APIKey(c.token)
+	}
 	return &node{Node: an, conns: c}, nil
 }
 
@@ -89,14 +101,24 @@ func (c *conns) unreachable(err error) error {
 	return errdefs.New(errdefs.ErrUnavailable, "node %s did not answer: %v", c.name, err)
 }
 
-// dial connects to the node, over TLS if its address is https.
-func (c *conns) dial(ctx context.Context, _, _ string) (net.Conn, error) {
-	d := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
+// dial connects to the node's data-plane address, over TLS if it is https.
+func (c *conns) dial(ctx context.Context) (net.Conn, error) {
 	if c.base.Scheme == "https" {
-		td := &tls.Dialer{NetDialer: d, Config: &tls.Config{ServerName: c.base.Hostname(), NextProtos: []string{"http/1.1"}}}
-		return td.DialContext(ctx, "tcp", c.base.Host)
+		return dialTLS(ctx, "tcp", c.base.Host)
 	}
-	return d.DialContext(ctx, "tcp", c.base.Host)
+	return dialPlain(ctx, "tcp", c.base.Host)
+}
+
+func dialPlain(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
+	return d.DialContext(ctx, network, addr)
+}
+
+func dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, _, _ := net.SplitHostPort(addr)
+	td := &tls.Dialer{NetDialer: &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
+		Config: &tls.Config{ServerName: host, NextProtos: []string{"http/1.1"}}}
+	return td.DialContext(ctx, network, addr)
 }
 
 // serve passes one request for one of the node's sandboxes on.
@@ -176,7 +198,7 @@ func (c *conns) upgrade(w http.ResponseWriter, r *http.Request) {
 // open sends r's request line and headers (and body) to the node on a new
 // connection and reads its answer. The node's token replaces the client's.
 func (c *conns) open(ctx context.Context, r *http.Request) (net.Conn, *bufio.Reader, *http.Response, error) {
-	conn, err := c.dial(ctx, "tcp", c.base.Host)
+	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, nil, nil, err
 	}

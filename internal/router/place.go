@@ -35,7 +35,7 @@ func (pc *placedCount) add(a api.NodeResources) api.NodeResources {
 // demand is what a create asks of a node for placing it.
 type demand struct {
 	res      api.NodeResources
-	pool     string            // the warm pool that would serve it
+	pools    []string          // the warm pools that could serve it
 	selector map[string]string // labels the node must have
 	only     string            // the node that must take it (its snapshot's), by name
 }
@@ -44,39 +44,54 @@ type demand struct {
 // passes the request on as it came; a node that refuses it for want of
 // room (503: admission, a full disk) passes it to the next best node.
 func (rt *Router) create(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, reqcheck.MaxBody))
+	fail := func(err error) { server.WriteError(w, r, rt.log, err) }
+	body, err := readBody(w, r)
 	if err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			err = fmt.Errorf("%w: request body exceeds %d bytes", errdefs.ErrTooLarge, mbe.Limit)
-		}
-		server.WriteError(w, r, rt.log, err)
+		fail(err)
 		return
 	}
 	var req api.CreateRequest
 	if err := json.Unmarshal(body, &req); err != nil {
-		server.WriteError(w, r, rt.log, reqcheck.DecodeError(err))
+		fail(reqcheck.DecodeError(err))
 		return
 	}
-	d, err := rt.demandOf(req)
+	d, err := rt.demandOf(req.Resources, req.NodeSelector, req.From, req.Image)
 	if err != nil {
-		server.WriteError(w, r, rt.log, err)
+		fail(err)
 		return
 	}
+	rt.place(w, r, d, fail, func(n *node) (*http.Response, error) { return n.post(r, "/v1/sandboxes", body) })
+}
+
+// readBody reads a create's body, at most reqcheck.MaxBody bytes.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, reqcheck.MaxBody))
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		err = fmt.Errorf("%w: request body exceeds %d bytes", errdefs.ErrTooLarge, mbe.Limit)
+	}
+	return body, err
+}
+
+// place sends a create to the node pick chooses for d, and on to the
+// next while nodes refuse it for want of room or do not answer; the first
+// other answer goes to the client. fail answers an error in the API's
+// own form.
+func (rt *Router) place(w http.ResponseWriter, r *http.Request, d demand, fail func(error), send func(*node) (*http.Response, error)) {
 	tried := map[string]bool{}
 	var refusals []string
 	for {
-		n, err := rt.pick(d, tried)
+		n, warm, err := rt.pick(d, tried)
 		if err != nil {
 			if len(refusals) > 0 {
 				err = errdefs.New(errdefs.ErrUnavailable, "no node took the sandbox: %s", strings.Join(refusals, "; "))
 			}
-			server.WriteError(w, r, rt.log, err)
+			fail(err)
 			return
 		}
 		tried[n.Name] = true
-		resp, err := n.post(r, "/v1/sandboxes", body)
+		resp, err := send(n)
 		if err != nil {
-			rt.unplace(n, d)
+			rt.unplace(n, d, warm)
 			if r.Context().Err() != nil {
 				return
 			}
@@ -84,21 +99,22 @@ func (rt *Router) create(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusInsufficientStorage {
-			rt.unplace(n, d)
+			rt.unplace(n, d, warm)
 			refusals = append(refusals, fmt.Sprintf("node %s: %s", n.Name, errorMessage(resp)))
 			continue
 		}
 		if resp.StatusCode >= 300 {
-			rt.unplace(n, d)
+			rt.unplace(n, d, warm)
 		}
 		copyResponse(w, resp)
 		return
 	}
 }
 
-// demandOf is what req asks of a node. Resources it leaves at zero count
-// as the gateway's defaults (the nodes').
-func (rt *Router) demandOf(req api.CreateRequest) (demand, error) {
+// demandOf is what a create asks of a node. Resources it leaves at zero
+// count as the gateway's defaults (the nodes'). from is a snapshot id (the
+// node that holds it must take the sandbox), a template or an image name.
+func (rt *Router) demandOf(res api.Resources, selector map[string]string, from, image string) (demand, error) {
 	def := rt.cfg.Defaults
 	pick := func(v, d float64) float64 {
 		if v > 0 {
@@ -106,25 +122,26 @@ func (rt *Router) demandOf(req api.CreateRequest) (demand, error) {
 		}
 		return d
 	}
-	d := demand{selector: req.NodeSelector}
-	d.res.CPUs = pick(req.Resources.CPUs, def.CPUs)
-	d.res.MemoryBytes = int64(pick(float64(req.Resources.MemoryBytes), float64(def.MemoryBytes)))
-	d.res.DiskBytes = int64(pick(float64(req.Resources.DiskBytes), float64(def.DiskBytes)))
+	d := demand{selector: selector}
+	d.res.CPUs = pick(res.CPUs, def.CPUs)
+	d.res.MemoryBytes = int64(pick(float64(res.MemoryBytes), float64(def.MemoryBytes)))
+	d.res.DiskBytes = int64(pick(float64(res.DiskBytes), float64(def.DiskBytes)))
 	d.res.Sandboxes = 1
 	switch {
-	case strings.HasPrefix(req.From, snapshotPrefix):
+	case strings.HasPrefix(from, snapshotPrefix):
 		// A snapshot lives on the node that took it.
-		n, err := rt.owner(req.From, strings.TrimPrefix(req.From, snapshotPrefix))
+		n, err := rt.owner(from, strings.TrimPrefix(from, snapshotPrefix))
 		if err != nil {
 			return d, err
 		}
 		d.only = n.Name
-	case req.From != "":
-		d.pool = "template:" + req.From
-	case req.Image != "":
-		d.pool = "image:" + req.Image
+	case from != "":
+		// A template's name, or an image's.
+		d.pools = []string{"template:" + from, "image:" + from}
+	case image != "":
+		d.pools = []string{"image:" + image}
 	default:
-		d.pool = "image:host"
+		d.pools = []string{"image:host"}
 	}
 	return d, nil
 }
@@ -134,12 +151,12 @@ func (rt *Router) demandOf(req api.CreateRequest) (demand, error) {
 // with the selected labels and room for it, those with a warm guest of
 // its image or template first, then the emptiest (spread) or the fullest
 // (pack). With none, the error names what is missing.
-func (rt *Router) pick(d demand, tried map[string]bool) (*node, error) {
+func (rt *Router) pick(d demand, tried map[string]bool) (_ *node, warm string, _ error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	type cand struct {
 		n    *node
-		warm bool
+		warm string // the pool with a guest for it
 		load float64
 	}
 	var cands []cand
@@ -166,15 +183,15 @@ func (rt *Router) pick(d demand, tried map[string]bool) (*node, error) {
 		if len(lacks) > 0 {
 			continue
 		}
-		cands = append(cands, cand{n: n, warm: n.Pools[d.pool]-pc.pools[d.pool] > 0, load: load(n.Capacity, used)})
+		cands = append(cands, cand{n: n, warm: warmPool(n.Pools, pc.pools, d.pools), load: load(n.Capacity, used)})
 	}
 	if len(cands) == 0 {
-		return nil, rt.nowhere(d, tried, ready, labelled, short)
+		return nil, "", rt.nowhere(d, tried, ready, labelled, short)
 	}
 	sort.SliceStable(cands, func(i, j int) bool {
 		a, b := cands[i], cands[j]
-		if a.warm != b.warm {
-			return a.warm
+		if (a.warm != "") != (b.warm != "") {
+			return a.warm != ""
 		}
 		if rt.cfg.Pack {
 			return a.load > b.load
@@ -188,14 +205,26 @@ func (rt *Router) pick(d demand, tried map[string]bool) (*node, error) {
 		rt.placed[c.n.Name] = pc
 	}
 	pc.res = (&placedCount{res: d.res}).add(pc.res)
-	if c.warm {
-		pc.pools[d.pool]++
+	if c.warm != "" {
+		pc.pools[c.warm]++
 	}
-	return c.n, nil
+	return c.n, c.warm, nil
 }
 
-// unplace takes back what pick counted on n for d.
-func (rt *Router) unplace(n *node, d demand) {
+// warmPool is the first of pools in which a node has a warm guest left,
+// after those the gateway's creates since the table changed took.
+func warmPool(ready, taken map[string]int, pools []string) string {
+	for _, p := range pools {
+		if ready[p]-taken[p] > 0 {
+			return p
+		}
+	}
+	return ""
+}
+
+// unplace takes back what pick counted on n for d (and the guest of pool
+// warm).
+func (rt *Router) unplace(n *node, d demand, warm string) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	pc := rt.placed[n.Name]
@@ -206,8 +235,8 @@ func (rt *Router) unplace(n *node, d demand) {
 	pc.res.MemoryBytes -= d.res.MemoryBytes
 	pc.res.DiskBytes -= d.res.DiskBytes
 	pc.res.Sandboxes -= d.res.Sandboxes
-	if pc.pools[d.pool] > 0 {
-		pc.pools[d.pool]--
+	if pc.pools[warm] > 0 {
+		pc.pools[warm]--
 	}
 }
 

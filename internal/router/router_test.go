@@ -64,11 +64,11 @@ func TestPick(t *testing.T) {
 			n.Capacity = api.NodeResources{MemoryBytes: mem * gib, Sandboxes: sandboxes}
 		}
 	}
-	d := demand{res: api.NodeResources{MemoryBytes: gib, Sandboxes: 1}, pool: "image:host"}
+	d := demand{res: api.NodeResources{MemoryBytes: gib, Sandboxes: 1}, pools: []string{"image:host"}}
 	picks := func(rt *Router, d demand, k int) string {
 		var out []string
 		for range k {
-			n, err := rt.pick(d, map[string]bool{})
+			n, _, err := rt.pick(d, map[string]bool{})
 			if err != nil {
 				out = append(out, "-")
 				continue
@@ -83,7 +83,7 @@ func TestPick(t *testing.T) {
 	if got, want := picks(rt, d, 7), "n1 n2 n1 n1 n2 n1 -"; got != want {
 		t.Errorf("spread: picks %q; want %q", got, want)
 	}
-	_, err := rt.pick(d, map[string]bool{})
+	_, _, err := rt.pick(d, map[string]bool{})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "memory") {
 		t.Errorf("all full: %v; want unavailable naming memory", err)
 	}
@@ -110,12 +110,12 @@ func TestPick(t *testing.T) {
 		t.Errorf("selector: picks %q; want %q", got, want)
 	}
 	sel.selector = map[string]string{"gpu": "no"}
-	if _, err := rt.pick(sel, map[string]bool{}); err == nil || !strings.Contains(err.Error(), "gpu=no") {
+	if _, _, err := rt.pick(sel, map[string]bool{}); err == nil || !strings.Contains(err.Error(), "gpu=no") {
 		t.Errorf("selector nobody has: %v", err)
 	}
 	// A refusal is taken back: the next pick sees the node as before.
-	n, _ := rt.pick(d, map[string]bool{})
-	rt.unplace(n, d)
+	n, taken, _ := rt.pick(d, map[string]bool{})
+	rt.unplace(n, d, taken)
 	if got := rt.placed[n.Name].res.Sandboxes; got != 0 {
 		t.Errorf("after unplace: %d placed", got)
 	}

@@ -67,7 +67,7 @@ func (rt *Router) SetNodes(nodes []api.Node) {
 			continue
 		}
 		n := rt.nodes[an.Name]
-		if n == nil || n.Address != an.Address {
+		if n == nil || n.Address != an.Address || n.E2BAddress != an.E2BAddress {
 			var err error
 			if n, err = rt.newNode(an); err != nil {
 				rt.log.Warn("node left out of the table", "node", an.Name, "err", err)

@@ -1,0 +1,211 @@
+package router
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/connlimit"
+	"github.com/paddock-dev/paddock/internal/e2b"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+)
+
+// E2BHandler serves the E2B-compatible API of the cluster: envd calls
+// (with E2b-Sandbox-Id, and the sandbox's own access token, which the
+// node checks) go to the sandbox's node as they are; control-plane calls
+// need the gateway's API key (e2b.APIKey of its token), which the
+// gateway replaces with the node's. A create is placed as a native one
+// (its templateID is the pool it prefers); a list gathers every node's.
+func (rt *Router) E2BHandler(token string) http.Handler {
+	key := e2b.APIKey(token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.EscapedPath()
+		if strings.Contains(p, "//") || strings.Contains(p, "%") || strings.Contains(p, "/./") || strings.Contains(p, "/../") || strings.HasSuffix(p, "/..") {
+			e2bError(w, errdefs.Invalid("path", "%q has dot segments, empty segments or escapes", p))
+			return
+		}
+		if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+			rt.e2bRoute(w, r, id, false)
+			return
+		}
+		got := r.Header.Get("X-API-Key")
+		if got == "" {
+			got = strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		}
+		if subtle.ConstantTimeCompare([]byte(got), []byte(key)) != 1 {
+			writeJSON(w, http.StatusUnauthorized, e2bErrorBody{Code: http.StatusUnauthorized, Message: "missing or wrong API key (X-API-KEY)"})
+			return
+		}
+		connlimit.Authenticated(w, r)
+		rest, _ := strings.CutPrefix(p, "/v2")
+		switch {
+		case rest == "/sandboxes" && r.Method == http.MethodPost:
+			rt.e2bCreate(w, r)
+		case rest == "/sandboxes" && r.Method == http.MethodGet:
+			rt.e2bList(w, r)
+		case strings.HasPrefix(rest, "/sandboxes/"):
+			id, _, _ := strings.Cut(strings.TrimPrefix(rest, "/sandboxes/"), "/")
+			rt.e2bRoute(w, r, id, true)
+		default:
+			e2bError(w, errdefs.New(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+		}
+	})
+}
+
+// e2bErrorBody is E2B's error body.
+type e2bErrorBody struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// e2bError answers err in E2B's form, with the status of paddock's one
+// mapping.
+func e2bError(w http.ResponseWriter, err error) {
+	code := errdefs.HTTPStatus(err)
+	writeJSON(w, code, e2bErrorBody{Code: code, Message: err.Error()})
+}
+
+// e2bRoute passes a call for sandbox id to its node's facade; control
+// calls carry the node's key instead of the gateway's.
+func (rt *Router) e2bRoute(w http.ResponseWriter, r *http.Request, id string, control bool) {
+	n, err := rt.owner(id, id)
+	if err == nil && n.e2bProxy == nil {
+		err = errdefs.New(errdefs.ErrUnavailable, "node %s serves no E2B facade", n.Name)
+	}
+	if err != nil {
+		e2bError(w, err)
+		return
+	}
+	if control {
+		n.asNode(r)
+	}
+	n.e2bProxy.ServeHTTP(w, r)
+}
+
+// asNode makes a control-plane request carry the node's API key.
+func (c *conns) asNode(r *http.Request) {
+	r.Header.Set("X-API-Key", c.e2bKey)
+	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+		r.Header.Del("Authorization")
+	}
+}
+
+// e2bCreate places an E2B create (POST /sandboxes, /v2/sandboxes).
+func (rt *Router) e2bCreate(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(w, r)
+	if err != nil {
+		e2bError(w, err)
+		return
+	}
+	var req struct {
+		TemplateID string `json:"templateID"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		e2bError(w, errdefs.Invalid("body", "%v", err))
+		return
+	}
+	if req.TemplateID == "" {
+		req.TemplateID = "base"
+	}
+	d, err := rt.demandOf(api.Resources{}, nil, req.TemplateID, "")
+	if err != nil {
+		e2bError(w, err)
+		return
+	}
+	rt.place(w, r, d, func(err error) { e2bError(w, err) }, func(n *node) (*http.Response, error) {
+		if n.e2bProxy == nil {
+			return nil, fmt.Errorf("it serves no E2B facade")
+		}
+		return n.postE2B(r, body)
+	})
+}
+
+// postE2B sends an E2B create to the node's facade with the node's key.
+func (c *conns) postE2B(r *http.Request, body []byte) (*http.Response, error) {
+	u := *c.e2bBase
+	u.Path = r.URL.Path
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, u.String(), strings.NewReader(string(body)))
+	if err != nil {
+		return nil, err
+	}
+	out.Header.Set("Content-Type", "application/json")
+	out.Header.Set("X-API-Key", c.e2bKey)
+	return c.tr.RoundTrip(out)
+}
+
+// e2bList answers GET /sandboxes and /v2/sandboxes with every node's
+// list, one after the other. Paging does not span nodes: each node's
+// page comes whole and no next token is passed on.
+func (rt *Router) e2bList(w http.ResponseWriter, r *http.Request) {
+	rt.mu.RLock()
+	nodes := rt.table.nodes
+	rt.mu.RUnlock()
+	var items []json.RawMessage
+	var missing []string
+	for _, n := range nodes {
+		if n.e2bProxy == nil {
+			continue
+		}
+		if n.State == api.NodeLost {
+			missing = append(missing, n.Name)
+			continue
+		}
+		status, body, err := n.getE2B(r)
+		var part []json.RawMessage
+		switch {
+		case err != nil || status >= 500:
+			missing = append(missing, n.Name)
+			continue
+		case status != http.StatusOK:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			w.Write(body)
+			return
+		case json.Unmarshal(body, &part) != nil:
+			missing = append(missing, n.Name)
+			continue
+		}
+		items = append(items, part...)
+	}
+	if items == nil {
+		items = []json.RawMessage{}
+	}
+	if len(missing) > 0 {
+		w.Header().Set(MissingNodesHeader, strings.Join(missing, ", "))
+	}
+	writeJSON(w, http.StatusOK, items)
+}
+
+// getE2B sends a GET to the node's facade with the node's key.
+func (c *conns) getE2B(r *http.Request) (int, []byte, error) {
+	out := r.Clone(r.Context())
+	c.asNode(out)
+	return c.fetch(out, c.e2bBase)
+}
+
+// newE2BProxy is the reverse proxy to a node's facade at addr.
+func (c *conns) newE2BProxy(addr string) error {
+	base, err := url.Parse(addr)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return errdefs.Invalid("e2b_address", "%q is not http(s)://HOST:PORT", addr)
+	}
+	base.Path = ""
+	c.e2bBase = base
+	c.e2bProxy = &httputil.ReverseProxy{
+		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(c.e2bBase) },
+		Transport:  c.tr,
+		BufferPool: bufferPool{},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() == nil {
+				e2bError(w, c.unreachable(err))
+			}
+		},
+		ErrorLog: c.proxy.ErrorLog,
+	}
+	return nil
+}
