@@ -859,6 +859,9 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 		return nil, fmt.Errorf("loading cgroup: %w", err)
 	}
 	sb := &Sandbox{id: id, st: st, socket: filepath.Join(r.dir(id), "guest.sock"), cg: cg, done: make(chan struct{}), active: closedChan(), limited: closedChan(), sent: closedChan()}
+	// Frozen by its daemon's last run, or by that daemon's death in the
+	// middle of a freeze: Kill thaws it until a thaw says otherwise.
+	sb.mayBeFrozen.Store(true)
 	if err := sb.watch(pidfd); err != nil {
 		return nil, err
 	}
@@ -870,7 +873,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 		return nil, fmt.Errorf("setting limits: %w", err)
 	}
 	if !rs.Frozen {
-		if err := cg.Thaw(); err != nil {
+		if err := sb.Thaw(); err != nil {
 			sb.Kill()
 			return nil, fmt.Errorf("thawing: %w", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -66,6 +67,13 @@ type Sandbox struct {
 	// process.
 	mu      sync.Mutex
 	pidFile *os.File // nil once the guest has exited
+	// killed: SIGKILL was sent; guarded by mu.
+	killed bool
+
+	// mayBeFrozen is set before a freeze and cleared by a thaw that
+	// succeeded: a kill thaws the cgroup only then, since a thaw costs a
+	// cgroupfs write (0.03-0.3 ms here) on a delete's answer.
+	mayBeFrozen atomic.Bool
 }
 
 var (
@@ -208,21 +216,23 @@ func (s *Sandbox) Activate() {
 }
 
 // Kill implements runtime.Instance: SIGKILL to the guest ends its pid
-// namespace, and the kernel kills every process in it. The cgroup is
-// thawed first: a frozen process does not die until it is (v1).
+// namespace, and the kernel kills every process in it. A cgroup that may
+// be frozen is thawed first: a frozen process does not die until it is
+// (v1). A second Kill (a teardown after the removal's) sends nothing.
 func (s *Sandbox) Kill() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.pidFile == nil {
+	if s.pidFile == nil || s.killed {
 		return nil
 	}
-	if s.cg != nil {
-		s.cg.Thaw()
+	if s.cg != nil && s.mayBeFrozen.Load() {
+		s.Thaw()
 	}
 	err := unix.PidfdSendSignal(int(s.pidFile.Fd()), unix.SIGKILL, nil, 0)
 	if err == unix.ESRCH {
 		return nil
 	}
+	s.killed = err == nil
 	return err
 }
 
@@ -234,11 +244,18 @@ func (s *Sandbox) Freeze(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	s.mayBeFrozen.Store(true)
 	return s.cg.Freeze(ctx)
 }
 
 // Thaw implements runtime.Instance.
-func (s *Sandbox) Thaw() error { return s.cg.Thaw() }
+func (s *Sandbox) Thaw() error {
+	err := s.cg.Thaw()
+	if err == nil {
+		s.mayBeFrozen.Store(false)
+	}
+	return err
+}
 
 // Update implements runtime.Instance. It waits until the sandbox's own
 // limits are set (activate), so that they cannot overwrite the update.
