@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/paddock-dev/paddock/internal/netpipe"
 )
 
 const (
@@ -131,7 +133,7 @@ func (p *connPool) get() *keptConn {
 	for len(p.idle) > 0 {
 		kc := p.idle[len(p.idle)-1]
 		p.idle = p.idle[:len(p.idle)-1]
-		if kc.br.Buffered() == 0 && open(kc.Conn) {
+		if kc.br.Buffered() == 0 && netpipe.Alive(kc.Conn) {
 			return kc
 		}
 		kc.Close()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/netpipe"
 	"github.com/paddock-dev/paddock/wire"
 )
 
@@ -114,10 +115,10 @@ func TestStreamsSkipAConnectionTheDaemonClosed(t *testing.T) {
 	}
 	d.srv.SetKeepAlivesEnabled(false) // closes the idle connection
 	kept := c.tr.idle[0].Conn
-	for deadline := time.Now().Add(5 * time.Second); open(kept) && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); netpipe.Alive(kept) && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if open(kept) {
+	if netpipe.Alive(kept) {
 		t.Fatal("the daemon did not close the kept connection")
 	}
 	d.srv.SetKeepAlivesEnabled(true)

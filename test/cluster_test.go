@@ -317,6 +317,9 @@ func TestClusterGateway(t *testing.T) {
 	}
 	badLane(t, c, a)
 
+	if r := c.cli("", "exec", b, "--", "true"); r.Code != 0 {
+		t.Fatalf("cli exec on node2: %+v", r)
+	}
 	// Node b killed: its sandboxes answer 503 naming it, the others
 	// serve, lists say what is missing, creates go elsewhere.
 	c.nodes[1].Kill9()
@@ -358,6 +361,11 @@ func TestClusterGateway(t *testing.T) {
 	out.Reset()
 	if st, err := cl.Exec(ctx, b, api.ExecRequest{Cmd: []string{"hostname"}}, client.ExecIO{Stdout: &out}); err != nil || st.ExitCode != 0 || out.String() != b+"\n" {
 		t.Fatalf("exec on the node back: %+v, %v, %q", st, err, out.String())
+	}
+	// A new client's first exec takes the gateway's lanes to the node,
+	// kept from before its restart: closed ones are not used.
+	if r := c.cli("", "exec", b, "--", "cat", "/etc/hostname"); r.Code != 0 || r.Stdout != b+"\n" {
+		t.Fatalf("cli exec on the node back: %+v", r)
 	}
 
 	// Every node full: a clear 503 naming the resource.

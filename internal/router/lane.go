@@ -98,6 +98,10 @@ func (l *gatewayLane) next() bool {
 func (l *gatewayLane) send(n *node, frame []byte) (*upLane, error) {
 	up := l.up[n.conns]
 	delete(l.up, n.conns)
+	if up != nil && (up.br.Buffered() > 0 || !netpipe.Alive(up.conn)) {
+		up.conn.Close()
+		up = nil
+	}
 	if up == nil {
 		up = n.lanes.get()
 	}
@@ -215,15 +219,23 @@ type lanePool struct {
 	closed bool
 }
 
+// get takes an idle lane that is still open (a node that restarted
+// closed its old ones), or nil.
 func (p *lanePool) get() *upLane {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.idle) == 0 {
-		return nil
+	for {
+		p.mu.Lock()
+		if len(p.idle) == 0 {
+			p.mu.Unlock()
+			return nil
+		}
+		up := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		p.mu.Unlock()
+		if up.br.Buffered() == 0 && netpipe.Alive(up.conn) {
+			return up
+		}
+		up.conn.Close()
 	}
-	up := p.idle[len(p.idle)-1]
-	p.idle = p.idle[:len(p.idle)-1]
-	return up
 }
 
 func (p *lanePool) put(up *upLane) {

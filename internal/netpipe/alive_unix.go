@@ -1,15 +1,16 @@
 //go:build unix
 
-package client
+package netpipe
 
 import (
 	"net"
 	"syscall"
 )
 
-// open reports whether an idle connection is still open: a peek finds
-// neither an end (the daemon closed it) nor unexpected bytes.
-func open(c net.Conn) bool {
+// Alive reports whether an idle connection is still open: a peek finds
+// neither an end (the peer closed it) nor unexpected bytes. Pools of
+// kept connections check it before they hand one out.
+func Alive(c net.Conn) bool {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return true
