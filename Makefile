@@ -17,7 +17,7 @@ GOFLAGS_STATIC := -tags 'netgo osusergo embedguest' -ldflags '-linkmode external
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
-.PHONY: all build deps up down uninstall test test-short fuzz bench lint fmt clean
+.PHONY: all build deps kube-bins up down uninstall test test-short fuzz bench lint fmt clean
 
 all: build
 
@@ -43,6 +43,14 @@ deps:
 	@# with Debian's.
 	@command -v npm >/dev/null || { echo "installing: nodejs npm"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
 	@command -v go >/dev/null || { echo "Go is missing: install Go 1.26+ at /usr/local/go"; exit 1; }
+
+# kube-bins builds the Kubernetes control plane the cluster tests run
+# against (kube-apiserver and etcd, from the module proxy, pinned by the
+# tools modules under tools/kube) into a cache keyed by their versions,
+# /var/cache/paddock/kube by default (PADDOCK_KUBE_CACHE): about 6 minutes
+# the first time, nothing after.
+kube-bins:
+	scripts/kube-bins.sh
 
 # up installs what is missing, builds, installs and starts the daemon with
 # its embedded defaults (state in /var/lib/paddock, socket at
@@ -78,9 +86,9 @@ uninstall:
 # without it. cross first: a client that stopped building for macOS fails.
 E2E  := ./test ./bench
 UNIT  = $$(go list ./... | grep -v -e '/paddock/test$$' -e '/paddock/bench$$')
-test: deps build cross
-	go test -race -count=1 -timeout 20m $(UNIT)
-	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -timeout 20m $(E2E)
+test: deps build cross kube-bins
+	PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) go test -race -count=1 -timeout 20m $(UNIT)
+	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) go test -count=1 -timeout 20m $(E2E)
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 # fuzz runs every Fuzz* function of the module for FUZZTIME each
