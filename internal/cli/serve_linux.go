@@ -93,7 +93,18 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&cfg.HTTP.Limits.Unauthenticated, "http-max-unauthenticated", 1024, "connections each TCP listener holds before their credentials are checked (the oldest is closed for a new one)")
 	f.IntVar(&cfg.HTTP.Limits.PerPeer, "http-max-unauthenticated-per-peer", 64, "such connections one client address holds (its oldest is closed for its new one)")
 	f.StringVar(&cfg.E2BListen, "e2b-listen", "", "serve the E2B-compatible API on tcp://HOST:PORT (needs --token-file; see docs/e2b.md)")
+	clusterFlags(f, &cfg.Cluster)
 	return cmd
+}
+
+// clusterFlags make `paddock serve` a node of a cluster.
+func clusterFlags(f *pflag.FlagSet, cc *daemon.ClusterConfig) {
+	f.BoolVar(&cc.Enabled, "cluster", false, "be a node of a paddock cluster: register with the Kubernetes API (a Lease and a PaddockNode) and start every sandbox id with the node's tag")
+	f.StringVar(&cc.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster's API server (default $KUBECONFIG, or the pod's service account)")
+	f.StringVar(&cc.Namespace, "cluster-namespace", "paddock", "namespace of the nodes' Leases")
+	f.StringVar(&cc.NodeName, "node-name", "", "the node's name in the cluster (default: the host's name)")
+	f.StringVar(&cc.NodeAddress, "node-address", "", "URL gateways call this node at, http(s)://HOST:PORT (one of its --listen addresses, as reached from the gateways)")
+	f.StringToStringVar(&cc.NodeLabels, "node-labels", nil, "labels creates may select the node by, KEY=VALUE,...")
 }
 
 // telemetryFlags are `paddock serve`'s admission and budget settings.

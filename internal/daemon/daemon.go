@@ -96,6 +96,8 @@ type Config struct {
 	E2BListen string
 	// HTTP bounds the API's and the facade's connections.
 	HTTP HTTPConfig
+	// Cluster makes the daemon a node of a cluster (off by default).
+	Cluster ClusterConfig
 	// Debug serves the Go runtime's CPU, heap, goroutine, mutex and block
 	// profiles on RunDir/debug.sock (root only; see serveDebug). Off by
 	// default.
@@ -182,6 +184,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return fmt.Errorf("creating %s: %w", d, err)
 		}
+	}
+	node, err := joinCluster(ctx, &cfg, log.With("component", "cluster"))
+	if err != nil {
+		return err
 	}
 	if err := runtime.SetIDPrefix(cfg.IDPrefix); err != nil {
 		return err
@@ -412,10 +418,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	log.Info("paddock ready", "version", cfg.Version, "state_dir", cfg.StateDir, "cgroup_v2", cgroups.Mode() == cgroup.V2, "idmapped", rt.Idmapped(), "storage", sub.Mode(), "reflink", sub.Reflink())
 
+	// In a cluster the node is announced once it serves, and withdrawn
+	// (its Lease released) before it stops serving.
+	stopNode := func() {}
+	if node != nil {
+		nctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			node.Run(nctx, nodeStatus(tel, mgr, disks, log.With("component", "cluster")))
+			close(done)
+		}()
+		stopNode = func() { cancel(); <-done }
+	}
+
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
+	stopNode()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, hs := range servers {

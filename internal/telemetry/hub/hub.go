@@ -212,6 +212,12 @@ func (h *Hub) Close() {
 // Registry is the Prometheus registry of the daemon and its sandboxes.
 func (h *Hub) Registry() *prometheus.Registry { return h.registry }
 
+// Admission is admission control's state: the most that can be
+// reserved, and what is (a cluster node publishes both).
+func (h *Hub) Admission() (limits, inUse admission.Resources) {
+	return h.adm.Limits(), h.adm.InUse()
+}
+
 // Sampler is the metrics sampler (for benchmarks).
 func (h *Hub) Sampler() *metrics.Sampler { return h.sampler }
 

@@ -1,0 +1,155 @@
+package test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	kube "github.com/paddock-dev/paddock/internal/cluster"
+	"github.com/paddock-dev/paddock/internal/cluster/kubetest"
+)
+
+// nodeWatch is a gateway's view of the cluster's nodes.
+type nodeWatch struct {
+	mu    sync.Mutex
+	nodes map[string]api.Node
+}
+
+func watchNodes(t *testing.T, kc *kubetest.Cluster) *nodeWatch {
+	t.Helper()
+	w := &nodeWatch{nodes: map[string]api.Node{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := kube.WatchNodes(ctx, kc.Config(kubetest.Gateway), kube.WatchConfig{}, func(ns []api.Node) {
+			m := map[string]api.Node{}
+			for _, n := range ns {
+				m[n.Name] = n
+			}
+			w.mu.Lock()
+			w.nodes = m
+			w.mu.Unlock()
+		})
+		if err != nil {
+			t.Errorf("WatchNodes: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
+// wait waits until the node named name is in state, and returns it with
+// how long that took.
+func (w *nodeWatch) wait(t *testing.T, name, state string, limit time.Duration) (api.Node, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	n := w.waitFor(t, name, limit, func(n api.Node) bool { return n.State == state })
+	return n, time.Since(start)
+}
+
+// TestClusterNode: `paddock serve --cluster` against a real kube-apiserver
+// and etcd registers the node (a Lease, a PaddockNode with its status),
+// mints ids that start with its tag, writes nothing to the API per
+// create, is seen lost when killed with SIGKILL and ready again, with its
+// sandboxes, when it restarts.
+func TestClusterNode(t *testing.T) {
+	kc := kubetest.Start(t)
+	kc.Apply(t, "../deploy/crd-paddocknode.yaml", "../deploy/rbac.yaml")
+	w := watchNodes(t, kc)
+	d := newDaemon(t, "--cluster", "--kubeconfig", kc.Kubeconfig(t, kubetest.Node),
+		"--node-name", "e2e-node", "--node-address", "http://127.0.0.1:7777",
+		"--node-labels", "zone=test,disk=ssd")
+	n, _ := w.wait(t, "e2e-node", api.NodeReady, 30*time.Second)
+	if !kube.ValidTag(n.Tag) || n.Address != "http://127.0.0.1:7777" || n.Labels["zone"] != "test" ||
+		n.Labels["disk"] != "ssd" || n.Capacity.CPUs <= 0 || n.Capacity.MemoryBytes <= 0 || n.Capacity.DiskBytes <= 0 {
+		t.Fatalf("node as published: %+v", n)
+	}
+
+	// Creates write nothing to the API server: the node's only writes
+	// are its Lease renewals and its status, on their own clocks.
+	const creates = 20
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	before := kubetest.Writes(kc.Requests(t))
+	start := time.Now()
+	var ids []string
+	for range creates {
+		sb, err := d.Client().Create(ctx, api.CreateRequest{})
+		if err != nil {
+			t.Fatalf("create: %v", err)
+		}
+		if !strings.HasPrefix(sb.ID, n.Tag) || len(sb.ID) != 12 {
+			t.Errorf("sandbox id %q: want 12 characters starting with the node's tag %q", sb.ID, n.Tag)
+		}
+		ids = append(ids, sb.ID)
+	}
+	elapsed := time.Since(start)
+	delta := kubetest.Delta(before, kubetest.Writes(kc.Requests(t)))
+	t.Logf("%d creates in %v; API writes meanwhile: %s", creates, elapsed.Round(time.Millisecond), kubetest.String(delta))
+	ticks := int(elapsed/kube.StatusInterval) + 1
+	var status float64
+	for k, v := range delta {
+		if strings.Contains(k, "paddocknodes") {
+			status += v
+		}
+	}
+	if status > float64(ticks) {
+		t.Errorf("%v writes to PaddockNodes during %d creates in %v: want at most %d (one per %v)", status, creates, elapsed, ticks, kube.StatusInterval)
+	}
+	// Within a status interval the node publishes what it holds.
+	n = w.waitFor(t, "e2e-node", 20*time.Second, func(n api.Node) bool { return n.Allocated.Sandboxes >= creates })
+	if n.Allocated.CPUs <= 0 || n.Allocated.MemoryBytes <= 0 {
+		t.Errorf("allocation published: %+v", n.Allocated)
+	}
+
+	// kill -9: the Lease expires, the node is lost.
+	d.Kill9()
+	_, lost := w.wait(t, "e2e-node", api.NodeLost, kube.LeaseDuration+15*time.Second)
+	t.Logf("node seen lost %v after its kill -9 (Lease duration %v)", lost.Round(100*time.Millisecond), kube.LeaseDuration)
+	if lost < kube.LeaseDuration-2*kube.RenewInterval {
+		t.Errorf("node lost after %v: before its Lease could expire", lost)
+	}
+
+	// Back: the same tag, ready, its sandboxes served.
+	d.Start()
+	n2, back := w.wait(t, "e2e-node", api.NodeReady, 30*time.Second)
+	t.Logf("node ready %v after its restart", back.Round(100*time.Millisecond))
+	if n2.Tag != n.Tag {
+		t.Errorf("tag after restart %q, was %q", n2.Tag, n.Tag)
+	}
+	if r := d.sh(ids[0], "echo back"); r.ExitCode != 0 || r.Stdout != "back\n" {
+		t.Errorf("exec in %s after the node's restart: %s", ids[0], r)
+	}
+	ls, err := d.Client().List(ctx, client.ListOptions{})
+	if err != nil || len(ls) != creates {
+		t.Errorf("after restart the node lists %d sandboxes (%v), want %d", len(ls), err, creates)
+	}
+
+	// A graceful stop releases the Lease: lost at once.
+	d.Stop()
+	_, gone := w.wait(t, "e2e-node", api.NodeLost, 5*time.Second)
+	t.Logf("node seen lost %v after its stop", gone.Round(time.Millisecond))
+}
+
+// waitFor waits until cond holds of the node named name.
+func (w *nodeWatch) waitFor(t *testing.T, name string, limit time.Duration, cond func(api.Node) bool) api.Node {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		w.mu.Lock()
+		n, ok := w.nodes[name]
+		w.mu.Unlock()
+		if ok && cond(n) {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: condition not met after %v: %+v", name, limit, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
