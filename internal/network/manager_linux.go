@@ -49,6 +49,16 @@ type Manager struct {
 	orphans map[string]int
 	queue   []deletion
 	closed  bool
+
+	// Slots (slot_linux.go): ready ones, those handed out and not yet
+	// attached (by their namespace's inode), those attached (by sandbox),
+	// and recycled ones waiting for their reset.
+	ready      []*Slot
+	lent       map[uint64]*Slot
+	slotOf     map[string]*Slot
+	resets     []*Slot
+	slotWake   chan struct{}
+	tcpMetrics uint16 // the tcp_metrics generic netlink family
 	// inflight counts Attach and Restore calls past the closed check:
 	// Close waits for them before it closes the netlink handles.
 	inflight sync.WaitGroup
@@ -104,8 +114,12 @@ func New(cfg Config) (_ *Manager, retErr error) {
 		making:  map[string]bool{},
 		names:   map[string]bool{},
 		orphans: map[string]int{},
+		lent:    map[uint64]*Slot{},
+		slotOf:  map[string]*Slot{},
 		wake:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
+
+		slotWake: make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 	}
 	defer func() {
 		if retErr != nil {
@@ -138,8 +152,10 @@ func New(cfg Config) (_ *Manager, retErr error) {
 	if err := install(cfg); err != nil {
 		return nil, err
 	}
-	m.wg.Add(1)
+	m.tcpMetrics = lookupTCPMetrics()
+	m.wg.Add(2)
 	go m.worker()
+	go m.slotWorker()
 	return m, nil
 }
 
@@ -252,6 +268,18 @@ func (m *Manager) Attach(id string, netnsFD int) (_ Link, retErr error) {
 		m.mu.Unlock()
 		return Link{}, errdefs.Conflict("sandbox %s already has a network", id)
 	}
+	if s := m.lent[st.Ino]; s != nil {
+		// A slot's namespace: wired already, it only changes hands.
+		m.claimLocked(id, s)
+		m.mu.Unlock()
+		// The owner's id, for Restore after a daemon restart.
+		if hl, err := m.nl.LinkByName(s.link.HostIf); err == nil {
+			if err := m.nl.LinkSetAlias(hl, id); err != nil {
+				m.log.Warn("naming a slot's owner", "interface", s.link.HostIf, "err", err)
+			}
+		}
+		return s.link, nil
+	}
 	slot, ok := m.slots.take()
 	if !ok {
 		m.mu.Unlock()
@@ -354,9 +382,12 @@ func (m *Manager) configure(id string, netnsFD int, l Link) error {
 		return fmt.Errorf("finding %s: %w", l.HostIf, err)
 	}
 	// The owner's id, for Restore and for operators (ip link shows it).
-	// The kernel ignores an alias given at creation.
-	if err := m.nl.LinkSetAlias(hl, id); err != nil {
-		return fmt.Errorf("naming %s's owner: %w", l.HostIf, err)
+	// The kernel ignores an alias given at creation. A slot gets its
+	// owner's when one claims it.
+	if id != "" {
+		if err := m.nl.LinkSetAlias(hl, id); err != nil {
+			return fmt.Errorf("naming %s's owner: %w", l.HostIf, err)
+		}
 	}
 	// Before the link is up, so it never gets an IPv6 link-local address.
 	for _, s := range []struct{ path, val string }{
@@ -551,6 +582,12 @@ func (m *Manager) Detach(id string) error {
 	}
 	delete(m.byID, id)
 	delete(m.byAddr, l.SandboxAddr)
+	if s, ok := m.slotOf[id]; ok {
+		delete(m.slotOf, id)
+		m.mu.Unlock()
+		m.destroySlot(s)
+		return nil
+	}
 	slot, _ := m.slots.index(l.Prefix.Addr())
 	m.queue = append(m.queue, deletion{name: l.HostIf, slot: slot, at: time.Now()})
 	m.mu.Unlock()
@@ -764,6 +801,19 @@ func (m *Manager) Close() error {
 	m.inflight.Wait()
 	close(m.stop)
 	m.wg.Wait()
+	// Ready and recycled slots go with their descriptors (those of
+	// running sandboxes with their processes).
+	m.mu.Lock()
+	idle := append(m.ready, m.resets...)
+	m.ready, m.resets = nil, nil
+	m.mu.Unlock()
+	for _, s := range idle {
+		for _, fd := range []int{s.sysfs, s.ns} {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}
 	m.release()
 	return nil
 }

@@ -67,6 +67,13 @@ type Config struct {
 	// is well above the resolver's own rate limit, which answers REFUSED:
 	// it only stops floods. Default 1000.
 	MaxDNSRate int
+	// Slots is how many network slots (network namespaces wired ahead
+	// of time, slot_linux.go) the Manager keeps ready. 0: none is made
+	// ahead; TakeSlot makes one when asked, and recycled ones are kept.
+	Slots int
+	// MaxSlots bounds the ready slots: a recycled slot beyond it is
+	// destroyed. Default 64, and at least Slots.
+	MaxSlots int
 	// Logger receives the background worker's reports. Default: discard.
 	Logger *slog.Logger
 }
@@ -114,6 +121,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxDNSRate <= 0 {
 		c.MaxDNSRate = 1000
 	}
+	if c.MaxSlots <= 0 {
+		c.MaxSlots = 64
+	}
+	c.MaxSlots = max(c.MaxSlots, c.Slots)
 	if !c.Subnet.Addr().Is4() || c.Subnet.Bits() < 8 || c.Subnet.Bits() > 30 {
 		return c, errdefs.Invalid("subnet", "%s is not an IPv4 prefix between /8 and /30", c.Subnet)
 	}
