@@ -105,7 +105,12 @@ type Gateway struct {
 	wg   sync.WaitGroup
 }
 
-var _ runtime.Network = (*Gateway)(nil)
+var _ runtime.NetSlots = (*Gateway)(nil)
+
+// netSlots is how many network slots the network keeps ready ahead of
+// the guests that take them; recycled ones come back on top (up to the
+// network's MaxSlots), so under churn few are made.
+const netSlots = 8
 
 // maxDenials is how many recent denials each sandbox's self view keeps.
 const maxDenials = 50
@@ -189,6 +194,7 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 		ProxyPort: port(g.proxyLn.Addr()),
 		DNSPort:   g.dns.Addr().Port(),
 		SelfPort:  port(g.selfLn.Addr()),
+		Slots:     netSlots,
 		Logger:    g.log.With("part", "network"),
 	})
 	if err != nil {
@@ -422,6 +428,24 @@ func (g *Gateway) Restore(id string, state []byte) error {
 func (g *Gateway) Detach(id string) {
 	if err := g.net.Detach(id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		g.log.Warn("detaching network", "sandbox", id, "err", err)
+	}
+}
+
+// TakeNetns implements runtime.NetSlots.
+func (g *Gateway) TakeNetns() (runtime.NetNS, error) {
+	s, err := g.net.TakeSlot()
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Recycle implements runtime.NetSlots. The proxy and the resolver find a
+// sandbox by its address (network's Lookup), which no longer names this
+// one; the address names the next sandbox only once that one attaches.
+func (g *Gateway) Recycle(id string) {
+	if err := g.net.Recycle(id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		g.log.Warn("recycling network", "sandbox", id, "err", err)
 	}
 }
 

@@ -306,15 +306,17 @@ func buildRoot(cfg *guestapi.Prepare, fds []int) error {
 		func() error {
 			return r.mount("/proc", "proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 		},
-		func() error {
-			return r.mount("/sys", "sysfs", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
-		},
-		r.dev,
-		r.mask,
-		loopbackUp,
-		enablePing,
-		func() error { return pivot(root) },
 	}
+	if !cfg.NetReady {
+		steps = append(steps, func() error {
+			return r.mount("/sys", "sysfs", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+		})
+	}
+	steps = append(steps, r.dev, r.mask)
+	if !cfg.NetReady {
+		steps = append(steps, loopbackUp, enablePing)
+	}
+	steps = append(steps, func() error { return pivot(root) })
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return err

@@ -44,6 +44,12 @@ type Prepare struct {
 	// this guest (a resume, a create with no warm guest), and the
 	// command would only delay the sandbox's first one.
 	SkipWarmUp bool `json:"skip_warm_up,omitempty"`
+	// NetReady: the daemon made the guest's network namespace (a network
+	// slot: the host's user namespace owns it, so nothing in the sandbox
+	// can reconfigure it) with loopback up and ICMP echo sockets allowed,
+	// and Binds holds /sys, a sysfs of it (a user namespace may not mount
+	// sysfs for a network namespace it does not own).
+	NetReady bool `json:"net_ready,omitempty"`
 }
 
 // Activate starts a prepared guest serving with the sandbox's environment.

@@ -51,6 +51,10 @@ type Request struct {
 	// Urgent forks the guest at the normal priority: a sandbox waits for
 	// it (a resume, a create that found no warm guest).
 	Urgent bool `json:"urgent,omitempty"`
+	// NetNS: the request's last descriptor is a network namespace the
+	// daemon made (a network slot, owned by the host's user namespace),
+	// which the guest is forked into instead of a new one of its own.
+	NetNS bool `json:"net_ns,omitempty"`
 }
 
 // Reply answers a Request; the guest's pidfd comes with it.
@@ -63,6 +67,11 @@ type Reply struct {
 // daemon closes it, forking guests from the sealed binary on fd 4, and
 // reaps the guests it forked.
 func Run() error {
+	var err error
+	// To return to after forking a guest into a daemon's namespace.
+	if ownNetns, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		return fmt.Errorf("opening the forker's network namespace: %w", err)
+	}
 	if err := isolateMounts(); err != nil {
 		return err
 	}
@@ -117,25 +126,66 @@ func Run() error {
 	}
 }
 
+// ownNetns is the forker's network namespace (the host's).
+var ownNetns = -1
+
 // forkAt forks the guest from a thread at the priority it should start
 // with: the forker's own, or the normal one for an urgent request (a child
-// inherits the nice value of the thread that forks it).
+// inherits the nice value of the thread that forks it); and in the network
+// namespace it should have, for a request that brings one (a child
+// inherits the namespaces of the thread that forks it).
 func forkAt(exe *os.File, req Request, fds []int) (int, int, error) {
-	if !req.Urgent {
+	if !req.Urgent && !req.NetNS {
 		return forkGuest(exe, req, fds)
 	}
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	unix.Setpriority(unix.PRIO_PROCESS, 0, 0) // 0: this thread
-	defer unix.Setpriority(unix.PRIO_PROCESS, 0, Nice)
-	return forkGuest(exe, req, fds)
+	type forked struct {
+		pid, pidfd int
+		err        error
+	}
+	ch := make(chan forked, 1)
+	go func() {
+		goruntime.LockOSThread()
+		if req.Urgent {
+			unix.Setpriority(unix.PRIO_PROCESS, 0, 0) // 0: this thread
+		}
+		if req.NetNS {
+			if len(fds) == 0 {
+				goruntime.UnlockOSThread()
+				ch <- forked{-1, -1, fmt.Errorf("fork request carries no network namespace")}
+				return
+			}
+			if err := unix.Setns(fds[len(fds)-1], unix.CLONE_NEWNET); err != nil {
+				goruntime.UnlockOSThread()
+				ch <- forked{-1, -1, fmt.Errorf("entering the guest's network namespace: %w", err)}
+				return
+			}
+		}
+		pid, pidfd, err := forkGuest(exe, req, fds)
+		if req.NetNS {
+			if rerr := unix.Setns(ownNetns, unix.CLONE_NEWNET); rerr != nil {
+				// The thread stays locked and ends with the goroutine,
+				// never to fork a guest into that namespace again.
+				ch <- forked{pid, pidfd, err}
+				return
+			}
+		}
+		unix.Setpriority(unix.PRIO_PROCESS, 0, Nice)
+		goruntime.UnlockOSThread()
+		ch <- forked{pid, pidfd, err}
+	}()
+	f := <-ch
+	return f.pid, f.pidfd, f.err
 }
 
-// forkGuest starts a guest in new user, mount, pid, net, ipc and uts
-// namespaces with root mapped to req.UIDBase.
+// forkGuest starts a guest in new user, mount, pid, net (unless the
+// request brings one), ipc and uts namespaces with root mapped to
+// req.UIDBase.
 func forkGuest(exe *os.File, req Request, fds []int) (pid, pidfd int, err error) {
 	need := FDCgroup
 	if req.UseCgroup {
+		need++
+	}
+	if req.NetNS {
 		need++
 	}
 	if len(fds) != need {
@@ -145,9 +195,13 @@ func forkGuest(exe *os.File, req Request, fds []int) (pid, pidfd int, err error)
 		return -1, -1, fmt.Errorf("fork request maps no ids")
 	}
 	pidfd = -1
+	flags := uintptr(unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
+		unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS)
+	if req.NetNS {
+		flags &^= unix.CLONE_NEWNET // the thread's, which forkAt entered
+	}
 	sys := &syscall.SysProcAttr{
-		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
-			unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+		Cloneflags:                 flags,
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(req.UIDBase), Size: int(req.IDs)}},
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(req.UIDBase), Size: int(req.IDs)}},
 		GidMappingsEnableSetgroups: true,

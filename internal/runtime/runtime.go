@@ -63,6 +63,32 @@ type Network interface {
 	Forget(id string)
 }
 
+// NetSlots is a Network that makes network namespaces ahead of time and
+// recycles them (the gateway's network slots): a guest is forked into one
+// instead of a namespace of its own, and Attach given it records the
+// sandbox's.
+type NetSlots interface {
+	Network
+	// TakeNetns hands out a namespace for a guest to be forked into.
+	TakeNetns() (NetNS, error)
+	// Recycle is Detach for a sandbox whose processes are known to be
+	// gone (its cgroup was removed): its namespace is reset and handed
+	// to another guest, or destroyed if it cannot be reset.
+	Recycle(id string)
+}
+
+// NetNS is a network namespace TakeNetns handed out.
+type NetNS interface {
+	// FD is the namespace, open while the NetNS is.
+	FD() int
+	// Sysfs returns a new detached read-only sysfs mount of it, for the
+	// guest's /sys; the caller closes it.
+	Sysfs() (int, error)
+	// Close destroys a namespace no sandbox was attached to; once one
+	// was, the namespace is the sandbox's and Close does nothing.
+	Close()
+}
+
 // NetSetup is what Attach made for a sandbox.
 type NetSetup struct {
 	// State is opaque, for Restore.

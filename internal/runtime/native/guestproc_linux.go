@@ -46,6 +46,9 @@ type guestProc struct {
 	// bound).
 	net   runtime.NetSetup
 	wired bool
+	// netns is the network slot the guest was forked into (nil: it has
+	// a namespace of its own).
+	netns runtime.NetNS
 	// limits are those set on a warm guest's cgroup ahead of time; raised:
 	// its threads run at the normal priority already.
 	limits cgroup.Limits
@@ -98,7 +101,7 @@ func sealedSelf(path string) (*os.File, error) {
 // on small VMs, which is why the pool does it ahead of time. A guest made
 // ahead of time (warm) starts at the forker's low priority; any other is
 // awaited, and starts at the normal one.
-func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm bool) (_ *guestProc, retErr error) {
+func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm bool, netns runtime.NetNS) (_ *guestProc, retErr error) {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("creating guest dir: %w", err)
 	}
@@ -153,6 +156,10 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 		req.UseCgroup = true
 		fds = append(fds, int(cgfd.Fd()))
 	}
+	if netns != nil {
+		req.NetNS = true
+		fds = append(fds, netns.FD()) // last, as the forker expects
+	}
 	pid, pidfd, err := r.fork(req, fds)
 	if err != nil {
 		parentSync.Close()
@@ -164,7 +171,7 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 		parentSync.Close()
 		return nil, err
 	}
-	g := &guestProc{sb: sb, sync: parentSync, dir: dir}
+	g := &guestProc{sb: sb, sync: parentSync, dir: dir, netns: netns}
 	// The start time identifies the guest across pid reuse (Restore
 	// checks it); read once the pidfd pins the pid, so that it is ours.
 	st, err := procStartTime(pid)

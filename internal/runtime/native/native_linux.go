@@ -321,7 +321,16 @@ func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool) (
 		cg.Kill()
 		cg.Delete(context.Background())
 	})
-	g, err := r.spawnGuest(uidBase, dir, cg, warm)
+	// A network slot when the network makes them: a namespace made and
+	// wired ahead, which the guest is forked into.
+	var netns runtime.NetNS
+	if slots, ok := r.cfg.Network.(runtime.NetSlots); ok {
+		if netns, err = slots.TakeNetns(); err != nil {
+			return nil, nil, fmt.Errorf("taking a network slot: %w", err)
+		}
+		cleanups = append(cleanups, netns.Close)
+	}
+	g, err := r.spawnGuest(uidBase, dir, cg, warm, netns)
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting guest: %w", err)
 	}
@@ -447,6 +456,16 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	if p.Disk.FD, err = add(writableTree(v.Path, diskUserns, false)); err != nil {
 		return err
 	}
+	if g.netns != nil {
+		// The guest may not mount a sysfs of a namespace it does not
+		// own: the network made one.
+		i, err := add(g.netns.Sysfs())
+		if err != nil {
+			return fmt.Errorf("binding /sys: %w", err)
+		}
+		p.Binds = append(p.Binds, guestapi.Mount{Source: "sysfs", Dest: "/sys", FD: i})
+		p.NetReady = true
+	}
 	for _, f := range g.net.Files {
 		src := f.Source
 		var fd int
@@ -533,6 +552,9 @@ func closeFDs(fds []int) {
 // and run dir, cgroup, disk and uid range.
 func (r *Runtime) discard(g *guestProc) {
 	g.kill()
+	if g.netns != nil {
+		g.netns.Close() // a slot no sandbox was attached to
+	}
 	if r.cfg.Network != nil {
 		r.cfg.Network.Forget(g.sb.id)
 	}
@@ -917,7 +939,12 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 		}
 	}
 	os.Remove(filepath.Join(r.dir(id), "guest.sock"))
-	if r.cfg.Network != nil {
+	if slots, ok := r.cfg.Network.(runtime.NetSlots); ok && cg != nil {
+		// Its cgroup is gone, so are its processes: every one of them
+		// was in it (the guest, the pid namespace's init, ended the
+		// others as it died). Its network slot is reset for another.
+		slots.Recycle(id)
+	} else if r.cfg.Network != nil {
 		// Its address is free once the kernel has deleted its veth pair
 		// (with its network namespace, now that the processes are gone).
 		r.cfg.Network.Detach(id)
