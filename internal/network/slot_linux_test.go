@@ -296,3 +296,39 @@ func queued(m *Manager, name string) bool {
 	}
 	return false
 }
+
+// noSockets sees any socket in the namespace, bound or not, and none in
+// a new one.
+func TestNoSockets(t *testing.T) {
+	requireRoot(t)
+	for _, tc := range []struct {
+		name   string
+		domain int
+		typ    int
+		want   bool
+	}{
+		{"none", -1, 0, true},
+		{"unbound udp", unix.AF_INET, unix.SOCK_DGRAM, false},
+		{"unix", unix.AF_UNIX, unix.SOCK_STREAM, false},
+		{"tcp6", unix.AF_INET6, unix.SOCK_STREAM, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got bool
+			var err error
+			inNS(t, plainNetns(t), func() {
+				if tc.domain >= 0 {
+					fd, serr := unix.Socket(tc.domain, tc.typ|unix.SOCK_CLOEXEC, 0)
+					if serr != nil {
+						err = serr
+						return
+					}
+					defer unix.Close(fd)
+				}
+				got, err = noSockets()
+			})
+			if err != nil || got != tc.want {
+				t.Errorf("noSockets() = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}
