@@ -104,6 +104,7 @@ func clusterFlags(f *pflag.FlagSet, cc *daemon.ClusterConfig) {
 	f.StringVar(&cc.Namespace, "cluster-namespace", "paddock", "namespace of the nodes' Leases")
 	f.StringVar(&cc.NodeName, "node-name", "", "the node's name in the cluster (default: the host's name)")
 	f.StringVar(&cc.NodeAddress, "node-address", "", "URL gateways call this node at, http(s)://HOST:PORT (one of its --listen addresses, as reached from the gateways)")
+	f.StringVar(&cc.NodeE2BAddress, "node-e2b-address", "", "URL gateways call this node's E2B facade at, http(s)://HOST:PORT (its --e2b-listen, as reached from the gateways)")
 	f.StringToStringVar(&cc.NodeLabels, "node-labels", nil, "labels creates may select the node by, KEY=VALUE,...")
 }
 

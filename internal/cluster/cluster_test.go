@@ -83,7 +83,7 @@ func runNode(t *testing.T, c *kubetest.Cluster, name string, st func() api.Node)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	n, err := Register(ctx, c.Config(kubetest.Node), NodeConfig{
-		Name: name, Address: "https://" + name + ":7443", Version: "test",
+		Name: name, Address: "https://" + name + ":7443", E2BAddress: "http://" + name + ":3000", Version: "test",
 		Labels: map[string]string{"zone": "a"},
 	})
 	if err != nil {
@@ -121,7 +121,7 @@ func TestNodesRegisterAndWatch(t *testing.T) {
 		return m["node-a"].State == api.NodeReady && m["node-b"].State == api.NodeReady
 	})
 	got := m["node-a"]
-	if got.Tag != a.Tag() || got.Address != "https://node-a:7443" || got.Version != "test" ||
+	if got.Tag != a.Tag() || got.Address != "https://node-a:7443" || got.E2BAddress != "http://node-a:3000" || got.Version != "test" ||
 		got.Labels["zone"] != "a" || got.Allocated.Sandboxes != 3 || got.Capacity.Sandboxes != 100 ||
 		got.Pools["image:host"] != 2 || time.Since(got.Heartbeat) > time.Minute {
 		t.Errorf("node-a as watched: %+v", got)

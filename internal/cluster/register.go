@@ -29,6 +29,8 @@ type NodeConfig struct {
 	// Address is the base URL of its data-plane listener, which gateways
 	// call (http:// or https://).
 	Address string
+	// E2BAddress is the base URL of its E2B facade, if it serves one.
+	E2BAddress string
 	// Labels are published for creates to select nodes by.
 	Labels map[string]string
 	// Version is the paddock version it runs.
@@ -62,6 +64,11 @@ func Register(ctx context.Context, rc *rest.Config, cfg NodeConfig) (*Node, erro
 	}
 	if err := checkAddress(cfg.Address); err != nil {
 		return nil, err
+	}
+	if cfg.E2BAddress != "" {
+		if err := checkAddress(cfg.E2BAddress); err != nil {
+			return nil, fmt.Errorf("E2B %w", err)
+		}
 	}
 	if cfg.Namespace == "" {
 		cfg.Namespace = DefaultNamespace
@@ -330,7 +337,7 @@ func (n *Node) putLease(ctx context.Context, l *coordv1.Lease) error {
 // publish writes the node's status if it differs from what it last wrote
 // (the heartbeat aside: the Lease carries that).
 func (n *Node) publish(ctx context.Context, s api.Node) error {
-	s.Name, s.Tag, s.Address, s.Version = n.cfg.Name, n.tag, n.cfg.Address, n.cfg.Version
+	s.Name, s.Tag, s.Address, s.E2BAddress, s.Version = n.cfg.Name, n.tag, n.cfg.Address, n.cfg.E2BAddress, n.cfg.Version
 	s.Labels = copyMap(n.cfg.Labels)
 	if s.State == "" {
 		s.State = api.NodeReady

@@ -248,6 +248,8 @@ func unusable(pn *PaddockNode, tags map[string]string) string {
 		return fmt.Sprintf("tag %q is node %s's, which registered first", pn.Spec.Tag, tags[pn.Spec.Tag])
 	case checkAddress(pn.Status.Address) != nil:
 		return fmt.Sprintf("malformed address %q", pn.Status.Address)
+	case pn.Status.E2BAddress != "" && checkAddress(pn.Status.E2BAddress) != nil:
+		return fmt.Sprintf("malformed E2B address %q", pn.Status.E2BAddress)
 	case pn.Status.Tag != "" && pn.Status.Tag != pn.Spec.Tag:
 		return fmt.Sprintf("status tag %q is not its tag %q", pn.Status.Tag, pn.Spec.Tag)
 	}

@@ -32,6 +32,10 @@ type ClusterConfig struct {
 	// NodeAddress is the base URL of the listener gateways call,
 	// http(s)://HOST:PORT (required).
 	NodeAddress string
+	// NodeE2BAddress is the base URL of its E2B facade (--e2b-listen) as
+	// gateways reach it; empty: the node serves E2B calls through no
+	// gateway.
+	NodeE2BAddress string
 	// NodeLabels are published for creates to select nodes by.
 	NodeLabels map[string]string
 }
@@ -61,12 +65,13 @@ func joinCluster(ctx context.Context, cfg *Config, log *slog.Logger) (*cluster.N
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	node, err := cluster.Register(rctx, rc, cluster.NodeConfig{
-		Name:      cc.NodeName,
-		Address:   cc.NodeAddress,
-		Labels:    cc.NodeLabels,
-		Version:   cfg.Version,
-		Namespace: cc.Namespace,
-		Logger:    log,
+		Name:       cc.NodeName,
+		Address:    cc.NodeAddress,
+		E2BAddress: cc.NodeE2BAddress,
+		Labels:     cc.NodeLabels,
+		Version:    cfg.Version,
+		Namespace:  cc.Namespace,
+		Logger:     log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("joining the cluster: %w", err)
