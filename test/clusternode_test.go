@@ -2,8 +2,13 @@ package test
 
 import (
 	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,5 +156,98 @@ func (w *nodeWatch) waitFor(t *testing.T, name string, limit time.Duration, cond
 			t.Fatalf("node %s: condition not met after %v: %+v", name, limit, n)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestClusterGatewayWatch: a gateway started with --cluster takes its
+// nodes from the API server: it routes to a node that registered, sees
+// it lost after a kill -9 (its sandboxes answer 503 naming it) and
+// serves it again once it restarts.
+func TestClusterGatewayWatch(t *testing.T) {
+	kc := kubetest.Start(t)
+	kc.Apply(t, "../deploy/crd-paddocknode.yaml", "../deploy/rbac.yaml")
+	dir := t.TempDir()
+	nodeTokenFile, tokenFile := filepath.Join(dir, "node.token"), filepath.Join(dir, "client.token")
+	token := "client-token-" + randHex(8)
+	os.WriteFile(nodeTokenFile, []byte("node-token-"+randHex(8)+"\n"), 0o600)
+	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+
+	addr := freeHostPort(t)
+	d := newDaemon(t, "--listen", "tcp://"+addr, "--token-file", nodeTokenFile,
+		"--cluster", "--kubeconfig", kc.Kubeconfig(t, kubetest.Node),
+		"--node-name", "gw-node", "--node-address", "http://"+addr)
+
+	gwAddr := freeHostPort(t)
+	gwLog := &syncBuffer{}
+	gw := exec.Command(paddockBin, "gateway", "--listen", "tcp://"+gwAddr, "--token-file", tokenFile,
+		"--node-token-file", nodeTokenFile, "--cluster", "--kubeconfig", kc.Kubeconfig(t, kubetest.Gateway))
+	gw.Stdout, gw.Stderr = gwLog, gwLog
+	if err := gw.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		gw.Process.Signal(syscall.SIGTERM)
+		gw.Wait()
+		if t.Failed() {
+			t.Logf("gateway log:\n%s", gwLog)
+		}
+	})
+	cl, err := client.New("tcp://"+gwAddr, client.WithToken(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	nodeState := func() api.Node {
+		nodes, err := cl.Nodes(ctx)
+		if err != nil || len(nodes) != 1 {
+			return api.Node{}
+		}
+		return nodes[0]
+	}
+	waitState := func(state string, limit time.Duration) (api.Node, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		var n api.Node
+		if !waitFor(limit, 50*time.Millisecond, func() bool { n = nodeState(); return n.State == state }) {
+			t.Fatalf("gateway: node not %s after %v: %+v\n%s", state, limit, n, gwLog)
+		}
+		return n, time.Since(start)
+	}
+	n, _ := waitState(api.NodeReady, 30*time.Second)
+	if n.Name != "gw-node" || n.Address != "http://"+addr {
+		t.Fatalf("the gateway's node: %+v", n)
+	}
+
+	sb, err := cl.Create(ctx, api.CreateRequest{})
+	if err != nil {
+		t.Fatalf("create through the gateway: %v", err)
+	}
+	if !strings.HasPrefix(sb.ID, n.Tag) {
+		t.Errorf("id %q lacks the node's tag %q", sb.ID, n.Tag)
+	}
+	echo := func() (string, error) {
+		var out strings.Builder
+		_, err := cl.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"echo", "through"}}, client.ExecIO{Stdout: &out})
+		return out.String(), err
+	}
+	if out, err := echo(); err != nil || out != "through\n" {
+		t.Fatalf("exec through the gateway: %q, %v", out, err)
+	}
+
+	d.Kill9()
+	_, lost := waitState(api.NodeLost, kube.LeaseDuration+15*time.Second)
+	t.Logf("gateway saw the node lost %v after its kill -9", lost.Round(100*time.Millisecond))
+	_, err = cl.Get(ctx, sb.ID)
+	if !errors.Is(err, client.ErrUnavailable) || !strings.Contains(err.Error(), "gw-node") {
+		t.Errorf("get of a lost node's sandbox: %v, want unavailable naming gw-node", err)
+	}
+
+	d.Start()
+	_, back := waitState(api.NodeReady, 30*time.Second)
+	t.Logf("gateway saw the node ready %v after its restart", back.Round(100*time.Millisecond))
+	if out, err := echo(); err != nil || out != "through\n" {
+		t.Errorf("exec through the gateway after the node's restart: %q, %v", out, err)
 	}
 }

@@ -33,6 +33,7 @@ func gatewayCmd() *cobra.Command {
 	var listen, e2bListen, tokenFile, nodeTokenFile, nodesFile, level string
 	var nodeFlags []string
 	var pack bool
+	var kube kubeNodes
 	var limits connlimit.Limits
 	cmd := &cobra.Command{
 		Use:   "gateway",
@@ -56,8 +57,8 @@ func gatewayCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if len(static) == 0 && nodesFile == "" {
-				return errors.New("give the nodes with --node NAME=TAG@URL or --nodes-file")
+			if listed := len(static) > 0 || nodesFile != ""; listed == kube.enabled {
+				return errors.New("give the nodes with --node NAME=TAG@URL, --nodes-file, or --cluster (a watch of the cluster's PaddockNodes), not --cluster with the others")
 			}
 			u, err := url.Parse(listen)
 			if err != nil || u.Scheme != "tcp" || u.Host == "" {
@@ -72,11 +73,16 @@ func gatewayCmd() *cobra.Command {
 			})
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if nodesFile != "" {
+			switch {
+			case kube.enabled:
+				if err := kube.watch(ctx, rt.SetNodes, log); err != nil {
+					return err
+				}
+			case nodesFile != "":
 				if err := watchNodesFile(ctx, nodesFile, static, rt.SetNodes, log); err != nil {
 					return err
 				}
-			} else {
+			default:
 				rt.SetNodes(static)
 			}
 			l, err := net.Listen("tcp", u.Host)
@@ -117,6 +123,9 @@ func gatewayCmd() *cobra.Command {
 	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the bearer token the gateway presents to nodes (their --token-file; required)")
 	f.StringArrayVar(&nodeFlags, "node", nil, "a node, NAME=TAG@URL[,E2B_URL] (its tag starts its sandbox ids: paddock serve --id-prefix TAG; E2B_URL its --e2b-listen); repeatable")
 	f.StringVar(&nodesFile, "nodes-file", "", "JSON file of nodes ([{name, tag, address, e2b_address, state, labels, capacity, allocated, pools}]), re-read when it changes")
+	f.BoolVar(&kube.enabled, "cluster", false, "take the nodes from the cluster's Kubernetes API (PaddockNodes and their Leases, watched) instead of --node or --nodes-file")
+	f.StringVar(&kube.kubeconfig, "kubeconfig", "", "with --cluster: kubeconfig of the cluster's API server (default $KUBECONFIG, or the pod's service account)")
+	f.StringVar(&kube.namespace, "cluster-namespace", "paddock", "with --cluster: namespace of the nodes' Leases")
 	f.BoolVar(&pack, "pack", false, "place creates on the fullest node that fits, instead of the emptiest")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	f.IntVar(&limits.Conns, "http-max-conns", 4096, "connections the listener holds at once")
