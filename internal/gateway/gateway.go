@@ -8,8 +8,9 @@
 // Layout under Config.Dir:
 //
 //	secrets/                the encrypted secret store (package egress)
-//	sandboxes/<id>/ca.pem   the sandbox's CA certificate (and ca.key, 0600)
-//	sandboxes/<id>/files/   resolv.conf, hosts, ca-bundle.crt (bound read-only)
+//	sandboxes/<id>/ca.pem   the sandbox's CA certificate (and ca.key, 0600), bound read-only
+//	sandboxes/<id>/files/   hosts, ca-bundle.crt (bound read-only)
+//	resolv/<host addr>.conf the resolv.conf of the sandboxes on that address (bound read-only)
 //	sandboxes/<id>/self/    the /run/paddock tree (bound read-only, kept current)
 //
 // A sandbox with no policy reaches nothing: the network's nftables rules
@@ -127,7 +128,7 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	if len(cfg.Upstream) == 0 {
 		cfg.Upstream = hostResolvers("/etc/resolv.conf")
 	}
-	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes")} {
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "resolv")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -382,17 +383,25 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 	if err != nil {
 		return runtime.NetSetup{}, err
 	}
+	// Files are made on the create's path (a warm guest's build), and
+	// making one costs more than writing it: a sandbox gets only those
+	// that are its own. Its CA certificate is bound from ca.pem, and its
+	// resolv.conf, which names only its address's host side, is one per
+	// address, written once.
 	files := map[string][]byte{
-		"resolv.conf":    []byte("# paddock: every query goes to paddock's resolver, which answers\n# only the names this sandbox's policy allows.\nnameserver " + link.HostAddr.String() + "\noptions ndots:0\n"),
-		"hosts":          []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + link.HostAddr.String() + "\t" + SelfHost + "\n"),
-		"ca-bundle.crt":  append(append(append([]byte(nil), g.bundle...), '\n'), ca.CertPEM()...),
-		"paddock-ca.pem": ca.CertPEM(),
+		"hosts":         []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + link.HostAddr.String() + "\t" + SelfHost + "\n"),
+		"ca-bundle.crt": append(append(append([]byte(nil), g.bundle...), '\n'), ca.CertPEM()...),
 	}
 	for name, b := range files {
 		if err := durable.Replace(filepath.Join(dir, "files", name), b, 0o644); err != nil {
 			g.net.Detach(id)
 			return runtime.NetSetup{}, err
 		}
+	}
+	resolv, err := g.resolvConf(link.HostAddr)
+	if err != nil {
+		g.net.Detach(id)
+		return runtime.NetSetup{}, err
 	}
 	state, _ := json.Marshal(link)
 	f := filepath.Join(dir, "files")
@@ -405,14 +414,29 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 	return runtime.NetSetup{
 		State: state,
 		Files: []runtime.FileBind{
-			{Source: filepath.Join(f, "resolv.conf"), Dest: "/etc/resolv.conf"},
+			{Source: resolv, Dest: "/etc/resolv.conf"},
 			{Source: filepath.Join(f, "hosts"), Dest: "/etc/hosts"},
 			{Source: filepath.Join(f, "ca-bundle.crt"), Dest: bundlePath},
-			{Source: filepath.Join(f, "paddock-ca.pem"), Dest: caPath},
+			{Source: filepath.Join(dir, "ca.pem"), Dest: caPath},
 			{Source: filepath.Join(dir, "self"), Dest: selfPath, Dir: true},
 		},
 		Env: env,
 	}, nil
+}
+
+// resolvConf returns the resolv.conf of the sandboxes whose host-side
+// address is host (the resolver's address for them), writing it the first
+// time.
+func (g *Gateway) resolvConf(host netip.Addr) (string, error) {
+	path := filepath.Join(g.cfg.Dir, "resolv", host.String()+".conf")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	b := []byte("# paddock: every query goes to paddock's resolver, which answers\n# only the names this sandbox's policy allows.\nnameserver " + host.String() + "\noptions ndots:0\n")
+	if err := durable.Replace(path, b, 0o644); err != nil {
+		return "", err
+	}
+	return path, nil
 }
 
 // Restore implements runtime.Network.
