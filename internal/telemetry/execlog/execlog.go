@@ -4,37 +4,61 @@
 // sandbox or the daemon has gone. The guest's output rings stay the live
 // source; the daemon copies from them as the output arrives.
 //
-// Layout: <dir>/<sandbox>/records holds the sandbox's process records (a
-// process's seq, pid, command and exit) as JSON lines, appended as they
-// change; the last line for a seq is its record. <seq>.log holds process
-// seq's newest output and <seq>.old.log the output before that. Each output record is a 16-byte
-// header (stream, length, offset) and the bytes. Offsets count a
-// process's output since it started, stdout and stderr together, as the
-// guest counts them, so a reader can resume, and a copy can carry on
-// after a daemon restart, where it left off.
+// Layout: <dir>/<sandbox>.log is the sandbox's log, an append-only file
+// of frames: a 24-byte header (kind, stream, length, offset, seq) and a
+// payload. A record frame holds a process's record (its seq, pid,
+// command and exit) as JSON, written again as it changes: the last one for
+// a seq is its record. An output frame holds a piece of a process's
+// output, as long as the process has written at most inlineMax (16 KiB);
+// past that its output moves to segment files of its own,
+// <dir>/<sandbox>/<seq>.log for its newest output and <seq>.old.log for
+// the output before that, each a run of 16-byte headers (stream, length,
+// offset) and the bytes. Offsets count a process's output since it
+// started, stdout and stderr together, as the guest counts them, so a
+// reader can resume, and a copy can carry on after a daemon restart,
+// where it left off.
+//
+// Why one file: on ext4 making a file costs 0.2-0.4 ms of CPU (the inode
+// allocator looks past recently deleted inodes) and deleting it more,
+// where an append costs a few microseconds. A sandbox's first `echo hi`
+// used to make a directory, a records file and an output file, each
+// deleted again with the sandbox: under churn that was 42% of the
+// daemon's CPU. Now it makes the log alone, and removing the sandbox
+// unlinks it; BenchmarkFirstExec measures the cycle (1 inode instead of
+// 3, a fifth of the CPU). Most commands write far less than inlineMax,
+// and the ones that write more are long enough for a file of their own
+// not to matter; copying their first 16 KiB into it once is cheap.
 //
 // Caps: a process keeps at most MaxProcessBytes (its newest output: when
 // its current segment is half that, it becomes the old one and the older
 // output goes); a sandbox keeps at most MaxSandboxBytes, dropping the
 // oldest processes' output first (finished ones entirely), and at most
-// MaxProcesses process records. Writes are not fsynced: after a crash a
-// torn last record is cut off. The logs live on the host's disk, outside
-// every sandbox's disk cap, so all sandboxes together are bounded too:
-// output is not kept (counted as dropped, like a ring's) while the logs'
-// file system has less than MinFree free.
+// MaxProcesses process records. Output dropped from the log, superseded
+// records and dropped processes' frames are dead bytes: the log is
+// rewritten without them (temp file and rename) once they pass both
+// compactSlack and its live bytes. A finished process whose output was
+// dropped has its record written again with Start at End, so that a
+// restart does not revive the frames. Writes are not fsynced: after a
+// crash a torn last frame or record is cut off, and a segment cut while
+// output moved to it is dropped in favour of the log's frames. The logs
+// live on the host's disk, outside every sandbox's disk cap, so all
+// sandboxes together are bounded too: output is not kept (counted as
+// dropped, like a ring's) while the logs' file system has less than
+// MinFree free.
 //
 // A process's record is written to disk with its first output, at its
 // exit, or when its writer asks (Save), whichever comes first, not when
 // it starts: most processes end before there is anything else to keep.
 // Until then the record lives in memory, where List and Find see it.
-// Records are lines of one file rather than a file each: on ext4 making a
-// file costs 0.2-0.4 ms of CPU (the inode allocator looks past recently
-// deleted inodes), an append a few microseconds. The records file is
-// rewritten without its stale lines once they outnumber the live ones by
-// MaxProcesses.
+//
+// Upgrade: a daemon from before the sandbox's log kept the records in
+// <dir>/<sandbox>/records (JSON lines) or, older, one <seq>.json each.
+// Loading a sandbox moves them into its log and removes them; segment
+// files are where they were, so the output stays readable as it was.
 package execlog
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -45,6 +69,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -158,18 +183,23 @@ func (s *Store) short() bool {
 
 type sandbox struct {
 	mu      sync.Mutex
-	dir     string
+	id      string
 	loaded  bool
 	next    uint64
 	procs   []*proc // by seq
-	bytes   int64   // of every segment on disk
+	bytes   int64   // of every segment and live output frame on disk
 	removed bool
-	dirMade bool // dir exists (made by saveRecord)
-	lines   int  // in the records file
+	dirMade bool  // the segments' directory exists
+	size    int64 // of the sandbox's log file
+	dead    int64 // bytes of the log that compact would drop
 }
 
 type proc struct {
 	meta    Process
+	inline  []int64 // positions in the sandbox's log of its output frames
+	inBytes int64   // their size, headers included
+	spilled bool    // its output has gone to segments
+	recSize int64   // of its newest record frame in the log
 	old     segment
 	cur     segment
 	f       *os.File // the current segment, while a Writer writes it
@@ -178,13 +208,32 @@ type proc struct {
 	changed chan struct{}
 }
 
+// kept is what the process keeps on disk.
+func (p *proc) kept() int64 { return p.inBytes + p.old.size + p.cur.size }
+
 type segment struct {
 	exists bool
 	start  int64 // offset of its first byte
 	size   int64 // file size
 }
 
-const hdrSize = 16
+const (
+	hdrSize = 16 // of a segment's output record
+
+	// A frame of the sandbox's log: kind, stream, 2 zero bytes, payload
+	// length, offset (output frames) and seq, then the payload.
+	frameHdr    = 24
+	frameRecord = 'r' // the payload is a Process as JSON
+	frameOutput = 'o'
+
+	// inlineMax is how much of a process's output, frame headers
+	// included, stays in the sandbox's log; past it the output moves to
+	// segment files of its own. Most commands write far less.
+	inlineMax = 16 << 10
+	// compactSlack is how many dead bytes the log may hold beyond its
+	// live ones before compact rewrites it.
+	compactSlack = 64 << 10
+)
 
 // Open returns the store kept in cfg.Dir.
 func Open(cfg Config) (*Store, error) {
@@ -231,7 +280,7 @@ func (s *Store) box(id string) (*sandbox, error) {
 	s.mu.Lock()
 	b := s.boxes[id]
 	if b == nil {
-		b = &sandbox{dir: filepath.Join(s.cfg.Dir, id), next: 1}
+		b = &sandbox{id: id, next: 1}
 		s.boxes[id] = b
 	}
 	s.mu.Unlock()
@@ -245,47 +294,142 @@ func (s *Store) box(id string) (*sandbox, error) {
 	return b, nil
 }
 
+// logPath is the sandbox's log: its records and small outputs.
+func (s *Store) logPath(b *sandbox) string { return filepath.Join(s.cfg.Dir, b.id+".log") }
+
+// dir holds the sandbox's segment files.
+func (s *Store) dir(b *sandbox) string { return filepath.Join(s.cfg.Dir, b.id) }
+
 // paths are process seq's output segments.
-func (b *sandbox) paths(seq uint64) (cur, old string) {
-	n := filepath.Join(b.dir, strconv.FormatUint(seq, 10))
+func (s *Store) paths(b *sandbox, seq uint64) (cur, old string) {
+	n := filepath.Join(s.dir(b), strconv.FormatUint(seq, 10))
 	return n + ".log", n + ".old.log"
 }
 
-func (b *sandbox) recordsPath() string { return filepath.Join(b.dir, "records") }
+// loaded is what load finds of one process in the sandbox's log.
+type loaded struct {
+	meta    Process
+	recSize int64
+	frames  []int64 // its output frames' positions
+	inBytes int64
+	start   int64 // offset of its first output frame's first byte
+	end     int64 // after its last output frame's last byte
+}
 
-// load reads the records and segments a previous daemon left. Records
-// of a daemon from before the records file, one <seq>.json each, are
-// moved into it.
+// load reads what a previous daemon left: the sandbox's log, and its
+// segments. The records of a daemon from before the log (a records file
+// of JSON lines in the segments' directory, or older, one <seq>.json
+// each) are moved into it.
 func (s *Store) load(b *sandbox) error {
-	data, err := jsonl.ReadWhole(b.recordsPath(), true)
+	legacy, legacyPaths, err := s.loadLegacy(b)
 	if err != nil {
 		return err
 	}
-	entries, err := os.ReadDir(b.dir)
+	procs, err := s.scanLog(b)
+	if err != nil {
+		return err
+	}
+	for seq, m := range legacy {
+		if _, ok := procs[seq]; !ok {
+			procs[seq] = &loaded{meta: m}
+		}
+	}
+	for seq, l := range procs {
+		if l.recSize == 0 && len(legacyPaths) == 0 || l.meta.Seq == 0 {
+			// Output of a process whose record was dropped.
+			b.dead += l.inBytes
+			delete(procs, seq)
+		}
+	}
+	for seq, l := range procs {
+		p := &proc{meta: l.meta, changed: make(chan struct{}), saved: true, recSize: l.recSize}
+		cur, old := s.paths(b, seq)
+		var oldEnd, curEnd int64
+		p.old, oldEnd = scanSegment(old, false)
+		p.cur, curEnd = scanSegment(cur, true)
+		if p.old.exists || p.cur.exists {
+			if !p.old.exists && curEnd < l.end {
+				// A crash cut the copy of its output to the segment.
+				s.remove(cur)
+				p.cur, curEnd = segment{}, 0
+			} else {
+				p.spilled = true
+				b.dead += l.inBytes
+			}
+		}
+		if !p.spilled {
+			p.inline, p.inBytes = l.frames, l.inBytes
+		}
+		// The record has End only once finished (or Skip went past the
+		// last byte kept); the output knows it otherwise.
+		p.meta.End = max(p.meta.End, oldEnd, curEnd, l.end)
+		switch {
+		case p.old.size > 0:
+			p.meta.Start = p.old.start
+		case p.cur.size > 0:
+			p.meta.Start = p.cur.start
+		case p.inBytes > 0:
+			p.meta.Start = l.start
+		default:
+			p.meta.Start = p.meta.End
+		}
+		b.procs = append(b.procs, p)
+		b.bytes += p.kept()
+		b.next = max(b.next, seq+1)
+	}
+	sort.Slice(b.procs, func(i, j int) bool { return b.procs[i].meta.Seq < b.procs[j].meta.Seq })
+	b.loaded = true
+	// The log still has the records of processes dropped for
+	// MaxProcesses if the daemon stopped before compacting: drop them
+	// again. Unfinished ones stay, as they did.
+	s.trimRecords(b, func(p *proc) bool { return p.meta.Exit == nil })
+	if len(legacyPaths) > 0 || b.dead > compactSlack {
+		if err := s.compact(b); err != nil {
+			return err
+		}
+	}
+	for _, path := range legacyPaths {
+		s.remove(path)
+	}
+	return nil
+}
+
+// loadLegacy reads the records of a daemon from before the sandbox's log
+// and returns them with the files they came from.
+func (s *Store) loadLegacy(b *sandbox) (map[uint64]Process, []string, error) {
+	entries, err := os.ReadDir(s.dir(b))
 	if errors.Is(err, os.ErrNotExist) {
-		b.loaded = true
-		return nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	b.dirMade = true
 	records := map[uint64]Process{}
-	for line := range bytes.Lines(data) {
-		var m Process
-		if json.Unmarshal(line, &m) == nil && m.Seq > 0 {
-			records[m.Seq] = m
+	var paths []string
+	for _, e := range entries {
+		path := filepath.Join(s.dir(b), e.Name())
+		if e.Name() == "records" {
+			paths = append(paths, path)
+			data, err := jsonl.ReadWhole(path, false)
+			if err != nil {
+				return nil, nil, err
+			}
+			for line := range bytes.Lines(data) {
+				var m Process
+				if json.Unmarshal(line, &m) == nil && m.Seq > 0 {
+					records[m.Seq] = m
+				}
+			}
 		}
-		b.lines++
 	}
-	var legacy []string
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok {
 			continue
 		}
-		path := filepath.Join(b.dir, e.Name())
-		legacy = append(legacy, path)
+		path := filepath.Join(s.dir(b), e.Name())
+		paths = append(paths, path)
 		var m Process
 		data, err := os.ReadFile(path)
 		if seq, perr := strconv.ParseUint(name, 10, 64); perr != nil || err != nil || json.Unmarshal(data, &m) != nil || m.Seq != seq {
@@ -295,41 +439,92 @@ func (s *Store) load(b *sandbox) error {
 			records[m.Seq] = m
 		}
 	}
-	for seq, meta := range records {
-		p := &proc{meta: meta, changed: make(chan struct{}), saved: true}
-		cur, old := b.paths(seq)
-		var oldEnd, curEnd int64
-		p.old, oldEnd = scanSegment(old, false)
-		p.cur, curEnd = scanSegment(cur, true)
-		// The record has End only once finished (or Skip went past the
-		// last byte kept); the segments know it otherwise.
-		p.meta.End = max(p.meta.End, oldEnd, curEnd)
-		switch {
-		case p.old.size > 0:
-			p.meta.Start = p.old.start
-		case p.cur.size > 0:
-			p.meta.Start = p.cur.start
+	return records, paths, nil
+}
+
+// scanLog reads the sandbox's log: each process's newest record and its
+// output frames. A torn last frame is cut off.
+func (s *Store) scanLog(b *sandbox) (map[uint64]*loaded, error) {
+	procs := map[uint64]*loaded{}
+	f, err := os.Open(s.logPath(b))
+	if errors.Is(err, os.ErrNotExist) {
+		return procs, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	r := bufio.NewReaderSize(f, 64<<10)
+	var (
+		hdr [frameHdr]byte
+		pos int64
+		buf []byte
+	)
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			break
+		}
+		n := int64(binary.BigEndian.Uint32(hdr[4:8]))
+		off, seq := int64(binary.BigEndian.Uint64(hdr[8:16])), binary.BigEndian.Uint64(hdr[16:24])
+		size := frameHdr + n
+		if pos+size > info.Size() {
+			break
+		}
+		l := procs[seq]
+		if l == nil {
+			l = &loaded{}
+			procs[seq] = l
+		}
+		switch hdr[0] {
+		case frameRecord:
+			buf = slices.Grow(buf[:0], int(n))[:n]
+			if _, err := io.ReadFull(r, buf); err != nil {
+				return nil, err
+			}
+			var m Process
+			if json.Unmarshal(buf, &m) != nil || m.Seq != seq {
+				b.dead += size
+				break
+			}
+			b.dead += l.recSize
+			l.meta, l.recSize = m, size
+		case frameOutput:
+			if _, err := r.Discard(int(n)); err != nil {
+				return nil, err
+			}
+			if len(l.frames) == 0 {
+				l.start = off
+			}
+			l.frames = append(l.frames, pos)
+			l.inBytes += size
+			l.end = off + n
 		default:
-			p.meta.Start = p.meta.End
+			b.dead += size
+			if _, err := r.Discard(int(n)); err != nil {
+				return nil, err
+			}
 		}
-		b.procs = append(b.procs, p)
-		b.bytes += p.old.size + p.cur.size
-		b.next = max(b.next, seq+1)
+		pos += size
 	}
-	sort.Slice(b.procs, func(i, j int) bool { return b.procs[i].meta.Seq < b.procs[j].meta.Seq })
-	b.loaded = true
-	// The records file still has the lines of processes dropped for
-	// MaxProcesses: drop them again. Unfinished ones stay, as they did.
-	s.trimRecords(b, func(p *proc) bool { return p.meta.Exit == nil })
-	if len(legacy) > 0 {
-		if err := s.compact(b); err != nil {
-			return err
-		}
-		for _, path := range legacy {
-			s.remove(path)
+	// Output frames older than the record's Start were dropped by the
+	// caps (the record is saved again when they are).
+	for _, l := range procs {
+		if l.recSize > 0 && len(l.frames) > 0 && l.start < l.meta.Start {
+			b.dead += l.inBytes
+			l.frames, l.inBytes, l.end = nil, 0, 0
 		}
 	}
-	return nil
+	if pos < info.Size() {
+		if err := os.Truncate(s.logPath(b), pos); err != nil {
+			return nil, err
+		}
+	}
+	b.size = pos
+	return procs, nil
 }
 
 // scanSegment finds a segment's start offset and the offset after its
@@ -370,6 +565,41 @@ func scanSegment(path string, repair bool) (segment, int64) {
 		_ = os.Truncate(path, pos)
 	}
 	return seg, end
+}
+
+// appendFrame writes a frame at the end of the sandbox's log, making the
+// log if it is missing, and returns where it put it. The file is not
+// kept open: a daemon with thousands of sandboxes would otherwise hold as
+// many fds. The caller holds b.mu.
+func (s *Store) appendFrame(b *sandbox, frame []byte) (int64, error) {
+	fd, err := unix.Open(s.logPath(b), unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return 0, &os.PathError{Op: "open", Path: s.logPath(b), Err: err}
+	}
+	defer unix.Close(fd)
+	pos := b.size
+	for done := 0; done < len(frame); {
+		n, err := unix.Pwrite(fd, frame[done:], pos+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, &os.PathError{Op: "write", Path: s.logPath(b), Err: err}
+		}
+		done += n
+	}
+	b.size += int64(len(frame))
+	return pos, nil
+}
+
+// frame returns the header of a frame of the sandbox's log.
+func frame(kind byte, stream wire.Type, seq uint64, off int64, n int) [frameHdr]byte {
+	var hdr [frameHdr]byte
+	hdr[0], hdr[1] = kind, byte(stream)
+	binary.BigEndian.PutUint32(hdr[4:8], uint32(n))
+	binary.BigEndian.PutUint64(hdr[8:16], uint64(off))
+	binary.BigEndian.PutUint64(hdr[16:24], seq)
+	return hdr
 }
 
 // Writer copies one process's output into the store. It is not safe for
@@ -464,7 +694,7 @@ func (w *Writer) Skip(n int64) {
 
 func (w *Writer) skipLocked(n int64) {
 	w.p.meta.End += n
-	if !w.p.old.exists && w.p.cur.size == 0 {
+	if w.p.kept() == 0 {
 		w.p.meta.Start = w.p.meta.End
 	}
 }
@@ -486,6 +716,20 @@ func (w *Writer) Write(stream wire.Type, data []byte) error {
 		p.changed = make(chan struct{})
 		return nil
 	}
+	if !p.spilled && p.inBytes+frameHdr+int64(len(data)) <= inlineMax {
+		if err := w.writeInline(stream, data); err != nil {
+			return err
+		}
+		s.trimBytes(b)
+		close(p.changed)
+		p.changed = make(chan struct{})
+		return nil
+	}
+	if !p.spilled {
+		if err := w.spill(); err != nil {
+			return err
+		}
+	}
 	segMax := s.cfg.MaxProcessBytes / 2
 	for len(data) > 0 {
 		n := min(int64(len(data)), segMax/4)
@@ -497,25 +741,15 @@ func (w *Writer) Write(stream wire.Type, data []byte) error {
 			}
 		}
 		if p.f == nil {
-			cur, _ := b.paths(p.meta.Seq)
-			f, err := os.OpenFile(cur, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-			if err != nil {
-				return fmt.Errorf("writing exec log: %w", err)
-			}
-			p.f = f
-			if !p.cur.exists || p.cur.size == 0 {
-				p.cur = segment{exists: true, start: p.meta.End}
+			if err := w.openSegment(); err != nil {
+				return err
 			}
 		}
-		var hdr [hdrSize]byte
-		hdr[0] = byte(stream)
-		binary.BigEndian.PutUint32(hdr[4:8], uint32(n))
-		binary.BigEndian.PutUint64(hdr[8:], uint64(p.meta.End))
-		w.buf = append(append(w.buf[:0], hdr[:]...), chunk...)
+		w.buf = appendRecord(w.buf[:0], stream, p.meta.End, chunk)
 		if _, err := p.f.Write(w.buf); err != nil {
 			return fmt.Errorf("writing exec log: %w", err)
 		}
-		if !p.old.exists && p.cur.size == 0 {
+		if p.kept() == 0 {
 			p.meta.Start = p.meta.End
 		}
 		p.cur.size += hdrSize + n
@@ -528,10 +762,99 @@ func (w *Writer) Write(stream wire.Type, data []byte) error {
 	return nil
 }
 
+// appendRecord appends a segment's output record to buf.
+func appendRecord(buf []byte, stream wire.Type, off int64, data []byte) []byte {
+	var hdr [hdrSize]byte
+	hdr[0] = byte(stream)
+	binary.BigEndian.PutUint32(hdr[4:8], uint32(len(data)))
+	binary.BigEndian.PutUint64(hdr[8:], uint64(off))
+	return append(append(buf, hdr[:]...), data...)
+}
+
+// writeInline appends output to the sandbox's log; the caller holds b.mu.
+func (w *Writer) writeInline(stream wire.Type, data []byte) error {
+	b, p := w.b, w.p
+	hdr := frame(frameOutput, stream, p.meta.Seq, p.meta.End, len(data))
+	w.buf = append(append(w.buf[:0], hdr[:]...), data...)
+	pos, err := w.s.appendFrame(b, w.buf)
+	if err != nil {
+		return fmt.Errorf("writing exec log: %w", err)
+	}
+	if p.kept() == 0 {
+		p.meta.Start = p.meta.End
+	}
+	p.inline = append(p.inline, pos)
+	p.inBytes += int64(len(w.buf))
+	b.bytes += int64(len(w.buf))
+	p.meta.End += int64(len(data))
+	return nil
+}
+
+// openSegment opens the process's current segment for appending, making
+// the sandbox's directory and the file if they are missing; the caller
+// holds b.mu.
+func (w *Writer) openSegment() error {
+	b, p := w.b, w.p
+	if !b.dirMade {
+		if err := os.MkdirAll(w.s.dir(b), 0o700); err != nil {
+			return fmt.Errorf("writing exec log: %w", err)
+		}
+		b.dirMade = true
+	}
+	cur, _ := w.s.paths(b, p.meta.Seq)
+	f, err := os.OpenFile(cur, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("writing exec log: %w", err)
+	}
+	p.f = f
+	if !p.cur.exists || p.cur.size == 0 {
+		p.cur = segment{exists: true, start: p.meta.End}
+	}
+	return nil
+}
+
+// spill moves the process's output from the sandbox's log to its
+// current segment, which the output goes to from now on; the caller holds
+// b.mu. The frames left in the log are dead: a restart that finds the
+// segment holding all they held knows so.
+func (w *Writer) spill() error {
+	b, p := w.b, w.p
+	var data []byte
+	if len(p.inline) > 0 {
+		f, err := os.Open(w.s.logPath(b))
+		if err != nil {
+			return fmt.Errorf("moving exec log output: %w", err)
+		}
+		defer f.Close()
+		for _, pos := range p.inline {
+			c, err := readFrame(f, pos, w.buf)
+			if err != nil {
+				return fmt.Errorf("moving exec log output: %w", err)
+			}
+			w.buf = c.Data[:0]
+			data = appendRecord(data, c.Stream, c.Offset, c.Data)
+		}
+	}
+	if err := w.openSegment(); err != nil {
+		return err
+	}
+	if len(data) > 0 {
+		p.cur = segment{exists: true, start: p.meta.Start}
+		if _, err := p.f.Write(data); err != nil {
+			return fmt.Errorf("moving exec log output: %w", err)
+		}
+		p.cur.size = int64(len(data))
+	}
+	b.bytes += p.cur.size - p.inBytes
+	b.dead += p.inBytes
+	p.inline, p.inBytes, p.spilled = nil, 0, true
+	return nil
+}
+
 // rotate makes the current segment the old one; the caller holds b.mu.
 func (w *Writer) rotate() error {
 	b, p := w.b, w.p
-	cur, old := b.paths(p.meta.Seq)
+	cur, old := w.s.paths(b, p.meta.Seq)
 	if p.f != nil {
 		p.f.Close()
 		p.f = nil
@@ -583,38 +906,41 @@ func (w *Writer) Close() error {
 	return w.saveLocked()
 }
 
-// saveRecord appends p's record to the records file, and rewrites the
-// file when its stale lines outnumber the live ones by MaxProcesses. The
-// caller holds b.mu.
+// saveRecord appends p's record to the sandbox's log, and compacts the
+// log when its dead bytes outnumber the live ones. The caller holds b.mu.
 func (s *Store) saveRecord(b *sandbox, p *proc) error {
 	line, err := json.Marshal(p.meta)
 	if err != nil {
 		return err
 	}
-	// The directory is made with the first record, not at Start: making
-	// it costs 0.2-0.7 ms on this host's ext4, and Start is on the path
-	// of a sandbox's first output.
-	if !b.dirMade {
-		if err := os.MkdirAll(b.dir, 0o700); err != nil {
-			return err
-		}
-		b.dirMade = true
-	}
-	if err := jsonl.Append(b.recordsPath(), append(line, '\n')); err != nil {
+	hdr := frame(frameRecord, 0, p.meta.Seq, 0, len(line))
+	if _, err := s.appendFrame(b, append(hdr[:], line...)); err != nil {
 		return err
 	}
-	b.lines++
-	if b.lines > 2*len(b.procs)+s.cfg.MaxProcesses {
+	b.dead += p.recSize
+	p.recSize = frameHdr + int64(len(line))
+	if b.dead > compactSlack && b.dead > b.size-b.dead {
 		return s.compact(b)
 	}
 	return nil
 }
 
-// compact rewrites the records file with a line for each saved record:
-// temp file and rename, so that it is whole. The caller holds b.mu.
+// compact rewrites the sandbox's log with the newest record of each saved
+// process and the output kept in it: temp file and rename, so that it is
+// whole, and so that a reader holding the old file reads on undisturbed.
+// The caller holds b.mu.
 func (s *Store) compact(b *sandbox) error {
-	var data []byte
-	lines := 0
+	var old *os.File
+	defer func() {
+		if old != nil {
+			old.Close()
+		}
+	}()
+	var (
+		data []byte
+		buf  []byte
+		pos  = map[*proc][]int64{}
+	)
 	for _, p := range b.procs {
 		if !p.saved {
 			continue
@@ -623,25 +949,49 @@ func (s *Store) compact(b *sandbox) error {
 		if err != nil {
 			return err
 		}
-		data = append(append(data, line...), '\n')
-		lines++
+		hdr := frame(frameRecord, 0, p.meta.Seq, 0, len(line))
+		data = append(append(data, hdr[:]...), line...)
+		for _, at := range p.inline {
+			if old == nil {
+				if old, err = os.Open(s.logPath(b)); err != nil {
+					return fmt.Errorf("compacting exec log: %w", err)
+				}
+			}
+			c, err := readFrame(old, at, buf)
+			if err != nil {
+				return fmt.Errorf("compacting exec log: %w", err)
+			}
+			buf = c.Data[:0]
+			pos[p] = append(pos[p], int64(len(data)))
+			hdr := frame(frameOutput, c.Stream, p.meta.Seq, c.Offset, len(c.Data))
+			data = append(append(data, hdr[:]...), c.Data...)
+		}
 	}
-	if err := durable.Replace(b.recordsPath(), data, 0o600); err != nil {
-		return fmt.Errorf("compacting exec log records: %w", err)
+	if err := durable.Replace(s.logPath(b), data, 0o600); err != nil {
+		return fmt.Errorf("compacting exec log: %w", err)
 	}
-	b.lines = lines
+	for _, p := range b.procs {
+		if p.saved {
+			line, _ := json.Marshal(p.meta)
+			p.recSize = frameHdr + int64(len(line))
+			p.inline = pos[p]
+		}
+	}
+	b.size, b.dead = int64(len(data)), 0
 	return nil
 }
 
 // trimBytes drops the oldest output until the sandbox is within its cap:
 // oldest process first, its old segment and then, if it has finished,
-// its current one. The caller holds b.mu.
+// its current one or its output in the log. A finished process whose
+// output went has its record saved again, so that a restart does not
+// take the frames left in the log for kept output. The caller holds b.mu.
 func (s *Store) trimBytes(b *sandbox) {
 	for _, p := range b.procs {
 		if b.bytes <= s.cfg.MaxSandboxBytes {
 			return
 		}
-		cur, old := b.paths(p.meta.Seq)
+		cur, old := s.paths(b, p.meta.Seq)
 		if p.old.exists {
 			s.remove(old)
 			b.bytes -= p.old.size
@@ -651,11 +1001,27 @@ func (s *Store) trimBytes(b *sandbox) {
 				p.meta.Start = p.meta.End
 			}
 		}
-		if b.bytes > s.cfg.MaxSandboxBytes && !p.writer && p.cur.exists {
+		if b.bytes <= s.cfg.MaxSandboxBytes || p.writer {
+			continue
+		}
+		dropped := p.cur.exists || p.inBytes > 0
+		if p.cur.exists {
 			s.remove(cur)
 			b.bytes -= p.cur.size
 			p.cur = segment{}
+		}
+		if p.inBytes > 0 {
+			b.bytes -= p.inBytes
+			b.dead += p.inBytes
+			p.inline, p.inBytes = nil, 0
+		}
+		if dropped {
 			p.meta.Start = p.meta.End
+			if p.saved {
+				if err := s.saveRecord(b, p); err != nil {
+					s.log.Warn("saving exec log record", "sandbox", b.id, "err", err)
+				}
+			}
 		}
 	}
 }
@@ -675,14 +1041,15 @@ func (s *Store) trimRecords(b *sandbox, keep func(*proc) bool) {
 		// Most short commands wrote nothing, so have no files: not
 		// looking for them saves two unlinks per exec in a sandbox at
 		// its record limit.
-		cur, old := b.paths(p.meta.Seq)
+		cur, old := s.paths(b, p.meta.Seq)
 		if p.cur.exists {
 			s.remove(cur)
 		}
 		if p.old.exists {
 			s.remove(old)
 		}
-		b.bytes -= p.old.size + p.cur.size
+		b.bytes -= p.kept()
+		b.dead += p.recSize + p.inBytes
 		b.procs = append(b.procs[:i], b.procs[i+1:]...)
 	}
 }
@@ -749,13 +1116,29 @@ func (s *Store) Read(ctx context.Context, id string, seq uint64, from int64, fol
 			b.mu.Unlock()
 			return errdefs.NotFound("exec log", fmt.Sprintf("%s/%d", id, seq))
 		}
-		cur, old := b.paths(seq)
+		var (
+			fl     *os.File
+			inline []int64
+		)
+		if len(p.inline) > 0 {
+			fl, _ = os.Open(s.logPath(b))
+			inline = slices.Clone(p.inline)
+		}
+		cur, old := s.paths(b, seq)
 		fo, _ := os.Open(old)
 		fc, _ := os.Open(cur)
 		changed, finished := p.changed, p.meta.Exit != nil
 		b.mu.Unlock()
 
 		before := from
+		if fl != nil {
+			from, buf, err = readInline(fl, inline, from, buf, fn)
+			fl.Close()
+			if err != nil {
+				closeAll(fo, fc)
+				return err
+			}
+		}
 		for _, f := range []*os.File{fo, fc} {
 			if f == nil {
 				continue
@@ -783,6 +1166,55 @@ func (s *Store) Read(ctx context.Context, id string, seq uint64, from int64, fol
 			return ctx.Err()
 		}
 	}
+}
+
+// closeAll closes the files that are open.
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// readFrame reads the output frame at pos of a sandbox's log into buf
+// (grown if need be).
+func readFrame(f *os.File, pos int64, buf []byte) (Chunk, error) {
+	var hdr [frameHdr]byte
+	if _, err := f.ReadAt(hdr[:], pos); err != nil {
+		return Chunk{}, err
+	}
+	n := int(binary.BigEndian.Uint32(hdr[4:8]))
+	data := slices.Grow(buf[:0], n)[:n]
+	if _, err := f.ReadAt(data, pos+frameHdr); err != nil {
+		return Chunk{}, err
+	}
+	return Chunk{Stream: wire.Type(hdr[1]), Offset: int64(binary.BigEndian.Uint64(hdr[8:16])), Data: data}, nil
+}
+
+// readInline calls fn with the output frames at positions inline of a
+// sandbox's log from offset from on and returns the offset after the
+// last one it gave.
+func readInline(f *os.File, inline []int64, from int64, buf []byte, fn func(Chunk) error) (int64, []byte, error) {
+	for _, pos := range inline {
+		c, err := readFrame(f, pos, buf)
+		if err != nil {
+			return from, buf, err
+		}
+		buf = c.Data[:0]
+		end := c.Offset + int64(len(c.Data))
+		if end <= from {
+			continue
+		}
+		skip := max(0, from-c.Offset)
+		c.Offset += skip
+		c.Data = c.Data[skip:]
+		if err := fn(c); err != nil {
+			return from, buf, err
+		}
+		from = end
+	}
+	return from, buf, nil
 }
 
 // readSegment calls fn with the records of f from offset from on and
@@ -841,8 +1273,13 @@ func (s *Store) Remove(id string) error {
 		delete(s.boxes, id)
 	}
 	s.mu.Unlock()
-	if err := os.RemoveAll(b.dir); err != nil {
+	if err := os.Remove(s.logPath(b)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("removing exec log: %w", err)
+	}
+	if b.dirMade {
+		if err := os.RemoveAll(s.dir(b)); err != nil {
+			return fmt.Errorf("removing exec log: %w", err)
+		}
 	}
 	return nil
 }
@@ -855,11 +1292,17 @@ func (s *Store) IDs() ([]string, error) {
 	}
 	var ids []string
 	for _, e := range entries {
-		if e.IsDir() && api.IsSandboxID(e.Name()) {
-			ids = append(ids, e.Name())
+		id, ok := strings.CutSuffix(e.Name(), ".log")
+		if e.IsDir() {
+			id, ok = e.Name(), true
+		}
+		if ok && api.IsSandboxID(id) {
+			ids = append(ids, id)
 		}
 	}
-	return ids, nil
+	// A sandbox may have both a log and a directory of segments.
+	slices.Sort(ids)
+	return slices.Compact(ids), nil
 }
 
 // Bytes is what sandbox id's output takes on disk.

@@ -209,10 +209,8 @@ func TestRestart(t *testing.T) {
 	w, _ := s.Start("sbx", 5, []string{"make"}, time.Now())
 	w.Write(wire.Stdout, []byte("building\n"))
 	w.Close() // the daemon stops
-	// A crash mid-record.
-	f, _ := os.OpenFile(filepath.Join(dir, "sbx", "1.log"), os.O_WRONLY|os.O_APPEND, 0)
-	f.Write([]byte{1, 0, 0, 0, 0, 0, 0, 50, 0, 0})
-	f.Close()
+	// A crash mid-frame.
+	tear(t, filepath.Join(dir, "sbx.log"), []byte{frameOutput, 1, 0, 0, 0, 0, 0, 50, 0, 0})
 
 	s2 := open(t, Config{Dir: dir})
 	procs, err := s2.List("sbx")
@@ -247,8 +245,8 @@ func TestRestart(t *testing.T) {
 	if err := s2.Remove("sbx"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "sbx")); !os.IsNotExist(err) {
-		t.Errorf("sandbox dir after Remove: %v", err)
+	if m, _ := filepath.Glob(filepath.Join(dir, "sbx*")); len(m) != 0 {
+		t.Errorf("files left after Remove: %v", m)
 	}
 	if procs, _ := s2.List("sbx"); len(procs) != 0 {
 		t.Errorf("List after Remove = %v", procs)
@@ -329,55 +327,69 @@ func TestRecordSavedLazily(t *testing.T) {
 	}
 }
 
-// TestRecordsFile: records are lines of one file that is compacted as
-// processes are dropped; after a restart the dropped ones stay dropped, an
-// unfinished old one stays, and a torn last line is cut off.
+// tear appends a part of a frame to path, as a crash mid-write leaves.
+func tear(t *testing.T, path string, part []byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(part)
+	f.Close()
+}
+
+// TestRecordsFile: records are frames of the sandbox's log, which is
+// compacted as processes are dropped; after a restart the dropped ones
+// stay dropped, an unfinished old one stays, and a torn last frame is cut
+// off.
 func TestRecordsFile(t *testing.T) {
 	dir := t.TempDir()
 	const keep = 4
 	s := open(t, Config{Dir: dir, MaxProcesses: keep})
 	server, _ := s.Start("sbx", 1, []string{"server"}, time.Now())
 	server.Write(wire.Stdout, []byte("listening\n"))
-	for pid := 2; pid <= 40; pid++ {
+	for pid := 2; pid <= 1000; pid++ {
 		w, _ := s.Start("sbx", pid, []string{"true"}, time.Now())
 		if err := w.Finish(api.ExitStatus{ExitCode: pid}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	path := filepath.Join(dir, "sbx", "records")
-	data, err := os.ReadFile(path)
+	path := filepath.Join(dir, "sbx.log")
+	info, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := bytes.Count(data, []byte("\n")); n > 3*keep+1 {
-		t.Errorf("records file has %d lines for %d records: not compacted", n, keep)
+	if info.Size() > compactSlack+4<<10 {
+		t.Errorf("log of %d bytes for %d records: not compacted", info.Size(), keep)
 	}
-	if m, _ := filepath.Glob(filepath.Join(dir, "sbx", "*.json")); len(m) != 0 {
-		t.Errorf("record files %v besides the records file", m)
+	if m, _ := filepath.Glob(filepath.Join(dir, "*")); len(m) != 1 {
+		t.Errorf("files %v besides the sandbox's log", m)
 	}
 	want, _ := s.List("sbx")
-	if len(want) != keep || want[0].PID != 1 || want[len(want)-1].PID != 40 {
+	if len(want) != keep || want[0].PID != 1 || want[len(want)-1].PID != 1000 {
 		t.Fatalf("kept %v, want the running server and the newest %d", pids(want), keep-1)
 	}
 	server.Close() // the daemon stops
 
 	// A crash mid-append.
-	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-	f.Write([]byte(`{"seq":41,"pid":4`))
-	f.Close()
+	hdr := frame(frameRecord, 0, 1001, 0, 100)
+	tear(t, path, append(hdr[:], `{"seq":1001,"pid":4`...))
 	s2 := open(t, Config{Dir: dir, MaxProcesses: keep})
 	got, err := s2.List("sbx")
 	if err != nil || fmt.Sprint(pids(got)) != fmt.Sprint(pids(want)) {
 		t.Fatalf("after restart: %v, %v; want %v", pids(got), err, pids(want))
 	}
-	if got[len(got)-1].Exit == nil || got[len(got)-1].Exit.ExitCode != 40 {
+	if got[len(got)-1].Exit == nil || got[len(got)-1].Exit.ExitCode != 1000 {
 		t.Errorf("last record after restart = %+v", got[len(got)-1])
 	}
-	w, _ := s2.Start("sbx", 41, nil, time.Now())
-	w.Finish(api.ExitStatus{ExitCode: 41})
+	if out, _ := readAll(t, s2, "sbx", 1, 0); out != "1:listening\n|" {
+		t.Errorf("the server's output after restart: %q", out)
+	}
+	w, _ := s2.Start("sbx", 1001, nil, time.Now())
+	w.Finish(api.ExitStatus{ExitCode: 1001})
 	s3 := open(t, Config{Dir: dir, MaxProcesses: keep})
 	got, _ = s3.List("sbx")
-	if last := got[len(got)-1]; last.PID != 41 || last.Exit == nil || last.Exit.ExitCode != 41 {
+	if last := got[len(got)-1]; last.PID != 1001 || last.Exit == nil || last.Exit.ExitCode != 1001 {
 		t.Errorf("a record appended after a torn line reads back as %+v", last)
 	}
 	if got[0].PID != 1 {
@@ -408,6 +420,111 @@ func TestLegacyRecords(t *testing.T) {
 	w, _ := s.Start("sbx", 9, nil, time.Now())
 	if w.Seq() != 2 {
 		t.Errorf("seq after legacy records = %d, want 2", w.Seq())
+	}
+}
+
+// TestLegacyRecordsFile: a daemon from before the sandbox's log kept the
+// records as JSON lines in <sandbox>/records; they move into the log, and
+// the segments stay where they were.
+func TestLegacyRecordsFile(t *testing.T) {
+	dir := t.TempDir()
+	sbx := filepath.Join(dir, "sbx")
+	os.MkdirAll(sbx, 0o700)
+	os.WriteFile(filepath.Join(sbx, "records"), []byte(`{"seq":1,"pid":7,"cmd":["make"],"started_at":"2026-12-01T10:00:00Z","start":0,"end":0}
+{"seq":1,"pid":7,"cmd":["make"],"started_at":"2026-12-01T10:00:00Z","exit":{"exit_code":2},"start":0,"end":6}
+{"seq":2,"pid":8,"cmd":["sleep"],"started_at":"2026-12-01T10:00:00Z","start":0,"end":0}
+{"seq":3,`), 0o600)
+	os.WriteFile(filepath.Join(sbx, "1.log"), appendRecord(nil, wire.Stderr, 0, []byte("error\n")), 0o600)
+	s := open(t, Config{Dir: dir})
+	got, err := s.List("sbx")
+	if err != nil || fmt.Sprint(pids(got)) != "[7 8]" || got[0].Exit == nil || got[0].Exit.ExitCode != 2 || got[0].End != 6 {
+		t.Fatalf("List = %+v, %v", got, err)
+	}
+	if out, _ := readAll(t, s, "sbx", 1, 0); out != "2:error\n|" {
+		t.Errorf("output of a legacy process: %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(sbx, "records")); !os.IsNotExist(err) {
+		t.Errorf("legacy records file left: %v", err)
+	}
+	got, _ = open(t, Config{Dir: dir}).List("sbx")
+	if fmt.Sprint(pids(got)) != "[7 8]" {
+		t.Errorf("after a second restart: %+v", got)
+	}
+	w, err := s.Resume("sbx", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(wire.Stdout, []byte("awake\n"))
+	w.Finish(api.ExitStatus{})
+	if out, _ := readAll(t, open(t, Config{Dir: dir}), "sbx", 2, 0); out != "1:awake\n|" {
+		t.Errorf("output after the upgrade: %q", out)
+	}
+}
+
+// TestSmallOutputMakesNoFiles: a short command's output goes to the
+// sandbox's log, the only file of a sandbox's first exec; output past
+// inlineMax moves to a segment, whole and in order, across restarts.
+func TestSmallOutputMakesNoFiles(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Config{Dir: dir})
+	w, _ := s.Start("sbx", 1, []string{"echo", "hi"}, time.Now())
+	w.Write(wire.Stdout, []byte("hi\n"))
+	w.Finish(api.ExitStatus{})
+	w, _ = s.Start("sbx", 2, []string{"cat", "big"}, time.Now())
+	w.Write(wire.Stdout, []byte("head\n"))
+	w.Write(wire.Stderr, []byte("warn\n"))
+	if m, _ := filepath.Glob(filepath.Join(dir, "*")); fmt.Sprint(m) != fmt.Sprint([]string{filepath.Join(dir, "sbx.log")}) {
+		t.Fatalf("files after small outputs: %v", m)
+	}
+	var want strings.Builder
+	want.WriteString("1:head\n|2:warn\n|")
+	for i := range 40 {
+		line := fmt.Sprintf("%02d %s\n", i, strings.Repeat("x", 1000))
+		w.Write(wire.Stdout, []byte(line))
+		fmt.Fprintf(&want, "1:%s|", line)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sbx", "2.log")); err != nil {
+		t.Errorf("no segment for output past %d bytes: %v", inlineMax, err)
+	}
+	if got, _ := readAll(t, s, "sbx", 2, 0); got != want.String() {
+		t.Errorf("output across the move: %d bytes, want %d", len(got), want.Len())
+	}
+	w.Close()
+	s2 := open(t, Config{Dir: dir})
+	if got, _ := readAll(t, s2, "sbx", 2, 0); got != want.String() {
+		t.Errorf("output across the move after restart: %d bytes, want %d", len(got), want.Len())
+	}
+	if got, _ := readAll(t, s2, "sbx", 1, 0); got != "1:hi\n|" {
+		t.Errorf("small output after restart: %q", got)
+	}
+	n1, _ := s.Bytes("sbx")
+	n2, _ := s2.Bytes("sbx")
+	if n1 != n2 {
+		t.Errorf("Bytes = %d, %d after restart", n1, n2)
+	}
+}
+
+// TestCrashMidMove: a crash while output moved to a segment leaves a
+// partial segment; the output in the log stands and the move is redone.
+func TestCrashMidMove(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Config{Dir: dir})
+	w, _ := s.Start("sbx", 1, nil, time.Now())
+	w.Write(wire.Stdout, []byte("one\n"))
+	w.Write(wire.Stdout, []byte("two\n"))
+	w.Close()
+	os.MkdirAll(filepath.Join(dir, "sbx"), 0o700)
+	os.WriteFile(filepath.Join(dir, "sbx", "1.log"), appendRecord(nil, wire.Stdout, 0, []byte("one\n")), 0o600)
+	s2 := open(t, Config{Dir: dir})
+	if got, _ := readAll(t, s2, "sbx", 1, 0); got != "1:one\n|1:two\n|" {
+		t.Errorf("after a crash mid-move: %q", got)
+	}
+	w, _ = s2.Resume("sbx", 1)
+	w.Write(wire.Stdout, bytes.Repeat([]byte("z"), inlineMax))
+	w.Finish(api.ExitStatus{})
+	got, _ := readAll(t, open(t, Config{Dir: dir}), "sbx", 1, 0)
+	if want := "1:one\n|1:two\n|1:" + strings.Repeat("z", inlineMax) + "|"; got != want {
+		t.Errorf("after the move was redone: %d bytes, want %d", len(got), len(want))
 	}
 }
 
