@@ -330,12 +330,20 @@ func (s *Store) load(b *sandbox) error {
 		return err
 	}
 	for seq, m := range legacy {
-		if _, ok := procs[seq]; !ok {
-			procs[seq] = &loaded{meta: m}
+		l := procs[seq]
+		if l == nil {
+			l = &loaded{}
+			procs[seq] = l
+		}
+		if l.recSize == 0 {
+			l.meta = m
 		}
 	}
 	for seq, l := range procs {
-		if l.recSize == 0 && len(legacyPaths) == 0 || l.meta.Seq == 0 {
+		// Seqs are not reused, even those of frames without a record: a
+		// new process must not take them for its own.
+		b.next = max(b.next, seq+1)
+		if l.meta.Seq == 0 {
 			// Output of a process whose record was dropped.
 			b.dead += l.inBytes
 			delete(procs, seq)

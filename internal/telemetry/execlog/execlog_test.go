@@ -606,3 +606,58 @@ func TestMinFree(t *testing.T) {
 		t.Fatalf("read %d bytes back, want the 3 MiB that were kept", got)
 	}
 }
+
+// FuzzLoad: whatever a sandbox's log holds (a crash, a disk error, a
+// hand edit), loading it neither panics nor keeps the store from
+// listing, reading and writing the sandbox.
+func FuzzLoad(f *testing.F) {
+	dir := f.TempDir()
+	s, err := Open(Config{Dir: dir, MinFree: -1})
+	if err != nil {
+		f.Fatal(err)
+	}
+	w, _ := s.Start("sbx", 1, []string{"echo", "hi"}, time.Now())
+	w.Write(wire.Stdout, []byte("hi\n"))
+	w.Write(wire.Stderr, []byte("oops\n"))
+	w.Close()
+	seed, err := os.ReadFile(filepath.Join(dir, "sbx.log"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seed)
+	f.Add(seed[:len(seed)-3])
+	f.Add(append(seed, seed[frameHdr:]...))
+	f.Fuzz(func(t *testing.T, log []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "sbx.log"), log, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s := open(t, Config{Dir: dir, MinFree: -1})
+		procs, err := s.List("sbx")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range procs {
+			var got int64
+			err := s.Read(context.Background(), "sbx", p.Seq, 0, false, func(c Chunk) error {
+				got += int64(len(c.Data))
+				return nil
+			})
+			if err != nil || got > p.End-p.Start {
+				t.Fatalf("Read of %+v: %d bytes, %v", p, got, err)
+			}
+		}
+		w, err := s.Start("sbx", 2, nil, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(wire.Stdout, []byte("after\n")); err != nil {
+			t.Fatal(err)
+		}
+		w.Finish(api.ExitStatus{})
+		got, _ := readAll(t, open(t, Config{Dir: dir, MinFree: -1}), "sbx", w.Seq(), 0)
+		if got != "1:after\n|" {
+			t.Fatalf("output written after loading: %q", got)
+		}
+	})
+}
