@@ -137,7 +137,14 @@ func (s *Server) streamOp(w http.ResponseWriter, r *http.Request, id string, cal
 		// the body's end when the handler returns, so that the client
 		// reads both at once (it reads to the end to reuse the
 		// connection).
-		if relay(conn, wire.NewWriter(w), func() error { return rc.Flush() }, func() error { return nil }, done, tee) {
+		// A client that leaves takes its relay with it: the process
+		// outlives the stream, and the exec log's copy follows it on a
+		// connection of the hub's own (tee.Detach). Otherwise a stream
+		// closed while its process runs on kept a goroutine and a 64 KiB
+		// buffer here until the process ended (issue 21).
+		leave := context.AfterFunc(r.Context(), func() { conn.Close() })
+		exited := relay(conn, wire.NewWriter(w), func() error { return rc.Flush() }, func() error { return nil }, done, tee)
+		if leave() && exited {
 			// Nothing else writes to the guest: the connection can
 			// carry the sandbox's next call.
 			conn.Release()
