@@ -797,3 +797,29 @@ func TestTelemetryRestart(t *testing.T) {
 		t.Errorf("cpu budget used %.2f s before the restart, %.2f s after", used, after)
 	}
 }
+
+// TestTelemetryExecLogAfterClientLeaves: a client that closes an exec
+// stream at once leaves the process running; the daemon lets go of the
+// stream (issue 21: nothing held per idle sandbox for it), and the exec
+// log still gets the output that came later, a quiet second apart, and
+// the exit.
+func TestTelemetryExecLogAfterClientLeaves(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	id := d.Create(api.CreateRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := d.Client().ExecStream(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", "echo one; sleep 1.2; echo two; sleep 1.2; echo three"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	_, data, end, st := d.logTail(id, s.PID)
+	if want := "one\ntwo\nthree\n"; string(data) != want || end != int64(len(want)) || st.ExitCode != 0 {
+		t.Errorf("the log has %q (ending at %d), exit %+v; want %q, exit 0", data, end, st, want)
+	}
+	// The sandbox serves the next exec as before.
+	if out, _, st := d.Exec(id, "echo", "next"); st.ExitCode != 0 || out != "next\n" {
+		t.Errorf("the next exec: %q, exit %+v", out, st)
+	}
+}

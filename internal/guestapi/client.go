@@ -110,6 +110,12 @@ var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, reader
 // it.
 const readerSize = 64 << 10
 
+// quietReaderSize is the read buffer of a stream expected to stay quiet
+// for long (AttachQuiet): a frame's payload beyond it is read straight
+// into the frame, so only a stream of many small frames pays for it,
+// with more reads.
+const quietReaderSize = 4 << 10
+
 // reportReaderSize is the read buffer of a lane's report connection,
 // kept for as long as the client keeps the lane: its frames are small
 // (an exec's start, output batches read past it straight into the
@@ -169,6 +175,27 @@ func (c *Conn) recycle() {
 	readers.Put(c.br)
 }
 
+// Wait waits until the next frame starts to arrive, or until deadline
+// passes (an error matching os.ErrDeadlineExceeded; a zero deadline
+// waits as long as it takes), and consumes nothing: a reader can wait
+// for output and for a timer of its own on one goroutine without a read
+// deadline cutting a frame in two.
+func (c *Conn) Wait(deadline time.Time) error {
+	if c.br.Buffered() > 0 {
+		return nil
+	}
+	if err := c.Conn.SetReadDeadline(deadline); err != nil {
+		return err
+	}
+	_, err := c.br.Peek(1)
+	if !deadline.IsZero() {
+		if derr := c.Conn.SetReadDeadline(time.Time{}); err == nil {
+			err = derr
+		}
+	}
+	return err
+}
+
 // Send writes one frame to the guest.
 func (c *Conn) Send(t wire.Type, payload []byte) error { return c.out.Write(t, payload) }
 
@@ -177,12 +204,18 @@ func (c *Conn) Send(t wire.Type, payload []byte) error { return c.out.Write(t, p
 // closed (its guest from before connections were kept, or gone) before
 // the request is answered is dropped and the request sent on a new one.
 func (c *Client) request(ctx context.Context, req Request) (*Response, *Conn, error) {
+	return c.requestWith(ctx, req, func() *bufio.Reader { return readers.Get().(*bufio.Reader) })
+}
+
+// requestWith is request reading the answer and the stream through a
+// reader from newReader.
+func (c *Client) requestWith(ctx context.Context, req Request, newReader func() *bufio.Reader) (*Response, *Conn, error) {
 	for {
 		conn, kept, err := c.connect(ctx)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connecting to guest: %w", err)
 		}
-		resp, gc, stale, err := c.call(ctx, conn, req)
+		resp, gc, stale, err := c.callWith(ctx, conn, newReader(), req)
 		if kept && stale && ctx.Err() == nil {
 			c.noReuse.Store(true)
 			continue
@@ -191,14 +224,9 @@ func (c *Client) request(ctx context.Context, req Request) (*Response, *Conn, er
 	}
 }
 
-// call sends req on conn. stale reports that the connection was closed
-// before the request could be answered.
-func (c *Client) call(ctx context.Context, conn net.Conn, req Request) (_ *Response, _ *Conn, stale bool, _ error) {
-	br := readers.Get().(*bufio.Reader)
-	return c.callWith(ctx, conn, br, req)
-}
-
-// callWith is call reading through br.
+// callWith sends req on conn and reads the answer through br. stale
+// reports that the connection was closed before the request could be
+// answered.
 func (c *Client) callWith(ctx context.Context, conn net.Conn, br *bufio.Reader, req Request) (_ *Response, _ *Conn, stale bool, _ error) {
 	br.Reset(conn)
 	gc := &Conn{Conn: conn, Frames: wire.NewReader(br), out: wire.NewWriter(conn), br: br, client: c}

@@ -1,6 +1,7 @@
 package guestapi
 
 import (
+	"bufio"
 	"context"
 	"strconv"
 
@@ -41,6 +42,17 @@ func (c *Client) StartAttached(ctx context.Context, s *StartRequest) (int, *Conn
 // StartAttached does.
 func (c *Client) Attach(ctx context.Context, pid int, offset int64) (*Conn, error) {
 	_, conn, err := c.request(ctx, Request{Op: OpAttach, PID: pid, Offset: offset})
+	return conn, err
+}
+
+// AttachQuiet is Attach for a stream that may stay quiet for long (the
+// exec log's copy of a process no client follows): its connection reads
+// through a 4 KiB buffer rather than a call's 64 KiB, which an idle
+// sandbox would otherwise hold for as long as its process runs (issue
+// 21: the daemon's memory per sandbox).
+func (c *Client) AttachQuiet(ctx context.Context, pid int, offset int64) (*Conn, error) {
+	_, conn, err := c.requestWith(ctx, Request{Op: OpAttach, PID: pid, Offset: offset},
+		func() *bufio.Reader { return bufio.NewReaderSize(nil, quietReaderSize) })
 	return conn, err
 }
 

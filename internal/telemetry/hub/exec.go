@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -68,13 +69,14 @@ type relayed struct {
 }
 
 // feeder is one source of the copy's frames: the server's relay, or the
-// hub's own connection. It takes output in hand while the budget lasts
-// and counts the rest.
+// hub's own connection (follow). The relay's never waits: when the copy's
+// queue is full it gives up, and the copy follows on its own. It takes
+// output in hand while the budget lasts and counts the rest.
 type feeder struct {
 	c      *ExecCopy
 	ch     chan relayed
-	next   int64 // offset of the next output byte
-	wait   bool  // wait when ch is full (the hub's own connection); else give up
+	to     func(relayed) // instead of ch: handed over on the copy's own goroutine (follow)
+	next   int64         // offset of the next output byte
 	closed bool
 }
 
@@ -113,18 +115,14 @@ func (f *feeder) frame(t wire.Type, p []byte) bool {
 }
 
 func (f *feeder) send(r relayed) bool {
-	if f.wait {
-		select {
-		case f.ch <- r:
-			return true
-		case <-f.c.h.ctx.Done():
-		}
-	} else {
-		select {
-		case f.ch <- r:
-			return true
-		default:
-		}
+	if f.to != nil {
+		f.to(r)
+		return true
+	}
+	select {
+	case f.ch <- r:
+		return true
+	default:
 	}
 	// The copy's goroutine fetches what this feeder passed from the
 	// guest's ring (or, if it stops, follows from its offset).
@@ -137,7 +135,9 @@ func (f *feeder) close() {
 	if !f.closed {
 		f.closed = true
 		f.c.seen.Store(f.next)
-		close(f.ch)
+		if f.ch != nil {
+			close(f.ch)
+		}
 	}
 }
 
@@ -250,55 +250,85 @@ func (c *ExecCopy) consume(src <-chan relayed) (*api.ExitStatus, error) {
 		select {
 		case f, ok := <-src:
 			if !ok {
-				c.out.fetch(c.seen.Load())
-				return nil, c.write(true)
+				return nil, c.ended()
 			}
-			switch f.t {
-			case wire.Stdout, wire.Stderr:
-				c.out.add(f.t, f.off, f.p)
-			case wire.Dropped:
-				c.out.lost(f.off)
-			case wire.Exit:
-				c.out.fetch(f.off)
-				var st api.ExitStatus
-				if err := json.Unmarshal(f.p, &st); err != nil {
-					st = api.ExitStatus{ExitCode: -1, Error: "undecodable exit status"}
-				}
-				return &st, c.write(true)
-			case wire.Error:
-				// Not a process's end: carry on as if the feeder had left.
-				c.out.fetch(f.off)
-				return nil, c.write(true)
+			if exit, done, err := c.take(f); done || err != nil {
+				return exit, err
 			}
 		case <-poke:
 			c.out.fetch(c.seen.Load())
 		case <-due:
 			timer, due = nil, nil
-			if !c.saved {
-				if err := c.w.Save(); err != nil {
-					return nil, err
-				}
-				c.saved = true
-			}
-			c.out.fetch(c.seen.Load())
-			if err := c.write(true); err != nil {
+			if err := c.due(); err != nil {
 				return nil, err
 			}
 		case <-c.h.ctx.Done():
-			// Keep what is in hand; the next daemon fetches the rest.
-			if err := c.write(false); err != nil {
-				return nil, err
-			}
-			return nil, errStopping
+			return nil, c.stopping()
 		}
 		// A batch waits at most batchDelay; so does the record of a
 		// process that says nothing (most end sooner, and their record
 		// is written once, with the exit).
-		if due == nil && (!c.out.empty() || !c.saved) {
+		if due == nil && c.pending() {
 			timer = time.NewTimer(batchDelay)
 			due = timer.C
 		}
 	}
+}
+
+// take puts one frame a feeder handed over in the batch. done reports
+// that the feeding ended with it, with the exit status if it was the
+// exit.
+func (c *ExecCopy) take(f relayed) (exit *api.ExitStatus, done bool, err error) {
+	switch f.t {
+	case wire.Stdout, wire.Stderr:
+		c.out.add(f.t, f.off, f.p)
+	case wire.Dropped:
+		c.out.lost(f.off)
+	case wire.Exit:
+		c.out.fetch(f.off)
+		var st api.ExitStatus
+		if err := json.Unmarshal(f.p, &st); err != nil {
+			st = api.ExitStatus{ExitCode: -1, Error: "undecodable exit status"}
+		}
+		return &st, true, c.write(true)
+	case wire.Error:
+		// Not a process's end: carry on as if the feeder had left.
+		c.out.fetch(f.off)
+		return nil, true, c.write(true)
+	}
+	return nil, false, nil
+}
+
+// ended writes the batch when a feeding ends before the exit.
+func (c *ExecCopy) ended() error {
+	c.out.fetch(c.seen.Load())
+	return c.write(true)
+}
+
+// pending reports whether a write is owed: a batch, or the record of a
+// process that has not been saved yet.
+func (c *ExecCopy) pending() bool { return !c.out.empty() || !c.saved }
+
+// due writes the batch (and the record, the first time) once it waited
+// batchDelay.
+func (c *ExecCopy) due() error {
+	if !c.saved {
+		if err := c.w.Save(); err != nil {
+			return err
+		}
+		c.saved = true
+	}
+	c.out.fetch(c.seen.Load())
+	return c.write(true)
+}
+
+// stopping keeps what is in hand when the daemon stops; the next daemon
+// fetches the rest.
+func (c *ExecCopy) stopping() error {
+	if err := c.write(false); err != nil {
+		return err
+	}
+	return errStopping
 }
 
 // write puts the batch in the log, fetching the bytes it only counted
@@ -382,35 +412,68 @@ func (c *ExecCopy) fetchFrom(from, to int64) (pos int64, err error) {
 // follow attaches to the process at the log's offset and copies its
 // output until the exit. A stream that breaks ends the copy with an exit
 // saying so.
+//
+// It reads the stream and times the batches on its own goroutine, through
+// a small buffer (AttachQuiet): an idle process that no client follows
+// (an agent's server, a sleep) then costs the daemon one parked goroutine
+// and a connection for all of its life (issue 21).
 func (c *ExecCopy) follow() (*api.ExitStatus, error) {
-	conn, err := c.gc.Attach(c.h.ctx, c.pid, c.out.logged)
+	conn, err := c.gc.AttachQuiet(c.h.ctx, c.pid, c.out.logged)
 	if err != nil {
 		return c.lost(err)
 	}
-	src := feeder{c: c, ch: make(chan relayed, 64), next: c.out.logged, wait: true}
-	var readErr error
-	go func() {
-		for {
-			f, err := conn.Frames.Read()
-			if err != nil {
-				readErr = err
-				src.close()
-				return
-			}
-			if !src.frame(f.Type, f.Payload) {
-				return
+	defer conn.Close()
+	stop := context.AfterFunc(c.h.ctx, func() { conn.Close() })
+	defer stop()
+	var (
+		exit  *api.ExitStatus
+		done  bool
+		taken error
+	)
+	src := feeder{c: c, next: c.out.logged, to: func(r relayed) {
+		if !done && taken == nil {
+			exit, done, taken = c.take(r)
+		}
+	}}
+	var due time.Time // of the batch's write; zero while none is owed
+	for {
+		err := conn.Wait(due)
+		if err == nil {
+			var f wire.Frame
+			if f, err = conn.Frames.Read(); err == nil {
+				src.frame(f.Type, f.Payload)
 			}
 		}
-	}()
-	exit, err := c.consume(src.ch)
-	conn.Close()
-	for range src.ch {
-		// Let the reader end.
+		switch {
+		case c.h.ctx.Err() != nil:
+			return nil, c.stopping()
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			due = time.Time{}
+			if err := c.due(); err != nil {
+				return nil, err
+			}
+		case err != nil:
+			src.close()
+			if err := c.ended(); err != nil {
+				return nil, err
+			}
+			return c.lost(err)
+		case taken != nil:
+			return nil, taken
+		case done && exit == nil:
+			return c.lost(nil) // an error frame
+		case done:
+			return exit, nil
+		}
+		select {
+		case <-c.poke:
+			c.out.fetch(c.seen.Load())
+		default:
+		}
+		if due.IsZero() && c.pending() {
+			due = time.Now().Add(batchDelay)
+		}
 	}
-	if exit == nil && err == nil {
-		return c.lost(readErr)
-	}
-	return exit, err
 }
 
 // lost is how a copy ends when it cannot follow the process any further.
