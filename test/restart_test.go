@@ -150,15 +150,7 @@ func TestRestartGuestKilledWhileDown(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Status != http.StatusConflict {
 		t.Errorf("exec in the dead sandbox: %v, want a 409", err)
 	}
-	if out := d.Sh(survivor, "echo fine"); out != "fine\n" {
-		t.Errorf("survivor: %q", out)
-	}
-	if r := d.CLI("rm", victim); r.Code != 0 {
-		t.Errorf("rm of the dead sandbox: exit %d stderr %q", r.Code, r.Stderr)
-	}
-	if left := d.traces(vsb); len(left) > 0 {
-		t.Errorf("rm of the dead sandbox left: %v", left)
-	}
+	d.survivedAndRemoved(survivor, vsb)
 }
 
 // TestRestartDuringCreate kills the daemon at several points of a create,
@@ -341,5 +333,47 @@ func TestGuestCannotActivate(t *testing.T) {
 			t.Errorf("pooled %v: exec in a failed sandbox: %v", pooled, err)
 		}
 		d.MustCLI("rm", "-f", sb.ID)
+	}
+}
+
+// TestGuestKilledWhileServing: a sandbox whose guest dies while the
+// daemon runs is marked failed, saying why, by the guest's own watcher
+// (the daemon parks nothing per sandbox to wait for it); it can be
+// removed without leftovers, and the others are unaffected.
+func TestGuestKilledWhileServing(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	victim := d.Create(api.CreateRequest{})
+	survivor := d.Create(api.CreateRequest{})
+	d.Sh(victim, "true") // its start is over: what fails now is the running guest
+	vsb := d.get(victim)
+	if err := syscall.Kill(vsb.Runtime.HostPID, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the guest: %v", err)
+	}
+	var sb *api.Sandbox
+	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool {
+		sb = d.get(victim)
+		return sb.State == api.StateFailed
+	}) {
+		t.Fatalf("victim after its guest was killed: state %q, want failed", sb.State)
+	}
+	if !strings.Contains(sb.Error, "init process exited") {
+		t.Errorf("victim's error %q does not say its init process exited", sb.Error)
+	}
+	d.survivedAndRemoved(survivor, vsb)
+}
+
+// survivedAndRemoved checks that sandbox survivor still serves and that
+// dead, a sandbox whose guest died, is removed without leftovers.
+func (d *Daemon) survivedAndRemoved(survivor string, dead *api.Sandbox) {
+	d.t.Helper()
+	if out := d.Sh(survivor, "echo fine"); out != "fine\n" {
+		d.t.Errorf("survivor: %q", out)
+	}
+	if r := d.CLI("rm", dead.ID); r.Code != 0 {
+		d.t.Errorf("rm of the dead sandbox: exit %d stderr %q", r.Code, r.Stderr)
+	}
+	if left := d.traces(dead); len(left) > 0 {
+		d.t.Errorf("rm of the dead sandbox left: %v", left)
 	}
 }

@@ -242,6 +242,15 @@ type Activating interface {
 	StartErr() error
 }
 
+// ExitWatcher is offered by instances that can run a function when their
+// guest exits, so that a caller watching many sandboxes parks no
+// goroutine per sandbox to wait on Done.
+type ExitWatcher interface {
+	// OnExit runs f on a goroutine of its own once Done is closed (soon
+	// after, if it is already).
+	OnExit(f func())
+}
+
 // PoolSource is what a warm pool's sandboxes are made from: an image and,
 // for a template, the snapshot image their disk is a copy of. A create
 // whose image, DiskFrom and disk size match takes one of them.

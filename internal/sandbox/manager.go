@@ -629,8 +629,27 @@ func (m *Manager) forget(id string) {
 	}
 }
 
-// watch notices a guest that exits while the sandbox should be running.
+// watch notices a guest that exits while the sandbox should be running:
+// through the instance's own watcher where it offers one (no goroutine
+// parked per sandbox, issue 21), else on a goroutine waiting for Done.
 func (m *Manager) watch(b *box, inst runtime.Instance) {
+	if w, ok := inst.(runtime.ExitWatcher); ok {
+		w.OnExit(func() {
+			// Close waits for what started before it closed m.closed.
+			m.mu.Lock()
+			select {
+			case <-m.closed:
+				m.mu.Unlock()
+				return
+			default:
+			}
+			m.wg.Add(1)
+			m.mu.Unlock()
+			defer m.wg.Done()
+			m.exited(b, inst)
+		})
+		return
+	}
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -639,32 +658,37 @@ func (m *Manager) watch(b *box, inst runtime.Instance) {
 		case <-m.closed:
 			return
 		}
-		why := "the sandbox's init process exited"
-		if a, ok := inst.(runtime.Activating); ok {
-			if err := a.StartErr(); err != nil {
-				why = err.Error()
-			}
-		}
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if b.inst != inst || b.stopping {
-			return
-		}
-		mv, err := next(b, actExit)
-		if err != nil {
-			return
-		}
-		m.log.Warn("sandbox guest exited unexpectedly", "sandbox", b.rec.ID, "why", why)
-		b.rec.State = mv.to
-		b.rec.Error = why
-		b.detach()
-		if err := m.cfg.Runtime.Stop(context.Background(), b.rec.ID); err != nil {
-			m.log.Warn("releasing failed sandbox", "sandbox", b.rec.ID, "err", err)
-		}
-		m.persistLocked(b)
-		m.notify(b).Stopped(b.viewLocked())
-		m.notify(b).Event(b.rec.ID, "lifecycle", "failed", map[string]any{"error": b.rec.Error})
+		m.exited(b, inst)
 	}()
+}
+
+// exited marks b failed when its guest inst exited while it should run.
+func (m *Manager) exited(b *box, inst runtime.Instance) {
+	why := "the sandbox's init process exited"
+	if a, ok := inst.(runtime.Activating); ok {
+		if err := a.StartErr(); err != nil {
+			why = err.Error()
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inst != inst || b.stopping {
+		return
+	}
+	mv, err := next(b, actExit)
+	if err != nil {
+		return
+	}
+	m.log.Warn("sandbox guest exited unexpectedly", "sandbox", b.rec.ID, "why", why)
+	b.rec.State = mv.to
+	b.rec.Error = why
+	b.detach()
+	if err := m.cfg.Runtime.Stop(context.Background(), b.rec.ID); err != nil {
+		m.log.Warn("releasing failed sandbox", "sandbox", b.rec.ID, "err", err)
+	}
+	m.persistLocked(b)
+	m.notify(b).Stopped(b.viewLocked())
+	m.notify(b).Event(b.rec.ID, "lifecycle", "failed", map[string]any{"error": b.rec.Error})
 }
 
 // notRunning is the error for a call that needs b running, with the

@@ -74,11 +74,16 @@ type Sandbox struct {
 	// succeeded: a kill thaws the cgroup only then, since a thaw costs a
 	// cgroupfs write (0.03-0.3 ms here) on a delete's answer.
 	mayBeFrozen atomic.Bool
+	// onExit are the functions OnExit was given, run by the watcher;
+	// reaped is set when it took them. Guarded by mu.
+	onExit []func()
+	reaped bool
 }
 
 var (
-	_ runtime.Instance   = (*Sandbox)(nil)
-	_ runtime.Activating = (*Sandbox)(nil)
+	_ runtime.Instance    = (*Sandbox)(nil)
+	_ runtime.Activating  = (*Sandbox)(nil)
+	_ runtime.ExitWatcher = (*Sandbox)(nil)
 )
 
 // ID implements runtime.Instance.
@@ -326,9 +331,13 @@ func (s *Sandbox) watch(pidfd int) error {
 		})
 		f.Close()
 		s.pidFile = nil
-		held := s.held
+		held, onExit := s.held, s.onExit
+		s.onExit, s.reaped = nil, true
 		s.mu.Unlock()
 		close(s.done)
+		for _, f := range onExit {
+			go f()
+		}
 		if held != nil {
 			// Held, and never activated: its socket is closed and its
 			// waiters (Dial) told all the same.
@@ -336,6 +345,24 @@ func (s *Sandbox) watch(pidfd int) error {
 		}
 	}()
 	return nil
+}
+
+// OnExit implements runtime.ExitWatcher: the watcher that waits for the
+// guest's end anyway runs f, so that the manager parks no goroutine of
+// its own per sandbox to wait for it (issue 21).
+func (s *Sandbox) OnExit(f func()) {
+	s.mu.Lock()
+	reaped := s.reaped
+	if !reaped {
+		s.onExit = append(s.onExit, f)
+	}
+	s.mu.Unlock()
+	if reaped {
+		go func() {
+			<-s.done
+			f()
+		}()
+	}
 }
 
 // holdActivation makes a held start's activation (run by Activate) also
