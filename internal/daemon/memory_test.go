@@ -1,0 +1,37 @@
+package daemon
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestTrimmer(t *testing.T) {
+	tests := []struct {
+		name   string
+		start  int
+		counts []int
+		trims  []int // indexes of counts at which a trim is due
+	}{
+		{"steady", 100, []int{100, 100, 100}, nil},
+		{"growth", 0, []int{10, 500, 1000, 1000}, nil},
+		{"a small fall", 30, []int{20, 16, 16}, nil},
+		{"a fall to a half, then again once it stops", 1000, []int{900, 400, 400, 400}, []int{1, 2}},
+		{"a long fall, trimmed as it halves and once after", 1000, []int{800, 450, 300, 100, 0, 0, 0}, []int{1, 3, 4, 5}},
+		{"the tail of a fall below trimMin is trimmed when it stops", 1000, []int{400, 10, 0, 0}, []int{0, 1, 3}},
+		{"growth between cancels the owed trim", 100, []int{40, 60, 60}, []int{0}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTrimmer(tc.start)
+			var got []int
+			for i, n := range tc.counts {
+				if tr.tick(n) {
+					got = append(got, i)
+				}
+			}
+			if !slices.Equal(got, tc.trims) {
+				t.Errorf("trims at %v, want %v", got, tc.trims)
+			}
+		})
+	}
+}
