@@ -216,6 +216,14 @@ func (c *ExecCopy) run(w *execlog.Writer, relayed bool) {
 		exit, err = c.consume(c.relay.ch)
 	}
 	if exit == nil && err == nil {
+		if relayed {
+			// The relay's queue is closed (consume saw it end), or is
+			// closed right after the error frame consume stopped at: a
+			// follow that lasts the process's life need not keep it.
+			for range c.relay.ch {
+			}
+			c.relay.ch = nil
+		}
 		exit, err = c.follow()
 	}
 	switch {
