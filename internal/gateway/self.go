@@ -1,8 +1,8 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/json"
+	"hash/maphash"
 	"maps"
 	"net"
 	"net/http"
@@ -116,6 +116,7 @@ func (g *Gateway) serveSelf(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) refreshSelf(every time.Duration) {
 	defer g.wg.Done()
 	trees := map[string]*selfTree{}
+	peak := 0 // the most trees held since the map was made
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -123,7 +124,7 @@ func (g *Gateway) refreshSelf(every time.Duration) {
 		for id := range g.net.Links() {
 			seen[id] = true
 			if trees[id] == nil {
-				trees[id] = &selfTree{written: map[string][]byte{}}
+				trees[id] = &selfTree{written: map[string]uint64{}}
 			}
 			g.writeSelf(id, g.selfView(id), trees[id], time.Now())
 		}
@@ -132,6 +133,12 @@ func (g *Gateway) refreshSelf(every time.Duration) {
 				delete(trees, id)
 			}
 		}
+		if len(trees) < peak/2 {
+			// Go maps keep their buckets: a map that held a thousand
+			// sandboxes' trees is replaced once most are gone.
+			trees, peak = maps.Clone(trees), len(trees)
+		}
+		peak = max(peak, len(trees))
 		select {
 		case <-g.stop:
 			return
@@ -145,14 +152,23 @@ func (g *Gateway) refreshSelf(every time.Duration) {
 // differs only in its time.
 const selfStale = 10 * time.Second
 
-// selfTree is what refreshSelf last wrote to a sandbox's self tree.
+// selfTree is what refreshSelf last wrote to a sandbox's self tree:
+// hashes of the contents (selfHash), not the contents, which were 4 KiB
+// the daemon held per sandbox for nothing but a comparison (issue 21).
 type selfTree struct {
-	written map[string][]byte // file → content
-	// key is self.json's content with the usage sample's time left out,
-	// as of its last write at keyAt.
-	key   []byte
+	written map[string]uint64 // file → its content's hash
+	// key is the hash of self.json's content with the usage sample's time
+	// left out, as of its last write at keyAt.
+	key   uint64
 	keyAt time.Time
 }
+
+// selfSeed seeds selfHash: a sandbox, which chooses what it connects to
+// and so part of denials.json, cannot know it, so cannot make two
+// contents collide.
+var selfSeed = maphash.MakeSeed()
+
+func selfHash(b []byte) uint64 { return maphash.Bytes(selfSeed, b) }
 
 // writeSelf writes the files of sandbox id's self view v that changed
 // since tree's last write, as of now, and records what it wrote.
@@ -169,8 +185,9 @@ func (g *Gateway) writeSelf(id string, v api.Self, tree *selfTree, now time.Time
 		u.Time = time.Time{}
 		keyed.Usage = &u
 	}
-	key, _ := json.Marshal(keyed)
-	if bytes.Equal(key, tree.key) && now.Sub(tree.keyAt) < selfStale {
+	kb, _ := json.Marshal(keyed)
+	key := selfHash(kb)
+	if key == tree.key && now.Sub(tree.keyAt) < selfStale {
 		return
 	}
 	b, _ := json.MarshalIndent(v, "", "  ")
@@ -181,14 +198,15 @@ func (g *Gateway) writeSelf(id string, v api.Self, tree *selfTree, now time.Time
 
 // writeSelfFile writes b to dir/name unless written says it holds b
 // already, and reports whether the file holds b now.
-func (g *Gateway) writeSelfFile(dir, name string, b []byte, written map[string][]byte) bool {
-	if bytes.Equal(b, written[name]) {
+func (g *Gateway) writeSelfFile(dir, name string, b []byte, written map[string]uint64) bool {
+	h := selfHash(b)
+	if w, ok := written[name]; ok && w == h {
 		return true
 	}
 	if err := durable.Replace(filepath.Join(dir, name), b, 0o644); err != nil {
 		delete(written, name) // try again next time
 		return false
 	}
-	written[name] = b
+	written[name] = h
 	return true
 }

@@ -37,7 +37,7 @@ func TestWriteSelfOnlyChanged(t *testing.T) {
 	view := func(at time.Time, cpu float64, preset string) api.Self {
 		return api.Self{Sandbox: "sbx", Usage: &api.Sample{Time: at, CPUSeconds: cpu}, Policy: api.Policy{Presets: []string{preset}}, Denials: []api.Denial{}}
 	}
-	tree := &selfTree{written: map[string][]byte{}}
+	tree := &selfTree{written: map[string]uint64{}}
 	step := func(what string, v api.Self, now time.Time, rewritten ...string) {
 		t.Helper()
 		before := inodes()
