@@ -20,14 +20,18 @@ import (
 // certificate (installed in its trust store), the daemon keeps its key,
 // and the proxy signs leaf certificates with it for the hosts it
 // intercepts. Leaves are cached.
+//
+// Every sandbox has one and most never have a connection intercepted:
+// the parsed certificate and the leaves' key are made at the first leaf,
+// not kept from the start (3 KiB per sandbox, issue 21).
 type CA struct {
-	cert    *x509.Certificate
 	certDER []byte
 	key     *ecdsa.PrivateKey
-	leafKey *ecdsa.PrivateKey // one key for every leaf: signing is the cost, not keys
 
-	mu     sync.Mutex
-	leaves map[string]*tls.Certificate
+	mu      sync.Mutex
+	cert    *x509.Certificate // parsed at the first use
+	leafKey *ecdsa.PrivateKey // one key for every leaf: signing is the cost, not keys; made at the first leaf
+	leaves  map[string]*tls.Certificate
 }
 
 const (
@@ -82,11 +86,27 @@ func newCA(der []byte, key *ecdsa.PrivateKey) (*CA, error) {
 	if !cert.IsCA || !key.PublicKey.Equal(cert.PublicKey) {
 		return nil, errors.New("loading CA: the key does not belong to a CA certificate")
 	}
-	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("generating leaf key: %w", err)
+	return &CA{certDER: der, key: key}, nil
+}
+
+// signer returns the parsed certificate and the leaves' key, making them
+// the first time. ca.mu is held.
+func (ca *CA) signer() (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	if ca.cert == nil {
+		cert, err := x509.ParseCertificate(ca.certDER) // parsed once already by newCA
+		if err != nil {
+			return nil, nil, fmt.Errorf("parsing CA certificate: %w", err)
+		}
+		ca.cert = cert
 	}
-	return &CA{cert: cert, certDER: der, key: key, leafKey: leafKey, leaves: map[string]*tls.Certificate{}}, nil
+	if ca.leafKey == nil {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return nil, nil, fmt.Errorf("generating leaf key: %w", err)
+		}
+		ca.leafKey = k
+	}
+	return ca.cert, ca.leafKey, nil
 }
 
 // CertPEM is the certificate to install in the sandbox's trust store.
@@ -105,7 +125,14 @@ func (ca *CA) KeyPEM() []byte {
 }
 
 // Certificate is the parsed CA certificate.
-func (ca *CA) Certificate() *x509.Certificate { return ca.cert }
+func (ca *CA) Certificate() *x509.Certificate {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	if ca.cert == nil {
+		ca.cert, _ = x509.ParseCertificate(ca.certDER) // parsed once already by newCA
+	}
+	return ca.cert
+}
 
 // Leaf returns a certificate for host (a name or an address) signed by
 // the CA, from the cache while it has more than a day left.
@@ -116,11 +143,15 @@ func (ca *CA) Leaf(host string) (*tls.Certificate, error) {
 		ca.mu.Unlock()
 		return c, nil
 	}
+	caCert, leafKey, err := ca.signer()
 	ca.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 
 	notAfter := now.Add(leafValidity)
-	if notAfter.After(ca.cert.NotAfter) {
-		notAfter = ca.cert.NotAfter
+	if notAfter.After(caCert.NotAfter) {
+		notAfter = caCert.NotAfter
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: randSerial(),
@@ -135,7 +166,7 @@ func (ca *CA) Leaf(host string) (*tls.Certificate, error) {
 	} else {
 		tmpl.DNSNames = []string{host}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &ca.leafKey.PublicKey, ca.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &leafKey.PublicKey, ca.key)
 	if err != nil {
 		return nil, fmt.Errorf("signing leaf for %s: %w", host, err)
 	}
@@ -145,8 +176,11 @@ func (ca *CA) Leaf(host string) (*tls.Certificate, error) {
 	}
 	// The chain is the leaf alone: the sandbox trusts the CA itself, so
 	// sending it would cost every handshake bytes and a parse for nothing.
-	c := &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: ca.leafKey, Leaf: leaf}
+	c := &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: leafKey, Leaf: leaf}
 	ca.mu.Lock()
+	if ca.leaves == nil {
+		ca.leaves = map[string]*tls.Certificate{}
+	}
 	if len(ca.leaves) >= leafCacheMax {
 		for k := range ca.leaves { // drop an arbitrary half
 			delete(ca.leaves, k)

@@ -52,7 +52,12 @@ var testServerCA = func() *CA {
 // serverCert signs a certificate for names with ca.
 func serverCert(t testing.TB, ca *CA, names ...string) tls.Certificate {
 	t.Helper()
-	key := ca.leafKey
+	ca.mu.Lock()
+	caCert, key, err := ca.signer()
+	ca.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber: randSerial(),
 		Subject:      pkix.Name{CommonName: names[0]},
@@ -62,7 +67,7 @@ func serverCert(t testing.TB, ca *CA, names ...string) tls.Certificate {
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +153,7 @@ func newHarness(t testing.TB, opts ...harnessOpt) *harness {
 		h.cas[id] = ca
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(testServerCA.cert)
+	pool.AddCert(testServerCA.Certificate())
 	cfg := ProxyConfig{
 		Addr:   "127.0.0.1:0",
 		Engine: h.eng,
@@ -249,8 +254,8 @@ func (h *harness) dial(ctx context.Context, from netip.Addr, dst netip.AddrPort)
 // paddock) and the upstream test CA (standing in for the public roots).
 func (h *harness) trust(id string) *x509.CertPool {
 	pool := x509.NewCertPool()
-	pool.AddCert(h.cas[id].cert)
-	pool.AddCert(testServerCA.cert)
+	pool.AddCert(h.cas[id].Certificate())
+	pool.AddCert(testServerCA.Certificate())
 	return pool
 }
 

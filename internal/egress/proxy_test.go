@@ -54,7 +54,7 @@ func TestSpliceIsNotIntercepted(t *testing.T) {
 	if code != 200 || body != "path=/x" {
 		t.Fatalf("%d %q", code, body)
 	}
-	if iss := resp.TLS.PeerCertificates[0].Issuer.CommonName; iss != testServerCA.cert.Subject.CommonName {
+	if iss := resp.TLS.PeerCertificates[0].Issuer.CommonName; iss != testServerCA.Certificate().Subject.CommonName {
 		t.Fatalf("the client saw a certificate from %q, not the upstream's own", iss)
 	}
 	c.CloseIdleConnections()
@@ -287,7 +287,7 @@ func TestExplicitProxy(t *testing.T) {
 	h.setPolicy("sb1", &api.Policy{Allow: mustRules(t, "open.example.com", "https://api.example.com:"+tp+"/v1/", "http://web.example.com:"+hp+"/")})
 	c := h.proxyClient("sb1", sb1Addr)
 	code, _, resp := get(t, c, "https://open.example.com:"+tp+"/x")
-	if code != 200 || resp.TLS.PeerCertificates[0].Issuer.CommonName != testServerCA.cert.Subject.CommonName {
+	if code != 200 || resp.TLS.PeerCertificates[0].Issuer.CommonName != testServerCA.Certificate().Subject.CommonName {
 		t.Fatalf("CONNECT spliced: %d", code)
 	}
 	code, _, resp = get(t, c, "https://api.example.com:"+tp+"/v1/x")
