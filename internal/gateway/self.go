@@ -15,6 +15,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/egress"
+	"github.com/paddock-dev/paddock/internal/shrink"
 )
 
 // selfReadme is /run/paddock/README in every sandbox.
@@ -116,7 +117,7 @@ func (g *Gateway) serveSelf(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) refreshSelf(every time.Duration) {
 	defer g.wg.Done()
 	trees := map[string]*selfTree{}
-	peak := 0 // the most trees held since the map was made
+	peak := 0 // for shrink.Map
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -131,14 +132,10 @@ func (g *Gateway) refreshSelf(every time.Duration) {
 		for id := range trees {
 			if !seen[id] {
 				delete(trees, id)
+				trees = shrink.Map(trees, &peak)
 			}
 		}
-		if len(trees) < peak/2 {
-			// Go maps keep their buckets: a map that held a thousand
-			// sandboxes' trees is replaced once most are gone.
-			trees, peak = maps.Clone(trees), len(trees)
-		}
-		peak = max(peak, len(trees))
+
 		select {
 		case <-g.stop:
 			return

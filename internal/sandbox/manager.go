@@ -21,6 +21,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/shrink"
 	"github.com/paddock-dev/paddock/internal/snapshot"
 	"github.com/paddock-dev/paddock/internal/storage/image"
 	"github.com/paddock-dev/paddock/internal/store"
@@ -72,6 +73,8 @@ type Manager struct {
 	// owns it; "" marks a range the runtime holds for a sandbox not made
 	// yet.
 	slots map[int]string
+	// boxesPeak and slotsPeak are for shrink.Map.
+	boxesPeak, slotsPeak int
 
 	img imageState // images.go
 
@@ -571,6 +574,7 @@ func (m *Manager) rebase(b *box, base uint32) {
 	defer m.mu.Unlock()
 	if old := b.rec.UIDBase; old != 0 && m.slots[m.slotOf(old)] == b.rec.ID {
 		delete(m.slots, m.slotOf(old))
+		m.slots = shrink.Map(m.slots, &m.slotsPeak)
 	}
 	m.slots[m.slotOf(base)] = b.rec.ID
 	b.rec.UIDBase = base
@@ -582,6 +586,7 @@ func (m *Manager) Free(base uint32) {
 	defer m.mu.Unlock()
 	if id, ok := m.slots[m.slotOf(base)]; ok && id == "" {
 		delete(m.slots, m.slotOf(base))
+		m.slots = shrink.Map(m.slots, &m.slotsPeak)
 	}
 }
 
@@ -624,8 +629,10 @@ func (m *Manager) forget(id string) {
 	if b, ok := m.boxes[id]; ok {
 		if b.rec.UIDBase != 0 && m.slots[m.slotOf(b.rec.UIDBase)] == id {
 			delete(m.slots, m.slotOf(b.rec.UIDBase))
+			m.slots = shrink.Map(m.slots, &m.slotsPeak)
 		}
 		delete(m.boxes, id)
+		m.boxes = shrink.Map(m.boxes, &m.boxesPeak)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/shrink"
 )
 
 // Resources are what a sandbox reserves: its limits. A zero field
@@ -42,9 +43,10 @@ type Config struct {
 type Controller struct {
 	cfg Config
 
-	mu       sync.Mutex
-	reserved map[string]Resources
-	total    Resources
+	mu           sync.Mutex
+	reserved     map[string]Resources
+	reservedPeak int // for shrink.Map
+	total        Resources
 }
 
 // New returns a Controller.
@@ -160,6 +162,7 @@ func (c *Controller) Rename(from, to string) {
 		return
 	}
 	delete(c.reserved, from)
+	c.reserved = shrink.Map(c.reserved, &c.reservedPeak)
 	c.total = sub(c.total, c.reserved[to]) // r is counted already; an old one under to goes
 	c.reserved[to] = r
 }
@@ -171,6 +174,7 @@ func (c *Controller) Release(id string) {
 	if old, ok := c.reserved[id]; ok {
 		c.total = sub(c.total, old)
 		delete(c.reserved, id)
+		c.reserved = shrink.Map(c.reserved, &c.reservedPeak)
 	}
 }
 

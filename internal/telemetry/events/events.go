@@ -31,6 +31,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/internal/shrink"
 	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
 )
 
@@ -149,8 +150,9 @@ type Log struct {
 	cfg Config
 	log *slog.Logger
 
-	mu    sync.Mutex
-	boxes map[string]*sandboxLog
+	mu        sync.Mutex
+	boxes     map[string]*sandboxLog
+	boxesPeak int // for shrink.Map
 }
 
 // sandboxLog is one sandbox's log.
@@ -483,6 +485,7 @@ func (l *Log) Remove(id string) error {
 	l.mu.Lock()
 	if l.boxes[id] == b {
 		delete(l.boxes, id)
+		l.boxes = shrink.Map(l.boxes, &l.boxesPeak)
 	}
 	l.mu.Unlock()
 	if err := errors.Join(errs...); err != nil {

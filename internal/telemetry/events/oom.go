@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/paddock-dev/paddock/internal/shrink"
 	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
@@ -15,8 +16,9 @@ import (
 type OOMWatch struct {
 	log *Log
 
-	mu   sync.Mutex
-	last map[string]uint64
+	mu       sync.Mutex
+	last     map[string]uint64
+	lastPeak int // for shrink.Map
 }
 
 var _ metrics.Observer = (*OOMWatch)(nil)
@@ -66,6 +68,7 @@ func (w *OOMWatch) Forget(id string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.last, id)
+	w.last = shrink.Map(w.last, &w.lastPeak)
 }
 
 // Started tells w that sandbox id got a new cgroup (it was started again),

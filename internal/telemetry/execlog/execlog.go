@@ -85,6 +85,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
+	"github.com/paddock-dev/paddock/internal/shrink"
 	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
 	"github.com/paddock-dev/paddock/wire"
 	"golang.org/x/sys/unix"
@@ -139,8 +140,9 @@ type Store struct {
 	cfg Config
 	log *slog.Logger
 
-	mu    sync.Mutex
-	boxes map[string]*sandbox
+	mu        sync.Mutex
+	boxes     map[string]*sandbox
+	boxesPeak int // for shrink.Map
 
 	space spaceCheck
 }
@@ -1284,6 +1286,7 @@ func (s *Store) Remove(id string) error {
 	s.mu.Lock()
 	if s.boxes[id] == b {
 		delete(s.boxes, id)
+		s.boxes = shrink.Map(s.boxes, &s.boxesPeak)
 	}
 	s.mu.Unlock()
 	if err := os.Remove(s.logPath(b)); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -25,6 +25,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/shrink"
 	"github.com/paddock-dev/paddock/internal/telemetry/admission"
 	"github.com/paddock-dev/paddock/internal/telemetry/autoscale"
 	"github.com/paddock-dev/paddock/internal/telemetry/budget"
@@ -100,6 +101,8 @@ type Hub struct {
 	guests   func(ctx context.Context, id string) (*guestapi.Client, error)
 	admitted map[string]time.Time // keys given to Admit, when
 	boxes    map[string]*state
+	// admittedPeak and boxesPeak are for shrink.Map.
+	admittedPeak, boxesPeak int
 }
 
 // state is what the hub keeps of a sandbox it has seen run.
@@ -253,6 +256,7 @@ func (h *Hub) Release(key string) {
 	h.adm.Release(key)
 	h.mu.Lock()
 	delete(h.admitted, key)
+	h.admitted = shrink.Map(h.admitted, &h.admittedPeak)
 	h.mu.Unlock()
 }
 
@@ -263,6 +267,7 @@ func (h *Hub) Running(key string, s api.Sandbox) {
 	h.mu.Lock()
 	t0, fresh := h.admitted[key]
 	delete(h.admitted, key)
+	h.admitted = shrink.Map(h.admitted, &h.admittedPeak)
 	st := h.boxes[id]
 	if st == nil {
 		st = &state{}
@@ -432,6 +437,7 @@ func (h *Hub) Removed(id string) {
 	os.Remove(h.usagePath(id))
 	h.mu.Lock()
 	delete(h.boxes, id)
+	h.boxes = shrink.Map(h.boxes, &h.boxesPeak)
 	h.mu.Unlock()
 	h.col.Deleted()
 }
