@@ -62,19 +62,25 @@ func densityRequest() api.CreateRequest {
 // memSnapshot is the host's and the daemon's memory at one moment.
 type memSnapshot struct {
 	DaemonRSS int64
-	Available int64
+	// DaemonAnon and DaemonFile split DaemonRSS: anonymous memory (the Go
+	// heap, stacks, the runtime's own) and file pages (the binary's code
+	// and data that have run).
+	DaemonAnon, DaemonFile int64
+	Available              int64
 }
 
 func (r *rig) memSnapshot() (memSnapshot, error) {
-	rss, err := r.daemon.rss()
-	if err != nil {
+	var m memSnapshot
+	var err error
+	if m.DaemonRSS, err = r.daemon.rss(); err != nil {
 		return memSnapshot{}, fmt.Errorf("reading daemon RSS: %w", err)
 	}
-	avail, err := memAvailable()
-	if err != nil {
+	m.DaemonAnon, _ = procStatusBytes(r.daemon.pid(), "RssAnon")
+	m.DaemonFile, _ = procStatusBytes(r.daemon.pid(), "RssFile")
+	if m.Available, err = memAvailable(); err != nil {
 		return memSnapshot{}, fmt.Errorf("reading MemAvailable: %w", err)
 	}
-	return memSnapshot{DaemonRSS: rss, Available: avail}, nil
+	return m, nil
 }
 
 // goHeap is the daemon's Go runtime memory, from its Prometheus
@@ -160,8 +166,7 @@ func benchDensity(ctx context.Context, r *rig) *section {
 
 func (r *rig) density(ctx context.Context, d *densityRun) error {
 	req := densityRequest()
-	// One sandbox first, so that one-time costs are not in the numbers.
-	if err := r.withSandbox(ctx, req, func(string) error { return nil }); err != nil {
+	if err := r.densityWarmUp(ctx, req); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	if err := r.waitFullPool(ctx, defaultPool); err != nil {
@@ -275,6 +280,29 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 	}
 	d.TeardownWait = time.Since(t0)
 	return r.rssAfter(ctx, d)
+}
+
+// densityWarmUp takes one sandbox through what each of the run's goes
+// through (a sleeper started, an exec round trip, its record and metrics
+// read, its removal) before the first reading, so that one-time costs
+// are not in the numbers: code run for the first time (the daemon's
+// binary pages, 1-2 MiB of its RSS when only a create and a removal came
+// first) and tables built on first use.
+func (r *rig) densityWarmUp(ctx context.Context, req api.CreateRequest) error {
+	id, err := r.startSleeper(ctx, req)
+	if id == "" {
+		return err
+	}
+	if err == nil {
+		_, err = r.execTrue(ctx, id)
+	}
+	if err == nil {
+		_, err = r.client.Get(ctx, id)
+	}
+	if err == nil {
+		_, err = r.hostLimits(ctx, id)
+	}
+	return errors.Join(err, r.removeAll([]string{id}))
 }
 
 // rtts takes densityRTTs exec round trips of `true` in a sandbox, after
@@ -553,7 +581,7 @@ func (r *rig) timedRemove(ids []string, d *densityRun) error {
 
 func densityMethod() []string {
 	return []string{
-		fmt.Sprintf("After one warm-up sandbox, %d sandboxes are started, %d creates at a time (as fast as the daemon serves them). "+
+		fmt.Sprintf("After one warm-up sandbox (started, its sleep started, an exec, its record and metrics read, removed: what each of the run's goes through), %d sandboxes are started, %d creates at a time (as fast as the daemon serves them). "+
 			"Each start is `Create` then `ExecStream(sleep 3600)`, whose stream is closed as soon as the process runs; "+
 			"the clock of a start runs around both calls, the total from the first to the last.", densityCount, startWorkers),
 		fmt.Sprintf("Each sandbox asks for %.2g CPU, %s of memory and a %s disk instead of the defaults (2 CPUs, 1 GiB, 10 GiB): with the daemon's "+
@@ -567,7 +595,7 @@ func densityMethod() []string {
 			"those limits and the host's tasks (against kernel.pid_max) are checked again every %d starts. The uid ranges are capped at %d by the daemon.",
 			densityCalibrate, densityWatchEvery, maxSandboxes),
 		fmt.Sprintf("Memory is read %s after the last start, once the daemon is idle: the daemon's VmRSS "+
-			"(/proc/PID/status) and its Go runtime's heap in use, idle heap not returned to the kernel, stacks and goroutines "+
+			"(/proc/PID/status; also split into RssAnon and RssFile, the pages of its binary) and its Go runtime's heap in use, idle heap not returned to the kernel, stacks and goroutines "+
 			"(`go_memstats_*` and `go_goroutines` of its `/metrics`), the host's MemAvailable (/proc/meminfo) against the same readings before the first start, "+
 			"and for each sandbox the VmRSS and PSS of its guest (host pid from `Get`: `runtime.host_pid`), the VmRSS of "+
 			"every process in its cgroup with their page tables (VmPTE) and threads (each a 16 KiB kernel stack), and its memory cgroup's charge. `List` is checked to report every sandbox running.", densitySettle),
@@ -593,6 +621,8 @@ func densityTable(s *section, d *densityRun) {
 		n := int64(len(d.Sandboxes))
 		t.add("sandboxes `List` reported running / whose `sleep` was running when measured", fmt.Sprintf("%d / %d of %d", d.Running, d.Sleeping, n))
 		t.add("daemon RSS: before / with them / after removing them", fmt.Sprintf("%s / %s / %s (read %s after the removals)", mib(d.Before.DaemonRSS), mib(d.With.DaemonRSS), afterRSS(d), seconds(d.AfterWait)))
+		t.add("… of it anonymous / file pages (its binary): before / with them / after", fmt.Sprintf("%s / %s, %s / %s, %s / %s",
+			mib(d.Before.DaemonAnon), mib(d.Before.DaemonFile), mib(d.With.DaemonAnon), mib(d.With.DaemonFile), mib(d.After.DaemonAnon), mib(d.After.DaemonFile)))
 		t.add("daemon RSS growth per sandbox", mib((d.With.DaemonRSS-d.Before.DaemonRSS)/n))
 		if d.HeapBefore.OK {
 			t.add("daemon Go heap in use / idle heap not returned to the kernel / stacks / goroutines: before", d.HeapBefore.String())
