@@ -628,6 +628,9 @@ func densityTable(s *section, d *densityRun) {
 			t.add("daemon Go heap in use / idle heap not returned to the kernel / stacks / goroutines: before", d.HeapBefore.String())
 			t.add("… with them", d.HeapWith.String())
 			t.add("… after removing them", d.HeapAfter.String())
+			w, b := d.HeapWith, d.HeapBefore
+			t.add("… growth per sandbox: heap in use / stacks / goroutines", fmt.Sprintf("%s / %s / %.1f",
+				mib((w.Inuse-b.Inuse)/n), mib((w.Stacks-b.Stacks)/n), float64(w.Goroutines-b.Goroutines)/float64(n)))
 		}
 		t.add("host MemAvailable drop ÷ sandboxes", mib((d.Before.Available-d.With.Available)/n))
 		var guest, pss, procs, cg, pte int64
