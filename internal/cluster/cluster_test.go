@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,17 +16,44 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cluster/kubetest"
 )
 
-// startCluster starts a control plane with paddock's CRD and RBAC.
+// startCluster starts a control plane with everything of deploy/
+// applied, as kubectl apply -k would.
 func startCluster(t *testing.T) *kubetest.Cluster {
 	t.Helper()
 	c := kubetest.Start(t)
-	c.Apply(t, "../../deploy/crd-paddocknode.yaml", "../../deploy/rbac.yaml")
+	c.Apply(t, deployFiles(t)...)
 	return c
+}
+
+// deployFiles are the manifests deploy/kustomization.yaml lists, which
+// must be every manifest in deploy/.
+func deployFiles(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile("../../deploy/kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k struct {
+		Resources []string `json:"resources"`
+	}
+	if err := yaml.Unmarshal(data, &k); err != nil {
+		t.Fatal(err)
+	}
+	all, _ := filepath.Glob("../../deploy/*.yaml")
+	var paths []string
+	for _, r := range k.Resources {
+		paths = append(paths, filepath.Join("../../deploy", r))
+	}
+	if len(paths) != len(all)-1 {
+		t.Fatalf("kustomization.yaml lists %v; deploy/ has %v", k.Resources, all)
+	}
+	return paths
 }
 
 // watcher runs WatchNodes as the gateway and keeps the latest nodes.
@@ -162,6 +191,16 @@ func TestNodeRBAC(t *testing.T) {
 	}
 	if _, err := ListNodes(ctx, c.Config(kubetest.Gateway), WatchConfig{}); err != nil {
 		t.Errorf("a gateway listing nodes: %v", err)
+	}
+	// The workloads deploy/ declares passed the API server's validation.
+	for _, path := range []string{
+		"/apis/apps/v1/namespaces/paddock/daemonsets/paddock-node",
+		"/apis/apps/v1/namespaces/paddock/deployments/paddock-gateway",
+		"/api/v1/namespaces/paddock/services/paddock-gateway",
+	} {
+		if code, body, err := c.Get(path, kubetest.Admin); err != nil || code != 200 {
+			t.Errorf("GET %s: %d %v %.200s", path, code, err, body)
+		}
 	}
 	// Anyone else: nothing.
 	if _, err := ListNodes(ctx, c.Config(kubetest.Nobody), WatchConfig{}); !apierrors.IsForbidden(err) {
@@ -306,8 +345,14 @@ func TestTags(t *testing.T) {
 	if len(seen) < 45 {
 		t.Errorf("50 attempts gave %d distinct tags", len(seen))
 	}
-	if tagFor("node", 0) != tagFor("node", 0) || tagFor("node", 0) == tagFor("node2", 0) {
-		t.Error("tags are not a stable function of the name")
+	// Fixed values: a change of the hash would give every node a new tag
+	// on its next registration from scratch.
+	if a, b := tagFor("node", 0), tagFor("node2", 0); a == b {
+		t.Errorf("node and node2 both propose %q first", a)
+	}
+	const stableTag = "5br"
+	if got := tagFor("node", 0); got != stableTag {
+		t.Errorf("tagFor(node, 0) = %q, was %q", got, stableTag)
 	}
 	for _, name := range []string{"", "Node", "-a", "a-", "a_b", strings.Repeat("a", 254)} {
 		if CheckNodeName(name) == nil {

@@ -135,6 +135,7 @@ func (c *Cluster) start(bin string) error {
 		"--service-account-key-file="+filepath.Join(c.dir, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(c.dir, "sa.key"),
 		"--service-cluster-ip-range=10.0.0.0/24",
+		"--allow-privileged=true", // the node DaemonSet is privileged, as clusters allow
 		"--enable-priority-and-fairness=false"); err != nil {
 		return err
 	}
