@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -472,6 +473,66 @@ func TestClusterE2B(t *testing.T) {
 	if !tags['a'] || !tags['b'] {
 		t.Errorf("the scenarios' sandboxes were on nodes %v; want both a and b", tags)
 	}
+	// envd calls keep their connection: the node's success vouches for
+	// it at the gateway.
+	body, _ := json.Marshal(map[string]any{"templateID": "host", "timeout": 60})
+	req, _ := http.NewRequest("POST", e.URL+"/sandboxes", bytes.NewReader(body))
+	req.Header.Set("X-API-Key", e.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	json.NewDecoder(resp.Body).Decode(&sb)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || sb.SandboxID == "" {
+		t.Fatalf("E2B create: %d %+v", resp.StatusCode, sb)
+	}
+	var conns []string
+	envd := &http.Client{Transport: &http.Transport{}} // not the control plane's connections
+	defer envd.CloseIdleConnections()
+	for i := range 3 {
+		if i == 2 {
+			// More connections from this peer than the gateway keeps
+			// unauthenticated (64): the oldest of those are closed, the
+			// vouched one stays.
+			for range 70 {
+				c, err := net.Dial("tcp", c.e2bAddr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+			}
+		}
+		req, _ := http.NewRequest("GET", e.URL+"/health", nil)
+		req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+		req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+		req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+			conns = append(conns, i.Conn.LocalAddr().String())
+		}}))
+		resp, err := envd.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("envd /health: %d", resp.StatusCode)
+		}
+	}
+	if conns[0] != conns[1] || conns[1] != conns[2] {
+		t.Errorf("three envd calls took connections %v; want one kept", conns)
+	}
+	req, _ = http.NewRequest("DELETE", e.URL+"/sandboxes/"+sb.SandboxID, nil)
+	req.Header.Set("X-API-Key", e.APIKey)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("E2B kill: %v %v", resp, err)
+	}
+
 	// A wrong key, an unknown sandbox.
 	for _, tc := range []struct {
 		key, path, sandbox string

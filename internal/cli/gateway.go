@@ -90,7 +90,11 @@ func gatewayCmd() *cobra.Command {
 				return err
 			}
 			errc := make(chan error, 2)
-			hs := serveGateway(l, rt.Handler(token), limits, log, errc)
+			// Until its token checks out, a client has 30 s to send its
+			// request, as on a daemon's TCP listener. (The E2B listener's
+			// envd calls are vouched for by the node's answer, after their
+			// bodies: it has no such bound.)
+			hs := serveGateway(l, rt.Handler(token), 30*time.Second, limits, log, errc)
 			log.Info("gateway serving", "listen", l.Addr().String())
 			if e2bListen != "" {
 				eu, err := url.Parse(e2bListen)
@@ -101,7 +105,7 @@ func gatewayCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				es := serveGateway(el, rt.E2BHandler(token), limits, log, errc)
+				es := serveGateway(el, rt.E2BHandler(token), 0, limits, log, errc)
 				defer es.Close()
 				log.Info("gateway serving the E2B API", "listen", el.Addr().String())
 			}
@@ -133,11 +137,13 @@ func gatewayCmd() *cobra.Command {
 }
 
 // serveGateway serves h on l, its connections bounded as the daemon's
-// TCP listeners' are; Serve's end goes to errc.
-func serveGateway(l net.Listener, h http.Handler, limits connlimit.Limits, log *slog.Logger, errc chan<- error) *http.Server {
+// TCP listeners' are (readTimeout: until a request is authenticated);
+// Serve's end goes to errc.
+func serveGateway(l net.Listener, h http.Handler, readTimeout time.Duration, limits connlimit.Limits, log *slog.Logger, errc chan<- error) *http.Server {
 	cl := connlimit.New(l, limits, log)
 	hs := &http.Server{
 		Handler:           h,
+		ReadTimeout:       readTimeout,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ConnState:         cl.ConnState,

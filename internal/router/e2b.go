@@ -83,9 +83,31 @@ func (rt *Router) e2bRoute(w http.ResponseWriter, r *http.Request, id string, co
 	}
 	if control {
 		n.asNode(r)
+		n.e2bProxy.ServeHTTP(w, r)
+		return
 	}
-	n.e2bProxy.ServeHTTP(w, r)
+	// The node checks an envd call's access token; once it has answered
+	// with success the connection counts as authenticated here too
+	// (connlimit), so that kept and streaming envd connections stay open.
+	// (A wrong token gets 401, or 502 from /health.)
+	n.e2bProxy.ServeHTTP(&vouched{ResponseWriter: w, r: r}, r)
 }
+
+// vouched marks its request's connection authenticated when the answer
+// it carries is a success.
+type vouched struct {
+	http.ResponseWriter
+	r *http.Request
+}
+
+func (v *vouched) WriteHeader(code int) {
+	if code >= 200 && code < 400 {
+		connlimit.Authenticated(v.ResponseWriter, v.r)
+	}
+	v.ResponseWriter.WriteHeader(code)
+}
+
+func (v *vouched) Unwrap() http.ResponseWriter { return v.ResponseWriter }
 
 // asNode makes a control-plane request carry the node's API key.
 func (c *conns) asNode(r *http.Request) {
