@@ -66,7 +66,8 @@ func TestClusterNode(t *testing.T) {
 	kc := kubetest.Start(t)
 	kc.Apply(t, "../deploy/crd-paddocknode.yaml", "../deploy/rbac.yaml")
 	w := watchNodes(t, kc)
-	d := newDaemon(t, "--cluster", "--kubeconfig", kc.Kubeconfig(t, kubetest.Node),
+	kubeconfig := kc.Kubeconfig(t, kubetest.Node)
+	d := newDaemon(t, "--cluster", "--kubeconfig", kubeconfig,
 		"--node-name", "e2e-node", "--node-address", "http://127.0.0.1:7777",
 		"--node-labels", "zone=test,disk=ssd")
 	n, _ := w.wait(t, "e2e-node", api.NodeReady, 30*time.Second)
@@ -139,6 +140,34 @@ func TestClusterNode(t *testing.T) {
 	d.Stop()
 	_, gone := w.wait(t, "e2e-node", api.NodeLost, 5*time.Second)
 	t.Logf("node seen lost %v after its stop", gone.Round(time.Millisecond))
+
+	// The API server out of reach as the node starts: it serves its
+	// sandboxes and mints ids with the tag it kept.
+	good, err := os.ReadFile(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "apiVersion: v1\nkind: Config\ncurrent-context: x\n" +
+		"clusters: [{name: x, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n" +
+		"users: [{name: x, user: {token: x}}]\ncontexts: [{name: x, context: {cluster: x, user: x}}]\n"
+	if err := os.WriteFile(kubeconfig, []byte(dead), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	if r := d.sh(ids[1], "echo alone"); r.ExitCode != 0 || r.Stdout != "alone\n" {
+		t.Errorf("exec with the API server out of reach: %s", r)
+	}
+	sb, err := d.Client().Create(ctx, api.CreateRequest{})
+	if err != nil || !strings.HasPrefix(sb.ID, n.Tag) {
+		t.Errorf("create with the API server out of reach: %v, %v (tag %q)", sb, err, n.Tag)
+	}
+	if !strings.Contains(d.Log(), "does not answer") {
+		t.Errorf("the daemon did not say the API server is out of reach:\n%s", d.Log())
+	}
+	d.Stop()
+	if err := os.WriteFile(kubeconfig, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitFor waits until cond holds of the node named name.

@@ -176,6 +176,57 @@ func TestNodesRegisterAndWatch(t *testing.T) {
 	}
 }
 
+// TestResume: a node that could not reach the API server as it started
+// (Resume, with the tag it kept) claims that tag once Run reaches it,
+// recreating its PaddockNode if it went; a node whose kept tag is now
+// another's stays out of the cluster.
+func TestResume(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	w := watch(t, c)
+	a, stopA := runNode(t, c, "node-a", fixedStatus(1))
+	tagA := a.Tag()
+	stopA()
+	admin, err := nodeClient(c.Config(kubetest.Admin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Delete().Resource(Resource).Name("node-a").Do(ctx).Error(); err != nil {
+		t.Fatal(err)
+	}
+	resume := func(name, tag string) (*Node, chan struct{}) {
+		n, err := Resume(c.Config(kubetest.Node), NodeConfig{Name: name, Address: "https://" + name + ":1"}, tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { n.Run(rctx, fixedStatus(0)); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
+		return n, done
+	}
+	resume("node-a", tagA)
+	m := w.wait(t, 20*time.Second, "node-a back with its kept tag", func(m map[string]api.Node) bool {
+		return m["node-a"].State == api.NodeReady
+	})
+	if m["node-a"].Tag != tagA {
+		t.Errorf("node-a resumed with tag %q, kept %q", m["node-a"].Tag, tagA)
+	}
+	// node-b kept node-a's tag (say, a copied state dir): it stays out.
+	_, done := resume("node-b", tagA)
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a node whose kept tag is another's did not give up")
+	}
+	if m := w.wait(t, 0, "", func(map[string]api.Node) bool { return true }); len(m) != 1 {
+		t.Errorf("nodes: %+v, want node-a alone", m)
+	}
+	if _, err := Resume(c.Config(kubetest.Node), NodeConfig{Name: "n", Address: "https://n:1"}, "BAD"); err == nil {
+		t.Error("Resume took a malformed tag")
+	}
+}
+
 func TestNodeRBAC(t *testing.T) {
 	c := startCluster(t)
 	ctx := context.Background()

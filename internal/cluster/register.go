@@ -48,6 +48,9 @@ type Node struct {
 	leases *rest.RESTClient
 	tag    string
 	log    *slog.Logger
+	// unclaimed: the tag came from Resume and the API server has not
+	// confirmed it yet.
+	unclaimed bool
 
 	mu        sync.Mutex
 	lease     *coordv1.Lease // as last written
@@ -59,6 +62,33 @@ type Node struct {
 // hash of its name) that no other node holds. It writes neither its Lease
 // nor its status: Run does, once the node serves.
 func Register(ctx context.Context, rc *rest.Config, cfg NodeConfig) (*Node, error) {
+	n, err := newNode(rc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if n.tag, err = n.claimTag(ctx, ""); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// Resume is Register for a node that cannot reach the API server as it
+// starts, but registered before with tag (which the caller kept): the
+// node goes on minting ids with it, and Run claims it (recreating its
+// PaddockNode if that went) before its first renewal.
+func Resume(rc *rest.Config, cfg NodeConfig, tag string) (*Node, error) {
+	if !ValidTag(tag) {
+		return nil, fmt.Errorf("resuming node %s: malformed tag %q", cfg.Name, tag)
+	}
+	n, err := newNode(rc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	n.tag, n.unclaimed = tag, true
+	return n, nil
+}
+
+func newNode(rc *rest.Config, cfg NodeConfig) (*Node, error) {
 	if err := CheckNodeName(cfg.Name); err != nil {
 		return nil, err
 	}
@@ -84,11 +114,7 @@ func Register(ctx context.Context, rc *rest.Config, cfg NodeConfig) (*Node, erro
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, nodes: nodes, leases: leases, log: cfg.Logger}
-	if n.tag, err = n.claimTag(ctx); err != nil {
-		return nil, err
-	}
-	return n, nil
+	return &Node{cfg: cfg, nodes: nodes, leases: leases, log: cfg.Logger}, nil
 }
 
 // Tag is the node's routing tag: every sandbox id it mints starts with it.
@@ -103,8 +129,9 @@ func checkAddress(addr string) error {
 }
 
 // claimTag returns the tag the node's PaddockNode holds, creating the
-// PaddockNode with a free tag if there is none.
-func (n *Node) claimTag(ctx context.Context) (string, error) {
+// PaddockNode with a free tag if there is none, or with want if given
+// (the tag a resumed node already mints ids with; any other is an error).
+func (n *Node) claimTag(ctx context.Context, want string) (string, error) {
 	name := n.cfg.Name
 	for attempt := 0; attempt < 100; {
 		var pn PaddockNode
@@ -118,7 +145,10 @@ func (n *Node) claimTag(ctx context.Context) (string, error) {
 				return "", err
 			}
 			if o := olderHolder(all, &pn); o != "" {
-				return "", fmt.Errorf("tag %q of node %s is node %s's too, which registered first; delete PaddockNode %s to give it another tag", pn.Spec.Tag, name, o, name)
+				return "", fmt.Errorf("%w: tag %q of node %s is node %s's too, which registered first; delete PaddockNode %s to give it another tag", errTagTaken, pn.Spec.Tag, name, o, name)
+			}
+			if want != "" && pn.Spec.Tag != want {
+				return "", fmt.Errorf("%w: PaddockNode %s holds tag %q, but the node mints ids with %q", errTagTaken, name, pn.Spec.Tag, want)
 			}
 			return pn.Spec.Tag, nil
 		}
@@ -136,10 +166,17 @@ func (n *Node) claimTag(ctx context.Context) (string, error) {
 		for taken[tagFor(name, attempt)] {
 			attempt++
 		}
+		tag := tagFor(name, attempt)
+		if want != "" {
+			if taken[want] {
+				return "", fmt.Errorf("%w: the node mints ids with tag %q, which another node holds now", errTagTaken, want)
+			}
+			tag = want
+		}
 		pn = PaddockNode{
 			TypeMeta:   metav1.TypeMeta{APIVersion: GroupVersion.String(), Kind: "PaddockNode"},
 			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec:       PaddockNodeSpec{Tag: tagFor(name, attempt)},
+			Spec:       PaddockNodeSpec{Tag: tag},
 		}
 		var created PaddockNode
 		err = n.nodes.Post().Resource(Resource).Body(&pn).Do(ctx).Into(&created)
@@ -158,6 +195,9 @@ func (n *Node) claimTag(ctx context.Context) (string, error) {
 			n.log.Info("tag taken meanwhile; picking another", "tag", created.Spec.Tag, "holder", o)
 			if err := n.deleteNode(ctx, created.UID); err != nil {
 				return "", err
+			}
+			if want != "" {
+				return "", fmt.Errorf("%w: node %s took tag %q first", errTagTaken, o, want)
 			}
 			attempt++
 			continue
@@ -215,6 +255,9 @@ func registeredBefore(a, b *PaddockNode) bool {
 // ctx ends, Run releases the Lease, so that gateways see the node gone at
 // once rather than after LeaseDuration.
 func (n *Node) Run(ctx context.Context, status func() api.Node) {
+	if n.unclaimed && !n.claimResumed(ctx) {
+		return
+	}
 	if err := n.renew(ctx); err != nil {
 		n.log.Warn("renewing the node's Lease", "err", err)
 	}
@@ -242,6 +285,31 @@ func (n *Node) Run(ctx context.Context, status func() api.Node) {
 			if err := n.publish(ctx, status()); err != nil && ctx.Err() == nil {
 				n.log.Warn("publishing the node's status", "err", err)
 			}
+		}
+	}
+}
+
+// claimResumed claims a resumed node's tag, trying again every
+// RenewInterval while the API server does not answer. It reports false
+// when ctx ended first or the tag is another node's: the node then serves
+// its sandboxes without being in the cluster.
+func (n *Node) claimResumed(ctx context.Context) bool {
+	for {
+		_, err := n.claimTag(ctx, n.tag)
+		if err == nil {
+			n.log.Info("registered in the cluster", "node", n.cfg.Name, "tag", n.tag)
+			n.unclaimed = false
+			return true
+		}
+		if errors.Is(err, errTagTaken) {
+			n.log.Error("staying out of the cluster", "err", err)
+			return false
+		}
+		n.log.Warn("registering in the cluster; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(RenewInterval):
 		}
 	}
 }
@@ -369,6 +437,10 @@ func (n *Node) publish(ctx context.Context, s api.Node) error {
 	n.mu.Unlock()
 	return nil
 }
+
+// errTagTaken: the node cannot have the tag it needs; trying again will
+// not help.
+var errTagTaken = errors.New("tag taken")
 
 type jsonPatchOp struct {
 	Op    string `json:"op"`

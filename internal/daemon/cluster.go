@@ -2,14 +2,17 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cluster"
+	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 	"github.com/paddock-dev/paddock/internal/telemetry/hub"
@@ -62,9 +65,7 @@ func joinCluster(ctx context.Context, cfg *Config, log *slog.Logger) (*cluster.N
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	node, err := cluster.Register(rctx, rc, cluster.NodeConfig{
+	nc := cluster.NodeConfig{
 		Name:       cc.NodeName,
 		Address:    cc.NodeAddress,
 		E2BAddress: cc.NodeE2BAddress,
@@ -72,15 +73,50 @@ func joinCluster(ctx context.Context, cfg *Config, log *slog.Logger) (*cluster.N
 		Version:    cfg.Version,
 		Namespace:  cc.Namespace,
 		Logger:     log,
-	})
+	}
+	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	// The tag is kept in the state dir too: a node that restarts while
+	// the API server does not answer goes on serving its sandboxes and
+	// minting ids with it, and registers once the API server answers.
+	kept := filepath.Join(cfg.StateDir, nodeFile)
+	node, err := cluster.Register(rctx, rc, nc)
 	if err != nil {
-		return nil, fmt.Errorf("joining the cluster: %w", err)
+		prev, rerr := readNodeRecord(kept)
+		if rerr != nil || prev.Name != cc.NodeName {
+			return nil, fmt.Errorf("joining the cluster: %w", err)
+		}
+		log.Error("the API server does not answer; serving as node "+prev.Name+" with its tag, registering when it answers", "tag", prev.Tag, "err", err)
+		if node, err = cluster.Resume(rc, nc, prev.Tag); err != nil {
+			return nil, err
+		}
+	}
+	b, _ := json.Marshal(nodeRecord{Name: cc.NodeName, Tag: node.Tag()})
+	if err := durable.WriteFile(kept, b, 0o600); err != nil {
+		return nil, fmt.Errorf("keeping the node's tag: %w", err)
 	}
 	if cfg.IDPrefix != "" && cfg.IDPrefix != node.Tag() {
 		return nil, fmt.Errorf("--id-prefix %q: node %s's tag in the cluster is %q", cfg.IDPrefix, cc.NodeName, node.Tag())
 	}
 	cfg.IDPrefix = node.Tag()
 	return node, nil
+}
+
+// nodeFile, in the state dir, keeps the node's name and tag.
+const nodeFile = "cluster-node.json"
+
+type nodeRecord struct {
+	Name string `json:"name"`
+	Tag  string `json:"tag"`
+}
+
+func readNodeRecord(path string) (nodeRecord, error) {
+	var r nodeRecord
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(b, &r)
 }
 
 // nodeStatus is what a node publishes of itself: admission control's
