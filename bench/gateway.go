@@ -48,6 +48,7 @@ func freeLoopback() (string, error) {
 type gatewayRun struct {
 	Exec, ExecGW     []time.Duration
 	Create, CreateGW []time.Duration
+	Answer, AnswerGW []time.Duration // the create's answer alone
 	Stream, StreamGW []time.Duration
 }
 
@@ -75,6 +76,7 @@ func benchGateway(ctx context.Context, r *rig) *section {
 	}{
 		{"exec round trip of `true`", run.Exec, run.ExecGW, false},
 		{"create → first output of `echo hi`", run.Create, run.CreateGW, false},
+		{"… of which the create's answer", run.Answer, run.AnswerGW, false},
 		{"1 GiB `cat`", run.Stream, run.StreamGW, true},
 	} {
 		if len(row.a) == 0 || len(row.b) == 0 {
@@ -170,14 +172,14 @@ func (r *rig) gatewayCompare(ctx context.Context, run *gatewayRun) error {
 	for range gatewayCreates {
 		for i, c := range sides {
 			r.idle(ctx)
-			d, err := r.createFirstOutput(ctx, c)
+			d, answer, err := r.createFirstOutput(ctx, c)
 			if err != nil {
 				return fmt.Errorf("create: %w", err)
 			}
 			if i == 0 {
-				run.Create = append(run.Create, d)
+				run.Create, run.Answer = append(run.Create, d), append(run.Answer, answer)
 			} else {
-				run.CreateGW = append(run.CreateGW, d)
+				run.CreateGW, run.AnswerGW = append(run.CreateGW, d), append(run.AnswerGW, answer)
 			}
 		}
 	}
@@ -236,21 +238,22 @@ func timedCat(ctx context.Context, c *client.Client, id string) (time.Duration, 
 }
 
 // createFirstOutput times Create and `echo hi` to its first byte through
-// c, then removes the sandbox untimed.
-func (r *rig) createFirstOutput(ctx context.Context, c *client.Client) (time.Duration, error) {
+// c (and the create's answer alone), then removes the sandbox untimed.
+func (r *rig) createFirstOutput(ctx context.Context, c *client.Client) (first, answer time.Duration, _ error) {
 	req := api.ExecRequest{Cmd: echoHi()}
 	out := &firstWrite{}
 	t0 := time.Now()
 	sb, err := c.Create(ctx, api.CreateRequest{})
+	answer = time.Since(t0)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	r.track(sb.ID)
 	st, err := c.Exec(ctx, sb.ID, req, client.ExecIO{Stdout: out})
 	if err := errors.Join(execResult(req.Cmd, st, err, ""), wantOutput(toolSDK, out.buf.Bytes(), coldOutput)); err != nil {
-		return 0, errors.Join(err, r.remove(ctx, sb.ID))
+		return 0, 0, errors.Join(err, r.remove(ctx, sb.ID))
 	}
-	return out.at.Sub(t0), r.remove(ctx, sb.ID)
+	return out.at.Sub(t0), answer, r.remove(ctx, sb.ID)
 }
 
 // gatewayProc is a running `paddock gateway`.
