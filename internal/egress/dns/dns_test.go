@@ -640,7 +640,7 @@ func TestNames(t *testing.T) {
 	}{
 		{"example.com", true, false},
 		{"_http._tcp.example.com", true, false},
-		{"registry-1.docker.io", true, false},
+		{"api-1.files.example.net", true, false},
 		{"mycompany-staging-loadbalancer.example.com", true, false},
 		{"storage.googleapis.com", true, false},
 		{"", false, false},
