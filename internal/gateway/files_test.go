@@ -1,10 +1,14 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -17,11 +21,99 @@ import (
 // files.
 func filesGateway(tb testing.TB, dir string) *Gateway {
 	tb.Helper()
-	if err := os.MkdirAll(filepath.Join(dir, "resolv"), 0o700); err != nil {
+	for _, d := range []string{"resolv", "self"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	g := &Gateway{cfg: Config{Dir: dir}, log: slog.New(slog.DiscardHandler), cas: map[string]*egress.CA{}, denials: map[string][]egress.Event{},
+		selfTrees: map[string]*selfTree{}, eng: egress.NewEngine(egress.EngineConfig{}),
+		bundle: []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")}
+	if err := g.writeSelfDefaults(); err != nil {
 		tb.Fatal(err)
 	}
-	return &Gateway{cfg: Config{Dir: dir}, cas: map[string]*egress.CA{}, denials: map[string][]egress.Event{},
-		bundle: []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")}
+	return g
+}
+
+// TestSelfTreeLinksDefaults: a new self tree's README, policy and
+// denials are links to the shared defaults, which the first refresh
+// leaves alone; a changed policy is written as a file of its own, and
+// the defaults stay as they were.
+func TestSelfTreeLinksDefaults(t *testing.T) {
+	g := filesGateway(t, t.TempDir())
+	if _, err := g.prepare("sbx"); err != nil {
+		t.Fatal(err)
+	}
+	ino := func(path string) uint64 {
+		t.Helper()
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	tree := filepath.Join(g.dir("sbx"), "self")
+	g.refreshOne("sbx")
+	for _, name := range []string{"README", "policy.json", "denials.json"} {
+		if ino(filepath.Join(tree, name)) != ino(filepath.Join(g.cfg.Dir, "self", name)) {
+			t.Errorf("%s is not a link to the shared default", name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(tree, "self.json")); err != nil {
+		t.Errorf("self.json not written: %v", err)
+	}
+	if err := g.eng.Set("sbx", &api.Policy{Presets: []string{"github"}}); err != nil {
+		t.Fatal(err)
+	}
+	g.refreshOne("sbx")
+	if ino(filepath.Join(tree, "policy.json")) == ino(filepath.Join(g.cfg.Dir, "self", "policy.json")) {
+		t.Error("a changed policy.json is still the shared default")
+	}
+	if b, _ := os.ReadFile(filepath.Join(g.cfg.Dir, "self", "policy.json")); strings.Contains(string(b), "github") {
+		t.Errorf("the shared default changed: %q", b)
+	}
+}
+
+// TestForgetRacesSelfWriter: a self write under way when a sandbox is
+// forgotten never leaves its directory behind (TestKillDuringDeletes saw
+// state/gateway/sandboxes/<id> stay once).
+func TestForgetRacesSelfWriter(t *testing.T) {
+	g := filesGateway(t, t.TempDir())
+	for i := range 100 {
+		id := fmt.Sprintf("sbx-%d", i)
+		if _, err := g.prepare(id); err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				g.noteDenialQuiet(id, n)
+				g.refreshOne(id)
+			}
+		}()
+		time.Sleep(time.Duration(i%5) * 100 * time.Microsecond)
+		g.removeFiles(id)
+		close(stop)
+		<-done
+		if _, err := os.Stat(g.dir(id)); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("%s: directory left behind after removeFiles (stat: %v)", id, err)
+		}
+	}
+}
+
+// noteDenialQuiet records a denial without waking a writer, so that each
+// refresh has something new to write.
+func (g *Gateway) noteDenialQuiet(id string, n int) {
+	g.mu.Lock()
+	g.denials[id] = append(g.denials[id][:0], egress.Event{Kind: egress.KindTCP, Action: "deny", Port: uint16(n)})
+	g.mu.Unlock()
 }
 
 // BenchmarkSandboxFiles is what one sandbox's create and delete cost the
@@ -31,7 +123,6 @@ func filesGateway(tb testing.TB, dir string) *Gateway {
 func BenchmarkSandboxFiles(b *testing.B) {
 	g := filesGateway(b, b.TempDir())
 	host := netip.MustParseAddr("10.247.0.1")
-	v := api.Self{Policy: api.Policy{}, Denials: []api.Denial{}}
 	b.ReportAllocs()
 	cpu0 := cpuTime()
 	for i := 0; b.Loop(); i++ {
@@ -43,8 +134,7 @@ func BenchmarkSandboxFiles(b *testing.B) {
 		if _, err := g.writeFiles(id, ca, host); err != nil {
 			b.Fatal(err)
 		}
-		v.Sandbox = id
-		g.writeSelf(id, v, &selfTree{written: map[string]uint64{}}, time.Now())
+		g.refreshOne(id)
 		g.mu.Lock()
 		delete(g.cas, id)
 		g.mu.Unlock()

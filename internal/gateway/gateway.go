@@ -12,6 +12,7 @@
 //	sandboxes/<id>/files/   hosts, ca-bundle.crt (bound read-only)
 //	resolv/<host addr>.conf the resolv.conf of the sandboxes on that address (bound read-only)
 //	sandboxes/<id>/self/    the /run/paddock tree (bound read-only, kept current)
+//	self/                   a new self tree's files, linked into it (see selfDefaults)
 //
 // A sandbox with no policy reaches nothing: the network's nftables rules
 // send all of its TCP to the proxy and its DNS to the resolver, which
@@ -25,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -43,6 +45,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/network"
 	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/shrink"
 )
 
 // Inside the sandbox.
@@ -101,6 +104,14 @@ type Gateway struct {
 	cas     map[string]*egress.CA
 	denials map[string][]egress.Event // recent denials per sandbox, newest last
 
+	// selfMu orders the self writer against Attach and Forget: the
+	// writer writes only into a tree in selfTrees, which Attach (or
+	// Restore) made and Forget takes out before it removes the files, so
+	// no write can land in a directory being removed.
+	selfMu    sync.Mutex
+	selfTrees map[string]*selfTree
+	selfPeak  int // for shrink.Map
+
 	stop chan struct{}
 	wake chan struct{} // refresh the self trees now
 	wg   sync.WaitGroup
@@ -128,12 +139,12 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	if len(cfg.Upstream) == 0 {
 		cfg.Upstream = hostResolvers("/etc/resolv.conf")
 	}
-	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "resolv")} {
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "resolv"), filepath.Join(cfg.Dir, "self")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger, cas: map[string]*egress.CA{}, denials: map[string][]egress.Event{}, stop: make(chan struct{}), wake: make(chan struct{}, 1)}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, cas: map[string]*egress.CA{}, denials: map[string][]egress.Event{}, selfTrees: map[string]*selfTree{}, stop: make(chan struct{}), wake: make(chan struct{}, 1)}
 	var cleanups []func()
 	defer func() {
 		if retErr != nil {
@@ -145,6 +156,9 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	var err error
 	if g.bundle, err = os.ReadFile(cfg.SystemBundle); err != nil {
 		g.log.Warn("no host CA bundle; sandboxes trust only their own CA", "path", cfg.SystemBundle, "err", err)
+	}
+	if err := g.writeSelfDefaults(); err != nil {
+		return nil, err
 	}
 	if g.secrets = cfg.Secrets; g.secrets == nil {
 		if g.secrets, err = egress.OpenSecretStore(filepath.Join(cfg.Dir, "secrets")); err != nil {
@@ -379,9 +393,7 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 }
 
 // prepare makes sandbox id's directory and self tree and returns its CA,
-// made the first time. The self tree's README, the same for every
-// sandbox, is a link to one file: no inode of its own (making an inode
-// costs 0.2-0.4 ms on this host's ext4).
+// made the first time.
 func (g *Gateway) prepare(id string) (*egress.CA, error) {
 	dir := g.dir(id)
 	for _, d := range []string{dir, filepath.Join(dir, "files"), filepath.Join(dir, "self")} {
@@ -392,6 +404,13 @@ func (g *Gateway) prepare(id string) (*egress.CA, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
+	tree, err := g.linkSelfDefaults(filepath.Join(dir, "self"))
+	if err != nil {
+		return nil, err
+	}
+	g.selfMu.Lock()
+	g.selfTrees[id] = tree
+	g.selfMu.Unlock()
 	ca, err := g.ca(id)
 	if err == nil {
 		return ca, nil
@@ -399,10 +418,10 @@ func (g *Gateway) prepare(id string) (*egress.CA, error) {
 	if ca, err = egress.NewCA(id); err != nil {
 		return nil, err
 	}
-	if err := durable.Replace(filepath.Join(dir, "ca.key"), ca.KeyPEM(), 0o600); err != nil {
+	if err := writeNew(filepath.Join(dir, "ca.key"), ca.KeyPEM(), 0o600); err != nil {
 		return nil, err
 	}
-	if err := durable.Replace(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
+	if err := writeNew(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
 		return nil, err
 	}
 	g.mu.Lock()
@@ -425,7 +444,7 @@ func (g *Gateway) writeFiles(id string, ca *egress.CA, host netip.Addr) ([]runti
 		"ca-bundle.crt": append(append(append([]byte(nil), g.bundle...), '\n'), ca.CertPEM()...),
 	}
 	for name, b := range files {
-		if err := durable.Replace(filepath.Join(dir, "files", name), b, 0o644); err != nil {
+		if err := writeNew(filepath.Join(dir, "files", name), b, 0o644); err != nil {
 			return nil, err
 		}
 	}
@@ -441,6 +460,34 @@ func (g *Gateway) writeFiles(id string, ca *egress.CA, host netip.Addr) ([]runti
 		{Source: filepath.Join(dir, "ca.pem"), Dest: caPath},
 		{Source: filepath.Join(dir, "self"), Dest: selfPath, Dir: true},
 	}, nil
+}
+
+// writeNew writes a sandbox's file: a new one directly, one that exists
+// (a sandbox attached again, which may be reading it) through
+// durable.Replace. A new file needs no temporary file and rename: nothing
+// reads it before Attach returns (the sandbox's address leads to it only
+// once the network is attached, after its CA is written), and a crash
+// that leaves it torn leaves a sandbox that was never acknowledged; a
+// torn CA fails to load and is made again at the next Attach.
+func writeNew(path string, b []byte, perm os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if errors.Is(err, fs.ErrExist) {
+		return durable.Replace(path, b, perm)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Chmod(perm) // whatever the umask
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+	}
+	return err
 }
 
 // resolvConf returns the resolv.conf of the sandboxes whose host-side
@@ -464,7 +511,17 @@ func (g *Gateway) Restore(id string, state []byte) error {
 	if err := json.Unmarshal(state, &l); err != nil {
 		return fmt.Errorf("decoding network state: %w", err)
 	}
-	return g.net.Restore(id, l)
+	if err := g.net.Restore(id, l); err != nil {
+		return err
+	}
+	// The self tree holds what the last daemon wrote: all of it is
+	// written again.
+	if _, err := os.Stat(filepath.Join(g.dir(id), "self")); err == nil {
+		g.selfMu.Lock()
+		g.selfTrees[id] = &selfTree{written: map[string]uint64{}}
+		g.selfMu.Unlock()
+	}
+	return nil
 }
 
 // Detach implements runtime.Network.
@@ -503,8 +560,13 @@ func (g *Gateway) Forget(id string) {
 	g.removeFiles(id)
 }
 
-// removeFiles removes sandbox id's directory.
+// removeFiles removes sandbox id's directory, once no self write can
+// land in it.
 func (g *Gateway) removeFiles(id string) {
+	g.selfMu.Lock() // waits for a write into id's tree under way
+	delete(g.selfTrees, id)
+	g.selfTrees = shrink.Map(g.selfTrees, &g.selfPeak)
+	g.selfMu.Unlock()
 	if err := os.RemoveAll(g.dir(id)); err != nil {
 		g.log.Warn("removing a sandbox's gateway files", "sandbox", id, "err", err)
 	}
