@@ -86,22 +86,25 @@ func (rt *Router) e2bRoute(w http.ResponseWriter, r *http.Request, id string, co
 		n.e2bProxy.ServeHTTP(w, r)
 		return
 	}
-	// The node checks an envd call's access token; once it has answered
-	// with success the connection counts as authenticated here too
-	// (connlimit), so that kept and streaming envd connections stay open.
-	// (A wrong token gets 401, or 502 from /health.)
+	// The node checks an envd call's access token and says when the caller
+	// held it (e2b.VouchedHeader, whatever the status: a missing file is a
+	// 404 to an authenticated caller); the connection then counts as
+	// authenticated here too (connlimit), so that kept and streaming envd
+	// connections stay open rather than close after an answer while the
+	// client sends its next request on them.
 	n.e2bProxy.ServeHTTP(&vouched{ResponseWriter: w, r: r}, r)
 }
 
-// vouched marks its request's connection authenticated when the answer
-// it carries is a success.
+// vouched marks its request's connection authenticated when the node's
+// answer says the caller held the sandbox's access token.
 type vouched struct {
 	http.ResponseWriter
 	r *http.Request
 }
 
 func (v *vouched) WriteHeader(code int) {
-	if code >= 200 && code < 400 {
+	if v.Header().Get(e2b.VouchedHeader) != "" {
+		v.Header().Del(e2b.VouchedHeader)
 		connlimit.Authenticated(v.ResponseWriter, v.r)
 	}
 	v.ResponseWriter.WriteHeader(code)
