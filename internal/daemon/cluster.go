@@ -131,8 +131,13 @@ func nodeStatus(tel *hub.Hub, mgr *sandbox.Manager, disks *disk.Pool, log *slog.
 			Pools:     mgr.Pools().List(context.Background()).Ready,
 		}
 		if sp, err := disks.Space(); err == nil {
-			n.Capacity.DiskBytes = sp.Size
-			n.Allocated.DiskBytes = sp.Size - sp.Free
+			// As the disk pool admits: a disk fits while what is promised
+			// to thin disks stays within the free space × the overcommit
+			// (at 1, disks are allocated and only the free space counts).
+			over := max(sp.Overcommit, 1)
+			room := max(int64(float64(sp.Free)*over)-sp.Promised, 0)
+			n.Capacity.DiskBytes = max(int64(float64(sp.Size)*over), room)
+			n.Allocated.DiskBytes = n.Capacity.DiskBytes - room
 		} else {
 			log.Debug("reading the storage's space for the node's status", "err", err)
 		}
