@@ -222,6 +222,8 @@ func timedExec(ctx context.Context, c *client.Client, id, cmd string) (time.Dura
 	return d, execResult(req.Cmd, st, err, "")
 }
 
+// timedCat times `cat` of the stream file (streamSize bytes) in sandbox
+// id through c, checking that every byte arrived.
 func timedCat(ctx context.Context, c *client.Client, id string) (time.Duration, error) {
 	cmd := []string{"cat", "/tmp/f"}
 	cw := &countWriter{}

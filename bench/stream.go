@@ -139,18 +139,7 @@ func (c *countWriter) Write(p []byte) (int, error) {
 }
 
 func (r *rig) download(ctx context.Context, id string) (time.Duration, error) {
-	cmd := []string{"cat", "/tmp/f"}
-	cw := &countWriter{}
-	t0 := time.Now()
-	st, err := r.client.Exec(ctx, id, api.ExecRequest{Cmd: cmd}, client.ExecIO{Stdout: cw})
-	d := time.Since(t0)
-	if err := execResult(cmd, st, err, ""); err != nil {
-		return 0, err
-	}
-	if cw.n != streamSize {
-		return 0, fmt.Errorf("cat delivered %d bytes, want %d", cw.n, streamSize)
-	}
-	return d, nil
+	return timedCat(ctx, r.client, id)
 }
 
 // zeros reads as an endless run of zero bytes.
