@@ -56,7 +56,9 @@ func secretForms(value, ph, user string) []replacement {
 	if len(value) <= maxEscapedSecret && utf8.ValidString(value) {
 		re, longest := escapedPattern(value)
 		rep := replacement{re: regexp.MustCompile("^" + re), starts: escapeStarts(value), longest: longest, new: []byte(ph)}
-		if first, n := utf8.DecodeRuneInString(value); n == 1 && len(value) > 1 && first != ' ' {
+		// The shortcut holds only where the first byte cannot also begin
+		// an escape of the first character ("%25" is an escaped '%').
+		if first, n := utf8.DecodeRuneInString(value); n == 1 && len(value) > 1 && !strings.ContainsRune(` %\&`, first) {
 			rep.lit, rep.next = value[0], escapeStarts(value[1:])
 		}
 		reps = append(reps, rep)
