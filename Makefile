@@ -17,7 +17,7 @@ GOFLAGS_STATIC := -tags 'netgo osusergo embedguest' -ldflags '-linkmode external
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
-.PHONY: all build deps kube-bins up down uninstall test test-short fuzz bench lint fmt clean
+.PHONY: all build deps kube-bins runsc up down uninstall test test-short fuzz bench lint fmt clean
 
 all: build
 
@@ -52,6 +52,13 @@ deps:
 kube-bins:
 	scripts/kube-bins.sh
 
+# runsc builds gVisor's runsc (the gvisor runtime, --runtime gvisor) from
+# the module proxy, pinned by tools/runsc/go.mod, into a cache keyed by
+# its version, /var/cache/paddock/runsc by default (PADDOCK_RUNSC_CACHE):
+# about 3 minutes the first time, nothing after. The daemon finds it there.
+runsc:
+	scripts/runsc-bin.sh
+
 # up installs what is missing, builds, installs and starts the daemon with
 # its embedded defaults (state in /var/lib/paddock, socket at
 # /run/paddock/paddock.sock, log in /var/log/paddock.log). A daemon already
@@ -61,7 +68,7 @@ kube-bins:
 # signals the process that holds its pid file's lock, never another daemon.
 PADDOCK_LOG ?= /var/log/paddock.log
 
-up: deps build
+up: deps build runsc
 	@$(BIN) serve --stop $(SERVE_FLAGS)
 	install -m 0755 $(BIN) $(PREFIX)/bin/paddock
 	nohup $(PREFIX)/bin/paddock serve $(SERVE_FLAGS) >>$(PADDOCK_LOG) 2>&1 &
@@ -86,9 +93,9 @@ uninstall:
 # without it. cross first: a client that stopped building for macOS fails.
 E2E  := ./test ./bench
 UNIT  = $$(go list ./... | grep -v -e '/paddock/test$$' -e '/paddock/bench$$')
-test: deps build cross kube-bins
+test: deps build cross kube-bins runsc
 	PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) go test -race -count=1 -timeout 20m $(UNIT)
-	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) go test -count=1 -timeout 20m $(E2E)
+	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) go test -count=1 -timeout 20m $(E2E)
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 # fuzz runs every Fuzz* function of the module for FUZZTIME each
@@ -101,13 +108,13 @@ fuzz:
 test-short: build
 	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -short ./...
 
-bench: deps build
+bench: deps build runsc
 	@for p in $(BENCH_DEPS); do dpkg -s $$p >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEPS); break; }; done
 	@# BASE=<rev> also builds that revision and compares it with this build in
 	@# alternating blocks (the "baseline" section), e.g. make bench BASE=HEAD~5.
 	@if [ -n "$(BASE)" ]; then rm -rf .bench-base && mkdir -p .bench-base && \
 		git archive $(BASE) | tar -x -C .bench-base && $(MAKE) -C .bench-base build VERSION=base-$(BASE); fi
-	PADDOCK_BIN=$(CURDIR)/$(BIN) go run ./bench -out BENCHMARKS.md $(if $(BASE),-baseline $(CURDIR)/.bench-base/bin/paddock -baseline-rev $(BASE))
+	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) go run ./bench -out BENCHMARKS.md $(if $(BASE),-baseline $(CURDIR)/.bench-base/bin/paddock -baseline-rev $(BASE))
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
