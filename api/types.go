@@ -79,6 +79,10 @@ type CreateRequest struct {
 	// Policy is what the sandbox may reach on the network; absent means
 	// nothing.
 	Policy *Policy `json:"policy,omitempty"`
+	// Runtime is the isolation tier: "native" (namespaces, seccomp) or
+	// "gvisor" (a kernel in user space, runsc); "" is the daemon's
+	// default (--default-runtime).
+	Runtime string `json:"runtime,omitempty"`
 	// NodeSelector, through a cluster's gateway, places the sandbox on a
 	// node whose labels include all of these (api.Node.Labels). A single
 	// daemon ignores it.
@@ -112,13 +116,18 @@ type Sandbox struct {
 	Policy    *Policy    `json:"policy,omitempty"`
 	// Error says why a sandbox failed.
 	Error string `json:"error,omitempty"`
+	// RuntimeName is the isolation tier it runs on (CreateRequest.Runtime);
+	// "" in records older than the tiers is native.
+	RuntimeName string `json:"runtime_name,omitempty"`
 	// Runtime details useful to operators.
 	Runtime *RuntimeInfo `json:"runtime,omitempty"`
 }
 
 // RuntimeInfo is what the host knows about a running sandbox.
 type RuntimeInfo struct {
-	Name     string `json:"name"`
+	Name string `json:"name"`
+	// Version is the tier's own (gvisor: runsc's), where it has one.
+	Version  string `json:"version,omitempty"`
 	HostPID  int    `json:"host_pid,omitempty"`
 	UIDBase  uint32 `json:"uid_base"`
 	Cgroup   string `json:"cgroup,omitempty"`
@@ -168,12 +177,16 @@ type Error struct {
 
 // VersionInfo is the body of GET /v1/version.
 type VersionInfo struct {
-	Version   string `json:"version"`
-	Commit    string `json:"commit,omitempty"`
-	Runtime   string `json:"runtime"`
-	CgroupV2  bool   `json:"cgroup_v2"`
-	Idmapped  bool   `json:"idmapped_mounts"`
-	GoVersion string `json:"go_version"`
+	Version string `json:"version"`
+	Commit  string `json:"commit,omitempty"`
+	// Runtime is the default runtime (the tier of creates naming none).
+	Runtime string `json:"runtime"`
+	// Runtimes are the runtimes this daemon runs, with their versions
+	// (gvisor: runsc's).
+	Runtimes  map[string]string `json:"runtimes,omitempty"`
+	CgroupV2  bool              `json:"cgroup_v2"`
+	Idmapped  bool              `json:"idmapped_mounts"`
+	GoVersion string            `json:"go_version"`
 }
 
 // StreamProtocol is the Upgrade token for a bidirectional exec stream; the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -152,6 +153,14 @@ func versionCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintf(g.stdout, "daemon: %s (runtime %s, cgroup v2 %v, idmapped mounts %v, %s)\n",
 				v.Version, v.Runtime, v.CgroupV2, v.Idmapped, v.GoVersion)
+			names := make([]string, 0, len(v.Runtimes))
+			for n := range v.Runtimes {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			for _, n := range names {
+				fmt.Fprintf(g.stdout, "runtime %s: %s\n", n, v.Runtimes[n])
+			}
 			return nil
 		},
 	}

@@ -38,11 +38,13 @@ type createFlags struct {
 	volumes      []string
 	policy       policyFlags
 	elastic      elasticFlags
+	runtime      string
 }
 
 func (f *createFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.image, "image", "", `image to run (default "host")`)
+	fl.StringVar(&f.runtime, "runtime", "", `isolation tier: "native" (namespaces, seccomp) or "gvisor" (a kernel in user space; stronger, slower system calls); default: the daemon's`)
 	fl.Float64Var(&f.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5")
 	fl.StringVar(&f.memory, "memory", "", "memory cap, e.g. 512m")
 	fl.Int64Var(&f.pids, "pids", 0, "cap on processes and threads")
@@ -61,7 +63,7 @@ func (f *createFlags) register(cmd *cobra.Command) {
 }
 
 func (f *createFlags) request() (api.CreateRequest, error) {
-	req := api.CreateRequest{Image: f.image, Workdir: f.workdir, From: f.from}
+	req := api.CreateRequest{Image: f.image, Workdir: f.workdir, From: f.from, Runtime: f.runtime}
 	req.Resources.CPUs = f.cpus
 	req.Resources.Pids = f.pids
 	var err error

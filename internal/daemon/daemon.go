@@ -22,6 +22,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/connlimit"
 	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/runtime/gvisor"
 	"github.com/paddock-dev/paddock/internal/runtime/native"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 	"github.com/paddock-dev/paddock/internal/seccomp"
@@ -87,6 +88,12 @@ type Config struct {
 	// without a pool, a snapshot, a resume, a fork) does not wait for a
 	// guest process to start either.
 	BlankGuests int
+	// Runsc is gVisor's runsc for the gvisor runtime; "" finds one
+	// (findRunsc). Without one, creates asking for gvisor are refused.
+	Runsc string
+	// DefaultRuntime is the runtime of creates that name none: "native"
+	// (or "") or "gvisor".
+	DefaultRuntime string
 	// Telemetry configures metrics, budgets and admission control.
 	Telemetry TelemetryConfig
 	// Images bounds OCI images and says where they may be pulled from.
@@ -353,7 +360,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer rt.Close()
-	mgr.SetRuntime(rt)
+	tiers, err := runtimeTiers(cfg, rt, gvisor.Config{
+		RunDir:      cfg.RunDir,
+		Cgroups:     cgroups,
+		Disks:       disks,
+		IDs:         mgr,
+		Caps:        seccomp.SandboxCaps,
+		OutputLimit: cfg.OutputLimit,
+		Network:     networkOf(gw),
+		Logger:      log.With("component", "gvisor"),
+	}, log)
+	if err != nil {
+		return err
+	}
+	defer tiers.CloseOthers()
+	mgr.SetRuntime(tiers)
 	if err := mgr.Reconcile(ctx); err != nil {
 		return err
 	}
@@ -379,7 +400,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	srv := server.New(mgr, api.VersionInfo{
 		Version:   cfg.Version,
-		Runtime:   rt.Name(),
+		Runtime:   tiers.Name(),
+		Runtimes:  tiers.Versions(cfg.Version),
 		CgroupV2:  cgroups.Mode() == cgroup.V2,
 		Idmapped:  rt.Idmapped(),
 		GoVersion: goruntime.Version(),

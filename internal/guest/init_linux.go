@@ -73,6 +73,10 @@ func Run() error {
 		return err
 	}
 	var oom *os.File
+	// ln is the control socket's listener: inherited (fd 4), or bound at
+	// Prepare.Listen once prepared, so that the daemon can dial it
+	// before the guest serves (it accepts once activated).
+	var ln net.Listener
 	for {
 		cfg, fds, err := guestapi.ReceiveConfig(syncSock)
 		if err != nil {
@@ -85,6 +89,11 @@ func Run() error {
 			}
 			if oom, err = prepare(cfg.Prepare, fds, sp); err != nil {
 				return fail(err)
+			}
+			if cfg.Prepare.Listen != "" {
+				if ln, err = controlListener(cfg.Prepare.Listen); err != nil {
+					return fail(err)
+				}
 			}
 		} else {
 			closeAll(fds)
@@ -106,7 +115,12 @@ func Run() error {
 				return fail(fmt.Errorf("creating workdir %s: %w", wd, err))
 			}
 		}
-		return serve(serveCfg, sp, sigs, syncSock, oom)
+		if ln == nil {
+			if ln, err = controlListener(""); err != nil {
+				return fail(err)
+			}
+		}
+		return serve(serveCfg, sp, sigs, syncSock, oom, ln)
 	}
 }
 
@@ -124,17 +138,22 @@ func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (*os.File, error) {
 		return nil, fmt.Errorf("OOM counter fd %d not received", p.OOMFD)
 	}
 	oom := os.NewFile(uintptr(fds[p.OOMFD]), "oom")
-	err := buildRoot(p, fds)
+	var err error
+	if !p.RootReady {
+		err = buildRoot(p, fds)
+	}
 	for i, fd := range fds {
 		if i != p.OOMFD {
 			unix.Close(fd)
 		}
 	}
-	if err == nil {
+	if err == nil && !p.RootReady {
 		err = identify(p)
 	}
 	if err == nil {
-		err = sp.restrict(p.Caps, !p.AllowSetuid)
+		// Under gVisor the guest keeps the sandbox's cgroup namespace:
+		// runsc gave it one.
+		err = sp.restrict(p.Caps, !p.AllowSetuid, !p.RootReady)
 	}
 	if err == nil {
 		err = restrictAll(p.Seccomp, !p.AllowSetuid)
@@ -668,6 +687,35 @@ func writeIdentity(hostname string) error {
 		return fmt.Errorf("writing /etc/hostname: %w", err)
 	}
 	return nil
+}
+
+// controlListener is the control socket's listener: the inherited one,
+// or one bound at path (Prepare.Listen), whose directory is then covered
+// so that only the host reaches it.
+func controlListener(path string) (net.Listener, error) {
+	if path == "" {
+		lf := os.NewFile(fdListen, "listener")
+		defer lf.Close()
+		ln, err := net.FileListener(lf)
+		if err != nil {
+			return nil, fmt.Errorf("opening control listener: %w", err)
+		}
+		return ln, nil
+	}
+	os.Remove(path) // an earlier guest's, on a resume
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("binding control socket: %w", err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	// Covered, not unmounted: under gVisor an unmount ends the host
+	// socket's listener too. The sandbox's processes lack CAP_SYS_ADMIN
+	// to uncover it.
+	if err := unix.Mount("tmpfs", filepath.Dir(path), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k"); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("hiding control socket: %w", err)
+	}
+	return ln, nil
 }
 
 // File descriptors the daemon passes to the guest.

@@ -3,7 +3,6 @@ package guest
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -21,14 +20,8 @@ import (
 // serve is the guest's steady state: it reaps every process, forwards
 // signals, and serves the daemon's requests on the control socket, forking
 // each command on the spawner thread.
-func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *os.File) error {
+func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *os.File, ln net.Listener) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("guest", os.Getpid())
-	lf := os.NewFile(fdListen, "listener")
-	ln, err := net.FileListener(lf)
-	lf.Close()
-	if err != nil {
-		return fmt.Errorf("opening control listener: %w", err)
-	}
 	s := newServer(cfg, oom, sp, log)
 	// What no pidfd watch reaps: processes reparented to us as PID 1, and
 	// any of ours whose pidfd could not be watched.

@@ -22,6 +22,7 @@ type spawnReq struct {
 	// restrict, when set, asks the spawner thread to drop to caps.
 	restrict   []string
 	noNewPrivs bool
+	cgroupNS   bool
 	argv0      string
 	argv       []string
 	attr       *syscall.ProcAttr
@@ -55,7 +56,7 @@ func (sp *spawner) loop() {
 	for req := range sp.reqs {
 		switch {
 		case req.restrict != nil:
-			err := restrictThread(req.restrict, req.noNewPrivs)
+			err := restrictThread(req.restrict, req.noNewPrivs, req.cgroupNS)
 			restricted = err == nil
 			req.done <- spawnResult{err: err}
 		case !restricted:
@@ -67,11 +68,12 @@ func (sp *spawner) loop() {
 	}
 }
 
-// restrict drops the spawner thread to the sandbox's credentials. The
-// daemon has put the guest in its cgroup by now.
-func (sp *spawner) restrict(caps []string, noNewPrivs bool) error {
+// restrict drops the spawner thread to the sandbox's credentials, and
+// with cgroupNS gives it a cgroup namespace of its own. The daemon has put
+// the guest in its cgroup by now.
+func (sp *spawner) restrict(caps []string, noNewPrivs, cgroupNS bool) error {
 	done := make(chan spawnResult, 1)
-	sp.reqs <- spawnReq{restrict: append([]string{}, caps...), noNewPrivs: noNewPrivs, done: done}
+	sp.reqs <- spawnReq{restrict: append([]string{}, caps...), noNewPrivs: noNewPrivs, cgroupNS: cgroupNS, done: done}
 	return (<-done).err
 }
 
@@ -83,9 +85,11 @@ func (sp *spawner) spawn(argv0 string, argv []string, attr *syscall.ProcAttr) (i
 	return r.pid, r.err
 }
 
-func restrictThread(caps []string, noNewPrivs bool) error {
-	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-		return fmt.Errorf("unsharing cgroup namespace: %w", err)
+func restrictThread(caps []string, noNewPrivs, cgroupNS bool) error {
+	if cgroupNS {
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			return fmt.Errorf("unsharing cgroup namespace: %w", err)
+		}
 	}
 	if noNewPrivs {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {

@@ -50,6 +50,18 @@ type Prepare struct {
 	// and Binds holds /sys, a sysfs of it (a user namespace may not mount
 	// sysfs for a network namespace it does not own).
 	NetReady bool `json:"net_ready,omitempty"`
+	// RootReady: the runtime built the root filesystem, its mounts, the
+	// hostname and the namespaces (the gvisor runtime: runsc, from an OCI
+	// bundle), so the guest only bounds what it forks. Layers, Disk and
+	// Binds are then empty.
+	RootReady bool `json:"root_ready,omitempty"`
+	// Listen, if set, is where the guest binds its control socket instead
+	// of taking the inherited listener: a directory bound from the host,
+	// in which runsc (--host-uds=create) makes a host socket the daemon
+	// dials. gVisor takes in host sockets only connected, not listening.
+	// The guest covers the directory once bound, so that nothing in the
+	// sandbox reaches the socket.
+	Listen string `json:"listen,omitempty"`
 }
 
 // Activate starts a prepared guest serving with the sandbox's environment.

@@ -1,10 +1,13 @@
 package guestapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -107,4 +110,50 @@ func FailReady(err error) Ready {
 		rd.Code = code
 	}
 	return rd
+}
+
+// WaitReady waits for the guest's answer to a Config: a Ready, its
+// error, or the guest's end (done closed), the context's or 30 s,
+// whichever comes first.
+func WaitReady(ctx context.Context, sock *os.File, done <-chan struct{}) (*Ready, error) {
+	type result struct {
+		r   Ready
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		rd, err := ReadReady(sock)
+		ch <- result{r: rd, err: err}
+	}()
+	timer := time.NewTimer(30 * time.Second)
+	defer timer.Stop()
+	select {
+	case res := <-ch:
+		return &res.r, res.err
+	case <-done:
+		// What the guest said before it ended, if it said anything.
+		select {
+		case res := <-ch:
+			return &res.r, res.err
+		case <-time.After(100 * time.Millisecond):
+		}
+		return nil, errors.New("guest exited before it was ready")
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-timer.C:
+		return nil, errors.New("guest not ready after 30s")
+	}
+}
+
+// LogTail is the end of a guest's log, for an error that says why it
+// did not come up: " (guest log: ...)", or "" if it wrote nothing.
+func LogTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return " (guest log: " + strings.TrimSpace(string(b)) + ")"
 }

@@ -6,9 +6,27 @@
 // daemon runs its own binary's guest verbs instead.
 package guestbin
 
+import (
+	"bytes"
+	"io"
+	"os"
+)
+
 // Binary returns the embedded guest binary, or nil when this build
 // embeds none.
 func Binary() []byte { return binary }
 
 // Embedded reports whether this build embeds the guest.
 func Embedded() bool { return len(binary) > 0 }
+
+// Open returns the guest binary a runtime runs: the file at path; when
+// path is empty, the one this build embeds, or else the running binary.
+func Open(path string) (io.ReadCloser, error) {
+	if path == "" && Embedded() {
+		return io.NopCloser(bytes.NewReader(binary)), nil
+	}
+	if path == "" {
+		path = "/proc/self/exe"
+	}
+	return os.Open(path)
+}

@@ -18,7 +18,9 @@ import (
 
 // Spec describes a sandbox to start.
 type Spec struct {
-	ID        string
+	ID string
+	// Runtime names the tier to start it on (Tiers); "" is the default.
+	Runtime   string
 	Image     *image.Image
 	Resources api.Resources
 	// Env is the sandbox's environment (KEY=VALUE), image defaults first.

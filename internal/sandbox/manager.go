@@ -288,9 +288,14 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	if workdir == "" {
 		workdir = img.Workdir
 	}
+	tier, err := m.tier(req.Runtime)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
 	now := time.Now().UTC()
 	rec := record{Sandbox: api.Sandbox{
 		State:            api.StateCreating,
+		RuntimeName:      tier,
 		Image:            img.Name,
 		ImageID:          img.ID,
 		Env:              req.Env,
@@ -525,6 +530,7 @@ func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
 	}
 	spec := runtime.Spec{
 		ID:        rec.ID,
+		Runtime:   rec.RuntimeName,
 		Image:     img,
 		Resources: rec.Resources,
 		Env:       env,
@@ -537,6 +543,24 @@ func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
 		spec.Setup = func(id string) ([]string, error) { return m.cfg.Egress.SetPolicy(id, policy) }
 	}
 	return spec
+}
+
+// tier resolves the runtime a create asks for: the daemon's default when
+// it names none, so that the record keeps the tier its sandbox runs on.
+func (m *Manager) tier(name string) (string, error) {
+	if t, ok := m.cfg.Runtime.(interface {
+		Tier(string) (runtime.Runtime, error)
+	}); ok {
+		r, err := t.Tier(name)
+		if err != nil {
+			return "", err
+		}
+		return r.Name(), nil
+	}
+	if name != "" && name != m.cfg.Runtime.Name() {
+		return "", errdefs.Invalid("runtime", "unknown runtime %q (this daemon has %s)", name, m.cfg.Runtime.Name())
+	}
+	return m.cfg.Runtime.Name(), nil
 }
 
 func (m *Manager) validatePolicy(p *api.Policy) error {

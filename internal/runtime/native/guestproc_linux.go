@@ -1,16 +1,12 @@
 package native
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -62,22 +58,11 @@ type guestProc struct {
 // nothing can write it (F_SEAL_WRITE), and the host's binary is never
 // exposed (CVE-2019-5736). One copy serves every sandbox.
 func sealedSelf(path string) (*os.File, error) {
-	var src io.Reader
-	switch {
-	case path != "":
-	case guestbin.Embedded():
-		src = bytes.NewReader(guestbin.Binary())
-	default:
-		path = "/proc/self/exe"
+	src, err := guestbin.Open(path)
+	if err != nil {
+		return nil, err
 	}
-	if src == nil {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
-		src = f
-	}
+	defer src.Close()
 	fd, err := unix.MemfdCreate("paddock-guest", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
@@ -174,7 +159,7 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 	g := &guestProc{sb: sb, sync: parentSync, dir: dir, netns: netns}
 	// The start time identifies the guest across pid reuse (Restore
 	// checks it); read once the pidfd pins the pid, so that it is ours.
-	st, err := procStartTime(pid)
+	st, err := runtime.ProcStartTime(pid)
 	if err != nil {
 		g.kill()
 		return nil, fmt.Errorf("reading the guest's start time: %w", err)
@@ -205,63 +190,11 @@ func (g *guestProc) call(ctx context.Context, cfg *guestapi.Config, fds []int, l
 	if err := guestapi.SendConfig(g.sync, cfg, fds); err != nil {
 		return nil, err
 	}
-	rd, err := waitReady(ctx, g.sync, g.sb.done)
+	rd, err := guestapi.WaitReady(ctx, g.sync, g.sb.done)
 	if err != nil {
-		return nil, fmt.Errorf("%w%s", err, guestLogTail(logPath))
+		return nil, fmt.Errorf("%w%s", err, guestapi.LogTail(logPath))
 	}
 	return rd, nil
-}
-
-// waitReady waits for the guest's ready (or failure) message.
-func waitReady(ctx context.Context, sock *os.File, done <-chan struct{}) (*guestapi.Ready, error) {
-	type result struct {
-		r   guestapi.Ready
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		rd, err := guestapi.ReadReady(sock)
-		ch <- result{r: rd, err: err}
-	}()
-	select {
-	case res := <-ch:
-		return &res.r, res.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(30 * time.Second):
-		return nil, fmt.Errorf("guest not ready after 30s")
-	}
-}
-
-func guestLogTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
-		return ""
-	}
-	if len(b) > 2048 {
-		b = b[len(b)-2048:]
-	}
-	return " (guest log: " + strings.TrimSpace(string(b)) + ")"
-}
-
-// procStartTime reads a process's start time (clock ticks since boot), which
-// with the pid identifies it across pid reuse.
-func procStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name may contain spaces and parentheses: fields start
-	// after the last ')'.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parsing /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, fmt.Errorf("parsing /proc/%d/stat", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
 }
 
 // detachedTree clones the mount tree at path as a detached, read-only

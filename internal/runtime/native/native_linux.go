@@ -771,7 +771,7 @@ func (r *Runtime) activated(sb *Sandbox, a activation, err error, t0 time.Time, 
 	var rd *guestapi.Ready
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		rd, err = waitReady(ctx, a.sync, sb.done)
+		rd, err = guestapi.WaitReady(ctx, a.sync, sb.done)
 		cancel()
 	}
 	mark("ready")
@@ -780,7 +780,7 @@ func (r *Runtime) activated(sb *Sandbox, a activation, err error, t0 time.Time, 
 		err = fmt.Errorf("guest reported pid %d, want 1", rd.PID)
 	}
 	if err != nil {
-		err = fmt.Errorf("%w%s", err, guestLogTail(a.logPath))
+		err = fmt.Errorf("%w%s", err, guestapi.LogTail(a.logPath))
 		r.log.Warn("sandbox guest did not start serving", "sandbox", sb.id, "err", err)
 		sb.activeErr = err
 		sb.Kill()
@@ -871,7 +871,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 	if err != nil {
 		return nil, errdefs.NotFound("guest process", strconv.Itoa(st.PID))
 	}
-	if t, err := procStartTime(st.PID); err != nil || t != st.StartTime {
+	if t, err := runtime.ProcStartTime(st.PID); err != nil || t != st.StartTime {
 		unix.Close(pidfd)
 		return nil, errdefs.NotFound("guest process", strconv.Itoa(st.PID))
 	}

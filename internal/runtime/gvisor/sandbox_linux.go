@@ -1,0 +1,177 @@
+package gvisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/runtime"
+)
+
+// state is what Restore needs to find a sandbox again: runsc's sandbox
+// process (the sentry), which every process of the sandbox lives in.
+type state struct {
+	PID       int             `json:"pid"`
+	StartTime uint64          `json:"start_time"`
+	UIDBase   uint32          `json:"uid_base"`
+	Net       json.RawMessage `json:"net,omitempty"`
+}
+
+// Sandbox is a running gvisor sandbox.
+type Sandbox struct {
+	id      string
+	st      state
+	socket  string // the guest's control socket on the host
+	cg      *cgroup.Group
+	done    chan struct{}
+	version string
+
+	// mu guards pidFile against use after the watcher closed it: a
+	// closed fd number may be reused, and a signal must never reach
+	// another process.
+	mu      sync.Mutex
+	pidFile *os.File // nil once the sentry has exited
+	onExit  []func()
+	reaped  bool
+}
+
+var (
+	_ runtime.Instance    = (*Sandbox)(nil)
+	_ runtime.ExitWatcher = (*Sandbox)(nil)
+)
+
+// ID implements runtime.Instance.
+func (s *Sandbox) ID() string { return s.id }
+
+// State implements runtime.Instance.
+func (s *Sandbox) State() []byte { b, _ := json.Marshal(s.st); return b }
+
+// Done implements runtime.Instance.
+func (s *Sandbox) Done() <-chan struct{} { return s.done }
+
+// Dial implements runtime.Instance.
+func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", s.socket)
+	if err != nil {
+		select {
+		case <-s.done:
+			return nil, errdefs.Conflict("sandbox %s has ended", s.id)
+		default:
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// Kill implements runtime.Instance: SIGKILL to the sentry ends every
+// process of the sandbox (its gofer exits with it). A frozen cgroup is
+// thawed first, or the signal would wait for the thaw.
+func (s *Sandbox) Kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pidFile == nil {
+		return nil
+	}
+	s.cg.Thaw()
+	err := unix.PidfdSendSignal(int(s.pidFile.Fd()), unix.SIGKILL, nil, 0)
+	if err == unix.ESRCH {
+		return nil
+	}
+	return err
+}
+
+// Freeze implements runtime.Instance: the cgroup freezer stops the sentry
+// (and with it every process of the sandbox) in place.
+func (s *Sandbox) Freeze(ctx context.Context) error { return s.cg.Freeze(ctx) }
+
+// Thaw implements runtime.Instance.
+func (s *Sandbox) Thaw() error { return s.cg.Thaw() }
+
+// Update implements runtime.Instance.
+func (s *Sandbox) Update(res api.Resources) error { return s.cg.Update(limitsOf(res)) }
+
+// Info implements runtime.Instance.
+func (s *Sandbox) Info() api.RuntimeInfo {
+	return api.RuntimeInfo{Name: Name, Version: s.version, HostPID: s.st.PID, UIDBase: s.st.UIDBase, Cgroup: s.cg.Path()}
+}
+
+// watch takes ownership of pidfd and closes done when the sentry exits.
+// It is not our child (runsc run --detach left it), so its parent reaps
+// it.
+func (s *Sandbox) watch(pidfd int) error {
+	f := os.NewFile(uintptr(pidfd), "pidfd")
+	s.pidFile = f
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return err
+	}
+	go func() {
+		// The pidfd turns readable when the process exits; Go's poller
+		// waits for that without a thread per sandbox.
+		if err := rc.Read(func(fd uintptr) bool {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, _ := unix.Poll(fds, 0)
+			return n > 0
+		}); err != nil && !errors.Is(err, os.ErrClosed) {
+			rc.Control(func(fd uintptr) {
+				fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+				for {
+					if _, err := unix.Poll(fds, -1); err != unix.EINTR {
+						return
+					}
+				}
+			})
+		}
+		s.mu.Lock()
+		f.Close()
+		s.pidFile = nil
+		onExit := s.onExit
+		s.onExit, s.reaped = nil, true
+		s.mu.Unlock()
+		select {
+		case <-s.done:
+		default:
+			close(s.done)
+		}
+		for _, f := range onExit {
+			go f()
+		}
+	}()
+	return nil
+}
+
+// stopWatching ends a watch of a process that turned out not to be the
+// sandbox's (Restore's start time check).
+func (s *Sandbox) stopWatching() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pidFile != nil {
+		s.pidFile.Close() // the watcher's Read returns
+	}
+}
+
+// OnExit implements runtime.ExitWatcher.
+func (s *Sandbox) OnExit(f func()) {
+	s.mu.Lock()
+	reaped := s.reaped
+	if !reaped {
+		s.onExit = append(s.onExit, f)
+	}
+	s.mu.Unlock()
+	if reaped {
+		go func() {
+			<-s.done
+			f()
+		}()
+	}
+}

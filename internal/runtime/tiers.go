@@ -1,0 +1,215 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/paddock-dev/paddock/internal/errdefs"
+)
+
+// Owner is offered by tiers that can tell their sandboxes apart from
+// other tiers' by id (the gvisor tier: by the bundle in its run dir).
+type Owner interface {
+	Owns(id string) bool
+}
+
+// Tiers is a Runtime that runs each sandbox on one of several tiers:
+// a start on the tier its Spec.Runtime names (the default's when empty),
+// anything else by id on the tier that owns it (Owner), the base tier
+// otherwise. Its pools are the base tier's.
+type Tiers struct {
+	base   Runtime // native: every sandbox no other tier owns
+	def    string  // the tier a start naming none goes to
+	others map[string]Runtime
+	// unavailable are tiers this daemon knows but could not start, and
+	// why (gvisor without runsc).
+	unavailable map[string]error
+}
+
+var (
+	_ Runtime = (*Tiers)(nil)
+	_ Pools   = (*Tiers)(nil)
+)
+
+// NewTiers runs sandboxes on base and, when their spec names one, on
+// others, each an Owner; a start that names no tier goes to the one named
+// def ("" for base).
+func NewTiers(base Runtime, def string, others ...Runtime) (*Tiers, error) {
+	t := &Tiers{base: base, def: base.Name(), others: map[string]Runtime{}, unavailable: map[string]error{}}
+	for _, o := range others {
+		if _, ok := o.(Owner); !ok {
+			return nil, fmt.Errorf("runtime %s cannot tell its sandboxes apart", o.Name())
+		}
+		t.others[o.Name()] = o
+	}
+	if def != "" {
+		if _, err := t.Tier(def); err != nil {
+			return nil, err
+		}
+		t.def = def
+	}
+	return t, nil
+}
+
+// Name implements Runtime: the default tier's.
+func (t *Tiers) Name() string { return t.def }
+
+// Names lists the tiers, the base first.
+func (t *Tiers) Names() []string {
+	names := []string{t.base.Name()}
+	var more []string
+	for n := range t.others {
+		more = append(more, n)
+	}
+	sort.Strings(more)
+	return append(names, more...)
+}
+
+// Tier returns the tier named name ("" for the default).
+func (t *Tiers) Tier(name string) (Runtime, error) {
+	if name == "" {
+		name = t.def
+	}
+	if name == t.base.Name() {
+		return t.base, nil
+	}
+	if r, ok := t.others[name]; ok {
+		return r, nil
+	}
+	if err, ok := t.unavailable[name]; ok {
+		return nil, fmt.Errorf("%w: the %s runtime is unavailable on this daemon: %v", errdefs.ErrUnavailable, name, err)
+	}
+	return nil, fmt.Errorf("%w: unknown runtime %q (this daemon has %v)", errdefs.ErrInvalid, name, t.Names())
+}
+
+// Unavailable records a tier this daemon could not start, and why: a
+// start that asks for it is told so.
+func (t *Tiers) Unavailable(name string, err error) { t.unavailable[name] = err }
+
+// Versioned is offered by tiers with a version of their own.
+type Versioned interface {
+	Version() string
+}
+
+// Versions names each tier's version: its own, or else base's (the
+// daemon's).
+func (t *Tiers) Versions(base string) map[string]string {
+	v := map[string]string{t.base.Name(): base}
+	for n, r := range t.others {
+		v[n] = base
+		if vr, ok := r.(Versioned); ok {
+			v[n] = vr.Version()
+		}
+	}
+	return v
+}
+
+// of is the tier that owns sandbox id.
+func (t *Tiers) of(id string) Runtime {
+	for _, r := range t.others {
+		if r.(Owner).Owns(id) {
+			return r
+		}
+	}
+	return t.base
+}
+
+// Start implements Runtime.
+func (t *Tiers) Start(ctx context.Context, spec Spec) (Instance, error) {
+	r, err := t.Tier(spec.Runtime)
+	if err != nil {
+		return nil, err
+	}
+	return r.Start(ctx, spec)
+}
+
+// Restore implements Runtime.
+func (t *Tiers) Restore(ctx context.Context, id string, rs RestoreSpec) (Instance, error) {
+	return t.of(id).Restore(ctx, id, rs)
+}
+
+// Stop implements Runtime.
+func (t *Tiers) Stop(ctx context.Context, id string) error { return t.of(id).Stop(ctx, id) }
+
+// Remove implements Runtime.
+func (t *Tiers) Remove(ctx context.Context, id string) error { return t.of(id).Remove(ctx, id) }
+
+// Snapshot implements Runtime.
+func (t *Tiers) Snapshot(ctx context.Context, id, dst string, pause func() (func(), error)) (Capture, error) {
+	return t.of(id).Snapshot(ctx, id, dst, pause)
+}
+
+// DiskUsage implements Runtime.
+func (t *Tiers) DiskUsage(id string) (int64, int64, error) { return t.of(id).DiskUsage(id) }
+
+// Leftovers implements Runtime: every tier's.
+func (t *Tiers) Leftovers() ([]string, error) {
+	ids, err := t.base.Leftovers()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for _, id := range ids {
+		seen[id] = true
+	}
+	for _, r := range t.others {
+		more, err := r.Leftovers()
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range more {
+			if !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids, nil
+}
+
+// Close implements Runtime.
+func (t *Tiers) Close() error {
+	err := t.base.Close()
+	for _, r := range t.others {
+		if cerr := r.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+// CloseOthers closes the tiers beside the base one, for a caller that
+// closes the base itself.
+func (t *Tiers) CloseOthers() error {
+	var err error
+	for _, r := range t.others {
+		if cerr := r.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+// SetPool implements Pools: the base tier's pools.
+func (t *Tiers) SetPool(name string, src PoolSource, size int) {
+	if p, ok := t.base.(Pools); ok {
+		p.SetPool(name, src, size)
+	}
+}
+
+// PoolSizes implements Pools.
+func (t *Tiers) PoolSizes() map[string]int {
+	if p, ok := t.base.(Pools); ok {
+		return p.PoolSizes()
+	}
+	return nil
+}
+
+// PoolTargets implements Pools.
+func (t *Tiers) PoolTargets() map[string]int {
+	if p, ok := t.base.(Pools); ok {
+		return p.PoolTargets()
+	}
+	return nil
+}
