@@ -101,6 +101,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(
 		serveCmd(),
 		gatewayCmd(),
+		clusterTLSCmd(),
 		nodesCmd(g),
 		versionCmd(g),
 		runCmd(g),

@@ -22,8 +22,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paddock-dev/paddock/api"
-	"github.com/paddock-dev/paddock/internal/connlimit"
+	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/router"
+	"github.com/paddock-dev/paddock/internal/server"
 )
 
 // gatewayCmd runs a cluster gateway: the /v1 API of many nodes as one.
@@ -31,11 +32,11 @@ import (
 // changes); in a Kubernetes cluster a watch of the nodes' records feeds
 // the same table.
 func gatewayCmd() *cobra.Command {
-	var listen, e2bListen, tokenFile, nodeTokenFile, nodesFile, level string
+	var listen, e2bListen, tokenFile, nodeTokenFile, nodesFile, tlsDir, level string
 	var nodeFlags []string
 	var pack bool
 	var kube kubeNodes
-	var limits connlimit.Limits
+	var httpCfg server.HTTPConfig
 	cmd := &cobra.Command{
 		Use:   "gateway",
 		Short: "Serve the API of a cluster of paddock nodes as one (placement, routing by sandbox id)",
@@ -65,9 +66,16 @@ func gatewayCmd() *cobra.Command {
 			if err != nil || u.Scheme != "tcp" || u.Host == "" {
 				return fmt.Errorf("--listen %q is not tcp://HOST:PORT", listen)
 			}
+			var trust *clustertls.Gateway
+			if tlsDir != "" {
+				if trust, err = clustertls.LoadGateway(tlsDir, log.With("component", "cluster")); err != nil {
+					return fmt.Errorf("--cluster-tls: %w", err)
+				}
+			}
 			rt := router.New(router.Config{
 				Version:   api.VersionInfo{Version: Version, Runtime: "gateway", GoVersion: goruntime.Version()},
 				NodeToken: nodeToken,
+				TLS:       trust,
 				Pack:      pack,
 				Defaults:  api.Resources{CPUs: float64(min(2, goruntime.NumCPU())), MemoryBytes: 1 << 30, DiskBytes: 10 << 30},
 				Log:       log,
@@ -95,7 +103,7 @@ func gatewayCmd() *cobra.Command {
 			// request, as on a daemon's TCP listener. (The E2B listener's
 			// envd calls are vouched for by the node's answer, after their
 			// bodies: it has no such bound.)
-			hs := serveGateway(l, rt.Handler(token), 30*time.Second, limits, log, errc)
+			hs := serveGateway(l, rt.Handler(token), httpCfg, log, errc)
 			log.Info("gateway serving", "listen", l.Addr().String())
 			if e2bListen != "" {
 				eu, err := url.Parse(e2bListen)
@@ -106,7 +114,9 @@ func gatewayCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				es := serveGateway(el, rt.E2BHandler(token), 0, limits, log, errc)
+				e2bCfg := httpCfg
+				e2bCfg.ReadTimeout = -1
+				es := serveGateway(el, rt.E2BHandler(token), e2bCfg, log, errc)
 				defer es.Close()
 				log.Info("gateway serving the E2B API", "listen", el.Addr().String())
 			}
@@ -133,25 +143,17 @@ func gatewayCmd() *cobra.Command {
 	f.StringVar(&kube.namespace, "cluster-namespace", "paddock", "with --cluster: namespace of the nodes' Leases")
 	f.BoolVar(&pack, "pack", false, "place creates on the fullest node that fits, instead of the emptiest")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
-	f.IntVar(&limits.Conns, "http-max-conns", 4096, "connections the listener holds at once")
+	f.StringVar(&tlsDir, "cluster-tls", "", "directory of the cluster's trust files for a gateway (ca.crt, gateway.crt, gateway.key: paddock cluster-tls; a mounted Secret, re-read when it changes): call nodes over mutual TLS only")
+	f.IntVar(&httpCfg.Limits.Conns, "http-max-conns", 4096, "connections each listener holds at once")
 	return cmd
 }
 
 // serveGateway serves h on l, its connections bounded as the daemon's
-// TCP listeners' are (readTimeout: until a request is authenticated);
-// Serve's end goes to errc.
-func serveGateway(l net.Listener, h http.Handler, readTimeout time.Duration, limits connlimit.Limits, log *slog.Logger, errc chan<- error) *http.Server {
-	cl := connlimit.New(l, limits, log)
-	hs := &http.Server{
-		Handler:           h,
-		ReadTimeout:       readTimeout,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ConnState:         cl.ConnState,
-		ConnContext:       connlimit.ConnContext,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}
-	go func() { errc <- hs.Serve(cl) }()
+// TCP listeners' are; Serve's end goes to errc.
+func serveGateway(l net.Listener, h http.Handler, cfg server.HTTPConfig, log *slog.Logger, errc chan<- error) *http.Server {
+	hs := server.NewHTTPServer(h, cfg, log)
+	l = server.Guard(hs, l, cfg, log)
+	go func() { errc <- hs.Serve(l) }()
 	return hs
 }
 

@@ -108,6 +108,7 @@ func clusterFlags(f *pflag.FlagSet, cc *daemon.ClusterConfig) {
 	f.StringVar(&cc.NodeAddress, "node-address", "", "URL gateways call this node at, http(s)://HOST:PORT (one of its --listen addresses, as reached from the gateways)")
 	f.StringVar(&cc.NodeE2BAddress, "node-e2b-address", "", "URL gateways call this node's E2B facade at, http(s)://HOST:PORT (its --e2b-listen, as reached from the gateways)")
 	f.StringToStringVar(&cc.NodeLabels, "node-labels", nil, "labels creates may select the node by, KEY=VALUE,...")
+	f.StringVar(&cc.TLSDir, "cluster-tls", "", "directory of the cluster's trust files for a node (ca.crt, node-ca.crt, node-ca.key: paddock cluster-tls; a mounted Secret, re-read when it changes): TCP listeners speak TLS for the hosts of --node-address and --node-e2b-address (https) and take only gateways' client certificates")
 }
 
 // telemetryFlags are `paddock serve`'s admission and budget settings.

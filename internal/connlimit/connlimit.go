@@ -182,7 +182,7 @@ func (l *Listener) Counts() (total, unauthenticated int) {
 // ConnState is the http.Server hook that closes an unauthenticated
 // connection once its first response is written.
 func (l *Listener) ConnState(nc net.Conn, st http.ConnState) {
-	c, ok := nc.(*Conn)
+	c, ok := connOf(nc)
 	if !ok || st != http.StateIdle {
 		return
 	}
@@ -196,13 +196,23 @@ func (l *Listener) ConnState(nc net.Conn, st http.ConnState) {
 // ConnContext is the http.Server hook that lets handlers find their
 // connection (see Authenticated).
 func ConnContext(ctx context.Context, nc net.Conn) context.Context {
-	if c, ok := nc.(*Conn); ok {
+	if c, ok := connOf(nc); ok {
 		return context.WithValue(ctx, connKey{}, c)
 	}
 	return ctx
 }
 
 type connKey struct{}
+
+// connOf is the Conn under nc, which may be a TLS connection over it (a
+// cluster node's listener).
+func connOf(nc net.Conn) (*Conn, bool) {
+	if tc, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = tc.NetConn()
+	}
+	c, ok := nc.(*Conn)
+	return c, ok
+}
 
 // Authenticated marks the connection of r as authenticated (it leaves the
 // unauthenticated counts and stays open after its response) and lifts

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cluster"
+	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
@@ -41,6 +43,37 @@ type ClusterConfig struct {
 	NodeE2BAddress string
 	// NodeLabels are published for creates to select nodes by.
 	NodeLabels map[string]string
+	// TLSDir holds the cluster's trust files for a node (package
+	// clustertls: ca.crt, node-ca.crt, node-ca.key; a mounted Secret).
+	// With it every TCP listener (the API's and the E2B facade's) speaks
+	// TLS with the certificate the node issues itself for the hosts of
+	// NodeAddress and NodeE2BAddress (which must be https), and takes
+	// only connections with a gateway's client certificate. It works
+	// with or without Enabled (a node a gateway lists statically).
+	TLSDir string
+}
+
+// nodeTLS loads the node's side of the cluster's mutual TLS (nil without
+// TLSDir).
+func nodeTLS(cc ClusterConfig, log *slog.Logger) (*clustertls.Node, error) {
+	if cc.TLSDir == "" {
+		return nil, nil
+	}
+	var hosts []string
+	for _, a := range []struct{ flag, addr string }{{"--node-address", cc.NodeAddress}, {"--node-e2b-address", cc.NodeE2BAddress}} {
+		if a.addr == "" {
+			continue
+		}
+		u, err := url.Parse(a.addr)
+		if err != nil || u.Scheme != "https" || u.Hostname() == "" {
+			return nil, fmt.Errorf("%s %q: with --cluster-tls gateways call the node at https://HOST:PORT", a.flag, a.addr)
+		}
+		hosts = append(hosts, u.Hostname())
+	}
+	if len(hosts) == 0 {
+		return nil, fmt.Errorf("--cluster-tls needs --node-address, the https URL gateways call the node at (its certificate names the host)")
+	}
+	return clustertls.LoadNode(cc.TLSDir, hosts, log)
 }
 
 // joinCluster registers the node and returns it (nil when not in a

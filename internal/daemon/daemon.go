@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,7 +21,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
-	"github.com/paddock-dev/paddock/internal/connlimit"
+	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/runtime/gvisor"
 	"github.com/paddock-dev/paddock/internal/runtime/native"
@@ -102,29 +103,13 @@ type Config struct {
 	// (package e2b); it needs TokenFile.
 	E2BListen string
 	// HTTP bounds the API's and the facade's connections.
-	HTTP HTTPConfig
+	HTTP server.HTTPConfig
 	// Cluster makes the daemon a node of a cluster (off by default).
 	Cluster ClusterConfig
 	// Debug serves the Go runtime's CPU, heap, goroutine, mutex and block
 	// profiles on RunDir/debug.sock (root only; see serveDebug). Off by
 	// default.
 	Debug bool
-}
-
-// HTTPConfig bounds the connections of the HTTP servers (see package
-// connlimit for what counts as authenticated).
-type HTTPConfig struct {
-	// ReadTimeout bounds reading a request on a TCP listener until its
-	// credentials are checked (headers alone: at most 10 s); an
-	// authenticated request may then stream for as long as it lasts.
-	// Default 30 s.
-	ReadTimeout time.Duration
-	// IdleTimeout closes a connection that waits this long for its next
-	// request. Default 2 minutes.
-	IdleTimeout time.Duration
-	// Limits bound each TCP listener's connections (zero fields: the
-	// defaults of connlimit.Limits).
-	Limits connlimit.Limits
 }
 
 // ImageConfig configures OCI images.
@@ -215,6 +200,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// A host whose /proc/sys is read-only (a daemon in a container)
 		// still runs sandboxes; they can deny each other these tables.
 		log.Warn("host-wide caps stay: one sandbox can use up the host's open files or AIO contexts", "err", err)
+	}
+	trust, err := nodeTLS(cfg.Cluster, log.With("component", "cluster"))
+	if err != nil {
+		return err
 	}
 	listeners, token, err := listen(cfg)
 	if err != nil {
@@ -413,7 +402,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	errc := make(chan error, len(listeners)+1)
 	var servers []*http.Server
 	if e2bL != nil {
-		hs, err := serveE2B(e2bL, e2bToken, cfg.HTTP, mgr, st, secrets, tel, log.With("component", "e2b"), errc)
+		hs, err := serveE2B(e2bL, trust, e2bToken, cfg.HTTP, mgr, st, secrets, tel, log.With("component", "e2b"), errc)
 		if err != nil {
 			return err
 		}
@@ -424,9 +413,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if l.Addr().Network() == "tcp" {
 			tok = token
 		}
-		hs := httpServer(cfg.HTTP, srv.Handler(tok), log)
+		hs := server.NewHTTPServer(srv.Handler(tok), cfg.HTTP, log)
 		if tok != "" {
-			l = guard(hs, l, cfg.HTTP, log)
+			l = guardTCP(hs, l, trust, cfg.HTTP, log)
 		} else {
 			// Exec output streams through the API's connections.
 			hs.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
@@ -475,34 +464,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// httpServer is an API server with cfg's timeouts. The read timeout is
-// left to guard: a unix socket's requests are all trusted, and a read
-// deadline would cut their streams.
-func httpServer(cfg HTTPConfig, h http.Handler, log *slog.Logger) *http.Server {
-	cfg = cfg.withDefaults()
-	return &http.Server{Handler: h, ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout), IdleTimeout: cfg.IdleTimeout,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-}
-
-// guard bounds a TCP listener's connections and gives its server the
-// read timeout that holds until a request is authenticated
-// (connlimit.Authenticated lifts it).
-func guard(hs *http.Server, l net.Listener, cfg HTTPConfig, log *slog.Logger) net.Listener {
-	cl := connlimit.New(l, cfg.Limits, log)
-	hs.ReadTimeout = cfg.withDefaults().ReadTimeout
-	hs.ConnState = cl.ConnState
-	hs.ConnContext = connlimit.ConnContext
-	return cl
-}
-
-func (c HTTPConfig) withDefaults() HTTPConfig {
-	if c.ReadTimeout <= 0 {
-		c.ReadTimeout = 30 * time.Second
+// guardTCP bounds a TCP listener's connections (server.Guard) and, on a
+// cluster node with trust, takes only gateways' TLS connections.
+func guardTCP(hs *http.Server, l net.Listener, trust *clustertls.Node, cfg server.HTTPConfig, log *slog.Logger) net.Listener {
+	l = server.Guard(hs, l, cfg, log)
+	if trust != nil {
+		l = tls.NewListener(l, trust.ServerConfig())
 	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 2 * time.Minute
-	}
-	return c
+	return l
 }
 
 // listen opens every listener before anything else, so that a second

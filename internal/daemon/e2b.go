@@ -11,10 +11,12 @@ import (
 	"os"
 	"strings"
 
+	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/e2b"
 	"github.com/paddock-dev/paddock/internal/egress"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/sandbox"
+	"github.com/paddock-dev/paddock/internal/server"
 	"github.com/paddock-dev/paddock/internal/store"
 	"github.com/paddock-dev/paddock/internal/telemetry/hub"
 )
@@ -49,7 +51,7 @@ func listenE2B(cfg Config) (net.Listener, string, error) {
 
 // serveE2B serves the E2B facade on l over the same manager as the
 // native API.
-func serveE2B(l net.Listener, token string, httpCfg HTTPConfig, mgr *sandbox.Manager, st *store.Store, secrets *egress.SecretStore, tel *hub.Hub, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+func serveE2B(l net.Listener, trust *clustertls.Node, token string, httpCfg server.HTTPConfig, mgr *sandbox.Manager, st *store.Store, secrets *egress.SecretStore, tel *hub.Hub, log *slog.Logger, errc chan<- error) (*http.Server, error) {
 	key, err := e2bKey(st, secrets)
 	if err != nil {
 		return nil, err
@@ -64,8 +66,8 @@ func serveE2B(l net.Listener, token string, httpCfg HTTPConfig, mgr *sandbox.Man
 	if err != nil {
 		return nil, err
 	}
-	hs := httpServer(httpCfg, srv.Handler(), log)
-	l = guard(hs, l, httpCfg, log)
+	hs := server.NewHTTPServer(srv.Handler(), httpCfg, log)
+	l = guardTCP(hs, l, trust, httpCfg, log)
 	go func() { errc <- hs.Serve(l) }()
 	log.Info("E2B facade listening", "addr", "tcp://"+l.Addr().String())
 	return hs, nil

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/e2b"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/netpipe"
@@ -35,6 +36,7 @@ type conns struct {
 	name  string
 	base  *url.URL
 	token string
+	trust *clustertls.Gateway // nil: TLS verified against the host's roots
 	tr    *http.Transport
 	proxy *httputil.ReverseProxy
 	lanes *lanePool
@@ -56,10 +58,10 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 		return nil, err
 	}
 	base.Path = ""
-	c := &conns{name: an.Name, base: base, token: rt.cfg.NodeToken, log: rt.log.With("node", an.Name), lanes: &lanePool{}}
+	c := &conns{name: an.Name, base: base, token: rt.cfg.NodeToken, trust: rt.cfg.TLS, log: rt.log.With("node", an.Name), lanes: &lanePool{}}
 	c.tr = &http.Transport{
 		DialContext:         dialPlain,
-		DialTLSContext:      dialTLS,
+		DialTLSContext:      c.dialTLS,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
@@ -104,7 +106,7 @@ func (c *conns) unreachable(err error) error {
 // dial connects to the node's data-plane address, over TLS if it is https.
 func (c *conns) dial(ctx context.Context) (net.Conn, error) {
 	if c.base.Scheme == "https" {
-		return dialTLS(ctx, "tcp", c.base.Host)
+		return c.dialTLS(ctx, "tcp", c.base.Host)
 	}
 	return dialPlain(ctx, "tcp", c.base.Host)
 }
@@ -114,10 +116,16 @@ func dialPlain(ctx context.Context, network, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, network, addr)
 }
 
-func dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
+// dialTLS connects over TLS: with the cluster's trust, the node must
+// show a certificate of the cluster's naming the host dialled, and the
+// gateway shows its own.
+func (c *conns) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
 	host, _, _ := net.SplitHostPort(addr)
-	td := &tls.Dialer{NetDialer: &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
-		Config: &tls.Config{ServerName: host, NextProtos: []string{"http/1.1"}}}
+	cfg := &tls.Config{ServerName: host, NextProtos: []string{"http/1.1"}}
+	if c.trust != nil {
+		cfg = c.trust.Config(host)
+	}
+	td := &tls.Dialer{NetDialer: &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}, Config: cfg}
 	return td.DialContext(ctx, network, addr)
 }
 

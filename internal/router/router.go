@@ -17,6 +17,7 @@ import (
 	"sync"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/server"
 )
@@ -28,6 +29,12 @@ type Config struct {
 	// NodeToken is the bearer token the gateway presents to nodes, whose
 	// data-plane listeners accept no other.
 	NodeToken string
+	// TLS is the gateway's side of the cluster's mutual TLS: with it,
+	// nodes are called over TLS only (a node whose address is http is
+	// left out of the table), must show a certificate of the cluster's
+	// for the host dialled, and see the gateway's client certificate.
+	// Nil: nodes are called as their addresses say.
+	TLS *clustertls.Gateway
 	// Pack places creates on the fullest node that fits, instead of the
 	// emptiest (spread, the default).
 	Pack bool

@@ -116,6 +116,15 @@ func (rt *Router) usable(t *table, an api.Node) error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
 		return errdefs.Invalid("address", "%q is not http(s)://HOST:PORT", an.Address)
 	}
+	if rt.cfg.TLS != nil {
+		// With the cluster's trust a node's answers (a vouch for an envd
+		// caller among them) count only from a node that proved itself.
+		for _, a := range []string{an.Address, an.E2BAddress} {
+			if a != "" && !strings.HasPrefix(a, "https://") {
+				return errdefs.Invalid("address", "%q is not https: this gateway calls nodes over the cluster's TLS only", a)
+			}
+		}
+	}
 	return nil
 }
 
