@@ -260,12 +260,19 @@ func (r *rig) createFirstOutput(ctx context.Context, c *client.Client) (first, a
 
 // gatewayProc is a running `paddock gateway`.
 type gatewayProc struct {
-	addr string
-	cmd  *exec.Cmd
-	done chan struct{}
+	addr  string
+	debug string // its --debug-socket, if it has one
+	cmd   *exec.Cmd
+	done  chan struct{}
 }
 
 func (r *rig) startGateway(ctx context.Context) (*gatewayProc, error) {
+	token := filepath.Join(r.root, "token")
+	return r.startGatewayWith(ctx, "--token-file", token, "--node-token-file", token, "--node", "bench="+gatewayTag+"@http://"+r.nodeAddr)
+}
+
+// startGatewayWith starts a gateway on a free loopback port with args.
+func (r *rig) startGatewayWith(ctx context.Context, args ...string) (*gatewayProc, error) {
 	addr, err := freeLoopback()
 	if err != nil {
 		return nil, err
@@ -275,9 +282,7 @@ func (r *rig) startGateway(ctx context.Context) (*gatewayProc, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	token := filepath.Join(r.root, "token")
-	cmd := exec.Command(r.opts.bin, "gateway", "--listen", "tcp://"+addr, "--token-file", token, "--node-token-file", token,
-		"--node", "bench="+gatewayTag+"@http://"+r.nodeAddr)
+	cmd := exec.Command(r.opts.bin, append([]string{"gateway", "--listen", "tcp://" + addr}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -62,6 +62,7 @@ func allBenchmarks() []benchmark {
 		{"resume", "Resume of a paused sandbox → first exec output", benchResume},
 		{"fork", fmt.Sprintf("Fork ×%d of a sandbox holding 1 GiB", forkCount), benchFork},
 		{"gateway", "Through a cluster gateway: exec, create → first output and a 1 GiB stream against the daemon direct", benchGateway},
+		{"simnodes", fmt.Sprintf("Control-plane headroom: creates through one gateway to 1, 10 and %d simulated nodes", simNodes), benchSimNodes},
 		{"e2b", "E2B SDK: create + run('echo hi') + kill, against the native API", benchE2B},
 		{"egress", "HTTPS through the egress proxy", benchEgress},
 		{"baseline", "This build against a baseline binary, in alternating blocks", benchBaseline},
@@ -86,6 +87,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.baselineRev, "baseline-rev", "", "the revision -baseline was built from (make bench BASE=REV sets it), for the reproduce line")
 	only := fs.String("only", "", "comma-separated benchmarks to run: "+strings.Join(benchmarkNames(), ","))
 	fs.DurationVar(&churnTime, "churn-time", churnTime, "how long each churn loop runs")
+	fs.StringVar(&simProfile, "gateway-profile", "", "write a CPU profile (pprof) of the gateway during the simnodes section's closed loop to its 100 nodes to this file")
 	fs.IntVar(&densityCount, "density", densityCount, "sandboxes the density benchmark starts (issue 21's bar is for 1000)")
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "run the remaining benchmarks after one fails")
 	if err := fs.Parse(args); err != nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/clustertls"
+	"github.com/paddock-dev/paddock/internal/daemon"
 	"github.com/paddock-dev/paddock/internal/router"
 	"github.com/paddock-dev/paddock/internal/server"
 )
@@ -32,7 +33,7 @@ import (
 // changes); in a Kubernetes cluster a watch of the nodes' records feeds
 // the same table.
 func gatewayCmd() *cobra.Command {
-	var listen, e2bListen, tokenFile, nodeTokenFile, nodesFile, tlsDir, level string
+	var listen, e2bListen, tokenFile, nodeTokenFile, nodesFile, tlsDir, debugSocket, level string
 	var nodeFlags []string
 	var pack bool
 	var kube kubeNodes
@@ -82,6 +83,13 @@ func gatewayCmd() *cobra.Command {
 			})
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if debugSocket != "" {
+				stopDebug, err := daemon.ServeDebug(debugSocket, log)
+				if err != nil {
+					return err
+				}
+				defer stopDebug()
+			}
 			switch {
 			case kube.enabled:
 				if err := kube.watch(ctx, rt.SetNodes, log); err != nil {
@@ -142,6 +150,7 @@ func gatewayCmd() *cobra.Command {
 	f.StringVar(&kube.kubeconfig, "kubeconfig", "", "with --cluster: kubeconfig of the cluster's API server (default $KUBECONFIG, or the pod's service account)")
 	f.StringVar(&kube.namespace, "cluster-namespace", "paddock", "with --cluster: namespace of the nodes' Leases")
 	f.BoolVar(&pack, "pack", false, "place creates on the fullest node that fits, instead of the emptiest")
+	f.StringVar(&debugSocket, "debug-socket", "", "serve the Go runtime's profiles (pprof) on this unix socket, readable by the gateway's user alone")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&tlsDir, "cluster-tls", "", "directory of the cluster's trust files for a gateway (ca.crt, gateway.crt, gateway.key: paddock cluster-tls; a mounted Secret, re-read when it changes): call nodes over mutual TLS only")
 	f.IntVar(&httpCfg.Limits.Conns, "http-max-conns", 4096, "connections each listener holds at once")

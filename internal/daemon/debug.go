@@ -23,7 +23,12 @@ const DebugSocket = "debug.sock"
 // for). It is never on a TCP port: profiles show the daemon's memory,
 // where secrets and sandbox output pass. stop closes the listener.
 func serveDebug(runDir string, log *slog.Logger) (stop func(), err error) {
-	path := filepath.Join(runDir, DebugSocket)
+	return ServeDebug(filepath.Join(runDir, DebugSocket), log)
+}
+
+// ServeDebug serves the profiles (as serveDebug) on the unix socket path;
+// a cluster gateway's --debug-socket.
+func ServeDebug(path string, log *slog.Logger) (stop func(), err error) {
 	os.Remove(path)
 	l, err := net.Listen("unix", path)
 	if err != nil {

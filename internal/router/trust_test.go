@@ -26,20 +26,29 @@ const (
 	nodeToken   = "node-token-0123456789ab"
 )
 
-// trustDir is a cluster's TLS files.
-func trustDir(t *testing.T) string {
+// loadTrust makes a cluster's TLS files and loads a node's side (for
+// 127.0.0.1) and a gateway's.
+func loadTrust(t testing.TB) (*clustertls.Node, *clustertls.Gateway) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := clustertls.Generate(dir, clustertls.GenerateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	return dir
+	node, err := clustertls.LoadNode(dir, []string{"127.0.0.1"}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := clustertls.LoadGateway(dir, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node, gw
 }
 
 // serve serves h on a loopback port as a daemon's or gateway's TCP
 // listener is served (connections bounded, unauthenticated ones closed
 // after their answer), over TLS when cfg is given; it returns the address.
-func serve(t *testing.T, h http.Handler, readTimeout time.Duration, cfg *tls.Config) string {
+func serve(t testing.TB, h http.Handler, readTimeout time.Duration, cfg *tls.Config) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -102,15 +111,7 @@ func closedAfter(conn net.Conn, br *bufio.Reader) bool {
 // holding the user's token (or the node's) cannot call a node directly;
 // a node whose address is not https is left out.
 func TestTrust(t *testing.T) {
-	dir := trustDir(t)
-	nodeTLS, err := clustertls.LoadNode(dir, []string{"127.0.0.1"}, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gwTLS, err := clustertls.LoadGateway(dir, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nodeTLS, gwTLS := loadTrust(t)
 	native, _ := fakeNode()
 	nodeAddr := serve(t, native, 0, nodeTLS.ServerConfig())
 	plainAddr := serve(t, native, 0, nil)
@@ -162,15 +163,7 @@ func TestTrust(t *testing.T) {
 // sends Paddock-Vouched itself, or a server at a node's address without
 // the cluster's certificate that answers with it, gets no such thing.
 func TestVouchNotForged(t *testing.T) {
-	dir := trustDir(t)
-	nodeTLS, err := clustertls.LoadNode(dir, []string{"127.0.0.1"}, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gwTLS, err := clustertls.LoadGateway(dir, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nodeTLS, gwTLS := loadTrust(t)
 	_, envd := fakeNode()
 	nodeE2B := serve(t, envd, 0, nodeTLS.ServerConfig())
 	// An impostor: a server at an address a record names that holds no
