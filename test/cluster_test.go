@@ -475,23 +475,8 @@ func TestClusterE2B(t *testing.T) {
 	}
 	// envd calls keep their connection: the node's success vouches for
 	// it at the gateway.
-	body, _ := json.Marshal(map[string]any{"templateID": "host", "timeout": 60})
-	req, _ := http.NewRequest("POST", e.URL+"/sandboxes", bytes.NewReader(body))
-	req.Header.Set("X-API-Key", e.APIKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sb struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	json.NewDecoder(resp.Body).Decode(&sb)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated || sb.SandboxID == "" {
-		t.Fatalf("E2B create: %d %+v", resp.StatusCode, sb)
-	}
+	var sb struct{ SandboxID, EnvdAccessToken string }
+	sb.SandboxID, sb.EnvdAccessToken = e2bCreate(t, e.URL, e.APIKey)
 	var conns []string
 	envd := &http.Client{Transport: &http.Transport{}} // not the control plane's connections
 	defer envd.CloseIdleConnections()
@@ -527,7 +512,7 @@ func TestClusterE2B(t *testing.T) {
 	if conns[0] != conns[1] || conns[1] != conns[2] {
 		t.Errorf("three envd calls took connections %v; want one kept", conns)
 	}
-	req, _ = http.NewRequest("DELETE", e.URL+"/sandboxes/"+sb.SandboxID, nil)
+	req, _ := http.NewRequest("DELETE", e.URL+"/sandboxes/"+sb.SandboxID, nil)
 	req.Header.Set("X-API-Key", e.APIKey)
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("E2B kill: %v %v", resp, err)

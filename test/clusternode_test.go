@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -207,20 +205,8 @@ func TestClusterGatewayWatch(t *testing.T) {
 		"--node-name", "gw-node", "--node-address", "http://"+addr)
 
 	gwAddr := freeHostPort(t)
-	gwLog := &syncBuffer{}
-	gw := exec.Command(paddockBin, "gateway", "--listen", "tcp://"+gwAddr, "--token-file", tokenFile,
+	gwLog := startGatewayProc(t, "--listen", "tcp://"+gwAddr, "--token-file", tokenFile,
 		"--node-token-file", nodeTokenFile, "--cluster", "--kubeconfig", kc.Kubeconfig(t, kubetest.Gateway))
-	gw.Stdout, gw.Stderr = gwLog, gwLog
-	if err := gw.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		gw.Process.Signal(syscall.SIGTERM)
-		gw.Wait()
-		if t.Failed() {
-			t.Logf("gateway log:\n%s", gwLog)
-		}
-	})
 	cl, err := client.New("tcp://"+gwAddr, client.WithToken(token))
 	if err != nil {
 		t.Fatal(err)

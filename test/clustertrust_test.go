@@ -75,21 +75,9 @@ func TestClusterTrust(t *testing.T) {
 		"--node-address", "https://"+addr, "--node-e2b-address", "https://"+e2bAddr, "--cluster-tls", nodeDir)
 
 	gwAddr, gwE2B := freeHostPort(t), freeHostPort(t)
-	gwLog := &syncBuffer{}
-	gw := exec.Command(paddockBin, "gateway", "--listen", "tcp://"+gwAddr, "--e2b-listen", "tcp://"+gwE2B,
+	gwLog := startGatewayProc(t, "--listen", "tcp://"+gwAddr, "--e2b-listen", "tcp://"+gwE2B,
 		"--token-file", tokenFile, "--node-token-file", nodeTokenFile, "--cluster-tls", gwDir,
 		"--cluster", "--kubeconfig", kc.Kubeconfig(t, kubetest.Gateway), "--log-level", "debug")
-	gw.Stdout, gw.Stderr = gwLog, gwLog
-	if err := gw.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		gw.Process.Signal(syscall.SIGTERM)
-		gw.Wait()
-		if t.Failed() {
-			t.Logf("gateway log:\n%s", gwLog)
-		}
-	})
 	cl, err := client.New("tcp://"+gwAddr, client.WithToken(token))
 	if err != nil {
 		t.Fatal(err)
@@ -150,24 +138,8 @@ func TestClusterTrust(t *testing.T) {
 	// E2B through the gateway: an envd caller with the sandbox's access
 	// token keeps its connection; one with a wrong token and a forged
 	// Paddock-Vouched is answered and closed.
-	key := e2b.APIKey(token)
-	body, _ := json.Marshal(map[string]any{"templateID": "host", "timeout": 60})
-	req, _ := http.NewRequest("POST", "http://"+gwE2B+"/sandboxes", bytes.NewReader(body))
-	req.Header.Set("X-API-Key", key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var esb struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	json.NewDecoder(resp.Body).Decode(&esb)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated || esb.SandboxID == "" {
-		t.Fatalf("E2B create through the gateway: %d %+v\n%s", resp.StatusCode, esb, gwLog)
-	}
+	var esb struct{ SandboxID, EnvdAccessToken string }
+	esb.SandboxID, esb.EnvdAccessToken = e2bCreate(t, "http://"+gwE2B, e2b.APIKey(token))
 	defer cl.Delete(context.Background(), esb.SandboxID, true)
 	health := func(token, extra string) (code int, kept bool) {
 		t.Helper()
@@ -240,4 +212,48 @@ func readCert(t *testing.T, path string) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return x
+}
+
+// startGatewayProc starts `paddock gateway args...`, stopped when the
+// test ends (its log shown if the test failed), and returns its log.
+func startGatewayProc(t *testing.T, args ...string) *syncBuffer {
+	t.Helper()
+	log := &syncBuffer{}
+	gw := exec.Command(paddockBin, append([]string{"gateway"}, args...)...)
+	gw.Stdout, gw.Stderr = log, log
+	if err := gw.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		gw.Process.Signal(syscall.SIGTERM)
+		gw.Wait()
+		if t.Failed() {
+			t.Logf("gateway log:\n%s", log)
+		}
+	})
+	return log
+}
+
+// e2bCreate creates a sandbox of the host template through the E2B
+// control plane at url and returns its id and envd access token.
+func e2bCreate(t *testing.T, url, key string) (id, accessToken string) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"templateID": "host", "timeout": 60})
+	req, _ := http.NewRequest("POST", url+"/sandboxes", bytes.NewReader(body))
+	req.Header.Set("X-API-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	json.NewDecoder(resp.Body).Decode(&sb)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || sb.SandboxID == "" {
+		t.Fatalf("E2B create: %d %+v", resp.StatusCode, sb)
+	}
+	return sb.SandboxID, sb.EnvdAccessToken
 }
