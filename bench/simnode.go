@@ -30,6 +30,7 @@ import (
 type simNode struct {
 	name, tag string
 	addr      string // https://127.0.0.1:PORT
+	plainAddr string // http://127.0.0.1:PORT: the same node without TLS, for comparison
 	token     string
 	srv       *http.Server
 
@@ -53,7 +54,14 @@ func startSimNode(name, tag, token string, trust *clustertls.Node) (*simNode, er
 				n.conns.Add(1)
 			}
 		}}
+	pl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	n.plainAddr = "http://" + pl.Addr().String()
 	go n.srv.Serve(tls.NewListener(l, trust.ServerConfig()))
+	go n.srv.Serve(pl)
 	return n, nil
 }
 
@@ -61,8 +69,12 @@ func (n *simNode) stop() { n.srv.Close() }
 
 // record is the node's record as the gateway's nodes file gives it:
 // ready, with room for anything the bench creates.
-func (n *simNode) record() api.Node {
-	return api.Node{Name: n.name, Tag: n.tag, Address: n.addr, State: api.NodeReady,
+func (n *simNode) record(plain bool) api.Node {
+	addr := n.addr
+	if plain {
+		addr = n.plainAddr
+	}
+	return api.Node{Name: n.name, Tag: n.tag, Address: addr, State: api.NodeReady,
 		Capacity: api.NodeResources{CPUs: 1e6, MemoryBytes: 1 << 50, DiskBytes: 1 << 60, Sandboxes: 1 << 30},
 		Pools:    map[string]int{"image:host": 4}}
 }

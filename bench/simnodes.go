@@ -67,7 +67,7 @@ func benchSimNodes(ctx context.Context, r *rig) *section {
 	s := &section{Method: []string{
 		fmt.Sprintf("%d **simulated nodes** (bench/simnode.go, bench-only: an HTTP server each that answers create, get, list, exec and delete "+
 			"as a node does, over the cluster's mutual TLS and behind the node token, with no kernel work) run in the bench process, "+
-			"and a real `paddock gateway` process (GOMAXPROCS 2) routes to them from a `--nodes-file`, with `--cluster-tls`.", simNodes),
+			"and a real `paddock gateway` process (GOMAXPROCS 2) routes to them from a `--nodes-file`, with `--cluster-tls` (the last row: the same nodes over plain HTTP, no `--cluster-tls`).", simNodes),
 		fmt.Sprintf("The load generator (the bench process too) sends `POST /v1/sandboxes {}` with the client token over kept connections. "+
 			"**closed loop**: %d clients, each sending its next create when the last answers, %v of warm-up then %v timed, for 1, 10 and %d nodes "+
 			"(a fresh gateway each). **open loop**: %d creates/s offered on a fixed schedule for %v to %d nodes; a create's latency runs from its "+
@@ -130,7 +130,7 @@ func (r *rig) simNodesRun(ctx context.Context, s *section, t *table, open *simLo
 		nodes = append(nodes, n)
 	}
 	for _, count := range simCounts {
-		g, err := r.startSimGateway(ctx, dir, nodeTokenFile, nodes[:count])
+		g, err := r.startSimGateway(ctx, dir, nodeTokenFile, nodes[:count], false)
 		if err != nil {
 			return err
 		}
@@ -169,7 +169,20 @@ func (r *rig) simNodesRun(ctx context.Context, s *section, t *table, open *simLo
 			return err
 		}
 	}
-	return nil
+	// The same closed loop to 100 nodes over plain HTTP: what the
+	// cluster's TLS costs the gateway.
+	g, err := r.startSimGateway(ctx, dir, nodeTokenFile, nodes, true)
+	if err != nil {
+		return err
+	}
+	defer g.stop()
+	lg := newSimLoader(g.addr, strings.TrimSpace(string(token)))
+	defer lg.close()
+	lg.closed(ctx, g.pid(), simWarm)
+	before, conns := simCreates(nodes), simConns(nodes)
+	l := lg.closed(ctx, g.pid(), simPhase)
+	simRow(t, fmt.Sprintf("closed, %d clients, nodes over plain HTTP", simConcurrency), simNodes, l, simSpread(before, simCreates(nodes)), simConns(nodes)-conns)
+	return ctx.Err()
 }
 
 func simRow(t *table, load string, nodes int, l simLoad, spread string, conns int64) {
@@ -247,10 +260,10 @@ func simCheck(ctx context.Context, addr, token string) error {
 }
 
 // startSimGateway starts a gateway whose nodes file lists nodes.
-func (r *rig) startSimGateway(ctx context.Context, dir, nodeTokenFile string, nodes []*simNode) (*gatewayProc, error) {
+func (r *rig) startSimGateway(ctx context.Context, dir, nodeTokenFile string, nodes []*simNode, plain bool) (*gatewayProc, error) {
 	recs := make([]api.Node, len(nodes))
 	for i, n := range nodes {
-		recs[i] = n.record()
+		recs[i] = n.record(plain)
 	}
 	b, _ := json.Marshal(recs)
 	nodesFile := filepath.Join(dir, "nodes.json")
@@ -259,7 +272,10 @@ func (r *rig) startSimGateway(ctx context.Context, dir, nodeTokenFile string, no
 	}
 	debug := filepath.Join(dir, "gateway-debug.sock")
 	args := []string{"--token-file", filepath.Join(r.root, "token"), "--node-token-file", nodeTokenFile,
-		"--nodes-file", nodesFile, "--cluster-tls", dir, "--log-level", "warn"}
+		"--nodes-file", nodesFile, "--log-level", "warn"}
+	if !plain {
+		args = append(args, "--cluster-tls", dir)
+	}
 	if simProfile != "" {
 		args = append(args, "--debug-socket", debug)
 	}
