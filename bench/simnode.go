@@ -150,7 +150,8 @@ func (n *simNode) list(w http.ResponseWriter) {
 }
 
 // exec answers any command as if it printed its arguments and exited 0,
-// in the frames a node streams.
+// in the frames a node streams; `zeros N` prints N zero bytes instead (a
+// stream through the gateway, without a sandbox's cost behind it).
 func (n *simNode) exec(w http.ResponseWriter, r *http.Request) {
 	var req api.ExecRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || len(req.Cmd) == 0 {
@@ -161,7 +162,18 @@ func (n *simNode) exec(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	fw := wire.NewWriter(w)
 	fw.WriteJSON(wire.Started, map[string]int{"pid": 1})
-	fw.Write(wire.Stdout, []byte(strings.Join(req.Cmd[1:], " ")+"\n"))
+	if size, err := strconv.ParseInt(strings.Join(req.Cmd[1:], ""), 10, 64); req.Cmd[0] == "zeros" && err == nil {
+		chunk := make([]byte, 256<<10)
+		for size > 0 {
+			k := min(size, int64(len(chunk)))
+			if fw.Write(wire.Stdout, chunk[:k]) != nil {
+				return
+			}
+			size -= k
+		}
+	} else {
+		fw.Write(wire.Stdout, []byte(strings.Join(req.Cmd[1:], " ")+"\n"))
+	}
 	fw.WriteJSON(wire.Exit, api.ExitStatus{})
 }
 

@@ -72,13 +72,16 @@ func benchSimNodes(ctx context.Context, r *rig) *section {
 			"**closed loop**: %d clients, each sending its next create when the last answers, %v of warm-up then %v timed, for 1, 10 and %d nodes "+
 			"(a fresh gateway each). **open loop**: %d creates/s offered on a fixed schedule for %v to %d nodes; a create's latency runs from its "+
 			"scheduled start, so a gateway that falls behind is charged for the queue.", simConcurrency, simWarm, simPhase, simNodes, simRate, simOpen, simNodes),
+		fmt.Sprintf("**streams**: an exec whose output is 1 GiB of zeros, made by a simulated node in 256 KiB frames, read by the bench "+
+			"through the gateway (its reverse proxy, 64 KiB buffers), %d per gateway: what the cluster's TLS costs a stream, against the same nodes over plain HTTP.", simStreams),
 		"All of it shares this host's 2 cores: the gateway's own CPU time is read from /proc, and **creates per gateway CPU-second** " +
 			"says what 2 cores given to the gateway alone would sustain.",
 	}}
 	t := table{Header: []string{"load", "nodes", "creates/s", "p50", "p99", "failed", "gateway CPU", "gateway CPU per create", "bench process CPU", "creates per node (min–max)", "connections to nodes"}}
+	streams := table{Header: []string{"stream", "n", "median", "throughput"}}
 	var open simLoad
-	s.Err = r.simNodesRun(ctx, s, &t, &open)
-	s.Tables = append(s.Tables, t)
+	s.Err = r.simNodesRun(ctx, s, &t, &streams, &open)
+	s.Tables = append(s.Tables, t, streams)
 	rateBar := bar{Issue: 22, What: fmt.Sprintf("creates/s one gateway sustains to %d simulated nodes (2 cores)", simNodes),
 		Target: fmt.Sprintf("≥ %d/s", simBarRate), Value: noPeerValue, Verdict: notMeasured}
 	p99Bar := bar{Issue: 22, What: fmt.Sprintf("create latency through the gateway at %d/s offered, p99", simRate),
@@ -98,7 +101,7 @@ func benchSimNodes(ctx context.Context, r *rig) *section {
 
 // simNodesRun starts the simulated nodes and, for each node count, a
 // gateway, and measures.
-func (r *rig) simNodesRun(ctx context.Context, s *section, t *table, open *simLoad) error {
+func (r *rig) simNodesRun(ctx context.Context, s *section, t, streams *table, open *simLoad) error {
 	dir := filepath.Join(r.root, "simnodes")
 	if err := clustertls.Generate(dir, clustertls.GenerateOptions{}); err != nil {
 		return err
@@ -159,6 +162,11 @@ func (r *rig) simNodesRun(ctx context.Context, s *section, t *table, open *simLo
 				*open = lg.open(ctx, g.pid(), simRate, simOpen)
 				simRow(t, fmt.Sprintf("open, %d/s offered", simRate), count, *open, simSpread(before, simCreates(nodes[:count])), simConns(nodes)-conns)
 			}
+			if count == simNodes {
+				if err := streamRow(ctx, streams, "1 GiB exec output through the gateway, node over the cluster's TLS", g.addr, strings.TrimSpace(string(token))); err != nil {
+					return fmt.Errorf("stream: %w", err)
+				}
+			}
 			if l.firstError != "" || open.firstError != "" {
 				s.note("first failed create (%d nodes): %s", count, l.firstError+open.firstError)
 			}
@@ -176,12 +184,16 @@ func (r *rig) simNodesRun(ctx context.Context, s *section, t *table, open *simLo
 		return err
 	}
 	defer g.stop()
-	lg := newSimLoader(g.addr, strings.TrimSpace(string(token)))
+	tok := strings.TrimSpace(string(token))
+	lg := newSimLoader(g.addr, tok)
 	defer lg.close()
 	lg.closed(ctx, g.pid(), simWarm)
 	before, conns := simCreates(nodes), simConns(nodes)
 	l := lg.closed(ctx, g.pid(), simPhase)
 	simRow(t, fmt.Sprintf("closed, %d clients, nodes over plain HTTP", simConcurrency), simNodes, l, simSpread(before, simCreates(nodes)), simConns(nodes)-conns)
+	if err := streamRow(ctx, streams, "1 GiB exec output through the gateway, node over plain HTTP", g.addr, tok); err != nil {
+		return fmt.Errorf("stream: %w", err)
+	}
 	return ctx.Err()
 }
 
@@ -220,18 +232,29 @@ func simSpread(before, after []int64) string {
 	return fmt.Sprintf("%d–%d", lo, hi)
 }
 
+// gatewaySandbox creates a sandbox through the gateway at addr with the
+// SDK, and returns the client (the caller closes it).
+func gatewaySandbox(ctx context.Context, addr, token string) (*client.Client, *api.Sandbox, error) {
+	cl, err := client.New("tcp://"+addr, client.WithToken(token))
+	if err != nil {
+		return nil, nil, err
+	}
+	sb, err := cl.Create(ctx, api.CreateRequest{})
+	if err != nil {
+		cl.Close()
+		return nil, nil, fmt.Errorf("create: %w", err)
+	}
+	return cl, sb, nil
+}
+
 // simCheck drives each call of the node API a gateway routes once, with
 // the SDK and raw HTTP: create, get, exec, list, delete, then get's 404.
 func simCheck(ctx context.Context, addr, token string) error {
-	cl, err := client.New("tcp://"+addr, client.WithToken(token))
+	cl, sb, err := gatewaySandbox(ctx, addr, token)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	sb, err := cl.Create(ctx, api.CreateRequest{})
-	if err != nil {
-		return fmt.Errorf("create: %w", err)
-	}
 	if _, err := cl.Get(ctx, sb.ID); err != nil {
 		return fmt.Errorf("get: %w", err)
 	}
@@ -256,6 +279,53 @@ func simCheck(ctx context.Context, addr, token string) error {
 	if _, err := cl.Get(ctx, sb.ID); !errors.Is(err, client.ErrNotFound) {
 		return fmt.Errorf("get after delete: %v, want not found", err)
 	}
+	return nil
+}
+
+// simStreams is how many 1 GiB streams each gateway passes (TLS, plain).
+const simStreams = 2
+
+// simStream times one exec whose output is streamSize bytes, through the
+// gateway at addr from a simulated node, and checks every byte arrived.
+func simStream(ctx context.Context, addr, token, id string) (time.Duration, error) {
+	body := fmt.Sprintf(`{"cmd":["zeros","%d"]}`, streamSize)
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v1/sandboxes/"+id+"/exec", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	t0 := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(io.Discard, resp.Body)
+	d := time.Since(t0)
+	if err != nil {
+		return 0, err
+	}
+	// The frames' headers and the start and exit frames come on top.
+	if resp.StatusCode != http.StatusOK || n < streamSize {
+		return 0, fmt.Errorf("stream: %d, %d bytes", resp.StatusCode, n)
+	}
+	return d, nil
+}
+
+// streamRow times simStreams streams through the gateway at addr.
+func streamRow(ctx context.Context, t *table, what, addr, token string) error {
+	cl, sb, err := gatewaySandbox(ctx, addr, token)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var ds []time.Duration
+	for range simStreams {
+		d, err := simStream(ctx, addr, token, sb.ID)
+		if err != nil {
+			return err
+		}
+		ds = append(ds, d)
+	}
+	med := summarize(ds).Median
+	t.add(what, fmt.Sprint(len(ds)), ms(med), fmt.Sprintf("%.0f MB/s", mbps(streamSize, med)))
 	return nil
 }
 
