@@ -215,3 +215,44 @@ func TestGvisorUnavailable(t *testing.T) {
 	}
 	d.createCLI() // native still works
 }
+
+// TestGvisorPool: a daemon keeping gvisor sandboxes ready hands one out
+// to a gvisor create (its pool refills behind), with the limits the
+// create asks for, and removes its ready ones when it stops.
+func TestGvisorPool(t *testing.T) {
+	d := newGvisorDaemon(t, "--gvisor-pool", "1")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := d.Client()
+	ready := func() int {
+		p, err := c.Pools(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Ready["gvisor:image:host"]
+	}
+	if !waitFor(time.Minute, 50*time.Millisecond, func() bool { return ready() == 1 }) {
+		t.Fatalf("the gvisor pool has %d ready, want 1\n%s", ready(), d.Log())
+	}
+	sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor", Resources: api.Resources{MemoryBytes: 300 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The daemon's log reaches the test through a pipe: it may lag.
+	if !waitFor(10*time.Second, 20*time.Millisecond, func() bool { return strings.Contains(d.Log(), "sandbox="+sb.ID+" taken=") }) {
+		t.Fatalf("create %s did not take the ready sandbox:\n%s", sb.ID, d.Log())
+	}
+	if out := d.Sh(sb.ID, "uname -r; hostname"); !strings.Contains(out, "gvisor") || !strings.Contains(out, sb.ID) {
+		t.Fatalf("pooled sandbox: %q", out)
+	}
+	sb = d.get(sb.ID)
+	lim, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", sb.Runtime.Cgroup, "memory.limit_in_bytes"))
+	if err == nil && strings.TrimSpace(string(lim)) != fmt.Sprint(300<<20) {
+		t.Fatalf("memory limit %s, want the create's %d", lim, 300<<20)
+	}
+	if !waitFor(time.Minute, 50*time.Millisecond, func() bool { return ready() == 1 }) {
+		t.Fatalf("the gvisor pool did not refill")
+	}
+	// The harness's cleanup stops the daemon and finds nothing left of
+	// the ready sandbox (mounts, cgroups).
+}

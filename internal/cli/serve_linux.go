@@ -73,6 +73,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&cfg.WarmGuests, "warm-guests", cfg.WarmGuests, "sandboxes of the default image to keep ready (its warm pool; templates set their own with warm: N)")
 	f.IntVar(&cfg.BlankGuests, "blank-guests", cfg.BlankGuests, "guests of each kind (new sandboxes, resumes) to keep started but bound to no image: creates that no warm pool serves and resumes start from one")
 	f.StringVar(&cfg.Runsc, "runsc", envOr("PADDOCK_RUNSC", ""), "gVisor's runsc for --runtime gvisor (default: runsc on PATH, else the newest that make runsc built)")
+	f.IntVar(&cfg.GvisorPool, "gvisor-pool", 0, "gvisor sandboxes of the default image to keep ready (runsc started, the guest prepared), so that a gvisor create is a hand-out")
 	f.StringVar(&cfg.DefaultRuntime, "default-runtime", "", `runtime of creates that name none: "native" (default) or "gvisor"`)
 	f.BoolVar(&cfg.Network.Disabled, "no-network", false, "give sandboxes loopback only (no egress gateway)")
 	f.StringVar(&cfg.Network.Name, "network-name", "", `prefix of host interfaces and name of the nftables table (default "paddock"; distinct per daemon on one host)`)

@@ -95,6 +95,9 @@ type Config struct {
 	// DefaultRuntime is the runtime of creates that name none: "native"
 	// (or "") or "gvisor".
 	DefaultRuntime string
+	// GvisorPool is how many gvisor sandboxes of the default image to
+	// keep ready (runsc started, the guest prepared).
+	GvisorPool int
 	// Telemetry configures metrics, budgets and admission control.
 	Telemetry TelemetryConfig
 	// Images bounds OCI images and says where they may be pulled from.
@@ -376,6 +379,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		})
 		gatewayTelemetry(gw, tel, mgr, log.With("component", "egress"))
 	}
+	// After the reconcile and the prune: what an earlier daemon kept
+	// ready was a leftover, what this one builds is not.
+	keepGvisorReady(tiers, cfg, images)
 
 	tel.Prune(func(id string) bool {
 		_, err := mgr.Get(ctx, id)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/runtime/gvisor"
+	"github.com/paddock-dev/paddock/internal/storage/image"
 )
 
 // runsCache is where scripts/runsc-bin.sh (make runsc) builds runsc by
@@ -53,4 +54,19 @@ func runtimeTiers(cfg Config, native runtime.Runtime, gcfg gvisor.Config, log *s
 	}
 	log.Info("the gvisor runtime is ready", "runsc", gcfg.Runsc, "version", g.Version())
 	return runtime.NewTiers(native, cfg.DefaultRuntime, g)
+}
+
+// keepGvisorReady starts the pool of ready gvisor sandboxes
+// (--gvisor-pool) of the default image, disk size and limits.
+func keepGvisorReady(t *runtime.Tiers, cfg Config, images *image.Store) {
+	r, err := t.Tier(gvisor.Name)
+	if err != nil || cfg.GvisorPool <= 0 {
+		return
+	}
+	g := r.(*gvisor.Runtime)
+	g.KeepReady(runtime.PoolSource{
+		Image:     func() (*image.Image, error) { return images.Get(image.HostImage) },
+		DiskBytes: cfg.Defaults.DiskBytes,
+		Limits:    cfg.Defaults,
+	}, cfg.GvisorPool)
 }

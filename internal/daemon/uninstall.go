@@ -13,6 +13,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/network"
+	"github.com/paddock-dev/paddock/internal/runtime/gvisor"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
 
@@ -86,6 +87,7 @@ func Uninstall(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cgroups.Remove(); err != nil {
 		errs = append(errs, err)
 	}
+	gvisor.RemoveCgroups(cfg.CgroupParent)
 	if err := errors.Join(errs...); err != nil {
 		// The directories stay for a second try: what is left is in them.
 		return err

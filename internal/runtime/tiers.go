@@ -14,6 +14,18 @@ type Owner interface {
 	Owns(id string) bool
 }
 
+// Keeper is offered by tiers that make sandboxes ahead of time outside
+// the base tier's pools: those are theirs, not leftovers.
+type Keeper interface {
+	Keeps(id string) bool
+}
+
+// poolReporter is what a tier beside the base one reports of its pools.
+type poolReporter interface {
+	PoolSizes() map[string]int
+	PoolTargets() map[string]int
+}
+
 // Tiers is a Runtime that runs each sandbox on one of several tiers:
 // a start on the tier its Spec.Runtime names (the default's when empty),
 // anything else by id on the tier that owns it (Owner), the base tier
@@ -165,7 +177,23 @@ func (t *Tiers) Leftovers() ([]string, error) {
 			}
 		}
 	}
-	return ids, nil
+	kept := ids[:0]
+	for _, id := range ids {
+		if !t.keeps(id) {
+			kept = append(kept, id)
+		}
+	}
+	return kept, nil
+}
+
+// keeps reports whether a tier made id ahead of time.
+func (t *Tiers) keeps(id string) bool {
+	for _, r := range t.others {
+		if k, ok := r.(Keeper); ok && k.Keeps(id) {
+			return true
+		}
+	}
+	return false
 }
 
 // Close implements Runtime.
@@ -198,18 +226,30 @@ func (t *Tiers) SetPool(name string, src PoolSource, size int) {
 	}
 }
 
-// PoolSizes implements Pools.
+// PoolSizes implements Pools: the base tier's pools and the other
+// tiers' (named by them: "gvisor:image:host").
 func (t *Tiers) PoolSizes() map[string]int {
-	if p, ok := t.base.(Pools); ok {
-		return p.PoolSizes()
-	}
-	return nil
+	return t.pools(func(p poolReporter) map[string]int { return p.PoolSizes() })
 }
 
 // PoolTargets implements Pools.
 func (t *Tiers) PoolTargets() map[string]int {
-	if p, ok := t.base.(Pools); ok {
-		return p.PoolTargets()
+	return t.pools(func(p poolReporter) map[string]int { return p.PoolTargets() })
+}
+
+func (t *Tiers) pools(of func(poolReporter) map[string]int) map[string]int {
+	m := map[string]int{}
+	if p, ok := t.base.(poolReporter); ok {
+		for k, v := range of(p) {
+			m[k] = v
+		}
 	}
-	return nil
+	for _, r := range t.others {
+		if p, ok := r.(poolReporter); ok {
+			for k, v := range of(p) {
+				m[k] = v
+			}
+		}
+	}
+	return m
 }

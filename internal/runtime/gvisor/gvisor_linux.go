@@ -63,11 +63,13 @@ type Runtime struct {
 	root    string // runsc --root
 	guest   string // the guest binary, bound read-only into each sandbox
 	version string // runsc's, as `runsc --version` says
+	pool    *pool  // nil until KeepReady
 }
 
 var (
 	_ runtime.Runtime = (*Runtime)(nil)
 	_ runtime.Owner   = (*Runtime)(nil)
+	_ runtime.Keeper  = (*Runtime)(nil)
 )
 
 // New checks runsc and readies the runtime's directories.
@@ -156,33 +158,80 @@ func (r *Runtime) runsc(ctx context.Context, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, r.cfg.Runsc, append(global, args...)...)
 }
 
-// Start implements runtime.Runtime: the sandbox's root is overlaid on the
-// host (image layers under its disk's upper dir), runsc starts the guest
-// from an OCI bundle of it in the sandbox's cgroup and network slot, and
-// the guest is sent its Prepare and Activate at once. Start returns once
-// the guest serves.
+// Start implements runtime.Runtime: a sandbox the pool serves (pool.go)
+// is handed out; any other is built now: the sandbox's root is overlaid
+// on the host (image layers under its disk's upper dir), runsc starts the
+// guest from an OCI bundle of it in the sandbox's cgroup and network
+// slot, and the guest is sent its Prepare. Then the guest is sent its
+// Activate (the environment). Start returns once the guest serves.
 func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Instance, retErr error) {
 	t0 := time.Now()
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
-	id := spec.ID
-	if id == "" {
-		id = runtime.NewID()
+	picked := spec.ID == ""
+	rd := r.take(spec)
+	if rd != nil {
+		mark("taken")
+		if err := rd.sb.Update(spec.Resources); err != nil {
+			r.discard(rd)
+			return nil, fmt.Errorf("setting limits: %w", err)
+		}
+	} else {
+		if picked {
+			spec.ID = runtime.NewID()
+		}
+		var err error
+		if rd, err = r.build(ctx, spec.ID, spec, false, mark); err != nil {
+			if picked && r.cfg.Network != nil {
+				r.cfg.Network.Forget(spec.ID)
+			}
+			return nil, err
+		}
 	}
-	defer func() { r.log.Debug("gvisor start phases", append([]any{"sandbox", id}, phases...)...) }()
+	defer func() { r.log.Debug("gvisor start phases", append([]any{"sandbox", rd.sb.id}, phases...)...) }()
+	if err := r.activate(ctx, rd, spec); err != nil {
+		if picked || rd.pooled {
+			r.discard(rd)
+		} else {
+			rd.undo()
+		}
+		return nil, err
+	}
+	mark("ready")
+	return rd.sb, nil
+}
+
+// prepared is a sandbox whose guest runs under runsc, prepared but not
+// activated: made by a cold start, or ahead of time by the pool.
+type prepared struct {
+	sb     *Sandbox
+	sync   *os.File // the guest's sync socket, until activated
+	net    runtime.NetSetup
+	pooled bool
+	// undo removes what build made (not a disk that was there before).
+	undo func()
+}
+
+// build makes sandbox id up to its guest's Prepare; ahead (the pool's)
+// has the guest run one command through its exec path while nobody
+// waits, so that the sentry has the loader and libc cached for the first
+// command of the create that takes it. On failure nothing of it is left
+// but a disk that existed before.
+func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead bool, mark func(string)) (_ *prepared, retErr error) {
 	var cleanups []func()
+	undo := func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
 	defer func() {
 		if retErr != nil {
-			for i := len(cleanups) - 1; i >= 0; i-- {
-				cleanups[i]()
-			}
+			undo()
 		}
 	}()
-	if len(spec.Mounts) > 0 {
-		for _, m := range spec.Mounts {
-			if !filepath.IsAbs(m.Source) {
-				return nil, errdefs.Invalid("mount", "%s is not absolute", m.Source)
-			}
+	for _, m := range spec.Mounts {
+		if !filepath.IsAbs(m.Source) {
+			return nil, errdefs.Invalid("mount", "%s is not absolute", m.Source)
 		}
 	}
 	uidBase := spec.UIDBase
@@ -264,57 +313,68 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 	if err != nil {
 		return nil, err
 	}
-	defer sync.Close()
 	cleanups = append(cleanups, func() {
+		sync.Close()
 		sb.Kill()
 		r.runsc(context.Background(), "delete", "--force", id).Run()
+		pruneCgroupParents(cg)
 	})
 	sb.st.UIDBase = uidBase
 	sb.st.Net = net.State
-	sb.version = r.version
 	mark("runsc")
 
-	env := append(append([]string(nil), spec.Env...), net.Env...)
-	if spec.Setup != nil {
-		more, err := spec.Setup(id)
-		if err != nil {
-			return nil, err
-		}
-		env = append(env, more...)
-	}
 	oom, err := cg.OpenOOMEvents()
 	if err != nil {
 		return nil, fmt.Errorf("opening OOM events: %w", err)
 	}
 	defer oom.Close()
-	cfg := &guestapi.Config{
-		Prepare: &guestapi.Prepare{
-			RootReady:   true,
-			Listen:      guestSocket,
-			Caps:        r.cfg.Caps,
-			AllowSetuid: spec.Image.AllowSetuid,
-			SkipWarmUp:  true,
-			OOMFD:       0,
-			Hostname:    id,
-		},
-		Activate: &guestapi.Activate{Serve: guestapi.ServeConfig{
-			Env:         env,
-			Workdir:     spec.Workdir,
-			OutputLimit: r.cfg.OutputLimit,
-		}},
+	p := &guestapi.Prepare{
+		RootReady:   true,
+		Listen:      guestSocket,
+		Caps:        r.cfg.Caps,
+		AllowSetuid: spec.Image.AllowSetuid,
+		SkipWarmUp:  !ahead,
+		OOMFD:       0,
+		Hostname:    id,
 	}
-	if err := guestapi.SendConfig(sync, cfg, []int{int(oom.Fd())}); err != nil {
+	if err := guestapi.SendConfig(sync, &guestapi.Config{Prepare: p}, []int{int(oom.Fd())}); err != nil {
 		return nil, err
 	}
-	rd, err := guestapi.WaitReady(ctx, sync, sb.done)
+	if _, err := guestapi.WaitReady(ctx, sync, sb.done); err != nil {
+		return nil, fmt.Errorf("preparing guest: %w%s", err, guestapi.LogTail(filepath.Join(dir, "guest.log")))
+	}
+	mark("prepared")
+	return &prepared{sb: sb, sync: sync, net: net, undo: undo}, nil
+}
+
+// activate gives a prepared sandbox its environment and waits for its
+// guest to serve.
+func (r *Runtime) activate(ctx context.Context, rd *prepared, spec runtime.Spec) error {
+	defer rd.sync.Close()
+	env := append(append([]string(nil), spec.Env...), rd.net.Env...)
+	if spec.Setup != nil {
+		more, err := spec.Setup(rd.sb.id)
+		if err != nil {
+			return err
+		}
+		env = append(env, more...)
+	}
+	act := &guestapi.Activate{Serve: guestapi.ServeConfig{
+		Env:         env,
+		Workdir:     spec.Workdir,
+		OutputLimit: r.cfg.OutputLimit,
+	}}
+	if err := guestapi.SendConfig(rd.sync, &guestapi.Config{Activate: act}, nil); err != nil {
+		return err
+	}
+	ready, err := guestapi.WaitReady(ctx, rd.sync, rd.sb.done)
 	if err != nil {
-		return nil, fmt.Errorf("starting guest: %w%s", err, guestapi.LogTail(filepath.Join(dir, "guest.log")))
+		return fmt.Errorf("starting guest: %w%s", err, guestapi.LogTail(filepath.Join(r.dir(rd.sb.id), "guest.log")))
 	}
-	if rd.PID != 1 {
-		return nil, fmt.Errorf("guest reported pid %d, want 1", rd.PID)
+	if ready.PID != 1 {
+		return fmt.Errorf("guest reported pid %d, want 1", ready.PID)
 	}
-	mark("ready")
-	return sb, nil
+	return nil
 }
 
 // guestSocket is where the guest binds its control socket in the
@@ -554,6 +614,7 @@ func (r *Runtime) Leftovers() ([]string, error) { return nil, nil }
 // bind-mounted, possibly more than once); it goes with the daemon, and
 // the next runsc run pins it again.
 func (r *Runtime) Close() error {
+	r.closePool()
 	for unix.Unmount(filepath.Join(r.root, "null-netns"), unix.MNT_DETACH) == nil {
 	}
 	return nil
@@ -576,6 +637,22 @@ func pruneCgroupParents(cg *cgroup.Group) {
 		if !ours[d] {
 			unix.Rmdir(d) // fails while another sandbox is in it
 		}
+	}
+}
+
+// RemoveCgroups removes what runsc made under the daemon's cgroup parent
+// in the controllers the daemon does not use, for an uninstall: its
+// sandboxes are gone by then, so the directories are empty.
+func RemoveCgroups(parent string) {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", strings.Trim(parent, "/")))
+	for _, d := range dirs {
+		subs, _ := os.ReadDir(d)
+		for _, e := range subs {
+			if e.IsDir() {
+				unix.Rmdir(filepath.Join(d, e.Name()))
+			}
+		}
+		unix.Rmdir(d)
 	}
 }
 
