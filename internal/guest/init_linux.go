@@ -331,7 +331,7 @@ func buildRoot(cfg *guestapi.Prepare, fds []int) error {
 			return r.mount("/sys", "sysfs", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 		})
 	}
-	steps = append(steps, r.dev, r.mask)
+	steps = append(steps, r.dev, r.mask, r.bootID)
 	if !cfg.NetReady {
 		steps = append(steps, loopbackUp, enablePing)
 	}
