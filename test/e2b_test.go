@@ -34,7 +34,7 @@ type e2bDaemon struct {
 }
 
 func (e *e2bDaemon) env() []string {
-	return append(os.Environ(), "E2B_API_KEY="+e.APIKey, "E2B_API_URL="+e.URL, "E2B_SANDBOX_URL="+e.URL)
+	return append(os.Environ(), "E2B_API_KEY="+e.APIKey, "E2B_API_URL="+e.URL, "E2B_SANDBOX_URL="+e.URL, "E2B_TEST_DOMAIN="+e2bTestDomain)
 }
 
 func startE2BDaemon(t *testing.T) *e2bDaemon {
@@ -45,9 +45,13 @@ func startE2BDaemon(t *testing.T) *e2bDaemon {
 		t.Fatal(err)
 	}
 	addr := freeLoopbackPort(t)
-	d := newDaemon(t, "--token-file", tokFile, "--e2b-listen", "tcp://"+addr)
+	d := newDaemon(t, "--token-file", tokFile, "--e2b-listen", "tcp://"+addr, "--e2b-domain", e2bTestDomain)
 	return &e2bDaemon{Daemon: d, URL: "http://" + addr, APIKey: e2b.APIKey(token)}
 }
+
+// e2bTestDomain is the facade's sandbox domain in tests: the clients send
+// its host names to the facade's loopback address themselves.
+const e2bTestDomain = "e2b.test"
 
 func freeLoopbackPort(t *testing.T) string {
 	t.Helper()
@@ -136,7 +140,7 @@ func TestE2BSDK(t *testing.T) {
 	dir := npmHarness(t)
 	e := startE2BDaemon(t)
 	ctx := context.Background()
-	for _, name := range []string{"commands", "pty", "files", "bigfile", "lifecycle", "killed"} {
+	for _, name := range []string{"commands", "pty", "files", "bigfile", "lifecycle", "killed", "listing", "snapshots", "entries", "network", "ingress"} {
 		t.Run(name, func(t *testing.T) {
 			info := runScenario(t, e, dir, name)
 			// Every sandbox a scenario made is gone, through the native

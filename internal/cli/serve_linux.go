@@ -96,6 +96,10 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&cfg.HTTP.Limits.Unauthenticated, "http-max-unauthenticated", 1024, "connections each TCP listener holds before their credentials are checked (the oldest is closed for a new one)")
 	f.IntVar(&cfg.HTTP.Limits.PerPeer, "http-max-unauthenticated-per-peer", 64, "such connections one client address holds (its oldest is closed for its new one)")
 	f.StringVar(&cfg.E2BListen, "e2b-listen", "", "serve the E2B-compatible API on tcp://HOST:PORT (needs --token-file; see docs/e2b.md)")
+	f.StringVar(&cfg.E2BDomain, "e2b-domain", "", "domain of the E2B facade's sandbox host names, PORT-ID.DOMAIN (wildcard DNS to the facade): routes them to sandbox ports")
+	f.StringVar(&cfg.E2BTLSCert, "e2b-tls-cert", "", "serve the E2B facade over TLS with this certificate (for the domain and *.DOMAIN; with --e2b-tls-key)")
+	f.StringVar(&cfg.E2BTLSKey, "e2b-tls-key", "", "the E2B facade's TLS key (with --e2b-tls-cert)")
+	f.StringVar(&cfg.E2BDefaultEgress, "e2b-default-egress", "none", "network of an E2B sandbox whose create says nothing of it: none (paddock's default) or internet (E2B's)")
 	clusterFlags(f, &cfg.Cluster)
 	return cmd
 }

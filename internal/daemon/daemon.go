@@ -105,6 +105,14 @@ type Config struct {
 	// E2BListen, tcp://HOST:PORT, serves the E2B-compatible facade
 	// (package e2b); it needs TokenFile.
 	E2BListen string
+	// E2BDefaultEgress is the network of a facade sandbox whose create
+	// says nothing of it: "none" (paddock's default) or "internet" (E2B's).
+	E2BDefaultEgress string
+	// E2BDomain is the domain of the facade's sandbox host names
+	// (PORT-ID.DOMAIN, wildcard DNS pointing at the facade's listener);
+	// E2BTLSCert and E2BTLSKey, when set, serve the listener over TLS (a
+	// certificate for the domain and *.DOMAIN).
+	E2BDomain, E2BTLSCert, E2BTLSKey string
 	// HTTP bounds the API's and the facade's connections.
 	HTTP server.HTTPConfig
 	// Cluster makes the daemon a node of a cluster (off by default).
@@ -408,7 +416,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	errc := make(chan error, len(listeners)+1)
 	var servers []*http.Server
 	if e2bL != nil {
-		hs, err := serveE2B(e2bL, trust, e2bToken, cfg.HTTP, mgr, st, secrets, tel, log.With("component", "e2b"), errc)
+		hs, err := serveE2B(e2bL, trust, e2bToken, cfg, mgr, st, secrets, tel, log.With("component", "e2b"), errc)
 		if err != nil {
 			return err
 		}

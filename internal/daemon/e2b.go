@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -51,25 +52,45 @@ func listenE2B(cfg Config) (net.Listener, string, error) {
 
 // serveE2B serves the E2B facade on l over the same manager as the
 // native API.
-func serveE2B(l net.Listener, trust *clustertls.Node, token string, httpCfg server.HTTPConfig, mgr *sandbox.Manager, st *store.Store, secrets *egress.SecretStore, tel *hub.Hub, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+func serveE2B(l net.Listener, trust *clustertls.Node, token string, cfg Config, mgr *sandbox.Manager, st *store.Store, secrets *egress.SecretStore, tel *hub.Hub, log *slog.Logger, errc chan<- error) (*http.Server, error) {
 	key, err := e2bKey(st, secrets)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := e2b.New(e2b.Config{
-		Manager:   mgr,
-		Key:       key,
-		Token:     token,
-		Telemetry: tel,
-		Logger:    log,
-	})
+	ecfg := e2b.Config{
+		Manager:       mgr,
+		Key:           key,
+		Token:         token,
+		Telemetry:     tel,
+		DefaultEgress: cfg.E2BDefaultEgress,
+		Domain:        cfg.E2BDomain,
+		Logger:        log,
+	}
+	if secrets != nil {
+		ecfg.Secrets = secrets
+	}
+	srv, err := e2b.New(ecfg)
 	if err != nil {
 		return nil, err
 	}
-	hs := server.NewHTTPServer(srv.Handler(), httpCfg, log)
-	l = guardTCP(hs, l, trust, httpCfg, log)
-	go func() { errc <- hs.Serve(l) }()
-	log.Info("E2B facade listening", "addr", "tcp://"+l.Addr().String())
+	if (cfg.E2BTLSCert == "") != (cfg.E2BTLSKey == "") {
+		return nil, errors.New("--e2b-tls-cert and --e2b-tls-key go together")
+	}
+	if cfg.E2BTLSCert != "" && trust != nil {
+		return nil, errors.New("--e2b-tls-cert: this node's facade already speaks the cluster's TLS (gateways serve E2B clients)")
+	}
+	hs := server.NewHTTPServer(srv.Handler(), cfg.HTTP, log)
+	l = guardTCP(hs, l, trust, cfg.HTTP, log)
+	if cfg.E2BTLSCert != "" {
+		// Loaded now, so that a bad pair fails the start.
+		if _, err := tls.LoadX509KeyPair(cfg.E2BTLSCert, cfg.E2BTLSKey); err != nil {
+			return nil, fmt.Errorf("the E2B facade's TLS certificate: %w", err)
+		}
+		go func() { errc <- hs.ServeTLS(l, cfg.E2BTLSCert, cfg.E2BTLSKey) }()
+	} else {
+		go func() { errc <- hs.Serve(l) }()
+	}
+	log.Info("E2B facade listening", "addr", "tcp://"+l.Addr().String(), "tls", cfg.E2BTLSCert != "", "domain", cfg.E2BDomain)
 	return hs, nil
 }
 

@@ -54,6 +54,11 @@ func (s *Server) controlRoutes() *http.ServeMux {
 		{"POST /sandboxes/{id}/connect", s.connect},
 		{"POST /v2/sandboxes/{id}/connect", s.connect},
 		{"GET /sandboxes/{id}/metrics", s.metrics},
+		{"POST /sandboxes/{id}/snapshots", s.createSnapshot},
+		{"GET /snapshots", s.listSnapshots},
+		{"DELETE /templates/{id}", s.deleteSnapshot},
+		{"POST /sandboxes/{id}/fork", s.fork},
+		{"PUT /sandboxes/{id}/network", s.updateNetwork},
 	} {
 		mux.HandleFunc(r.pattern, r.h)
 	}
@@ -87,6 +92,8 @@ type createRequest struct {
 	AutoResume *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
+	AllowInternetAccess *bool          `json:"allow_internet_access"`
+	Network             *networkConfig `json:"network"`
 }
 
 // decodeBody reads a JSON body (empty is allowed) into v.
@@ -116,10 +123,40 @@ type sandboxRef struct {
 	EnvdVersion     string  `json:"envdVersion"`
 	EnvdAccessToken string  `json:"envdAccessToken"`
 	Domain          *string `json:"domain"`
+	// TrafficAccessToken is set for a sandbox whose ports are not
+	// public (allowPublicTraffic false).
+	TrafficAccessToken *string `json:"trafficAccessToken"`
 }
 
 func (s *Server) ref(sb api.Sandbox) sandboxRef {
-	return sandboxRef{SandboxID: sb.ID, TemplateID: templateOf(sb), ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: s.accessToken(sb.ID)}
+	ref := sandboxRef{SandboxID: sb.ID, TemplateID: templateOf(sb), ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: s.accessToken(sb.ID), Domain: s.domainRef()}
+	if sb.Labels[labelPrivate] != "" {
+		t := s.trafficToken(sb.ID)
+		ref.TrafficAccessToken = &t
+	}
+	return ref
+}
+
+// domainRef is the sandboxes' domain as create and getInfo answer it.
+func (s *Server) domainRef() *string {
+	if s.domain == "" {
+		return nil
+	}
+	d := s.domain
+	return &d
+}
+
+// timeoutParam is a request's timeout in seconds, def when not given: a
+// positive int32, as E2B's API has it.
+func timeoutParam(v *int64, def int64) (int64, error) {
+	t := def
+	if v != nil {
+		t = *v
+	}
+	if t <= 0 || t > math.MaxInt32 {
+		return 0, errdefs.Invalid("timeout", "%d is not a positive number of seconds", t)
+	}
+	return t, nil
 }
 
 func templateOf(sb api.Sandbox) string {
@@ -135,12 +172,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	timeout := int64(defaultTimeout)
-	if req.Timeout != nil {
-		timeout = *req.Timeout
-	}
-	if timeout <= 0 || timeout > math.MaxInt32 {
-		s.fail(w, r, errdefs.Invalid("timeout", "%d is not a positive number of seconds", timeout))
+	timeout, err := timeoutParam(req.Timeout, defaultTimeout)
+	if err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	labels := map[string]string{}
@@ -151,7 +185,21 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		}
 		labels[metaPrefix+k] = v
 	}
+	var nc networkConfig
+	if req.Network != nil {
+		nc = *req.Network
+		nc.AllowInternetAccess = nil // a create's is beside network
+	}
+	policy, err := s.policy(nc, req.AllowInternetAccess)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	networkLabels(labels, nc, req.AllowInternetAccess)
 	creq := api.CreateRequest{Env: req.EnvVars, Labels: labels, Workdir: homeOf(DefaultUser)}
+	if len(policy.Allow)+len(policy.Deny)+len(policy.Presets)+len(policy.Secrets) > 0 {
+		creq.Policy = policy
+	}
 	// Without autoResume, a paused sandbox stays paused until connect:
 	// envd calls to it fail as E2B's do.
 	autoResume := req.AutoResume != nil && req.AutoResume.Enabled
@@ -160,7 +208,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if template == "" {
 		template = DefaultTemplate
 	}
-	// From takes an image name, a template name or a snapshot id.
+	// From takes an image name, a template name or a snapshot id; an
+	// E2B snapshot name is resolved to its newest snapshot.
+	if id := s.snapshotFor(r.Context(), template); id != "" {
+		template = id
+	}
 	creq.From = template
 	creq.TimeoutSeconds = timeout
 	if req.AutoPause {
@@ -189,6 +241,9 @@ type detail struct {
 	DiskSizeMB      int64             `json:"diskSizeMB"`
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`
+	// AllowInternetAccess is what the create said, nil when it said
+	// nothing.
+	AllowInternetAccess *bool `json:"allowInternetAccess,omitempty"`
 }
 
 // stateOf is E2B's state of a sandbox: running or paused; "" for states
@@ -211,7 +266,7 @@ func metadataOf(sb api.Sandbox) map[string]string {
 		switch {
 		case strings.HasPrefix(k, metaPrefix):
 			md[strings.TrimPrefix(k, metaPrefix)] = v
-		case k == labelAutoPause:
+		case k == labelAutoPause, k == labelInternet, k == labelPrivate, k == labelMaskHost:
 		default:
 			md[k] = v
 		}
@@ -228,9 +283,14 @@ func (s *Server) detail(sb api.Sandbox) detail {
 		DiskSizeMB: sb.Resources.DiskBytes >> 20,
 		Metadata:   metadataOf(sb),
 		State:      stateOf(sb.State),
+		Domain:     s.domainRef(),
 	}
 	if sb.ExpiresAt != nil {
 		d.EndAt = *sb.ExpiresAt
+	}
+	if v, ok := sb.Labels[labelInternet]; ok {
+		on := v == "true"
+		d.AllowInternetAccess = &on
 	}
 	return d
 }
@@ -405,10 +465,16 @@ func (s *Server) resume(ctx context.Context, id string, d time.Duration) error {
 	return s.extend(ctx, id, d, false)
 }
 
-// listFilter selects sandboxes for list.
+// listFilter selects sandboxes for list, and orders them.
 type listFilter struct {
 	metadata map[string]string
 	states   map[string]bool
+	// template, when set, is the templateID (or image) listed.
+	template string
+	// startedAfter, when set, leaves out sandboxes started before it.
+	startedAfter time.Time
+	// ascending lists the oldest first; E2B's default is newest first.
+	ascending bool
 }
 
 func parseListFilter(q url.Values, defaultStates ...string) (listFilter, error) {
@@ -441,6 +507,26 @@ func parseListFilter(q url.Values, defaultStates ...string) (listFilter, error) 
 			f.states[st] = true
 		}
 	}
+	switch o := q.Get("order"); o {
+	case "", "desc":
+	case "asc":
+		f.ascending = true
+	default:
+		return f, errdefs.Invalid("order", "%q is not asc or desc", o)
+	}
+	if v := q.Get("startedAfter"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return f, errdefs.Invalid("startedAfter", "%q is not an RFC 3339 date-time", v)
+		}
+		f.startedAfter = t
+	}
+	if v := q.Get("template"); v != "" {
+		if len(v) > 256 || strings.ContainsAny(v, "\x00\n") {
+			return f, errdefs.Invalid("template", "%q is not a template name", v)
+		}
+		f.template = v
+	}
 	return f, nil
 }
 
@@ -448,7 +534,10 @@ func (s *Server) list(ctx context.Context, f listFilter) []detail {
 	var out []detail
 	for _, sb := range s.mgr.List(ctx, sandbox.Filter{}) {
 		d := s.detail(sb)
-		if d.State == "" || !f.states[d.State] {
+		if d.State == "" || !f.states[d.State] || d.StartedAt.Before(f.startedAfter) {
+			continue
+		}
+		if f.template != "" && d.TemplateID != f.template && sb.Image != f.template {
 			continue
 		}
 		match := true
@@ -464,7 +553,7 @@ func (s *Server) list(ctx context.Context, f listFilter) []detail {
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].StartedAt.Equal(out[j].StartedAt) {
-			return out[i].StartedAt.After(out[j].StartedAt)
+			return out[i].StartedAt.After(out[j].StartedAt) != f.ascending
 		}
 		return out[i].SandboxID < out[j].SandboxID
 	})
@@ -493,38 +582,56 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	limit := 100
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > maxListLimit {
-			s.fail(w, r, errdefs.Invalid("limit", "%q is not 1 to %d", v, maxListLimit))
-			return
-		}
+	limit, err := limitParam(q.Get("limit"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	all := s.list(r.Context(), f)
-	start := 0
-	if tok := q.Get("nextToken"); tok != "" {
-		start = -1
-		for i, d := range all {
-			if d.SandboxID == tok {
-				start = i
-				break
-			}
-		}
-		if start < 0 {
-			// The sandbox that started the page went away: the page
-			// starts after where it was, by time.
-			start = len(all)
-		}
+	start, err := pageStart(q.Get("nextToken"), len(all), func(i int) (time.Time, string) { return all[i].StartedAt, all[i].SandboxID }, f.ascending)
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	page := all[start:]
 	if len(page) > limit {
-		w.Header().Set("X-Next-Token", page[limit].SandboxID)
+		w.Header().Set("X-Next-Token", pageToken(page[limit].StartedAt, page[limit].SandboxID))
 		page = page[:limit]
 	}
 	if page == nil {
 		page = []detail{}
 	}
 	writeJSON(w, http.StatusOK, page)
+}
+
+// pageToken names where a list page starts: the time (Unix nanoseconds)
+// and id of its first item, so that the page is found even when that
+// item is gone.
+func pageToken(at time.Time, id string) string {
+	return strconv.FormatInt(at.UnixNano(), 10) + "_" + id
+}
+
+// pageStart is the index in a list of n items, ordered by key (time, then
+// id; newest first unless ascending), where the page tok names starts: 0
+// for no token.
+func pageStart(tok string, n int, key func(int) (time.Time, string), ascending bool) (int, error) {
+	if tok == "" {
+		return 0, nil
+	}
+	ns, id, ok := strings.Cut(tok, "_")
+	t, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil || len(id) > 128 || id == "" {
+		return 0, errdefs.Invalid("nextToken", "%q is not a token this API gave", tok)
+	}
+	at := time.Unix(0, t)
+	// The first item at or past the token's place in the order.
+	return sort.Search(n, func(i int) bool {
+		it, iid := key(i)
+		if !it.Equal(at) {
+			return it.After(at) == ascending
+		}
+		return iid >= id
+	}), nil
 }
 
 // metric is one sample of getMetrics.
@@ -574,6 +681,15 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	}
 	if from.Before(now.Add(-maxMetricsRange)) {
 		from = now.Add(-maxMetricsRange)
+	}
+	if to.Before(from) {
+		s.fail(w, r, errdefs.Invalid("end", "is before start"))
+		return
+	}
+	if to.Before(sb.CreatedAt.Truncate(time.Second)) {
+		// Nothing was measured before the sandbox existed.
+		writeJSON(w, http.StatusOK, []metric{})
+		return
 	}
 	// A create answers before telemetry hears of the sandbox.
 	if err := s.mgr.Observed(r.Context(), id); err != nil {

@@ -18,6 +18,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -56,7 +57,24 @@ type Config struct {
 	Token string
 	// Telemetry answers getMetrics; nil answers it 503.
 	Telemetry Telemetry
-	Logger    *slog.Logger
+	// Secrets stores the values of E2B's header transforms; nil refuses
+	// them.
+	Secrets Secrets
+	// DefaultEgress is whether a sandbox whose create says nothing of the
+	// network reaches the internet: EgressNone (paddock's default, "" too)
+	// or EgressInternet (E2B's).
+	DefaultEgress string
+	// Domain, when set, is the domain of E2B's sandbox host names
+	// (PORT-ID.DOMAIN): requests for such a host are routed to that
+	// sandbox's port (49983: its envd), and creates answer it as the
+	// sandboxes' domain.
+	Domain string
+	Logger *slog.Logger
+}
+
+// Secrets is the daemon's secret store (egress.SecretStore).
+type Secrets interface {
+	Create(name string, value []byte) error
 }
 
 // Telemetry is where the facade reads a sandbox's metrics: the telemetry
@@ -67,11 +85,16 @@ type Telemetry interface {
 
 // Server serves the facade.
 type Server struct {
-	mgr    *sandbox.Manager
-	tel    Telemetry
-	log    *slog.Logger
-	apiKey string
-	secret []byte
+	mgr *sandbox.Manager
+	tel Telemetry
+	log *slog.Logger
+
+	secrets       Secrets
+	defaultEgress string
+	domain        string
+	ingress       http.Handler
+	apiKey        string
+	secret        []byte
 
 	control *http.ServeMux
 	envd    *http.ServeMux
@@ -89,16 +112,25 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Key) < 32 {
 		return nil, errors.New("the E2B facade needs a key of 32 bytes or more: its envd access tokens are derived from it")
 	}
+	switch cfg.DefaultEgress {
+	case "", EgressNone, EgressInternet:
+	default:
+		return nil, fmt.Errorf("the E2B default egress %q is neither %s nor %s", cfg.DefaultEgress, EgressNone, EgressInternet)
+	}
 	s := &Server{
-		mgr:    cfg.Manager,
-		tel:    cfg.Telemetry,
-		log:    cfg.Logger,
-		apiKey: APIKey(cfg.Token),
-		secret: cfg.Key,
-		tags:   map[string]map[string]uint32{},
+		secrets:       cfg.Secrets,
+		defaultEgress: cfg.DefaultEgress,
+		domain:        strings.ToLower(strings.Trim(cfg.Domain, ".")),
+		mgr:           cfg.Manager,
+		tel:           cfg.Telemetry,
+		log:           cfg.Logger,
+		apiKey:        APIKey(cfg.Token),
+		secret:        cfg.Key,
+		tags:          map[string]map[string]uint32{},
 	}
 	s.control = s.controlRoutes()
 	s.envd = s.envdRoutes()
+	s.ingress = s.newIngressProxy()
 	return s, nil
 }
 
@@ -133,6 +165,27 @@ func (s *Server) Handler() http.Handler {
 			}
 		}()
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
+			s.envd.ServeHTTP(w, r)
+			return
+		}
+		if port, id, ok := s.hostTarget(r.Host); ok {
+			if port != EnvdPort {
+				s.serveIngress(w, r, id, port)
+				return
+			}
+			r.Header.Set("E2b-Sandbox-Id", id)
+			s.envd.ServeHTTP(w, r)
+			return
+		}
+		if r.URL.Path == "/files" && r.URL.Query().Has("signature") {
+			// A signed URL fetched by a plain client: its sandbox is the
+			// one whose token signed it.
+			id := s.signer(r)
+			if id == "" {
+				writeAPIError(w, http.StatusUnauthorized, "invalid signature")
+				return
+			}
+			r.Header.Set("E2b-Sandbox-Id", id)
 			s.envd.ServeHTTP(w, r)
 			return
 		}

@@ -12,6 +12,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"net/url"
 	"path"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/sandbox"
 )
 
 // envd's REST /files: GET downloads one file, POST uploads one or more
@@ -73,21 +75,18 @@ func (s *Server) checkSignature(r *http.Request, id string) (grant, error) {
 	if r.Method == http.MethodPost {
 		g.op = "write"
 	}
-	raw := g.path + ":" + g.op + ":" + g.user + ":" + s.accessToken(id)
-	if exp := q.Get("signature_expiration"); exp != "" {
+	exp := q.Get("signature_expiration")
+	if !s.signedBy(q, g.op, s.accessToken(id)) {
+		return grant{}, errors.New("invalid signature")
+	}
+	if exp != "" {
 		n, err := strconv.ParseInt(exp, 10, 64)
 		if err != nil {
 			return grant{}, errors.New("signature_expiration is not a Unix time")
 		}
 		if time.Now().Unix() > n {
-			return grant{}, errors.New("the signature has expired")
+			return grant{}, errors.New("signature is already expired")
 		}
-		raw += ":" + exp
-	}
-	sum := sha256.Sum256([]byte(raw))
-	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
-	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
-		return grant{}, errors.New("invalid signature")
 	}
 	if g.path == "" {
 		return grant{}, errors.New("the signature names no path; sign the URL for the file it is for")
@@ -103,6 +102,35 @@ func (s *Server) checkSignature(r *http.Request, id string) (grant, error) {
 		}
 	}
 	return g, nil
+}
+
+// signedBy reports whether q's signature is envd's for operation op
+// under access token token.
+func (s *Server) signedBy(q url.Values, op, token string) bool {
+	raw := q.Get("path") + ":" + op + ":" + q.Get("username") + ":" + token
+	if exp := q.Get("signature_expiration"); exp != "" {
+		raw += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(raw))
+	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	return subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) == 1
+}
+
+// signer finds the sandbox whose access token signed r (a /files URL
+// that names no sandbox): "" when none did. It tries every running
+// sandbox's token, a hash each.
+func (s *Server) signer(r *http.Request) string {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	for _, sb := range s.mgr.List(r.Context(), sandbox.Filter{}) {
+		if s.signedBy(q, op, s.accessToken(sb.ID)) {
+			return sb.ID
+		}
+	}
+	return ""
 }
 
 func (s *Server) download(w http.ResponseWriter, r *http.Request) {

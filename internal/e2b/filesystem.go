@@ -32,30 +32,95 @@ type entryInfo struct {
 	SymlinkTarget *string   `json:"symlinkTarget,omitempty"`
 }
 
-// entryOf describes a file as envd does: mode and permissions as Go's
-// os.FileMode has them (type bits included), owners by name.
-func entryOf(fi api.FileInfo) entryInfo {
+// entryOf describes a file as envd does: mode is the permission bits
+// (os.FileMode.Perm), permissions the file's own mode as Go prints it
+// (type letter included), owners by name. A symlink is described by its
+// target, as envd does: symlinkTarget is the resolved path, type and mode
+// are the target's (unspecified and 0 when it does not resolve), the
+// rest the link's own.
+func entryOf(fi api.FileInfo, link *resolvedLink) entryInfo {
 	mode := fi.Mode.OS()
-	typ := "FILE_TYPE_UNSPECIFIED"
+	typ := fileType(fi.Type)
+	perm := mode
 	switch fi.Type {
-	case api.TypeFile:
-		typ = "FILE_TYPE_FILE"
 	case api.TypeDir:
-		typ, mode = "FILE_TYPE_DIRECTORY", mode|fs.ModeDir
+		mode |= fs.ModeDir
 	case api.TypeSymlink:
-		typ, mode = "FILE_TYPE_SYMLINK", mode|fs.ModeSymlink
+		mode |= fs.ModeSymlink
+		perm, typ = 0, "FILE_TYPE_UNSPECIFIED"
+		if link != nil && link.target != nil {
+			perm, typ = link.target.Mode.OS(), fileType(link.target.Type)
+		}
 	}
 	e := entryInfo{
 		Name: fi.Name, Type: typ, Path: fi.Path, Size: strconv.FormatInt(fi.Size, 10),
-		Mode: uint32(mode), Permissions: mode.String(),
+		Mode: uint32(perm.Perm()), Permissions: mode.String(),
 		Owner: nameOr(fi.User, fi.UID), Group: nameOr(fi.Group, fi.GID),
 		ModifiedTime: fi.ModTime.UTC(),
 	}
 	if fi.Type == api.TypeSymlink {
-		t := fi.LinkTarget
+		t := fi.Path
+		if link != nil {
+			t = link.path
+		}
 		e.SymlinkTarget = &t
 	}
 	return e
+}
+
+func fileType(t string) string {
+	switch t {
+	case api.TypeFile:
+		return "FILE_TYPE_FILE"
+	case api.TypeDir:
+		return "FILE_TYPE_DIRECTORY"
+	case api.TypeSymlink:
+		return "FILE_TYPE_SYMLINK"
+	}
+	return "FILE_TYPE_UNSPECIFIED"
+}
+
+// resolvedLink is where a symlink leads: the absolute path, and the file
+// there (nil when the chain ends nowhere).
+type resolvedLink struct {
+	path   string
+	target *api.FileInfo
+}
+
+// maxLinkHops bounds a symlink chain, as the kernel's 40 does.
+const maxLinkHops = 40
+
+// resolveLink follows the symlink fi to what it names, inside the
+// sandbox (the guest resolves each path under the sandbox's root). A
+// chain that loops or leads nowhere resolves to the link's own path, as
+// envd's does.
+func resolveLink(ctx context.Context, gc *guestapi.Client, fi api.FileInfo) *resolvedLink {
+	cur := fi
+	for range maxLinkHops {
+		next := cur.LinkTarget
+		if !path.IsAbs(next) {
+			next = path.Join(path.Dir(cur.Path), next)
+		}
+		next = path.Clean(next)
+		t, err := gc.Stat(ctx, guestapi.FileRequest{Path: next})
+		if err != nil {
+			break
+		}
+		if t.Type != api.TypeSymlink {
+			return &resolvedLink{path: next, target: t}
+		}
+		cur = *t
+		cur.Path = next
+	}
+	return &resolvedLink{path: fi.Path}
+}
+
+// describe is entryOf with a symlink resolved.
+func describe(ctx context.Context, gc *guestapi.Client, fi api.FileInfo) entryInfo {
+	if fi.Type != api.TypeSymlink {
+		return entryOf(fi, nil)
+	}
+	return entryOf(fi, resolveLink(ctx, gc, fi))
 }
 
 func nameOr(name string, id uint32) string {
@@ -96,11 +161,15 @@ func (s *Server) fsStat(r *http.Request, req *pathRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	fi, err := s.fileDo(r, (*guestapi.Client).Stat, guestapi.FileRequest{Path: p})
+	gc, err := s.guestOf(r)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"entry": entryOf(*fi)}, nil
+	fi, err := gc.Stat(r.Context(), guestapi.FileRequest{Path: p})
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"entry": describe(r.Context(), gc, *fi)}, nil
 }
 
 type listDirRequest struct {
@@ -133,7 +202,7 @@ func (s *Server) fsListDir(r *http.Request, req *listDirRequest) (any, error) {
 			return nil, err
 		}
 		for _, fi := range batch {
-			out = append(out, entryOf(fi))
+			out = append(out, describe(r.Context(), gc, fi))
 		}
 	}
 	return map[string]any{"entries": out}, nil
@@ -153,7 +222,7 @@ func (s *Server) fsMakeDir(r *http.Request, req *pathRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"entry": entryOf(*fi)}, nil
+	return map[string]any{"entry": entryOf(*fi, nil)}, nil
 }
 
 type moveRequest struct {
@@ -179,7 +248,7 @@ func (s *Server) fsMove(r *http.Request, req *moveRequest) (any, error) {
 			return nil, err
 		}
 	}
-	return map[string]any{"entry": entryOf(*fi)}, nil
+	return map[string]any{"entry": entryOf(*fi, nil)}, nil
 }
 
 func (s *Server) fsRemove(r *http.Request, req *pathRequest) (any, error) {
@@ -191,7 +260,8 @@ func (s *Server) fsRemove(r *http.Request, req *pathRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := gc.Remove(r.Context(), guestapi.FileRequest{Path: p, Recursive: true}); err != nil {
+	// envd's RemoveAll: a path that is not there is removed already.
+	if err := gc.Remove(r.Context(), guestapi.FileRequest{Path: p, Recursive: true}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
 	return struct{}{}, nil

@@ -5,7 +5,59 @@
 // code 1). Lines "info KEY VALUE" report values the Go test checks too.
 import assert from 'node:assert/strict'
 import { createHash, randomBytes } from 'node:crypto'
+import http from 'node:http'
+import { readFileSync } from 'node:fs'
 import { Sandbox, CommandExitError } from 'e2b'
+
+const WS_ECHO = `import socket, hashlib, base64
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 8001))
+s.listen()
+while True:
+    c, _ = s.accept()
+    d = b''
+    while b'\\r\\n\\r\\n' not in d:
+        d += c.recv(4096)
+    k = [l.split(b':', 1)[1].strip() for l in d.split(b'\\r\\n') if l.lower().startswith(b'sec-websocket-key')][0]
+    a = base64.b64encode(hashlib.sha1(k + b'258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest())
+    c.sendall(b'HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Accept: ' + a + b'\\r\\n\\r\\n')
+    f = c.recv(4096)
+    n = f[1] & 127
+    m = f[2:6]
+    p = bytes(b ^ m[i % 4] for i, b in enumerate(f[6:6 + n]))
+    c.sendall(bytes([0x81, len(p)]) + p)
+    c.close()
+`
+
+// wsEcho opens a WebSocket to host through the facade at api, sends text
+// in one masked frame and returns the text of the first frame back.
+function wsEcho(api, host, text) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({
+      hostname: api.hostname, port: api.port, path: '/',
+      headers: { host, connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': randomBytes(16).toString('base64') },
+    })
+    req.on('upgrade', (res, socket) => {
+      const payload = Buffer.from(text)
+      const mask = randomBytes(4)
+      const frame = Buffer.concat([Buffer.from([0x81, 0x80 | payload.length]), mask, payload.map((b, i) => b ^ mask[i % 4])])
+      socket.write(frame)
+      let buf = Buffer.alloc(0)
+      socket.on('data', (d) => {
+        buf = Buffer.concat([buf, d])
+        if (buf.length >= 2 && buf.length >= 2 + (buf[1] & 127)) {
+          socket.destroy()
+          resolve(buf.subarray(2, 2 + (buf[1] & 127)).toString())
+        }
+      })
+      socket.on('error', reject)
+    })
+    req.on('response', (res) => reject(new Error('no upgrade: ' + res.statusCode)))
+    req.on('error', reject)
+    req.end()
+  })
+}
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
@@ -242,6 +294,15 @@ const scenarios = {
       info('metrics', JSON.stringify(m))
 
       // Pause: files stay, processes end, envd answers 502; connect resumes.
+      // The resume is a new boot, with a boot_id of its own (never the
+      // host's).
+      const bootId = async (s) => (await s.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()
+      const hostBoot = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim()
+      const boot1 = await bootId(a)
+      assert.match(boot1, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+      assert.notEqual(boot1, hostBoot)
+      assert.notEqual(boot1, await bootId(b), 'each sandbox its own')
+      await assert.rejects(a.commands.run('echo x > /proc/sys/kernel/random/boot_id', { user: 'root' }))
       await a.files.write('kept.txt', 'still here')
       assert.equal(await a.pause(), true)
       assert.equal(await a.isRunning(), false)
@@ -252,6 +313,9 @@ const scenarios = {
       assert.equal(await resumed.isRunning(), true)
       assert.equal(await resumed.files.read('kept.txt'), 'still here')
       assert.equal((await resumed.commands.run('echo back')).stdout, 'back\n')
+      const boot2 = await bootId(resumed)
+      assert.notEqual(boot2, boot1, 'a resume is a new boot')
+      assert.notEqual(boot2, hostBoot)
       assert.equal((await resumed.getInfo()).state, 'running')
 
       // setTimeout: the sandbox ends when it is up.
@@ -278,6 +342,264 @@ const scenarios = {
       await Sandbox.kill(b.sandboxId).catch(() => {})
     }
     console.log('ok lifecycle')
+  },
+
+  // List: order, startedAfter, the template filter, pages in either
+  // order; metrics over a range.
+  async listing() {
+    const tag = randomBytes(4).toString('hex')
+    const made = []
+    try {
+      for (let i = 0; i < 3; i++) {
+        made.push(await Sandbox.create({ metadata: { suite: tag, n: String(i) } }))
+        info('sandbox', made[i].sandboxId)
+        await sleep(20)
+      }
+      const ids = made.map((s) => s.sandboxId)
+      const all = async (opts) => {
+        const out = []
+        const pager = Sandbox.list({ ...opts, query: { metadata: { suite: tag }, ...opts.query } })
+        while (pager.hasNext) out.push(...(await pager.nextItems()))
+        return out.map((s) => s.sandboxId)
+      }
+      assert.deepEqual(await all({ query: {} }), [...ids].reverse(), 'newest first by default')
+      assert.deepEqual(await all({ query: {}, order: 'desc', limit: 1 }), [...ids].reverse())
+      assert.deepEqual(await all({ query: {}, order: 'asc', limit: 2 }), ids, 'oldest first, two pages')
+      const second = (await made[1].getInfo()).startedAt
+      assert.deepEqual(await all({ query: { startedAfter: second }, order: 'asc' }), ids.slice(1), 'startedAfter is inclusive')
+      assert.deepEqual(await all({ query: { template: 'base' }, order: 'asc' }), ids)
+      assert.deepEqual(await all({ query: { template: 'no-such-template' } }), [])
+      await assert.rejects(Sandbox.list({ order: 'sideways' }).nextItems(), (e) => /order/.test(e.message))
+
+      // Metrics over a range: nothing before the sandbox existed; the
+      // samples of its life after.
+      const born = (await made[0].getInfo()).startedAt
+      const before = await made[0].getMetrics({ start: new Date(born.getTime() - 3600_000), end: new Date(born.getTime() - 60_000) })
+      assert.deepEqual(before, [])
+      let ranged = []
+      await until('two samples in range', async () => (ranged = await made[0].getMetrics({ start: born, end: new Date() })).length >= 2, 10000)
+      for (const m of ranged) assert.ok(m.timestamp.getTime() >= born.getTime() - 1000 && m.memTotal > 0, JSON.stringify(m))
+      assert.ok(ranged[0].timestamp <= ranged[ranged.length - 1].timestamp)
+      info('ranged_samples', ranged.length)
+    } finally {
+      for (const s of made) await s.kill().catch(() => {})
+    }
+    console.log('ok listing')
+  },
+
+  // Snapshots (named and not), listed all, per sandbox and by name,
+  // sandboxes made from them, deleted; forks.
+  async snapshots() {
+    await withSandbox({}, async (sbx) => {
+      await sbx.files.write('state.txt', 'one')
+      const anon = await sbx.createSnapshot()
+      assert.match(anon.snapshotId, /^snap-/)
+      assert.deepEqual(anon.names, [])
+      const name = 'snap-test-' + randomBytes(3).toString('hex')
+      await sbx.files.write('state.txt', 'two')
+      const named = await sbx.createSnapshot({ name })
+      assert.deepEqual(named.names, [name + ':default'])
+      await assert.rejects(sbx.createSnapshot({ name: 'Bad Name!' }), (e) => /name/.test(e.message))
+
+      const mine = []
+      const pager = sbx.listSnapshots({ limit: 1 })
+      while (pager.hasNext) mine.push(...(await pager.nextItems()))
+      assert.deepEqual(mine.map((s) => s.snapshotId), [named.snapshotId, anon.snapshotId], 'per sandbox, newest first')
+      const byName = await Sandbox.listSnapshots({ name }).nextItems()
+      assert.deepEqual(byName.map((s) => s.snapshotId), [named.snapshotId])
+      const everything = await Sandbox.listSnapshots().nextItems()
+      assert.ok(everything.some((s) => s.snapshotId === anon.snapshotId))
+
+      // Sandboxes from a snapshot id and from a name.
+      const fromId = await Sandbox.create(anon.snapshotId)
+      info('sandbox', fromId.sandboxId)
+      assert.equal(await fromId.files.read('state.txt'), 'one')
+      await fromId.kill()
+      const fromName = await Sandbox.create(name)
+      info('sandbox', fromName.sandboxId)
+      assert.equal(await fromName.files.read('state.txt'), 'two')
+      await fromName.kill()
+
+      assert.equal(await Sandbox.deleteSnapshot(anon.snapshotId), true)
+      assert.equal(await Sandbox.deleteSnapshot(anon.snapshotId), false, 'a second delete finds nothing')
+      assert.equal(await Sandbox.deleteSnapshot(name), true, 'delete by name')
+      assert.deepEqual(await Sandbox.listSnapshots({ name }).nextItems(), [])
+
+      // Fork: two sandboxes with the source's files; the source runs on.
+      await sbx.files.write('state.txt', 'three')
+      const forks = await sbx.fork({ count: 2, timeoutMs: 60_000 })
+      assert.equal(forks.length, 2)
+      for (const f of forks) {
+        assert.ok(f instanceof Sandbox, String(f))
+        info('sandbox', f.sandboxId)
+        assert.equal(await f.files.read('state.txt'), 'three')
+        const left = (await f.getInfo()).endAt.getTime() - Date.now()
+        assert.ok(left > 50_000 && left <= 61_000, `fork's timeout (${left} ms)`)
+      }
+      await forks[0].files.write('state.txt', 'fork')
+      assert.equal(await sbx.files.read('state.txt'), 'three', 'forks are copies')
+      assert.equal((await sbx.commands.run('echo alive')).stdout, 'alive\n')
+      for (const f of forks) await f.kill()
+      await assert.rejects(Sandbox.fork(sbx.sandboxId, { count: 1000 }), (e) => /count/.test(e.message))
+      await assert.rejects(Sandbox.fork('nosuchsandbox0000000', {}), (e) => e.name === 'SandboxNotFoundError')
+    })
+    console.log('ok snapshots')
+  },
+
+  // Entry info as envd gives it: permission bits only; a symlink by its
+  // target; removing a missing path succeeds.
+  async entries() {
+    await withSandbox({}, async (sbx) => {
+      await sbx.commands.run('mkdir -p d && chmod 750 d && echo hi > d/f && chmod 640 d/f && ln -s d/f link && ln -s d dlink && ln -s nowhere broken')
+      const f = await sbx.files.getInfo('d/f')
+      assert.equal(f.type, 'file')
+      assert.equal(f.mode, 0o640)
+      assert.equal(f.permissions, '-rw-r-----')
+      const d = await sbx.files.getInfo('d')
+      assert.equal(d.type, 'dir')
+      assert.equal(d.mode, 0o750)
+      assert.equal(d.permissions, 'drwxr-x---')
+      const l = await sbx.files.getInfo('link')
+      assert.equal(l.type, 'file', 'a symlink has its target type')
+      assert.equal(l.mode, 0o640)
+      assert.equal(l.symlinkTarget, '/home/user/d/f')
+      assert.match(l.permissions, /^L/)
+      const dl = (await sbx.files.list('.')).find((e) => e.name === 'dlink')
+      assert.equal(dl.type, 'dir')
+      assert.equal(dl.symlinkTarget, '/home/user/d')
+      const b = await sbx.files.getInfo('broken')
+      assert.equal(b.type, undefined)
+      assert.equal(b.symlinkTarget, '/home/user/broken')
+      await sbx.files.remove('no/such/path')
+      await sbx.files.remove('link')
+      assert.equal(await sbx.files.exists('d/f'), true, 'removing a link keeps its target')
+    })
+    console.log('ok entries')
+  },
+
+  // Network settings as paddock policy (read back from inside, in
+  // /run/paddock/policy.json), updateNetwork, header transforms as
+  // secrets the sandbox never holds, the traffic token; bad input.
+  async network() {
+    const policyOf = async (sbx) => JSON.parse((await sbx.commands.run('cat /run/paddock/policy.json')).stdout)
+    await withSandbox({ allowInternetAccess: false }, async (sbx) => {
+      assert.equal((await sbx.getInfo()).allowInternetAccess, false)
+      const p = await policyOf(sbx)
+      assert.ok(!(p.presets ?? []).includes('internet'), JSON.stringify(p))
+      assert.equal(sbx.trafficAccessToken, undefined)
+    })
+    await withSandbox({ allowInternetAccess: true, network: { denyOut: ['8.8.8.8'], allowOut: ['example.com'] } }, async (sbx) => {
+      const p = await policyOf(sbx)
+      assert.deepEqual(p.presets, ['internet'])
+      assert.deepEqual((p.allow ?? []).map((r) => r.match ?? r), ['example.com'])
+      assert.deepEqual((p.deny ?? []).map((r) => r.match ?? r), ['8.8.8.8'])
+      // updateNetwork replaces everything: internet off, one allowed domain.
+      await sbx.updateNetwork({ allowOut: ['*.example.org'], denyOut: ['0.0.0.0/0'] })
+      await until('the new policy inside', async () => !((await policyOf(sbx)).presets ?? []).includes('internet'))
+      const q = await policyOf(sbx)
+      assert.deepEqual((q.allow ?? []).map((r) => r.match ?? r), ['*.example.org'])
+      assert.deepEqual(q.deny ?? [], [])
+    })
+    const secret = 'sk-' + randomBytes(8).toString('hex')
+    await withSandbox({
+      network: {
+        allowOut: ['api.example.com'],
+        allowPublicTraffic: false,
+        rules: { 'api.example.com': [{ transform: { headers: { Authorization: 'Bearer ' + secret } } }] },
+      },
+    }, async (sbx) => {
+      assert.match(sbx.trafficAccessToken ?? '', /^[0-9a-f]{32}$/)
+      const p = await policyOf(sbx)
+      assert.equal(p.secrets.length, 1)
+      assert.deepEqual(p.secrets[0].hosts, ['api.example.com'])
+      assert.equal(p.secrets[0].inject.header, 'Authorization')
+      const inside = (await sbx.commands.run('cat /run/paddock/policy.json; env', { user: 'root' })).stdout
+      assert.ok(!inside.includes(secret), 'the header value never enters the sandbox')
+      info('traffic_token', sbx.trafficAccessToken)
+    })
+    await assert.rejects(Sandbox.create({ network: { denyOut: ['example.com'] } }), (e) => /denyOut/.test(e.message))
+    await assert.rejects(Sandbox.create({ network: { allowOut: ['not a host!'] } }), (e) => /allowOut/.test(e.message))
+    await assert.rejects(Sandbox.create({ network: { rules: { 'x.com': [{ transform: { headers: { 'Bad Header': 'v' } } }] } } }), (e) => /rules/.test(e.message))
+    console.log('ok network')
+  },
+
+  // Port ingress by host name: PORT-ID.DOMAIN on the facade's listener,
+  // HTTP and WebSockets, the traffic token, E2B's 502s; signed URLs
+  // without a sandbox header, and expired ones.
+  async ingress() {
+    const api = new URL(process.env.E2B_API_URL)
+    const request = (host, path = '/', headers = {}) => new Promise((resolve, reject) => {
+      const req = http.request({ hostname: api.hostname, port: api.port, path, agent: false, headers: { ...headers, host } }, (res) => {
+        let body = ''
+        res.on('data', (d) => { body += d })
+        res.on('end', () => resolve({ status: res.statusCode, body, headers: res.headers }))
+      })
+      req.on('error', reject)
+      req.end()
+    })
+    await withSandbox({}, async (sbx) => {
+      await sbx.files.write('www/index.html', 'hello from the sandbox')
+      await sbx.commands.run('cd www && exec python3 -m http.server 8000', { background: true })
+      await sbx.files.write('ws.py', WS_ECHO)
+      await sbx.commands.run('exec python3 ws.py', { background: true })
+      const host = sbx.getHost(8000)
+      assert.equal(host, `8000-${sbx.sandboxId}.${process.env.E2B_TEST_DOMAIN}`)
+      let r
+      await until('the app to listen', async () => (r = await request(host, '/index.html')).status === 200)
+      assert.equal(r.body, 'hello from the sandbox')
+      // A closed port: E2B's 502.
+      r = await request(sbx.getHost(8999))
+      assert.equal(r.status, 502)
+      assert.deepEqual(JSON.parse(r.body), { sandboxId: sbx.sandboxId, message: 'The sandbox is running but port is not open', port: '8999' })
+      // envd by host name.
+      r = await request(sbx.getHost(49983), '/health')
+      assert.equal(r.status, 502, 'health without the access token')
+      // WebSocket through the ingress.
+      let echoed = ''
+      await until('a websocket echo', async () => { echoed = await wsEcho(api, sbx.getHost(8001), 'ping over ws').catch(() => ''); return echoed !== '' })
+      assert.equal(echoed, 'ping over ws')
+
+      // Signed URLs fetched with no sandbox header, as a plain client does.
+      await sbx.files.write('plain.txt', 'plain client')
+      let res = await fetch(await sbx.downloadUrl('plain.txt'))
+      assert.equal(res.status, 200)
+      assert.equal(await res.text(), 'plain client')
+      const form = new FormData()
+      form.append('file', new Blob(['uploaded plainly']), 'up.txt')
+      res = await fetch(await sbx.uploadUrl('up.txt'), { method: 'POST', body: form })
+      assert.equal(res.status, 200)
+      assert.equal(await sbx.files.read('up.txt'), 'uploaded plainly')
+      const soon = await sbx.downloadUrl('plain.txt', { useSignatureExpiration: 1 })
+      await sleep(2100)
+      res = await fetch(soon)
+      assert.equal(res.status, 401)
+      assert.equal((await res.json()).message, 'signature is already expired')
+      const bad = new URL(await sbx.downloadUrl('plain.txt'))
+      bad.searchParams.set('signature', 'v1_AAAA')
+      res = await fetch(bad)
+      assert.equal(res.status, 401)
+      assert.equal((await res.json()).message, 'invalid signature')
+    })
+    // allowPublicTraffic false: the ingress asks for the traffic token.
+    await withSandbox({ network: { allowPublicTraffic: false } }, async (sbx) => {
+      await sbx.commands.run('exec python3 -m http.server 8000', { background: true })
+      const host = sbx.getHost(8000)
+      let r = await request(host)
+      assert.equal(r.status, 403)
+      assert.match(JSON.parse(r.body).message, /traffic access token/)
+      r = await request(host, '/', { 'e2b-traffic-access-token': 'wrong' })
+      assert.equal(r.status, 403)
+      await until('the app behind the token', async () => (r = await request(host, '/', { 'e2b-traffic-access-token': sbx.trafficAccessToken })).status === 200)
+    })
+    // A sandbox that is gone: 502.
+    const gone = await Sandbox.create()
+    info('sandbox', gone.sandboxId)
+    const host = gone.getHost(8000)
+    await gone.kill()
+    const r = await request(host)
+    assert.equal(r.status, 502)
+    assert.equal(JSON.parse(r.body).sandboxId, gone.sandboxId)
+    console.log('ok ingress')
   },
 
   // A stream open when its sandbox is killed: the connection drops, the
