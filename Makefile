@@ -17,7 +17,7 @@ GOFLAGS_STATIC := -tags 'netgo osusergo embedguest' -ldflags '-linkmode external
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
-.PHONY: all build deps kube-bins runsc up down uninstall test test-short fuzz bench lint fmt clean
+.PHONY: all build deps kube-bins runsc up down uninstall cluster-up cluster-down test test-short fuzz bench lint fmt clean
 
 all: build
 
@@ -86,6 +86,19 @@ down:
 uninstall:
 	$(PREFIX)/bin/paddock serve --uninstall $(SERVE_FLAGS)
 	rm -f $(PREFIX)/bin/paddock
+
+# cluster-up starts a paddock cluster on this host: kube-apiserver and
+# etcd (from kube-bins' cache), deploy/'s CRDs and RBAC, 3 nodes and 2
+# gateways, everything under .cluster/ (PADDOCK_CLUSTER_DIR; the script
+# lists its other settings). It waits until the gateways serve every node
+# and writes .cluster/env:  . .cluster/env && paddock run -- echo hello.
+# Run again, it starts what is not running. cluster-down removes every
+# trace of it: processes, sandboxes, cgroups, networks, mounts, the dir.
+cluster-up: build kube-bins
+	PADDOCK_BIN=$(CURDIR)/$(BIN) scripts/cluster-up.sh
+
+cluster-down:
+	scripts/cluster-down.sh
 
 # test runs every test (tests that need root skip without it), then every
 # fuzz target for a short while. The unit tests run under the race
