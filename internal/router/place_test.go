@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/paddock-dev/paddock/api"
 )
@@ -114,5 +115,28 @@ func TestGatherNamesMissing(t *testing.T) {
 	}
 	if rec, _ := call(t, h, "GET", "/v1/templates", ""); rec.Code != http.StatusNotFound {
 		t.Errorf("a route the gateway does not serve: %d", rec.Code)
+	}
+}
+
+// TestPlacedOutlivesHeartbeats: what the gateway placed on a node counts
+// until the node publishes a new allocation, not only until the next
+// change of its record (a Lease renewal changes its heartbeat).
+func TestPlacedOutlivesHeartbeats(t *testing.T) {
+	rt := New(Config{})
+	full := func(n *api.Node) { n.Capacity = api.NodeResources{Sandboxes: 2} }
+	rt.SetNodes([]api.Node{rec("n1", "a", full)})
+	d := demand{res: api.NodeResources{Sandboxes: 1}}
+	for range 2 {
+		if _, _, err := rt.pick(d, map[string]bool{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt.SetNodes([]api.Node{rec("n1", "a", full, func(n *api.Node) { n.Heartbeat = time.Now() })})
+	if n, _, err := rt.pick(d, map[string]bool{}); err == nil {
+		t.Fatalf("a heartbeat forgot the 2 placed: a third went to %s", n.Name)
+	}
+	rt.SetNodes([]api.Node{rec("n1", "a", full, func(n *api.Node) { n.Allocated.Sandboxes = 1 })})
+	if _, _, err := rt.pick(d, map[string]bool{}); err != nil {
+		t.Fatalf("after the node published 1 allocated: %v", err)
 	}
 }

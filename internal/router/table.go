@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
@@ -52,8 +54,10 @@ func (t *table) tags() string {
 // calls it on every change). A node whose record is unusable (a bad tag or
 // address, a tag another node's starts or shares) is left out and logged:
 // its sandboxes answer 404 until its record is fixed, the rest serve.
-// What the gateway placed since the last update is forgotten: the nodes'
-// Allocated now counts it.
+// What the gateway placed is forgotten (the nodes' Allocated now counts
+// it), unless the table changed only in heartbeats: a Lease's renewal
+// publishes no allocation, and forgetting then would place a burst of
+// creates on allocations seconds old.
 func (rt *Router) SetNodes(nodes []api.Node) {
 	sorted := append([]api.Node(nil), nodes...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
@@ -86,9 +90,24 @@ func (rt *Router) SetNodes(nodes []api.Node) {
 			n.close()
 		}
 	}
+	beatsOnly := len(kept) == len(rt.nodes)
+	for name, n := range kept {
+		if old := rt.nodes[name]; beatsOnly && (old == nil || !sameButHeartbeat(old.Node, n.Node)) {
+			beatsOnly = false
+		}
+	}
 	rt.nodes = kept
 	rt.table = t
-	rt.placed = map[string]*placedCount{}
+	if !beatsOnly {
+		rt.placed = map[string]*placedCount{}
+	}
+}
+
+// sameButHeartbeat says whether two records of a node differ in their
+// heartbeat at most.
+func sameButHeartbeat(a, b api.Node) bool {
+	a.Heartbeat, b.Heartbeat = time.Time{}, time.Time{}
+	return reflect.DeepEqual(a, b)
 }
 
 // usable checks a node's record against the table built so far.
