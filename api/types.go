@@ -121,6 +121,9 @@ type Sandbox struct {
 	RuntimeName string `json:"runtime_name,omitempty"`
 	// Runtime details useful to operators.
 	Runtime *RuntimeInfo `json:"runtime,omitempty"`
+	// Node is the cluster node that holds the sandbox (its name, as
+	// `paddock nodes` lists it); empty on a daemon that is no node.
+	Node string `json:"node,omitempty"`
 }
 
 // RuntimeInfo is what the host knows about a running sandbox.

@@ -87,3 +87,15 @@ Then: paddock gateway --cluster-tls DIR, paddock serve --cluster-tls DIR --node-
 	cmd.Flags().BoolVar(&newCA, "new-ca", false, "make a new root even if DIR holds one (nodes and gateways then need the new ca.crt, or both old and new in one file while they change over)")
 	return cmd
 }
+
+// drainer marks nodes draining through the cluster's API (the gateway's
+// POST /v1/nodes/NAME/drain).
+func (k kubeNodes) drainer() (func(context.Context, string, bool) error, error) {
+	rc, err := cluster.RESTConfig(k.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, name string, draining bool) error {
+		return cluster.SetDraining(ctx, rc, name, draining)
+	}, nil
+}

@@ -73,11 +73,18 @@ func gatewayCmd() *cobra.Command {
 					return fmt.Errorf("--cluster-tls: %w", err)
 				}
 			}
+			var drain func(context.Context, string, bool) error
+			if kube.enabled {
+				if drain, err = kube.drainer(); err != nil {
+					return err
+				}
+			}
 			rt := router.New(router.Config{
 				Version:   api.VersionInfo{Version: Version, Runtime: "gateway", GoVersion: goruntime.Version()},
 				NodeToken: nodeToken,
 				TLS:       trust,
 				Pack:      pack,
+				Drain:     drain,
 				Defaults:  api.Resources{CPUs: float64(min(2, goruntime.NumCPU())), MemoryBytes: 1 << 30, DiskBytes: 10 << 30},
 				Log:       log,
 			})

@@ -25,7 +25,43 @@ func nodesCmd(g *globals) *cobra.Command {
 		},
 	})
 	cmd.Use, cmd.Aliases = "nodes", nil
+	cmd.AddCommand(drainCmd(g, true), drainCmd(g, false))
 	return cmd
+}
+
+// drainCmd is `paddock nodes drain|undrain NAME...`: through a gateway
+// started with --cluster, it sets the nodes' PaddockNodes draining (no
+// new sandboxes placed on them; theirs keep serving) or ready again.
+func drainCmd(g *globals, draining bool) *cobra.Command {
+	use, short := "undrain NAME...", "Place creates on drained nodes again"
+	if draining {
+		use, short = "drain NAME...", "Place no more creates on nodes; their sandboxes keep serving"
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			failed := 0
+			for _, name := range args {
+				n, err := c.DrainNode(cmd.Context(), name, draining)
+				if err != nil {
+					fmt.Fprintf(g.stderr, "paddock: %s: %s\n", name, oneLine(err))
+					failed++
+					continue
+				}
+				fmt.Fprintf(g.stdout, "%s\t%s\n", n.Name, n.State)
+			}
+			if failed > 0 {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
 }
 
 // ofCapacity is "USED/CAPACITY", or USED when the capacity is not known.

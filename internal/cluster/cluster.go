@@ -59,6 +59,9 @@ type PaddockNodeSpec struct {
 	// Tag starts every sandbox id the node mints (TagLen characters of
 	// [a-z0-9]); unique in the cluster.
 	Tag string `json:"tag"`
+	// Draining, set by an operator (SetDraining, `paddock nodes drain`,
+	// kubectl), keeps creates off the node while its sandboxes serve.
+	Draining bool `json:"draining,omitempty"`
 }
 
 // PaddockNodeList is a list of PaddockNodes.

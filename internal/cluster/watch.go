@@ -198,9 +198,12 @@ func (v *view) nodes(pns []*PaddockNode, leases []*coordv1.Lease, now time.Time)
 		if l := byName[pn.Name]; l != nil && l.Spec.RenewTime != nil {
 			n.Heartbeat = l.Spec.RenewTime.Time
 		}
-		if !v.alive(byName[pn.Name], now) {
+		switch {
+		case !v.alive(byName[pn.Name], now):
 			n.State = api.NodeLost
-		} else if n.State != api.NodeDraining {
+		case pn.Spec.Draining || n.State == api.NodeDraining:
+			n.State = api.NodeDraining
+		default:
 			n.State = api.NodeReady
 		}
 		out = append(out, n)

@@ -132,6 +132,7 @@ func joinCluster(ctx context.Context, cfg *Config, log *slog.Logger) (*cluster.N
 		return nil, fmt.Errorf("--id-prefix %q: node %s's tag in the cluster is %q", cfg.IDPrefix, cc.NodeName, node.Tag())
 	}
 	cfg.IDPrefix = node.Tag()
+	cfg.Cluster.NodeName = cc.NodeName
 	return node, nil
 }
 

@@ -324,6 +324,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Egress:                  egressOf(gw),
 		Defaults:                cfg.Defaults,
 		UIDStart:                cfg.UIDStart,
+		Node:                    cfg.Cluster.NodeName,
 		AllowInsecureRegistries: cfg.Images.AllowInsecureRegistries,
 		Logger:                  log,
 	})

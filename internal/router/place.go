@@ -252,7 +252,7 @@ func (rt *Router) nowhere(d demand, tried map[string]bool, ready, labelled int, 
 	case ready == 0 && d.only != "":
 		return errdefs.New(errdefs.ErrUnavailable, "node %s, which holds the snapshot, is not ready for creates", d.only)
 	case ready == 0 && len(tried) == 0:
-		return errdefs.New(errdefs.ErrUnavailable, "no node is ready for creates (%d known)", len(rt.table.nodes))
+		return errdefs.New(errdefs.ErrUnavailable, "no node is ready for creates (%s)", rt.table.states())
 	case ready == 0:
 		return errdefs.New(errdefs.ErrUnavailable, "every ready node refused the sandbox")
 	case labelled == 0:
@@ -351,4 +351,22 @@ func errorMessage(resp *http.Response) string {
 		return fmt.Sprintf("status %d", resp.StatusCode)
 	}
 	return e.Message
+}
+
+// states counts the table's nodes by state: "3 known: 1 draining, 2 lost".
+func (t *table) states() string {
+	if len(t.nodes) == 0 {
+		return "the gateway knows no node"
+	}
+	count := map[string]int{}
+	for _, n := range t.nodes {
+		count[n.State]++
+	}
+	var parts []string
+	for _, st := range []string{api.NodeReady, api.NodeDraining, api.NodeLost} {
+		if count[st] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", count[st], st))
+		}
+	}
+	return fmt.Sprintf("%d known: %s", len(t.nodes), strings.Join(parts, ", "))
 }

@@ -11,6 +11,7 @@
 package router
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -41,7 +42,11 @@ type Config struct {
 	// Defaults are the resources a create that leaves one at zero is
 	// counted with when placing it (the nodes' own defaults).
 	Defaults api.Resources
-	Log      *slog.Logger
+	// Drain marks a node draining or ready again where the table comes
+	// from (the cluster's PaddockNodes); nil: POST /v1/nodes/NAME/drain
+	// answers 409 (a static table is changed where it is written).
+	Drain func(ctx context.Context, node string, draining bool) error
+	Log   *slog.Logger
 }
 
 // Router serves the /v1 API of a cluster's nodes.
@@ -89,6 +94,9 @@ func (rt *Router) serve(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(p, "/v1/snapshots/"):
 		snap, _, _ := strings.Cut(strings.TrimPrefix(p, "/v1/snapshots/"), "/")
 		rt.route(w, r, snap, strings.TrimPrefix(snap, snapshotPrefix))
+		return
+	case strings.HasPrefix(p, "/v1/nodes/"):
+		rt.nodeCall(w, r, strings.TrimPrefix(p, "/v1/nodes/"))
 		return
 	}
 	h, ok := rt.own(r.Method, p)

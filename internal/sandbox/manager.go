@@ -53,6 +53,9 @@ type Config struct {
 	UIDStart uint32
 	// MaxSandboxes bounds the uid ranges (and so the sandboxes) in use.
 	MaxSandboxes int
+	// Node is the cluster node's name, recorded on every sandbox it
+	// creates (api.Sandbox.Node); "" outside a cluster.
+	Node string
 	// AllowInsecureRegistries lets a pull ask for plain HTTP to registries
 	// that are not on loopback.
 	AllowInsecureRegistries bool
@@ -311,6 +314,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		Budget:           req.Budget,
 		Autoscale:        req.Autoscale,
 		Policy:           req.Policy,
+		Node:             m.cfg.Node,
 	}}
 	if req.TimeoutSeconds > 0 {
 		exp := now.Add(time.Duration(req.TimeoutSeconds) * time.Second)
