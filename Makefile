@@ -17,7 +17,7 @@ GOFLAGS_STATIC := -tags 'netgo osusergo embedguest' -ldflags '-linkmode external
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
-.PHONY: all build deps kube-bins runsc up down uninstall cluster-up cluster-down test test-short fuzz bench lint fmt clean
+.PHONY: all build deps kube-bins runsc up down uninstall cluster-up cluster-down cluster-bench test test-short fuzz bench lint fmt clean
 
 all: build
 
@@ -100,6 +100,11 @@ cluster-up: build kube-bins
 cluster-down:
 	scripts/cluster-down.sh
 
+# cluster-bench runs the cluster's sections of the bench (placement,
+# node and gateway failure) with the longer soak, into CLUSTER-BENCH.md.
+cluster-bench: build kube-bins
+	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) go run ./bench -only cluster -cluster-soak 5m -out CLUSTER-BENCH.md
+
 # test runs every test (tests that need root skip without it), then every
 # fuzz target for a short while. The unit tests run under the race
 # detector; the end-to-end packages (E2E), which drive the real binary,
@@ -121,7 +126,7 @@ fuzz:
 test-short: build
 	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -short ./...
 
-bench: deps build runsc
+bench: deps build runsc kube-bins
 	@for p in $(BENCH_DEPS); do dpkg -s $$p >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEPS); break; }; done
 	@# BASE=<rev> also builds that revision and compares it with this build in
 	@# alternating blocks (the "baseline" section), e.g. make bench BASE=HEAD~5.

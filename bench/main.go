@@ -64,6 +64,7 @@ func allBenchmarks() []benchmark {
 		{"fork", fmt.Sprintf("Fork ×%d of a sandbox holding 1 GiB", forkCount), benchFork},
 		{"gateway", "Through a cluster gateway: exec, create → first output and a 1 GiB stream against the daemon direct", benchGateway},
 		{"simnodes", fmt.Sprintf("Control-plane headroom: creates through one gateway to 1, 10 and %d simulated nodes", simNodes), benchSimNodes},
+		{"cluster", "A cluster on this host (3 nodes, 2 gateways, kube-apiserver): placement, kill -9 of a node and of a gateway", benchCluster},
 		{"e2b", "E2B SDK: create + run('echo hi') + kill, against the native API", benchE2B},
 		{"egress", "HTTPS through the egress proxy", benchEgress},
 		{"baseline", "This build against a baseline binary, in alternating blocks", benchBaseline},
@@ -89,6 +90,7 @@ func parseFlags(args []string) (options, error) {
 	only := fs.String("only", "", "comma-separated benchmarks to run: "+strings.Join(benchmarkNames(), ","))
 	fs.DurationVar(&churnTime, "churn-time", churnTime, "how long each churn loop runs")
 	fs.StringVar(&simProfile, "gateway-profile", "", "write a CPU profile (pprof) of the gateway during the simnodes section's closed loop to its 100 nodes to this file")
+	fs.DurationVar(&clusterSoak, "cluster-soak", clusterSoak, "how long the cluster section's create loops go on after the killed node is seen lost")
 	fs.IntVar(&densityCount, "density", densityCount, "sandboxes the density benchmark starts (issue 21's bar is for 1000)")
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "run the remaining benchmarks after one fails")
 	if err := fs.Parse(args); err != nil {
@@ -223,6 +225,8 @@ func deadline(name string) time.Duration {
 		return 2*churnTime + 2*peerChurnTime() + 3*time.Minute
 	case "density":
 		return densityTimeout
+	case "cluster": // two starts of the cluster's parts, a Lease's expiry, the soak
+		return clusterSoak + 8*time.Minute
 	}
 	return benchTimeout
 }

@@ -19,18 +19,22 @@ dir=$(cd "$dir" && pwd)
 . "$dir/config"
 failed=0
 
+# running PID: the process runs (a zombie, dead and not yet reaped by
+# its parent, does not).
+running() { kill -0 "$1" 2>/dev/null && [[ $(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
+
 # stop PIDFILE: SIGTERM to the process it names, SIGKILL after 15 s.
 stop() {
 	local pid
 	[[ -f $1 ]] || return 0
 	pid=$(cat "$1")
-	if kill -0 "$pid" 2>/dev/null; then
+	if running "$pid"; then
 		kill -TERM "$pid"
 		for ((t = 0; t < 150; t++)); do
-			kill -0 "$pid" 2>/dev/null || break
+			running "$pid" || break
 			sleep 0.1
 		done
-		kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+		running "$pid" && kill -KILL "$pid"
 	fi
 	rm -f "$1"
 }
@@ -44,14 +48,19 @@ for ((i = 1; i <= nodes; i++)); do
 	[[ -d $nd ]] || continue
 	# A node killed with -9 left its sandboxes running: --uninstall kills
 	# them through its cgroup parent, whether or not the daemon runs.
-	if [[ -f $nd/state/paddock.db ]] || [[ -d $nd/run ]]; then
-		if ! "$bin" serve --uninstall --state-dir "$nd/state" --run-dir "$nd/run" \
-			--cgroup-parent "$cgroup-node$i" --network-name "$net$i" >>"$nd/uninstall.log" 2>&1; then
+	# The kernel lets go of a killed sandbox's disk (its loop device)
+	# after its processes are gone: a first try can find it still held.
+	for try in 1 2 3 4 5; do
+		[[ -f $nd/state/paddock.db ]] || [[ -d $nd/run ]] || break
+		"$bin" serve --uninstall --state-dir "$nd/state" --run-dir "$nd/run" \
+			--cgroup-parent "$cgroup-node$i" --network-name "$net$i" >>"$nd/uninstall.log" 2>&1 && break
+		if ((try == 5)); then
 			echo "cluster-down: uninstalling node$i failed:" >&2
 			tail -5 "$nd/uninstall.log" >&2
 			failed=1
 		fi
-	fi
+		sleep 2
+	done
 	stop "$nd/pid" # gone already after --uninstall; a daemon that never wrote its pid file
 done
 

@@ -75,8 +75,13 @@ fi
 # port NAME: the port kept for NAME.
 port() { awk -v k="$1" '$1 == k { print $2 }' "$dir/ports"; }
 
-# alive PIDFILE: the process it names runs.
-alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# alive PIDFILE: the process it names runs (a zombie, killed and not yet
+# reaped by its parent, does not).
+alive() {
+	local pid
+	[[ -f $1 ]] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null &&
+		[[ $(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) != Z ]]
+}
 
 # spawn PIDFILE LOG CMD...: starts CMD in its own session, detached.
 spawn() {
@@ -86,11 +91,11 @@ spawn() {
 	echo $! >"$pidfile"
 }
 
-# wait_for WHAT SECONDS CMD...: polls CMD every 0.2 s.
+# wait_for WHAT SECONDS CMD...: polls CMD every 0.2 s for SECONDS.
 wait_for() {
-	local what=$1 limit=$2
+	local what=$1 deadline=$((SECONDS + $2))
 	shift 2
-	for ((t = 0; t < limit * 5; t++)); do
+	while ((SECONDS < deadline)); do
 		"$@" >/dev/null 2>&1 && return 0
 		sleep 0.2
 	done
