@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cluster-up starts a paddock cluster on this host (`make cluster-up`): a
 # real etcd and kube-apiserver from the kube-bins cache, the CRDs and RBAC
-# of deploy/, N nodes (`paddock serve --cluster`, each with its own state
+# of deploy/, the cluster's mutual TLS (paddock cluster-tls), N nodes (`paddock serve --cluster`, each with its own state
 # and run dirs, network, subnet, uid range and cgroup parent) and M
 # gateways (`paddock gateway --cluster`). It waits until every gateway
 # sees every node ready, then writes DIR/env, shell lines for a client:
@@ -118,6 +118,9 @@ if [[ ! -f $kube/tokens.csv ]]; then
 	openssl ec -in "$kube/sa.key" -pubout -out "$kube/sa.pub" 2>/dev/null
 	hex 32 >"$dir/node.token"
 	hex 32 >"$dir/client.token"
+	# Gateways and nodes speak mutual TLS: one directory holds both sides'
+	# files here (in a real cluster, two Secrets; ca.key stays out).
+	"$bin" cluster-tls "$dir/tls" >/dev/null
 	mv "$kube/tokens.csv.tmp" "$kube/tokens.csv"
 	umask 022
 fi
@@ -223,8 +226,8 @@ for ((i = 1; i <= nodes; i++)); do
 		--state-dir "$nd/state" --run-dir "$nd/run" \
 		--listen "unix://$nd/paddock.sock" --listen "tcp://127.0.0.1:$p" --token-file "$dir/node.token" \
 		--e2b-listen "tcp://127.0.0.1:$e" \
-		--cluster --kubeconfig "$kube/node.kubeconfig" --node-name "node$i" \
-		--node-address "http://127.0.0.1:$p" --node-e2b-address "http://127.0.0.1:$e" \
+		--cluster --kubeconfig "$kube/node.kubeconfig" --node-name "node$i" --cluster-tls "$dir/tls" \
+		--node-address "https://127.0.0.1:$p" --node-e2b-address "https://127.0.0.1:$e" \
 		--network-name "$net$i" --network-subnet "$o1.$o2.$(((i - 1) * 16)).0/20" \
 		--uid-start $((uid_start + (i - 1) * uid_step)) --cgroup-parent "$cgroup-node$i" \
 		--disk-overcommit 100 --disk-pool 1 \
@@ -236,7 +239,7 @@ for ((g = 1; g <= gateways; g++)); do
 	gd=$dir/gateway$g
 	mkdir -p "$gd"
 	alive "$gd/pid" && continue
-	spawn "$gd/pid" "$gd/gateway.log" "$bin" gateway --cluster --kubeconfig "$kube/gateway.kubeconfig" \
+	spawn "$gd/pid" "$gd/gateway.log" "$bin" gateway --cluster --kubeconfig "$kube/gateway.kubeconfig" --cluster-tls "$dir/tls" \
 		--listen "tcp://127.0.0.1:$(port "gateway$g")" --e2b-listen "tcp://127.0.0.1:$(port "gateway$g-e2b")" \
 		--token-file "$dir/client.token" --node-token-file "$dir/node.token"
 done
