@@ -22,6 +22,11 @@ type TemplateSpec struct {
 	// Warm is how many sandboxes of the template to keep ready (created,
 	// idle and frozen), so that a create is a hand-out.
 	Warm int `json:"warm,omitempty"`
+	// Runtime is the runtime of the build and of sandboxes made from the
+	// template unless their create names one (CreateRequest.Runtime).
+	// The warm pool is native's: a gvisor template's creates build their
+	// sandbox.
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // TemplateStep is one setup step: exactly one of its fields is set.

@@ -197,7 +197,28 @@ func TestGvisorNativeSide(t *testing.T) {
 	if out := d.Sh(n, "uname -r"); strings.Contains(out, "gvisor") {
 		t.Fatalf("native create is under gVisor: %q", out)
 	}
-	_, err := c.Create(ctx, api.CreateRequest{Runtime: "firecracker"})
+	// A template names its runtime: its build and its sandboxes run on
+	// it, unless a create names another.
+	tpl, err := c.BuildTemplate(ctx, api.TemplateSpec{Name: "gv", Runtime: "native",
+		Steps: []api.TemplateStep{{Run: "uname -r > /root/built-on"}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tpl.Spec.Runtime != "native" {
+		t.Fatalf("template runtime %q", tpl.Spec.Runtime)
+	}
+	fromTpl := d.createCLI("--from", "gv")
+	if sb := d.get(fromTpl); sb.RuntimeName != "native" {
+		t.Fatalf("a create from a native template ran on %q", sb.RuntimeName)
+	}
+	if out := d.Sh(fromTpl, "cat /root/built-on; uname -r"); strings.Contains(out, "gvisor") {
+		t.Fatalf("native template's build or sandbox under gVisor: %q", out)
+	}
+	onGvisor := d.createCLI("--from", "gv", "--runtime", "gvisor")
+	if out := d.Sh(onGvisor, "cat /root/built-on; uname -r"); !strings.HasSuffix(strings.TrimSpace(out), "gvisor") || strings.Count(out, "gvisor") != 1 {
+		t.Fatalf("a gvisor create from the native template: %q", out)
+	}
+	_, err = c.Create(ctx, api.CreateRequest{Runtime: "firecracker"})
 	if !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "firecracker") {
 		t.Fatalf("create with an unknown runtime: %v, want invalid naming it", err)
 	}

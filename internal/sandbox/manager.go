@@ -198,6 +198,9 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 	// A template is its final snapshot, recorded under its name.
 	from := ""
 	if id, ok := m.templateSnapshot(req.From); ok {
+		if req.Runtime == "" {
+			req.Runtime = m.templateRuntime(req.From)
+		}
 		from, req.From = req.From, id
 	}
 	if !snapshot.IsID(req.From) {

@@ -259,6 +259,7 @@ func (m *Manager) buildSandbox(ctx context.Context, spec api.TemplateSpec, resul
 		Image:          spec.Image,
 		Resources:      spec.Resources,
 		Policy:         spec.Policy,
+		Runtime:        spec.Runtime,
 		TimeoutSeconds: int64(2 * stepTimeout / time.Second),
 		Labels:         map[string]string{buildLabel: spec.Name},
 	}
@@ -573,6 +574,19 @@ func (s Pools) List(ctx context.Context) api.Pools {
 
 // templateSnapshot returns the final snapshot of the template named from,
 // if there is one.
+// templateRuntime is the runtime template name's spec asks for ("" for
+// the default).
+func (m *Manager) templateRuntime(name string) string {
+	if m.cfg.Templates == nil {
+		return ""
+	}
+	t, err := m.cfg.Templates.Get(name)
+	if err != nil {
+		return ""
+	}
+	return t.Spec.Runtime
+}
+
 func (m *Manager) templateSnapshot(from string) (string, bool) {
 	if m.cfg.Templates == nil || snapshot.IsID(from) {
 		return "", false
