@@ -926,16 +926,23 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 
 // Stop implements runtime.Runtime.
 func (r *Runtime) Stop(ctx context.Context, id string) error {
+	_, err := r.stopSandbox(ctx, id)
+	return err
+}
+
+// stopSandbox is Stop; ended reports that it found the sandbox's cgroup and
+// removed it, so that every process of the sandbox has ended.
+func (r *Runtime) stopSandbox(ctx context.Context, id string) (ended bool, _ error) {
 	cg, err := r.cfg.Cgroups.Load(id)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		return err
+		return false, err
 	}
 	if cg != nil {
 		if err := cg.Kill(); err != nil {
-			return fmt.Errorf("killing sandbox processes: %w", err)
+			return false, fmt.Errorf("killing sandbox processes: %w", err)
 		}
 		if err := cg.Delete(ctx); err != nil {
-			return fmt.Errorf("removing cgroup: %w", err)
+			return false, fmt.Errorf("removing cgroup: %w", err)
 		}
 	}
 	os.Remove(filepath.Join(r.dir(id), "guest.sock"))
@@ -949,7 +956,7 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 		// (with its network namespace, now that the processes are gone).
 		r.cfg.Network.Detach(id)
 	}
-	return nil
+	return cg != nil, nil
 }
 
 // Remove implements runtime.Runtime. The sandbox's manager calls it in
@@ -960,11 +967,18 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	var phases []any
 	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
 	defer func() { r.log.Debug("remove phases", append([]any{"sandbox", id}, phases...)...) }()
-	if err := r.Stop(ctx, id); err != nil {
+	ended, err := r.stopSandbox(ctx, id)
+	if err != nil {
 		return err
 	}
 	mark("stopped")
-	if err := r.cfg.Disks.Remove(ctx, id); err != nil {
+	// A disk nothing can hold any more (as the network slot above) is
+	// recycled: wiped behind the call and made ready for another sandbox.
+	removeDisk := r.cfg.Disks.Remove
+	if ended {
+		removeDisk = r.cfg.Disks.Recycle
+	}
+	if err := removeDisk(ctx, id); err != nil {
 		return fmt.Errorf("removing disk: %w", err)
 	}
 	mark("disk")

@@ -70,10 +70,13 @@ type Pool struct {
 
 	// making counts the volumes refill workers are making (guarded by
 	// mu): with ready, what the pool will soon hold.
-	making   int
-	wake     chan struct{} // pokes refill; buffered 1
-	cancel   context.CancelFunc
-	refillWG sync.WaitGroup
+	making int
+	// recycling counts the removed volumes being wiped to go back to
+	// the pool (recycle_linux.go), which the refill counts on too.
+	recycling int
+	wake      chan struct{} // pokes refill; buffered 1
+	cancel    context.CancelFunc
+	refillWG  sync.WaitGroup
 
 	reaper reaper // removes volumes off the callers' paths
 }
@@ -256,7 +259,7 @@ func (p *Pool) refillWorker(ctx context.Context, jobs <-chan struct{}, results c
 func (p *Pool) claim() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || len(p.ready)+p.making >= p.cfg.PoolSize {
+	if p.closed || len(p.ready)+p.making+p.recycling >= p.cfg.PoolSize {
 		return false
 	}
 	p.making++
@@ -498,34 +501,9 @@ func (p *Pool) List() ([]string, error) {
 // unmounted and deleted there in the background (reap_linux.go); a crash
 // before that is done leaves only trash for the next NewPool to sweep.
 func (p *Pool) Remove(ctx context.Context, id string) error {
-	if err := reqcheck.SandboxID("id", id); err != nil {
+	dst, err := p.toTrash(ctx, id)
+	if err != nil || dst == "" {
 		return err
-	}
-	if p.isClosed() {
-		return errClosed
-	}
-	src := filepath.Join(p.volDir, id)
-	dst := filepath.Join(p.trashDir, strconv.FormatUint(p.seq.Add(1), 10))
-	// Only the rename races with Open's re-mount; once in trash the volume
-	// is this call's alone. A snapshot in progress is waited for: tearing
-	// down a frozen filesystem would leave it frozen for good.
-	p.volMu.Lock()
-	for ch := p.snapping[id]; ch != nil; ch = p.snapping[id] {
-		p.volMu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return fmt.Errorf("removing disk of %q: waiting for its snapshot: %w", id, ctx.Err())
-		}
-		p.volMu.Lock()
-	}
-	err := os.Rename(src, dst)
-	p.volMu.Unlock()
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		return fmt.Errorf("removing disk of %q: %w", id, err)
 	}
 	p.reaper.remove(dst)
 	return nil

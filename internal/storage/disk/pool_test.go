@@ -873,3 +873,88 @@ func TestRename(t *testing.T) {
 		}
 	}
 }
+
+// TestRecycle: a volume that held little goes back to the pool wiped
+// (every file gone, lost+found kept, nothing followed out of it through a
+// link) and the next Acquire takes it, on the same device; one that holds
+// more than recycleMaxUsed is torn down instead.
+func TestRecycle(t *testing.T) {
+	dir := testDir(t)
+	// Room for more than recycleMaxUsed.
+	p := newTestPool(t, Config{Dir: dir, PoolSize: 1, DefaultSize: 2 * recycleMaxUsed})
+	ctx := context.Background()
+	waitReady(t, p, 1)
+	v := acquire(t, p, "small", 0)
+	outside := filepath.Join(dir, "outside")
+	if err := os.WriteFile(outside, []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"upper/etc", "work/work"} {
+		if err := os.MkdirAll(filepath.Join(v.Path, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(v.Path, "upper/etc/secret"), []byte("the last sandbox's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, target := range map[string]string{"upper/out": outside, "upper/dir-out": dir} {
+		if err := os.Symlink(target, filepath.Join(v.Path, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitReady(t, p, 1) // the refill's, for the one taken
+	if err := p.Recycle(ctx, "small"); err != nil {
+		t.Fatalf("Recycle: %v", err)
+	}
+	p.reaper.wait()
+	if got := p.Ready(); got != 2 {
+		t.Fatalf("ready volumes after a recycle = %d, want 2 (the refill's and the recycled)", got)
+	}
+	if ids, _ := p.List(); len(ids) != 0 {
+		t.Errorf("List after Recycle = %v", ids)
+	}
+	reused := false
+	for _, id := range []string{"next1", "next2"} {
+		w := acquire(t, p, id, 0)
+		ents, err := os.ReadDir(w.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if e.Name() != keepOnWipe {
+				t.Errorf("%s's fresh volume holds %s", id, e.Name())
+			}
+		}
+		if w.Device == v.Device {
+			reused = true
+		}
+	}
+	if !reused {
+		t.Errorf("no Acquire got the recycled volume (device %s)", v.Device)
+	}
+	if b, err := os.ReadFile(outside); err != nil || string(b) != "host" {
+		t.Errorf("a file a link pointed at: %q, %v", b, err)
+	}
+
+	big := acquire(t, p, "big", 0)
+	f, err := os.Create(filepath.Join(big.Path, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, recycleMaxUsed+(1<<20))); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	waitReady(t, p, 1)
+	ready := p.Ready()
+	if err := p.Recycle(ctx, "big"); err != nil {
+		t.Fatalf("Recycle: %v", err)
+	}
+	p.reaper.wait()
+	if got := p.Ready(); got != ready {
+		t.Errorf("ready volumes after recycling a full one = %d, want %d", got, ready)
+	}
+	if names, _ := loopsBacking(func(path string) bool { return strings.Contains(path, "/trash/") }); len(names) != 0 {
+		t.Errorf("a full volume's loop device is left: %v", names)
+	}
+}

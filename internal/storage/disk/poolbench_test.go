@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -60,14 +60,26 @@ func churnPool(b *testing.B, poolSize int) *Pool {
 	return p
 }
 
-// BenchmarkPoolChurn loops Acquire then Remove, from one client and from
-// eight at once, with the pool refilling behind them. Reported: the wall
-// and calling thread's CPU of each call, the cycles per second, and per
-// cycle the CPU of the whole process (refill and removals included,
-// until Close has finished them) and of the whole machine.
+// BenchmarkPoolChurn loops Acquire, a sandbox's few files, then Remove
+// (or Recycle), from one client and from eight at once, with the pool
+// refilling behind them. Reported: the wall and calling thread's CPU of
+// each call, the cycles per second, and per cycle the CPU of the whole
+// process (refill and removals included, until Close has finished them)
+// and of the whole machine.
 func BenchmarkPoolChurn(b *testing.B) {
-	for _, clients := range []int{1, 8} {
-		b.Run(strconv.Itoa(clients), func(b *testing.B) {
+	for _, bc := range []struct {
+		name    string
+		clients int
+		recycle bool
+	}{{"1", 1, false}, {"8", 8, false}, {"1-recycle", 1, true}, {"8-recycle", 8, true}} {
+		clients := bc.clients
+		remove := func(p *Pool) func(context.Context, string) error {
+			if bc.recycle {
+				return p.Recycle
+			}
+			return p.Remove
+		}
+		b.Run(bc.name, func(b *testing.B) {
 			p := churnPool(b, 4)
 			ctx := context.Background()
 			var mu sync.Mutex
@@ -85,12 +97,14 @@ func BenchmarkPoolChurn(b *testing.B) {
 					for i := range work {
 						id := fmt.Sprintf("c%d-%d", c, i)
 						c0, w0 := threadCPU(b), time.Now()
-						if _, err := p.Acquire(ctx, id, 0, 1000, 1000); err != nil {
+						v, err := p.Acquire(ctx, id, 0, 1000, 1000)
+						if err != nil {
 							b.Error(err)
 							return
 						}
+						sandboxFiles(b, v.Path)
 						c1, w1 := threadCPU(b), time.Now()
-						if err := p.Remove(ctx, id); err != nil {
+						if err := remove(p)(ctx, id); err != nil {
 							b.Error(err)
 							return
 						}
@@ -122,6 +136,21 @@ func BenchmarkPoolChurn(b *testing.B) {
 			b.ReportMetric(us(cpu), "process-cpu-µs/cycle")
 			b.ReportMetric(us(busy), "machine-busy-µs/cycle")
 		})
+	}
+}
+
+// sandboxFiles writes what a short-lived sandbox leaves on its disk: the
+// overlay's upper and work directories and a few small files.
+func sandboxFiles(tb testing.TB, root string) {
+	for _, d := range []string{"upper/etc", "upper/tmp", "work/work"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for _, f := range []string{"upper/etc/hostname", "upper/etc/hosts", "upper/tmp/out"} {
+		if err := os.WriteFile(filepath.Join(root, f), []byte("hi\n"), 0o644); err != nil {
+			tb.Fatal(err)
+		}
 	}
 }
 

@@ -45,22 +45,36 @@ type reaper struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	queue   []string
+	queue   []reapJob
 	running int
 	closed  bool
 	wg      sync.WaitGroup
 }
 
+// reapJob is a directory to tear down, unless keep (if set) takes it
+// back.
+type reapJob struct {
+	dir  string
+	keep func(dir string) bool
+}
+
 // remove queues dir's teardown; after close it tears dir down before
 // returning.
-func (r *reaper) remove(dir string) {
+func (r *reaper) remove(dir string) { r.queueJob(reapJob{dir: dir}) }
+
+// recycle queues dir for keep, and its teardown if keep does not take it.
+func (r *reaper) recycle(dir string, keep func(dir string) bool) {
+	r.queueJob(reapJob{dir: dir, keep: keep})
+}
+
+func (r *reaper) queueJob(j reapJob) {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
-		r.teardown(dir)
+		r.do(j)
 		return
 	}
-	r.queue = append(r.queue, dir)
+	r.queue = append(r.queue, j)
 	if r.running < maxReapers {
 		r.running++
 		r.wg.Add(1)
@@ -78,10 +92,16 @@ func (r *reaper) work() {
 			r.mu.Unlock()
 			return
 		}
-		dir := r.queue[0]
+		j := r.queue[0]
 		r.queue = r.queue[1:]
 		r.mu.Unlock()
-		r.teardown(dir)
+		r.do(j)
+	}
+}
+
+func (r *reaper) do(j reapJob) {
+	if j.keep == nil || !j.keep(j.dir) {
+		r.teardown(j.dir)
 	}
 }
 
