@@ -101,11 +101,23 @@ func TestDaemonHoldsNothingAfterUse(t *testing.T) {
 		}
 		return g, f
 	}
+	// Creates that found the warm pool empty made it keep more guests
+	// (each with its sockets, pidfd and goroutines) until it goes 30 s
+	// without a hand-out: those are the pool's, not a leak, and the
+	// reading after waits for them to go.
+	atSize := func() bool {
+		p, err := c.Pools(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Ready["image:host"] <= p.Target["image:host"]
+	}
 	g0, f0 := settle()
 	const cycles = 25
 	for i := range cycles {
 		cycle(3 + i)
 	}
+	waitFor(60*time.Second, 250*time.Millisecond, atSize)
 	// A small slack: keep-alive connections of the SDK and the HTTP
 	// server come and go. A leak per sandbox would be ≥ 25.
 	const slack = 6

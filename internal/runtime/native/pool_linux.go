@@ -130,6 +130,10 @@ func (r *Runtime) keepWarm() {
 		case <-r.stop:
 			return
 		case <-r.refill:
+		case <-time.After(demandIdle / 4):
+			// A pool idle for demandIdle loses the guests its demand
+			// added (neediest) also when no create wakes the refill:
+			// an idle daemon would keep them, and their memory, for good.
 		}
 		// Let a burst of creates finish before competing with it, unless
 		// a pool is empty: then the next create would fork a guest on its
