@@ -3,12 +3,20 @@ package test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"math"
+	"math/big"
 	"mime/multipart"
 	"net"
 	"net/http"
@@ -604,5 +612,97 @@ func TestE2BMetricsMatchNative(t *testing.T) {
 	}
 	if !busy {
 		t.Errorf("no sample shows the busy loop: %+v", ranged)
+	}
+}
+
+// TestE2BIngressTLS serves the facade over TLS with a wildcard
+// certificate (--e2b-tls-cert/--e2b-tls-key) and reaches a sandbox's
+// envd and an app's port by host name through it, as E2B clients do at
+// https://PORT-ID.DOMAIN.
+func TestE2BIngressTLS(t *testing.T) {
+	dir := t.TempDir()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: e2bTestDomain},
+		DNSNames:  []string{e2bTestDomain, "*." + e2bTestDomain},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
+	}, ca, &leafKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(leafKey)
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leafDER}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+
+	token := randHex(24)
+	tokFile := filepath.Join(dir, "token")
+	os.WriteFile(tokFile, []byte(token), 0o600)
+	addr := freeLoopbackPort(t)
+	d := newDaemon(t, "--token-file", tokFile, "--e2b-listen", "tcp://"+addr, "--e2b-domain", e2bTestDomain,
+		"--e2b-tls-cert", certFile, "--e2b-tls-key", keyFile)
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	// Every name of the domain resolves to the facade, as wildcard DNS
+	// would.
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: roots},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		},
+	}}
+	call := func(method, url string, hdr map[string]string, body string) e2bAnswer {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		b.ReadFrom(resp.Body)
+		return e2bAnswer{resp.StatusCode, b.String()}
+	}
+	ans := call("POST", "https://api."+e2bTestDomain+"/sandboxes", map[string]string{"X-API-KEY": e2b.APIKey(token)}, `{"templateID":"base"}`)
+	if ans.status != 201 || jsonField(t, ans.body, "domain") != e2bTestDomain {
+		t.Fatalf("create over TLS: %d %s", ans.status, ans.body)
+	}
+	id, envdToken := jsonField(t, ans.body, "sandboxID"), jsonField(t, ans.body, "envdAccessToken")
+	defer d.Client().Delete(context.Background(), id, true)
+	host := func(port int) string { return fmt.Sprintf("https://%d-%s.%s", port, id, e2bTestDomain) }
+	if got := call("GET", host(49983)+"/health", map[string]string{"X-Access-Token": envdToken}, ""); got.status != 204 {
+		t.Fatalf("envd by host name over TLS: %d %s", got.status, got.body)
+	}
+	if out, _, st := d.Exec(id, "sh", "-c", "mkdir -p /tmp/www && echo tls-ok > /tmp/www/index.html && cd /tmp/www && setsid -f python3 -m http.server 8000 >/dev/null 2>&1"); st == nil || st.ExitCode != 0 {
+		t.Fatalf("starting the app: %q %+v", out, st)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := call("GET", host(8000)+"/index.html", nil, "")
+		if got.status == 200 && got.body == "tls-ok\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("app by host name over TLS: %d %s", got.status, got.body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := call("GET", host(8001), nil, ""); got.status != 502 || !strings.Contains(got.body, "port is not open") {
+		t.Fatalf("closed port over TLS: %d %s", got.status, got.body)
 	}
 }
