@@ -259,7 +259,12 @@ type e2bAnswer struct {
 
 func do(t *testing.T, req *http.Request) e2bAnswer {
 	t.Helper()
-	resp, err := http.DefaultClient.Do(req)
+	return doWith(t, http.DefaultClient, req)
+}
+
+func doWith(t *testing.T, hc *http.Client, req *http.Request) e2bAnswer {
+	t.Helper()
+	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -669,14 +674,7 @@ func TestE2BIngressTLS(t *testing.T) {
 		for k, v := range hdr {
 			req.Header.Set(k, v)
 		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var b bytes.Buffer
-		b.ReadFrom(resp.Body)
-		return e2bAnswer{resp.StatusCode, b.String()}
+		return doWith(t, hc, req)
 	}
 	ans := call("POST", "https://api."+e2bTestDomain+"/sandboxes", map[string]string{"X-API-KEY": e2b.APIKey(token)}, `{"templateID":"base"}`)
 	if ans.status != 201 || jsonField(t, ans.body, "domain") != e2bTestDomain {
