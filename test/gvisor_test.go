@@ -153,6 +153,22 @@ func TestGvisorCore(t *testing.T) {
 		t.Fatalf("runsc's sandbox process %d is not in the sandbox's cgroup (%q)", sb.Runtime.HostPID, procs)
 	}
 
+	// A fork runs on its source's runtime, with its files.
+	fr, err := c.Fork(ctx, id, api.ForkRequest{Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fork := fr.Sandboxes[0].ID
+	if sb := d.get(fork); sb.RuntimeName != "gvisor" {
+		t.Fatalf("fork of a gvisor sandbox runs on %q", sb.RuntimeName)
+	}
+	if out := d.Sh(fork, "uname -r; cat /root/inside"); !strings.Contains(out, "gvisor") || !strings.Contains(out, "made inside") {
+		t.Fatalf("fork: %q", out)
+	}
+	if err := c.Delete(ctx, fork, true); err != nil {
+		t.Fatal(err)
+	}
+
 	// A daemon killed with -9 leaves the sandbox running; the next one
 	// finds it, processes and all.
 	d.Sh(id, "(sleep 1000 >/dev/null 2>&1 &)")

@@ -205,6 +205,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 	}
 	base := api.CreateRequest{
 		Image:            imageRef(rec.Sandbox),
+		Runtime:          rec.RuntimeName, // a fork runs where its source does
 		Env:              rec.Env,
 		Workdir:          rec.Workdir,
 		Resources:        rec.Resources,
