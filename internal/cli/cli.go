@@ -121,6 +121,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(imageCmd(g))
 	root.AddCommand(templateCmd(g))
 	root.AddCommand(poolCmd(g))
+	root.AddCommand(mcpCmd(g))
 	return root
 }
 

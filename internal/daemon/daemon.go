@@ -423,12 +423,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		servers = append(servers, hs)
 	}
+	mcpH, mcpClient := mcpHandler(listeners, token, trust != nil, cfg.Version, log.With("component", "mcp"))
+	if mcpClient != nil {
+		defer mcpClient.Close()
+	}
 	for _, l := range listeners {
 		tok := ""
 		if l.Addr().Network() == "tcp" {
 			tok = token
 		}
-		hs := server.NewHTTPServer(srv.Handler(tok), cfg.HTTP, log)
+		hs := server.NewHTTPServer(withMCP(srv.Handler(tok), mcpH, tok, log), cfg.HTTP, log)
 		if tok != "" {
 			l = guardTCP(hs, l, trust, cfg.HTTP, log)
 		} else {

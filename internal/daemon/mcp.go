@@ -1,0 +1,62 @@
+package daemon
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/mcp"
+	"github.com/paddock-dev/paddock/internal/server"
+)
+
+// mcpHandler is the MCP server (package mcp) for /mcp, a client of this
+// daemon's own API like `paddock mcp` is, so that the adapter owns no
+// path into the manager of its own. It dials the first unix listener, or a
+// plain TCP one with the token; a node whose TCP takes only gateways' TLS
+// and has no unix listener serves no /mcp (its gateway is the way in).
+func mcpHandler(listeners []net.Listener, token string, tlsOnly bool, version string, log *slog.Logger) (http.Handler, *client.Client) {
+	var c *client.Client
+	var err error
+	for _, l := range listeners {
+		if l.Addr().Network() == "unix" {
+			c, err = client.New("unix://" + l.Addr().String())
+			break
+		}
+	}
+	if c == nil && err == nil && !tlsOnly {
+		for _, l := range listeners {
+			if l.Addr().Network() == "tcp" {
+				c, err = client.New("tcp://"+l.Addr().String(), client.WithToken(token))
+				break
+			}
+		}
+	}
+	if c == nil || err != nil {
+		log.Info("no /mcp: no listener this daemon can reach itself on", "err", err)
+		return nil, nil
+	}
+	h, err := mcp.Handler(mcp.Config{Client: c, Version: version, Log: log})
+	if err != nil {
+		log.Warn("no /mcp", "err", err)
+		c.Close()
+		return nil, nil
+	}
+	return h, c
+}
+
+// withMCP routes /mcp to m, behind the listener's token, and the rest to
+// api.
+func withMCP(api, m http.Handler, token string, log *slog.Logger) http.Handler {
+	if m == nil {
+		return api
+	}
+	m = server.RequireToken(token, log, m)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/mcp" {
+			m.ServeHTTP(w, r)
+			return
+		}
+		api.ServeHTTP(w, r)
+	})
+}
