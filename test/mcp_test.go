@@ -504,3 +504,45 @@ func TestMCPInspector(t *testing.T) {
 		t.Fatal("the sandbox is still there after delete")
 	}
 }
+
+// TestMCPPolicyChanges: allow rules and set_policy need a server started
+// with --allow-policy-changes; with it they widen the policy and keep the
+// sandbox's secret bindings.
+func TestMCPPolicyChanges(t *testing.T) {
+	d := startMCPDaemon(t)
+	ctx := context.Background()
+
+	cs := mcpConnect(t, d, "stdio", nil)
+	res := mcpCallResult(t, cs, "create", map[string]any{"allow": []string{"example.com"}}, nil)
+	if !res.IsError || !strings.Contains(mcpText(res), "--allow-policy-changes") {
+		t.Fatalf("create with allow rules on a default server: %v %q", res.IsError, mcpText(res))
+	}
+	if _, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "set_policy", Arguments: map[string]any{"sandbox": "x"}}); err == nil || !strings.Contains(err.Error(), "unknown tool") {
+		t.Fatalf("set_policy without --allow-policy-changes: %v, want an unknown tool", err)
+	}
+
+	if err := d.Client().CreateSecret(ctx, "K", "v-"+randHex(8)); err != nil {
+		t.Fatal(err)
+	}
+	id := d.Create(api.CreateRequest{Policy: &api.Policy{Secrets: []api.SecretBinding{{
+		Name: "K", Hosts: []string{"api.example.com"}, Inject: api.SecretInjection{Header: "X-Key", Format: "%s"},
+	}}}})
+	cs = mcpConnect(t, d, "stdio", nil, "--allow-policy-changes")
+	var sb mcp.Sandbox
+	mcpCall(t, cs, "create", map[string]any{"allow": []string{"example.com"}}, &sb)
+	if pol, err := d.Client().Policy(ctx, sb.ID); err != nil || len(pol.Allow) != 1 || pol.Allow[0].Match != "example.com" {
+		t.Fatalf("policy of a sandbox created with allow rules: %+v %v", pol, err)
+	}
+	var po mcp.PolicyOut
+	mcpCall(t, cs, "set_policy", map[string]any{"sandbox": id, "allow": []string{"api.example.com"}}, &po)
+	pol, err := d.Client().Policy(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pol.Allow) != 1 || pol.Allow[0].Match != "api.example.com" || len(pol.Secrets) != 1 || pol.Secrets[0].Name != "K" {
+		t.Fatalf("policy after set_policy: %+v", pol)
+	}
+	if len(po.Allow) != 1 || po.Allow[0] != "api.example.com" {
+		t.Fatalf("set_policy answered %+v", po)
+	}
+}
