@@ -15,6 +15,40 @@ type Policy struct {
 	Secrets []SecretBinding `json:"secrets,omitempty"`
 }
 
+// Clone returns a deep copy of p (nil for nil).
+func (p *Policy) Clone() *Policy {
+	if p == nil {
+		return nil
+	}
+	c := &Policy{
+		Allow:   cloneRules(p.Allow),
+		Deny:    cloneRules(p.Deny),
+		Presets: append([]string(nil), p.Presets...),
+	}
+	for _, b := range p.Secrets {
+		b.Hosts = append([]string(nil), b.Hosts...)
+		b.Paths = append([]string(nil), b.Paths...)
+		b.Methods = append([]string(nil), b.Methods...)
+		if b.Inject.Basic != nil {
+			bb := *b.Inject.Basic
+			b.Inject.Basic = &bb
+		}
+		c.Secrets = append(c.Secrets, b)
+	}
+	return c
+}
+
+func cloneRules(rs []PolicyRule) []PolicyRule {
+	if rs == nil {
+		return nil
+	}
+	out := make([]PolicyRule, len(rs))
+	for i, r := range rs {
+		out[i] = PolicyRule{Match: r.Match, Methods: append([]string(nil), r.Methods...)}
+	}
+	return out
+}
+
 // PolicyRule is one allow or deny entry: a domain, *.domain, an IP or CIDR
 // with an optional :PORT, or a URL (https://host/path/ is a path prefix),
 // optionally limited to some HTTP methods.
@@ -72,4 +106,16 @@ type SecretRequest struct {
 // Secret describes a stored secret; its value is never returned.
 type Secret struct {
 	Name string `json:"name"`
+}
+
+// PolicyPreset is an item of GET /v1/policies (a cluster's gateway): a
+// preset a policy may name, built in or a PolicyPreset object, with the
+// policy it stands for (a built-in one's hosts as allow rules; internet
+// stands for every public address) and, for an object that does not
+// compile, why.
+type PolicyPreset struct {
+	Name    string `json:"name"`
+	BuiltIn bool   `json:"built_in,omitempty"`
+	Policy  Policy `json:"policy"`
+	Error   string `json:"error,omitempty"`
 }

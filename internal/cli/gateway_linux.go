@@ -102,6 +102,8 @@ func gatewayCmd() *cobra.Command {
 				if err := kube.watch(ctx, rt.SetNodes, log); err != nil {
 					return err
 				}
+				kube.watchPresets(ctx, rt.SetPresets, log.With("component", "cluster"))
+				go kube.runController(ctx, rt.Local(), log.With("component", "controller"))
 			case nodesFile != "":
 				if err := watchNodesFile(ctx, nodesFile, static, rt.SetNodes, log); err != nil {
 					return err

@@ -155,6 +155,9 @@ func restClient(cfg *rest.Config, gv schema.GroupVersion, types ...runtime.Objec
 	c := rest.CopyConfig(cfg)
 	c.GroupVersion = &gv
 	c.APIPath = "/apis"
+	if gv.Group == "" {
+		c.APIPath = "/api" // the core group
+	}
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	if c.UserAgent == "" {
 		c.UserAgent = "paddock"

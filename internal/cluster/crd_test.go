@@ -17,7 +17,22 @@ import (
 // so a field added to api.Node but not to the schema would vanish between
 // the node and the gateways without an error.
 func TestCRDSchemaHasNodeFields(t *testing.T) {
-	data, err := os.ReadFile("../../deploy/crd-paddocknode.yaml")
+	status := crdSchema(t, "../../deploy/crd-paddocknode.yaml").Properties["status"]
+	compare(t, "status", status, reflect.TypeOf(api.Node{}))
+	compare(t, "status.capacity", status.Properties["capacity"], reflect.TypeOf(api.NodeResources{}))
+	compare(t, "status.allocated", status.Properties["allocated"], reflect.TypeOf(api.NodeResources{}))
+}
+
+type openAPISchema struct {
+	Properties           map[string]openAPISchema `json:"properties"`
+	Items                *openAPISchema           `json:"items"`
+	AdditionalProperties *openAPISchema           `json:"additionalProperties"`
+}
+
+// crdSchema reads the schema of the one version of the CRD at path.
+func crdSchema(t *testing.T, path string) openAPISchema {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,16 +49,9 @@ func TestCRDSchemaHasNodeFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(crd.Spec.Versions) != 1 {
-		t.Fatalf("%d versions, want 1", len(crd.Spec.Versions))
+		t.Fatalf("%s: %d versions, want 1", path, len(crd.Spec.Versions))
 	}
-	status := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"]
-	compare(t, "status", status, reflect.TypeOf(api.Node{}))
-	compare(t, "status.capacity", status.Properties["capacity"], reflect.TypeOf(api.NodeResources{}))
-	compare(t, "status.allocated", status.Properties["allocated"], reflect.TypeOf(api.NodeResources{}))
-}
-
-type openAPISchema struct {
-	Properties map[string]openAPISchema `json:"properties"`
+	return crd.Spec.Versions[0].Schema.OpenAPIV3Schema
 }
 
 func compare(t *testing.T, where string, s openAPISchema, typ reflect.Type) {

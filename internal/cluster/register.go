@@ -44,6 +44,7 @@ type NodeConfig struct {
 // Run runs, keeps its Lease renewed and its PaddockNode's status current.
 type Node struct {
 	cfg    NodeConfig
+	rc     *rest.Config
 	nodes  *rest.RESTClient
 	leases *rest.RESTClient
 	tag    string
@@ -114,11 +115,20 @@ func newNode(rc *rest.Config, cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Node{cfg: cfg, nodes: nodes, leases: leases, log: cfg.Logger}, nil
+	return &Node{cfg: cfg, rc: rc, nodes: nodes, leases: leases, log: cfg.Logger}, nil
 }
 
 // Tag is the node's routing tag: every sandbox id it mints starts with it.
 func (n *Node) Tag() string { return n.tag }
+
+// Name is the node's name (its PaddockNode's and its Lease's).
+func (n *Node) Name() string { return n.cfg.Name }
+
+// Labels are the labels the node publishes.
+func (n *Node) Labels() map[string]string { return copyMap(n.cfg.Labels) }
+
+// Config is the API server's configuration the node registered with.
+func (n *Node) Config() *rest.Config { return n.rc }
 
 func checkAddress(addr string) error {
 	u, err := url.Parse(addr)

@@ -458,7 +458,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			node.Run(nctx, nodeStatus(tel, mgr, disks, log.With("component", "cluster")))
 			close(done)
 		}()
-		stopNode = func() { cancel(); <-done }
+		objectsDone := make(chan struct{})
+		go func() {
+			reconcileObjects(nctx, &cfg, node, mgr, secrets, log.With("component", "reconcile"))
+			close(objectsDone)
+		}()
+		stopNode = func() { cancel(); <-done; <-objectsDone }
 	}
 
 	select {

@@ -79,38 +79,7 @@ func ValidatePolicy(p *api.Policy) error {
 }
 
 // clonePolicy returns a deep copy of p.
-func clonePolicy(p *api.Policy) *api.Policy {
-	if p == nil {
-		return nil
-	}
-	c := &api.Policy{
-		Allow:   cloneRules(p.Allow),
-		Deny:    cloneRules(p.Deny),
-		Presets: append([]string(nil), p.Presets...),
-	}
-	for _, b := range p.Secrets {
-		b.Hosts = append([]string(nil), b.Hosts...)
-		b.Paths = append([]string(nil), b.Paths...)
-		b.Methods = append([]string(nil), b.Methods...)
-		if b.Inject.Basic != nil {
-			bb := *b.Inject.Basic
-			b.Inject.Basic = &bb
-		}
-		c.Secrets = append(c.Secrets, b)
-	}
-	return c
-}
-
-func cloneRules(rs []api.PolicyRule) []api.PolicyRule {
-	if rs == nil {
-		return nil
-	}
-	out := make([]api.PolicyRule, len(rs))
-	for i, r := range rs {
-		out[i] = api.PolicyRule{Match: r.Match, Methods: append([]string(nil), r.Methods...)}
-	}
-	return out
-}
+func clonePolicy(p *api.Policy) *api.Policy { return p.Clone() }
 
 func normMethods(ms []string) []string {
 	var out []string

@@ -17,8 +17,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/paddock-dev/paddock/api"
-	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/server"
 )
 
 // MissingNodesHeader names, on a gathered answer, the nodes that did not
@@ -114,30 +112,17 @@ func (rt *Router) sortAnswers(answers []answer, missing []string) (bodies []answ
 // passed on as they are. A node that does not answer is named in
 // MissingNodesHeader and the others' items still come.
 func (rt *Router) gather(w http.ResponseWriter, r *http.Request) {
-	answers, missing := rt.fanOut(r)
-	bodies, missing, failed := rt.sortAnswers(answers, missing)
-	if failed != nil {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(failed.status)
-		w.Write(failed.body)
+	parts, ok := rt.gatherJSON(w, r, r.URL.Path, func(b []byte) (any, error) {
+		var part []json.RawMessage
+		err := json.Unmarshal(b, &part)
+		return part, err
+	})
+	if !ok {
 		return
 	}
 	items := []json.RawMessage{}
-	for _, a := range bodies {
-		var part []json.RawMessage
-		if err := json.Unmarshal(a.body, &part); err != nil {
-			rt.log.Warn("node answered a list with something else", "node", a.n.Name, "err", err)
-			missing = append(missing, a.n.Name)
-			continue
-		}
-		items = append(items, part...)
-	}
-	if len(bodies) == 0 && len(missing) > 0 {
-		server.WriteError(w, r, rt.log, errdefs.New(errdefs.ErrUnavailable, "no node answered (%s)", strings.Join(missing, ", ")))
-		return
-	}
-	if len(missing) > 0 {
-		w.Header().Set(MissingNodesHeader, strings.Join(missing, ", "))
+	for _, part := range parts {
+		items = append(items, part.([]json.RawMessage)...)
 	}
 	writeJSON(w, http.StatusOK, items)
 }

@@ -55,6 +55,10 @@ func (rt *Router) create(w http.ResponseWriter, r *http.Request) {
 		fail(reqcheck.DecodeError(err))
 		return
 	}
+	if body, err = rt.expandPresets(&req, body); err != nil {
+		fail(err)
+		return
+	}
 	d, err := rt.demandOf(req.Resources, req.NodeSelector, req.From, req.Image)
 	if err != nil {
 		fail(err)

@@ -18,6 +18,7 @@ import (
 	"sync"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/cluster"
 	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/server"
@@ -63,6 +64,8 @@ type Router struct {
 	// last changed, so that a burst of creates does not all land on the
 	// node that looked emptiest.
 	placed map[string]*placedCount
+	// presets lists the cluster's PolicyPresets (SetPresets).
+	presets func() []*cluster.PolicyPreset
 }
 
 // New returns a Router with an empty table: every call answers 503 until
@@ -100,6 +103,9 @@ func (rt *Router) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h, ok := rt.own(r.Method, p)
+	if !ok {
+		h, ok = rt.declared(r.Method, p)
+	}
 	if !ok {
 		server.WriteError(w, r, rt.log, errdefs.New(errdefs.ErrNotFound,
 			"%s %s is not served through a cluster gateway (yet): call a node, or see docs/ARCHITECTURE.md", r.Method, p))
