@@ -344,3 +344,102 @@ func (c *crdCluster) rawDo(t *testing.T, method, path, body string) (int, string
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// TestClusterSandboxObject: a Sandbox object gets its sandbox through the
+// gateway; when its node is killed, a new one on the other node once the
+// node's Lease expires; the old one is removed when its node is back;
+// deleting the object removes the sandbox. One naming a template that
+// does not exist gets a Ready condition saying so.
+func TestClusterSandboxObject(t *testing.T) {
+	c := startCRDCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c.apply(t, `
+apiVersion: paddock.dev/v1alpha1
+kind: Sandbox
+metadata: {name: keeper, namespace: paddock}
+spec:
+  env: {KEPT: "yes"}
+---
+apiVersion: paddock.dev/v1alpha1
+kind: Sandbox
+metadata: {name: orphan, namespace: paddock}
+spec:
+  sandboxTemplateRef: {name: no-such-template}
+`)
+	keeper := func(d kube.Declared) *kube.Sandbox {
+		for _, s := range d.Sandboxes {
+			if s.Name == "keeper" {
+				return s
+			}
+		}
+		return nil
+	}
+	d := c.waitObjects(t, "keeper's sandbox made", time.Minute, func(d kube.Declared) bool {
+		s := keeper(d)
+		return s != nil && s.Status.ID != "" && condition(s.Status.Conditions, kube.ConditionReady).Status == metav1.ConditionTrue
+	})
+	first := keeper(d).Status
+	var out strings.Builder
+	if _, err := c.client.Exec(ctx, first.ID, api.ExecRequest{Cmd: []string{"sh", "-c", "echo $KEPT"}}, client.ExecIO{Stdout: &out}); err != nil || out.String() != "yes\n" {
+		t.Errorf("exec in keeper's sandbox: %q, %v", out.String(), err)
+	}
+	d = c.waitObjects(t, "orphan reported", time.Minute, func(d kube.Declared) bool {
+		for _, s := range d.Sandboxes {
+			if s.Name == "orphan" {
+				return condition(s.Status.Conditions, kube.ConditionReady).Reason == kube.ReasonInvalid
+			}
+		}
+		return false
+	})
+	for _, s := range d.Sandboxes {
+		if r := condition(s.Status.Conditions, kube.ConditionReady); s.Name == "orphan" && !strings.Contains(r.Message, "no-such-template") {
+			t.Errorf("orphan's Ready condition: %+v, want it to name the template", r)
+		}
+	}
+
+	// Its node dies: a new sandbox elsewhere.
+	var holder *Daemon
+	for i, n := range c.nodes {
+		if first.Node == fmt.Sprintf("crd-node%d", i+1) {
+			holder = n
+		}
+	}
+	if holder == nil {
+		t.Fatalf("keeper's node %q is none of the cluster's", first.Node)
+	}
+	holder.Kill9()
+	d = c.waitObjects(t, "keeper's sandbox made anew", kube.LeaseDuration+time.Minute, func(d kube.Declared) bool {
+		s := keeper(d)
+		return s != nil && s.Status.ID != "" && s.Status.ID != first.ID && s.Status.Node != first.Node
+	})
+	second := keeper(d).Status
+	if !slicesContains(second.Replaced, first.ID) {
+		t.Errorf("keeper's status after its node died: %+v, want %s among the replaced", second, first.ID)
+	}
+	holder.Start()
+	c.waitObjects(t, "the replaced sandbox removed when its node came back", time.Minute, func(d kube.Declared) bool {
+		s := keeper(d)
+		return s != nil && len(s.Status.Replaced) == 0
+	})
+	if _, err := c.client.Get(ctx, first.ID); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("the replaced sandbox after its node came back: %v, want not found", err)
+	}
+
+	// Deleting the object removes its sandbox, then the object.
+	c.delete(t, kube.SandboxResource, "paddock", "keeper")
+	c.waitObjects(t, "keeper gone", time.Minute, func(d kube.Declared) bool { return keeper(d) == nil })
+	if _, err := c.client.Get(ctx, second.ID); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("keeper's sandbox after the object was deleted: %v, want not found", err)
+	}
+	c.delete(t, kube.SandboxResource, "paddock", "orphan")
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

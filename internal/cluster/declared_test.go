@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"context"
+	"log/slog"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -226,4 +228,79 @@ func waitUntil(limit time.Duration, cond func() bool) bool {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return cond()
+}
+
+// TestLead: of two gateways contending for the controller's Lease with
+// the gateway's RBAC, one leads at a time; when it stops, the other
+// takes over at once (the Lease is released).
+func TestLead(t *testing.T) {
+	kc := startCluster(t)
+	cfg := kc.Config(kubetest.Gateway)
+	var mu sync.Mutex
+	leading := map[string]bool{}
+	maxAtOnce := 0
+	run := func(ctx context.Context, id string) chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			err := Lead(ctx, cfg, DefaultNamespace, ControllerLease, id, slog.New(slog.DiscardHandler), func(lctx context.Context) {
+				mu.Lock()
+				leading[id] = true
+				n := 0
+				for _, l := range leading {
+					if l {
+						n++
+					}
+				}
+				maxAtOnce = max(maxAtOnce, n)
+				mu.Unlock()
+				<-lctx.Done()
+				mu.Lock()
+				leading[id] = false
+				mu.Unlock()
+			})
+			if err != nil {
+				t.Errorf("Lead %s: %v", id, err)
+			}
+		}()
+		return done
+	}
+	leader := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		for id, l := range leading {
+			if l {
+				return id
+			}
+		}
+		return ""
+	}
+	ctxA, stopA := context.WithCancel(context.Background())
+	ctxB, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	doneA := run(ctxA, "gw-a")
+	doneB := run(ctxB, "gw-b")
+	if !waitUntil(20*time.Second, func() bool { return leader() != "" }) {
+		t.Fatal("nobody leads")
+	}
+	time.Sleep(3 * electRenew)
+	first := leader()
+	stop, done := stopA, doneA
+	if first == "gw-b" {
+		stop, done = stopB, doneB
+	}
+	stop()
+	<-done
+	start := time.Now()
+	if !waitUntil(electDuration, func() bool { l := leader(); return l != "" && l != first }) {
+		t.Fatalf("after %s stopped, nobody took over", first)
+	}
+	t.Logf("took over %v after the leader stopped", time.Since(start).Round(100*time.Millisecond))
+	mu.Lock()
+	if maxAtOnce != 1 {
+		t.Errorf("%d led at once", maxAtOnce)
+	}
+	mu.Unlock()
+	stopA()
+	stopB()
 }

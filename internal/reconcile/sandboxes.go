@@ -9,6 +9,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
 	"github.com/paddock-dev/paddock/api"
@@ -68,7 +69,7 @@ func RunController(ctx context.Context, cfg ControllerConfig) error {
 			cfg.Logger.Error("watching Sandboxes", "err", err)
 			return
 		}
-		c := &controller{cfg: cfg, log: cfg.Logger, objs: objs, failed: map[string]time.Time{}}
+		c := &controller{cfg: cfg, log: cfg.Logger, objs: objs, failed: map[string]time.Time{}, wrote: map[types.UID]cluster.SandboxStatus{}}
 		tick := time.NewTicker(Resync)
 		defer tick.Stop()
 		for {
@@ -81,8 +82,15 @@ func RunController(ctx context.Context, cfg ControllerConfig) error {
 			if w.Synced() {
 				d := w.Now()
 				c.presets(ctx, d.Presets)
+				seen := map[types.UID]bool{}
 				for _, s := range d.Sandboxes {
+					seen[s.UID] = true
 					c.sandbox(ctx, s)
+				}
+				for uid := range c.wrote {
+					if !seen[uid] {
+						delete(c.wrote, uid)
+					}
 				}
 			}
 		}
@@ -93,8 +101,11 @@ type controller struct {
 	cfg  ControllerConfig
 	log  *slog.Logger
 	objs *cluster.Objects
-	// failed: when a create last failed, by namespace/name/generation.
+	// failed: when a create last failed, by uid/generation.
 	failed map[string]time.Time
+	// wrote is the status this controller last wrote of each object: the
+	// watch's copy may not show it yet, and it is the one writer.
+	wrote map[types.UID]cluster.SandboxStatus
 }
 
 // presets writes each PolicyPreset's Valid condition.
@@ -140,6 +151,9 @@ func (c *controller) sandbox(ctx context.Context, s *cluster.Sandbox) {
 		}
 	}
 	st := s.Status
+	if w, ok := c.wrote[s.UID]; ok {
+		st = w
+	}
 	st.Replaced = c.removeAll(ctx, st.Replaced, log)
 	ready, reason, msg := false, "", ""
 	if st.ID != "" {
@@ -168,7 +182,7 @@ func (c *controller) sandbox(ctx context.Context, s *cluster.Sandbox) {
 		}
 	}
 	if st.ID == "" {
-		key := fmt.Sprintf("%s/%s/%d", s.Namespace, s.Name, s.Generation)
+		key := fmt.Sprintf("%s/%d", s.UID, s.Generation)
 		if at, ok := c.failed[key]; ok && time.Since(at) < retryCreate {
 			return
 		}
@@ -190,6 +204,8 @@ func (c *controller) sandbox(ctx context.Context, s *cluster.Sandbox) {
 	if st.ID != "" {
 		st.ObservedGeneration = s.Generation
 	}
+	st.Conditions = nil
+	c.wrote[s.UID] = st
 	err := c.objs.UpdateSandboxStatus(ctx, s.Namespace, s.Name, func(o *cluster.Sandbox) bool {
 		changed := o.Status.ID != st.ID || o.Status.Node != st.Node || o.Status.State != st.State ||
 			o.Status.ObservedGeneration != st.ObservedGeneration || !slices.Equal(o.Status.Replaced, st.Replaced)
@@ -201,6 +217,7 @@ func (c *controller) sandbox(ctx context.Context, s *cluster.Sandbox) {
 	})
 	if err != nil && ctx.Err() == nil && !isGone(err) {
 		log.Warn("writing the Sandbox's status", "err", err)
+		delete(c.wrote, s.UID) // read it afresh
 	}
 }
 
@@ -211,9 +228,13 @@ func (c *controller) finish(ctx context.Context, s *cluster.Sandbox, log *slog.L
 	if !slices.Contains(s.Finalizers, cluster.SandboxFinalizer) {
 		return
 	}
-	ids := s.Status.Replaced
-	if s.Status.ID != "" {
-		ids = append([]string{s.Status.ID}, ids...)
+	st := s.Status
+	if w, ok := c.wrote[s.UID]; ok {
+		st = w
+	}
+	ids := st.Replaced
+	if st.ID != "" {
+		ids = append([]string{st.ID}, ids...)
 	}
 	if left := c.removeAll(ctx, ids, log); len(left) > 0 {
 		err := c.objs.UpdateSandboxStatus(ctx, s.Namespace, s.Name, func(o *cluster.Sandbox) bool {
@@ -237,7 +258,7 @@ func (c *controller) finish(ctx context.Context, s *cluster.Sandbox, log *slog.L
 		log.Warn("removing the Sandbox's finalizer", "err", err)
 		return
 	}
-	log.Info("removed the Sandbox's sandbox", "id", s.Status.ID)
+	log.Info("removed the Sandbox's sandbox", "id", st.ID)
 }
 
 // removeAll removes the sandboxes ids and returns those it could not

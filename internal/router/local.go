@@ -33,9 +33,9 @@ func (l Local) Get(ctx context.Context, id string) (api.Sandbox, error) {
 	return sb, err
 }
 
-// Remove removes a sandbox.
+// Remove removes a sandbox, running or not.
 func (l Local) Remove(ctx context.Context, id string) error {
-	return l.do(ctx, http.MethodDelete, "/v1/sandboxes/"+id, nil, nil)
+	return l.do(ctx, http.MethodDelete, "/v1/sandboxes/"+id+"?force=true", nil, nil)
 }
 
 // NodeOf names the node whose tag starts id, or "".
@@ -59,12 +59,12 @@ func (l Local) do(ctx context.Context, method, path string, in, out any) error {
 			return err
 		}
 	}
-	r, err := http.NewRequestWithContext(ctx, method, path, &body)
+	r, err := http.NewRequestWithContext(ctx, method, "http://gateway"+path, &body)
 	if err != nil {
 		return err
 	}
 	r.Header.Set("Content-Type", "application/json")
-	r.RequestURI = path
+	r.RequestURI = r.URL.RequestURI()
 	w := &recorder{header: http.Header{}, status: http.StatusOK}
 	l.rt.serve(w, r)
 	if w.status >= 300 {
@@ -72,7 +72,7 @@ func (l Local) do(ctx context.Context, method, path string, in, out any) error {
 		if json.Unmarshal(w.body.Bytes(), &e) != nil || e.Message == "" {
 			return fmt.Errorf("%s %s: status %d", method, path, w.status)
 		}
-		return fmt.Errorf("%w: %s", errdefs.FromCode(e.Code), e.Message)
+		return &answerError{msg: e.Message, category: errdefs.FromCode(e.Code)}
 	}
 	if out == nil {
 		return nil
@@ -103,3 +103,13 @@ func (w *recorder) Write(b []byte) (int, error) {
 	w.wrote = true
 	return w.body.Write(b)
 }
+
+// answerError is an error answer: the message the client would see, of
+// its category.
+type answerError struct {
+	msg      string
+	category error
+}
+
+func (e *answerError) Error() string { return e.msg }
+func (e *answerError) Unwrap() error { return e.category }
