@@ -226,7 +226,9 @@ spec:
 	}
 
 	d = c.waitObjects(t, "crd-pool full", 2*time.Minute, func(d kube.Declared) bool {
-		return len(d.Pools) == 1 && d.Pools[0].Status.ReadyReplicas == 3
+		// Both nodes' shares (a node that built the template first holds
+		// all of it until the other has built it too).
+		return len(d.Pools) == 1 && d.Pools[0].Status.ReadyReplicas == 3 && d.Pools[0].Status.Replicas == 3 && len(d.Pools[0].Status.Nodes) == 2
 	})
 	var targets []int32
 	for _, s := range d.Pools[0].Status.Nodes {
@@ -305,7 +307,9 @@ spec:
 		if !waitFor(time.Minute, 200*time.Millisecond, func() bool {
 			tmpls, err := n.Client().Templates(ctx)
 			pools, perr := n.Client().Pools(ctx)
-			return err == nil && len(tmpls) == 0 && perr == nil && pools.Target["template:crd-tmpl"] == 0
+			// The template's step snapshots go last.
+			snaps, serr := n.Client().Snapshots(ctx, "")
+			return err == nil && len(tmpls) == 0 && perr == nil && pools.Target["template:crd-tmpl"] == 0 && serr == nil && len(snaps) == 0
 		}) {
 			tmpls, err := n.Client().Templates(ctx)
 			t.Errorf("node %d's templates after the SandboxTemplate went: %+v, %v", i+1, tmpls, err)
