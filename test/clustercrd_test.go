@@ -384,6 +384,9 @@ spec:
 		return s != nil && s.Status.ID != "" && condition(s.Status.Conditions, kube.ConditionReady).Status == metav1.ConditionTrue
 	})
 	first := keeper(d).Status
+	if g := keeper(d).Generation; g != 1 || first.ObservedGeneration != 1 {
+		t.Errorf("keeper's generation %d, observed %d: the controller must not rewrite its spec", g, first.ObservedGeneration)
+	}
 	var out strings.Builder
 	if _, err := c.client.Exec(ctx, first.ID, api.ExecRequest{Cmd: []string{"sh", "-c", "echo $KEPT"}}, client.ExecIO{Stdout: &out}); err != nil || out.String() != "yes\n" {
 		t.Errorf("exec in keeper's sandbox: %q, %v", out.String(), err)

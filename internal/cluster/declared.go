@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -178,9 +180,23 @@ func (o *Objects) UpdateSandboxStatus(ctx context.Context, ns, name string, muta
 	return update(ctx, o.c, SandboxResource, "Sandbox", ns, name, "status", mutate)
 }
 
-// UpdateSandbox changes a Sandbox's metadata (its finalizers).
-func (o *Objects) UpdateSandbox(ctx context.Context, ns, name string, mutate func(*Sandbox) bool) error {
-	return update(ctx, o.c, SandboxResource, "Sandbox", ns, name, "", mutate)
+// SetSandboxFinalizers sets a Sandbox's finalizers, if it is still at
+// resourceVersion. It patches the metadata alone: a write of the whole
+// object would also write its spec as this client encodes it, and a
+// field the user left out (resources: {}) would count as a change.
+func (o *Objects) SetSandboxFinalizers(ctx context.Context, ns, name, resourceVersion string, finalizers []string) error {
+	if finalizers == nil {
+		finalizers = []string{}
+	}
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": finalizers, "resourceVersion": resourceVersion}})
+	if err != nil {
+		return err
+	}
+	err = o.c.Patch(types.MergePatchType).Namespace(ns).Resource(SandboxResource).Name(name).Body(body).Do(ctx).Error()
+	if err != nil {
+		return fmt.Errorf("writing Sandbox %s/%s's finalizers: %w", ns, name, err)
+	}
+	return nil
 }
 
 // update is a read, change and write of one object, retried on conflict.

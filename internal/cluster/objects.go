@@ -56,6 +56,9 @@ type SandboxTemplateSpec struct {
 	Steps     []api.TemplateStep `json:"steps"`
 	Policy    *api.Policy        `json:"policy,omitempty"`
 	Resources api.Resources      `json:"resources,omitempty"`
+	// Runtime is the isolation tier of the build and of its sandboxes
+	// (api.TemplateSpec.Runtime).
+	Runtime string `json:"runtime,omitempty"`
 	// NodeSelector limits the nodes that build it to those whose labels
 	// include all of these; empty: every node.
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
@@ -161,6 +164,7 @@ type SandboxSpec struct {
 	Workdir      string            `json:"workdir,omitempty"`
 	Resources    api.Resources     `json:"resources,omitempty"`
 	Policy       *api.Policy       `json:"policy,omitempty"`
+	Runtime      string            `json:"runtime,omitempty"`
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 }
 

@@ -193,7 +193,7 @@ func (r *Node) templates(ctx context.Context, d cluster.Declared, nodes []api.No
 }
 
 func (r *Node) template(ctx context.Context, t *cluster.SandboxTemplate, presets []*cluster.PolicyPreset, nodes []api.Node) {
-	spec := api.TemplateSpec{Name: t.Name, Image: t.Spec.Image, Steps: t.Spec.Steps, Resources: t.Spec.Resources}
+	spec := api.TemplateSpec{Name: t.Name, Image: t.Spec.Image, Steps: t.Spec.Steps, Resources: t.Spec.Resources, Runtime: t.Spec.Runtime}
 	policy, err := ExpandPresets(t.Spec.Policy, presets)
 	if err != nil {
 		r.writeBuild(ctx, t.Name, &cluster.NodeBuild{State: cluster.BuildInvalid, Generation: t.Generation, Message: err.Error()}, nodes)

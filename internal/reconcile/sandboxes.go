@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -136,15 +137,10 @@ func (c *controller) sandbox(ctx context.Context, s *cluster.Sandbox) {
 		return
 	}
 	if !slices.Contains(s.Finalizers, cluster.SandboxFinalizer) {
-		err := c.objs.UpdateSandbox(ctx, s.Namespace, s.Name, func(o *cluster.Sandbox) bool {
-			if o.DeletionTimestamp != nil || slices.Contains(o.Finalizers, cluster.SandboxFinalizer) {
-				return false
-			}
-			o.Finalizers = append(o.Finalizers, cluster.SandboxFinalizer)
-			return true
-		})
-		if err != nil {
-			if !isGone(err) {
+		fin := append(slices.Clone(s.Finalizers), cluster.SandboxFinalizer)
+		if err := c.objs.SetSandboxFinalizers(ctx, s.Namespace, s.Name, s.ResourceVersion, fin); err != nil {
+			// A conflict: the watch brings the newer object.
+			if !isGone(err) && !apierrors.IsConflict(err) {
 				log.Warn("adding the Sandbox's finalizer", "err", err)
 			}
 			return
@@ -246,15 +242,10 @@ func (c *controller) finish(ctx context.Context, s *cluster.Sandbox, log *slog.L
 		}
 		return
 	}
-	err := c.objs.UpdateSandbox(ctx, s.Namespace, s.Name, func(o *cluster.Sandbox) bool {
-		i := slices.Index(o.Finalizers, cluster.SandboxFinalizer)
-		if i < 0 {
-			return false
-		}
-		o.Finalizers = slices.Delete(o.Finalizers, i, i+1)
-		return true
-	})
-	if err != nil && !isGone(err) {
+	i := slices.Index(s.Finalizers, cluster.SandboxFinalizer)
+	fin := slices.Delete(slices.Clone(s.Finalizers), i, i+1)
+	err := c.objs.SetSandboxFinalizers(ctx, s.Namespace, s.Name, s.ResourceVersion, fin)
+	if err != nil && !isGone(err) && !apierrors.IsConflict(err) {
 		log.Warn("removing the Sandbox's finalizer", "err", err)
 		return
 	}
@@ -282,6 +273,7 @@ func createRequest(s *cluster.Sandbox) api.CreateRequest {
 		Workdir:      s.Spec.Workdir,
 		Resources:    s.Spec.Resources,
 		Policy:       s.Spec.Policy,
+		Runtime:      s.Spec.Runtime,
 		NodeSelector: s.Spec.NodeSelector,
 	}
 	if s.Spec.TemplateRef != nil {
