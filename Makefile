@@ -17,7 +17,7 @@ GOFLAGS_STATIC := -tags 'netgo osusergo embedguest' -ldflags '-linkmode external
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 BENCH_DEPS := bubblewrap runc
 
-.PHONY: all build deps kube-bins runsc up down uninstall cluster-up cluster-down cluster-bench test test-short fuzz bench lint fmt clean
+.PHONY: all build deps kube-bins runsc s3-bins up down uninstall cluster-up cluster-down cluster-bench test test-short fuzz bench lint fmt clean
 
 all: build
 
@@ -58,6 +58,14 @@ kube-bins:
 # about 3 minutes the first time, nothing after. The daemon finds it there.
 runsc:
 	scripts/runsc-bin.sh
+
+# s3-bins builds the S3-compatible object store the archive tests and the
+# bench's archive section run against (SeaweedFS's weed, Apache-2.0, from
+# the module proxy, pinned by tools/s3) into a cache keyed by its version,
+# /var/cache/paddock/s3 by default (PADDOCK_S3_CACHE); nothing after the
+# first time.
+s3-bins:
+	scripts/s3-bins.sh
 
 # up installs what is missing, builds, installs and starts the daemon with
 # its embedded defaults (state in /var/lib/paddock, socket at
@@ -111,9 +119,9 @@ cluster-bench: build kube-bins
 # without it. cross first: a client that stopped building for macOS fails.
 E2E  := ./test ./bench
 UNIT  = $$(go list ./... | grep -v -e '/paddock/test$$' -e '/paddock/bench$$')
-test: deps build cross kube-bins runsc
-	PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) go test -race -count=1 -timeout 20m $(UNIT)
-	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) go test -count=1 -timeout 20m $(E2E)
+test: deps build cross kube-bins runsc s3-bins
+	PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -race -count=1 -timeout 20m $(UNIT)
+	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -count=1 -timeout 20m $(E2E)
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 # fuzz runs every Fuzz* function of the module for FUZZTIME each
@@ -126,13 +134,13 @@ fuzz:
 test-short: build
 	PADDOCK_BIN=$(CURDIR)/$(BIN) go test -count=1 -short ./...
 
-bench: deps build runsc kube-bins
+bench: deps build runsc kube-bins s3-bins
 	@for p in $(BENCH_DEPS); do dpkg -s $$p >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_DEPS); break; }; done
 	@# BASE=<rev> also builds that revision and compares it with this build in
 	@# alternating blocks (the "baseline" section), e.g. make bench BASE=HEAD~5.
 	@if [ -n "$(BASE)" ]; then rm -rf .bench-base && mkdir -p .bench-base && \
 		git archive $(BASE) | tar -x -C .bench-base && $(MAKE) -C .bench-base build VERSION=base-$(BASE); fi
-	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) go run ./bench -out BENCHMARKS.md $(if $(BASE),-baseline $(CURDIR)/.bench-base/bin/paddock -baseline-rev $(BASE))
+	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go run ./bench -out BENCHMARKS.md $(if $(BASE),-baseline $(CURDIR)/.bench-base/bin/paddock -baseline-rev $(BASE))
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

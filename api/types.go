@@ -114,6 +114,9 @@ type Sandbox struct {
 	Budget    *Budget    `json:"budget,omitempty"`
 	Autoscale *Autoscale `json:"autoscale,omitempty"`
 	Policy    *Policy    `json:"policy,omitempty"`
+	// Archived: the paused sandbox's disk is in the cluster's object
+	// store, not on a node; resuming it restores it (on any node).
+	Archived bool `json:"archived,omitempty"`
 	// Error says why a sandbox failed.
 	Error string `json:"error,omitempty"`
 	// RuntimeName is the isolation tier it runs on (CreateRequest.Runtime);

@@ -65,6 +65,7 @@ func allBenchmarks() []benchmark {
 		{"gateway", "Through a cluster gateway: exec, create → first output and a 1 GiB stream against the daemon direct", benchGateway},
 		{"simnodes", fmt.Sprintf("Control-plane headroom: creates through one gateway to 1, 10 and %d simulated nodes", simNodes), benchSimNodes},
 		{"cluster", "A cluster on this host (3 nodes, 2 gateways, kube-apiserver): placement, kill -9 of a node and of a gateway", benchCluster},
+		{"archive", "Archive: a paused sandbox with 1 GiB archived to an object store, resumed on another node after its own is gone", benchArchive},
 		{"e2b", "E2B SDK: create + run('echo hi') + kill, against the native API", benchE2B},
 		{"egress", "HTTPS through the egress proxy", benchEgress},
 		{"baseline", "This build against a baseline binary, in alternating blocks", benchBaseline},

@@ -289,6 +289,12 @@ func (c *Client) Resume(ctx context.Context, id string) (*api.Sandbox, error) {
 	return c.lifecycle(ctx, id, "resume")
 }
 
+// Archive moves a paused sandbox's disk to the cluster's object store:
+// it can then be resumed on any node, with the same id.
+func (c *Client) Archive(ctx context.Context, id string) (*api.Sandbox, error) {
+	return c.lifecycle(ctx, id, "archive")
+}
+
 // Freeze stops a sandbox's processes in place (memory kept).
 func (c *Client) Freeze(ctx context.Context, id string) (*api.Sandbox, error) {
 	return c.lifecycle(ctx, id, "freeze")

@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/archive"
 	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/daemon"
 	"github.com/paddock-dev/paddock/internal/router"
@@ -38,6 +39,7 @@ func gatewayCmd() *cobra.Command {
 	var pack bool
 	var kube kubeNodes
 	var httpCfg server.HTTPConfig
+	var arch daemon.ArchiveConfig
 	cmd := &cobra.Command{
 		Use:   "gateway",
 		Short: "Serve the API of a cluster of paddock nodes as one (placement, routing by sandbox id)",
@@ -67,6 +69,10 @@ func gatewayCmd() *cobra.Command {
 			if err != nil || u.Scheme != "tcp" || u.Host == "" {
 				return fmt.Errorf("--listen %q is not tcp://HOST:PORT", listen)
 			}
+			store, err := daemon.OpenArchive(arch)
+			if err != nil {
+				return err
+			}
 			var trust *clustertls.Gateway
 			if tlsDir != "" {
 				if trust, err = clustertls.LoadGateway(tlsDir, log.With("component", "cluster")); err != nil {
@@ -80,6 +86,7 @@ func gatewayCmd() *cobra.Command {
 				}
 			}
 			rt := router.New(router.Config{
+				Archive:   archiveOf(store),
 				Version:   api.VersionInfo{Version: Version, Runtime: "gateway", GoVersion: goruntime.Version()},
 				NodeToken: nodeToken,
 				TLS:       trust,
@@ -163,6 +170,7 @@ func gatewayCmd() *cobra.Command {
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&tlsDir, "cluster-tls", "", "directory of the cluster's trust files for a gateway (ca.crt, gateway.crt, gateway.key: paddock cluster-tls; a mounted Secret, re-read when it changes): call nodes over mutual TLS only")
 	f.IntVar(&httpCfg.Limits.Conns, "http-max-conns", 4096, "connections each listener holds at once")
+	archiveFlags(f, &arch)
 	return cmd
 }
 
@@ -255,4 +263,12 @@ func watchNodesFile(ctx context.Context, path string, static []api.Node, set fun
 		}
 	}()
 	return nil
+}
+
+// archiveOf is the router's view of the archive store (nil: none).
+func archiveOf(s *archive.Store) router.Archive {
+	if s == nil {
+		return nil
+	}
+	return s
 }

@@ -475,6 +475,7 @@ func stateCmds(g *globals) []*cobra.Command {
 		{"stop", "End a sandbox's processes, keeping its files", (*client.Client).Stop},
 		{"pause", "Hibernate a sandbox: no processes, memory or CPU; files, environment and limits kept", (*client.Client).Pause},
 		{"resume", "Start a paused or stopped sandbox again with the same id (or thaw a frozen one)", (*client.Client).Resume},
+		{"archive", "Move a paused sandbox's disk to the object store: resumable on any node, same id", (*client.Client).Archive},
 		{"freeze", "Stop a sandbox's processes in place (memory kept): the cheap pause", (*client.Client).Freeze},
 		{"thaw", "Let a frozen sandbox's processes run again", (*client.Client).Thaw},
 	}

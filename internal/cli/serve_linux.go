@@ -101,6 +101,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.E2BTLSKey, "e2b-tls-key", "", "the E2B facade's TLS key (with --e2b-tls-cert)")
 	f.StringVar(&cfg.E2BDefaultEgress, "e2b-default-egress", "none", "network of an E2B sandbox whose create says nothing of it: none (paddock's default) or internet (E2B's)")
 	clusterFlags(f, &cfg.Cluster)
+	archiveFlags(f, &cfg.Archive)
+	f.DurationVar(&cfg.Archive.After, "archive-after", 0, "archive paused sandboxes idle this long (0: only on request: paddock archive, pause ?archive=true)")
 	return cmd
 }
 

@@ -117,6 +117,9 @@ type Config struct {
 	HTTP server.HTTPConfig
 	// Cluster makes the daemon a node of a cluster (off by default).
 	Cluster ClusterConfig
+	// Archive is the object store paused sandboxes go to (none by
+	// default).
+	Archive ArchiveConfig
 	// Debug serves the Go runtime's CPU, heap, goroutine, mutex and block
 	// profiles on RunDir/debug.sock (root only; see serveDebug). Off by
 	// default.
@@ -315,7 +318,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	arch, err := OpenArchive(cfg.Archive)
+	if err != nil {
+		return err
+	}
 	mgr := sandbox.NewManager(sandbox.Config{
+		Archive:                 arch,
+		ArchiveAfter:            cfg.Archive.After,
 		Images:                  images,
 		Store:                   st,
 		Volumes:                 vols,

@@ -47,7 +47,10 @@ type Config struct {
 	// from (the cluster's PaddockNodes); nil: POST /v1/nodes/NAME/drain
 	// answers 409 (a static table is changed where it is written).
 	Drain func(ctx context.Context, node string, draining bool) error
-	Log   *slog.Logger
+	// Archive, when set, is the object store archived sandboxes are
+	// found in once their node is gone (archive.go).
+	Archive Archive
+	Log     *slog.Logger
 }
 
 // Router serves the /v1 API of a cluster's nodes.
@@ -66,6 +69,8 @@ type Router struct {
 	placed map[string]*placedCount
 	// presets lists the cluster's PolicyPresets (SetPresets).
 	presets func() []*cluster.PolicyPreset
+	// movedTo caches the nodes archived sandboxes moved to (archive.go).
+	movedTo moved
 }
 
 // New returns a Router with an empty table: every call answers 503 until
@@ -145,6 +150,9 @@ func (rt *Router) own(method, path string) (http.HandlerFunc, bool) {
 // node-minted part is id, to the node whose tag starts id.
 func (rt *Router) route(w http.ResponseWriter, r *http.Request, key, id string) {
 	n, err := rt.owner(key, id)
+	if rt.cfg.Archive != nil && key == id && rt.routeArchived(w, r, id, err) {
+		return
+	}
 	if err != nil {
 		server.WriteError(w, r, rt.log, err)
 		return

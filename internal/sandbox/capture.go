@@ -131,6 +131,9 @@ func (m *Manager) captureLocked(ctx context.Context, b *box, dst string) (runtim
 	if err != nil {
 		return runtime.Capture{}, err
 	}
+	if b.rec.ArchivedDisk != nil {
+		return runtime.Capture{}, errdefs.Conflict("sandbox %s is archived: resume it first", b.rec.ID)
+	}
 	var pause func() (func(), error)
 	if mv.step == stepLive {
 		inst := b.inst

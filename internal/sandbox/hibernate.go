@@ -112,7 +112,7 @@ func (m *Manager) pauseLocked(ctx context.Context, b *box, act action) error {
 // Resume starts a paused or stopped sandbox again with the same id, files,
 // environment and limits, or thaws a frozen one.
 func (m *Manager) Resume(ctx context.Context, id string) (api.Sandbox, error) {
-	b, err := m.lookup(id)
+	b, err := m.lookupOrRestore(ctx, id)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -135,6 +135,15 @@ func (m *Manager) Resume(ctx context.Context, id string) (api.Sandbox, error) {
 // startLocked starts the sandbox's guest again on its disk and uid range;
 // it is then in state to.
 func (m *Manager) startLocked(ctx context.Context, b *box, to api.State) error {
+	if b.rec.ArchivedDisk != nil {
+		return m.startArchivedLocked(ctx, b, to)
+	}
+	return m.startFromLocked(ctx, b, to, "")
+}
+
+// startFromLocked is startLocked; diskFrom, if set, is an image file
+// whose copy becomes the sandbox's disk (it has none here).
+func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, diskFrom string) error {
 	img, err := m.cfg.Images.Get(imageRef(b.rec.Sandbox))
 	if err != nil {
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
@@ -143,6 +152,7 @@ func (m *Manager) startLocked(ctx context.Context, b *box, to api.State) error {
 	spec := m.spec(&b.rec, img)
 	spec.ID = b.rec.ID
 	spec.Held = true // activated once recorded, below
+	spec.DiskFrom = diskFrom
 	if spec.Mounts, err = m.mounts(ctx, b.rec.ID, b.rec.Volumes); err != nil {
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/archive"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
@@ -59,7 +60,13 @@ type Config struct {
 	// AllowInsecureRegistries lets a pull ask for plain HTTP to registries
 	// that are not on loopback.
 	AllowInsecureRegistries bool
-	Logger                  *slog.Logger
+	// Archive, when set, is the object store paused sandboxes are
+	// archived to (archive.go); Node names this node in it.
+	Archive *archive.Store
+	// ArchiveAfter archives paused sandboxes idle for that long (0:
+	// only on request).
+	ArchiveAfter time.Duration
+	Logger       *slog.Logger
 }
 
 // Manager runs sandboxes.
@@ -96,6 +103,9 @@ type record struct {
 	// owners and is mapped through the range of the day.
 	UIDBase uint32          `json:"uid_base"`
 	Runtime json.RawMessage `json:"runtime_state,omitempty"`
+	// ArchivedDisk, when set, says the sandbox's disk is in the archive
+	// and not here (archive.go).
+	ArchivedDisk *archive.Disk `json:"archived_disk,omitempty"`
 }
 
 type box struct {
@@ -152,6 +162,10 @@ func NewManager(cfg Config) *Manager {
 	}
 	m.wg.Add(1)
 	go m.autoPause(time.Second)
+	if cfg.Archive != nil && cfg.ArchiveAfter > 0 {
+		m.wg.Add(1)
+		go m.archiveLoop(cfg.ArchiveAfter)
+	}
 	return m
 }
 
@@ -650,6 +664,7 @@ func (b *box) viewLocked() api.Sandbox {
 		info := b.inst.Info()
 		s.Runtime = &info
 	}
+	s.Archived = b.rec.ArchivedDisk != nil
 	return s
 }
 

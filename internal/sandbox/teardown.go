@@ -95,6 +95,7 @@ func (m *Manager) tearDownOnce(b *box, attempt int) error {
 		return fmt.Errorf("removing sandbox: %w", err)
 	}
 	mark("removed")
+	m.dropArchive(b)
 	m.releaseMounts(id, b.rec.Volumes)
 	if err := m.cfg.Store.Delete(bucket, id); err != nil {
 		return fmt.Errorf("deleting record: %w", err)

@@ -48,7 +48,8 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 		{"GET /v1/sandboxes/{id}", s.get},
 		{"DELETE /v1/sandboxes/{id}", s.remove},
 		{"POST /v1/sandboxes/{id}/stop", s.stop},
-		{"POST /v1/sandboxes/{id}/pause", s.lifecycle(s.mgr.Pause)},
+		{"POST /v1/sandboxes/{id}/pause", s.pause},
+		{"POST /v1/sandboxes/{id}/archive", s.lifecycle(s.mgr.Archive)},
 		{"POST /v1/sandboxes/{id}/resume", s.lifecycle(s.mgr.Resume)},
 		{"POST /v1/sandboxes/{id}/freeze", s.lifecycle(s.mgr.Freeze)},
 		{"POST /v1/sandboxes/{id}/thaw", s.lifecycle(func(ctx context.Context, id string) (api.Sandbox, error) { return s.mgr.Thaw(ctx, id) })},
@@ -261,6 +262,22 @@ func (s *Server) lifecycle(change func(ctx context.Context, id string) (api.Sand
 		}
 		writeJSON(w, http.StatusOK, sb)
 	}
+}
+
+// pause pauses a sandbox and, with ?archive=true, archives it: a pause
+// that succeeds stays when the archive fails.
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	archive := r.URL.Query().Get("archive") == "true"
+	s.lifecycle(func(ctx context.Context, id string) (api.Sandbox, error) {
+		sb, err := s.mgr.Pause(ctx, id)
+		if err != nil || !archive {
+			return sb, err
+		}
+		if sb, err = s.mgr.Archive(ctx, id); err != nil {
+			return sb, fmt.Errorf("sandbox %s is paused here, not archived: %w", id, err)
+		}
+		return sb, nil
+	})(w, r)
 }
 
 func (s *Server) update(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,235 @@
+// Package archive keeps paused sandboxes in an S3-compatible object store
+// so that they outlive their node: a sandbox's record (spec, environment,
+// limits, policy, labels; secrets by name only) and its disk, compressed
+// and streamed in parts, are written under its id; any node can read them
+// back, checking the disk's checksum before it keeps a byte of it.
+//
+// It is the one seam to the object store: the sandbox manager archives
+// and restores through a *Store, the gateway looks up where an archived
+// sandbox went (Lookup).
+//
+// Layout, under Config.Prefix in Config.Bucket:
+//
+//	sandboxes/<id>/disk         the disk: zstd of a tar with one GNU sparse
+//	                            entry (only the image's data travels)
+//	sandboxes/<id>/record.json  Record: written last, once the disk is in
+//	                            and verified; its presence is the archive
+package archive
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/reqcheck"
+)
+
+// Config says where the archive lives.
+type Config struct {
+	// Endpoint is the store's URL: http(s)://host[:port]. http is for
+	// loopback and test stores; production takes https.
+	Endpoint string
+	// Bucket holds the archive; it is made if missing.
+	Bucket string
+	// Prefix is put before every object's name ("" for none).
+	Prefix string
+	// AccessKey and SecretKey sign requests (S3 signature v4).
+	AccessKey, SecretKey string
+	// Region is the bucket's region ("" lets the client ask the store).
+	Region string
+	// PartSize is the size of each part of a disk's upload (default 16
+	// MiB): memory use is about PartSize times Threads.
+	PartSize uint64
+	Threads  uint
+}
+
+// Store is an archive in an object store.
+type Store struct {
+	cfg Config
+	c   *minio.Client
+
+	mu     sync.Mutex
+	bucket bool // the bucket is known to exist
+}
+
+// Record is what the archive keeps of a sandbox besides its disk.
+type Record struct {
+	ID string `json:"id"`
+	// Sandbox is the node's record of the sandbox (api.Sandbox and what
+	// the manager keeps beside it), as the archiving node wrote it.
+	Sandbox json.RawMessage `json:"sandbox"`
+	// Node is the node that holds the sandbox now: the one that archived
+	// it (it keeps a stub and restores it on resume), or the one that
+	// restored it elsewhere. Gateways route the id there when its own
+	// tag's node is gone.
+	Node string `json:"node"`
+	// Disk is the archived disk; nil once a node restored it.
+	Disk       *Disk     `json:"disk,omitempty"`
+	ArchivedAt time.Time `json:"archived_at"`
+}
+
+// Disk describes an archived disk.
+type Disk struct {
+	// Bytes and SHA256 are the stored object's size and checksum.
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+	// Size is the disk image's size (holes included); Data its bytes of
+	// data.
+	Size int64 `json:"size"`
+	Data int64 `json:"data"`
+}
+
+// Open returns a Store for cfg. It does not call the store, which may be
+// down: the first archive makes the bucket if it is missing.
+func Open(cfg Config) (*Store, error) {
+	u, err := url.Parse(cfg.Endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return nil, errdefs.Invalid("archive endpoint", "%q: want http(s)://host[:port]", cfg.Endpoint)
+	}
+	if cfg.Bucket == "" {
+		return nil, errdefs.Invalid("archive bucket", "is empty")
+	}
+	if cfg.PartSize == 0 {
+		cfg.PartSize = 16 << 20
+	}
+	if cfg.Threads == 0 {
+		cfg.Threads = 4
+	}
+	cfg.Prefix = strings.Trim(cfg.Prefix, "/")
+	if cfg.Prefix != "" {
+		cfg.Prefix += "/"
+	}
+	c, err := minio.New(u.Host, &minio.Options{
+		Creds:  credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""),
+		Secure: u.Scheme == "https",
+		Region: cfg.Region,
+		// A store that is down is said so in seconds, not after the
+		// client's ten tries with back-off.
+		MaxRetries:   3,
+		BucketLookup: minio.BucketLookupPath,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("archive store %s: %w", cfg.Endpoint, err)
+	}
+	return &Store{cfg: cfg, c: c}, nil
+}
+
+// Endpoint names the store in messages.
+func (s *Store) Endpoint() string { return s.cfg.Endpoint + "/" + s.cfg.Bucket }
+
+func (s *Store) ensureBucket(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bucket {
+		return nil
+	}
+	ok, err := s.c.BucketExists(ctx, s.cfg.Bucket)
+	if err != nil {
+		return s.unavailable("checking bucket", err)
+	}
+	if !ok {
+		if err := s.c.MakeBucket(ctx, s.cfg.Bucket, minio.MakeBucketOptions{Region: s.cfg.Region}); err != nil {
+			if code := minio.ToErrorResponse(err).Code; code != "BucketAlreadyOwnedByYou" && code != "BucketAlreadyExists" {
+				return s.unavailable("making bucket", err)
+			}
+		}
+	}
+	s.bucket = true
+	return nil
+}
+
+// unavailable is the error of a call the store did not serve.
+func (s *Store) unavailable(what string, err error) error {
+	return errdefs.New(errdefs.ErrUnavailable, "archive store %s: %s: %v", s.Endpoint(), what, err)
+}
+
+func (s *Store) key(id, name string) string { return s.cfg.Prefix + "sandboxes/" + id + "/" + name }
+
+// Get returns sandbox id's record: ErrNotFound if it was never archived.
+func (s *Store) Get(ctx context.Context, id string) (Record, error) {
+	var rec Record
+	if err := reqcheck.SandboxID("id", id); err != nil {
+		return rec, err
+	}
+	obj, err := s.c.GetObject(ctx, s.cfg.Bucket, s.key(id, "record.json"), minio.GetObjectOptions{})
+	if err != nil {
+		return rec, s.unavailable("reading the record of "+id, err)
+	}
+	defer obj.Close()
+	b, err := io.ReadAll(io.LimitReader(obj, maxRecord+1))
+	if err != nil {
+		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+			return rec, errdefs.New(errdefs.ErrNotFound, "sandbox %s is not in the archive", id)
+		}
+		return rec, s.unavailable("reading the record of "+id, err)
+	}
+	if len(b) > maxRecord {
+		return rec, errdefs.New(errdefs.ErrInvalid, "the archived record of %s is over %d bytes", id, maxRecord)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil || rec.ID != id {
+		return rec, errdefs.New(errdefs.ErrInvalid, "the archived record of %s is corrupt", id)
+	}
+	return rec, nil
+}
+
+// maxRecord bounds a record read back (a sandbox's record is a few KiB).
+const maxRecord = 4 << 20
+
+// Put writes sandbox id's record (the archive's commit point: write the
+// disk first).
+func (s *Store) Put(ctx context.Context, rec Record) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	_, err = s.c.PutObject(ctx, s.cfg.Bucket, s.key(rec.ID, "record.json"), strings.NewReader(string(b)), int64(len(b)),
+		minio.PutObjectOptions{ContentType: "application/json", DisableMultipart: true})
+	if err != nil {
+		return s.unavailable("writing the record of "+rec.ID, err)
+	}
+	return nil
+}
+
+// Delete removes everything archived of sandbox id.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	var errs []error
+	for _, name := range []string{"record.json", "disk"} {
+		if err := s.c.RemoveObject(ctx, s.cfg.Bucket, s.key(id, name), minio.RemoveObjectOptions{}); err != nil &&
+			minio.ToErrorResponse(err).Code != "NoSuchKey" {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return s.unavailable("deleting "+id, err)
+	}
+	return nil
+}
+
+// DeleteDisk removes sandbox id's archived disk (once restored).
+func (s *Store) DeleteDisk(ctx context.Context, id string) error {
+	if err := s.c.RemoveObject(ctx, s.cfg.Bucket, s.key(id, "disk"), minio.RemoveObjectOptions{}); err != nil &&
+		minio.ToErrorResponse(err).Code != "NoSuchKey" {
+		return s.unavailable("deleting the disk of "+id, err)
+	}
+	return nil
+}
+
+// Lookup is the node that holds archived sandbox id (Record.Node), for a
+// gateway whose table has no live node for its tag.
+func (s *Store) Lookup(ctx context.Context, id string) (node string, archived bool, err error) {
+	rec, err := s.Get(ctx, id)
+	if err != nil {
+		return "", false, err
+	}
+	return rec.Node, rec.Disk != nil, nil
+}

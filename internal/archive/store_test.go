@@ -1,0 +1,132 @@
+package archive_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/paddock-dev/paddock/internal/archive"
+	"github.com/paddock-dev/paddock/internal/archive/s3test"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+)
+
+func openStore(t *testing.T, srv *s3test.Server) *archive.Store {
+	t.Helper()
+	st, err := archive.Open(archive.Config{Endpoint: srv.Endpoint, Bucket: "test", AccessKey: s3test.AccessKey, SecretKey: s3test.SecretKey, PartSize: 5 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestStoreRoundTripAndDamage(t *testing.T) {
+	srv := s3test.Start(t)
+	st := openStore(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// 12 MiB of incompressible data in a 64 MiB image: three parts.
+	img := filepath.Join(t.TempDir(), "disk.img")
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(64 << 20)
+	data := make([]byte, 12<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>13)
+	}
+	f.WriteAt(data, 10<<20)
+	f.Close()
+
+	const id = "abc123def456"
+	d, err := st.PutDisk(ctx, id, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Size != 64<<20 || d.Data < 12<<20 || d.Bytes == 0 {
+		t.Fatalf("disk %+v", d)
+	}
+	if err := st.Put(ctx, archive.Record{ID: id, Sandbox: []byte(`{"id":"` + id + `"}`), Node: "n1", Disk: &d}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := st.Get(ctx, id)
+	if err != nil || rec.Disk == nil || *rec.Disk != d || rec.Node != "n1" {
+		t.Fatalf("record %+v, %v", rec, err)
+	}
+	restore := func(d archive.Disk) error {
+		out, err := os.Create(filepath.Join(t.TempDir(), "restored.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		if err := st.GetDisk(ctx, id, d, out); err != nil {
+			return err
+		}
+		want, _ := os.ReadFile(img)
+		got, _ := os.ReadFile(out.Name())
+		if !bytes.Equal(want, got) {
+			t.Fatal("the restored disk differs")
+		}
+		return nil
+	}
+	if err := restore(d); err != nil {
+		t.Fatal(err)
+	}
+	// A record whose checksum does not match: refused, nothing kept.
+	bad := d
+	bad.SHA256 = "00" + d.SHA256[2:]
+	if err := restore(bad); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("a checksum mismatch: %v", err)
+	}
+
+	// The object truncated behind the archive's back.
+	mc, err := minio.New(srv.Endpoint[len("http://"):], &minio.Options{Creds: credentials.NewStaticV4(s3test.AccessKey, s3test.SecretKey, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := mc.GetObject(ctx, "test", "sandboxes/"+id+"/disk", minio.GetObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var whole bytes.Buffer
+	if _, err := whole.ReadFrom(obj); err != nil {
+		t.Fatal(err)
+	}
+	half := whole.Bytes()[:whole.Len()/2]
+	if _, err := mc.PutObject(ctx, "test", "sandboxes/"+id+"/disk", bytes.NewReader(half), int64(len(half)), minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = restore(d)
+	if !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("a truncated disk: %v", err)
+	}
+	t.Log(err)
+
+	if _, err := st.Get(ctx, "zzz000000000"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("an id never archived: %v", err)
+	}
+	if err := st.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Get(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("after delete: %v", err)
+	}
+
+	// The store down: a clear error naming it.
+	srv.Stop()
+	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+	defer scancel()
+	if _, err := st.PutDisk(sctx, id, img); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("store down: %v", err)
+	} else {
+		t.Log(err)
+	}
+}

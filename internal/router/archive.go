@@ -1,0 +1,141 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/archive"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/server"
+)
+
+// A sandbox archived to the object store (package archive) outlives its
+// node, and its id keeps the old node's tag. The gateway routes by the
+// tag as ever while that node serves (it holds the archived sandbox's
+// stub and restores it on resume). When the tag names no live node, the
+// gateway reads the sandbox's one small record in the store: the node
+// it names (the one that restored it) takes the call, or, for a resume
+// of a sandbox no live node holds, a node placed as a create is, which
+// restores it. What the store says is cached per id; nothing is written
+// to etcd.
+
+// Archive is where the gateway finds sandboxes archived off their node
+// (*archive.Store).
+type Archive interface {
+	Get(ctx context.Context, id string) (archive.Record, error)
+}
+
+// archiveLookup bounds a read of the store on a call's path.
+const archiveLookup = 5 * time.Second
+
+// maxMoved bounds the cache of moved sandboxes (cleared when full).
+const maxMoved = 1 << 16
+
+// moved is the gateway's cache of sandboxes that run on another node than
+// their tag's: id → node name.
+type moved struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (mv *moved) get(id string) (string, bool) {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	n, ok := mv.m[id]
+	return n, ok
+}
+
+func (mv *moved) set(id, node string) {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	if mv.m == nil || len(mv.m) >= maxMoved {
+		mv.m = map[string]string{}
+	}
+	mv.m[id] = node
+}
+
+func (mv *moved) drop(id string) {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	delete(mv.m, id)
+}
+
+// byName is the live node named name.
+func (rt *Router) byName(name string) *node {
+	rt.mu.RLock()
+	defer rt.mu.RUnlock()
+	for _, n := range rt.table.nodes {
+		if n.Name == name && n.State != api.NodeLost {
+			return n
+		}
+	}
+	return nil
+}
+
+// routeArchived serves a call for sandbox id that the tag's node cannot
+// take (err says why) from what the archive says of it; it reports
+// false, having answered nothing, when the archive knows nothing more.
+func (rt *Router) routeArchived(w http.ResponseWriter, r *http.Request, id string, tagErr error) bool {
+	if name, ok := rt.movedTo.get(id); ok {
+		if n := rt.byName(name); n != nil {
+			n.serve(w, r)
+			return true
+		}
+		rt.movedTo.drop(id)
+	}
+	if tagErr == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), archiveLookup)
+	rec, err := rt.cfg.Archive.Get(ctx, id)
+	cancel()
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return false
+	case err != nil:
+		server.WriteError(w, r, rt.log, errdefs.New(errdefs.ErrUnavailable, "%v; and the archive, which may hold it, did not answer: %v", tagErr, err))
+		return true
+	}
+	if n := rt.byName(rec.Node); n != nil {
+		rt.movedTo.set(id, n.Name)
+		n.serve(w, r)
+		return true
+	}
+	if rec.Disk == nil {
+		server.WriteError(w, r, rt.log, errdefs.New(errdefs.ErrUnavailable, "sandbox %s was restored on node %s, which is gone: %v", id, rec.Node, tagErr))
+		return true
+	}
+	if r.Method != http.MethodPost || r.URL.Path != "/v1/sandboxes/"+id+"/resume" {
+		server.WriteError(w, r, rt.log, errdefs.Conflict("sandbox %s is archived and its node %s is gone: resume it to bring it back on another node", id, rec.Node))
+		return true
+	}
+	rt.restoreArchived(w, r, id, rec)
+	return true
+}
+
+// restoreArchived places the resume of an archived sandbox as a create
+// is placed: the node chosen takes it in from the archive.
+func (rt *Router) restoreArchived(w http.ResponseWriter, r *http.Request, id string, rec archive.Record) {
+	var sb api.Sandbox
+	if err := json.Unmarshal(rec.Sandbox, &sb); err != nil {
+		server.WriteError(w, r, rt.log, errdefs.New(errdefs.ErrInvalid, "the archived record of %s is corrupt", id))
+		return
+	}
+	d, err := rt.demandOf(sb.Resources, nil, "", sb.Image)
+	if err != nil {
+		server.WriteError(w, r, rt.log, err)
+		return
+	}
+	rt.place(w, r, d, func(err error) { server.WriteError(w, r, rt.log, err) }, func(n *node) (*http.Response, error) {
+		resp, err := n.post(r, "/v1/sandboxes/"+id+"/resume", nil)
+		if err == nil && resp.StatusCode == http.StatusOK {
+			rt.movedTo.set(id, n.Name)
+		}
+		return resp, err
+	})
+}

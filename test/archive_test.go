@@ -1,0 +1,249 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/archive/s3test"
+)
+
+// archiveCluster is n nodes (tags "a", "b", ...; labels n=1, n=2, ...)
+// archiving to one real object store, behind one gateway that finds
+// archived sandboxes in it.
+func archiveCluster(t *testing.T, n int, endpoint string) *cluster {
+	t.Helper()
+	t.Setenv("PADDOCK_ARCHIVE_ACCESS_KEY", s3test.AccessKey)
+	t.Setenv("PADDOCK_ARCHIVE_SECRET_KEY", s3test.SecretKey)
+	dir := t.TempDir()
+	c := &cluster{t: t, nodesFile: filepath.Join(dir, "nodes.json"), token: "client-token-" + randHex(8)}
+	nodeTokenFile, tokenFile := filepath.Join(dir, "node.token"), filepath.Join(dir, "client.token")
+	os.WriteFile(nodeTokenFile, []byte("node-token-"+randHex(8)+"\n"), 0o600)
+	os.WriteFile(tokenFile, []byte(c.token+"\n"), 0o600)
+	arch := []string{"--archive-endpoint", endpoint, "--archive-bucket", "e2e"}
+	for i := 1; i <= n; i++ {
+		tag, name := string(rune('a'+i-1)), fmt.Sprintf("node%d", i)
+		addr := freeHostPort(t)
+		d := prepareDaemon(t)
+		d.NetName = fmt.Sprintf("cc%d%s", i, randHex(2))
+		d.Cgroup = "paddock-hcarch-" + d.NetName
+		d.UIDStart = 600000000 + uint32(i)*2000000
+		d.args = append(d.args, "--listen", "tcp://"+addr, "--token-file", nodeTokenFile, "--id-prefix", tag,
+			"--network-name", d.NetName, "--network-subnet", fmt.Sprintf("10.243.%d.0/22", 4*i),
+			"--cgroup-parent", d.Cgroup, "--uid-start", fmt.Sprint(d.UIDStart), "--node-name", name)
+		d.args = append(d.args, arch...)
+		d.Start()
+		c.nodes = append(c.nodes, d)
+		c.records = append(c.records, api.Node{Name: name, Tag: tag, Address: "http://" + addr, State: api.NodeReady,
+			Labels: map[string]string{"n": fmt.Sprint(i)}})
+	}
+	c.writeNodes()
+	c.gwAddr = freeHostPort(t)
+	c.gwLog = &syncBuffer{}
+	args := append([]string{"gateway", "--listen", "tcp://" + c.gwAddr, "--token-file", tokenFile,
+		"--node-token-file", nodeTokenFile, "--nodes-file", c.nodesFile, "--log-level", "debug"}, arch...)
+	c.gw = exec.Command(paddockBin, args...)
+	c.gw.Stdout, c.gw.Stderr = c.gwLog, c.gwLog
+	if err := c.gw.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.gw.Process.Signal(syscall.SIGTERM)
+		c.gw.Wait()
+		if t.Failed() {
+			t.Logf("gateway log:\n%s", c.gwLog)
+		}
+	})
+	cl, err := client.New("tcp://"+c.gwAddr, client.WithToken(c.token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	c.client = cl
+	if !waitFor(10*time.Second, 20*time.Millisecond, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := cl.Version(ctx)
+		return err == nil
+	}) {
+		t.Fatalf("gateway did not come up:\n%s", c.gwLog)
+	}
+	return c
+}
+
+// sh runs a script in sandbox id through the gateway.
+func (c *cluster) sh(id, script string) string {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	st, err := c.client.Exec(ctx, id, api.ExecRequest{Cmd: []string{"sh", "-c", script}}, client.ExecIO{Stdout: &out, Stderr: &errb})
+	if err != nil || st.ExitCode != 0 {
+		c.t.Fatalf("sh -c %q: %v %+v\n%s%s", script, err, st, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+func (c *cluster) inspect(id string) api.Sandbox {
+	c.t.Helper()
+	code, body := c.raw(http.MethodGet, "/v1/sandboxes/"+id, nil)
+	var sb api.Sandbox
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &sb) != nil {
+		c.t.Fatalf("inspect %s: %d %s", id, code, body)
+	}
+	return sb
+}
+
+const archiveFiles = `mkdir -p /root/work && head -c 3000000 /dev/urandom > /root/work/blob && echo hello > /root/work/note &&
+	cd /root/work && sha256sum blob note`
+
+// TestArchive archives paused sandboxes to a real object store
+// (SeaweedFS) and resumes them: on the same node, and on another node
+// through the gateway once their own node is gone for good, with the
+// same id and their files intact; a corrupt or truncated archive is
+// refused with a clear error and nothing lost; with the store down a
+// pause still works and the archive fails saying why.
+func TestArchive(t *testing.T) {
+	s3 := s3test.Start(t)
+	c := archiveCluster(t, 2, s3.Endpoint)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	on := func(n string) api.CreateRequest {
+		return api.CreateRequest{NodeSelector: map[string]string{"n": n}, Env: map[string]string{"KEPT": "yes"}, Labels: map[string]string{"app": "archive"}}
+	}
+
+	// A sandbox on node1, archived as it pauses.
+	sb, err := c.client.Create(ctx, on("1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	sums := c.sh(id, archiveFiles)
+	code, body := c.raw(http.MethodPost, "/v1/sandboxes/"+id+"/pause?archive=true", nil)
+	if code != http.StatusOK || !strings.Contains(body, `"archived":true`) {
+		t.Fatalf("pause?archive=true: %d %s\n%s", code, body, c.nodes[0].Log())
+	}
+	if got := c.inspect(id); got.State != api.StatePaused || !got.Archived {
+		t.Fatalf("after archive: %+v", got)
+	}
+	// Its disk left node1: nothing of it under the node's storage.
+	if out, _ := exec.Command("sh", "-c", "ls -d "+c.nodes[0].StateDir+"/storage/disks/*/"+id+" 2>/dev/null").Output(); len(out) > 0 {
+		t.Errorf("node1 kept the archived disk: %s", out)
+	}
+
+	// A corrupt archive: the resume says so, and nothing is lost.
+	mc, err := minio.New(strings.TrimPrefix(s3.Endpoint, "http://"), &minio.Options{Creds: credentials.NewStaticV4(s3test.AccessKey, s3test.SecretKey, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "sandboxes/" + id + "/disk"
+	obj, err := mc.GetObject(ctx, "e2e", key, minio.GetObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var good bytes.Buffer
+	if _, err := good.ReadFrom(obj); err != nil {
+		t.Fatal(err)
+	}
+	put := func(b []byte) {
+		if _, err := mc.PutObject(ctx, "e2e", key, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flipped := bytes.Clone(good.Bytes())
+	flipped[len(flipped)/3] ^= 0x55
+	for name, bad := range map[string][]byte{"truncated": good.Bytes()[:good.Len()/2], "corrupt": flipped} {
+		put(bad)
+		code, body = c.raw(http.MethodPost, "/v1/sandboxes/"+id+"/resume", nil)
+		if code != http.StatusBadRequest || !strings.Contains(body, "corrupt") {
+			t.Fatalf("resume from a %s archive: %d %s", name, code, body)
+		}
+		t.Logf("%s archive: %d %s", name, code, body)
+		if got := c.inspect(id); got.State != api.StatePaused || !got.Archived {
+			t.Fatalf("after a failed restore: %+v", got)
+		}
+	}
+	put(good.Bytes())
+
+	// node1 is gone for good: stopped, and out of the gateway's table.
+	c.nodes[0].Stop()
+	c.records = c.records[1:]
+	c.writeNodes()
+	code, body = c.raw(http.MethodGet, "/v1/sandboxes/"+id, nil)
+	if code != http.StatusConflict || !strings.Contains(body, "archived") {
+		t.Fatalf("inspect of an archived sandbox whose node is gone: %d %s", code, body)
+	}
+	// Resumed through the gateway: node2 takes it in, same id.
+	code, body = c.raw(http.MethodPost, "/v1/sandboxes/"+id+"/resume", nil)
+	if code != http.StatusOK {
+		t.Fatalf("resume on another node: %d %s\n%s", code, body, c.nodes[1].Log())
+	}
+	got := c.inspect(id)
+	if got.ID != id || got.State != api.StateRunning || got.Archived || got.Env["KEPT"] != "yes" || got.Labels["app"] != "archive" {
+		t.Fatalf("resumed: %+v", got)
+	}
+	if again := c.sh(id, "cd /root/work && sha256sum blob note"); again != sums {
+		t.Fatalf("files changed: %q, were %q", again, sums)
+	}
+	if env := c.sh(id, "echo $KEPT"); env != "yes\n" {
+		t.Fatalf("environment: %q", env)
+	}
+	nctx, ncancel := context.WithTimeout(ctx, 10*time.Second)
+	list, err := c.nodes[1].Client().List(nctx, client.ListOptions{})
+	ncancel()
+	if err != nil || len(list) != 1 || list[0].ID != id {
+		t.Fatalf("node2 holds %+v, %v", list, err)
+	}
+	// The store keeps only a pointer to node2, no disk.
+	if _, err := mc.StatObject(ctx, "e2e", key, minio.StatObjectOptions{}); err == nil {
+		t.Error("the archived disk stayed in the store after the restore")
+	}
+
+	// The store down: the pause holds, the archive fails saying why.
+	sb2, err := c.client.Create(ctx, on("2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.sh(sb2.ID, "echo still > /root/here")
+	s3.Stop()
+	code, body = c.raw(http.MethodPost, "/v1/sandboxes/"+sb2.ID+"/pause?archive=true", nil)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "archive store") || !strings.Contains(body, "paused") {
+		t.Fatalf("pause?archive=true with the store down: %d %s", code, body)
+	}
+	t.Logf("store down: %d %s", code, body)
+	if got := c.inspect(sb2.ID); got.State != api.StatePaused || got.Archived {
+		t.Fatalf("after a failed archive: %+v", got)
+	}
+	code, body = c.raw(http.MethodPost, "/v1/sandboxes/"+sb2.ID+"/archive", nil)
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("archive with the store down: %d %s", code, body)
+	}
+	if _, err := c.client.Resume(ctx, sb2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := c.sh(sb2.ID, "cat /root/here"); out != "still\n" {
+		t.Fatalf("files after a failed archive: %q", out)
+	}
+	// A running sandbox is not archived.
+	code, body = c.raw(http.MethodPost, "/v1/sandboxes/"+sb2.ID+"/archive", nil)
+	if code != http.StatusConflict || !strings.Contains(body, "pause it first") {
+		t.Fatalf("archive of a running sandbox: %d %s", code, body)
+	}
+	if err := s3.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
