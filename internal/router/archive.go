@@ -77,44 +77,81 @@ func (rt *Router) byName(name string) *node {
 	return nil
 }
 
-// routeArchived serves a call for sandbox id that the tag's node cannot
-// take (err says why) from what the archive says of it; it reports
-// false, having answered nothing, when the archive knows nothing more.
-func (rt *Router) routeArchived(w http.ResponseWriter, r *http.Request, id string, tagErr error) bool {
-	if name, ok := rt.movedTo.get(id); ok {
-		if n := rt.byName(name); n != nil {
-			n.serve(w, r)
-			return true
-		}
-		rt.movedTo.drop(id)
+// movedNode is the live node the cache says archived sandbox id moved
+// to, or nil.
+func (rt *Router) movedNode(id string) *node {
+	if rt.cfg.Archive == nil {
+		return nil
 	}
-	if tagErr == nil {
-		return false
+	name, ok := rt.movedTo.get(id)
+	if !ok {
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), archiveLookup)
+	if n := rt.byName(name); n != nil {
+		return n
+	}
+	rt.movedTo.drop(id)
+	return nil
+}
+
+// errNotArchived: the archive knows nothing of the id.
+var errNotArchived = errors.New("not archived")
+
+// findArchived reads sandbox id's record for a call the tag's node
+// cannot take (tagErr says why): the live node it names, or the record
+// of an archived sandbox no live node holds (nil node, nil error).
+func (rt *Router) findArchived(ctx context.Context, id string, tagErr error) (*node, archive.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, archiveLookup)
 	rec, err := rt.cfg.Archive.Get(ctx, id)
 	cancel()
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
-		return false
+		return nil, rec, errNotArchived
 	case err != nil:
-		server.WriteError(w, r, rt.log, errdefs.New(errdefs.ErrUnavailable, "%v; and the archive, which may hold it, did not answer: %v", tagErr, err))
-		return true
+		return nil, rec, errdefs.New(errdefs.ErrUnavailable, "%v; and the archive, which may hold it, did not answer: %v", tagErr, err)
 	}
 	if n := rt.byName(rec.Node); n != nil {
 		rt.movedTo.set(id, n.Name)
-		n.serve(w, r)
-		return true
+		return n, rec, nil
 	}
 	if rec.Disk == nil {
-		server.WriteError(w, r, rt.log, errdefs.New(errdefs.ErrUnavailable, "sandbox %s was restored on node %s, which is gone: %v", id, rec.Node, tagErr))
-		return true
+		return nil, rec, errdefs.New(errdefs.ErrUnavailable, "sandbox %s was restored on node %s, which is gone: %v", id, rec.Node, tagErr)
 	}
-	if r.Method != http.MethodPost || r.URL.Path != "/v1/sandboxes/"+id+"/resume" {
+	return nil, rec, nil
+}
+
+// archivedOwner is owner for an id whose tag's node cannot take it
+// (tagErr): the node the archive names, or an error saying what to do.
+func (rt *Router) archivedOwner(ctx context.Context, id string, tagErr error) (*node, error) {
+	n, _, err := rt.findArchived(ctx, id, tagErr)
+	switch {
+	case errors.Is(err, errNotArchived):
+		return nil, tagErr
+	case err != nil:
+		return nil, err
+	case n == nil:
+		return nil, errdefs.Conflict("sandbox %s is archived and its node is gone: resume it to bring it back on another node", id)
+	}
+	return n, nil
+}
+
+// routeArchived serves a call for sandbox id that the tag's node cannot
+// take (tagErr says why) from what the archive says of it; it reports
+// false, having answered nothing, when the archive knows nothing of it.
+func (rt *Router) routeArchived(w http.ResponseWriter, r *http.Request, id string, tagErr error) bool {
+	n, rec, err := rt.findArchived(r.Context(), id, tagErr)
+	switch {
+	case errors.Is(err, errNotArchived):
+		return false
+	case err != nil:
+		server.WriteError(w, r, rt.log, err)
+	case n != nil:
+		n.serve(w, r)
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/sandboxes/"+id+"/resume":
+		rt.restoreArchived(w, r, id, rec)
+	default:
 		server.WriteError(w, r, rt.log, errdefs.Conflict("sandbox %s is archived and its node %s is gone: resume it to bring it back on another node", id, rec.Node))
-		return true
 	}
-	rt.restoreArchived(w, r, id, rec)
 	return true
 }
 

@@ -74,6 +74,9 @@ func e2bError(w http.ResponseWriter, err error) {
 // calls carry the node's key instead of the gateway's.
 func (rt *Router) e2bRoute(w http.ResponseWriter, r *http.Request, id string, control bool) {
 	n, err := rt.owner(id, id)
+	if err != nil && rt.cfg.Archive != nil {
+		n, err = rt.archivedOwner(r.Context(), id, err)
+	}
 	if err == nil && n.e2bProxy == nil {
 		err = errdefs.New(errdefs.ErrUnavailable, "node %s serves no E2B facade", n.Name)
 	}

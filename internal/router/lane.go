@@ -81,6 +81,9 @@ func (l *gatewayLane) next() bool {
 		return l.fail(err)
 	}
 	n, err := l.rt.owner(req.Sandbox, req.Sandbox)
+	if err != nil && l.rt.cfg.Archive != nil {
+		n, err = l.rt.archivedOwner(context.Background(), req.Sandbox, err)
+	}
 	if err != nil {
 		return l.fail(err)
 	}

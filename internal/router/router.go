@@ -150,7 +150,7 @@ func (rt *Router) own(method, path string) (http.HandlerFunc, bool) {
 // node-minted part is id, to the node whose tag starts id.
 func (rt *Router) route(w http.ResponseWriter, r *http.Request, key, id string) {
 	n, err := rt.owner(key, id)
-	if rt.cfg.Archive != nil && key == id && rt.routeArchived(w, r, id, err) {
+	if err != nil && rt.cfg.Archive != nil && key == id && rt.routeArchived(w, r, id, err) {
 		return
 	}
 	if err != nil {
@@ -162,6 +162,9 @@ func (rt *Router) route(w http.ResponseWriter, r *http.Request, key, id string) 
 
 // owner is the node that made id, serving.
 func (rt *Router) owner(key, id string) (*node, error) {
+	if n := rt.movedNode(key); n != nil {
+		return n, nil // an archived sandbox restored on another node (archive.go)
+	}
 	rt.mu.RLock()
 	t := rt.table
 	rt.mu.RUnlock()
