@@ -84,6 +84,9 @@ func Run(dir string) (*Server, error) {
 	if weed == "" {
 		return nil, fmt.Errorf("weed is not built: run make s3-bins (or set PADDOCK_S3_BIN)")
 	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
 	return start(weed, dir)
 }
 
