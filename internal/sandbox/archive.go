@@ -238,13 +238,18 @@ func (m *Manager) lookupOrRestore(ctx context.Context, id string) (*box, error) 
 // the store says another node took it in meanwhile (this node was gone
 // then). A store that does not answer leaves the objects behind, logged:
 // the removal goes on.
+//
+// It runs behind the teardown: a slow store does not hold the removal.
 func (m *Manager) dropArchive(b *box) {
 	if b.rec.ArchivedDisk == nil || m.cfg.Archive == nil {
 		return
 	}
+	go m.dropArchived(b.rec.ID)
+}
+
+func (m *Manager) dropArchived(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	id := b.rec.ID
 	rec, err := m.cfg.Archive.Get(ctx, id)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
