@@ -59,6 +59,7 @@ func TestMapFreesBuckets(t *testing.T) {
 		delete(kept, i)
 	}
 	held := heap() - base
+	runtime.KeepAlive(kept) // live while held was measured
 	m = map[int][64]byte{}
 	for i := range 100_000 {
 		m[i] = [64]byte{}
