@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -53,35 +51,8 @@ func archiveCluster(t *testing.T, n int, endpoint string) *cluster {
 	}
 	c.writeNodes()
 	c.gwAddr = freeHostPort(t)
-	c.gwLog = &syncBuffer{}
-	args := append([]string{"gateway", "--listen", "tcp://" + c.gwAddr, "--token-file", tokenFile,
-		"--node-token-file", nodeTokenFile, "--nodes-file", c.nodesFile, "--log-level", "debug"}, arch...)
-	c.gw = exec.Command(paddockBin, args...)
-	c.gw.Stdout, c.gw.Stderr = c.gwLog, c.gwLog
-	if err := c.gw.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.gw.Process.Signal(syscall.SIGTERM)
-		c.gw.Wait()
-		if t.Failed() {
-			t.Logf("gateway log:\n%s", c.gwLog)
-		}
-	})
-	cl, err := client.New("tcp://"+c.gwAddr, client.WithToken(c.token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	c.client = cl
-	if !waitFor(10*time.Second, 20*time.Millisecond, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err := cl.Version(ctx)
-		return err == nil
-	}) {
-		t.Fatalf("gateway did not come up:\n%s", c.gwLog)
-	}
+	c.serveGateway(append([]string{"--listen", "tcp://" + c.gwAddr, "--token-file", tokenFile,
+		"--node-token-file", nodeTokenFile, "--nodes-file", c.nodesFile, "--log-level", "debug"}, arch...)...)
 	return c
 }
 

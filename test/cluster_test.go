@@ -35,7 +35,6 @@ type cluster struct {
 	gwAddr    string
 	e2bAddr   string // the gateway's E2B listener
 	token     string
-	gw        *exec.Cmd
 	gwLog     *syncBuffer
 	client    *client.Client
 }
@@ -81,25 +80,22 @@ func startClusterE2B(t *testing.T, n int, withE2B bool) *cluster {
 	}
 	c.writeNodes()
 	c.gwAddr = freeHostPort(t)
-	c.gwLog = &syncBuffer{}
-	args := []string{"gateway", "--listen", "tcp://" + c.gwAddr, "--token-file", tokenFile,
+	args := []string{"--listen", "tcp://" + c.gwAddr, "--token-file", tokenFile,
 		"--node-token-file", nodeTokenFile, "--nodes-file", c.nodesFile, "--log-level", "debug"}
 	if withE2B {
 		c.e2bAddr = freeHostPort(t)
 		args = append(args, "--e2b-listen", "tcp://"+c.e2bAddr)
 	}
-	c.gw = exec.Command(paddockBin, args...)
-	c.gw.Stdout, c.gw.Stderr = c.gwLog, c.gwLog
-	if err := c.gw.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.gw.Process.Signal(syscall.SIGTERM)
-		c.gw.Wait()
-		if t.Failed() {
-			t.Logf("gateway log:\n%s", c.gwLog)
-		}
-	})
+	c.serveGateway(args...)
+	return c
+}
+
+// serveGateway starts the cluster's gateway at c.gwAddr with args (after
+// "gateway") and waits until it answers c.client.
+func (c *cluster) serveGateway(args ...string) {
+	t := c.t
+	t.Helper()
+	c.gwLog = startGatewayProc(t, args...)
 	cl, err := client.New("tcp://"+c.gwAddr, client.WithToken(c.token))
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +110,6 @@ func startClusterE2B(t *testing.T, n int, withE2B bool) *cluster {
 	}) {
 		t.Fatalf("gateway did not come up:\n%s", c.gwLog)
 	}
-	return c
 }
 
 // writeNodes writes the node records where the gateway reads them, and
