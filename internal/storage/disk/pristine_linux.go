@@ -220,6 +220,8 @@ const (
 	sbSize            = 1024
 	sbBlocksCountLo   = 0x04
 	sbLogBlockSize    = 0x18
+	sbInodesPerGroup  = 0x28
+	sbInodeSize       = 0x58
 	sbMagic           = 0x38
 	sbFeatureIncompat = 0x60
 	sbFeatureROCompat = 0x64
@@ -265,8 +267,12 @@ func checkPristine(path string, size int64) error {
 		blocks |= uint64(binary.LittleEndian.Uint32(sb[sbBlocksCountHi:])) << 32
 	}
 	bsize := uint64(1024) << binary.LittleEndian.Uint32(sb[sbLogBlockSize:])
-	if blocks*bsize != uint64(size) {
-		return fmt.Errorf("pristine image %s holds %d bytes of filesystem, want %d", path, blocks*bsize, size)
+	// mkfs leaves out a last block group too small for its own inode
+	// table and bitmaps (a 10241 MiB disk holds 10240 MiB of filesystem),
+	// so the filesystem may fall short of size by less than that much.
+	table := uint64(binary.LittleEndian.Uint32(sb[sbInodesPerGroup:])) * uint64(binary.LittleEndian.Uint16(sb[sbInodeSize:]))
+	if fs := blocks * bsize; fs > uint64(size) || uint64(size)-fs > table+64*bsize {
+		return fmt.Errorf("pristine image %s holds %d bytes of filesystem, want %d", path, fs, size)
 	}
 	if !hasCsumSeed(sb) {
 		return fmt.Errorf("pristine image %s lacks metadata_csum_seed", path)

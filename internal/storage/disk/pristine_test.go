@@ -306,4 +306,12 @@ func TestFreshUUID(t *testing.T) {
 	if err := checkPristine(img, 64<<20); err == nil {
 		t.Error("checkPristine accepted an image of another size")
 	}
+	// 10241 MiB: mkfs leaves out the last block group (1 MiB).
+	odd := filepath.Join(dir, "odd.img")
+	if err := formatPristine(mkfs, odd, 10241<<20); err != nil {
+		t.Fatalf("a 10241 MiB disk: %v", err)
+	}
+	if err := checkPristine(odd, 10249<<20); err == nil {
+		t.Error("checkPristine accepted an image 8 MiB short")
+	}
 }
