@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -77,8 +78,17 @@ func TestCLILifecycle(t *testing.T) {
 
 	t.Run("version", func(t *testing.T) {
 		out := d.MustCLI("version")
-		if l := lines(out); len(l) != 2 || !strings.HasPrefix(l[0], "client: ") || !strings.HasPrefix(l[1], "daemon: ") || strings.Contains(l[1], "unreachable") {
-			t.Errorf("version: %q, want a client and a reachable daemon line", out)
+		l := lines(out)
+		if len(l) < 3 || !strings.HasPrefix(l[0], "client: ") || !strings.HasPrefix(l[1], "daemon: ") || strings.Contains(l[1], "unreachable") {
+			t.Fatalf("version: %q, want a client and a reachable daemon line, then its runtimes", out)
+		}
+		for _, r := range l[2:] {
+			if !strings.HasPrefix(r, "runtime ") {
+				t.Errorf("version: line %q is not a runtime", r)
+			}
+		}
+		if !slices.ContainsFunc(l[2:], func(r string) bool { return strings.HasPrefix(r, "runtime native: ") }) {
+			t.Errorf("version: %q names no native runtime", out)
 		}
 	})
 
