@@ -72,6 +72,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -511,6 +512,12 @@ func (s *Store) scanLog(b *sandbox) (map[uint64]*loaded, error) {
 			if _, err := r.Discard(int(n)); err != nil {
 				return nil, err
 			}
+			if !forward(off, n, l.end, len(l.frames) == 0) {
+				// Output that overlaps what came before: a damaged
+				// log. Reading it would give bytes twice.
+				b.dead += size
+				break
+			}
 			if len(l.frames) == 0 {
 				l.start = off
 			}
@@ -566,7 +573,7 @@ func scanSegment(path string, repair bool) (segment, int64) {
 			break
 		}
 		n, off := int64(binary.BigEndian.Uint32(hdr[4:8])), int64(binary.BigEndian.Uint64(hdr[8:]))
-		if pos+hdrSize+n > info.Size() {
+		if pos+hdrSize+n > info.Size() || !forward(off, n, end, first) {
 			break
 		}
 		if first {
@@ -580,6 +587,14 @@ func scanSegment(path string, repair bool) (segment, int64) {
 		_ = os.Truncate(path, pos)
 	}
 	return seg, end
+}
+
+// forward reports whether output of n bytes at offset off may follow
+// output that ended at end (anything may come first): offsets only
+// grow, and a damaged or edited file must not make a reader give the
+// same bytes twice or overflow an offset.
+func forward(off, n, end int64, first bool) bool {
+	return off >= 0 && off <= math.MaxInt64-n && (first || off >= end)
 }
 
 // appendFrame writes a frame at the end of the sandbox's log, making the
@@ -1238,12 +1253,17 @@ func readSegment(f *os.File, from int64, buf []byte, fn func(Chunk) error) (int6
 	var (
 		hdr [hdrSize]byte
 		pos int64
+		end int64
 	)
-	for {
+	for first := true; ; first = false {
 		if _, err := f.ReadAt(hdr[:], pos); err != nil {
 			return from, buf, nil // the end, or a record being written
 		}
 		n, off := int64(binary.BigEndian.Uint32(hdr[4:8])), int64(binary.BigEndian.Uint64(hdr[8:]))
+		if !forward(off, n, end, first) {
+			return from, buf, nil // damaged from here on (scanSegment stops here too)
+		}
+		end = off + n
 		if off+n <= from {
 			pos += hdrSize + n
 			continue
