@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 )
 
@@ -120,6 +122,23 @@ func killCmd(g *globals) *cobra.Command {
 			return c.Signal(cmd.Context(), args[0], pid, sig)
 		},
 	}
+}
+
+// startDetached is exec -d: it starts the command in the background and
+// prints its PID, which ps, attach, logs --exec and kill take. With -i the
+// process's stdin stays open for a later attach -i; with -t it gets a
+// terminal of the local size (80x24 when there is none).
+func startDetached(ctx context.Context, g *globals, c *client.Client, id string, command []string, o execOptions) error {
+	req := api.StartRequest{Cmd: command, Env: o.env, Cwd: o.cwd, User: o.user, Stdin: o.interactive}
+	if o.tty {
+		req.TTY = localSize()
+	}
+	p, err := c.StartProcess(ctx, id, req)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(g.stdout, p.PID)
+	return nil
 }
 
 // loginShell runs bash as a login shell where there is one, sh otherwise.

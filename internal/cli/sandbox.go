@@ -303,6 +303,7 @@ func createCmd(g *globals) *cobra.Command {
 func execCmd(g *globals) *cobra.Command {
 	var o execOptions
 	var env []string
+	var detach bool
 	cmd := &cobra.Command{
 		Use:   "exec [flags] ID -- CMD [ARG...]",
 		Short: "Run a command in a running sandbox; exits with its exit code",
@@ -318,10 +319,14 @@ func execCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if detach {
+				return startDetached(cmd.Context(), g, c, head[0], command, o)
+			}
 			return runExec(cmd.Context(), g, c, head[0], command, o)
 		},
 	}
 	cmd.Flags().SetInterspersed(false)
+	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "start the command in the background and print its PID")
 	cmd.Flags().BoolVarP(&o.interactive, "interactive", "i", false, "stream stdin to the command")
 	cmd.Flags().BoolVarP(&o.tty, "tty", "t", false, "run the command on a terminal (raw mode locally)")
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE; repeatable")
