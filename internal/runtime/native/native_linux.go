@@ -373,6 +373,9 @@ func (r *Runtime) bind(ctx context.Context, g *guestProc, spec runtime.Spec, vol
 			v, err = r.cfg.Disks.CloneFrom(ctx, vol, spec.DiskFrom, 0, 0)
 		case spec.DiskFrom != "":
 			v, err = r.cfg.Disks.AcquireFrom(ctx, vol, spec.DiskFrom, 0, 0)
+		case g.warm:
+			// Its blocks are allocated when a create takes it (Rename).
+			v, err = r.cfg.Disks.AcquireAhead(ctx, vol, spec.Resources.DiskBytes, 0, 0)
 		default:
 			v, err = r.cfg.Disks.Acquire(ctx, vol, spec.Resources.DiskBytes, 0, 0)
 		}

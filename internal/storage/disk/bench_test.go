@@ -329,7 +329,10 @@ func BenchmarkDiskLife(b *testing.B) {
 					})
 					s.step(b, "uuid", func() error { return setFreshUUID(f) })
 				}
-				s.step(b, "reserve", func() error { return p.reserve(f) })
+				s.step(b, "reserve", func() error {
+					_, err := p.reserve(f, func() error { return nil })
+					return err
+				})
 				f.Close()
 				s.step(b, "attach", func() (err error) {
 					fd, dev, err = attachLoop(img, volumeLoop)
@@ -341,7 +344,7 @@ func BenchmarkDiskLife(b *testing.B) {
 				})
 				e := &entry{dir: dir, device: dev, size: DefaultSize}
 				dst := filepath.Join(p.volDir, "bench")
-				s.step(b, "handout", func() error { return p.handOut(e, dst, 1000, 1000) })
+				s.step(b, "handout", func() error { return p.handOut(e, dst, 1000, 1000, true) })
 				// What a sandbox's start writes: a few directories.
 				for _, d := range []string{"upper", "work", "upper/etc", "upper/tmp"} {
 					if err := os.Mkdir(filepath.Join(dst, rootName, d), 0o755); err != nil {

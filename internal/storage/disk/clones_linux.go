@@ -171,20 +171,12 @@ func (p *Pool) cloneInto(ctx context.Context, path string) (*entry, error) {
 		if _, err := cloneFile(ctx, path, img, p.copyOpts); err != nil {
 			return err
 		}
-		f, err := os.OpenFile(img, os.O_RDWR, 0)
-		if err != nil {
-			return fmt.Errorf("opening disk image: %w", err)
-		}
-		defer f.Close()
-		if err := p.reserve(f); err != nil {
-			return err
-		}
-		fi, err := f.Stat()
+		fi, err := os.Stat(img)
 		if err != nil {
 			return fmt.Errorf("inspecting disk image: %w", err)
 		}
 		size = fi.Size()
-		return f.Close()
+		return nil
 	})
 	if err != nil {
 		return nil, err

@@ -2,7 +2,7 @@
 // writable layers, and their snapshots. Each volume is a file formatted
 // as ext4, attached to a loop device and mounted on the host, so a sandbox
 // that fills its disk gets ENOSPC at its own cap and nobody else notices;
-// its blocks are allocated when it is made (or it is sparse, with
+// its blocks are allocated when it is handed out (or it is sparse, with
 // Config.Overcommit above 1: space_linux.go). A volume's image is a clone
 // of a pristine image formatted once per size (pristine_linux.go), so
 // making one costs no mkfs; a Pool keeps ready, mounted volumes of the
@@ -100,8 +100,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Overcommit is how far the capacity of the disks may exceed the
 	// storage's free space (space_linux.go): 1, the default, allocates
-	// every image when it is made, so that a disk never promises space
-	// its storage cannot give; above 1 images are sparse and admitted
+	// every image when it is handed out, so that a disk never promises
+	// space its storage cannot give; above 1 images are sparse and admitted
 	// while the capacity not yet written stays within the free space
 	// times Overcommit. At most 100.
 	Overcommit float64

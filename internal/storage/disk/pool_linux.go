@@ -30,6 +30,10 @@ const (
 
 	// refillWorkers is how many volumes the refill makes at once.
 	refillWorkers = 4
+
+	// spaceRetry is how often a refill held back by the storage's free
+	// space (claim) looks again.
+	spaceRetry = time.Second
 )
 
 var errClosed = fmt.Errorf("%w: disk pool is closed", errdefs.ErrUnavailable)
@@ -79,6 +83,7 @@ type Pool struct {
 	refillWG  sync.WaitGroup
 
 	reaper reaper // removes volumes off the callers' paths
+	backer backer // allocates handed-out volumes behind the hand-out
 }
 
 // entry is a mounted volume in Dir/pool.
@@ -123,6 +128,8 @@ func NewPool(cfg Config) (*Pool, error) {
 		wake:     make(chan struct{}, 1),
 	}
 	p.reaper.log = cfg.Logger
+	p.backer.pool = p
+	p.backer.done.L = &p.backer.mu
 	// vol is searchable by all so a sandbox's user can reach its own
 	// mountpoint by path; pool and trash are root's alone.
 	for dir, mode := range map[string]os.FileMode{p.poolDir: 0o700, p.trashDir: 0o700, p.volDir: 0o711} {
@@ -194,7 +201,14 @@ func (p *Pool) refill(ctx context.Context) {
 	backoff := time.Duration(0)
 	var retry <-chan time.Time
 	for {
-		for retry == nil && busy < limit && p.claim() {
+		for retry == nil && busy < limit {
+			ok, short := p.claim()
+			if short {
+				retry = time.After(spaceRetry)
+			}
+			if !ok {
+				break
+			}
 			select {
 			case jobs <- struct{}{}: // a worker is idle: busy < refillWorkers
 			case <-ctx.Done():
@@ -255,15 +269,27 @@ func (p *Pool) refillWorker(ctx context.Context, jobs <-chan struct{}, results c
 }
 
 // claim counts one more volume being made if the pool, counting those
-// being made, is short of PoolSize.
-func (p *Pool) claim() bool {
+// being made, is short of PoolSize and the storage could admit every one
+// of them (room): a ready volume holds no blocks, but one the storage
+// could not back when it is handed out would fail that create. short
+// reports that the storage's space held the pool back.
+func (p *Pool) claim() (ok, short bool) {
+	room, err := p.room()
+	if err != nil {
+		p.log.Warn("measuring the space for the disk pool", "err", err)
+		return false, true
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || len(p.ready)+p.making+p.recycling >= p.cfg.PoolSize {
-		return false
+	n := len(p.ready) + p.making + p.recycling
+	if p.closed || n >= p.cfg.PoolSize {
+		return false, false
+	}
+	if int64(n+1)*p.cfg.DefaultSize > room {
+		return false, true
 	}
 	p.making++
-	return true
+	return true, false
 }
 
 // poke wakes the refill.
@@ -286,7 +312,8 @@ func (p *Pool) make(ctx context.Context, size int64) (*entry, error) {
 
 // newImage makes img, the image of a new volume of size bytes: a clone of
 // the pristine image of that size (pristine_linux.go) with a UUID of its
-// own, admitted by reserve.
+// own. It holds no blocks but the pristine image's until it is handed out
+// (reserve).
 func (p *Pool) newImage(ctx context.Context, img string, size int64) error {
 	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -310,9 +337,6 @@ func (p *Pool) newImage(ctx context.Context, img string, size int64) error {
 		break
 	}
 	if err := setFreshUUID(f); err != nil {
-		return err
-	}
-	if err := p.reserve(f); err != nil {
 		return err
 	}
 	return f.Close()
@@ -343,6 +367,18 @@ func (p *Pool) take(size int64) (*entry, error) {
 // volume comes from the pool when one is ready; anything else is made,
 // which takes tens of milliseconds.
 func (p *Pool) Acquire(ctx context.Context, id string, size int64, uid, gid int) (*Volume, error) {
+	return p.acquire(ctx, id, size, uid, gid, true)
+}
+
+// AcquireAhead is Acquire for a volume made ahead of time for a sandbox
+// yet to come (a warm guest's): with an overcommit of 1 its blocks are
+// allocated when Rename gives it to its sandbox, not before. It is
+// admitted now, and counts as promised until then.
+func (p *Pool) AcquireAhead(ctx context.Context, id string, size int64, uid, gid int) (*Volume, error) {
+	return p.acquire(ctx, id, size, uid, gid, false)
+}
+
+func (p *Pool) acquire(ctx context.Context, id string, size int64, uid, gid int, back bool) (*Volume, error) {
 	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
@@ -375,20 +411,23 @@ func (p *Pool) Acquire(ctx context.Context, id string, size int64, uid, gid int)
 			return nil, fmt.Errorf("making disk: %w", err)
 		}
 	}
-	if err := p.handOut(e, dst, uid, gid); err != nil {
+	if err := p.handOut(e, dst, uid, gid, back); err != nil {
 		p.destroy(e)
 		return nil, err
 	}
 	return &Volume{ID: id, Path: filepath.Join(dst, rootName), Size: e.size, Device: e.device}, nil
 }
 
-// handOut gives e's root to uid:gid and renames e's directory to dst. The
-// rename is the commit: before it the volume is a pool entry (swept after a
-// crash), after it it belongs to the sandbox. It does not fsync the parent
+// handOut gives e's root to uid:gid, admits its disk (reserve) and renames
+// e's directory to dst; with an overcommit of 1 and back the backer
+// allocates its blocks behind the call (not while it waits in the pool;
+// without back, when Rename gives it to its sandbox). The rename is the commit: before
+// it the volume is a pool entry (swept after a crash), after it it belongs
+// to the sandbox. It does not fsync the parent
 // directories: that would cost milliseconds per create, and the rename
 // reaches the host's journal with the sandbox's first fsync (ext4 commits
 // all metadata in one transaction) or within the commit interval anyway.
-func (p *Pool) handOut(e *entry, dst string, uid, gid int) error {
+func (p *Pool) handOut(e *entry, dst string, uid, gid int, back bool) error {
 	root := filepath.Join(e.dir, rootName)
 	if err := unix.Chown(root, uid, gid); err != nil {
 		return fmt.Errorf("chowning disk root: %w", err)
@@ -396,12 +435,24 @@ func (p *Pool) handOut(e *entry, dst string, uid, gid int) error {
 	if err := unix.Chmod(root, 0o755); err != nil {
 		return fmt.Errorf("chmoding disk root: %w", err)
 	}
-	if err := unix.Renameat2(unix.AT_FDCWD, e.dir, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return errdefs.Conflict("sandbox %q already has a disk", filepath.Base(dst))
-		}
-		return fmt.Errorf("handing out disk: %w", err)
+	f, err := os.OpenFile(filepath.Join(e.dir, imageName), os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("opening disk image: %w", err)
 	}
+	own, err := p.reserve(f, func() error {
+		if err := unix.Renameat2(unix.AT_FDCWD, e.dir, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				return errdefs.Conflict("sandbox %q already has a disk", filepath.Base(dst))
+			}
+			return fmt.Errorf("handing out disk: %w", err)
+		}
+		return nil
+	})
+	if err != nil || own == 0 || !back || p.cfg.Overcommit > 1 {
+		f.Close()
+		return err
+	}
+	p.backer.add(f)
 	return nil
 }
 
@@ -510,8 +561,10 @@ func (p *Pool) Remove(ctx context.Context, id string) error {
 }
 
 // Rename gives the volume handed out to from to the id to, with one
-// rename of its directory (the mount moves with it). It fails with
-// ErrNotFound if from has no volume and ErrConflict if to has one.
+// rename of its directory (the mount moves with it), and with an
+// overcommit of 1 has the backer allocate it if it was made ahead
+// (AcquireAhead, CloneFrom). It fails with ErrNotFound if from has no
+// volume and ErrConflict if to has one.
 func (p *Pool) Rename(from, to string) error {
 	if err := reqcheck.SandboxID("id", from); err != nil {
 		return err
@@ -537,6 +590,9 @@ func (p *Pool) Rename(from, to string) error {
 	if ch := p.snapping[from]; ch != nil {
 		delete(p.snapping, from)
 		p.snapping[to] = ch
+	}
+	if p.cfg.Overcommit == 1 {
+		p.backLater(filepath.Join(p.volDir, to, imageName))
 	}
 	return nil
 }
@@ -570,6 +626,7 @@ func (p *Pool) Close() error {
 
 	p.cancel()
 	p.refillWG.Wait()
+	p.backer.wait()
 	errs := p.dropClones()
 	for _, e := range ready {
 		if err := teardown(context.Background(), e.dir, p.log); err != nil {

@@ -230,7 +230,8 @@ func (p *Pool) AcquireFrom(ctx context.Context, id, src string, uid, gid int) (*
 // CloneFrom is AcquireFrom for a volume made ahead of time, which nobody
 // waits for: it neither takes src's ready clone (clones_linux.go) nor
 // counts as a use of src, so the ready clones stay for the starts that
-// wait.
+// wait; like AcquireAhead's, its blocks are allocated when Rename gives it
+// to its sandbox.
 func (p *Pool) CloneFrom(ctx context.Context, id, src string, uid, gid int) (*Volume, error) {
 	return p.acquireFrom(ctx, id, src, uid, gid, false)
 }
@@ -276,7 +277,7 @@ func (p *Pool) acquireFrom(ctx context.Context, id, src string, uid, gid int, re
 			return nil, fmt.Errorf("making disk from snapshot: %w", err)
 		}
 	}
-	if err := p.handOut(e, dst, uid, gid); err != nil {
+	if err := p.handOut(e, dst, uid, gid, ready); err != nil {
 		p.destroy(e)
 		return nil, err
 	}

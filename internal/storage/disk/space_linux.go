@@ -1,7 +1,6 @@
 package disk
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,11 +20,13 @@ import (
 // ext4 logs "potential data loss", and the writer, whose write(2) and
 // sync(1) had already succeeded, loses its data (issue 20.5). So with an
 // overcommit of 1 (Config.Overcommit, the default) every image is
-// allocated when it is made (fallocate; on an XFS image substrate the
-// blocks XFS gave it are allocated in the image on the host too): a
-// sandbox that fills its disk gets ENOSPC from its own ext4, at its cap,
-// and a disk that cannot be backed is refused when it is made, with
-// ErrUnavailable naming the space. Above 1 images stay sparse and are
+// allocated when it is handed out (fallocate, by the backer; on an XFS
+// image substrate the blocks XFS gave it are allocated in the image on the
+// host too: backing_linux.go): a sandbox that fills its disk gets ENOSPC
+// from its own ext4, at its cap, and a disk that cannot be backed is
+// refused when it is handed out, with ErrUnavailable naming the space.
+// Ready disks in the pool hold no blocks and are promised to nobody; the
+// pool keeps only as many as the space could admit (Pool.room). Above 1 images stay sparse and are
 // admitted while the caps not yet written (Space.Promised) stay within the
 // free space times the overcommit: thin, and reported by Space (the
 // daemon's metrics and stats), with Space.Short set once the filesystem
@@ -48,8 +49,8 @@ type Space struct {
 	// HostFree is the free space of the host filesystem below an XFS
 	// image substrate; otherwise that of the storage filesystem.
 	HostFree int64
-	// Promised is the capacity of the disks (ready, handed out) not
-	// backed by blocks of their own: not allocated (thin) or shared with
+	// Promised is the capacity of the disks handed out not backed by
+	// blocks of their own: not allocated (thin) or shared with
 	// a snapshot (reflink). What sandboxes may still need.
 	Promised int64
 	// Short is how much of Promised the free space cannot hold: writes
@@ -122,8 +123,10 @@ func space(dir string, sub *Substrate, overcommit float64, promise func(root str
 	return sp, nil
 }
 
-// promised sums, over the volume images under root (pool/ and vol/ of
-// each pool there), the capacity not backed by blocks of their own.
+// promised sums, over the volume images handed out under root (vol/ of
+// each pool there), the capacity not backed by blocks of their own. The
+// ready disks in pool/ are promised to nobody: a disk is admitted (and
+// with an overcommit of 1 allocated) when it is handed out (reserve).
 func promised(root string) (int64, error) {
 	var sum int64
 	for _, pattern := range []string{"*/*/" + imageName, "*/*/*/" + imageName} {
@@ -132,7 +135,7 @@ func promised(root string) (int64, error) {
 			return 0, err
 		}
 		for _, img := range imgs {
-			if d := filepath.Base(filepath.Dir(filepath.Dir(img))); d != "pool" && d != "vol" {
+			if filepath.Base(filepath.Dir(filepath.Dir(img))) != "vol" {
 				continue
 			}
 			n, _, err := unbacked(img)
@@ -154,6 +157,11 @@ func unbacked(img string) (n, shareable int64, err error) {
 		return 0, 0, err
 	}
 	defer f.Close()
+	return unbackedFile(f)
+}
+
+// unbackedFile is unbacked of an open image.
+func unbackedFile(f *os.File) (n, shareable int64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return 0, 0, err
@@ -184,8 +192,8 @@ func (p *Pool) Space() (Space, error) {
 // refused on a remembered walk is tried again on a fresh one.
 const promisedTTL = time.Second
 
-// promisedWalk is a remembered walk of promised, less the image being
-// admitted then, plus the images admitted since.
+// promisedWalk is a remembered walk of promised, plus the images
+// admitted since.
 type promisedWalk struct {
 	at  time.Time
 	sum int64
@@ -213,74 +221,86 @@ func noSpace(size int64, sp Space) error {
 
 func mib(n int64) string { return fmt.Sprintf("%d MiB", n>>20) }
 
-// reserve admits the image f, in a pool directory (so that Space counts
-// it as promised), or refuses it with ErrUnavailable when the storage
-// cannot back it. With an overcommit of 1 it allocates what f lacks (a
-// clone keeps the extents it shares with its source).
-func (p *Pool) reserve(f *os.File) error {
+// reserve admits the image f of a disk being handed out, or refuses it
+// with ErrUnavailable when the storage cannot back it next to the disks
+// promised already; commit, run once the disk is admitted, moves it out
+// of the pool, so that the next walk counts it as promised. It returns
+// what f lacks of its blocks (own), which with an overcommit of 1 the
+// caller has the backer allocate (backing_linux.go).
+func (p *Pool) reserve(f *os.File, commit func() error) (own int64, _ error) {
 	allocMu.Lock()
 	defer allocMu.Unlock()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return fmt.Errorf("inspecting disk image: %w", err)
+		return 0, fmt.Errorf("inspecting disk image: %w", err)
 	}
-	// f is in a pool directory: a walk counts it, all of it before it
-	// is allocated (own).
-	own, _, err := unbacked(f.Name())
+	// f is in a pool directory, which walks skip: all it lacks is
+	// promised from now on.
+	own, _, err := unbackedFile(f)
 	if err != nil {
-		return fmt.Errorf("mapping disk image: %w", err)
+		return 0, fmt.Errorf("mapping disk image: %w", err)
 	}
 	var walk *promisedWalk
-	remembered := func(root string) (int64, error) {
-		if walk = promisedWalks[root]; walk == nil || time.Since(walk.at) > promisedTTL {
+	sp, err := p.spaceFor(own, &walk)
+	if err != nil {
+		return 0, err
+	}
+	if !fits(sp) {
+		return 0, noSpace(st.Size, sp)
+	}
+	if err := commit(); err != nil {
+		return 0, err
+	}
+	walk.sum += own
+	return own, nil
+}
+
+func fits(sp Space) bool { return float64(sp.Promised) <= float64(sp.Free)*sp.Overcommit }
+
+// spaceFor measures the space with a disk lacking own bytes added to the
+// promises, on a remembered walk (returned in walk) while it is fresh;
+// while the disk does not fit it walks again, for up to spaceSettle.
+// allocMu must be held.
+func (p *Pool) spaceFor(own int64, walk **promisedWalk) (Space, error) {
+	remembered := rememberedPromises(own, walk)
+	for deadline := time.Now().Add(spaceSettle); ; time.Sleep(20 * time.Millisecond) {
+		sp, err := space(p.cfg.Dir, p.cfg.Substrate, p.cfg.Overcommit, remembered)
+		if err != nil || fits(sp) || time.Now().After(deadline) {
+			return sp, err
+		}
+		clear(promisedWalks) // walk again
+	}
+}
+
+// room is how many bytes of disks the storage could admit now, beyond
+// the promises: what bounds the pool's ready disks, which hold no
+// blocks until they are handed out. It trusts a remembered walk.
+func (p *Pool) room() (int64, error) {
+	allocMu.Lock()
+	defer allocMu.Unlock()
+	var walk *promisedWalk
+	sp, err := space(p.cfg.Dir, p.cfg.Substrate, p.cfg.Overcommit, rememberedPromises(0, &walk))
+	if err != nil {
+		return 0, err
+	}
+	return int64(float64(sp.Free)*sp.Overcommit) - sp.Promised, nil
+}
+
+// rememberedPromises is space's promise function on the remembered walk
+// of a storage root, walked again once older than promisedTTL, plus own;
+// walk is set to the walk it used. allocMu must be held.
+func rememberedPromises(own int64, walk **promisedWalk) func(root string) (int64, error) {
+	return func(root string) (int64, error) {
+		if *walk = promisedWalks[root]; *walk == nil || time.Since((*walk).at) > promisedTTL {
 			sum, err := promised(root)
 			if err != nil {
 				return 0, err
 			}
-			walk = &promisedWalk{at: time.Now(), sum: sum - own}
-			promisedWalks[root] = walk
+			*walk = &promisedWalk{at: time.Now(), sum: sum}
+			promisedWalks[root] = *walk
 		}
-		return walk.sum + own, nil
+		return (*walk).sum + own, nil
 	}
-	var sp Space
-	for deadline := time.Now().Add(spaceSettle); ; time.Sleep(20 * time.Millisecond) {
-		if sp, err = space(p.cfg.Dir, p.cfg.Substrate, p.cfg.Overcommit, remembered); err != nil {
-			return err
-		}
-		if float64(sp.Promised) <= float64(sp.Free)*p.cfg.Overcommit {
-			break
-		}
-		if time.Now().After(deadline) {
-			return noSpace(st.Size, sp)
-		}
-		clear(promisedWalks) // walk again
-	}
-	if p.cfg.Overcommit > 1 {
-		walk.sum += own
-		return nil
-	}
-	defer func() {
-		if n, _, err := unbacked(f.Name()); err == nil {
-			walk.sum += n // what allocating left of own: the shared part
-		} else {
-			clear(promisedWalks)
-		}
-	}()
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, st.Size); err != nil {
-		if errors.Is(err, unix.ENOSPC) {
-			return noSpace(st.Size, sp)
-		}
-		return fmt.Errorf("allocating disk image: %w", err)
-	}
-	if s := p.cfg.Substrate; s != nil && s.mode == SubstrateXFSImage {
-		if err := s.back(f); err != nil {
-			if errors.Is(err, unix.ENOSPC) {
-				return noSpace(st.Size, sp)
-			}
-			return err
-		}
-	}
-	return nil
 }
 
 // admitShare refuses, with an overcommit of 1, a snapshot by reflink of

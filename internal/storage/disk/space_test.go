@@ -3,16 +3,19 @@ package disk
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
 // TestAllocatedDisks: with an overcommit of 1 a disk's image is allocated
-// when it is made, and so are the blocks of the substrate's image on the
+// when it is handed out, and so are the blocks of the substrate's image on the
 // host under it; a disk the substrate cannot back is refused with
 // ErrUnavailable naming the disk, and Space says how much is left.
 func TestAllocatedDisks(t *testing.T) {
@@ -20,6 +23,7 @@ func TestAllocatedDisks(t *testing.T) {
 	p := substratePool(t, s, Config{Overcommit: 1})
 	hostBefore := allocated(t, s.image)
 	v := acquire(t, p, "a", 200<<20)
+	p.backer.wait()
 	img := filepath.Join(filepath.Dir(v.Path), imageName)
 	if got := allocated(t, img); got < v.Size {
 		t.Errorf("image allocates %d bytes of its %d", got, v.Size)
@@ -95,6 +99,101 @@ func BenchmarkAllocate(b *testing.B) {
 				}
 				b.ReportMetric(float64(made.Microseconds())/float64(b.N)/1000, "ms/make")
 			})
+		}
+	}
+}
+
+// TestPoolHoldsNoBlocks: with an overcommit of 1 the ready disks of the
+// pool hold no blocks (they are promised to nobody), a disk is allocated
+// when it is handed out, on the substrate and on the host below it, and
+// the pool keeps only as many ready disks as the storage could back.
+func TestPoolHoldsNoBlocks(t *testing.T) {
+	s := testSubstrate(t, SubstrateOptions{Size: 600 << 20})
+	const size = 128 << 20
+	hostBefore := allocated(t, s.image)
+	p := substratePool(t, s, Config{Overcommit: 1, DefaultSize: size, PoolSize: 8})
+	room, err := p.room()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fit := int(room / size)
+	if fit < 2 || fit >= 8 {
+		t.Fatalf("room for %d disks of %d MiB (%d MiB), want 2 to 7 for this test", fit, size>>20, room>>20)
+	}
+	waitReady(t, p, fit)
+	// Given time, the refill makes no more than the storage could back.
+	time.Sleep(2 * spaceRetry)
+	if n := p.Ready(); n != fit {
+		t.Errorf("%d ready disks with room for %d", n, fit)
+	}
+	// Each ready disk holds what its pristine image shares with it: a few
+	// MiB of ext4 metadata, not its size.
+	if grew := allocated(t, s.image) - hostBefore; grew > int64(fit)*size/4 {
+		t.Errorf("the host allocated %d MiB under %d ready disks of %d MiB", grew>>20, fit, size>>20)
+	}
+	if sp, err := p.Space(); err != nil || sp.Promised != 0 {
+		t.Errorf("Space with only ready disks = %+v, %v; want nothing promised", sp, err)
+	}
+	hostBefore = allocated(t, s.image)
+	v := acquire(t, p, "a", 0)
+	p.backer.wait()
+	img := filepath.Join(filepath.Dir(v.Path), imageName)
+	if got := allocated(t, img); got < v.Size {
+		t.Errorf("handed out, the image allocates %d bytes of its %d", got, v.Size)
+	}
+	if grew := allocated(t, s.image) - hostBefore; grew < v.Size-(8<<20) {
+		t.Errorf("the host allocated %d MiB for a disk of %d MiB handed out", grew>>20, v.Size>>20)
+	}
+	// A disk made ahead (a warm guest's) is admitted, and promised, but
+	// allocated only once Rename gives it to its sandbox.
+	w := acquireAhead(t, p, "warm-1")
+	p.backer.wait()
+	wimg := filepath.Join(filepath.Dir(w.Path), imageName)
+	if got := allocated(t, wimg); got > w.Size/4 {
+		t.Errorf("made ahead, the image allocates %d bytes of its %d", got, w.Size)
+	}
+	if sp, err := p.Space(); err != nil || sp.Promised < w.Size*3/4 {
+		t.Errorf("Space with a disk made ahead = %+v, %v; want it promised", sp, err)
+	}
+	if err := p.Rename("warm-1", "b"); err != nil {
+		t.Fatal(err)
+	}
+	p.backer.wait()
+	if got := allocated(t, filepath.Join(p.volDir, "b", imageName)); got < w.Size {
+		t.Errorf("given to its sandbox, the image allocates %d bytes of its %d", got, w.Size)
+	}
+	// The disk holds what was promised: written to its cap, it fails
+	// with ENOSPC from its own filesystem, not from the storage below.
+	if err := fillFile(filepath.Join(v.Path, "fill")); !errors.Is(err, unix.ENOSPC) {
+		t.Errorf("filling the disk: %v, want ENOSPC", err)
+	}
+	if used, cap, err := v.Usage(); err != nil || used < cap*9/10 {
+		t.Errorf("disk usage after filling: %d of %d, %v", used, cap, err)
+	}
+}
+
+func acquireAhead(t *testing.T, p *Pool, id string) *Volume {
+	t.Helper()
+	v, err := p.AcquireAhead(context.Background(), id, 0, 1000, 1000)
+	if err != nil {
+		t.Fatalf("AcquireAhead(%q): %v", id, err)
+	}
+	return v
+}
+
+// fillFile writes zeros to path until a write fails, syncs and returns
+// the error that stopped it.
+func fillFile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			f.Sync()
+			return err
 		}
 	}
 }
