@@ -15,16 +15,23 @@ GUEST_BIN      := internal/guestbin/paddock-guest
 GUEST_FLAGS    := -tags 'netgo osusergo' -trimpath -ldflags '-s -w'
 GOFLAGS_STATIC := -tags 'netgo osusergo embedguest' -ldflags '-linkmode external -extldflags "-static" -X github.com/paddock-dev/paddock/internal/cli.Version=$(VERSION)'
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
+# chromium: the web console's browser tests (test/console_test.go, chromedp).
+TEST_DEPS := chromium
 BENCH_DEPS := bubblewrap runc
 
-.PHONY: all build deps kube-bins runsc s3-bins up down uninstall cluster-up cluster-down cluster-bench test test-short fuzz bench lint fmt clean
+.PHONY: all build deps test-deps kube-bins runsc s3-bins up down uninstall cluster-up cluster-down cluster-bench test test-short fuzz bench lint fmt clean
 
 all: build
 
+# The web console's scripts (xterm.js, uPlot; pinned by
+# internal/console/web/package-lock.json) are bundled from npm into
+# internal/console/dist, kept until their sources change, and embedded
+# with the consoleui tag when they are there (scripts/console-assets.sh).
 build:
 	@mkdir -p $(dir $(BIN))
+	scripts/console-assets.sh
 	CGO_ENABLED=0 go build $(GUEST_FLAGS) -o $(GUEST_BIN) ./cmd/paddock-guest
-	CGO_ENABLED=1 go build $(GOFLAGS_STATIC) -o $(BIN) ./cmd/paddock 2> >(grep -v -e 'statically linked applications requires' -e 'in function' >&2)
+	CGO_ENABLED=1 go build $(GOFLAGS_STATIC) $$(test -f internal/console/dist/app.js && echo -tags 'netgo,osusergo,embedguest,consoleui') -o $(BIN) ./cmd/paddock 2> >(grep -v -e 'statically linked applications requires' -e 'in function' >&2)
 
 # cross builds the SDK and the client-only CLI for macOS, so that neither
 # comes to need the daemon's Linux-only packages.
@@ -43,6 +50,10 @@ deps:
 	@# with Debian's.
 	@command -v npm >/dev/null || { echo "installing: nodejs npm"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
 	@command -v go >/dev/null || { echo "Go is missing: install Go 1.26+ at /usr/local/go"; exit 1; }
+
+# test-deps installs what only the tests need.
+test-deps: deps
+	@for p in $(TEST_DEPS); do dpkg -s $$p >/dev/null 2>&1 || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_DEPS); break; }; done
 
 # kube-bins builds the Kubernetes control plane the cluster tests run
 # against (kube-apiserver and etcd, from the module proxy, pinned by the
@@ -119,7 +130,7 @@ cluster-bench: build kube-bins
 # without it. cross first: a client that stopped building for macOS fails.
 E2E  := ./test ./bench
 UNIT  = $$(go list ./... | grep -v -e '/paddock/test$$' -e '/paddock/bench$$')
-test: deps build cross kube-bins runsc s3-bins
+test: test-deps build cross kube-bins runsc s3-bins
 	PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -race -count=1 -timeout 20m $(UNIT)
 	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -count=1 -timeout 20m $(E2E)
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
@@ -151,4 +162,4 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 clean:
-	rm -rf bin $(GUEST_BIN)
+	rm -rf bin $(GUEST_BIN) internal/console/dist

@@ -22,6 +22,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/clustertls"
+	"github.com/paddock-dev/paddock/internal/console"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/runtime/gvisor"
 	"github.com/paddock-dev/paddock/internal/runtime/native"
@@ -432,16 +433,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		servers = append(servers, hs)
 	}
-	mcpH, mcpClient := mcpHandler(listeners, token, trust != nil, cfg.Version, log.With("component", "mcp"))
-	if mcpClient != nil {
-		defer mcpClient.Close()
+	self := selfClient(listeners, token, trust != nil, log)
+	if self != nil {
+		defer self.Close()
 	}
+	mcpH := mcpHandler(self, cfg.Version, log.With("component", "mcp"))
 	for _, l := range listeners {
 		tok := ""
 		if l.Addr().Network() == "tcp" {
 			tok = token
 		}
-		hs := server.NewHTTPServer(withMCP(srv.Handler(tok), mcpH, tok, log), cfg.HTTP, log)
+		ui := console.New(console.Config{Token: tok, Client: self, Log: log.With("component", "console")})
+		hs := server.NewHTTPServer(ui.Wrap(withMCP(srv.Handler(tok), mcpH, tok, log)), cfg.HTTP, log)
 		if tok != "" {
 			l = guardTCP(hs, l, trust, cfg.HTTP, log)
 		} else {

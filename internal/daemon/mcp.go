@@ -10,12 +10,12 @@ import (
 	"github.com/paddock-dev/paddock/internal/server"
 )
 
-// mcpHandler is the MCP server (package mcp) for /mcp, a client of this
-// daemon's own API like `paddock mcp` is, so that the adapter owns no
-// path into the manager of its own. It dials the first unix listener, or a
-// plain TCP one with the token; a node whose TCP takes only gateways' TLS
-// and has no unix listener serves no /mcp (its gateway is the way in).
-func mcpHandler(listeners []net.Listener, token string, tlsOnly bool, version string, log *slog.Logger) (http.Handler, *client.Client) {
+// selfClient is a client of this daemon's own API, for the adapters it
+// serves (/mcp, the console's terminal), so that they own no path into the
+// manager of their own. It dials the first unix listener, or a plain TCP
+// one with the token; a node whose TCP takes only gateways' TLS and has no
+// unix listener has none (nil): its gateway is the way in.
+func selfClient(listeners []net.Listener, token string, tlsOnly bool, log *slog.Logger) *client.Client {
 	var c *client.Client
 	var err error
 	for _, l := range listeners {
@@ -33,16 +33,24 @@ func mcpHandler(listeners []net.Listener, token string, tlsOnly bool, version st
 		}
 	}
 	if c == nil || err != nil {
-		log.Info("no /mcp: no listener this daemon can reach itself on", "err", err)
-		return nil, nil
+		log.Info("no /mcp and no console terminal: no listener this daemon can reach itself on", "err", err)
+		return nil
+	}
+	return c
+}
+
+// mcpHandler is the MCP server (package mcp) for /mcp over the daemon's
+// own client c; nil without one.
+func mcpHandler(c *client.Client, version string, log *slog.Logger) http.Handler {
+	if c == nil {
+		return nil
 	}
 	h, err := mcp.Handler(mcp.Config{Client: c, Version: version, Log: log})
 	if err != nil {
 		log.Warn("no /mcp", "err", err)
-		c.Close()
-		return nil, nil
+		return nil
 	}
-	return h, c
+	return h
 }
 
 // withMCP routes /mcp to m, behind the listener's token, and the rest to
