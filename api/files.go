@@ -40,6 +40,9 @@ type FileInfo struct {
 	ModTime time.Time `json:"mtime"`
 	// LinkTarget is a symbolic link's target, as stored.
 	LinkTarget string `json:"link_target,omitempty"`
+	// Xattrs are extended attributes, only when asked for (the E2B
+	// facade's file metadata).
+	Xattrs map[string]string `json:"xattrs,omitempty"`
 }
 
 // IsDir reports whether the file is a directory.

@@ -148,7 +148,7 @@ func TestE2BSDK(t *testing.T) {
 	dir := npmHarness(t)
 	e := startE2BDaemon(t)
 	ctx := context.Background()
-	for _, name := range []string{"commands", "pty", "files", "bigfile", "lifecycle", "killed", "listing", "snapshots", "entries", "network", "ingress"} {
+	for _, name := range []string{"commands", "pty", "files", "bigfile", "lifecycle", "killed", "listing", "snapshots", "entries", "metadata", "network", "ingress"} {
 		t.Run(name, func(t *testing.T) {
 			info := runScenario(t, e, dir, name)
 			// Every sandbox a scenario made is gone, through the native

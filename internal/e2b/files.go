@@ -194,9 +194,10 @@ func acceptsGzip(r *http.Request) bool {
 
 // writtenFile is one entry of an upload's answer.
 type writtenFile struct {
-	Path string `json:"path"`
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
@@ -215,18 +216,23 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	meta, err := metadataHeaders(r.Header)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var out []writtenFile
 	switch ct {
 	case "multipart/form-data":
-		out, err = s.uploadParts(r, user, q, multipart.NewReader(body, params["boundary"]))
+		out, err = s.uploadParts(r, user, q, meta, multipart.NewReader(body, params["boundary"]))
 	case "application/octet-stream", "":
 		if q == "" {
 			err = errdefs.Invalid("path", "an octet-stream upload needs ?path=")
 			break
 		}
 		var f writtenFile
-		if f, err = s.writeFile(r, user, q, body); err == nil {
+		if f, err = s.writeFile(r, user, q, meta, body); err == nil {
 			out = append(out, f)
 		}
 	default:
@@ -256,7 +262,7 @@ func decoded(encoding string, body io.Reader) (io.Reader, error) {
 // uploadParts writes each "file" part: to ?path= when it is given and
 // there is one part, else to the part's file name. A signed upload writes
 // one part, to the signed path.
-func (s *Server) uploadParts(r *http.Request, user, target string, mr *multipart.Reader) ([]writtenFile, error) {
+func (s *Server) uploadParts(r *http.Request, user, target string, meta map[string]string, mr *multipart.Reader) ([]writtenFile, error) {
 	_, signed := grantOf(r)
 	var out []writtenFile
 	for {
@@ -284,7 +290,7 @@ func (s *Server) uploadParts(r *http.Request, user, target string, mr *multipart
 		if dest == "" {
 			return nil, errdefs.Invalid("path", "a part has no file name and no ?path= was given")
 		}
-		f, err := s.writeFile(r, user, dest, part)
+		f, err := s.writeFile(r, user, dest, meta, part)
 		part.Close()
 		if err != nil {
 			return nil, err
@@ -298,8 +304,8 @@ func (s *Server) uploadParts(r *http.Request, user, target string, mr *multipart
 }
 
 // writeFile writes src to p as user (the owner of the file and of
-// missing parents).
-func (s *Server) writeFile(r *http.Request, user, p string, src io.Reader) (writtenFile, error) {
+// missing parents), with the metadata meta (xattr names) and no other.
+func (s *Server) writeFile(r *http.Request, user, p string, meta map[string]string, src io.Reader) (writtenFile, error) {
 	if strings.ContainsRune(p, 0) {
 		return writtenFile{}, errdefs.Invalid("path", "contains a NUL byte")
 	}
@@ -308,7 +314,7 @@ func (s *Server) writeFile(r *http.Request, user, p string, src io.Reader) (writ
 	if err != nil {
 		return writtenFile{}, err
 	}
-	end, err := gc.WriteFile(r.Context(), guestapi.FileRequest{Path: p, Owner: user}, src)
+	end, err := gc.WriteFile(r.Context(), guestapi.FileRequest{Path: p, Owner: user, Xattrs: meta, XattrPrefix: metadataXattr}, src)
 	if err != nil {
 		var se *guestapi.SourceError
 		if errors.As(err, &se) {
@@ -316,13 +322,13 @@ func (s *Server) writeFile(r *http.Request, user, p string, src io.Reader) (writ
 		}
 		return writtenFile{}, fmt.Errorf("writing %s: %w", p, err)
 	}
-	name := path.Base(p)
-	typ := "file"
+	f := writtenFile{Path: p, Name: path.Base(p), Type: "file"}
 	if end != nil && end.Info != nil {
-		name = end.Info.Name
+		f.Name = end.Info.Name
 		if end.Info.Type == api.TypeDir {
-			typ = "dir"
+			f.Type = "dir"
 		}
+		f.Metadata = fileMetadata(end.Info.Xattrs)
 	}
-	return writtenFile{Path: p, Name: name, Type: typ}, nil
+	return f, nil
 }

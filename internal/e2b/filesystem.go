@@ -30,6 +30,8 @@ type entryInfo struct {
 	Group         string    `json:"group"`
 	ModifiedTime  time.Time `json:"modifiedTime"`
 	SymlinkTarget *string   `json:"symlinkTarget,omitempty"`
+	// Metadata is the file's user.e2b.* attributes (envd 0.6.2).
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // entryOf describes a file as envd does: mode is the permission bits
@@ -57,6 +59,7 @@ func entryOf(fi api.FileInfo, link *resolvedLink) entryInfo {
 		Mode: uint32(perm.Perm()), Permissions: mode.String(),
 		Owner: nameOr(fi.User, fi.UID), Group: nameOr(fi.Group, fi.GID),
 		ModifiedTime: fi.ModTime.UTC(),
+		Metadata:     fileMetadata(fi.Xattrs),
 	}
 	if fi.Type == api.TypeSymlink {
 		t := fi.Path
@@ -165,7 +168,7 @@ func (s *Server) fsStat(r *http.Request, req *pathRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	fi, err := gc.Stat(r.Context(), guestapi.FileRequest{Path: p})
+	fi, err := gc.Stat(r.Context(), guestapi.FileRequest{Path: p, XattrPrefix: metadataXattr})
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +190,7 @@ func (s *Server) fsListDir(r *http.Request, req *listDirRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	ls, err := gc.ListDir(r.Context(), guestapi.FileRequest{Path: p, Depth: depth})
+	ls, err := gc.ListDir(r.Context(), guestapi.FileRequest{Path: p, Depth: depth, XattrPrefix: metadataXattr})
 	if err != nil {
 		return nil, err
 	}
@@ -239,12 +242,12 @@ func (s *Server) fsMove(r *http.Request, req *moveRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	fi, err := s.fileDo(r, (*guestapi.Client).Move, guestapi.FileRequest{Path: from, To: to, Overwrite: true})
+	fi, err := s.fileDo(r, (*guestapi.Client).Move, guestapi.FileRequest{Path: from, To: to, Overwrite: true, XattrPrefix: metadataXattr})
 	if err != nil {
 		return nil, err
 	}
 	if fi == nil {
-		if fi, err = s.fileDo(r, (*guestapi.Client).Stat, guestapi.FileRequest{Path: to}); err != nil {
+		if fi, err = s.fileDo(r, (*guestapi.Client).Stat, guestapi.FileRequest{Path: to, XattrPrefix: metadataXattr}); err != nil {
 			return nil, err
 		}
 	}
@@ -270,6 +273,9 @@ func (s *Server) fsRemove(r *http.Request, req *pathRequest) (any, error) {
 type watchRequest struct {
 	Path      string `json:"path"`
 	Recursive bool   `json:"recursive"`
+	// IncludeEntry adds each changed file's entry info to its event
+	// (envd 0.6.3).
+	IncludeEntry bool `json:"includeEntry"`
 }
 
 type watchEvent struct {
@@ -279,8 +285,9 @@ type watchEvent struct {
 }
 
 type filesystemEvent struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Name  string     `json:"name"`
+	Type  string     `json:"type"`
+	Entry *entryInfo `json:"entry,omitempty"`
 }
 
 var eventTypes = map[string]string{
@@ -366,13 +373,17 @@ func (s *Server) watch(r *http.Request, st *stream, req *watchRequest) error {
 			if e.OldPath != "" {
 				out = append(out, filesystemEvent{Name: rel(e.OldPath), Type: "EVENT_TYPE_RENAME"})
 			}
-			out = append(out, filesystemEvent{Name: rel(e.Path), Type: "EVENT_TYPE_CREATE"})
+			out = append(out, filesystemEvent{Name: rel(e.Path), Type: "EVENT_TYPE_CREATE", Entry: s.eventEntry(r.Context(), gc, req, e.Path)})
 		default:
 			t, ok := eventTypes[e.Type]
 			if !ok {
 				continue // overflow: envd has no event for it
 			}
-			out = append(out, filesystemEvent{Name: rel(e.Path), Type: t})
+			var entry *entryInfo
+			if e.Type != api.EventRemove {
+				entry = s.eventEntry(r.Context(), gc, req, e.Path)
+			}
+			out = append(out, filesystemEvent{Name: rel(e.Path), Type: t, Entry: entry})
 		}
 		for i := range out {
 			if st.send(watchEvent{Filesystem: &out[i]}) != nil {
@@ -380,4 +391,19 @@ func (s *Server) watch(r *http.Request, st *stream, req *watchRequest) error {
 			}
 		}
 	}
+}
+
+// eventEntry is the entry info of a watch event's file when the watch
+// asked for it, taken when the event is sent, as envd does: nil for a
+// file that is gone by then.
+func (s *Server) eventEntry(ctx context.Context, gc *guestapi.Client, req *watchRequest, p string) *entryInfo {
+	if !req.IncludeEntry {
+		return nil
+	}
+	fi, err := gc.Stat(ctx, guestapi.FileRequest{Path: p, XattrPrefix: metadataXattr})
+	if err != nil {
+		return nil
+	}
+	e := describe(ctx, gc, *fi)
+	return &e
 }

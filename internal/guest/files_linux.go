@@ -66,6 +66,9 @@ func (s *server) fileOp(c *opConn, req guestapi.Request) (*fsRoot, *guestapi.Fil
 		return nil, nil, "", false
 	}
 	p, err := r.clean("path", req.File.Path)
+	if err == nil {
+		err = checkXattrArgs(req.File)
+	}
 	if err != nil {
 		r.Close()
 		c.respond(guestapi.Response{}, err)
@@ -88,7 +91,7 @@ func (s *server) opFileStat(c *opConn, req guestapi.Request) {
 		return
 	}
 	defer r.Close()
-	fi, err := r.statPath(p, r.ids())
+	fi, err := r.statXattrs(p, r.ids(), req.File.XattrPrefix)
 	c.respond(guestapi.Response{File: &guestapi.FileResponse{Info: fi}}, err)
 }
 
@@ -269,6 +272,12 @@ func (s *server) opFileWrite(c *opConn, req guestapi.Request) {
 	}
 	defer r.Close()
 	w, err := r.createAtomic(p, fr.Mode, fr.Owner)
+	if err == nil {
+		if err = setXattrs(int(w.f.Fd()), p, fr.Xattrs); err != nil {
+			w.abort()
+			w = nil
+		}
+	}
 	if c.respond(guestapi.Response{}, err) != nil || err != nil {
 		if w != nil {
 			w.abort()
@@ -287,6 +296,9 @@ func (s *server) opFileWrite(c *opConn, req guestapi.Request) {
 		return
 	}
 	fi, err := w.commit()
+	if err == nil && fr.XattrPrefix != "" {
+		fi, err = r.statXattrs(p, r.ids(), fr.XattrPrefix)
+	}
 	c.end(guestapi.FileEnd{Bytes: w.n, Info: fi}, err)
 }
 
@@ -607,6 +619,9 @@ func (s *server) opFileMove(c *opConn, req guestapi.Request) {
 	if err == nil {
 		fi, err = r.move(p, to, fr.Overwrite)
 	}
+	if err == nil && fi != nil && fr.XattrPrefix != "" {
+		fi, err = r.statXattrs(to, r.ids(), fr.XattrPrefix)
+	}
 	c.respond(guestapi.Response{File: &guestapi.FileResponse{Info: fi}}, err)
 }
 
@@ -678,7 +693,7 @@ func (s *server) opFileList(c *opConn, req guestapi.Request) {
 		return
 	}
 	defer d.Close()
-	l := &lister{ids: r.ids(), depth: depth, emit: func(batch []api.FileInfo) error { return c.fw.WriteJSON(wire.Event, batch) }}
+	l := &lister{ids: r.ids(), depth: depth, xattrs: fr.XattrPrefix, emit: func(batch []api.FileInfo) error { return c.fw.WriteJSON(wire.Event, batch) }}
 	err = l.walk(d, p, 1)
 	if err == nil {
 		err = l.flush()
@@ -693,11 +708,12 @@ const listBatch = 256
 // directory's entry before its contents. It does not follow symbolic
 // links nor enter /proc or /sys.
 type lister struct {
-	ids   *idNames
-	depth int
-	emit  func([]api.FileInfo) error
-	batch []api.FileInfo
-	n     int64
+	ids    *idNames
+	depth  int
+	xattrs string // the prefix of the attributes to add; "" for none
+	emit   func([]api.FileInfo) error
+	batch  []api.FileInfo
+	n      int64
 }
 
 func (l *lister) flush() error {
@@ -725,7 +741,9 @@ func (l *lister) walk(d *os.File, p string, level int) error {
 		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 			target, _ = readlinkAt(int(d.Fd()), name)
 		}
-		l.batch = append(l.batch, fileInfo(cp, &st, target, l.ids))
+		fi := fileInfo(cp, &st, target, l.ids)
+		addXattrs(&fi, int(d.Fd()), name, l.xattrs)
+		l.batch = append(l.batch, fi)
 		l.n++
 		if len(l.batch) >= listBatch {
 			if err := l.flush(); err != nil {

@@ -68,6 +68,13 @@ type FileRequest struct {
 	Parents bool `json:"parents,omitempty"`
 	// Overwrite: move may replace an existing To.
 	Overwrite bool `json:"overwrite,omitempty"`
+	// Xattrs are extended attributes (user.* names) write gives the new
+	// file. A write replaces the file, so attributes not named here are
+	// gone.
+	Xattrs map[string]string `json:"xattrs,omitempty"`
+	// XattrPrefix (under user.) makes stat, list, move and write answer
+	// each regular file's and directory's attributes that start with it.
+	XattrPrefix string `json:"xattr_prefix,omitempty"`
 }
 
 // FileResponse holds the answers of the file ops.

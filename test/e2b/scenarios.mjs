@@ -477,6 +477,58 @@ const scenarios = {
     console.log('ok entries')
   },
 
+  // File metadata (envd 0.6.2): user.e2b.* xattrs written with a file,
+  // read back by getInfo, list, rename and from inside, replaced on
+  // overwrite; watch events with entry info (envd 0.6.3).
+  async metadata() {
+    await withSandbox({}, async (sbx) => {
+      const w = await sbx.files.write('m/a.txt', 'alpha', { metadata: { Owner: 'me', 'x-tag': 'v1' } })
+      assert.deepEqual(w.metadata, { owner: 'me', 'x-tag': 'v1' }, 'keys are lowercased, as envd does')
+      assert.deepEqual((await sbx.files.getInfo('m/a.txt')).metadata, { owner: 'me', 'x-tag': 'v1' })
+      const listed = (await sbx.files.list('m')).find((e) => e.name === 'a.txt')
+      assert.deepEqual(listed.metadata, { owner: 'me', 'x-tag': 'v1' })
+      const inside = await sbx.commands.run(`python3 -c "import os; print(os.getxattr('m/a.txt', 'user.e2b.owner').decode())"`)
+      assert.equal(inside.stdout, 'me\n', 'the metadata is the file\'s xattrs')
+      await sbx.commands.run(`python3 -c "import os; os.setxattr('m/a.txt', 'user.e2b.set-inside', b'yes'); os.setxattr('m/a.txt', 'user.other', b'no')"`)
+      const moved = await sbx.files.rename('m/a.txt', 'm/b.txt')
+      assert.deepEqual(moved.metadata, { owner: 'me', 'x-tag': 'v1', 'set-inside': 'yes' }, 'set from inside shows; other user.* does not')
+      const many = await sbx.files.write([{ path: 'm/1.txt', data: '1' }, { path: 'm/2.txt', data: '2' }], { metadata: { batch: 'yes' } })
+      assert.deepEqual(many.map((f) => f.metadata), [{ batch: 'yes' }, { batch: 'yes' }])
+      await sbx.files.write('m/b.txt', 'beta', { metadata: { fresh: '1' } })
+      assert.deepEqual((await sbx.files.getInfo('m/b.txt')).metadata, { fresh: '1' }, 'an overwrite replaces the set')
+      const plain = await sbx.files.write('m/b.txt', 'gamma')
+      assert.equal(plain.metadata, undefined)
+      assert.equal((await sbx.files.getInfo('m/b.txt')).metadata, undefined, 'an overwrite without metadata clears it')
+      await sbx.files.write('m/s.txt', 'stream', { metadata: { via: 'octet' }, useOctetStream: true })
+      assert.deepEqual((await sbx.files.getInfo('m/s.txt')).metadata, { via: 'octet' })
+      assert.equal((await sbx.files.getInfo('m')).metadata, undefined)
+
+      // Watch events with entry info: the file as it is when the event is sent.
+      await sbx.files.makeDir('w')
+      const events = []
+      const handle = await sbx.files.watchDir('w', (e) => events.push(e), { includeEntry: true })
+      await sbx.files.write('w/x.txt', 'xyz', { metadata: { k: 'v' } })
+      await until('a write event', () => events.some((e) => e.name === 'x.txt' && e.entry && e.entry.size === 3))
+      await sbx.files.remove('w/x.txt')
+      await until('a remove event', () => events.some((e) => e.type === 'remove'))
+      await handle.stop()
+      const withEntry = events.find((e) => e.name === 'x.txt' && e.entry && e.entry.size === 3)
+      assert.equal(withEntry.entry.path, '/home/user/w/x.txt')
+      assert.equal(withEntry.entry.type, 'file')
+      assert.equal(withEntry.entry.owner, 'user')
+      assert.deepEqual(withEntry.entry.metadata, { k: 'v' })
+      assert.equal(events.find((e) => e.type === 'remove').entry, undefined, 'a removed file has no entry')
+      const plainEvents = []
+      const h2 = await sbx.files.watchDir('w', (e) => plainEvents.push(e))
+      await sbx.files.write('w/y.txt', 'y')
+      await until('an event', () => plainEvents.length > 0)
+      await h2.stop()
+      assert.equal(plainEvents[0].entry, undefined, 'no entry unless asked')
+      info('watch_entry_events', events.map((e) => `${e.type}:${e.name}:${e.entry ? e.entry.size : '-'}`).join(','))
+    })
+    console.log('ok metadata')
+  },
+
   // Network settings as paddock policy (read back from inside, in
   // /run/paddock/policy.json), updateNetwork, header transforms as
   // secrets the sandbox never holds, the traffic token; bad input.
