@@ -67,6 +67,7 @@ type memSnapshot struct {
 	// and data that have run).
 	DaemonAnon, DaemonFile int64
 	Available              int64
+	Kernel                 kernelMemory
 }
 
 func (r *rig) memSnapshot() (memSnapshot, error) {
@@ -80,6 +81,7 @@ func (r *rig) memSnapshot() (memSnapshot, error) {
 	if m.Available, err = memAvailable(); err != nil {
 		return memSnapshot{}, fmt.Errorf("reading MemAvailable: %w", err)
 	}
+	m.Kernel, _ = readKernelMemory()
 	return m, nil
 }
 
@@ -124,13 +126,17 @@ func (g goHeap) String() string {
 
 // sandboxMemory is what one running sandbox costs the host.
 type sandboxMemory struct {
-	GuestRSS   int64 // the guest (PID 1 inside), as the host sees it
-	GuestPSS   int64 // the same with shared pages split among sharers
-	ProcsRSS   int64 // every process in the sandbox's cgroup
-	Procs      int
-	Threads    int   // tasks of those processes (each takes a pid and a kernel stack)
-	PageTables int64 // VmPTE of those processes
-	CgroupMem  int64 // the sandbox's memory cgroup charge (-1 if unreadable)
+	GuestRSS int64 // the guest (PID 1 inside), as the host sees it
+	GuestPSS int64 // the same with shared pages split among sharers
+	ProcsRSS int64 // every process in the sandbox's cgroup
+	// ProcsPSSAnon, ProcsPSSFile and ProcsPSSShmem split the PSS of
+	// every process in its cgroup (smaps_rollup's Pss_Anon, Pss_File,
+	// Pss_Shmem).
+	ProcsPSSAnon, ProcsPSSFile, ProcsPSSShmem int64
+	Procs                                     int
+	Threads                                   int   // tasks of those processes (each takes a pid and a kernel stack)
+	PageTables                                int64 // VmPTE of those processes
+	CgroupMem                                 int64 // the sandbox's memory cgroup charge (-1 if unreadable)
 }
 
 // densityRun is what the density benchmark measured.
@@ -542,6 +548,16 @@ func (r *rig) measureSandboxes(ctx context.Context, ids []string, d *densityRun)
 				m.ProcsRSS += rss
 				m.Procs++
 			}
+			rollup := fmt.Sprintf("/proc/%d/smaps_rollup", pid)
+			if n, err := kbField(rollup, "Pss_Anon"); err == nil {
+				m.ProcsPSSAnon += n
+			}
+			if n, err := kbField(rollup, "Pss_File"); err == nil {
+				m.ProcsPSSFile += n
+			}
+			if n, err := kbField(rollup, "Pss_Shmem"); err == nil {
+				m.ProcsPSSShmem += n
+			}
 			if pte, err := procStatusBytes(pid, "VmPTE"); err == nil {
 				m.PageTables += pte
 			}
@@ -598,7 +614,8 @@ func densityMethod() []string {
 			"(/proc/PID/status; also split into RssAnon and RssFile, the pages of its binary) and its Go runtime's heap in use, idle heap not returned to the kernel, stacks and goroutines "+
 			"(`go_memstats_*` and `go_goroutines` of its `/metrics`), the host's MemAvailable (/proc/meminfo) against the same readings before the first start, "+
 			"and for each sandbox the VmRSS and PSS of its guest (host pid from `Get`: `runtime.host_pid`), the VmRSS of "+
-			"every process in its cgroup with their page tables (VmPTE) and threads (each a 16 KiB kernel stack), and its memory cgroup's charge. `List` is checked to report every sandbox running.", densitySettle),
+			"every process in its cgroup with their page tables (VmPTE), threads (each a 16 KiB kernel stack) and PSS split into anonymous, file and shmem pages (smaps_rollup), and its memory cgroup's charge; "+
+			"the host's /proc/meminfo fields and /proc/slabinfo caches before and with them say where the MemAvailable drop went. `List` is checked to report every sandbox running.", densitySettle),
 		"MemAvailable also moves with unrelated activity on the host and with the page cache of the sandboxes' disk images: " +
 			"read it as an estimate. RSS counts shared pages in every process that maps them; PSS splits them.",
 		fmt.Sprintf("**exec round trip**: %d SDK round trips of `true` (after %d warm-ups) in the first sandbox, once while it is the only one "+
@@ -633,7 +650,7 @@ func densityTable(s *section, d *densityRun) {
 				mib((w.Inuse-b.Inuse)/n), mib((w.Stacks-b.Stacks)/n), float64(w.Goroutines-b.Goroutines)/float64(n)))
 		}
 		t.add("host MemAvailable drop ÷ sandboxes", mib((d.Before.Available-d.With.Available)/n))
-		var guest, pss, procs, cg, pte int64
+		var guest, pss, procs, cg, pte, pssAnon, pssFile, pssShmem int64
 		var nproc, ncg, threads int
 		for _, m := range d.Sandboxes {
 			threads += m.Threads
@@ -642,6 +659,9 @@ func densityTable(s *section, d *densityRun) {
 			pss += m.GuestPSS
 			procs += m.ProcsRSS
 			nproc += m.Procs
+			pssAnon += m.ProcsPSSAnon
+			pssFile += m.ProcsPSSFile
+			pssShmem += m.ProcsPSSShmem
 			if m.CgroupMem >= 0 {
 				cg += m.CgroupMem
 				ncg++
@@ -650,8 +670,15 @@ func densityTable(s *section, d *densityRun) {
 		t.add("guest (PID 1) RSS: sum / per sandbox", fmt.Sprintf("%s / %s", mib(guest), mib(guest/n)))
 		t.add("guest PSS per sandbox", mib(pss/n))
 		t.add("RSS of every process in a sandbox (guest + sleep) per sandbox", fmt.Sprintf("%s (%.1f processes, %.1f threads each)", mib(procs/n), float64(nproc)/float64(n), float64(threads)/float64(n)))
+		t.add("PSS of every process in a sandbox, per sandbox: anonymous / file / shmem", fmt.Sprintf("%s / %s / %s", kib(pssAnon/n), kib(pssFile/n), kib(pssShmem/n)))
 		if ncg > 0 {
 			t.add("memory cgroup charge per sandbox", mib(cg/int64(ncg)))
+		}
+		if mi, slabs := kmemBreakdown(d.Before.Kernel, d.With.Kernel, n); mi != "" {
+			t.add("host /proc/meminfo change per sandbox", mi)
+			if slabs != "" {
+				t.add("slab caches' growth per sandbox (/proc/slabinfo), largest first", slabs)
+			}
 		}
 		t.add("page tables (VmPTE) of its processes, per sandbox", mib(pte/n))
 		t.add(fmt.Sprintf("kernel stacks of its threads (%d KiB each), per sandbox", kernelStack>>10), mib(int64(threads)*kernelStack/n))
