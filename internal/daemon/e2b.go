@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
@@ -90,6 +91,9 @@ func serveE2B(l net.Listener, trust *clustertls.Node, token string, cfg Config, 
 	} else {
 		go func() { errc <- hs.Serve(l) }()
 	}
+	sweepCtx, stopSweeps := context.WithCancel(context.Background())
+	hs.RegisterOnShutdown(stopSweeps)
+	go srv.Run(sweepCtx)
 	log.Info("E2B facade listening", "addr", "tcp://"+l.Addr().String(), "tls", cfg.E2BTLSCert != "", "domain", cfg.E2BDomain)
 	return hs, nil
 }

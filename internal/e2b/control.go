@@ -195,6 +195,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	defer s.releaseSecrets(policy)
 	networkLabels(labels, nc, req.AllowInternetAccess)
 	creq := api.CreateRequest{Env: req.EnvVars, Labels: labels, Workdir: homeOf(DefaultUser)}
 	if len(policy.Allow)+len(policy.Deny)+len(policy.Presets)+len(policy.Secrets) > 0 {
@@ -313,6 +314,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.forget(id)
+	s.sweepSoon()
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -75,6 +75,8 @@ type Config struct {
 // Secrets is the daemon's secret store (egress.SecretStore).
 type Secrets interface {
 	Create(name string, value []byte) error
+	List() []string
+	Delete(name string) error
 }
 
 // Telemetry is where the facade reads a sandbox's metrics: the telemetry
@@ -102,6 +104,10 @@ type Server struct {
 	mu sync.Mutex
 	// tags maps sandbox → process tag → pid, for tag selectors.
 	tags map[string]map[string]uint32
+	// secretUses are header secrets stored but perhaps not yet recorded.
+	secretUses map[string]*secretUse
+	// sweep wakes Run for a sweep of header secrets.
+	sweep chan struct{}
 }
 
 // New returns the facade's server.
@@ -127,6 +133,8 @@ func New(cfg Config) (*Server, error) {
 		apiKey:        APIKey(cfg.Token),
 		secret:        cfg.Key,
 		tags:          map[string]map[string]uint32{},
+		secretUses:    map[string]*secretUse{},
+		sweep:         make(chan struct{}, 1),
 	}
 	s.control = s.controlRoutes()
 	s.envd = s.envdRoutes()

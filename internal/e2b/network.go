@@ -139,7 +139,7 @@ func (s *Server) policy(nc networkConfig, internet *bool) (*api.Policy, error) {
 // hash of host, header and value, so the same one is stored once) and
 // bound to the host, so that the egress proxy sets the header on the
 // sandbox's HTTPS requests there and the sandbox never holds the value.
-func (s *Server) headerSecrets(rules map[string][]networkRule) ([]api.SecretBinding, error) {
+func (s *Server) headerSecrets(rules map[string][]networkRule) (_ []api.SecretBinding, err error) {
 	if len(rules) == 0 {
 		return nil, nil
 	}
@@ -149,6 +149,11 @@ func (s *Server) headerSecrets(rules map[string][]networkRule) ([]api.SecretBind
 	}
 	sort.Strings(hosts)
 	var out []api.SecretBinding
+	defer func() {
+		if err != nil {
+			s.releaseSecrets(&api.Policy{Secrets: out})
+		}
+	}()
 	for _, raw := range hosts {
 		host := strings.ToLower(raw)
 		if host == "*" || !domainPattern.MatchString(host) {
@@ -172,10 +177,13 @@ func (s *Server) headerSecrets(rules map[string][]networkRule) ([]api.SecretBind
 					return nil, errdefs.New(errdefs.ErrUnavailable, "network.rules: this daemon has no secret store for header transforms")
 				}
 				secret := s.secretName(host, name, value)
+				// Held before it is stored, so that a sweep cannot
+				// delete it before the policy naming it is recorded.
+				s.holdSecret(secret)
+				out = append(out, api.SecretBinding{Name: secret, Hosts: []string{host}, Inject: api.SecretInjection{Header: name, Format: "%s"}})
 				if err := s.secrets.Create(secret, []byte(value)); err != nil && !errors.Is(err, errdefs.ErrConflict) {
 					return nil, err
 				}
-				out = append(out, api.SecretBinding{Name: secret, Hosts: []string{host}, Inject: api.SecretInjection{Header: name, Format: "%s"}})
 			}
 		}
 	}
@@ -226,9 +234,11 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	defer s.releaseSecrets(p)
 	if _, err := s.mgr.SetPolicy(r.Context(), id, *p); err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	s.sweepSoon() // the secrets of the rules replaced
 	w.WriteHeader(http.StatusNoContent)
 }

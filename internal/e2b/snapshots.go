@@ -192,6 +192,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	s.sweepSoon()
 	w.WriteHeader(http.StatusNoContent)
 }
 
