@@ -186,10 +186,12 @@ func (p *Pool) Space() (Space, error) {
 
 // promisedTTL is how long reserve trusts a walk of every image (promised,
 // a FIEMAP each: a millisecond for ten disks here, tens for hundreds),
-// adding to it the images it admits since. What it forgets only makes it
-// stricter (a disk removed, blocks a thin disk allocated since), but for
-// blocks a snapshot shares, so Snapshot forgets the walk; and a disk
-// refused on a remembered walk is tried again on a fresh one.
+// adding to it the images it admits since; an older walk is still used,
+// while a new one is made behind the hand-out (a create does not wait for
+// a walk of a thousand disks). What it forgets only makes it stricter (a
+// disk removed, blocks a thin disk allocated since), but for blocks a
+// snapshot shares, so Snapshot forgets the walk; and a disk refused on a
+// remembered walk is tried again on a fresh one.
 const promisedTTL = time.Second
 
 // promisedWalk is a remembered walk of promised, plus the images
@@ -197,6 +199,37 @@ const promisedTTL = time.Second
 type promisedWalk struct {
 	at  time.Time
 	sum int64
+	// walking: a new walk is under way; since sums the images admitted
+	// since it began, which it may not have seen.
+	walking bool
+	since   int64
+}
+
+// admitted adds an image that lacks own bytes to the walk.
+func (w *promisedWalk) admitted(own int64) {
+	w.sum += own
+	if w.walking {
+		w.since += own
+	}
+}
+
+// rewalk makes a new walk of root behind the caller, to replace w if w is
+// still the one remembered then. allocMu must be held.
+func (w *promisedWalk) rewalk(root string) {
+	if w.walking {
+		return
+	}
+	w.walking, w.since = true, 0
+	go func() {
+		sum, err := promised(root)
+		allocMu.Lock()
+		defer allocMu.Unlock()
+		w.walking = false
+		if err != nil || promisedWalks[root] != w {
+			return // forgotten meanwhile: the next reserve walks
+		}
+		w.at, w.sum = time.Now(), sum+w.since
+	}()
 }
 
 // promisedWalks are the walks by storage root; allocMu guards them.
@@ -251,7 +284,7 @@ func (p *Pool) reserve(f *os.File, commit func() error) (own int64, _ error) {
 	if err := commit(); err != nil {
 		return 0, err
 	}
-	walk.sum += own
+	walk.admitted(own)
 	return own, nil
 }
 
@@ -287,17 +320,20 @@ func (p *Pool) room() (int64, error) {
 }
 
 // rememberedPromises is space's promise function on the remembered walk
-// of a storage root, walked again once older than promisedTTL, plus own;
-// walk is set to the walk it used. allocMu must be held.
+// of a storage root, plus own; a walk older than promisedTTL is walked
+// again behind the caller. walk is set to the walk it used. allocMu must
+// be held.
 func rememberedPromises(own int64, walk **promisedWalk) func(root string) (int64, error) {
 	return func(root string) (int64, error) {
-		if *walk = promisedWalks[root]; *walk == nil || time.Since((*walk).at) > promisedTTL {
+		if *walk = promisedWalks[root]; *walk == nil {
 			sum, err := promised(root)
 			if err != nil {
 				return 0, err
 			}
 			*walk = &promisedWalk{at: time.Now(), sum: sum}
 			promisedWalks[root] = *walk
+		} else if time.Since((*walk).at) > promisedTTL {
+			(*walk).rewalk(root)
 		}
 		return (*walk).sum + own, nil
 	}

@@ -197,3 +197,40 @@ func fillFile(path string) error {
 		}
 	}
 }
+
+// TestStaleWalk: a walk of the promises older than promisedTTL still
+// serves (a hand-out does not wait for a walk of every disk) and a new
+// one replaces it behind the caller.
+func TestStaleWalk(t *testing.T) {
+	p := newTestPool(t, Config{})
+	acquire(t, p, "a", 0)
+	allocMu.Lock()
+	promisedWalks[p.cfg.Dir] = &promisedWalk{at: time.Now().Add(-time.Hour), sum: 1 << 62}
+	allocMu.Unlock()
+	if room, err := p.room(); err != nil || room > 0 {
+		t.Fatalf("room on the stale walk = %d, %v; want it negative", room, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		room, err := p.room()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if room > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("room still %d: the walk was not made again", room)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	allocMu.Lock()
+	var sum int64 = -1
+	if w := promisedWalks[p.cfg.Dir]; w != nil {
+		sum = w.sum
+	}
+	allocMu.Unlock()
+	if sum < testSize/2 || sum > testSize {
+		t.Errorf("the new walk sums %d promised bytes; want the thin disk of %d", sum, testSize)
+	}
+}
