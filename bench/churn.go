@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
+	paddockd "github.com/paddock-dev/paddock/internal/daemon"
 )
 
 // churnClients is how many loops run at once (issue 21's bar).
@@ -96,6 +98,10 @@ var churnTime = 60 * time.Second
 // `make bench` that much longer.
 func peerChurnTime() time.Duration { return min(churnTime, 20*time.Second) }
 
+// churnProfile, if set, is where the daemon's CPU profile over the
+// default-image churn loop goes (its mutex profile to churnProfile+".mutex").
+var churnProfile string
+
 // churnTemplate is the template of the churn loop that starts from one.
 const (
 	churnTemplate = "bench-churn"
@@ -141,7 +147,17 @@ func benchChurn(ctx context.Context, r *rig) *section {
 		s.Err = err
 		return s
 	}
-	c := churn(ctx, churnClients, churnTime, r.sandboxCycle(api.CreateRequest{}))
+	var profiled chan error
+	if churnProfile != "" {
+		profiled = make(chan error, 1)
+		go func() { profiled <- r.profileChurn(ctx) }()
+	}
+	c := r.meteredChurn(ctx, s, "paddock, default image", r.sandboxCycle(api.CreateRequest{}))
+	if profiled != nil {
+		if err := <-profiled; err != nil {
+			s.note("profiling the churn loop: %v", err)
+		}
+	}
 	row("paddock, default image", c)
 	churnBar(&b1, c)
 	if ctx.Err() != nil {
@@ -149,7 +165,7 @@ func benchChurn(ctx context.Context, r *rig) *section {
 		return s
 	}
 
-	c, err := r.templateChurn(ctx)
+	c, err := r.templateChurn(ctx, s)
 	if c != nil {
 		row(fmt.Sprintf("paddock, template with warm: %d", churnWarm), c)
 		churnBar(&b2, c)
@@ -192,7 +208,7 @@ func benchChurn(ctx context.Context, r *rig) *section {
 // templateChurn builds the churn template, waits for its pool, runs the
 // churn loop from it and removes the template, so that its pool does not
 // refill while the peers run.
-func (r *rig) templateChurn(ctx context.Context) (_ *churnResult, retErr error) {
+func (r *rig) templateChurn(ctx context.Context, s *section) (_ *churnResult, retErr error) {
 	spec := tplSpec(churnWarm)
 	spec.Name = churnTemplate
 	if _, err := r.client.BuildTemplate(ctx, spec, nil); err != nil {
@@ -208,6 +224,29 @@ func (r *rig) templateChurn(ctx context.Context) (_ *churnResult, retErr error) 
 	if err := r.waitPool(ctx, "template:"+churnTemplate, churnWarm); err != nil {
 		return nil, err
 	}
-	c := churn(ctx, churnClients, churnTime, r.sandboxCycle(api.CreateRequest{From: churnTemplate}))
+	c := r.meteredChurn(ctx, s, fmt.Sprintf("paddock, template with warm: %d", churnWarm), r.sandboxCycle(api.CreateRequest{From: churnTemplate}))
 	return c, ctx.Err()
+}
+
+// profileChurn takes the daemon's CPU profile over the churn loop (all
+// but its first and last half second), then its mutex profile.
+func (r *rig) profileChurn(ctx context.Context) error {
+	sock := filepath.Join(r.root, "run", paddockd.DebugSocket)
+	d := max(churnTime-time.Second, time.Second)
+	time.Sleep(500 * time.Millisecond)
+	if err := saveProfile(ctx, sock, "profile?seconds="+fmt.Sprint(int(d.Seconds())), churnProfile); err != nil {
+		return err
+	}
+	return saveProfile(ctx, sock, "mutex", churnProfile+".mutex")
+}
+
+// meteredChurn runs the churn loop of cycle and notes in s the CPU its
+// cycles cost the daemon's process tree: on a shared host that, not the
+// rate, is what compares across runs.
+func (r *rig) meteredChurn(ctx context.Context, s *section, name string, cycle func(context.Context) error) *churnResult {
+	pid := r.daemon.pid()
+	t0 := readTree(pid, r.cgroupParent)
+	c := churn(ctx, churnClients, churnTime, cycle)
+	s.note("%s: CPU per cycle %s", name, readTree(pid, r.cgroupParent).sub(t0).perCycle(len(c.Cycles)))
+	return c
 }

@@ -93,6 +93,90 @@ func processCPU(pid int) (time.Duration, error) {
 	return time.Duration(ut+st) * time.Second / userHZ, nil
 }
 
+// statCPU is utime+stime and cutime+cstime (its reaped children's) of
+// a process.
+func statCPU(pid int) (own, reaped time.Duration, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	end := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[end+1:]))
+	// After comm: utime, stime, cutime and cstime are fields 14-17 of stat.
+	if len(f) < 15 {
+		return 0, 0, fmt.Errorf("parsing /proc/%d/stat", pid)
+	}
+	var v [4]int64
+	for i := range v {
+		if v[i], err = strconv.ParseInt(f[11+i], 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("parsing /proc/%d/stat", pid)
+		}
+	}
+	return time.Duration(v[0]+v[1]) * time.Second / userHZ, time.Duration(v[2]+v[3]) * time.Second / userHZ, nil
+}
+
+// treeUse is the CPU a daemon's process tree has spent: the daemon's own
+// threads, and every process under it (the guest forkers, the guests
+// they forked, the sandboxes' processes) with the CPU of those they
+// reaped, which the kernel adds to the reaper's.
+type treeUse struct {
+	Daemon, Helpers, Cgroups time.Duration
+}
+
+// readTree reads treeUse of the daemon pid whose sandboxes' cgroups lie
+// under parent. Counting the live processes as well as the reaped ones
+// keeps what a pool's guests spent before the interval out of it, and
+// what they spent within it in.
+func readTree(pid int, parent string) treeUse {
+	var u treeUse
+	own, reaped, _ := statCPU(pid)
+	u.Daemon = own
+	u.Helpers = reaped
+	children := map[int][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if pp, err := strconv.Atoi(f[1]); err == nil {
+			children[pp] = append(children[pp], p)
+		}
+	}
+	todo := children[pid]
+	for len(todo) > 0 {
+		p := todo[len(todo)-1]
+		todo = append(todo[:len(todo)-1], children[p]...)
+		if own, reaped, err := statCPU(p); err == nil {
+			u.Helpers += own + reaped
+		}
+	}
+	u.Cgroups, _ = cgroupCPU(parent)
+	return u
+}
+
+func (u treeUse) sub(v treeUse) treeUse {
+	return treeUse{Daemon: u.Daemon - v.Daemon, Helpers: u.Helpers - v.Helpers, Cgroups: u.Cgroups - v.Cgroups}
+}
+
+// perCycle says what u cost per cycle of n.
+func (u treeUse) perCycle(n int) string {
+	if n == 0 {
+		return "no cycle"
+	}
+	per := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(n)/1e6) }
+	return fmt.Sprintf("%s in all: daemon %s, the processes under it (forkers, guests, sandboxes) %s (the sandboxes' cgroups %s)",
+		per(u.Daemon+u.Helpers), per(u.Daemon), per(u.Helpers), per(u.Cgroups))
+}
+
 // cgroupCPU is the CPU time charged to cgroup cg (cpuacct.usage on v1,
 // cpu.stat usage_usec on v2).
 func cgroupCPU(cg string) (time.Duration, error) {

@@ -91,6 +91,7 @@ func parseFlags(args []string) (options, error) {
 	only := fs.String("only", "", "comma-separated benchmarks to run: "+strings.Join(benchmarkNames(), ","))
 	fs.DurationVar(&churnTime, "churn-time", churnTime, "how long each churn loop runs")
 	fs.StringVar(&simProfile, "gateway-profile", "", "write a CPU profile (pprof) of the gateway during the simnodes section's closed loop to its 100 nodes to this file")
+	fs.StringVar(&churnProfile, "churn-profile", "", "serve the daemon's profiles and write its CPU and mutex profiles (pprof) over the default-image churn loop to this path (+.mutex)")
 	fs.DurationVar(&clusterSoak, "cluster-soak", clusterSoak, "how long the cluster section's create loops go on after the killed node is seen lost")
 	fs.IntVar(&densityCount, "density", densityCount, "sandboxes the density benchmark starts (issue 21's bar is for 1000)")
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "run the remaining benchmarks after one fails")

@@ -89,6 +89,9 @@ func newRig(ctx context.Context, opts options, log *slog.Logger) (_ *rig, retErr
 			extra = append(extra, r.egress.DaemonArgs()...)
 		}
 	}
+	if churnProfile != "" {
+		extra = append(extra, "--debug-socket")
+	}
 	if opts.selected("gvisor") {
 		extra = append(extra, gvisorArgs()...)
 	}

@@ -150,7 +150,7 @@ func (r *rig) simNodesRun(ctx context.Context, s *section, t, streams *table, op
 			before, conns := simCreates(nodes[:count]), simConns(nodes)
 			if simProfile != "" && count == simNodes {
 				go func() {
-					if err := saveProfile(ctx, g.debug, simPhase, simProfile); err != nil {
+					if err := saveProfile(ctx, g.debug, fmt.Sprintf("profile?seconds=%d", int(simPhase.Seconds())), simProfile); err != nil {
 						r.log.Warn("profiling the gateway", "err", err)
 					}
 				}()
@@ -356,12 +356,13 @@ func (r *rig) startSimGateway(ctx context.Context, dir, nodeTokenFile string, no
 	return g, err
 }
 
-// saveProfile takes a CPU profile of d from the gateway's debug socket.
-func saveProfile(ctx context.Context, socket string, d time.Duration, path string) error {
+// saveProfile fetches the profile named by query ("profile?seconds=N",
+// "mutex") from a debug socket (the gateway's or the daemon's).
+func saveProfile(ctx context.Context, socket, query, path string) error {
 	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
 	}}}
-	req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("http://gateway/debug/pprof/profile?seconds=%d", int(d.Seconds())), nil)
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://debug/debug/pprof/"+query, nil)
 	resp, err := c.Do(req)
 	if err != nil {
 		return err
