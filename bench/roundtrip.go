@@ -3,19 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
-	"debug/elf"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"syscall"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/exitprog"
 )
 
 const (
@@ -103,7 +101,7 @@ func execMethod(n, peers int) []string {
 // paddock adds to the command in the same minute. The rows above run as
 // blocks, a few seconds apart, and this VM's floor moves by half a
 // millisecond between minutes. It does the same for a program that costs
-// the kernel little (noopELF), when this machine can run it: what the
+// the kernel little (exitprog.ELF), when this machine can run it: what the
 // round trip is when the command is not most of it.
 func (r *rig) pairedShare(ctx context.Context, s *section, n int, id string) error {
 	d, f, _, err := r.pairs(ctx, n, id, "true", "/bin/true")
@@ -113,7 +111,7 @@ func (r *rig) pairedShare(ctx context.Context, s *section, n int, id string) err
 	s.note("paddock over the floor, paired (%d SDK round trips each followed by a floor sample; median of the differences): "+
 		"%s (p90 %s), at a floor of %s in those pairs (each floor sample there runs right after an exec, while the daemon "+
 		"may still be writing it to the exec log).", d.N, ms(d.Median), ms(d.P90), ms(f.Median))
-	prog := noopELF()
+	prog := exitprog.ELF()
 	if prog == nil {
 		return nil
 	}
@@ -154,32 +152,6 @@ func (r *rig) pairs(ctx context.Context, n int, id, cmd, host string) (diff, flo
 		}
 	}
 	return summarize(diffs), summarize(floors), summarize(trips), nil
-}
-
-// noopELF is a whole x86-64 Linux program that exits with status 0: an
-// ELF header, one loadable segment, and nine bytes of code (exit(0)). nil
-// on other machines.
-func noopELF() []byte {
-	if runtime.GOARCH != "amd64" {
-		return nil
-	}
-	const base = 0x400000
-	code := []byte{0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05} // mov $60,%eax; xor %edi,%edi; syscall
-	hdr := binary.Size(elf.Header64{})
-	ph := binary.Size(elf.Prog64{})
-	size := uint64(hdr + ph + len(code))
-	var b bytes.Buffer
-	h := elf.Header64{
-		Type: uint16(elf.ET_EXEC), Machine: uint16(elf.EM_X86_64), Version: uint32(elf.EV_CURRENT),
-		Entry: base + uint64(hdr+ph), Phoff: uint64(hdr), Ehsize: uint16(hdr), Phentsize: uint16(ph), Phnum: 1,
-	}
-	copy(h.Ident[:], elf.ELFMAG)
-	h.Ident[elf.EI_CLASS], h.Ident[elf.EI_DATA], h.Ident[elf.EI_VERSION] = byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)
-	binary.Write(&b, binary.LittleEndian, h)
-	binary.Write(&b, binary.LittleEndian, elf.Prog64{Type: uint32(elf.PT_LOAD), Flags: uint32(elf.PF_R | elf.PF_X),
-		Vaddr: base, Paddr: base, Filesz: size, Memsz: size, Align: 0x1000})
-	b.Write(code)
-	return b.Bytes()
 }
 
 // forkExecTrue times a bare fork, exec and wait of /bin/true.

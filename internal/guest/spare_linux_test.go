@@ -2,7 +2,9 @@ package guest
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -196,5 +198,22 @@ func TestWarmUpLeavesNoFDs(t *testing.T) {
 	}
 	if n := fds(); n > before {
 		t.Errorf("%d open descriptors after the warm-up, %d before", n, before)
+	}
+}
+
+// TestWarmUpProgramRuns: the warm-up's command, run by its
+// /proc/self/fd path as the spawner runs it, exits 0, and its memfd can
+// no longer be written.
+func TestWarmUpProgramRuns(t *testing.T) {
+	f := exitProgram()
+	if f == nil {
+		t.Skip("no exit program for this architecture")
+	}
+	defer f.Close()
+	if out, err := exec.Command(fmt.Sprintf("/proc/self/fd/%d", f.Fd())).CombinedOutput(); err != nil {
+		t.Fatalf("running the warm-up program: %v (%q)", err, out)
+	}
+	if _, err := f.WriteAt([]byte{0}, 0); err == nil {
+		t.Error("the warm-up program's memfd is writable")
 	}
 }
