@@ -16,10 +16,11 @@ import (
 	"time"
 )
 
-// CA is a sandbox's own certificate authority: the sandbox trusts its
-// certificate (installed in its trust store), the daemon keeps its key,
-// and the proxy signs leaf certificates with it for the hosts it
-// intercepts. Leaves are cached.
+// CA is a sandbox's certificate authority (the gateway shares one among
+// a generation of sandboxes): the sandbox trusts its certificate
+// (installed in its trust store), the daemon keeps its key, and the proxy
+// signs leaf certificates with it for the hosts it intercepts. Leaves
+// are cached.
 //
 // Every sandbox has one and most never have a connection intercepted:
 // the parsed certificate and the leaves' key are made at the first leaf,
@@ -40,7 +41,7 @@ const (
 	leafCacheMax = 1024
 )
 
-// NewCA makes a CA for sandbox id.
+// NewCA makes a CA named for id (a sandbox, or the gateway's generation).
 func NewCA(id string) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

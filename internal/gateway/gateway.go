@@ -8,6 +8,7 @@
 // Layout under Config.Dir:
 //
 //	secrets/                the encrypted secret store (package egress)
+//	ca/<generation>/        the current CA generation: ca.pem, ca.key (0600), ca-bundle.crt
 //	sandboxes/<id>/ca.pem   the sandbox's CA certificate (and ca.key, 0600), bound read-only
 //	sandboxes/<id>/files/   hosts, ca-bundle.crt (bound read-only)
 //	resolv/<host addr>.conf the resolv.conf of the sandboxes on that address (bound read-only)
@@ -104,6 +105,12 @@ type Gateway struct {
 	cas     map[string]*egress.CA
 	denials map[string][]egress.Event // recent denials per sandbox, newest last
 
+	// genMu orders the hand-out of the current CA generation against its
+	// replacement, which removes the old generation's directory: links
+	// to its files are made under it.
+	genMu sync.Mutex
+	gen   *caGen
+
 	// selfMu orders the self writer against Attach and Forget: the
 	// writer writes only into a tree in selfTrees, which Attach (or
 	// Restore) made and Forget takes out before it removes the files, so
@@ -139,7 +146,10 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	if len(cfg.Upstream) == 0 {
 		cfg.Upstream = hostResolvers("/etc/resolv.conf")
 	}
-	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "resolv"), filepath.Join(cfg.Dir, "self")} {
+	// A CA generation is never taken up again after a restart: the
+	// sandboxes that use one hold links to its files.
+	os.RemoveAll(filepath.Join(cfg.Dir, "ca"))
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "resolv"), filepath.Join(cfg.Dir, "self"), filepath.Join(cfg.Dir, "ca")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -369,7 +379,7 @@ func (g *Gateway) ca(id string) (*egress.CA, error) {
 // Attach implements runtime.Network: it wires the namespace and writes
 // the files the sandbox gets. A sandbox that had a CA keeps it.
 func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
-	ca, err := g.prepare(id)
+	ca, bundled, err := g.prepare(id)
 	if err != nil {
 		return runtime.NetSetup{}, err
 	}
@@ -377,7 +387,7 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 	if err != nil {
 		return runtime.NetSetup{}, err
 	}
-	files, err := g.writeFiles(id, ca, link.HostAddr)
+	files, err := g.writeFiles(id, ca, link.HostAddr, bundled)
 	if err != nil {
 		g.net.Detach(id)
 		return runtime.NetSetup{}, err
@@ -392,59 +402,167 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 	return runtime.NetSetup{State: state, Files: files, Env: env}, nil
 }
 
-// prepare makes sandbox id's directory and self tree and returns its CA,
-// made the first time.
-func (g *Gateway) prepare(id string) (*egress.CA, error) {
+// prepare makes sandbox id's directory and self tree and returns its CA:
+// the one it had, or the current generation's, whose files (its bundle
+// among them) it links into the sandbox's directory; bundled says so.
+func (g *Gateway) prepare(id string) (_ *egress.CA, bundled bool, _ error) {
 	dir := g.dir(id)
 	for _, d := range []string{dir, filepath.Join(dir, "files"), filepath.Join(dir, "self")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	tree, err := g.linkSelfDefaults(filepath.Join(dir, "self"))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	g.selfMu.Lock()
 	g.selfTrees[id] = tree
 	g.selfMu.Unlock()
-	ca, err := g.ca(id)
-	if err == nil {
-		return ca, nil
+	if ca, err := g.ca(id); err == nil {
+		return ca, false, nil
 	}
-	if ca, err = egress.NewCA(id); err != nil {
-		return nil, err
-	}
-	if err := writeNew(filepath.Join(dir, "ca.key"), ca.KeyPEM(), 0o600); err != nil {
-		return nil, err
-	}
-	if err := writeNew(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
-		return nil, err
+	ca, err := g.takeGeneration(dir)
+	if err != nil {
+		return nil, false, err
 	}
 	g.mu.Lock()
 	g.cas[id] = ca
 	g.mu.Unlock()
-	return ca, nil
+	return ca, true, nil
+}
+
+// A CA generation is one CA, and the bundle that adds it to the host's,
+// shared by the sandboxes made while it is current (caGenSandboxes of
+// them, or for caGenAge). Each sandbox's directory holds hard links to
+// its files, so that everything that reads a sandbox's CA (its binds, a
+// restarted daemon's reload) finds it there, as when each had a CA of its
+// own, and removing the sandbox removes only its links. A bundle copy
+// per sandbox (the host's 220 KB bundle plus its CA, written and later
+// removed, and a new key) was the largest part of the daemon's files
+// work on the create path.
+//
+// What sharing keeps: the CA's key never leaves the daemon, and the proxy
+// presents a leaf it signs only on a connection of the sandbox it
+// intercepts, so a sandbox holds nothing that another one trusts: it can
+// no more impersonate a host to a sandbox of its generation than to any
+// other. No host trusts a generation's CA.
+const (
+	caGenSandboxes = 64
+	caGenAge       = time.Hour
+)
+
+// caGen is a CA generation: its directory under Dir/ca and its CA.
+type caGen struct {
+	dir  string
+	ca   *egress.CA
+	uses int
+	made time.Time
+}
+
+// genFiles are a generation's files, each linked to the same name in a
+// sandbox's directory.
+var genFiles = []string{"ca.key", "ca.pem", filepath.Join("files", "ca-bundle.crt")}
+
+// takeGeneration links the current CA generation's files into a
+// sandbox's directory, making a new generation first when the current one
+// has served its share, and returns its CA.
+func (g *Gateway) takeGeneration(dir string) (*egress.CA, error) {
+	g.genMu.Lock()
+	defer g.genMu.Unlock()
+	if g.gen == nil || g.gen.uses >= caGenSandboxes || time.Since(g.gen.made) >= caGenAge {
+		gen, err := g.newGeneration()
+		if err != nil {
+			return nil, err
+		}
+		if old := g.gen; old != nil {
+			// Its sandboxes keep their links, and with them its files.
+			os.RemoveAll(old.dir)
+		}
+		g.gen = gen
+	}
+	for _, name := range genFiles {
+		if err := linkFile(filepath.Join(g.gen.dir, filepath.Base(name)), filepath.Join(dir, name)); err != nil {
+			return nil, fmt.Errorf("linking the sandbox's CA: %w", err)
+		}
+	}
+	g.gen.uses++
+	return g.gen.ca, nil
+}
+
+// newGeneration makes a CA and writes its generation's directory whole
+// (a temporary name, renamed once written). g.genMu is held.
+func (g *Gateway) newGeneration() (_ *caGen, retErr error) {
+	name := fmt.Sprintf("%x", time.Now().UnixNano())
+	ca, err := egress.NewCA("generation " + name)
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Join(g.cfg.Dir, "ca")
+	tmp, err := os.MkdirTemp(root, ".new-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, err
+	}
+	for _, f := range []struct {
+		name string
+		b    []byte
+		perm os.FileMode
+	}{{"ca.key", ca.KeyPEM(), 0o600}, {"ca.pem", ca.CertPEM(), 0o644}, {"ca-bundle.crt", g.bundleWith(ca), 0o644}} {
+		if err := writeNew(filepath.Join(tmp, f.name), f.b, f.perm); err != nil {
+			return nil, err
+		}
+	}
+	dir := filepath.Join(root, name)
+	if err := os.Rename(tmp, dir); err != nil {
+		return nil, err
+	}
+	return &caGen{dir: dir, ca: ca, made: time.Now()}, nil
+}
+
+// bundleWith is the host's CA bundle with ca added.
+func (g *Gateway) bundleWith(ca *egress.CA) []byte {
+	return append(append(append([]byte(nil), g.bundle...), '\n'), ca.CertPEM()...)
+}
+
+// linkFile links src at dst, replacing what a crash left there.
+func linkFile(src, dst string) error {
+	err := os.Link(src, dst)
+	if errors.Is(err, fs.ErrExist) {
+		if err = os.Remove(dst); err == nil {
+			err = os.Link(src, dst)
+		}
+	}
+	return err
 }
 
 // writeFiles writes the files sandbox id gets whose host side is host,
 // and returns their binds.
-func (g *Gateway) writeFiles(id string, ca *egress.CA, host netip.Addr) ([]runtime.FileBind, error) {
+// and returns their binds. bundled says its CA bundle is linked from its
+// CA generation already; otherwise (a CA the sandbox had) it writes one.
+func (g *Gateway) writeFiles(id string, ca *egress.CA, host netip.Addr, bundled bool) ([]runtime.FileBind, error) {
 	dir := g.dir(id)
 	// Files are made on the create's path (a warm guest's build), and
 	// making one costs more than writing it: a sandbox gets only those
 	// that are its own. Its CA certificate is bound from ca.pem, and its
 	// resolv.conf, which names only its address's host side, is one per
 	// address, written once.
-	files := map[string][]byte{
-		"hosts":         []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + host.String() + "\t" + SelfHost + "\n"),
-		"ca-bundle.crt": append(append(append([]byte(nil), g.bundle...), '\n'), ca.CertPEM()...),
+	hosts := []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + host.String() + "\t" + SelfHost + "\n")
+	if err := writeNew(filepath.Join(dir, "files", "hosts"), hosts, 0o644); err != nil {
+		return nil, err
 	}
-	for name, b := range files {
-		if err := writeNew(filepath.Join(dir, "files", name), b, 0o644); err != nil {
+	if !bundled {
+		if err := writeNew(filepath.Join(dir, "files", "ca-bundle.crt"), g.bundleWith(ca), 0o644); err != nil {
 			return nil, err
 		}
 	}
