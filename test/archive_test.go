@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -219,6 +220,152 @@ func TestArchive(t *testing.T) {
 		t.Fatalf("archive of a running sandbox: %d %s", code, body)
 	}
 	if err := s3.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestArchiveMoves: an archived sandbox whose node is gone, resumed on
+// two nodes at once, is restored by exactly one (the other answers 409
+// naming it), with its timeout carried over; its node, back, drops the
+// stale stub and the gateway follows its answer to the node that holds
+// the sandbox now. A sandbox with snapshots is not archived (they would
+// not follow it); one whose timeout came while no node held it is
+// removed when resumed.
+func TestArchiveMoves(t *testing.T) {
+	s3 := s3test.Start(t)
+	c := archiveCluster(t, 3, s3.Endpoint)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	on1 := api.CreateRequest{NodeSelector: map[string]string{"n": "1"}, TimeoutSeconds: 3600}
+
+	sb, err := c.client.Create(ctx, on1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	sums := c.sh(id, archiveFiles)
+	// With a snapshot on its node: refused, naming it.
+	snap, err := c.client.Snapshot(ctx, id, api.SnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body := c.raw(http.MethodPost, "/v1/sandboxes/"+id+"/pause?archive=true", nil)
+	if code != http.StatusConflict || !strings.Contains(body, snap.ID) {
+		t.Fatalf("archive of a sandbox with a snapshot: %d %s", code, body)
+	}
+	t.Logf("with a snapshot: %d %s", code, body)
+	if err := c.client.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	if code, body = c.raw(http.MethodPost, "/v1/sandboxes/"+id+"/archive", nil); code != http.StatusOK {
+		t.Fatalf("archive: %d %s", code, body)
+	}
+	archived := c.inspect(id)
+	if archived.ExpiresAt == nil {
+		t.Fatalf("the archived sandbox has no timeout: %+v", archived)
+	}
+
+	// One that times out while no node holds it.
+	short, err := c.client.Create(ctx, api.CreateRequest{NodeSelector: map[string]string{"n": "1"}, TimeoutSeconds: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body = c.raw(http.MethodPost, "/v1/sandboxes/"+short.ID+"/pause?archive=true", nil); code != http.StatusOK {
+		t.Fatalf("archive: %d %s", code, body)
+	}
+
+	// node1 goes (its state kept); node2 and node3 resume the sandbox at
+	// once, as two gateways would.
+	c.nodes[0].Stop()
+	rec1 := c.records[0]
+	c.records = c.records[1:]
+	c.writeNodes()
+	type answer struct {
+		node string
+		sb   *api.Sandbox
+		err  error
+	}
+	answers := make(chan answer, 2)
+	for _, d := range c.nodes[1:] {
+		go func() {
+			rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer rcancel()
+			got, err := d.Client().Resume(rctx, id)
+			answers <- answer{d.NetName, got, err}
+		}()
+	}
+	var won *api.Sandbox
+	for range 2 {
+		a := <-answers
+		switch {
+		case a.err == nil && won == nil:
+			won = a.sb
+		case a.err != nil && errors.Is(a.err, client.ErrConflict) && strings.Contains(a.err.Error(), "resum"):
+			t.Logf("the other resume: %v", a.err)
+		default:
+			t.Fatalf("resume on %s: %+v %v (winner %v)", a.node, a.sb, a.err, won)
+		}
+	}
+	if won == nil {
+		t.Fatal("no node restored the sandbox")
+	}
+	winner := won.Node
+	if won.ExpiresAt == nil || !won.ExpiresAt.Equal(*archived.ExpiresAt) {
+		t.Fatalf("timeout after the move: %v, was %v", won.ExpiresAt, archived.ExpiresAt)
+	}
+	t.Logf("restored on %s", winner)
+
+	// Past its timeout, the other one is removed on resume.
+	time.Sleep(time.Until(short.CreatedAt.Add(13 * time.Second)))
+	code, body = c.raw(http.MethodPost, "/v1/sandboxes/"+short.ID+"/resume", nil)
+	if code != http.StatusNotFound || !strings.Contains(body, "timed out") {
+		t.Fatalf("resume of a sandbox whose timeout came while archived: %d %s", code, body)
+	}
+
+	// node1 comes back: its stub is stale. It drops it, and the gateway,
+	// which routes by the id's tag to node1, follows it to the winner.
+	c.nodes[0].Start()
+	c.records = append([]api.Node{rec1}, c.records...)
+	c.writeNodes()
+	var gerr error
+	if !waitFor(30*time.Second, 100*time.Millisecond, func() bool {
+		nctx, ncancel := context.WithTimeout(ctx, 5*time.Second)
+		defer ncancel()
+		_, gerr = c.nodes[0].Client().Get(nctx, id)
+		return errors.Is(gerr, client.ErrNotFound)
+	}) {
+		t.Fatalf("node1 kept its stale stub: %v\n%s", gerr, c.nodes[0].Log())
+	}
+	t.Logf("node1: %v", gerr)
+	if !strings.Contains(gerr.Error(), winner) {
+		t.Fatalf("node1's answer does not name %s: %v", winner, gerr)
+	}
+	got := c.inspect(id)
+	if got.Node != winner || got.State != api.StateRunning || got.Archived {
+		t.Fatalf("through the gateway after node1 came back: %+v", got)
+	}
+	if again := c.sh(id, "cd /root/work && sha256sum blob note"); again != sums {
+		t.Fatalf("files changed: %q, were %q", again, sums)
+	}
+	list, err := c.nodes[0].Client().List(ctx, client.ListOptions{})
+	if err != nil || len(list) != 0 {
+		t.Fatalf("node1 lists %+v, %v", list, err)
+	}
+	// The loser of the race kept nothing of it.
+	held := 0
+	for _, d := range c.nodes[1:] {
+		list, err := d.Client().List(ctx, client.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held += len(list)
+	}
+	if held != 1 {
+		t.Fatalf("nodes 2 and 3 hold %d sandboxes, want 1 (the winner's)", held)
+	}
+	// Removed through the gateway, from its node; node1 forgets it at
+	// its next start.
+	if err := c.client.Delete(ctx, id, true); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -14,6 +14,12 @@
 //	                            entry (only the image's data travels)
 //	sandboxes/<id>/record.json  Record: written last, once the disk is in
 //	                            and verified; its presence is the archive
+//
+// A restore claims the record first (Claim): a write conditional on the
+// record's ETag (If-Match), which the store applies atomically, so of any
+// number of nodes that resume one archived sandbox at once exactly one
+// wins and the others are told which did. No lock of our own: the object
+// store's compare-and-swap is the arbiter.
 package archive
 
 import (
@@ -76,7 +82,20 @@ type Record struct {
 	// Disk is the archived disk; nil once a node restored it.
 	Disk       *Disk     `json:"disk,omitempty"`
 	ArchivedAt time.Time `json:"archived_at"`
+	// Claim, when set, is the node restoring the sandbox (Claim).
+	Claim *Claim `json:"claim,omitempty"`
 }
+
+// Claim says a node is restoring an archived sandbox.
+type Claim struct {
+	Node string    `json:"node"`
+	At   time.Time `json:"at"`
+}
+
+// ClaimTTL is how long a claim holds against other nodes: a node that
+// died restoring does not keep its sandbox from every other node for
+// good. A restore of 1 GiB takes seconds.
+const ClaimTTL = 10 * time.Minute
 
 // Disk describes an archived disk.
 type Disk struct {
@@ -157,29 +176,39 @@ func (s *Store) key(id, name string) string { return s.cfg.Prefix + "sandboxes/"
 
 // Get returns sandbox id's record: ErrNotFound if it was never archived.
 func (s *Store) Get(ctx context.Context, id string) (Record, error) {
+	rec, _, err := s.get(ctx, id)
+	return rec, err
+}
+
+// get is Get with the record's ETag, for a conditional write after it.
+func (s *Store) get(ctx context.Context, id string) (Record, string, error) {
 	var rec Record
 	if err := reqcheck.SandboxID("id", id); err != nil {
-		return rec, err
+		return rec, "", err
 	}
 	obj, err := s.c.GetObject(ctx, s.cfg.Bucket, s.key(id, "record.json"), minio.GetObjectOptions{})
 	if err != nil {
-		return rec, s.unavailable("reading the record of "+id, err)
+		return rec, "", s.unavailable("reading the record of "+id, err)
 	}
 	defer obj.Close()
-	b, err := io.ReadAll(io.LimitReader(obj, maxRecord+1))
+	st, err := obj.Stat()
 	if err != nil {
 		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-			return rec, errdefs.New(errdefs.ErrNotFound, "sandbox %s is not in the archive", id)
+			return rec, "", errdefs.New(errdefs.ErrNotFound, "sandbox %s is not in the archive", id)
 		}
-		return rec, s.unavailable("reading the record of "+id, err)
+		return rec, "", s.unavailable("reading the record of "+id, err)
+	}
+	b, err := io.ReadAll(io.LimitReader(obj, maxRecord+1))
+	if err != nil {
+		return rec, "", s.unavailable("reading the record of "+id, err)
 	}
 	if len(b) > maxRecord {
-		return rec, errdefs.New(errdefs.ErrInvalid, "the archived record of %s is over %d bytes", id, maxRecord)
+		return rec, "", errdefs.New(errdefs.ErrInvalid, "the archived record of %s is over %d bytes", id, maxRecord)
 	}
 	if err := json.Unmarshal(b, &rec); err != nil || rec.ID != id {
-		return rec, errdefs.New(errdefs.ErrInvalid, "the archived record of %s is corrupt", id)
+		return rec, "", errdefs.New(errdefs.ErrInvalid, "the archived record of %s is corrupt", id)
 	}
-	return rec, nil
+	return rec, st.ETag, nil
 }
 
 // maxRecord bounds a record read back (a sandbox's record is a few KiB).
@@ -188,16 +217,119 @@ const maxRecord = 4 << 20
 // Put writes sandbox id's record (the archive's commit point: write the
 // disk first).
 func (s *Store) Put(ctx context.Context, rec Record) error {
+	_, err := s.put(ctx, rec, "")
+	return err
+}
+
+// errChanged: a conditional write found the record changed since it was
+// read.
+var errChanged = errors.New("the record changed")
+
+// put writes rec; with etag set, only if the stored record still has it
+// (errChanged if not). It returns the new record's ETag.
+func (s *Store) put(ctx context.Context, rec Record, etag string) (string, error) {
+	if err := s.ensureBucket(ctx); err != nil {
+		return "", err
+	}
 	b, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return "", err
 	}
-	_, err = s.c.PutObject(ctx, s.cfg.Bucket, s.key(rec.ID, "record.json"), strings.NewReader(string(b)), int64(len(b)),
-		minio.PutObjectOptions{ContentType: "application/json", DisableMultipart: true})
+	opts := minio.PutObjectOptions{ContentType: "application/json", DisableMultipart: true}
+	if etag != "" {
+		opts.SetMatchETag(etag)
+	}
+	info, err := s.c.PutObject(ctx, s.cfg.Bucket, s.key(rec.ID, "record.json"), strings.NewReader(string(b)), int64(len(b)), opts)
 	if err != nil {
-		return s.unavailable("writing the record of "+rec.ID, err)
+		// 412 when the ETag differs; 409 (ConditionalRequestConflict)
+		// when another conditional write to it is under way; 404 when it
+		// went.
+		switch minio.ToErrorResponse(err).Code {
+		case minio.PreconditionFailed, "ConditionalRequestConflict", "NoSuchKey":
+			if etag != "" {
+				return "", errChanged
+			}
+		}
+		return "", s.unavailable("writing the record of "+rec.ID, err)
+	}
+	return info.ETag, nil
+}
+
+// Claimed is an archived sandbox a node claimed to restore it.
+type Claimed struct {
+	Record
+	etag string
+}
+
+// Claim takes archived sandbox id for node to restore it. Of the nodes
+// that claim one sandbox at once exactly one wins (a write conditional on
+// the record's ETag); the others get ErrConflict naming it. A claim of
+// another node's younger than ClaimTTL holds; node's own (a retry) is
+// renewed. A sandbox already restored on another node is an
+// errdefs.MovedError.
+func (s *Store) Claim(ctx context.Context, id, node string) (*Claimed, error) {
+	rec, etag, err := s.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := claimable(rec, node, time.Now()); err != nil {
+		return nil, err
+	}
+	rec.Claim = &Claim{Node: node, At: time.Now().UTC()}
+	etag, err = s.put(ctx, rec, etag)
+	if errors.Is(err, errChanged) {
+		// Another node claimed it (or restored it) meanwhile: name it.
+		if now, _, gerr := s.get(ctx, id); gerr == nil {
+			if err := claimable(now, node, time.Now()); err != nil {
+				return nil, err
+			}
+		}
+		return nil, errdefs.Conflict("sandbox %s is being resumed by another node", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Claimed{Record: rec, etag: etag}, nil
+}
+
+// claimable says why node may not claim rec now, or nil.
+func claimable(rec Record, node string, now time.Time) error {
+	switch {
+	case rec.Disk == nil && rec.Node != node:
+		return &errdefs.MovedError{ID: rec.ID, Node: rec.Node}
+	case rec.Disk == nil:
+		return errdefs.Conflict("sandbox %s was restored on this node already", rec.ID)
+	case rec.Claim != nil && rec.Claim.Node != node && now.Sub(rec.Claim.At) < ClaimTTL:
+		return errdefs.Conflict("sandbox %s is being resumed on node %s (since %s)", rec.ID, rec.Claim.Node, rec.Claim.At.Format(time.RFC3339))
 	}
 	return nil
+}
+
+// Release gives up a claim (the restore failed): the record is as it was,
+// for any node to claim again.
+func (s *Store) Release(ctx context.Context, c *Claimed) error {
+	rec := c.Record
+	rec.Claim = nil
+	_, err := s.put(ctx, rec, c.etag)
+	if errors.Is(err, errChanged) {
+		return nil // another node took it over since: its claim stands
+	}
+	return err
+}
+
+// Restored ends a claim: the sandbox runs on c's node, the record names it
+// and no disk, and the disk object is deleted. It fails with ErrConflict
+// if another node took the claim over meanwhile (its claim had expired).
+func (s *Store) Restored(ctx context.Context, c *Claimed) error {
+	rec := c.Record
+	rec.Node, rec.Disk, rec.Sandbox, rec.Claim = c.Claim.Node, nil, nil, nil
+	if _, err := s.put(ctx, rec, c.etag); err != nil {
+		if errors.Is(err, errChanged) {
+			return errdefs.Conflict("sandbox %s was claimed by another node while it was restored here", c.ID)
+		}
+		return err
+	}
+	return s.DeleteDisk(ctx, c.ID)
 }
 
 // Delete removes everything archived of sandbox id.

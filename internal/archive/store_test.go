@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,5 +131,85 @@ func TestStoreRoundTripAndDamage(t *testing.T) {
 		t.Fatalf("store down: %v", err)
 	} else {
 		t.Log(err)
+	}
+}
+
+// TestClaim: of many nodes claiming one archived sandbox at once, exactly
+// one wins (a conditional write the store arbitrates) and the others are
+// told which; a released claim can be taken again; a restored sandbox
+// answers a MovedError naming its node; a claim older than ClaimTTL is
+// taken over.
+func TestClaim(t *testing.T) {
+	srv := s3test.Start(t)
+	st := openStore(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const id = "abc123claim0"
+	d := archive.Disk{Bytes: 1, SHA256: "00", Size: 1, Data: 1}
+	if err := st.Put(ctx, archive.Record{ID: id, Sandbox: []byte(`{}`), Node: "n0", Disk: &d}); err != nil {
+		t.Fatal(err)
+	}
+
+	const racers = 8
+	var wg sync.WaitGroup
+	won := make(chan *archive.Claimed, racers)
+	errs := make(chan error, racers)
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := st.Claim(ctx, id, fmt.Sprintf("n%d", i+1))
+			if err != nil {
+				errs <- err
+				return
+			}
+			won <- c
+		}()
+	}
+	wg.Wait()
+	close(won)
+	close(errs)
+	if len(won) != 1 {
+		t.Fatalf("%d of %d claims won", len(won), racers)
+	}
+	c := <-won
+	for err := range errs {
+		if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "being resumed") {
+			t.Fatalf("a losing claim: %v", err)
+		}
+	}
+	t.Logf("winner %s", c.Claim.Node)
+	// The winner's own retry renews its claim; another node is refused.
+	if _, err := st.Claim(ctx, id, "other"); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), c.Claim.Node) {
+		t.Fatalf("a claim against a live one: %v", err)
+	}
+	if err := st.Release(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := st.Claim(ctx, id, "n9")
+	if err != nil {
+		t.Fatalf("a claim after a release: %v", err)
+	}
+	// A claim whose holder's write went stale cannot end the restore.
+	if err := st.Restored(ctx, c); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("Restored with a released claim: %v", err)
+	}
+	if err := st.Restored(ctx, c2); err != nil {
+		t.Fatal(err)
+	}
+	var mv *errdefs.MovedError
+	if _, err := st.Claim(ctx, id, "n1"); !errors.As(err, &mv) || mv.Node != "n9" || !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("a claim of a restored sandbox: %v", err)
+	}
+
+	// A claim left by a node that died restoring: taken over after
+	// ClaimTTL.
+	old := archive.Record{ID: id, Sandbox: []byte(`{}`), Node: "n9", Disk: &d,
+		Claim: &archive.Claim{Node: "dead", At: time.Now().Add(-archive.ClaimTTL - time.Second)}}
+	if err := st.Put(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Claim(ctx, id, "n2"); err != nil {
+		t.Fatalf("taking over an expired claim: %v", err)
 	}
 }

@@ -131,3 +131,20 @@ func HTTPStatus(err error) int {
 	}
 	return 500 // Internal Server Error
 }
+
+// MovedError is the error of a call for a sandbox that another node of
+// the cluster took in from the archive: ErrNotFound here, with the node
+// that holds it now, which the daemon's answer names in MovedHeader for
+// a gateway to follow.
+type MovedError struct {
+	ID, Node string
+}
+
+// MovedHeader carries MovedError.Node on the answer.
+const MovedHeader = "Paddock-Moved-To"
+
+func (e *MovedError) Error() string {
+	return fmt.Sprintf("sandbox %s was resumed on node %s and is served there", e.ID, e.Node)
+}
+
+func (e *MovedError) Is(target error) bool { return target == ErrNotFound }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -175,4 +176,59 @@ func (rt *Router) restoreArchived(w http.ResponseWriter, r *http.Request, id str
 		}
 		return resp, err
 	})
+}
+
+// A node that held a stub of an archived sandbox another node took in
+// answers calls for it with a MovedError (404 and errdefs.MovedHeader):
+// the gateway follows it once, and caches where the sandbox went.
+
+// movedError is a node's answer naming where a sandbox went.
+type movedError struct{ node string }
+
+func (e *movedError) Error() string { return "moved to node " + e.node }
+
+// movedAnswer turns a node's MovedError answer into a movedError, for the
+// proxy's error handler to follow.
+func movedAnswer(resp *http.Response) error {
+	if resp.StatusCode != http.StatusNotFound {
+		return nil
+	}
+	if to := resp.Header.Get(errdefs.MovedHeader); to != "" {
+		return &movedError{node: to}
+	}
+	return nil
+}
+
+// followedKey marks a request the gateway followed to another node.
+type followedKey struct{}
+
+// followMoved serves a call that the node of the id's tag answered with
+// "moved to node": there, if that node is live and the call has no body
+// the first try consumed; else from the archive, or with an error saying
+// to try again.
+func (rt *Router) followMoved(w http.ResponseWriter, r *http.Request, to string) {
+	id, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"), "/")
+	if !strings.HasPrefix(r.URL.Path, "/v1/sandboxes/") || r.Context().Value(followedKey{}) != nil {
+		server.WriteError(w, r, rt.log, &errdefs.MovedError{ID: id, Node: to})
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), followedKey{}, true))
+	n := rt.byName(to)
+	replayable := r.Body == nil || r.Body == http.NoBody
+	switch {
+	case n != nil && replayable:
+		rt.movedTo.set(id, n.Name)
+		n.serve(w, r)
+	case n != nil:
+		rt.movedTo.set(id, n.Name)
+		server.WriteError(w, r, rt.log, errdefs.New(errdefs.ErrUnavailable,
+			"sandbox %s moved to node %s (restored there from the archive): try the call again", id, to))
+	case rt.cfg.Archive != nil && replayable:
+		gone := errdefs.New(errdefs.ErrUnavailable, "sandbox %s moved to node %s, which is not in the cluster", id, to)
+		if !rt.routeArchived(w, r, id, gone) {
+			server.WriteError(w, r, rt.log, gone)
+		}
+	default:
+		server.WriteError(w, r, rt.log, errdefs.New(errdefs.ErrUnavailable, "sandbox %s moved to node %s, which is not in the cluster", id, to))
+	}
 }

@@ -41,6 +41,8 @@ type conns struct {
 	proxy *httputil.ReverseProxy
 	lanes *lanePool
 	log   *slog.Logger
+	// moved serves a call the node answered with a MovedError.
+	moved func(w http.ResponseWriter, r *http.Request, node string)
 
 	// The node's E2B facade, if it serves one.
 	e2bBase  *url.URL
@@ -58,7 +60,8 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 		return nil, err
 	}
 	base.Path = ""
-	c := &conns{name: an.Name, base: base, token: rt.cfg.NodeToken, trust: rt.cfg.TLS, log: rt.log.With("node", an.Name), lanes: &lanePool{}}
+	c := &conns{name: an.Name, base: base, token: rt.cfg.NodeToken, trust: rt.cfg.TLS, log: rt.log.With("node", an.Name), lanes: &lanePool{},
+		moved: rt.followMoved}
 	c.tr = &http.Transport{
 		DialContext:         dialPlain,
 		DialTLSContext:      c.dialTLS,
@@ -71,9 +74,14 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 			pr.SetURL(c.base)
 			pr.Out.Header.Set("Authorization", "Bearer "+c.token)
 		},
-		Transport:  c.tr,
-		BufferPool: bufferPool{},
+		Transport:      c.tr,
+		BufferPool:     bufferPool{},
+		ModifyResponse: movedAnswer,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if mv := (*movedError)(nil); errors.As(err, &mv) {
+				rt.followMoved(w, r, mv.node)
+				return
+			}
 			if r.Context().Err() != nil {
 				return // the client went away
 			}
@@ -166,6 +174,11 @@ func (c *conns) upgrade(w http.ResponseWriter, r *http.Request) {
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		defer up.Close()
+		if err := movedAnswer(resp); err != nil {
+			resp.Body.Close()
+			c.moved(w, r, err.(*movedError).node)
+			return
+		}
 		copyResponse(w, resp)
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -52,6 +53,14 @@ func (m *Manager) archiveLocked(ctx context.Context, b *box) error {
 		return errdefs.Conflict("sandbox %s mounts volumes, which stay on their node: it cannot be archived", id)
 	case m.cfg.Snapshots == nil:
 		return errNoSnapshots
+	}
+	if snaps := m.cfg.Snapshots.List(id); len(snaps) > 0 {
+		names := make([]string, len(snaps))
+		for i, s := range snaps {
+			names[i] = s.ID
+		}
+		return errdefs.Conflict("sandbox %s has snapshots on this node (%s), which are not archived with it and would not follow it: remove them first",
+			id, strings.Join(names, ", "))
 	}
 	start := time.Now()
 	p, err := m.cfg.Snapshots.Begin()
@@ -111,7 +120,9 @@ func (m *Manager) freeRange(b *box) {
 }
 
 // startArchivedLocked restores b's disk from the archive and starts it;
-// the archived disk is deleted once the sandbox runs here.
+// the archived disk is deleted once the sandbox runs here. The node
+// claims the archived record first: of the nodes that resume the sandbox
+// at once only one restores it (archive.Store.Claim).
 func (m *Manager) startArchivedLocked(ctx context.Context, b *box, to api.State) error {
 	id := b.rec.ID
 	if m.cfg.Archive == nil {
@@ -121,6 +132,23 @@ func (m *Manager) startArchivedLocked(ctx context.Context, b *box, to api.State)
 		return errNoSnapshots
 	}
 	start := time.Now()
+	c, err := m.cfg.Archive.Claim(ctx, id, m.cfg.Node)
+	if err != nil {
+		m.dropStale(b, err)
+		return fmt.Errorf("resuming %s: %w", id, err)
+	}
+	restored := false
+	defer func() {
+		if restored {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := m.cfg.Archive.Release(rctx, c); err != nil {
+			m.log.Warn("releasing the claim of an archived sandbox; it holds for "+archive.ClaimTTL.String(), "sandbox", id, "err", err)
+		}
+	}()
+	disk := *c.Disk // the store's, which a stub may predate
 	p, err := m.cfg.Snapshots.Begin()
 	if err != nil {
 		return err
@@ -130,7 +158,7 @@ func (m *Manager) startArchivedLocked(ctx context.Context, b *box, to api.State)
 	if err != nil {
 		return err
 	}
-	err = m.cfg.Archive.GetDisk(ctx, id, *b.rec.ArchivedDisk, f)
+	err = m.cfg.Archive.GetDisk(ctx, id, disk, f)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -141,49 +169,168 @@ func (m *Manager) startArchivedLocked(ctx context.Context, b *box, to api.State)
 		return fmt.Errorf("resuming %s: %w", id, err)
 	}
 	fetched := time.Since(start)
-	disk := *b.rec.ArchivedDisk
+	was := b.rec.ArchivedDisk
 	b.rec.ArchivedDisk = nil
 	if err := m.startFromLocked(ctx, b, to, p.Path); err != nil {
-		b.rec.ArchivedDisk = &disk
+		b.rec.ArchivedDisk = was
 		return err
 	}
+	restored = true
 	// The sandbox runs here now: the archive keeps only a pointer to
-	// this node, for gateways that route by the id's old tag.
+	// this node, for gateways that route by the id's old tag; written
+	// before the answer, so that their next lookup finds this node.
 	m.persistLocked(b)
-	m.unarchive(id) // before the answer: the gateways' next lookup finds this node
+	rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	if err := m.cfg.Archive.Restored(rctx, c); err != nil {
+		m.log.Warn("pointing the archive at this node", "sandbox", id, "err", err)
+	}
+	cancel()
 	m.log.Info("sandbox restored from the archive", "sandbox", id, "data", disk.Data, "fetch", fetched.Round(time.Millisecond),
 		"took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
-// unarchive leaves in the store a record that names this node and no
-// disk.
-func (m *Manager) unarchive(id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	rec, err := m.cfg.Archive.Get(ctx, id)
-	if err == nil {
-		rec.Node, rec.Disk, rec.Sandbox = m.cfg.Node, nil, nil
-		err = m.cfg.Archive.Put(ctx, rec)
+// dropStale lets go of stub b (b.mu held) when the archive no longer
+// holds it for this node (err says so): another node took it in (a
+// MovedError: calls for it answer that from now on, for gateways to
+// follow), or it was removed there. Any other error keeps the stub.
+func (m *Manager) dropStale(b *box, err error) {
+	id := b.rec.ID
+	var mv *errdefs.MovedError
+	switch {
+	case errors.As(err, &mv):
+		m.log.Info("an archived sandbox this node held a stub of runs on another node: the stub goes", "sandbox", id, "node", mv.Node)
+		if perr := m.cfg.Store.Put(movedBucket, id, mv.Node); perr != nil {
+			m.log.Warn("recording where an archived sandbox went", "sandbox", id, "err", perr)
+		}
+	case errors.Is(err, errdefs.ErrNotFound):
+		m.log.Info("an archived sandbox this node held a stub of is gone from the archive: the stub goes", "sandbox", id)
+	default:
+		return
 	}
-	if err == nil {
-		err = m.cfg.Archive.DeleteDisk(ctx, id)
+	if b.timer != nil {
+		b.timer.Stop()
+		b.timer = nil
 	}
-	if err != nil {
-		m.log.Warn("pointing the archive at this node", "sandbox", id, "err", err)
+	m.mu.Lock()
+	b.gone = true
+	if mv != nil {
+		m.moved[id] = mv.Node
+	}
+	m.mu.Unlock()
+	if derr := m.cfg.Store.Delete(bucket, id); derr != nil {
+		m.log.Warn("deleting a stale stub's record", "sandbox", id, "err", derr)
+	}
+	m.forget(id)
+	m.notify(b).Removed(id)
+}
+
+// movedBucket keeps, per archived sandbox another node took in, that
+// node's name.
+const movedBucket = "moved"
+
+func (m *Manager) loadMoved() error {
+	return m.cfg.Store.Each(movedBucket, func(id string, raw json.RawMessage) error {
+		var node string
+		if err := json.Unmarshal(raw, &node); err != nil {
+			m.log.Error("skipping an unreadable record of a moved sandbox", "sandbox", id, "err", err)
+			return nil
+		}
+		m.mu.Lock()
+		m.moved[id] = node
+		m.mu.Unlock()
+		return nil
+	})
+}
+
+// forgetMoved drops what this node knew of where sandbox id went.
+func (m *Manager) forgetMoved(id string) {
+	m.mu.Lock()
+	_, ok := m.moved[id]
+	delete(m.moved, id)
+	m.mu.Unlock()
+	if !ok {
+		return
+	}
+	if err := m.cfg.Store.Delete(movedBucket, id); err != nil {
+		m.log.Warn("deleting the record of a moved sandbox", "sandbox", id, "err", err)
 	}
 }
 
-// Restore takes in sandbox id from the archive, as a paused stub, when
+// checkArchived asks the archive, once the node starts, about the stubs
+// it holds (another node may have taken them in while this one was gone)
+// and the sandboxes it knows moved (forgotten once the archive has no
+// record of them: removed).
+func (m *Manager) checkArchived() {
+	defer m.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-m.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	m.mu.Lock()
+	boxes := make([]*box, 0, len(m.boxes))
+	for _, b := range m.boxes {
+		boxes = append(boxes, b)
+	}
+	moved := make([]string, 0, len(m.moved))
+	for id := range m.moved {
+		moved = append(moved, id)
+	}
+	m.mu.Unlock()
+	for _, b := range boxes {
+		b.mu.Lock()
+		if id := b.rec.ID; b.rec.ArchivedDisk != nil {
+			rec, err := m.cfg.Archive.Get(ctx, id)
+			switch {
+			case err == nil && rec.Disk == nil && rec.Node != m.cfg.Node:
+				m.dropStale(b, &errdefs.MovedError{ID: id, Node: rec.Node})
+			case errors.Is(err, errdefs.ErrNotFound):
+				m.dropStale(b, err)
+			case err != nil && ctx.Err() == nil:
+				m.log.Warn("checking an archived sandbox's stub against the archive", "sandbox", id, "err", err)
+			}
+		}
+		b.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+	}
+	for _, id := range moved {
+		if _, err := m.cfg.Archive.Get(ctx, id); errors.Is(err, errdefs.ErrNotFound) {
+			m.forgetMoved(id)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// errNotArchived: the archive has no record of the sandbox.
+var errNotArchived = errors.New("not archived")
+
+// restore takes in sandbox id from the archive, as a paused stub, when
 // this node has no record of it (its own node is gone); the caller then
-// resumes it. A sandbox the archive says another node holds is refused.
+// resumes it. A sandbox the archive says another node holds is a
+// MovedError. Its timeout goes with it: one that came while it was
+// archived removes it now (or, if it pauses on timeout, is spent).
 func (m *Manager) restore(ctx context.Context, id string) (*box, error) {
 	rec, err := m.cfg.Archive.Get(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, errNotArchived
+	}
 	if err != nil {
 		return nil, err
 	}
 	if rec.Disk == nil {
-		return nil, errdefs.Conflict("sandbox %s was restored on node %s; call it there", id, rec.Node)
+		if rec.Node == m.cfg.Node {
+			return nil, errdefs.New(errdefs.ErrNotFound, "sandbox %s was restored on this node and is not here any more", id)
+		}
+		return nil, &errdefs.MovedError{ID: id, Node: rec.Node}
 	}
 	var r record
 	if err := json.Unmarshal(rec.Sandbox, &r); err != nil || r.ID != id {
@@ -193,6 +340,12 @@ func (m *Manager) restore(ctx context.Context, id string) (*box, error) {
 	r.ArchivedDisk = rec.Disk
 	if len(r.Volumes) > 0 {
 		return nil, errdefs.New(errdefs.ErrInvalid, "the archived record of %s mounts volumes", id)
+	}
+	if r.ExpiresAt != nil && !time.Now().Before(*r.ExpiresAt) {
+		if r.OnTimeout != api.TimeoutPause {
+			return nil, m.expireArchived(ctx, id, *r.ExpiresAt)
+		}
+		r.ExpiresAt = nil // its timeout would have paused it: spent
 	}
 	if _, err := m.cfg.Images.Get(imageRef(r.Sandbox)); err != nil {
 		return nil, fmt.Errorf("restoring %s: %w", id, err)
@@ -212,26 +365,64 @@ func (m *Manager) restore(ctx context.Context, id string) (*box, error) {
 		m.forget(id)
 		return nil, fmt.Errorf("recording %s: %w", id, err)
 	}
+	m.forgetMoved(id) // it came back here
+	b.mu.Lock()
+	m.armTimer(b)
+	b.mu.Unlock()
 	m.log.Info("sandbox taken in from the archive", "sandbox", id, "from_node", rec.Node)
 	return b, nil
 }
 
+// expireArchived removes archived sandbox id, whose timeout (at) came
+// while no node held it, as its node would have then.
+func (m *Manager) expireArchived(ctx context.Context, id string, at time.Time) error {
+	m.log.Info("an archived sandbox timed out while no node held it: its archive goes", "sandbox", id, "expired", at)
+	if err := m.cfg.Archive.Delete(ctx, id); err != nil {
+		m.log.Warn("deleting a timed-out sandbox's archive", "sandbox", id, "err", err)
+	}
+	return errdefs.New(errdefs.ErrNotFound, "sandbox %s timed out at %s while archived, and is removed", id, at.Format(time.RFC3339))
+}
+
 // lookupOrRestore is lookup that, for a sandbox this node has no record
 // of, takes it in from the archive (a resume through a gateway that
-// placed it here).
-func (m *Manager) lookupOrRestore(ctx context.Context, id string) (*box, error) {
-	b, err := m.lookup(id)
+// placed it here). A sandbox this node knows moved is looked up too: the
+// archive is the truth, and the sandbox may have been archived again.
+//
+// taken says the sandbox was taken in for this call: if the resume
+// fails, dropTaken lets it go again.
+func (m *Manager) lookupOrRestore(ctx context.Context, id string) (b *box, taken bool, err error) {
+	b, err = m.lookup(id)
 	if err == nil || m.cfg.Archive == nil || !errors.Is(err, errdefs.ErrNotFound) {
-		return b, err
+		return b, false, err
 	}
-	rb, rerr := m.restore(ctx, id)
-	if rerr != nil {
-		if errors.Is(rerr, errdefs.ErrNotFound) {
-			return nil, err
-		}
-		return nil, rerr
+	b, err = m.restore(ctx, id)
+	if errors.Is(err, errNotArchived) {
+		m.forgetMoved(id)
+		return nil, false, errdefs.NotFound("sandbox", id)
 	}
-	return rb, nil
+	return b, err == nil, err
+}
+
+// dropTaken forgets stub b (b.mu held), taken in from the archive for a
+// resume that failed (another node won the claim, the disk is corrupt):
+// the archive keeps the sandbox, for any node to resume.
+func (m *Manager) dropTaken(b *box) {
+	id := b.rec.ID
+	if b.timer != nil {
+		b.timer.Stop()
+		b.timer = nil
+	}
+	m.mu.Lock()
+	already := b.gone
+	b.gone = true
+	m.mu.Unlock()
+	if already || b.rec.ArchivedDisk == nil {
+		return
+	}
+	if err := m.cfg.Store.Delete(bucket, id); err != nil {
+		m.log.Warn("deleting the record of a sandbox taken in from the archive", "sandbox", id, "err", err)
+	}
+	m.forget(id)
 }
 
 // dropArchive deletes what the store holds of a removed sandbox, unless
@@ -257,6 +448,9 @@ func (m *Manager) dropArchived(id string) {
 	case err == nil && rec.Node != m.cfg.Node:
 		m.log.Info("an archived sandbox removed here lives on another node; its archive stays", "sandbox", id, "node", rec.Node)
 		return
+	case err == nil && rec.Claim != nil && rec.Claim.Node != m.cfg.Node && time.Since(rec.Claim.At) < archive.ClaimTTL:
+		m.log.Info("an archived sandbox removed here is being resumed on another node; its archive stays", "sandbox", id, "node", rec.Claim.Node)
+		return
 	case err == nil:
 		err = m.cfg.Archive.Delete(ctx, id)
 	}
@@ -278,7 +472,8 @@ func (m *Manager) archiveIdle(after time.Duration, now time.Time) {
 		if !b.mu.TryLock() {
 			continue
 		}
-		if b.rec.State == api.StatePaused && b.rec.ArchivedDisk == nil && len(b.rec.Volumes) == 0 && b.idleFor(now) >= after {
+		if b.rec.State == api.StatePaused && b.rec.ArchivedDisk == nil && len(b.rec.Volumes) == 0 && b.idleFor(now) >= after &&
+			m.cfg.Snapshots != nil && len(m.cfg.Snapshots.List(b.rec.ID)) == 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 			if err := m.archiveLocked(ctx, b); err != nil {
 				m.log.Warn("archiving an idle paused sandbox", "sandbox", b.rec.ID, "err", err)

@@ -112,7 +112,7 @@ func (m *Manager) pauseLocked(ctx context.Context, b *box, act action) error {
 // Resume starts a paused or stopped sandbox again with the same id, files,
 // environment and limits, or thaws a frozen one.
 func (m *Manager) Resume(ctx context.Context, id string) (api.Sandbox, error) {
-	b, err := m.lookupOrRestore(ctx, id)
+	b, taken, err := m.lookupOrRestore(ctx, id)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -127,6 +127,9 @@ func (m *Manager) Resume(ctx context.Context, id string) (api.Sandbox, error) {
 		err = m.startLocked(ctx, b, mv.to)
 	}
 	if err != nil {
+		if taken {
+			m.dropTaken(b)
+		}
 		return api.Sandbox{}, err
 	}
 	return b.viewLocked(), nil

@@ -85,6 +85,9 @@ type Manager struct {
 	slots map[int]string
 	// boxesPeak and slotsPeak are for shrink.Map.
 	boxesPeak, slotsPeak int
+	// moved names the node that took in each archived sandbox this node
+	// held a stub of (archive.go): calls for it answer MovedError.
+	moved map[string]string
 
 	img imageState // images.go
 
@@ -157,6 +160,7 @@ func NewManager(cfg Config) *Manager {
 		obs:     nopObserver{},
 		boxes:   map[string]*box{},
 		slots:   map[int]string{},
+		moved:   map[string]string{},
 		tearing: make(chan struct{}, teardownWorkers),
 		closed:  make(chan struct{}),
 	}
@@ -845,11 +849,15 @@ func (m *Manager) lookup(id string) (*box, error) {
 	m.mu.Lock()
 	b, ok := m.boxes[id]
 	ok = ok && !b.gone
+	node, moved := m.moved[id]
 	m.mu.Unlock()
-	if !ok {
-		return nil, errdefs.NotFound("sandbox", id)
+	switch {
+	case ok:
+		return b, nil
+	case moved:
+		return nil, &errdefs.MovedError{ID: id, Node: node}
 	}
-	return b, nil
+	return nil, errdefs.NotFound("sandbox", id)
 }
 
 // Get returns one sandbox.
@@ -1088,7 +1096,7 @@ func (m *Manager) Load() error {
 	if err != nil {
 		return fmt.Errorf("loading records: %w", err)
 	}
-	return nil
+	return m.loadMoved()
 }
 
 // Reconcile brings the host in line with the loaded records: running
@@ -1166,6 +1174,10 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		if err := m.cfg.Runtime.Remove(ctx, id); err != nil {
 			m.log.Warn("removing leftovers", "sandbox", id, "err", err)
 		}
+	}
+	if m.cfg.Archive != nil {
+		m.wg.Add(1)
+		go m.checkArchived()
 	}
 	return nil
 }

@@ -34,6 +34,9 @@ func status(err error) int {
 // generic message.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	code, body := errorBody(r, log, err)
+	if me := (*errdefs.MovedError)(nil); errors.As(err, &me) {
+		w.Header().Set(errdefs.MovedHeader, me.Node)
+	}
 	writeJSON(w, code, body)
 }
 
