@@ -433,11 +433,38 @@ spec:
 		t.Errorf("the replaced sandbox after its node came back: %v, want not found", err)
 	}
 
-	// Deleting the object removes its sandbox, then the object.
+	// Deleted while the node of its sandbox is lost: the deletion
+	// completes, the status says the sandbox is left there, and the
+	// sandbox is removed once its node is back.
+	var holder2 *Daemon
+	for i, n := range c.nodes {
+		if second.Node == fmt.Sprintf("crd-node%d", i+1) {
+			holder2 = n
+		}
+	}
+	holder2.Kill9()
+	if !waitFor(kube.LeaseDuration+30*time.Second, 200*time.Millisecond, func() bool {
+		nodes, err := c.client.Nodes(ctx)
+		for _, nd := range nodes {
+			if nd.Name == second.Node {
+				return err == nil && nd.State == api.NodeLost
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("the gateway does not see %s lost", second.Node)
+	}
 	c.delete(t, kube.SandboxResource, "paddock", "keeper")
-	c.waitObjects(t, "keeper gone", time.Minute, func(d kube.Declared) bool { return keeper(d) == nil })
-	if _, err := c.client.Get(ctx, second.ID); !errors.Is(err, client.ErrNotFound) {
-		t.Errorf("keeper's sandbox after the object was deleted: %v, want not found", err)
+	c.waitObjects(t, "keeper gone, its node lost", time.Minute, func(d kube.Declared) bool { return keeper(d) == nil })
+	if !strings.Contains(c.gwLog.String(), "deleted with sandboxes left on lost nodes ("+second.ID+" on node "+second.Node) {
+		t.Errorf("the gateway's log does not show the status naming %s on %s", second.ID, second.Node)
+	}
+	holder2.Start()
+	if !waitFor(time.Minute, 200*time.Millisecond, func() bool {
+		_, err := c.client.Get(ctx, second.ID)
+		return errors.Is(err, client.ErrNotFound)
+	}) {
+		t.Errorf("keeper's sandbox stays after its node came back")
 	}
 	c.delete(t, kube.SandboxResource, "paddock", "orphan")
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,9 +25,22 @@ type Gateway interface {
 	Create(ctx context.Context, req api.CreateRequest) (api.Sandbox, error)
 	Get(ctx context.Context, id string) (api.Sandbox, error)
 	Remove(ctx context.Context, id string) error
+	// List lists the sandboxes of every node that answers.
+	List(ctx context.Context) ([]api.Sandbox, error)
 	// NodeOf names the node that made id.
 	NodeOf(id string) string
+	// Lost says the node that made id is lost (its Lease expired).
+	Lost(id string) bool
 }
+
+// ObjectLabel, on a sandbox, is the UID of the Sandbox object it was made
+// for: a sandbox whose object is gone is an orphan, removed by the
+// controller's sweep (its node was lost when the object was deleted).
+const ObjectLabel = "paddock.dev/sandbox-object"
+
+// sweepEvery is how often the controller looks for orphans through the
+// whole cluster; those it left itself are retried every Resync.
+const sweepEvery = 5 * time.Minute
 
 // ControllerConfig configures the gateways' controller.
 type ControllerConfig struct {
@@ -70,9 +84,11 @@ func RunController(ctx context.Context, cfg ControllerConfig) error {
 			cfg.Logger.Error("watching Sandboxes", "err", err)
 			return
 		}
-		c := &controller{cfg: cfg, log: cfg.Logger, objs: objs, failed: map[string]time.Time{}, wrote: map[types.UID]cluster.SandboxStatus{}}
+		c := &controller{cfg: cfg, log: cfg.Logger, objs: objs, failed: map[string]time.Time{}, wrote: map[types.UID]cluster.SandboxStatus{},
+			orphans: map[string]bool{}}
 		tick := time.NewTicker(Resync)
 		defer tick.Stop()
+		var swept time.Time
 		for {
 			select {
 			case <-ctx.Done():
@@ -93,6 +109,11 @@ func RunController(ctx context.Context, cfg ControllerConfig) error {
 						delete(c.wrote, uid)
 					}
 				}
+				c.removeOrphans(ctx)
+				if time.Since(swept) >= sweepEvery {
+					swept = time.Now()
+					c.sweep(ctx, seen)
+				}
 			}
 		}
 	})
@@ -107,6 +128,9 @@ type controller struct {
 	// wrote is the status this controller last wrote of each object: the
 	// watch's copy may not show it yet, and it is the one writer.
 	wrote map[types.UID]cluster.SandboxStatus
+	// orphans are sandboxes of deleted objects left on lost nodes,
+	// removed when their node answers again.
+	orphans map[string]bool
 }
 
 // presets writes each PolicyPreset's Valid condition.
@@ -218,8 +242,10 @@ func (c *controller) sandbox(ctx context.Context, s *cluster.Sandbox) {
 }
 
 // finish removes a deleted Sandbox's sandboxes, then its finalizer. A
-// sandbox whose node is lost holds the object until the node comes back
-// (or an operator removes the finalizer).
+// sandbox on a node that does not answer holds the object for a while;
+// one on a lost node (its Lease expired) does not: the status says it is
+// left there, the object goes, and the sandbox is removed as an orphan
+// when its node comes back (removeOrphans, sweep).
 func (c *controller) finish(ctx context.Context, s *cluster.Sandbox, log *slog.Logger) {
 	if !slices.Contains(s.Finalizers, cluster.SandboxFinalizer) {
 		return
@@ -233,14 +259,32 @@ func (c *controller) finish(ctx context.Context, s *cluster.Sandbox, log *slog.L
 		ids = append([]string{st.ID}, ids...)
 	}
 	if left := c.removeAll(ctx, ids, log); len(left) > 0 {
+		var lost, waiting []string
+		for _, id := range left {
+			if c.cfg.Gateway.Lost(id) {
+				lost = append(lost, fmt.Sprintf("%s on node %s", id, c.cfg.Gateway.NodeOf(id)))
+			} else {
+				waiting = append(waiting, id)
+			}
+		}
+		reason, msg := "Deleting", fmt.Sprintf("waiting for the nodes of %v to answer to remove them", waiting)
+		if len(waiting) == 0 {
+			reason = "NodeLost"
+			msg = fmt.Sprintf("deleted with sandboxes left on lost nodes (%s): they are removed when their node comes back", strings.Join(lost, ", "))
+		}
 		err := c.objs.UpdateSandboxStatus(ctx, s.Namespace, s.Name, func(o *cluster.Sandbox) bool {
-			return cluster.SetCondition(&o.Status.Conditions, cluster.ConditionReady, false, "Deleting",
-				fmt.Sprintf("waiting for the nodes of %v to come back to remove them", left), o.Generation)
+			return cluster.SetCondition(&o.Status.Conditions, cluster.ConditionReady, false, reason, msg, o.Generation)
 		})
 		if err != nil && !isGone(err) {
 			log.Warn("writing the Sandbox's status", "err", err)
 		}
-		return
+		if len(waiting) > 0 {
+			return
+		}
+		for _, id := range left {
+			c.orphans[id] = true
+		}
+		log.Info("the Sandbox is deleted, its status saying so", "status", msg)
 	}
 	i := slices.Index(s.Finalizers, cluster.SandboxFinalizer)
 	fin := slices.Delete(slices.Clone(s.Finalizers), i, i+1)
@@ -266,8 +310,42 @@ func (c *controller) removeAll(ctx context.Context, ids []string, log *slog.Logg
 	return left
 }
 
+// removeOrphans removes the sandboxes deleted objects left on lost
+// nodes, those whose node answers again.
+func (c *controller) removeOrphans(ctx context.Context) {
+	for id := range c.orphans {
+		if c.cfg.Gateway.Lost(id) {
+			continue
+		}
+		err := c.cfg.Gateway.Remove(ctx, id)
+		if err == nil || errors.Is(err, errdefs.ErrNotFound) {
+			delete(c.orphans, id)
+			c.log.Info("removed a deleted Sandbox's sandbox, its node back", "id", id, "node", c.cfg.Gateway.NodeOf(id))
+		}
+	}
+}
+
+// sweep finds the sandboxes made for objects that are gone (objects holds
+// the UIDs there are): left on lost nodes by a controller that did not
+// live to remove them.
+func (c *controller) sweep(ctx context.Context, objects map[types.UID]bool) {
+	all, err := c.cfg.Gateway.List(ctx)
+	if err != nil {
+		c.log.Warn("listing sandboxes for orphans", "err", err)
+		return
+	}
+	for _, sb := range all {
+		if uid, ok := sb.Labels[ObjectLabel]; ok && !objects[types.UID(uid)] && !c.orphans[sb.ID] {
+			c.log.Info("a sandbox whose Sandbox object is gone: removing it", "id", sb.ID, "object_uid", uid)
+			c.orphans[sb.ID] = true
+		}
+	}
+	c.removeOrphans(ctx)
+}
+
 func createRequest(s *cluster.Sandbox) api.CreateRequest {
 	req := api.CreateRequest{
+		Labels:       map[string]string{ObjectLabel: string(s.UID)},
 		Image:        s.Spec.Image,
 		Env:          s.Spec.Env,
 		Workdir:      s.Spec.Workdir,

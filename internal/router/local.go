@@ -49,6 +49,22 @@ func (l Local) NodeOf(id string) string {
 	return ""
 }
 
+// List lists the sandboxes of every node that answers.
+func (l Local) List(ctx context.Context) ([]api.Sandbox, error) {
+	var out []api.Sandbox
+	err := l.do(ctx, http.MethodGet, "/v1/sandboxes", nil, &out)
+	return out, err
+}
+
+// Lost says the node whose tag starts id is lost.
+func (l Local) Lost(id string) bool {
+	l.rt.mu.RLock()
+	t := l.rt.table
+	l.rt.mu.RUnlock()
+	n, err := t.owner(id, id)
+	return err == nil && n.State == api.NodeLost
+}
+
 // do serves one request in process. An error answer comes back as an
 // error of its category (errdefs), with the message the client would
 // see.
