@@ -34,7 +34,7 @@ import (
 // changes); in a Kubernetes cluster a watch of the nodes' records feeds
 // the same table.
 func gatewayCmd() *cobra.Command {
-	var listen, e2bListen, tokenFile, nodeTokenFile, nodesFile, tlsDir, debugSocket, level string
+	var listen, e2bListen, e2bDomain, tokenFile, nodeTokenFile, nodesFile, tlsDir, debugSocket, level string
 	var nodeFlags []string
 	var pack bool
 	var kube kubeNodes
@@ -93,6 +93,7 @@ func gatewayCmd() *cobra.Command {
 				Pack:      pack,
 				Drain:     drain,
 				Defaults:  api.Resources{CPUs: float64(min(2, goruntime.NumCPU())), MemoryBytes: 1 << 30, DiskBytes: 10 << 30},
+				E2BDomain: e2bDomain,
 				Log:       log,
 			})
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -157,6 +158,7 @@ func gatewayCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "tcp://127.0.0.1:7300", "address clients call, tcp://HOST:PORT")
+	f.StringVar(&e2bDomain, "e2b-domain", "", "with --e2b-listen: the nodes' --e2b-domain; PORT-ID.DOMAIN requests (ports, envd, signed URLs) go to the id's node with their Host")
 	f.StringVar(&e2bListen, "e2b-listen", "", "also serve the E2B-compatible API on tcp://HOST:PORT (its key: paddock e2b-key of --token-file), routed to the nodes' facades")
 	f.StringVar(&tokenFile, "token-file", "", "file holding the bearer token clients must present (required)")
 	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the bearer token the gateway presents to nodes (their --token-file; required)")

@@ -33,13 +33,21 @@ const TrafficTokenHeader = "E2b-Traffic-Access-Token"
 // hostTarget parses a Host of the form PORT-ID.DOMAIN; ok is false for
 // any other host (the control plane's own name, for one).
 func (s *Server) hostTarget(host string) (port int, id string, ok bool) {
-	if s.domain == "" {
+	return HostTarget(host, s.domain)
+}
+
+// HostTarget parses a Host of the form PORT-ID.DOMAIN (domain lowercase,
+// without dots at either end); ok is false for any other host, and for
+// every host when domain is empty. A cluster's gateway routes such hosts
+// by the id's node tag.
+func HostTarget(host, domain string) (port int, id string, ok bool) {
+	if domain == "" {
 		return 0, "", false
 	}
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	label, ok := strings.CutSuffix(strings.ToLower(host), "."+s.domain)
+	label, ok := strings.CutSuffix(strings.ToLower(host), "."+domain)
 	if !ok {
 		return 0, "", false
 	}

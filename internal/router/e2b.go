@@ -1,12 +1,14 @@
 package router
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/paddock-dev/paddock/api"
@@ -23,7 +25,14 @@ import (
 // (its templateID is the pool it prefers); a list gathers every node's.
 func (rt *Router) E2BHandler(token string) http.Handler {
 	key := e2b.APIKey(token)
+	domain := strings.ToLower(strings.Trim(rt.cfg.E2BDomain, "."))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A sandbox's host name is routed by the Host alone: its path is
+		// the sandbox app's, passed on as it is.
+		if port, id, ok := e2b.HostTarget(r.Host, domain); ok {
+			rt.e2bHostRoute(w, r, id, port)
+			return
+		}
 		p := r.URL.EscapedPath()
 		if strings.Contains(p, "//") || strings.Contains(p, "%") || strings.Contains(p, "/./") || strings.Contains(p, "/../") || strings.HasSuffix(p, "/..") {
 			e2bError(w, errdefs.Invalid("path", "%q has dot segments, empty segments or escapes", p))
@@ -96,6 +105,22 @@ func (rt *Router) e2bRoute(w http.ResponseWriter, r *http.Request, id string, co
 	// connections stay open rather than close after an answer while the
 	// client sends its next request on them.
 	n.e2bProxy.ServeHTTP(&vouched{ResponseWriter: w, r: r}, r)
+}
+
+// keepHostKey marks a request whose Host the node must see: one routed
+// by its PORT-ID.DOMAIN name.
+type keepHostKey struct{}
+
+// e2bHostRoute passes a request for PORT-ID.DOMAIN to the id's node with
+// its Host, where the facade serves it as a single daemon does: envd
+// (signed URLs included) on port 49983, the sandbox's port otherwise.
+// A sandbox no node holds gets E2B's 502.
+func (rt *Router) e2bHostRoute(w http.ResponseWriter, r *http.Request, id string, port int) {
+	if _, err := rt.owner(id, id); err != nil && rt.cfg.Archive == nil {
+		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox is not running", "port": strconv.Itoa(port)})
+		return
+	}
+	rt.e2bRoute(w, r.WithContext(context.WithValue(r.Context(), keepHostKey{}, true)), id, false)
 }
 
 // vouched marks its request's connection authenticated when the node's
@@ -225,7 +250,12 @@ func (c *conns) newE2BProxy(addr string) error {
 	base.Path = ""
 	c.e2bBase = base
 	c.e2bProxy = &httputil.ReverseProxy{
-		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(c.e2bBase) },
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(c.e2bBase)
+			if pr.In.Context().Value(keepHostKey{}) != nil {
+				pr.Out.Host = pr.In.Host
+			}
+		},
 		Transport:  c.tr,
 		BufferPool: bufferPool{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -50,7 +50,12 @@ type Config struct {
 	// Archive, when set, is the object store archived sandboxes are
 	// found in once their node is gone (archive.go).
 	Archive Archive
-	Log     *slog.Logger
+	// E2BDomain, when set, is the domain of E2B's sandbox host names
+	// (PORT-ID.DOMAIN, the nodes' --e2b-domain): such requests go to the
+	// id's node with their Host kept, for its facade's port ingress, envd
+	// and signed URLs.
+	E2BDomain string
+	Log       *slog.Logger
 }
 
 // Router serves the /v1 API of a cluster's nodes.
