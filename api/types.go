@@ -117,6 +117,8 @@ type Sandbox struct {
 	// Archived: the paused sandbox's disk is in the cluster's object
 	// store, not on a node; resuming it restores it (on any node).
 	Archived bool `json:"archived,omitempty"`
+	// Paused says what the pause of a paused sandbox kept.
+	Paused *PauseInfo `json:"paused,omitempty"`
 	// Error says why a sandbox failed.
 	Error string `json:"error,omitempty"`
 	// RuntimeName is the isolation tier it runs on (CreateRequest.Runtime);
@@ -127,6 +129,27 @@ type Sandbox struct {
 	// Node is the cluster node that holds the sandbox (its name, as
 	// `paddock nodes` lists it); empty on a daemon that is no node.
 	Node string `json:"node,omitempty"`
+}
+
+// PauseInfo is what a pause kept of a sandbox.
+type PauseInfo struct {
+	// Memory: its processes were checkpointed with their memory (the
+	// gvisor runtime), and a resume continues them (same pids, open
+	// files, listening sockets). Without it (native) only the files,
+	// environment, limits and policy were kept: a resume starts the
+	// sandbox afresh.
+	Memory bool `json:"memory"`
+	// CheckpointBytes is the checkpoint's size on the sandbox's disk
+	// (compressed); MemoryBytes the memory its processes used.
+	CheckpointBytes int64 `json:"checkpoint_bytes,omitempty"`
+	MemoryBytes     int64 `json:"memory_bytes,omitempty"`
+	// TookMillis is how long the pause took.
+	TookMillis int64     `json:"took_ms"`
+	At         time.Time `json:"at"`
+	// Lost says why the memory checkpoint of this pause can no longer be
+	// restored (a resume failed on it); the next resume starts the
+	// sandbox from its files.
+	Lost string `json:"lost,omitempty"`
 }
 
 // RuntimeInfo is what the host knows about a running sandbox.

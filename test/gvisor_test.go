@@ -293,3 +293,234 @@ func TestGvisorPool(t *testing.T) {
 	// The harness's cleanup stops the daemon and finds nothing left of
 	// the ready sandbox (mounts, cgroups).
 }
+
+// memoryServer is a Python HTTP server whose answers carry its pid and a
+// count of the requests it served, kept in its memory.
+const memoryServer = `import http.server, os
+hits = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global hits
+        hits += 1
+        b = ("pid %d hits %d\n" % (os.getpid(), hits)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()
+`
+
+// startMemoryWork starts, in sandbox id, a counter writing increasing
+// numbers to /root/count and memoryServer on port 8000, and returns the
+// counter's pid once both run.
+func startMemoryWork(t *testing.T, d *Daemon, id string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := d.Client().WriteFile(ctx, id, "/root/srv.py", strings.NewReader(memoryServer), client.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Sh(id, `echo kept > /root/marker
+(nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /root/count.new; mv /root/count.new /root/count; sleep 0.05; done' >/dev/null 2>&1 &)
+(nohup python3 /root/srv.py >/dev/null 2>&1 &)`)
+	if !waitFor(30*time.Second, 100*time.Millisecond, func() bool {
+		_, _, st := d.Exec(id, "sh", "-c", "test -s /root/count && python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/')\"")
+		return st.ExitCode == 0
+	}) {
+		t.Fatal("the counter or the server did not start")
+	}
+	return strings.TrimSpace(d.Sh(id, "pgrep -f 'i=0' | head -1"))
+}
+
+// readCount reads the counter sandbox id's counter wrote last.
+func readCount(t *testing.T, d *Daemon, id string) int {
+	t.Helper()
+	var n int
+	if _, err := fmt.Sscan(d.Sh(id, "cat /root/count"), &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// askServer asks memoryServer in sandbox id through a forwarded port.
+func askServer(t *testing.T, d *Daemon, id string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addr, err := d.Client().ForwardPort(ctx, id, 8000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatalf("asking the server in %s: %v", id, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b))
+}
+
+// pauseWithMemory pauses sandbox id and checks that the pause kept its
+// memory and freed its CPU and memory.
+func pauseWithMemory(t *testing.T, d *Daemon, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	before := d.get(id)
+	sb, err := d.Client().Pause(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != api.StatePaused || sb.Paused == nil || !sb.Paused.Memory || sb.Paused.CheckpointBytes <= 0 {
+		t.Fatalf("pause of a gvisor sandbox: state %s, paused %+v; want its memory kept", sb.State, sb.Paused)
+	}
+	if sb.Runtime != nil || alive(before.Runtime.HostPID) {
+		t.Fatalf("the paused sandbox's sentry (pid %d) still runs: %+v", before.Runtime.HostPID, sb.Runtime)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", before.Runtime.Cgroup)); err == nil {
+		t.Fatalf("the paused sandbox's cgroup %s is still there", before.Runtime.Cgroup)
+	}
+}
+
+// TestGvisorMemoryPause: a pause of a gvisor sandbox keeps its processes.
+// A counter continues where it stopped, with its pid; a server keeps its
+// listening socket and what it holds in memory; the pause survives a
+// daemon restart. A native pause says it kept the files only.
+func TestGvisorMemoryPause(t *testing.T) {
+	d := newGvisorDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := d.Client()
+	sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor", AutoResume: new(bool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	counter := startMemoryWork(t, d, id)
+	first := askServer(t, d, id)
+	if !strings.HasSuffix(first, " hits 1") {
+		t.Fatalf("server: %q", first)
+	}
+	serverPID := strings.Fields(first)[1]
+
+	for round, restart := range []bool{false, true} {
+		before := readCount(t, d, id)
+		pauseWithMemory(t, d, id)
+		if restart {
+			d.Kill9()
+			d.Start()
+			if sb := d.get(id); sb.State != api.StatePaused || sb.Paused == nil || !sb.Paused.Memory {
+				t.Fatalf("after a daemon restart: state %s, paused %+v", sb.State, sb.Paused)
+			}
+		}
+		time.Sleep(time.Second) // the counter would count 20 in this second
+		if _, err := c.Resume(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if sb := d.get(id); sb.Paused != nil || sb.State != api.StateRunning {
+			t.Fatalf("after resume: state %s, paused %+v", sb.State, sb.Paused)
+		}
+		after := readCount(t, d, id)
+		if after < before || after > before+15 {
+			t.Fatalf("round %d: the counter was at %d at the pause and at %d after the resume; want it to continue from there", round, before, after)
+		}
+		if !waitFor(10*time.Second, 100*time.Millisecond, func() bool { return readCount(t, d, id) > after }) {
+			t.Fatalf("round %d: the counter does not count after the resume", round)
+		}
+		if pid := strings.TrimSpace(d.Sh(id, "pgrep -f 'i=0' | head -1")); pid != counter {
+			t.Fatalf("round %d: the counter's pid is %s, was %s", round, pid, counter)
+		}
+		want := fmt.Sprintf("pid %s hits %d", serverPID, round+2)
+		if got := askServer(t, d, id); got != want {
+			t.Fatalf("round %d: the server answers %q, want %q (same process, memory kept)", round, got, want)
+		}
+	}
+
+	// A native sandbox's pause keeps its files only, and says so.
+	n := d.createCLI("--runtime", "native")
+	nsb, err := c.Pause(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nsb.Paused == nil || nsb.Paused.Memory {
+		t.Fatalf("native pause: paused %+v; want memory false", nsb.Paused)
+	}
+	if out := d.MustCLI("inspect", n); !strings.Contains(out, `"memory": false`) {
+		t.Fatalf("inspect of a native paused sandbox does not say its memory was not kept:\n%s", out)
+	}
+}
+
+// TestGvisorMemoryPauseFailures: a checkpoint that cannot be written (its
+// disk is too small) leaves the sandbox running, saying why; a truncated
+// checkpoint fails the resume with a clear error and keeps the files, and
+// the next resume starts the sandbox from them.
+func TestGvisorMemoryPauseFailures(t *testing.T) {
+	d := newGvisorDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := d.Client()
+
+	// 96 MiB of random bytes do not compress into a 64 MiB disk.
+	small, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor", AutoResume: new(bool), Resources: api.Resources{DiskBytes: 64 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startMemoryWork(t, d, small.ID)
+	d.Sh(small.ID, `(nohup python3 -c 'import os, time
+b = os.urandom(96 << 20)
+open("/root/held", "w").write("yes")
+time.sleep(10000)' >/dev/null 2>&1 &)`)
+	if !waitFor(time.Minute, 200*time.Millisecond, func() bool {
+		_, _, st := d.Exec(small.ID, "test", "-e", "/root/held")
+		return st.ExitCode == 0
+	}) {
+		t.Fatal("the memory holder did not start")
+	}
+	_, err = c.Pause(ctx, small.ID)
+	if err == nil || !errors.Is(err, client.ErrConflict) || !strings.Contains(err.Error(), "runs on") {
+		t.Fatalf("pause whose checkpoint does not fit: %v; want a conflict saying why and that it runs on", err)
+	}
+	t.Logf("the failed pause said: %v", err)
+	if sb := d.get(small.ID); sb.State != api.StateRunning {
+		t.Fatalf("after a failed pause: %s", sb.State)
+	}
+	if got := askServer(t, d, small.ID); !strings.HasSuffix(got, " hits 2") {
+		t.Fatalf("after a failed pause the server answers %q", got)
+	}
+	if err := c.Delete(ctx, small.ID, true); err != nil {
+		t.Fatal(err)
+	}
+
+	// A truncated checkpoint.
+	sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor", AutoResume: new(bool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startMemoryWork(t, d, sb.ID)
+	pauseWithMemory(t, d, sb.ID)
+	img := filepath.Join(d.StateDir, "storage", "disks", "vol", sb.ID, "root", "checkpoint", "checkpoint.img")
+	fi, err := os.Stat(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Resume(ctx, sb.ID)
+	if err == nil || !strings.Contains(err.Error(), "checkpoint") || !strings.Contains(err.Error(), "files are kept") {
+		t.Fatalf("resume from a truncated checkpoint: %v; want a clear error", err)
+	}
+	t.Logf("the failed resume said: %v", err)
+	got := d.get(sb.ID)
+	if got.State != api.StatePaused || got.Paused == nil || got.Paused.Memory || got.Paused.Lost == "" {
+		t.Fatalf("after a failed resume: state %s, paused %+v; want paused, memory lost and why", got.State, got.Paused)
+	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := d.Sh(sb.ID, "cat /root/marker; pgrep -f 'i=0' || echo none"); !strings.Contains(out, "kept") || !strings.Contains(out, "none") {
+		t.Fatalf("after the resume from the files: %q; want the files and no counter", out)
+	}
+}

@@ -74,10 +74,10 @@ func Run() error {
 		return err
 	}
 	var oom *os.File
-	// ln is the control socket's listener: inherited (fd 4), or bound at
+	// ctl is the control socket: inherited (fd 4), or bound at
 	// Prepare.Listen once prepared, so that the daemon can dial it
 	// before the guest serves (it accepts once activated).
-	var ln net.Listener
+	var ctl *control
 	for {
 		cfg, fds, err := guestapi.ReceiveConfig(syncSock)
 		if err != nil {
@@ -92,7 +92,7 @@ func Run() error {
 				return fail(err)
 			}
 			if cfg.Prepare.Listen != "" {
-				if ln, err = controlListener(cfg.Prepare.Listen); err != nil {
+				if ctl, err = controlListener(cfg.Prepare.Listen); err != nil {
 					return fail(err)
 				}
 			}
@@ -116,12 +116,12 @@ func Run() error {
 				return fail(fmt.Errorf("creating workdir %s: %w", wd, err))
 			}
 		}
-		if ln == nil {
-			if ln, err = controlListener(""); err != nil {
+		if ctl == nil {
+			if ctl, err = controlListener(""); err != nil {
 				return fail(err)
 			}
 		}
-		return serve(serveCfg, sp, sigs, syncSock, oom, ln)
+		return serve(serveCfg, sp, sigs, syncSock, oom, ctl)
 	}
 }
 
@@ -729,35 +729,6 @@ func writeIdentity(hostname string) error {
 		return fmt.Errorf("writing /etc/hostname: %w", err)
 	}
 	return nil
-}
-
-// controlListener is the control socket's listener: the inherited one,
-// or one bound at path (Prepare.Listen), whose directory is then covered
-// so that only the host reaches it.
-func controlListener(path string) (net.Listener, error) {
-	if path == "" {
-		lf := os.NewFile(fdListen, "listener")
-		defer lf.Close()
-		ln, err := net.FileListener(lf)
-		if err != nil {
-			return nil, fmt.Errorf("opening control listener: %w", err)
-		}
-		return ln, nil
-	}
-	os.Remove(path) // an earlier guest's, on a resume
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("binding control socket: %w", err)
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	// Covered, not unmounted: under gVisor an unmount ends the host
-	// socket's listener too. The sandbox's processes lack CAP_SYS_ADMIN
-	// to uncover it.
-	if err := unix.Mount("tmpfs", filepath.Dir(path), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k"); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("hiding control socket: %w", err)
-	}
-	return ln, nil
 }
 
 // File descriptors the daemon passes to the guest.

@@ -82,6 +82,14 @@ func (s *server) opLane(c *opConn, req guestapi.Request) {
 		s.log.Warn("taking an exec lane", "err", err)
 		return
 	}
+	// A lane is the host's socket too: a quiesce closes it.
+	if s.ctl != nil {
+		if !s.ctl.add(lane) {
+			lane.Close()
+			return
+		}
+		defer s.ctl.remove(lane)
+	}
 	s.serveLane(lane, c.conn, req.Sandbox)
 }
 

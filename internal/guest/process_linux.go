@@ -818,11 +818,12 @@ func (s *server) oomKilledSince() bool {
 }
 
 func (s *server) oomKills() uint64 {
-	if s.oom == nil {
+	oom := s.oom.Load()
+	if oom == nil {
 		return 0
 	}
 	buf := make([]byte, 4096)
-	n, err := s.oom.ReadAt(buf, 0)
+	n, err := oom.ReadAt(buf, 0)
 	if n == 0 && err != nil && err != io.EOF {
 		return 0
 	}
@@ -904,12 +905,17 @@ func (s *server) exited(pid int, ws unix.WaitStatus) {
 type signals struct {
 	chld <-chan os.Signal // SIGCHLD, for the reaper
 	fwd  <-chan os.Signal // passed on to every process (forwardSignals)
+	// relisten has a quiesced guest bind its control socket again
+	// (guestapi.RelistenSignal).
+	relisten <-chan os.Signal
 }
 
 func notifySignals() signals {
 	fwd := make(chan os.Signal, 16)
 	signal.Notify(fwd, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
-	return signals{chld: reaper.Watch(), fwd: fwd}
+	relisten := make(chan os.Signal, 1)
+	signal.Notify(relisten, guestapi.RelistenSignal)
+	return signals{chld: reaper.Watch(), fwd: fwd, relisten: relisten}
 }
 
 // forwardSignals passes the signals PID 1 receives (on ch) on to every

@@ -20,9 +20,11 @@ import (
 // serve is the guest's steady state: it reaps every process, forwards
 // signals, and serves the daemon's requests on the control socket, forking
 // each command on the spawner thread.
-func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *os.File, ln net.Listener) error {
+func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *os.File, ctl *control) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("guest", os.Getpid())
 	s := newServer(cfg, oom, sp, log)
+	s.ctl = ctl
+	go ctl.relistenOn(sigs.relisten, s)
 	// What no pidfd watch reaps: processes reparented to us as PID 1, and
 	// any of ours whose pidfd could not be watched.
 	go reaper.Run(sigs.chld, s.exited)
@@ -32,22 +34,34 @@ func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.Fil
 	syncSock.Close()
 
 	for {
-		conn, err := ln.Accept()
+		conn, err := ctl.listener().Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
+				if ctl.quiesced() {
+					continue // until bound again
+				}
 				return nil
 			}
 			log.Warn("accepting", "err", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		go s.handle(conn)
+		if !ctl.add(conn) {
+			conn.Close()
+			continue
+		}
+		go func() {
+			s.handle(conn)
+			ctl.remove(conn)
+		}()
 	}
 }
 
 type server struct {
 	cfg guestapi.ServeConfig
-	oom *os.File
+	// oom is the cgroup's OOM counter file; nil after a quiesce (a file
+	// of the host's cannot be saved in a checkpoint).
+	oom atomic.Pointer[os.File]
 	sp  *spawner
 	log *slog.Logger
 
@@ -67,6 +81,10 @@ type server struct {
 
 	// lanes counts the exec lanes being served (lane_linux.go).
 	lanes atomic.Int64
+
+	// ctl is the control socket (nil in tests that serve connections
+	// themselves).
+	ctl *control
 }
 
 func newServer(cfg guestapi.ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {
@@ -76,7 +94,10 @@ func newServer(cfg guestapi.ServeConfig, oom *os.File, sp *spawner, log *slog.Lo
 	if cfg.Retain <= 0 {
 		cfg.Retain = 256
 	}
-	s := &server{cfg: cfg, oom: oom, sp: sp, log: log, procs: map[int]*process{}}
+	s := &server{cfg: cfg, sp: sp, log: log, procs: map[int]*process{}}
+	if oom != nil {
+		s.oom.Store(oom)
+	}
 	s.oomSeen = s.oomKills()
 	return s
 }

@@ -327,3 +327,32 @@ func (c *Client) HandLane(ctx context.Context, id string, lane syscall.Conn) (*C
 	}
 	return gc, nil
 }
+
+// Quiesce has the guest close its control socket (OpQuiesce) and returns
+// once it has closed this call's connection too: the guest then holds no
+// socket of the host's. The client's kept connections are dropped.
+func (c *Client) Quiesce(ctx context.Context) error {
+	c.mu.Lock()
+	idle := c.idle
+	c.idle = nil
+	c.mu.Unlock()
+	for _, conn := range idle {
+		conn.Close()
+	}
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return err
+	}
+	_, gc, _, err := c.callWith(ctx, conn, bufio.NewReader(conn), Request{Op: OpQuiesce})
+	if err != nil {
+		return err
+	}
+	defer gc.Conn.Close()
+	stop := context.AfterFunc(ctx, func() { gc.Conn.Close() })
+	defer stop()
+	// The guest sends nothing more: the read ends when it closes.
+	if _, err := io.Copy(io.Discard, gc.br); err != nil || ctx.Err() != nil {
+		return fmt.Errorf("waiting for the guest to close its sockets: %w", errors.Join(err, ctx.Err()))
+	}
+	return nil
+}

@@ -15,6 +15,7 @@ package guestapi
 
 import (
 	"sort"
+	"syscall"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -37,7 +38,19 @@ const (
 	// (SCM_RIGHTS) follows, and the connection then carries the guest's
 	// reports of the lane's execs to the daemon.
 	OpLane = "lane"
+	// OpQuiesce readies a guest under gVisor for a checkpoint: it closes
+	// its control socket's listener and every connection but this one,
+	// answers, and closes this one too (a bound host socket cannot be
+	// saved). RelistenSignal, sent once the sandbox runs again (restored,
+	// or its checkpoint failed), has it bind the socket again.
+	OpQuiesce = "quiesce"
 )
+
+// RelistenSignal is the signal that has a quiesced guest bind its control
+// socket again: SIGPWR, which runsc kill can send and the guest forwards
+// to no process. From inside the sandbox it does nothing to a guest that
+// listens.
+const RelistenSignal = syscall.SIGPWR
 
 // Request is the first frame a client sends on a guest connection.
 type Request struct {

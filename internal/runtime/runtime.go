@@ -7,6 +7,7 @@ package runtime
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -37,6 +38,11 @@ type Spec struct {
 	// DiskFrom, for a sandbox without a disk yet, is an image file (a
 	// snapshot) whose copy becomes its disk.
 	DiskFrom string
+	// FromCheckpoint starts the sandbox from the memory checkpoint its
+	// tier's Checkpoint wrote on its disk: its processes continue where
+	// they were. Env and Setup are not used (the guest has its
+	// environment).
+	FromCheckpoint bool
 	// Setup, if set, is called once the sandbox's id is known and before
 	// any of its processes run (a warm guest's id is only known when it is
 	// taken); it returns more environment (KEY=VALUE).
@@ -197,6 +203,35 @@ type Runtime interface {
 	// running sandboxes are left alone.
 	Close() error
 }
+
+// Checkpointer is offered by tiers that can pause a sandbox with its
+// processes (the gvisor tier).
+type Checkpointer interface {
+	// Checkpoint writes running sandbox id's processes (their memory,
+	// open files, sockets) to its disk and leaves them stopped, not
+	// ended: the caller's Stop ends them, and a Start with
+	// Spec.FromCheckpoint continues them. On failure they run on and the
+	// error says why.
+	Checkpoint(ctx context.Context, id string) (Checkpoint, error)
+}
+
+// Checkpoint reports a memory checkpoint.
+type Checkpoint struct {
+	// Bytes is what it takes on the sandbox's disk (compressed).
+	Bytes int64
+	// MemoryBytes is the memory the sandbox's processes used.
+	MemoryBytes int64
+	Took        time.Duration
+}
+
+var (
+	// ErrNoCheckpoint: the sandbox's tier keeps no memory on a pause.
+	ErrNoCheckpoint = errors.New("this runtime keeps no memory on a pause")
+	// ErrCheckpointUnusable marks a start from a checkpoint that failed
+	// for the checkpoint's sake (missing, truncated, corrupt): the
+	// sandbox's files are intact and a start without it may work.
+	ErrCheckpointUnusable = errors.New("the memory checkpoint cannot be restored")
+)
 
 // Capture reports a snapshot of a writable layer.
 type Capture struct {

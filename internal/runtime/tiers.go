@@ -40,8 +40,9 @@ type Tiers struct {
 }
 
 var (
-	_ Runtime = (*Tiers)(nil)
-	_ Pools   = (*Tiers)(nil)
+	_ Runtime      = (*Tiers)(nil)
+	_ Pools        = (*Tiers)(nil)
+	_ Checkpointer = (*Tiers)(nil)
 )
 
 // NewTiers runs sandboxes on base and, when their spec names one, on
@@ -150,6 +151,15 @@ func (t *Tiers) Remove(ctx context.Context, id string) error { return t.of(id).R
 // Snapshot implements Runtime.
 func (t *Tiers) Snapshot(ctx context.Context, id, dst string, pause func() (func(), error)) (Capture, error) {
 	return t.of(id).Snapshot(ctx, id, dst, pause)
+}
+
+// Checkpoint implements Checkpointer: by the tier that owns id, if it
+// can; ErrNoCheckpoint otherwise.
+func (t *Tiers) Checkpoint(ctx context.Context, id string) (Checkpoint, error) {
+	if c, ok := t.of(id).(Checkpointer); ok {
+		return c.Checkpoint(ctx, id)
+	}
+	return Checkpoint{}, ErrNoCheckpoint
 }
 
 // DiskUsage implements Runtime.

@@ -2,10 +2,13 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
 // touch records activity on the sandbox (an API call that reached it).
@@ -72,10 +75,11 @@ func (m *Manager) wakeLocked(ctx context.Context, b *box) error {
 	return nil
 }
 
-// Pause hibernates a sandbox: its processes end and its memory and CPU
-// are released; its files, environment, limits and policy are kept, and
-// Resume brings it back with the same id. (The native runtime keeps no
-// memory image; a checkpointing runtime would hand one back here.)
+// Pause hibernates a sandbox: its memory and CPU are released; its files,
+// environment, limits and policy are kept, and Resume brings it back with
+// the same id. On a runtime that checkpoints (gvisor) its processes are
+// kept too, on its disk, and a resume continues them; on native they end.
+// The record's Paused says which.
 func (m *Manager) Pause(ctx context.Context, id string) (api.Sandbox, error) {
 	b, err := m.lookup(id)
 	if err != nil {
@@ -97,9 +101,16 @@ func (m *Manager) pauseLocked(ctx context.Context, b *box, act action) error {
 		return err
 	}
 	start := time.Now()
+	kept, err := m.checkpointLocked(ctx, b)
+	if err != nil {
+		return err
+	}
 	if err := m.stopLocked(ctx, b); err != nil {
 		return err
 	}
+	kept.At = time.Now().UTC()
+	kept.TookMillis = time.Since(start).Milliseconds()
+	b.rec.Paused = kept
 	b.rec.State = mv.to
 	b.rec.Error = ""
 	m.persistLocked(b)
@@ -107,6 +118,37 @@ func (m *Manager) pauseLocked(ctx context.Context, b *box, act action) error {
 	m.notify(b).Event(b.rec.ID, "lifecycle", "paused", nil)
 	m.log.Info("sandbox paused", "sandbox", b.rec.ID, "took", time.Since(start).Round(time.Microsecond))
 	return nil
+}
+
+// checkpointLocked writes b's processes to its disk when its runtime
+// can (they are stopped then, and stopLocked ends them), and says what
+// the pause keeps. A checkpoint that fails leaves b running, as it was,
+// and the error says why.
+func (m *Manager) checkpointLocked(ctx context.Context, b *box) (*api.PauseInfo, error) {
+	c, ok := m.cfg.Runtime.(runtime.Checkpointer)
+	if !ok || b.inst == nil {
+		return &api.PauseInfo{}, nil
+	}
+	frozen := b.rec.State == api.StateFrozen
+	if frozen {
+		// The checkpoint is the sandbox's kernel's work: it must run.
+		if err := b.inst.Thaw(); err != nil {
+			return nil, fmt.Errorf("thawing %s: %w", b.rec.ID, err)
+		}
+	}
+	ck, err := c.Checkpoint(ctx, b.rec.ID)
+	switch {
+	case err == nil:
+		m.log.Info("sandbox checkpointed", "sandbox", b.rec.ID, "bytes", ck.Bytes, "memory", ck.MemoryBytes, "took", ck.Took.Round(time.Microsecond))
+		return &api.PauseInfo{Memory: true, CheckpointBytes: ck.Bytes, MemoryBytes: ck.MemoryBytes}, nil
+	case errors.Is(err, runtime.ErrNoCheckpoint):
+		return &api.PauseInfo{}, nil
+	}
+	if frozen {
+		b.inst.Freeze(context.Background())
+	}
+	m.log.Warn("checkpointing", "sandbox", b.rec.ID, "err", err)
+	return nil, fmt.Errorf("%w: pausing %s with its memory: %v; it runs on", errdefs.ErrConflict, b.rec.ID, err)
 }
 
 // Resume starts a paused or stopped sandbox again with the same id, files,
@@ -156,6 +198,7 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	spec.ID = b.rec.ID
 	spec.Held = true // activated once recorded, below
 	spec.DiskFrom = diskFrom
+	spec.FromCheckpoint = b.rec.State == api.StatePaused && b.rec.Paused != nil && b.rec.Paused.Memory
 	if spec.Mounts, err = m.mounts(ctx, b.rec.ID, b.rec.Volumes); err != nil {
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}
@@ -165,6 +208,14 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	inst, err := m.cfg.Runtime.Start(ctx, spec)
 	if err != nil {
 		m.notify(b).Release(b.rec.ID)
+		if spec.FromCheckpoint && errors.Is(err, runtime.ErrCheckpointUnusable) {
+			// Its files are intact: the next resume starts it from them.
+			b.rec.Paused.Memory = false
+			b.rec.Paused.Lost = err.Error()
+			m.persistLocked(b)
+			return fmt.Errorf("%w: resuming %s: %v; its files are kept: resume again to start it from them, without its processes",
+				errdefs.ErrConflict, b.rec.ID, err)
+		}
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}
 	b.attach(inst)
@@ -174,13 +225,14 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	}
 	b.rec.State = to
 	b.rec.Error = ""
+	b.rec.Paused = nil
 	b.rec.Runtime = inst.State()
 	m.persistLocked(b)
 	m.watch(b, inst)
 	activate(inst)
 	m.notify(b).Running(b.rec.ID, b.viewLocked())
 	m.notify(b).Event(b.rec.ID, "lifecycle", "resumed", nil)
-	m.log.Info("sandbox resumed", "sandbox", b.rec.ID, "took", time.Since(start).Round(time.Microsecond))
+	m.log.Info("sandbox resumed", "sandbox", b.rec.ID, "memory", spec.FromCheckpoint, "took", time.Since(start).Round(time.Microsecond))
 	return nil
 }
 

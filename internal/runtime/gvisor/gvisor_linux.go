@@ -176,6 +176,14 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 			r.discard(rd)
 			return nil, fmt.Errorf("setting limits: %w", err)
 		}
+	} else if spec.FromCheckpoint {
+		var err error
+		if rd, err = r.build(ctx, spec.ID, spec, false, mark); err != nil {
+			return nil, err
+		}
+		mark("restored")
+		r.log.Debug("gvisor start phases", append([]any{"sandbox", rd.sb.id}, phases...)...)
+		return rd.sb, nil
 	} else {
 		if picked {
 			spec.ID = runtime.NewID()
@@ -309,12 +317,25 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 		return nil, fmt.Errorf("writing bundle: %w", err)
 	}
 
-	sb, sync, err := r.run(ctx, id, dir, cg)
+	// A resume with memory restores the checkpoint on the disk; anything
+	// else runs the guest afresh.
+	var sb *Sandbox
+	var sync *os.File
+	image := filepath.Join(v.Path, checkpointName)
+	if spec.FromCheckpoint {
+		sb, err = r.restoreRun(ctx, id, dir, image)
+	} else {
+		sb, sync, err = r.run(ctx, id, dir, cg)
+	}
 	if err != nil {
+		r.runsc(context.Background(), "delete", "--force", id).Run()
+		pruneCgroupParents(cg)
 		return nil, err
 	}
 	cleanups = append(cleanups, func() {
-		sync.Close()
+		if sync != nil {
+			sync.Close()
+		}
 		sb.Kill()
 		r.runsc(context.Background(), "delete", "--force", id).Run()
 		pruneCgroupParents(cg)
@@ -322,6 +343,14 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 	sb.st.UIDBase = uidBase
 	sb.st.Net = net.State
 	mark("runsc")
+	if spec.FromCheckpoint {
+		if err := r.relisten(ctx, id); err != nil {
+			return nil, fmt.Errorf("%w: %v%s", runtime.ErrCheckpointUnusable, err, guestapi.LogTail(filepath.Join(dir, "guest.log")))
+		}
+		// The processes run on from here: the checkpoint is spent.
+		os.RemoveAll(image)
+		return &prepared{sb: sb, net: net, undo: undo}, nil
+	}
 
 	oom, err := cg.OpenOOMEvents()
 	if err != nil {

@@ -1,0 +1,225 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/runtime"
+)
+
+// checkpointName is the directory on a sandbox's disk (beside its root's
+// upper layer: out of the sandbox's sight, counted against its disk's
+// size, copied with the disk) that holds its memory checkpoint while it
+// is paused.
+const checkpointName = "checkpoint"
+
+var _ runtime.Checkpointer = (*Runtime)(nil)
+
+// Checkpoint implements runtime.Checkpointer. The guest first closes its
+// control socket (gVisor cannot save a socket bound on the host); runsc
+// then pauses the sandbox's kernel and saves it, compressed, leaving it
+// paused: a save that fails leaves it to be resumed, which a save without
+// --leave-running would not (it ends the sandbox either way). On failure
+// the kernel is resumed and the guest binds its socket again.
+func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint, error) {
+	t0 := time.Now()
+	v, err := r.cfg.Disks.Open(id)
+	if err != nil {
+		return runtime.Checkpoint{}, fmt.Errorf("opening disk: %w", err)
+	}
+	var mem int64
+	if cg, err := r.cfg.Cgroups.Load(id); err == nil {
+		if st, err := cg.Stats(); err == nil {
+			mem = st.MemoryCurrent
+		}
+	}
+	final := filepath.Join(v.Path, checkpointName)
+	tmp := final + ".new"
+	os.RemoveAll(tmp)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return runtime.Checkpoint{}, fmt.Errorf("making the checkpoint's directory: %w", err)
+	}
+	paused := false
+	fail := func(err error) (runtime.Checkpoint, error) {
+		os.RemoveAll(tmp)
+		// Not the caller's context: the sandbox must run again even
+		// when the call was cut short.
+		bg, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if paused {
+			if out, rerr := r.runsc(bg, "resume", id).CombinedOutput(); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("resuming the sandbox: %s", runscError(rerr, out)))
+			}
+		}
+		if rerr := r.relisten(bg, id); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return runtime.Checkpoint{}, err
+	}
+	c := guestapi.NewClient(r.dialer(id))
+	err = c.Quiesce(ctx)
+	c.Close()
+	if err != nil {
+		return fail(fmt.Errorf("readying the guest: %w", err))
+	}
+	if out, err := r.runsc(ctx, "pause", id).CombinedOutput(); err != nil {
+		return fail(fmt.Errorf("runsc pause: %s", runscError(err, out)))
+	}
+	paused = true
+	out, err := r.runsc(ctx, "checkpoint", "--leave-running", "--compression", "flate-best-speed",
+		"--image-path", tmp, id).CombinedOutput()
+	if err != nil {
+		return fail(fmt.Errorf("runsc checkpoint: %s", runscError(err, out)))
+	}
+	if err := syncDir(tmp); err != nil {
+		return fail(fmt.Errorf("writing the checkpoint: %w", err))
+	}
+	if err := os.RemoveAll(final); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return fail(err)
+	}
+	return runtime.Checkpoint{Bytes: dirBytes(final), MemoryBytes: mem, Took: time.Since(t0)}, nil
+}
+
+// restoreRun starts runsc restore of the checkpoint at image for the
+// bundle in dir (whose spec names the sandbox's cgroup) and returns the
+// sandbox, watching the sentry's process.
+func (r *Runtime) restoreRun(ctx context.Context, id, dir, image string) (*Sandbox, error) {
+	if _, err := os.Stat(filepath.Join(image, "checkpoint.img")); err != nil {
+		return nil, fmt.Errorf("%w: %v", runtime.ErrCheckpointUnusable, err)
+	}
+	// runsc's stdio becomes the restored guest's: a file, which the
+	// detached sandbox may keep open (a pipe would keep Run waiting).
+	logFile, err := os.OpenFile(filepath.Join(dir, "guest.log"), os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	logged, err := logFile.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, err
+	}
+	pidFile := filepath.Join(dir, "sentry.pid")
+	os.Remove(pidFile)
+	cmd := r.runsc(ctx, "--log", filepath.Join(dir, "runsc.log"), "restore", "--detach",
+		"--bundle", dir, "--pid-file", pidFile, "--image-path", image, id)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	if err := cmd.Run(); err != nil {
+		out := make([]byte, 4096)
+		n, _ := logFile.ReadAt(out, logged)
+		return nil, fmt.Errorf("%w: runsc restore: %s", runtime.ErrCheckpointUnusable, runscError(err, out[:n]))
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the sandbox's pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("reading the sandbox's pid: %w", err)
+	}
+	group, err := r.cfg.Cgroups.Load(id)
+	if err != nil {
+		return nil, fmt.Errorf("loading cgroup: %w", err)
+	}
+	return r.watch(id, pid, group)
+}
+
+// relisten has a quiesced guest bind its control socket again and waits
+// until it answers.
+func (r *Runtime) relisten(ctx context.Context, id string) error {
+	if out, err := r.runsc(ctx, "kill", id, "PWR").CombinedOutput(); err != nil {
+		return fmt.Errorf("signalling the guest: %s", runscError(err, out))
+	}
+	c := guestapi.NewClient(r.dialer(id))
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := c.Ping(pctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("the guest does not answer on its control socket again: %w", err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// dialer dials sandbox id's guest, as Sandbox.Dial does.
+func (r *Runtime) dialer(id string) func(context.Context) (net.Conn, error) {
+	socket := filepath.Join(r.dir(id), "ctl", "guest.sock")
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}
+}
+
+// runscError is the first line of what a failed runsc command printed
+// (runsc adds a goroutine dump to some errors), or its exit status.
+func runscError(err error, out []byte) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	line = strings.TrimSuffix(strings.TrimSpace(line), ":")
+	if line == "" {
+		return err.Error()
+	}
+	if len(line) > 400 {
+		line = line[:400] + "…"
+	}
+	return line
+}
+
+// syncDir flushes the files in dir, and dir itself, to disk.
+func syncDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range append(entries, nil) {
+		p := dir
+		if e != nil {
+			p = filepath.Join(dir, e.Name())
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dirBytes is the space the files under dir take.
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if fi, err := d.Info(); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					n += st.Blocks * 512
+				}
+			}
+		}
+		return nil
+	})
+	return n
+}
