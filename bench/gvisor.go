@@ -125,6 +125,9 @@ func benchGvisor(ctx context.Context, r *rig) *section {
 		s.Bars = append(s.Bars, bar{Issue: 23, What: "gvisor create → first output of `echo hi`, through a pool (median)",
 			Target: "≤ " + ms(gvisorBarMax), Value: ms(med), Verdict: check(med <= gvisorBarMax)})
 	}
+	if s.Err == nil {
+		r.benchMemoryPause(ctx, s)
+	}
 	return s
 }
 

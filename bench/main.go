@@ -48,7 +48,7 @@ type benchmark struct {
 func allBenchmarks() []benchmark {
 	return []benchmark{
 		{"cold", "Cold create → first output of `echo hi`", benchCold},
-		{"gvisor", "gvisor create → first output of `echo hi`: through a pool, without one, and a bare runsc run", benchGvisor},
+		{"gvisor", "gvisor create → first output of `echo hi`: through a pool, without one, and a bare runsc run; a memory pause of 512 MiB", benchGvisor},
 		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
 		{"churn", "Churn: concurrent create → exec → delete loops", benchChurn},
 		{"burst", fmt.Sprintf("Burst: %d creates at once, each → first output of `echo hi`", burstSize), benchBurst},

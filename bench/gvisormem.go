@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+)
+
+// Issue 23, bar 3: a memory pause of a sandbox whose Python process holds
+// 512 MiB.
+const (
+	memPauseRounds   = 3
+	memPauseHeld     = 512 << 20
+	memPauseMax      = 2 * time.Second
+	memPauseRatioMax = 0.6
+	memResumeMax     = 500 * time.Millisecond
+)
+
+// memHolder holds 512 MiB (the hex of 256 MiB of random bytes: text with
+// 4 bits of entropy a byte) and answers on port 8000 with its pid and a
+// count of the requests it served, kept in its memory.
+const memHolder = `import http.server, os
+held = bytearray(os.urandom(256 << 20).hex(), "ascii")
+hits = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global hits
+        hits += 1
+        b = ("pid %d hits %d held %d\n" % (os.getpid(), hits, len(held))).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()
+`
+
+// benchMemoryPause adds the memory pause rows to the gvisor section.
+func (r *rig) benchMemoryPause(ctx context.Context, s *section) {
+	s.Method = append(s.Method,
+		fmt.Sprintf("**memory pause** (bar 3, %d rounds, one sandbox each): a gvisor sandbox (1 GiB memory limit) runs a Python HTTP server holding %s (the hex of random bytes, 4 bits of entropy a byte) and a count of the requests it served. **pause**: `client.Pause` (the guest closes its control socket, `runsc pause`, `runsc checkpoint --leave-running --compression flate-best-speed` onto the sandbox's disk, the sandbox's processes killed and its cgroup removed). **checkpoint**: its size on disk (allocated blocks), against the %s the process holds and against the cgroup's memory use. **resume → answering**: from `client.Resume` to the server's first answer through a forwarded port (`runsc restore`, the guest binding its socket again, the port forward, the request). The server must answer with the same pid and its count one up.", memPauseRounds, mib(memPauseHeld), mib(memPauseHeld)))
+	var pauses, resumes []time.Duration
+	var ckpt, mem []int64
+	continued := true
+	for i := 0; i < memPauseRounds; i++ {
+		p, rs, ck, m, ok, err := r.memoryPauseRound(ctx)
+		if err != nil {
+			s.Err = fmt.Errorf("memory pause, round %d: %w", i+1, err)
+			break
+		}
+		pauses, resumes = append(pauses, p), append(resumes, rs)
+		ckpt, mem = append(ckpt, ck), append(mem, m)
+		continued = continued && ok
+	}
+	if len(pauses) == 0 {
+		return
+	}
+	t := table{Header: []string{"memory pause (512 MiB held)", "n", "median", "p90", "min", "max"}}
+	for _, row := range []struct {
+		name string
+		d    []time.Duration
+	}{{"pause", pauses}, {"resume → answering", resumes}} {
+		sm := summarize(row.d)
+		t.add(row.name, fmt.Sprint(sm.N), ms(sm.Median), ms(sm.P90), ms(sm.Min), ms(sm.Max))
+	}
+	s.Tables = append(s.Tables, t)
+	ck, m := medianBytes(ckpt), medianBytes(mem)
+	s.Tables = append(s.Tables, table{Header: []string{"checkpoint (median)", "on disk", "÷ held", "÷ cgroup memory"},
+		Rows: [][]string{{"flate-best-speed", mib(ck), ratio(time.Duration(ck), memPauseHeld), ratio(time.Duration(ck), time.Duration(m)) + " (" + mib(m) + ")"}}})
+	pm, rm := summarize(pauses).Median, summarize(resumes).Median
+	s.Bars = append(s.Bars,
+		bar{Issue: 23, What: "memory pause of a sandbox holding 512 MiB (median)", Target: "≤ " + ms(memPauseMax), Value: ms(pm), Verdict: check(pm <= memPauseMax)},
+		bar{Issue: 23, What: "its checkpoint on disk ÷ the 512 MiB held (median)", Target: fmt.Sprintf("≤ %.1f×", memPauseRatioMax), Value: ratio(time.Duration(ck), memPauseHeld), Verdict: check(float64(ck) <= memPauseRatioMax*memPauseHeld)},
+		bar{Issue: 23, What: "resume → the process answering (median)", Target: "≤ " + ms(memResumeMax), Value: ms(rm), Verdict: check(rm <= memResumeMax)},
+		bar{Issue: 23, What: "the process continues where it stopped (same pid, its count one up)", Target: "every round", Value: fmt.Sprint(continued), Verdict: check(continued)},
+	)
+}
+
+func medianBytes(v []int64) int64 {
+	d := make([]time.Duration, len(v))
+	for i, b := range v {
+		d[i] = time.Duration(b)
+	}
+	return int64(summarize(d).Median)
+}
+
+// memoryPauseRound makes a sandbox holding memHolder's memory, pauses
+// and resumes it once, and removes it.
+func (r *rig) memoryPauseRound(ctx context.Context) (pause, resume time.Duration, ckpt, mem int64, continued bool, err error) {
+	sb, err := r.client.Create(ctx, api.CreateRequest{Runtime: "gvisor", Resources: api.Resources{MemoryBytes: 1 << 30}})
+	if err != nil {
+		return
+	}
+	r.track(sb.ID)
+	defer func() {
+		if rerr := r.remove(ctx, sb.ID); err == nil {
+			err = rerr
+		}
+	}()
+	if _, err = r.client.WriteFile(ctx, sb.ID, "/root/holder.py", strings.NewReader(memHolder), client.WriteOptions{}); err != nil {
+		return
+	}
+	if _, err = r.client.StartProcess(ctx, sb.ID, api.StartRequest{Cmd: []string{"python3", "/root/holder.py"}}); err != nil {
+		return
+	}
+	var before string
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if before, err = r.askHolder(ctx, sb.ID); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, 0, 0, 0, false, fmt.Errorf("the holder does not answer: %w", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	r.idle(ctx)
+	t0 := time.Now()
+	paused, err := r.client.Pause(ctx, sb.ID)
+	if err != nil {
+		return
+	}
+	pause = time.Since(t0)
+	if paused.Paused == nil || !paused.Paused.Memory {
+		return 0, 0, 0, 0, false, fmt.Errorf("the pause kept no memory: %+v", paused.Paused)
+	}
+	ckpt, mem = paused.Paused.CheckpointBytes, paused.Paused.MemoryBytes
+	r.idle(ctx)
+	t0 = time.Now()
+	if _, err = r.client.Resume(ctx, sb.ID); err != nil {
+		return
+	}
+	after, err := r.askHolder(ctx, sb.ID)
+	if err != nil {
+		return
+	}
+	resume = time.Since(t0)
+	// "pid P hits N held H"
+	b, a := strings.Fields(before), strings.Fields(after)
+	continued = len(b) == 6 && len(a) == 6 && a[1] == b[1] && a[3] == fmt.Sprint(atoi(b[3])+1) && a[5] == fmt.Sprint(memPauseHeld)
+	return
+}
+
+// askHolder asks memHolder for its pid and count through a forwarded
+// port.
+func (r *rig) askHolder(ctx context.Context, id string) (string, error) {
+	addr, err := r.client.ForwardPort(ctx, id, 8000)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b)), err
+}
+
+func atoi(s string) int {
+	var n int
+	fmt.Sscan(s, &n)
+	return n
+}
