@@ -27,6 +27,7 @@ const (
 // count of the requests it served, kept in its memory.
 const memHolder = `import http.server, os
 held = bytearray(os.urandom(256 << 20).hex(), "ascii")
+open("/root/held", "w").write("yes")
 hits = 0
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -110,16 +111,20 @@ func (r *rig) memoryPauseRound(ctx context.Context) (pause, resume time.Duration
 	if _, err = r.client.StartProcess(ctx, sb.ID, api.StartRequest{Cmd: []string{"python3", "/root/holder.py"}}); err != nil {
 		return
 	}
-	var before string
-	deadline := time.Now().Add(3 * time.Minute)
+	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		if before, err = r.askHolder(ctx, sb.ID); err == nil {
+		st, err := r.client.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"test", "-e", "/root/held"}}, client.ExecIO{})
+		if err == nil && st.ExitCode == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			return 0, 0, 0, 0, false, fmt.Errorf("the holder does not answer: %w", err)
+			return 0, 0, 0, 0, false, fmt.Errorf("the holder did not take its memory: %v %+v", err, st)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(time.Second)
+	}
+	before, err := r.askHolder(ctx, sb.ID)
+	if err != nil {
+		return
 	}
 	r.idle(ctx)
 	t0 := time.Now()
@@ -149,19 +154,28 @@ func (r *rig) memoryPauseRound(ctx context.Context) (pause, resume time.Duration
 }
 
 // askHolder asks memHolder for its pid and count through a forwarded
-// port.
+// port, the forward opened once, the request tried until it is answered
+// (for 30 s).
 func (r *rig) askHolder(ctx context.Context, id string) (string, error) {
 	addr, err := r.client.ForwardPort(ctx, id, 8000)
 	if err != nil {
 		return "", err
 	}
-	resp, err := http.Get("http://" + addr + "/")
-	if err != nil {
-		return "", err
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/")
+		if err == nil {
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil && resp.StatusCode == http.StatusOK {
+				return strings.TrimSpace(string(b)), nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("the holder does not answer: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return strings.TrimSpace(string(b)), err
 }
 
 func atoi(s string) int {

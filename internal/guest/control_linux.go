@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -146,7 +147,31 @@ func (c *control) relistenOn(ch <-chan os.Signal, s *server) {
 	}
 }
 
-func init() { extraOps[guestapi.OpQuiesce] = (*server).opQuiesce }
+func init() {
+	extraOps[guestapi.OpQuiesce] = (*server).opQuiesce
+	extraOps[guestapi.OpSetEnv] = (*server).opSetEnv
+}
+
+// env is the environment new processes start with (before their own).
+func (s *server) env() []string {
+	if e := s.setEnv.Load(); e != nil {
+		return *e
+	}
+	return s.cfg.Env
+}
+
+// opSetEnv replaces variables of the environment new processes get.
+func (s *server) opSetEnv(c *opConn, req guestapi.Request) {
+	for _, kv := range req.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			c.respond(guestapi.Response{}, errdefs.Invalid("env", "%q is not KEY=VALUE", kv))
+			return
+		}
+	}
+	env := mergeEnv(s.env(), req.Env)
+	s.setEnv.Store(&env)
+	c.respond(guestapi.Response{}, nil)
+}
 
 // opQuiesce closes the control socket and every other connection of the
 // host's, answers, and lets the handler close this one.

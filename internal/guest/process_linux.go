@@ -594,7 +594,7 @@ func (s *server) spawn(sr *guestapi.StartRequest) (*process, error) {
 	if home != "" && !hasKey(sr.Env, "HOME") {
 		over = append([]string{"HOME=" + home}, sr.Env...)
 	}
-	env := mergeEnv(s.cfg.Env, over)
+	env := mergeEnv(s.env(), over)
 	argv0, err := lookPath(sr.Cmd[0], envValue(env, "PATH"), cwd)
 	if err != nil {
 		return nil, err

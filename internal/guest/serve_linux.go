@@ -85,6 +85,8 @@ type server struct {
 	// ctl is the control socket (nil in tests that serve connections
 	// themselves).
 	ctl *control
+	// setEnv is cfg.Env once OpSetEnv changed it.
+	setEnv atomic.Pointer[[]string]
 }
 
 func newServer(cfg guestapi.ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {

@@ -111,3 +111,10 @@ func (c *Client) Ping(ctx context.Context) error {
 	_, err := c.do(ctx, Request{Op: OpPing})
 	return err
 }
+
+// SetEnv replaces variables (KEY=VALUE) of the environment the guest
+// gives new processes (OpSetEnv).
+func (c *Client) SetEnv(ctx context.Context, env []string) error {
+	_, err := c.do(ctx, Request{Op: OpSetEnv, Env: env})
+	return err
+}

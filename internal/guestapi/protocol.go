@@ -44,6 +44,10 @@ const (
 	// saved). RelistenSignal, sent once the sandbox runs again (restored,
 	// or its checkpoint failed), has it bind the socket again.
 	OpQuiesce = "quiesce"
+	// OpSetEnv replaces variables of the environment the guest gives new
+	// processes (Request.Env, KEY=VALUE): a restored sandbox's network
+	// variables, whose network slot is new.
+	OpSetEnv = "set_env"
 )
 
 // RelistenSignal is the signal that has a quiesced guest bind its control
@@ -71,6 +75,8 @@ type Request struct {
 	Port *PortRequest `json:"port,omitempty"`
 	// Sandbox is the sandbox a lane is bound to (OpLane).
 	Sandbox string `json:"sandbox,omitempty"`
+	// Env are the variables OpSetEnv sets.
+	Env []string `json:"env,omitempty"`
 }
 
 // StartRequest starts a process.

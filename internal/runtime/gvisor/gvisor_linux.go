@@ -347,6 +347,16 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 		if err := r.relisten(ctx, id); err != nil {
 			return nil, fmt.Errorf("%w: %v%s", runtime.ErrCheckpointUnusable, err, guestapi.LogTail(filepath.Join(dir, "guest.log")))
 		}
+		// The network slot is new: new processes get its variables
+		// (the proxy's address).
+		if len(net.Env) > 0 {
+			c := guestapi.NewClient(sb.Dial)
+			err := c.SetEnv(ctx, net.Env)
+			c.Close()
+			if err != nil {
+				return nil, fmt.Errorf("giving the guest its network's variables: %w", err)
+			}
+		}
 		// The processes run on from here: the checkpoint is spent.
 		os.RemoveAll(image)
 		return &prepared{sb: sb, net: net, undo: undo}, nil
