@@ -22,11 +22,14 @@ const (
 	memResumeMax     = 500 * time.Millisecond
 )
 
-// memHolder holds 512 MiB (the hex of 256 MiB of random bytes: text with
-// 4 bits of entropy a byte) and answers on port 8000 with its pid and a
+// memHolder holds 512 MiB (the hex of random bytes: text with 4 bits of
+// entropy a byte, made a MiB at a time: the process's peak is what it
+// holds) and answers on port 8000 with its pid and a
 // count of the requests it served, kept in its memory.
 const memHolder = `import http.server, os
-held = bytearray(os.urandom(256 << 20).hex(), "ascii")
+held = bytearray(512 << 20)
+for i in range(0, len(held), 1 << 20):
+    held[i:i + (1 << 20)] = os.urandom(1 << 19).hex().encode()
 open("/root/held", "w").write("yes")
 hits = 0
 class H(http.server.BaseHTTPRequestHandler):
@@ -46,7 +49,7 @@ http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()
 // benchMemoryPause adds the memory pause rows to the gvisor section.
 func (r *rig) benchMemoryPause(ctx context.Context, s *section) {
 	s.Method = append(s.Method,
-		fmt.Sprintf("**memory pause** (bar 3, %d rounds, one sandbox each): a gvisor sandbox (1 GiB memory limit) runs a Python HTTP server holding %s (the hex of random bytes, 4 bits of entropy a byte) and a count of the requests it served. **pause**: `client.Pause` (the guest closes its control socket, `runsc pause`, `runsc checkpoint --leave-running --compression flate-best-speed` onto the sandbox's disk, the sandbox's processes killed and its cgroup removed). **checkpoint**: its size on disk (allocated blocks), against the %s the process holds and against the cgroup's memory use. **resume → answering**: from `client.Resume` to the server's first answer through a forwarded port (`runsc restore`, the guest binding its socket again, the port forward, the request). The server must answer with the same pid and its count one up.", memPauseRounds, mib(memPauseHeld), mib(memPauseHeld)))
+		fmt.Sprintf("**memory pause** (bar 3, %d rounds, one sandbox each): a gvisor sandbox (2 GiB memory limit) runs a Python HTTP server holding %s (the hex of random bytes, 4 bits of entropy a byte) and a count of the requests it served. **pause**: `client.Pause` (the guest closes its control socket, `runsc pause`, `runsc checkpoint --leave-running --compression flate-best-speed` onto the sandbox's disk, the sandbox's processes killed and its cgroup removed). **checkpoint**: its size on disk (allocated blocks), against the %s the process holds and against the cgroup's memory use. **resume → answering**: from `client.Resume` to the server's first answer through a forwarded port (`runsc restore`, the guest binding its socket again, the port forward, the request). The server must answer with the same pid and its count one up.", memPauseRounds, mib(memPauseHeld), mib(memPauseHeld)))
 	var pauses, resumes []time.Duration
 	var ckpt, mem []int64
 	continued := true
@@ -95,7 +98,7 @@ func medianBytes(v []int64) int64 {
 // memoryPauseRound makes a sandbox holding memHolder's memory, pauses
 // and resumes it once, and removes it.
 func (r *rig) memoryPauseRound(ctx context.Context) (pause, resume time.Duration, ckpt, mem int64, continued bool, err error) {
-	sb, err := r.client.Create(ctx, api.CreateRequest{Runtime: "gvisor", Resources: api.Resources{MemoryBytes: 1 << 30}})
+	sb, err := r.client.Create(ctx, api.CreateRequest{Runtime: "gvisor", Resources: api.Resources{MemoryBytes: 2 << 30}})
 	if err != nil {
 		return
 	}
