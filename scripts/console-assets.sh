@@ -26,4 +26,4 @@ fi
 rm -rf "$dist"
 node build.mjs
 echo "$stamp" > "$dist/.stamp"
-echo "console-assets: $(du -ch "$dist"/app.* | tail -1 | cut -f1) in internal/console/dist"
+echo "console-assets: $(du -sh "$dist" | cut -f1) in internal/console/dist"

@@ -7,15 +7,17 @@ package console
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"html/template"
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -42,7 +44,7 @@ type Console struct {
 	client *client.Client
 	log    *slog.Logger
 	mux    *http.ServeMux
-	assets fs.FS
+	assets map[string]asset
 }
 
 //go:embed page
@@ -243,19 +245,29 @@ func (c *Console) staticPage(name string) http.HandlerFunc {
 	}
 }
 
-// asset serves one file of the bundle (or of the fallback without one).
+// asset serves one file of the bundle (or of the fallback without one),
+// with an ETag of its content: a browser revalidates app.js and app.css
+// and keeps the chunks, whose names carry their hashes.
 func (c *Console) asset(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("file")
-	if !fs.ValidPath(name) || path.Base(name) != name {
-		writeError(w, http.StatusNotFound, errdefs.ErrNotFound, "no such asset")
-		return
-	}
-	if _, err := fs.Stat(c.assets, name); err != nil {
+	a, ok := c.assets[name]
+	if !ok {
 		writeError(w, http.StatusNotFound, errdefs.ErrNotFound, "no such asset: "+name)
 		return
 	}
-	w.Header().Set("Cache-Control", "no-cache")
-	http.ServeFileFS(w, r, c.assets, name)
+	if strings.HasPrefix(name, "chunk-") {
+		w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
+	} else {
+		w.Header().Set("Cache-Control", "no-cache")
+	}
+	w.Header().Set("ETag", a.etag)
+	http.ServeContent(w, r, name, time.Time{}, bytes.NewReader(a.data))
+}
+
+// asset is one file of the page's scripts and styles.
+type asset struct {
+	data []byte
+	etag string
 }
 
 // writeError answers in the API's error format.
@@ -265,12 +277,24 @@ func writeError(w http.ResponseWriter, code int, category error, msg string) {
 	json.NewEncoder(w).Encode(api.Error{Code: errdefs.Code(category), Message: msg})
 }
 
-// assets are the page's scripts and styles: the bundle under the
+// loadAssets reads the page's scripts and styles: the bundle under the
 // consoleui tag, the fallback without it.
-func assets() fs.FS {
-	sub, err := fs.Sub(bundle, bundleDir)
+func loadAssets() map[string]asset {
+	files, err := fs.ReadDir(bundle, bundleDir)
 	if err != nil {
 		panic(err) // the embed names the directory
 	}
-	return sub
+	m := map[string]asset{}
+	for _, f := range files {
+		b, err := fs.ReadFile(bundle, bundleDir+"/"+f.Name())
+		if err != nil || f.IsDir() || strings.HasPrefix(f.Name(), ".") {
+			continue
+		}
+		sum := sha256.Sum256(b)
+		m[f.Name()] = asset{data: b, etag: `"` + hex.EncodeToString(sum[:12]) + `"`}
+	}
+	return m
 }
+
+// assets are read once: every listener's console shares them.
+var assets = sync.OnceValue(loadAssets)
