@@ -68,6 +68,7 @@ func allBenchmarks() []benchmark {
 		{"archive", "Archive: a paused sandbox with 1 GiB archived to an object store, resumed on another node after its own is gone", benchArchive},
 		{"e2b", "E2B SDK: create + run('echo hi') + kill, against the native API", benchE2B},
 		{"egress", "HTTPS through the egress proxy", benchEgress},
+		{"console", fmt.Sprintf("Web console page loads in headless Chromium with %d sandboxes", consoleSandboxes), benchConsole},
 		{"baseline", "This build against a baseline binary, in alternating blocks", benchBaseline},
 	}
 }
