@@ -87,6 +87,67 @@ type CreateRequest struct {
 	// node whose labels include all of these (api.Node.Labels). A single
 	// daemon ignores it.
 	NodeSelector map[string]string `json:"node_selector,omitempty"`
+	// Containers, when set, make the sandbox a group of named containers
+	// sharing its network namespace, limits and lifecycle (the first is
+	// the sandbox's own guest, the default of every call). Image, Env,
+	// Workdir and Volumes are then set per container and left empty here.
+	// Absent: a sandbox of one container, as before.
+	Containers []Container `json:"containers,omitempty"`
+	// SharedVolumes are volumes made with the sandbox and removed with it,
+	// which its containers mount by name (Container.Mounts).
+	SharedVolumes []SharedVolume `json:"shared_volumes,omitempty"`
+}
+
+// Container is one container of a sandbox (CreateRequest.Containers): its
+// own root filesystem and disk, mount, pid, ipc and user namespaces and
+// uid range, in the sandbox's network namespace and within its limits.
+type Container struct {
+	// Name is 1 to 32 of a-z, 0-9 and single '-', starting with a letter;
+	// unique in the sandbox.
+	Name string `json:"name"`
+	// Image is the container's image; default the daemon's ("host").
+	Image string `json:"image,omitempty"`
+	// Command, when set, is started in the background once the container
+	// is up (a service); its output is the process's (ps, attach, logs).
+	Command []string          `json:"command,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
+	// User runs Command as this user of the container; default root.
+	User string `json:"user,omitempty"`
+	// Resources cap this container within the sandbox's (each at most the
+	// sandbox's); zero fields leave only the sandbox's cap. The first
+	// container runs under the sandbox's own limits and sets none.
+	// DiskBytes sizes its disk (default the daemon's).
+	Resources Resources `json:"resources,omitempty"`
+	// Mounts are shared volumes of the sandbox (SharedVolumes) or named
+	// volumes, by name, each read-write or read-only.
+	Mounts []VolumeMount `json:"mounts,omitempty"`
+}
+
+// SharedVolume is a volume a sandbox's containers share.
+type SharedVolume struct {
+	// Name is how containers' mounts name it: 1 to 32 of a-z, 0-9 and
+	// single '-', starting with a letter.
+	Name string `json:"name"`
+	// SizeBytes caps it; 0 means the daemon's default disk size.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
+	// Volume is the named volume that holds it (ID-NAME), set by the
+	// daemon.
+	Volume string `json:"volume,omitempty"`
+}
+
+// ContainerStatus is a container of a sandbox as Get and List show it.
+type ContainerStatus struct {
+	Container
+	ImageID string `json:"image_id,omitempty"`
+	// State is the container's: running, or stopped (its init process
+	// ended while the sandbox ran; Error says why), or the sandbox's own
+	// when it is not running.
+	State State  `json:"state"`
+	Error string `json:"error,omitempty"`
+	// PID is Command's process id in the container (0: none).
+	PID     int          `json:"pid,omitempty"`
+	Runtime *RuntimeInfo `json:"runtime,omitempty"`
 }
 
 // Sandbox describes one sandbox.
@@ -129,6 +190,35 @@ type Sandbox struct {
 	// Node is the cluster node that holds the sandbox (its name, as
 	// `paddock nodes` lists it); empty on a daemon that is no node.
 	Node string `json:"node,omitempty"`
+	// Containers are the sandbox's containers, first the one every call
+	// addresses by default; absent for a sandbox made without any.
+	Containers    []ContainerStatus `json:"containers,omitempty"`
+	SharedVolumes []SharedVolume    `json:"shared_volumes,omitempty"`
+}
+
+// ContainerParam is the query parameter that addresses a container of a
+// sandbox on its exec, files, processes and ports routes; absent, the
+// first.
+const ContainerParam = "container"
+
+// MaxContainerName bounds a container's (and a shared volume's) name.
+const MaxContainerName = 32
+
+// IsContainerName reports whether name can name a container or a shared
+// volume: 1 to MaxContainerName of a-z, 0-9 and '-', starting with a
+// letter, not ending with '-', and no "--" (which separates a sandbox's id
+// from a container's name in the ids of its parts).
+func IsContainerName(name string) bool {
+	if len(name) == 0 || len(name) > MaxContainerName || name[0] < 'a' || name[0] > 'z' || name[len(name)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') || c == '-' && name[i-1] == '-' {
+			return false
+		}
+	}
+	return true
 }
 
 // PauseInfo is what a pause kept of a sandbox.

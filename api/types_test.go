@@ -25,3 +25,17 @@ func TestIsSandboxID(t *testing.T) {
 		}
 	}
 }
+
+// TestIsContainerName: names that cannot be split out of a container's
+// runtime id (ID--NAME) or name a file badly are refused.
+func TestIsContainerName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"web": true, "a": true, "tools-2": true, "a-b-c": true, strings.Repeat("a", MaxContainerName): true,
+		"": false, "2a": false, "-a": false, "a-": false, "a--b": false, "A": false, "a_b": false,
+		"a.b": false, "a/b": false, "a b": false, strings.Repeat("a", MaxContainerName+1): false,
+	} {
+		if got := IsContainerName(name); got != want {
+			t.Errorf("IsContainerName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

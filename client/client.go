@@ -136,7 +136,7 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body any) 
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+inContainer(ctx, path), rd)
 	if err != nil {
 		return nil, err
 	}

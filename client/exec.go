@@ -30,7 +30,7 @@ type ExecIO struct {
 // command could not be run or its stream was lost. When ctx ends, Exec
 // returns; the process keeps running in the sandbox.
 func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest, eio ExecIO) (*api.ExitStatus, error) {
-	if eio.Stdin == nil && req.TTY == nil {
+	if eio.Stdin == nil && req.TTY == nil && containerOf(ctx) == "" {
 		if st, ok, err := c.execLane(ctx, id, req, eio); ok {
 			return st, err
 		}

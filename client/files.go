@@ -89,7 +89,7 @@ func (c *Client) stream(ctx context.Context, method, path string, body io.Reader
 	if body != nil {
 		body = uploadBody{body}
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+inContainer(ctx, path), body)
 	if err != nil {
 		return nil, err
 	}

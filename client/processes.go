@@ -68,7 +68,7 @@ func (c *Client) SendInput(ctx context.Context, id string, pid int, r io.Reader,
 	if closeAfter {
 		path += "?close=true"
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+inContainer(ctx, path), r)
 	if err != nil {
 		return err
 	}

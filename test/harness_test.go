@@ -195,6 +195,11 @@ func (d *Daemon) Kill9() {
 		if sb.Runtime != nil && sb.Runtime.HostPID > 0 {
 			guests = append(guests, sb.Runtime.HostPID)
 		}
+		for _, c := range sb.Containers[min(1, len(sb.Containers)):] {
+			if c.Runtime != nil && c.Runtime.HostPID > 0 {
+				guests = append(guests, c.Runtime.HostPID)
+			}
+		}
 	}
 	d.killer(guests)()
 }

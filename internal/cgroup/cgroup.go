@@ -15,6 +15,7 @@ package cgroup
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
@@ -119,6 +120,18 @@ func validateName(name string) error {
 		}
 	}
 	return nil
+}
+
+// validateNested checks a name Create and Load take: a sandbox id, or
+// one below another ("id/child", a container's group inside its
+// sandbox's), so that a sandbox's limits bound its containers and
+// removing its group removes theirs.
+func validateNested(name string) error {
+	parent, child, nested := strings.Cut(name, "/")
+	if err := validateName(parent); err != nil || !nested {
+		return err
+	}
+	return validateName(child)
 }
 
 // validateParent checks that parent is a clean relative path of ordinary

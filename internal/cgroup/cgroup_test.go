@@ -332,3 +332,16 @@ func TestParseMountinfo(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateNested: a container's group is one level inside a
+// sandbox's, each part a sandbox id; nothing else reaches a path.
+func TestValidateNested(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"abc": true, "abc/web": true, "a-b/c-d": true,
+		"": false, "/abc": false, "abc/": false, "abc/web/x": false, "abc/..": false, "../abc": false, "abc//web": false, "ABC/web": false,
+	} {
+		if err := validateNested(name); (err == nil) != ok {
+			t.Errorf("validateNested(%q) = %v, want ok %v", name, err, ok)
+		}
+	}
+}

@@ -108,11 +108,13 @@ func newManager(parent string, h hierarchy, log *slog.Logger) (*Manager, error) 
 // Mode is the cgroup version m drives.
 func (m *Manager) Mode() Mode { return m.h.mode() }
 
-// Create makes the group for sandbox name with limits l. It fails with an
+// Create makes the group for sandbox name with limits l (a name "id/child"
+// makes a group inside sandbox id's: a container's; on v2 such a group
+// takes no limits of its own, its sandbox's group running processes). It fails with an
 // error wrapping errdefs.ErrConflict if the group exists in any hierarchy,
 // and leaves nothing behind on any failure.
 func (m *Manager) Create(name string, l Limits) (*Group, error) {
-	if err := validateName(name); err != nil {
+	if err := validateNested(name); err != nil {
 		return nil, err
 	}
 	if err := l.Validate(); err != nil {
@@ -186,7 +188,7 @@ func (m *Manager) Rename(g *Group, to string) (*Group, error) {
 // some hierarchies only) loads too, so that it can be deleted. It fails with
 // an error wrapping errdefs.ErrNotFound if the group exists nowhere.
 func (m *Manager) Load(name string) (*Group, error) {
-	if err := validateName(name); err != nil {
+	if err := validateNested(name); err != nil {
 		return nil, err
 	}
 	g := m.group(name)

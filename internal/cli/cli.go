@@ -112,9 +112,9 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		rmCmd(g),
 	)
 	root.AddCommand(stateCmds(g)...)
-	root.AddCommand(processCmds(g)...)
-	root.AddCommand(fileCmds(g)...)
-	root.AddCommand(portCmds(g)...)
+	root.AddCommand(inContainer(processCmds(g))...)
+	root.AddCommand(inContainer(fileCmds(g))...)
+	root.AddCommand(portCmds(g)...) // one network namespace: a port is every container's
 	root.AddCommand(snapshotCmd(g), forkCmd(g), volumeCmd(g))
 	root.AddCommand(policyCmd(g), secretCmd(g), e2bKeyCmd(g))
 	root.AddCommand(telemetryCmds(g)...)
@@ -166,4 +166,26 @@ func versionCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// inContainer gives each command, and each below it, -c/--container: the
+// container of the sandbox it works in (default the first).
+func inContainer(cmds []*cobra.Command) []*cobra.Command {
+	for _, cmd := range cmds {
+		if cmd.HasSubCommands() {
+			inContainer(cmd.Commands())
+			continue
+		}
+		if cmd.RunE == nil {
+			continue
+		}
+		var name string
+		cmd.Flags().StringVarP(&name, "container", "c", "", "the container of the sandbox to work in (default its first)")
+		run := cmd.RunE
+		cmd.RunE = func(cmd *cobra.Command, args []string) error {
+			cmd.SetContext(client.WithContainer(cmd.Context(), name))
+			return run(cmd, args)
+		}
+	}
+	return cmds
 }

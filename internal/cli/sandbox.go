@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sigs.k8s.io/yaml"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -275,6 +276,8 @@ func (g *globals) exitCode(st *api.ExitStatus) error {
 
 func createCmd(g *globals) *cobra.Command {
 	var cf createFlags
+	var file string
+	var containers []string
 	cmd := &cobra.Command{
 		Use:   "create [flags]",
 		Short: "Create a sandbox and print its id",
@@ -283,6 +286,18 @@ func createCmd(g *globals) *cobra.Command {
 			req, err := cf.request()
 			if err != nil {
 				return err
+			}
+			if file != "" {
+				if req, err = requestFromFile(file, req); err != nil {
+					return err
+				}
+			}
+			for _, c := range containers {
+				name, image, ok := strings.Cut(c, "=")
+				if !ok || name == "" {
+					return fmt.Errorf("--container: %q is not NAME=IMAGE", c)
+				}
+				req.Containers = append(req.Containers, api.Container{Name: name, Image: image})
 			}
 			c, err := g.client()
 			if err != nil {
@@ -297,13 +312,52 @@ func createCmd(g *globals) *cobra.Command {
 		},
 	}
 	cf.register(cmd)
+	cmd.Flags().StringVarP(&file, "file", "f", "", "take the request from a YAML (or JSON) file: a sandbox.yaml with containers; flags fill what it leaves unset")
+	cmd.Flags().StringArrayVar(&containers, "container", nil, "add a container NAME=IMAGE (the first is the default of exec, files, ps); repeatable")
 	return cmd
+}
+
+// requestFromFile reads a create request from a sandbox.yaml (the API's
+// CreateRequest in YAML, unknown fields refused) and fills what it leaves
+// unset from flags'.
+func requestFromFile(path string, flags api.CreateRequest) (api.CreateRequest, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return flags, err
+	}
+	var req api.CreateRequest
+	if err := yaml.UnmarshalStrict(data, &req); err != nil {
+		return flags, fmt.Errorf("%s: %w", path, err)
+	}
+	if req.Image == "" && len(req.Containers) == 0 {
+		req.Image = flags.Image
+	}
+	if req.Resources == (api.Resources{}) {
+		req.Resources = flags.Resources
+	}
+	if req.TimeoutSeconds == 0 {
+		req.TimeoutSeconds, req.OnTimeout = flags.TimeoutSeconds, flags.OnTimeout
+	}
+	if req.Labels == nil {
+		req.Labels = flags.Labels
+	}
+	if req.Policy == nil {
+		req.Policy = flags.Policy
+	}
+	if req.Runtime == "" {
+		req.Runtime = flags.Runtime
+	}
+	if req.AutoPauseSeconds == 0 {
+		req.AutoPauseSeconds = flags.AutoPauseSeconds
+	}
+	return req, nil
 }
 
 func execCmd(g *globals) *cobra.Command {
 	var o execOptions
 	var env []string
 	var detach bool
+	var container string
 	cmd := &cobra.Command{
 		Use:   "exec [flags] ID -- CMD [ARG...]",
 		Short: "Run a command in a running sandbox; exits with its exit code",
@@ -319,10 +373,11 @@ func execCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			ctx := client.WithContainer(cmd.Context(), container)
 			if detach {
-				return startDetached(cmd.Context(), g, c, head[0], command, o)
+				return startDetached(ctx, g, c, head[0], command, o)
 			}
-			return runExec(cmd.Context(), g, c, head[0], command, o)
+			return runExec(ctx, g, c, head[0], command, o)
 		},
 	}
 	cmd.Flags().SetInterspersed(false)
@@ -332,6 +387,7 @@ func execCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE; repeatable")
 	cmd.Flags().StringVarP(&o.cwd, "workdir", "w", "", "working directory inside the sandbox")
 	cmd.Flags().StringVarP(&o.user, "user", "u", "", "user to run as inside the sandbox (default root)")
+	cmd.Flags().StringVarP(&container, "container", "c", "", "the container to run in (default the sandbox's first)")
 	return cmd
 }
 
@@ -366,12 +422,24 @@ func lsCmd(g *globals) *cobra.Command {
 				}
 				return nil
 			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tIMAGE\tSTATE\tCREATED\tCPUS\tMEMORY\tDISK\tLABELS")
+			groups := false
 			for _, sb := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\t%s\n", sb.ID, sb.Image, sb.State,
+				groups = groups || len(sb.Containers) > 0
+			}
+			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			head := "ID\tIMAGE\tSTATE\tCREATED\tCPUS\tMEMORY\tDISK\tLABELS"
+			if groups {
+				head += "\tCONTAINERS"
+			}
+			fmt.Fprintln(tw, head)
+			for _, sb := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\t%s", sb.ID, sb.Image, sb.State,
 					ago(sb.CreatedAt), sb.Resources.CPUs, formatSize(sb.Resources.MemoryBytes),
 					formatSize(sb.Resources.DiskBytes), labelString(sb.Labels))
+				if groups {
+					fmt.Fprintf(tw, "\t%s", containersString(sb.Containers))
+				}
+				fmt.Fprintln(tw)
 			}
 			return tw.Flush()
 		},
@@ -394,6 +462,15 @@ func ago(t time.Time) string {
 		return fmt.Sprintf("%dh ago", int(d.Hours()))
 	}
 	return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+}
+
+// containersString lists a sandbox's containers as NAME(IMAGE):STATE.
+func containersString(cs []api.ContainerStatus) string {
+	parts := make([]string, len(cs))
+	for i, c := range cs {
+		parts[i] = fmt.Sprintf("%s(%s):%s", c.Name, c.Image, c.State)
+	}
+	return strings.Join(parts, ",")
 }
 
 func labelString(l map[string]string) string {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -54,6 +55,24 @@ type Spec struct {
 	// the caller's answer. Nothing the sandbox runs starts before then
 	// (Dial waits). A held sandbox that dies unactivated is cleaned up.
 	Held bool
+	// Join, for a container of a sandbox other than its first, is the
+	// sandbox's first instance (started by the same runtime): the
+	// container is its own guest, on its own uid range, disk and
+	// namespaces, but in that instance's network namespace, and its cgroup
+	// is a child of the sandbox's. ID must be ContainerID's.
+	Join Instance
+}
+
+// ContainerID is the id of container name of sandbox id as a runtime
+// knows it: its run dir, disk and cgroup (below the sandbox's) are named
+// by it. Sandbox ids never hold "--" (NewID), container names neither
+// (api.IsContainerName).
+func ContainerID(id, name string) string { return id + "--" + name }
+
+// SplitContainerID undoes ContainerID; ok is false for a sandbox's id.
+func SplitContainerID(cid string) (id, name string, ok bool) {
+	id, name, ok = strings.Cut(cid, "--")
+	return id, name, ok && id != "" && name != ""
 }
 
 // Network connects sandboxes to the host's egress path. The runtime calls

@@ -47,6 +47,8 @@ func (m *Manager) archiveLocked(ctx context.Context, b *box) error {
 	switch {
 	case b.rec.ArchivedDisk != nil:
 		return nil
+	case len(b.rec.Members) > 0:
+		return errGroup(id, "archiving")
 	case b.rec.State != api.StatePaused:
 		return errdefs.Conflict("sandbox %s is %s: only a paused sandbox is archived; pause it first", id, b.rec.State)
 	case len(b.rec.Volumes) > 0:
@@ -472,7 +474,7 @@ func (m *Manager) archiveIdle(after time.Duration, now time.Time) {
 		if !b.mu.TryLock() {
 			continue
 		}
-		if b.rec.State == api.StatePaused && b.rec.ArchivedDisk == nil && len(b.rec.Volumes) == 0 && b.idleFor(now) >= after &&
+		if b.rec.State == api.StatePaused && b.rec.ArchivedDisk == nil && len(b.rec.Volumes) == 0 && len(b.rec.Members) == 0 && b.idleFor(now) >= after &&
 			m.cfg.Snapshots != nil && len(m.cfg.Snapshots.List(b.rec.ID)) == 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 			if err := m.archiveLocked(ctx, b); err != nil {

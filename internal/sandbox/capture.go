@@ -44,6 +44,9 @@ func (s Snapshots) Create(ctx context.Context, id string, req api.SnapshotReques
 	if err != nil {
 		return api.Snapshot{}, err
 	}
+	if b.group() {
+		return api.Snapshot{}, errGroup(id, "a snapshot")
+	}
 	p, err := m.cfg.Snapshots.Begin()
 	if err != nil {
 		return api.Snapshot{}, err
@@ -175,6 +178,9 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 	b, err := m.lookup(id)
 	if err != nil {
 		return api.ForkResult{}, err
+	}
+	if b.group() {
+		return api.ForkResult{}, errGroup(id, "a fork")
 	}
 	p, err := m.cfg.Snapshots.Begin()
 	if err != nil {

@@ -223,6 +223,17 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	if base := inst.Info().UIDBase; base != b.rec.UIDBase {
 		m.rebase(b, base)
 	}
+	if err := m.startMembers(ctx, b, nil); err != nil {
+		b.stopping = true
+		inst.Kill()
+		<-inst.Done()
+		b.detach()
+		if serr := m.cfg.Runtime.Stop(ctx, b.rec.ID); serr != nil {
+			m.log.Warn("releasing a sandbox that did not resume", "sandbox", b.rec.ID, "err", serr)
+		}
+		m.notify(b).Release(b.rec.ID)
+		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
+	}
 	b.rec.State = to
 	b.rec.Error = ""
 	b.rec.Paused = nil
@@ -230,6 +241,15 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	m.persistLocked(b)
 	m.watch(b, inst)
 	activate(inst)
+	if len(b.rec.Containers) > 0 {
+		m.activateMembers(b)
+		b.rec.Containers[0].State = api.StateRunning
+		if err := m.startCommands(ctx, b); err != nil {
+			m.log.Warn("resumed sandbox's command did not start", "sandbox", b.rec.ID, "err", err)
+			m.notify(b).Event(b.rec.ID, "lifecycle", "command failed", map[string]any{"error": err.Error()})
+		}
+		m.persistLocked(b)
+	}
 	m.notify(b).Running(b.rec.ID, b.viewLocked())
 	m.notify(b).Event(b.rec.ID, "lifecycle", "resumed", nil)
 	m.log.Info("sandbox resumed", "sandbox", b.rec.ID, "memory", spec.FromCheckpoint, "took", time.Since(start).Round(time.Microsecond))

@@ -109,13 +109,18 @@ type record struct {
 	// ArchivedDisk, when set, says the sandbox's disk is in the archive
 	// and not here (archive.go).
 	ArchivedDisk *archive.Disk `json:"archived_disk,omitempty"`
+	// Members are its containers beside the first, in Containers' order
+	// (containers.go).
+	Members []memberRecord `json:"members,omitempty"`
 }
 
 type box struct {
-	mu       sync.Mutex
-	rec      record
-	inst     runtime.Instance
-	guest    *guestapi.Client
+	mu    sync.Mutex
+	rec   record
+	inst  runtime.Instance
+	guest *guestapi.Client
+	// members are its running containers beside the first (containers.go).
+	members  []*member
 	timer    *time.Timer
 	stopping bool // an exit of the guest is expected
 	// gone is set (under Manager.mu) once its removal is acknowledged:
@@ -300,6 +305,16 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	}
 	m.img.mu.RLock() // the image stays until the sandbox is recorded
 	defer m.img.mu.RUnlock()
+	var grp *group
+	if len(req.Containers) > 0 {
+		var err error
+		if grp, err = m.planGroup(&req, runtime.NewID(), m.withDefaults(req.Resources)); err != nil {
+			return api.Sandbox{}, err
+		}
+		// The first container is the sandbox's own guest.
+		c0 := req.Containers[0]
+		req.Image, req.Env, req.Workdir, req.Volumes = c0.Image, c0.Env, c0.Workdir, grp.vols[0]
+	}
 	img, err := m.cfg.Images.Get(req.Image)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -315,6 +330,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	tier, err := m.tier(req.Runtime)
 	if err != nil {
 		return api.Sandbox{}, err
+	}
+	if grp != nil && tier != "native" {
+		return api.Sandbox{}, errdefs.Invalid("containers", "need the native runtime (this sandbox's is %s)", tier)
 	}
 	now := time.Now().UTC()
 	rec := record{Sandbox: api.Sandbox{
@@ -341,6 +359,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		exp := now.Add(time.Duration(req.TimeoutSeconds) * time.Second)
 		rec.ExpiresAt = &exp
 	}
+	if grp != nil {
+		grp.record(&rec)
+	}
 
 	select {
 	case <-m.closed:
@@ -352,12 +373,23 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	// The guest activates just before the sandbox is recorded (see
 	// PutQuick below); one that fails before is cleaned up by the runtime.
 	spec.Held = true
-	if len(req.Volumes) > 0 {
+	if grp != nil {
+		// Its shared volumes are made before anything mounts them, under
+		// the id planGroup chose.
+		spec.ID = grp.id
+		if err := m.makeShared(ctx, grp); err != nil {
+			return api.Sandbox{}, err
+		}
+	}
+	if len(req.Volumes) > 0 || grp != nil {
 		// Not a warm guest: this sandbox is built now, under an id
 		// chosen here so that its mounts can be recorded against it.
-		spec.ID = runtime.NewID()
+		if spec.ID == "" {
+			spec.ID = runtime.NewID()
+		}
 		if spec.Mounts, err = m.mounts(ctx, spec.ID, req.Volumes); err != nil {
 			m.releaseMounts(spec.ID, req.Volumes)
+			m.dropShared(grp)
 			return api.Sandbox{}, err
 		}
 	}
@@ -370,6 +402,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	if err := m.obs.Admit(key, res); err != nil {
 		if spec.ID != "" {
 			m.releaseMounts(spec.ID, req.Volumes)
+			m.dropShared(grp)
 		}
 		return api.Sandbox{}, err
 	}
@@ -383,6 +416,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 			if err := m.cfg.Runtime.Remove(context.Background(), spec.ID); err != nil {
 				m.log.Warn("removing a failed sandbox", "sandbox", spec.ID, "err", err)
 			}
+			m.dropShared(grp)
 		}
 		m.log.Warn("create failed", "err", err)
 		return api.Sandbox{}, fmt.Errorf("creating sandbox: %w", err)
@@ -418,6 +452,16 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		<-inst.Done()
 		return api.Sandbox{}, fmt.Errorf("runtime reused sandbox id %s", rec.ID)
 	}
+	if grp != nil {
+		if err := m.startGroup(ctx, b, grp); err != nil {
+			m.obs.Release(key)
+			m.unmake(b)
+			m.dropShared(grp)
+			m.log.Warn("create failed", "sandbox", rec.ID, "err", err)
+			return api.Sandbox{}, fmt.Errorf("creating sandbox: %w", err)
+		}
+		mark("containers")
+	}
 	// The guest gets its Activate before the record is written: from then
 	// on it serves without this daemon, so a record never names a guest
 	// that a kill -9 left waiting for an Activate that will not come (it
@@ -433,11 +477,8 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	// Waiting for the disk's flush here would cost 0.3-4 ms on this path.
 	if err := m.cfg.Store.PutQuick(bucket, rec.ID, b.rec); err != nil {
 		m.obs.Release(key)
-		inst.Kill()
-		<-inst.Done()
-		m.cfg.Runtime.Remove(context.Background(), rec.ID)
-		m.releaseMounts(rec.ID, rec.Volumes)
-		m.forget(rec.ID)
+		m.unmake(b)
+		m.dropShared(grp)
 		return api.Sandbox{}, fmt.Errorf("recording sandbox: %w", err)
 	}
 	mark("recorded")
@@ -543,22 +584,12 @@ func (m *Manager) releaseMounts(id string, vols []api.VolumeMount) {
 }
 
 func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
-	env := append([]string(nil), img.Env...)
-	env = append(env, "HOME=/root")
-	keys := make([]string, 0, len(rec.Env))
-	for k := range rec.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		env = append(env, k+"="+rec.Env[k])
-	}
 	spec := runtime.Spec{
 		ID:        rec.ID,
 		Runtime:   rec.RuntimeName,
 		Image:     img,
 		Resources: rec.Resources,
-		Env:       env,
+		Env:       imageEnv(img, rec.Env),
 		Workdir:   rec.Workdir,
 		UIDBase:   rec.UIDBase,
 	}
@@ -669,6 +700,7 @@ func (b *box) viewLocked() api.Sandbox {
 		s.Runtime = &info
 	}
 	s.Archived = b.rec.ArchivedDisk != nil
+	b.containersView(&s)
 	return s
 }
 
@@ -680,6 +712,11 @@ func (m *Manager) forget(id string) {
 		if b.rec.UIDBase != 0 && m.slots[m.slotOf(b.rec.UIDBase)] == id {
 			delete(m.slots, m.slotOf(b.rec.UIDBase))
 			m.slots = shrink.Map(m.slots, &m.slotsPeak)
+		}
+		for _, mr := range b.rec.Members {
+			if mr.UIDBase != 0 && m.slots[m.slotOf(mr.UIDBase)] == id {
+				delete(m.slots, m.slotOf(mr.UIDBase))
+			}
 		}
 		delete(m.boxes, id)
 		m.boxes = shrink.Map(m.boxes, &m.boxesPeak)
@@ -740,6 +777,9 @@ func (m *Manager) exited(b *box, inst runtime.Instance) {
 	b.rec.State = mv.to
 	b.rec.Error = why
 	b.detach()
+	if err := m.stopMembers(context.Background(), b); err != nil {
+		m.log.Warn("releasing failed sandbox's containers", "sandbox", b.rec.ID, "err", err)
+	}
 	if err := m.cfg.Runtime.Stop(context.Background(), b.rec.ID); err != nil {
 		m.log.Warn("releasing failed sandbox", "sandbox", b.rec.ID, "err", err)
 	}
@@ -946,6 +986,12 @@ func (m *Manager) Stop(ctx context.Context, id string) (api.Sandbox, error) {
 }
 
 func (m *Manager) stopLocked(ctx context.Context, b *box) error {
+	if b.rec.State == api.StateFrozen && b.inst != nil && len(b.members) > 0 {
+		b.inst.Thaw() // its members' groups are inside its own
+	}
+	if err := m.stopMembers(ctx, b); err != nil {
+		return err
+	}
 	if b.inst != nil {
 		if b.rec.State == api.StateFrozen {
 			// Frozen processes cannot die until they are thawed.
@@ -1013,6 +1059,11 @@ func (m *Manager) Remove(ctx context.Context, id string, force bool) error {
 		b.stopping = true
 		if err := b.inst.Kill(); err != nil {
 			m.log.Warn("killing a removed sandbox; its teardown kills its cgroup", "sandbox", id, "err", err)
+		}
+	}
+	for _, mb := range b.members {
+		if mb != nil {
+			mb.inst.Kill()
 		}
 	}
 	// Its processes are dying: what admission holds for it is free now,
@@ -1085,10 +1136,18 @@ func (m *Manager) Load() error {
 			return nil
 		}
 		m.holdMounts(r.ID, r.Volumes)
+		for _, mr := range r.Members {
+			m.holdMounts(runtime.ContainerID(r.ID, mr.Name), mr.Volumes)
+		}
 		m.mu.Lock()
 		m.boxes[r.ID] = &box{rec: r}
 		if r.UIDBase != 0 {
 			m.slots[m.slotOf(r.UIDBase)] = r.ID
+		}
+		for _, mr := range r.Members {
+			if mr.UIDBase != 0 {
+				m.slots[m.slotOf(mr.UIDBase)] = r.ID
+			}
 		}
 		m.mu.Unlock()
 		return nil
@@ -1114,6 +1173,9 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		b.mu.Lock()
 		r := b.rec
 		known[r.ID] = true
+		for _, mr := range r.Members {
+			known[runtime.ContainerID(r.ID, mr.Name)] = true
+		}
 		log := m.log.With("sandbox", r.ID)
 		mv, err := next(b, actRestart)
 		if err != nil {
@@ -1135,6 +1197,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			}
 			b.attach(inst)
 			m.watch(b, inst)
+			m.restoreMembers(ctx, b)
 			if m.cfg.Egress != nil {
 				if _, err := m.cfg.Egress.SetPolicy(r.ID, r.Policy); err != nil {
 					log.Warn("restoring the network policy", "err", err)

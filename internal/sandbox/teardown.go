@@ -91,12 +91,18 @@ func (m *Manager) tearDownOnce(b *box, attempt int) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if err := m.removeMembers(ctx, b); err != nil {
+		return err
+	}
 	if err := m.cfg.Runtime.Remove(ctx, id); err != nil {
 		return fmt.Errorf("removing sandbox: %w", err)
 	}
 	mark("removed")
 	m.dropArchive(b)
 	m.releaseMounts(id, b.rec.Volumes)
+	if err := m.removeShared(b.rec.SharedVolumes); err != nil {
+		return err
+	}
 	if err := m.cfg.Store.Delete(bucket, id); err != nil {
 		return fmt.Errorf("deleting record: %w", err)
 	}

@@ -55,6 +55,9 @@ func validateCreate(req *api.CreateRequest, hostCPUs int) error {
 	if err := validateVolumes(req.Volumes); err != nil {
 		return err
 	}
+	if err := validateContainers(req); err != nil {
+		return err
+	}
 	return ValidateLabels(req.Labels)
 }
 

@@ -31,6 +31,21 @@ func TestValidateCreate(t *testing.T) {
 		{"timeout negative", api.CreateRequest{TimeoutSeconds: -5}, "timeout_seconds"},
 		{"label key", api.CreateRequest{Labels: map[string]string{"bad key": "x"}}, "labels"},
 		{"label value", api.CreateRequest{Labels: map[string]string{"k": strings.Repeat("x", 300)}}, "labels"},
+		{"containers", api.CreateRequest{Containers: []api.Container{{Name: "web", Command: []string{"srv"}}, {Name: "tools", Image: "base", Resources: api.Resources{MemoryBytes: 64 << 20}, Mounts: []api.VolumeMount{{Name: "ws", Path: "/workspace", ReadOnly: true}}}}, SharedVolumes: []api.SharedVolume{{Name: "ws"}}}, ""},
+		{"container name", api.CreateRequest{Containers: []api.Container{{Name: "Web"}}}, "containers[0].name"},
+		{"container name dashes", api.CreateRequest{Containers: []api.Container{{Name: "a--b"}}}, "containers[0].name"},
+		{"container twice", api.CreateRequest{Containers: []api.Container{{Name: "a"}, {Name: "b"}, {Name: "a"}}}, "containers[2].name"},
+		{"container env", api.CreateRequest{Containers: []api.Container{{Name: "a"}, {Name: "b", Env: map[string]string{"A=B": "x"}}}}, "containers[1].env"},
+		{"container workdir", api.CreateRequest{Containers: []api.Container{{Name: "a", Workdir: "rel"}}}, "containers[0].workdir"},
+		{"container user without command", api.CreateRequest{Containers: []api.Container{{Name: "a", User: "bob"}}}, "containers[0].user"},
+		{"container mount path", api.CreateRequest{Containers: []api.Container{{Name: "a", Mounts: []api.VolumeMount{{Name: "v", Path: "/"}}}}}, "containers[0].mounts"},
+		{"container limits", api.CreateRequest{Containers: []api.Container{{Name: "a"}, {Name: "b", Resources: api.Resources{Pids: 1}}}}, "resources.pids"},
+		{"first container limits", api.CreateRequest{Containers: []api.Container{{Name: "a", Resources: api.Resources{CPUs: 1}}}}, "containers[0].resources"},
+		{"image with containers", api.CreateRequest{Image: "host", Containers: []api.Container{{Name: "a"}}}, "image"},
+		{"from with containers", api.CreateRequest{From: "snap-x", Containers: []api.Container{{Name: "a"}}}, "from"},
+		{"shared volume alone", api.CreateRequest{SharedVolumes: []api.SharedVolume{{Name: "ws"}}}, "shared_volumes"},
+		{"shared volume twice", api.CreateRequest{Containers: []api.Container{{Name: "a"}}, SharedVolumes: []api.SharedVolume{{Name: "ws"}, {Name: "ws"}}}, "shared_volumes[1].name"},
+		{"shared volume size", api.CreateRequest{Containers: []api.Container{{Name: "a"}}, SharedVolumes: []api.SharedVolume{{Name: "ws", SizeBytes: 5}}}, "shared_volumes[0].size_bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := validateCreate(&tc.req, 2)

@@ -183,12 +183,12 @@ type guestStream struct {
 // callStream makes a stream call to sandbox id's guest. The caller must
 // call idle when the stream is over.
 func (s *Server) callStream(ctx context.Context, id string, call streamCall) (*guestStream, error) {
-	gc, err := s.mgr.Guest(ctx, id)
+	gc, err := s.guest(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	idle := s.mgr.Busy(id)
-	done, err := s.mgr.Done(ctx, id)
+	done, err := s.done(ctx, id)
 	if err != nil {
 		idle()
 		return nil, err

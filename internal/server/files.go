@@ -219,7 +219,7 @@ func (s *Server) fileGuest(w http.ResponseWriter, r *http.Request, args fileArgs
 		writeError(w, r, s.log, err)
 		return nil, guestapi.FileRequest{}, false
 	}
-	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
+	gc, err := s.guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return nil, guestapi.FileRequest{}, false
@@ -448,7 +448,7 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	done, err := s.mgr.Done(r.Context(), r.PathValue("id"))
+	done, err := s.done(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return

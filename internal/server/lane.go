@@ -53,6 +53,10 @@ func (s *Server) sandboxLane(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, errdefs.Invalid("upgrade", "GET /v1/sandboxes/{id}/lane needs \"Connection: Upgrade\" and \"Upgrade: %s\"", api.LaneProtocol))
 		return
 	}
+	if name := containerOf(r.Context()); name != "" {
+		writeError(w, r, s.log, errdefs.Invalid(api.ContainerParam, "a bound lane serves a sandbox's first container; exec in container %s through /exec", name))
+		return
+	}
 	gc, err := s.mgr.RunningGuest(r.Context(), id)
 	if err != nil {
 		writeError(w, r, s.log, err)
@@ -68,7 +72,7 @@ func (s *Server) sandboxLane(w http.ResponseWriter, r *http.Request) {
 	}
 	// Served here, it closes when the sandbox ends, as a handed one does:
 	// a client's idle lanes to a sandbox that is gone hold nothing here.
-	if done, err := s.mgr.Done(r.Context(), id); err == nil {
+	if done, err := s.done(r.Context(), id); err == nil {
 		served := make(chan struct{})
 		defer close(served)
 		go func() {

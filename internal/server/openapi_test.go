@@ -122,6 +122,8 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Node":          api.Node{},
 		"NodeResources": api.NodeResources{},
 		"CreateRequest": api.CreateRequest{},
+		"Container":     api.Container{},
+		"SharedVolume":  api.SharedVolume{},
 	} {
 		schema, ok := doc.Components.Schemas[name]
 		if !ok {

@@ -82,7 +82,7 @@ func (e *portDialError) Unwrap() error { return e.Err }
 
 // dialPort opens a byte pipe to a port in a running sandbox.
 func (s *Server) dialPort(ctx context.Context, id string, port int) (net.Conn, error) {
-	gc, err := s.mgr.Guest(ctx, id)
+	gc, err := s.guest(ctx, id)
 	if err != nil {
 		return nil, err
 	}

@@ -194,7 +194,7 @@ func (s *Server) proxyPort(proxy *httputil.ReverseProxy) http.HandlerFunc {
 			writeError(w, r, s.log, err)
 			return
 		}
-		if _, err := s.mgr.Guest(r.Context(), r.PathValue("id")); err != nil {
+		if _, err := s.guest(r.Context(), r.PathValue("id")); err != nil {
 			writeError(w, r, s.log, err)
 			return
 		}

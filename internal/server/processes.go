@@ -57,7 +57,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
+	gc, err := s.guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -84,7 +84,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) {
 
 // process looks one process up in the guest's table.
 func (s *Server) process(r *http.Request, pid int) (api.Process, error) {
-	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
+	gc, err := s.guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return api.Process{}, err
 	}
@@ -96,7 +96,7 @@ func (s *Server) process(r *http.Request, pid int) (api.Process, error) {
 }
 
 func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) {
-	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
+	gc, err := s.guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -157,7 +157,7 @@ func (s *Server) processInput(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
+	gc, err := s.guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -229,7 +229,7 @@ func (s *Server) processControl(op control) http.HandlerFunc {
 			writeError(w, r, s.log, err)
 			return
 		}
-		gc, err := s.mgr.Guest(r.Context(), r.PathValue("id"))
+		gc, err := s.guest(r.Context(), r.PathValue("id"))
 		if err != nil {
 			writeError(w, r, s.log, err)
 			return

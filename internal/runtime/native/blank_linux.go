@@ -94,7 +94,7 @@ func (r *Runtime) newBlank(k blankKind) (retErr error) {
 			r.discard(g)
 		}
 	}()
-	g, undo, err := r.startGuest(id, 0, filepath.Join(r.blankDir, id), true)
+	g, undo, err := r.startGuest(id, 0, filepath.Join(r.blankDir, id), true, nil)
 	if err != nil {
 		return err
 	}
@@ -201,7 +201,7 @@ func (r *Runtime) canAdopt(spec runtime.Spec) bool {
 
 // blankFor returns a blank guest that can start spec, or nil.
 func (r *Runtime) blankFor(spec runtime.Spec) *guestProc {
-	if !r.canAdopt(spec) {
+	if spec.Join != nil || !r.canAdopt(spec) {
 		return nil
 	}
 	return r.takeBlank(r.kindFor(spec))

@@ -265,7 +265,11 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool, urgen
 	if warm {
 		dir = filepath.Join(r.warmDir, spec.ID)
 	}
-	g, undo, err := r.startGuest(spec.ID, spec.UIDBase, dir, warm)
+	join, err := r.joinTarget(spec)
+	if err != nil {
+		return nil, err
+	}
+	g, undo, err := r.startGuest(spec.ID, spec.UIDBase, dir, warm, join)
 	if err != nil {
 		return nil, err
 	}
@@ -290,8 +294,9 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool, urgen
 
 // startGuest starts a guest for sandbox id in a new cgroup of that name
 // (no limits yet), with dir as its run dir, on the uid range at uidBase
-// (0 takes a new one). undo removes all of it.
-func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool) (_ *guestProc, _ func(), retErr error) {
+// (0 takes a new one); in join's network namespace when join is set (a
+// container of that sandbox). undo removes all of it.
+func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool, join *Sandbox) (_ *guestProc, _ func(), retErr error) {
 	var cleanups []func()
 	// Not the named result: a failing return sets that to nil before the
 	// deferred undo runs.
@@ -313,7 +318,7 @@ func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool) (
 		uidBase = base
 		cleanups = append(cleanups, func() { r.cfg.IDs.Free(base) })
 	}
-	cg, err := r.cfg.Cgroups.Create(id, cgroup.Limits{})
+	cg, err := r.cfg.Cgroups.Create(cgroupName(id), cgroup.Limits{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating cgroup: %w", err)
 	}
@@ -322,9 +327,17 @@ func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool) (
 		cg.Delete(context.Background())
 	})
 	// A network slot when the network makes them: a namespace made and
-	// wired ahead, which the guest is forked into.
+	// wired ahead, which the guest is forked into; a container's is its
+	// sandbox's.
 	var netns runtime.NetNS
-	if slots, ok := r.cfg.Network.(runtime.NetSlots); ok {
+	if join != nil {
+		jn, err := openNetns(join)
+		if err != nil {
+			return nil, nil, err
+		}
+		netns = jn
+		cleanups = append(cleanups, jn.Close)
+	} else if slots, ok := r.cfg.Network.(runtime.NetSlots); ok {
 		if netns, err = slots.TakeNetns(); err != nil {
 			return nil, nil, fmt.Errorf("taking a network slot: %w", err)
 		}
@@ -337,6 +350,12 @@ func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool) (
 	g.sb.id = id
 	g.sb.cg = cg
 	g.warm = warm
+	if join != nil {
+		// Its network is its sandbox's: nothing to wire, the same files
+		// (resolver, CA) and environment (proxy).
+		g.wired = true
+		g.net = runtime.NetSetup{Files: join.net.Files, Env: join.net.Env}
+	}
 	cleanups = append(cleanups, g.kill)
 	return g, undo, nil
 }
@@ -653,6 +672,10 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		}
 	}()
 	sb := g.sb
+	sb.net = g.net
+	if jn, ok := g.netns.(*joinedNetns); ok {
+		jn.Close() // the namespace is the sandbox's; the guest is in it
+	}
 	env := append(append([]string(nil), spec.Env...), g.net.Env...)
 	if spec.Setup != nil {
 		more, err := spec.Setup(sb.id)
@@ -878,7 +901,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 		unix.Close(pidfd)
 		return nil, errdefs.NotFound("guest process", strconv.Itoa(st.PID))
 	}
-	cg, err := r.cfg.Cgroups.Load(id)
+	cg, err := r.cfg.Cgroups.Load(cgroupName(id))
 	if err != nil {
 		unix.Close(pidfd)
 		return nil, fmt.Errorf("loading cgroup: %w", err)
@@ -936,7 +959,7 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 // stopSandbox is Stop; ended reports that it found the sandbox's cgroup and
 // removed it, so that every process of the sandbox has ended.
 func (r *Runtime) stopSandbox(ctx context.Context, id string) (ended bool, _ error) {
-	cg, err := r.cfg.Cgroups.Load(id)
+	cg, err := r.cfg.Cgroups.Load(cgroupName(id))
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return false, err
 	}
@@ -949,6 +972,9 @@ func (r *Runtime) stopSandbox(ctx context.Context, id string) (ended bool, _ err
 		}
 	}
 	os.Remove(filepath.Join(r.dir(id), "guest.sock"))
+	if isContainer(id) {
+		return cg != nil, nil // its network is its sandbox's
+	}
 	if slots, ok := r.cfg.Network.(runtime.NetSlots); ok && cg != nil {
 		// Its cgroup is gone, so are its processes: every one of them
 		// was in it (the guest, the pid namespace's init, ended the
@@ -989,7 +1015,7 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("removing run dir: %w", err)
 	}
 	mark("run dir")
-	if r.cfg.Network != nil {
+	if r.cfg.Network != nil && !isContainer(id) {
 		r.cfg.Network.Forget(id)
 	}
 	mark("network")

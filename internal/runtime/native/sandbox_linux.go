@@ -35,6 +35,9 @@ type Sandbox struct {
 	socket string
 	cg     *cgroup.Group
 	done   chan struct{}
+	// net is what the network made for it (files, environment), which
+	// the sandbox's other containers share (runtime.Spec.Join).
+	net runtime.NetSetup
 
 	// active is closed once the sandbox's limits are set and the guest
 	// has answered its Activate (at once for a sandbox found running after

@@ -1,0 +1,140 @@
+package native
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	goruntime "runtime"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/runtime"
+)
+
+// A container of a sandbox other than its first (runtime.Spec.Join) is a
+// guest of its own, forked into the first's network namespace, with its
+// cgroup inside the first's. These are the runtime's few differences for
+// it: where its cgroup is, which network namespace it is forked into, and
+// that its network is its sandbox's (never wired, recycled or forgotten
+// on its own).
+
+// cgroupName is the cgroup of runtime id: a sandbox's is named by its id,
+// a container's is "ID/NAME", inside its sandbox's, so that the sandbox's
+// limits bound it and its freeze, kill and removal reach it.
+func cgroupName(id string) string {
+	if sb, name, ok := runtime.SplitContainerID(id); ok {
+		return sb + "/" + name
+	}
+	return id
+}
+
+// isContainer reports whether id is a container's beside its sandbox's
+// first, whose network is its sandbox's.
+func isContainer(id string) bool {
+	_, _, ok := runtime.SplitContainerID(id)
+	return ok
+}
+
+// joinTarget checks a start that joins another instance and returns it.
+func (r *Runtime) joinTarget(spec runtime.Spec) (*Sandbox, error) {
+	if spec.Join == nil {
+		return nil, nil
+	}
+	sb, ok := spec.Join.(*Sandbox)
+	if !ok {
+		return nil, errdefs.Invalid("containers", "a container joins a sandbox of the native runtime only")
+	}
+	if parent, _, ok := runtime.SplitContainerID(spec.ID); !ok || parent != sb.id {
+		return nil, fmt.Errorf("%w: container id %q is not of sandbox %s", errdefs.ErrInvalid, spec.ID, sb.id)
+	}
+	if r.cfg.Cgroups.Mode() == cgroup.V2 && limitsOf(spec.Resources) != (cgroup.Limits{}) {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "limits of a container within its sandbox's need cgroup v1 on this host (v2 groups holding processes take no child limits)")
+	}
+	if sb.exited() {
+		return nil, errdefs.Conflict("sandbox %s ended before its container %s started", sb.id, spec.ID)
+	}
+	return sb, nil
+}
+
+// joinedNetns is a running sandbox's network namespace, which a container
+// of it is forked into (a runtime.NetNS the runtime opened itself).
+type joinedNetns struct{ fd int }
+
+// openNetns opens sb's network namespace, checking after the open that the
+// pid is still its guest's.
+func openNetns(sb *Sandbox) (*joinedNetns, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", sb.st.PID), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening sandbox %s's network namespace: %w", sb.id, err)
+	}
+	if sb.exited() {
+		unix.Close(fd)
+		return nil, errdefs.Conflict("sandbox %s ended before its container started", sb.id)
+	}
+	return &joinedNetns{fd: fd}, nil
+}
+
+func (n *joinedNetns) FD() int { return n.fd }
+
+// Close closes the descriptor; the namespace is the sandbox's and stays.
+// It may be called more than once.
+func (n *joinedNetns) Close() {
+	if n.fd >= 0 {
+		unix.Close(n.fd)
+		n.fd = -1
+	}
+}
+
+// Sysfs mounts a detached read-only sysfs of the namespace from a thread
+// that entered it: the container's user namespace does not own it, so
+// its guest may not mount one itself.
+func (n *joinedNetns) Sysfs() (int, error) {
+	host, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return -1, err
+	}
+	defer host.Close()
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		goruntime.LockOSThread()
+		if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
+			goruntime.UnlockOSThread()
+			ch <- result{-1, fmt.Errorf("entering the sandbox's network namespace: %w", err)}
+			return
+		}
+		fd, err := sysfsHere()
+		if rerr := unix.Setns(int(host.Fd()), unix.CLONE_NEWNET); rerr != nil {
+			// The thread stays locked and ends with the goroutine.
+			ch <- result{fd, errors.Join(err, fmt.Errorf("returning to the host's network namespace: %w", rerr))}
+			return
+		}
+		goruntime.UnlockOSThread()
+		ch <- result{fd, err}
+	}()
+	res := <-ch
+	if res.err != nil && res.fd >= 0 {
+		unix.Close(res.fd)
+		res.fd = -1
+	}
+	return res.fd, res.err
+}
+
+// sysfsHere makes a detached read-only sysfs mount of the calling
+// thread's network namespace.
+func sysfsHere() (int, error) {
+	fs, err := unix.Fsopen("sysfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("opening sysfs: %w", err)
+	}
+	defer unix.Close(fs)
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return -1, fmt.Errorf("creating sysfs: %w", err)
+	}
+	return unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+}

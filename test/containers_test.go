@@ -1,0 +1,266 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
+)
+
+// groupYAML is a sandbox of three containers: a web server, a tools
+// container on the base image, and a worker holding a secret, with a
+// workspace the first two write and the worker reads.
+const groupYAML = `
+resources:
+  memory_bytes: 536870912
+shared_volumes:
+  - name: workspace
+containers:
+  - name: web
+    command: [python3, -m, http.server, "8123", --bind, 127.0.0.1, --directory, /workspace]
+    mounts:
+      - {name: workspace, path: /workspace}
+  - name: tools
+    image: base
+    resources: {memory_bytes: 268435456}
+    mounts:
+      - {name: workspace, path: /workspace}
+  - name: worker
+    env: {WORKER_SECRET: s3cr3t}
+    mounts:
+      - {name: workspace, path: /workspace, read_only: true}
+`
+
+// groupExec runs cmd in container name of sandbox id through the SDK.
+func (d *Daemon) groupExec(id, name string, cmd ...string) execResult {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errb strings.Builder
+	st, err := d.Client().Exec(client.WithContainer(ctx, name), id, api.ExecRequest{Cmd: cmd}, client.ExecIO{Stdout: &out, Stderr: &errb})
+	if err != nil {
+		d.t.Fatalf("exec %q in %s/%s: %v", cmd, id, name, err)
+	}
+	return execResult{Stdout: out.String(), Stderr: errb.String(), ExitStatus: st}
+}
+
+// TestContainers makes a sandbox of three containers from a sandbox.yaml
+// and checks what they share (the network namespace, the workspace) and
+// what they do not (processes, files, environment, uid ranges); then that
+// they survive a daemon's kill -9, and that a removal leaves nothing.
+func TestContainers(t *testing.T) {
+	d := newDaemon(t)
+	spec := filepath.Join(d.Root, "sandbox.yaml")
+	if err := os.WriteFile(spec, []byte(groupYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := d.createCLI("-f", spec)
+	sb := d.get(id)
+	if len(sb.Containers) != 3 {
+		t.Fatalf("sandbox has %d containers, want 3: %+v", len(sb.Containers), sb.Containers)
+	}
+	uids := map[uint32]string{}
+	for _, c := range sb.Containers {
+		if c.State != api.StateRunning || c.Runtime == nil || c.Runtime.HostPID == 0 {
+			t.Fatalf("container %s: state %s runtime %+v, want running with a guest", c.Name, c.State, c.Runtime)
+		}
+		if other, dup := uids[c.Runtime.UIDBase]; dup {
+			t.Fatalf("containers %s and %s share the uid range %d", other, c.Name, c.Runtime.UIDBase)
+		}
+		uids[c.Runtime.UIDBase] = c.Name
+	}
+	if sb.Containers[1].Image != "base" || sb.Containers[0].PID == 0 {
+		t.Fatalf("containers: %+v", sb.Containers)
+	}
+
+	t.Run("exec in each", func(t *testing.T) {
+		// The default is the first; -c names any.
+		if out := d.MustCLI("exec", id, "--", "hostname"); strings.TrimSpace(out) != id {
+			t.Fatalf("hostname without -c = %q, want %q", out, id)
+		}
+		for _, c := range []string{"web", "tools", "worker"} {
+			out := d.MustCLI("exec", "-c", c, id, "--", "hostname")
+			if want := id + "--" + c; c != "web" && strings.TrimSpace(out) != want {
+				t.Fatalf("hostname in %s = %q, want %q", c, out, want)
+			}
+		}
+		if r := d.CLI("exec", "-c", "nope", id, "--", "true"); r.Code == 0 || !strings.Contains(r.Stderr, "nope") {
+			t.Fatalf("exec in an unknown container: %+v", r)
+		}
+	})
+
+	t.Run("localhost reaches another container", func(t *testing.T) {
+		d.groupExec(id, "web", "sh", "-c", "echo hello-from-web > /workspace/index.txt")
+		var got execResult
+		ok := waitFor(20*time.Second, 200*time.Millisecond, func() bool {
+			got = d.groupExec(id, "tools", "python3", "-c", "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8123/index.txt', timeout=2).read().decode())")
+			return got.ExitCode == 0
+		})
+		if !ok || !strings.Contains(got.Stdout, "hello-from-web") {
+			t.Fatalf("tools could not reach web's server on localhost: %s", got)
+		}
+	})
+
+	t.Run("isolation", func(t *testing.T) {
+		// Processes: the server runs in web, not visible from tools.
+		ps := `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done`
+		if out := d.groupExec(id, "web", "sh", "-c", ps); !strings.Contains(out.Stdout, "http.server") {
+			t.Fatalf("web does not see its own server: %s", out)
+		}
+		for _, c := range []string{"tools", "worker"} {
+			if out := d.groupExec(id, c, "sh", "-c", ps); strings.Contains(out.Stdout, "http.server") {
+				t.Fatalf("%s sees web's processes:\n%s", c, out.Stdout)
+			}
+		}
+		// Files outside the shared mounts.
+		d.groupExec(id, "worker", "sh", "-c", "echo private > /root/key")
+		if out := d.groupExec(id, "tools", "cat", "/root/key"); out.ExitCode == 0 {
+			t.Fatalf("tools reads worker's /root/key: %s", out)
+		}
+		// Environment.
+		if out := d.groupExec(id, "worker", "sh", "-c", "echo $WORKER_SECRET"); strings.TrimSpace(out.Stdout) != "s3cr3t" {
+			t.Fatalf("worker's env: %s", out)
+		}
+		for _, c := range []string{"web", "tools"} {
+			out := d.groupExec(id, c, "sh", "-c", "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'")
+			if strings.Contains(out.Stdout, "s3cr3t") {
+				t.Fatalf("%s sees worker's secret", c)
+			}
+		}
+	})
+
+	t.Run("shared volume", func(t *testing.T) {
+		d.groupExec(id, "tools", "sh", "-c", "echo from-tools > /workspace/shared.txt")
+		for _, c := range []string{"web", "worker"} {
+			if out := d.groupExec(id, c, "cat", "/workspace/shared.txt"); strings.TrimSpace(out.Stdout) != "from-tools" {
+				t.Fatalf("%s reads the workspace: %s", c, out)
+			}
+		}
+		if out := d.groupExec(id, "worker", "sh", "-c", "echo x > /workspace/w"); out.ExitCode == 0 {
+			t.Fatalf("worker wrote to its read-only workspace: %s", out)
+		}
+		// Files through the API address a container too.
+		ctx := client.WithContainer(context.Background(), "tools")
+		if _, err := d.Client().Stat(ctx, id, "/workspace/shared.txt"); err != nil {
+			t.Fatalf("stat in tools: %v", err)
+		}
+		if _, err := d.Client().Stat(client.WithContainer(context.Background(), "worker"), id, "/root/key"); err != nil {
+			t.Fatalf("stat in worker: %v", err)
+		}
+		if _, err := d.Client().Stat(context.Background(), id, "/root/key"); err == nil {
+			t.Fatalf("the first container sees worker's /root/key")
+		}
+	})
+
+	t.Run("ls and inspect", func(t *testing.T) {
+		out := d.MustCLI("ls")
+		if !strings.Contains(out, "CONTAINERS") || !strings.Contains(out, "tools(base):running") {
+			t.Fatalf("ls: %s", out)
+		}
+		var got api.Sandbox
+		if err := json.Unmarshal([]byte(d.MustCLI("inspect", id)), &got); err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Containers) != 3 || len(got.SharedVolumes) != 1 || got.SharedVolumes[0].Volume != id+"-workspace" {
+			t.Fatalf("inspect: %+v %+v", got.Containers, got.SharedVolumes)
+		}
+	})
+
+	t.Run("survives a daemon restart", func(t *testing.T) {
+		before := d.get(id)
+		d.Kill9()
+		d.Start()
+		after := d.get(id)
+		for i, c := range after.Containers {
+			if c.State != api.StateRunning || c.Runtime == nil || c.Runtime.HostPID != before.Containers[i].Runtime.HostPID {
+				t.Fatalf("container %s after a restart: %+v %+v", c.Name, c, c.Runtime)
+			}
+		}
+		if out := d.groupExec(id, "tools", "cat", "/workspace/shared.txt"); strings.TrimSpace(out.Stdout) != "from-tools" {
+			t.Fatalf("tools after a restart: %s", out)
+		}
+	})
+
+	t.Run("stop and resume", func(t *testing.T) {
+		d.MustCLI("stop", id)
+		for _, c := range d.get(id).Containers {
+			if c.State != api.StateStopped {
+				t.Fatalf("container %s of a stopped sandbox is %s", c.Name, c.State)
+			}
+		}
+		d.MustCLI("resume", id)
+		if out := d.groupExec(id, "worker", "cat", "/root/key"); strings.TrimSpace(out.Stdout) != "private" {
+			t.Fatalf("worker's file after a resume: %s", out)
+		}
+		var got execResult
+		ok := waitFor(20*time.Second, 200*time.Millisecond, func() bool {
+			got = d.groupExec(id, "tools", "python3", "-c", "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8123/shared.txt', timeout=2).read().decode())")
+			return got.ExitCode == 0
+		})
+		if !ok {
+			t.Fatalf("web's command did not start again on resume: %s", got)
+		}
+	})
+
+	sb = d.get(id)
+	d.MustCLI("rm", "-f", id)
+	if left := d.traces(sb); len(left) > 0 {
+		t.Fatalf("left after removal:\n%s", strings.Join(left, "\n"))
+	}
+	if vols := d.MustCLI("volume", "ls"); strings.Contains(vols, id) {
+		t.Fatalf("the shared volume outlived its sandbox:\n%s", vols)
+	}
+}
+
+// TestContainersRefused sends hostile specs: each is refused with an error
+// naming the field, and nothing of any is left.
+func TestContainersRefused(t *testing.T) {
+	d := newDaemon(t)
+	cases := []struct {
+		name, body, field string
+		status            int
+	}{
+		{"duplicate names", `{"containers":[{"name":"a"},{"name":"a"}]}`, "containers[1].name", 400},
+		{"bad name", `{"containers":[{"name":"A_b"}]}`, "containers[0].name", 400},
+		{"double dash", `{"containers":[{"name":"a--b"}]}`, "containers[0].name", 400},
+		{"unknown image", `{"containers":[{"name":"a"},{"name":"b","image":"no-such-image"}]}`, "containers[1].image", 400},
+		{"mount outside the root", `{"shared_volumes":[{"name":"w"}],"containers":[{"name":"a","mounts":[{"name":"w","path":"/proc/x"}]}]}`, "containers[0].mounts", 400},
+		{"relative mount", `{"shared_volumes":[{"name":"w"}],"containers":[{"name":"a","mounts":[{"name":"w","path":"../w"}]}]}`, "containers[0].mounts", 400},
+		{"limits above the sandbox's", `{"resources":{"memory_bytes":268435456},"containers":[{"name":"a"},{"name":"b","resources":{"memory_bytes":536870912}}]}`, "containers[1].resources.memory_bytes", 400},
+		{"first container's limits", `{"containers":[{"name":"a","resources":{"pids":100}}]}`, "containers[0].resources", 400},
+		{"image beside containers", `{"image":"host","containers":[{"name":"a"}]}`, "image", 400},
+		{"shared volumes alone", `{"shared_volumes":[{"name":"w"}]}`, "shared_volumes", 400},
+		{"unknown volume", `{"shared_volumes":[{"name":"w"}],"containers":[{"name":"a"},{"name":"b","mounts":[{"name":"nope","path":"/n"}]}]}`, "containers[1].mounts[0].name", 400},
+		{"command that cannot start", `{"shared_volumes":[{"name":"w"}],"containers":[{"name":"a","mounts":[{"name":"w","path":"/w"}]},{"name":"b","command":["/no/such/binary"]}]}`, "container b", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := d.do(http.MethodPost, "/v1/sandboxes", tc.body)
+			if a.Status < 400 || (tc.status != 0 && a.Status != tc.status) {
+				t.Fatalf("status %d, want %d: %s", a.Status, tc.status, a.Body)
+			}
+			if e := a.apiError(t); !strings.Contains(e.Message, tc.field) {
+				t.Fatalf("error %q does not name %q", e.Message, tc.field)
+			}
+		})
+	}
+	if list := d.MustCLI("ls", "-q"); strings.TrimSpace(list) != "" {
+		t.Fatalf("refused creates left sandboxes: %s", list)
+	}
+	if vols := d.MustCLI("volume", "ls", "-q"); strings.TrimSpace(vols) != "" {
+		t.Fatalf("refused creates left volumes: %s", vols)
+	}
+	if left := d.daemonTraces(); len(left) > 0 {
+		t.Fatalf("refused creates left:\n%s", strings.Join(left, "\n"))
+	}
+	// The daemon still serves.
+	id := d.Create(api.CreateRequest{})
+	d.Sh(id, "true")
+}
