@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -206,6 +207,33 @@ func TestContainers(t *testing.T) {
 		})
 		if !ok {
 			t.Fatalf("web's command did not start again on resume: %s", got)
+		}
+	})
+
+	t.Run("a container that ends", func(t *testing.T) {
+		worker := d.get(id).Containers[2]
+		if err := syscall.Kill(worker.Runtime.HostPID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		var got *api.Sandbox
+		if !waitFor(10*time.Second, 50*time.Millisecond, func() bool {
+			got = d.get(id)
+			return got.Containers[2].State == api.StateStopped
+		}) {
+			t.Fatalf("worker after its guest was killed: %+v", got.Containers[2])
+		}
+		if got.State != api.StateRunning || got.Containers[2].Error == "" {
+			t.Fatalf("sandbox %s, worker %+v: want the sandbox running and why the worker stopped", got.State, got.Containers[2])
+		}
+		if r := d.CLI("exec", "-c", "worker", id, "--", "true"); r.Code == 0 || !strings.Contains(r.Stderr, "worker") {
+			t.Fatalf("exec in a stopped container: %+v", r)
+		}
+		if out := d.groupExec(id, "tools", "true"); out.ExitCode != 0 {
+			t.Fatalf("tools after worker ended: %s", out)
+		}
+		events := d.MustCLI("events", id)
+		if !strings.Contains(events, "container worker exited") {
+			t.Fatalf("events do not say which container ended:\n%s", events)
 		}
 	})
 

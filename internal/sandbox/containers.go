@@ -333,10 +333,10 @@ func (m *Manager) startCommands(ctx context.Context, b *box) error {
 	return nil
 }
 
-// stopMembers ends b's running members and releases their CPU and memory,
-// keeping their disks.
+// stopMembers ends b's members and releases their CPU and memory, keeping
+// their disks: those running here, and whatever of the others' a guest
+// that died or a daemon that died left (a cgroup, a socket).
 func (m *Manager) stopMembers(ctx context.Context, b *box) error {
-	var errs []error
 	for _, mb := range b.members {
 		if mb == nil {
 			continue
@@ -347,11 +347,14 @@ func (m *Manager) stopMembers(ctx context.Context, b *box) error {
 		case <-ctx.Done():
 		}
 		mb.guest.Close()
-		if err := m.cfg.Runtime.Stop(ctx, mb.inst.ID()); err != nil {
-			errs = append(errs, fmt.Errorf("stopping container %s: %w", mb.name, err))
-		}
 	}
 	b.members = nil
+	var errs []error
+	for _, mr := range b.rec.Members {
+		if err := m.cfg.Runtime.Stop(ctx, runtime.ContainerID(b.rec.ID, mr.Name)); err != nil {
+			errs = append(errs, fmt.Errorf("stopping container %s: %w", mr.Name, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -403,7 +406,7 @@ func (m *Manager) watchMember(b *box, mb *member) {
 		c.State, c.Error, c.PID = api.StateStopped, why, 0
 		m.log.Warn("container exited", "sandbox", b.rec.ID, "container", mb.name, "why", why)
 		m.persistLocked(b)
-		m.notify(b).Event(b.rec.ID, "lifecycle", "container exited", map[string]any{"container": mb.name, "error": why})
+		m.notify(b).Event(b.rec.ID, "lifecycle", "container "+mb.name+" exited", map[string]any{"container": mb.name, "error": why})
 	}()
 }
 

@@ -1186,6 +1186,9 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			inst, err := m.cfg.Runtime.Restore(ctx, r.ID, runtime.RestoreSpec{State: r.Runtime, Resources: r.Resources, Frozen: r.State == api.StateFrozen})
 			if err != nil {
 				log.Warn("sandbox did not survive; marking it stopped", "err", err)
+				if err := m.stopMembers(ctx, b); err != nil {
+					log.Warn("releasing sandbox's containers", "err", err)
+				}
 				if err := m.cfg.Runtime.Stop(ctx, r.ID); err != nil {
 					log.Warn("releasing sandbox", "err", err)
 				}
