@@ -108,6 +108,9 @@ type Server struct {
 	secretUses map[string]*secretUse
 	// sweep wakes Run for a sweep of header secrets.
 	sweep chan struct{}
+	// signers maps signatures of URLs that named no sandbox to the
+	// sandbox that signed them (signer).
+	signers map[string]string
 }
 
 // New returns the facade's server.
@@ -135,6 +138,7 @@ func New(cfg Config) (*Server, error) {
 		tags:          map[string]map[string]uint32{},
 		secretUses:    map[string]*secretUse{},
 		sweep:         make(chan struct{}, 1),
+		signers:       map[string]string{},
 	}
 	s.control = s.controlRoutes()
 	s.envd = s.envdRoutes()

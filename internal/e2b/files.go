@@ -117,17 +117,49 @@ func (s *Server) signedBy(q url.Values, op, token string) bool {
 }
 
 // signer finds the sandbox whose access token signed r (a /files URL
-// that names no sandbox): "" when none did. It tries every running
-// sandbox's token, a hash each.
+// that names no sandbox): "" when none did. A URL names its sandbox only
+// by its host (49983-ID.DOMAIN, served before this); on the facade's own
+// name (E2B_SANDBOX_URL) the signature is all there is, a hash over the
+// token that cannot be inverted. So the first fetch of a URL tries each
+// sandbox's token, a hash each, and the signature is remembered: fetching
+// it again costs one hash.
 func (s *Server) signer(r *http.Request) string {
 	q := r.URL.Query()
 	op := "read"
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
-	for _, sb := range s.mgr.List(r.Context(), sandbox.Filter{}) {
-		if s.signedBy(q, op, s.accessToken(sb.ID)) {
-			return sb.ID
+	sig := q.Get("signature")
+	s.mu.Lock()
+	id, ok := s.signers[sig]
+	s.mu.Unlock()
+	if ok && s.signedBy(q, op, s.accessToken(id)) {
+		return id
+	}
+	sbs := s.mgr.List(r.Context(), sandbox.Filter{})
+	ids := make([]string, len(sbs))
+	for i, sb := range sbs {
+		ids[i] = sb.ID
+	}
+	if id = s.signerAmong(q, op, ids); id != "" {
+		s.mu.Lock()
+		if len(s.signers) >= maxSigners {
+			clear(s.signers)
+		}
+		s.signers[sig] = id
+		s.mu.Unlock()
+	}
+	return id
+}
+
+// maxSigners bounds the signatures remembered (about 200 bytes each).
+const maxSigners = 4096
+
+// signerAmong is the sandbox of ids whose token signed q, or "".
+func (s *Server) signerAmong(q url.Values, op string, ids []string) string {
+	for _, id := range ids {
+		if s.signedBy(q, op, s.accessToken(id)) {
+			return id
 		}
 	}
 	return ""
