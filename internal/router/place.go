@@ -158,28 +158,26 @@ func (rt *Router) demandOf(res api.Resources, selector map[string]string, from, 
 func (rt *Router) pick(d demand, tried map[string]bool) (_ *node, warm string, _ error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	// One pass, keeping the best so far: no allocation on the way, so a
-	// create to 100 nodes costs the gateway a few microseconds here.
-	var best *node
+	// One pass over the packed candidates, keeping the best so far: no
+	// allocation and no lookup by name on the way.
+	var best *candidate
 	var bestWarm string
 	var bestLoad float64
 	var ready, labelled int
 	var short map[string]int // nodes without room, by resource
-	for _, n := range rt.table.nodes {
-		if n.State != api.NodeReady || (d.only != "" && n.Name != d.only) || (len(tried) > 0 && tried[n.Name]) {
+	cands := rt.table.cands
+	for i := range cands {
+		c := &cands[i]
+		if !c.ready || (d.only != "" && c.n.Name != d.only) || (len(tried) > 0 && tried[c.n.Name]) {
 			continue
 		}
 		ready++
-		if len(d.selector) > 0 && !hasLabels(n.Labels, d.selector) {
+		if len(d.selector) > 0 && !hasLabels(c.n.Labels, d.selector) {
 			continue
 		}
 		labelled++
-		var pc placedCount
-		if p := rt.placed[n.Name]; p != nil {
-			pc = *p
-		}
-		used := pc.add(n.Allocated)
-		if lacks := lacking(n.Capacity, used, d.res); len(lacks) > 0 {
+		used := c.placed.add(c.allocated)
+		if lacks := lacking(c.capacity, used, d.res); len(lacks) > 0 {
 			if short == nil {
 				short = map[string]int{}
 			}
@@ -188,24 +186,20 @@ func (rt *Router) pick(d demand, tried map[string]bool) (_ *node, warm string, _
 			}
 			continue
 		}
-		w, l := warmPool(n.Pools, pc.pools, d.pools), load(n.Capacity, used)
+		w, l := warmPool(c.pools, c.placed.pools, d.pools), load(c.capacity, used)
 		if best == nil || better(w != "", l, bestWarm != "", bestLoad, rt.cfg.Pack) {
-			best, bestWarm, bestLoad = n, w, l
+			best, bestWarm, bestLoad = c, w, l
 		}
 	}
 	if best == nil {
 		return nil, "", rt.nowhere(d, tried, ready, labelled, short)
 	}
-	pc := rt.placed[best.Name]
-	if pc == nil {
-		pc = &placedCount{pools: map[string]int{}}
-		rt.placed[best.Name] = pc
-	}
+	pc := best.placed
 	pc.res = (&placedCount{res: d.res}).add(pc.res)
 	if bestWarm != "" {
 		pc.pools[bestWarm]++
 	}
-	return best, bestWarm, nil
+	return best.n, bestWarm, nil
 }
 
 // better reports whether a node (with a warm guest or not, at load l)
@@ -221,12 +215,15 @@ func better(warm bool, l float64, bestWarm bool, bestLoad float64, pack bool) bo
 	return l < bestLoad
 }
 
-// warmPool is the first of pools in which a node has a warm guest left,
-// after those the gateway's creates since the table changed took.
-func warmPool(ready, taken map[string]int, pools []string) string {
+// warmPool is the first of pools in which a node has a warm guest left
+// (ready, its pools with guests), after those the gateway's creates since
+// the table changed took.
+func warmPool(ready []poolCount, taken map[string]int, pools []string) string {
 	for _, p := range pools {
-		if ready[p]-taken[p] > 0 {
-			return p
+		for _, r := range ready {
+			if r.pool == p && r.n > 0 && (len(taken) == 0 || r.n-taken[p] > 0) {
+				return p
+			}
 		}
 	}
 	return ""
@@ -239,12 +236,14 @@ func (rt *Router) unplace(n *node, d demand, warm string) {
 	defer rt.mu.Unlock()
 	pc := rt.placed[n.Name]
 	if pc == nil {
-		return // the table changed meanwhile
+		return // gone from the table meanwhile
 	}
-	pc.res.CPUs -= d.res.CPUs
-	pc.res.MemoryBytes -= d.res.MemoryBytes
-	pc.res.DiskBytes -= d.res.DiskBytes
-	pc.res.Sandboxes -= d.res.Sandboxes
+	// Never below zero: the table may have changed meanwhile, and the
+	// count started again from the nodes' own allocation.
+	pc.res.CPUs = max(0, pc.res.CPUs-d.res.CPUs)
+	pc.res.MemoryBytes = max(0, pc.res.MemoryBytes-d.res.MemoryBytes)
+	pc.res.DiskBytes = max(0, pc.res.DiskBytes-d.res.DiskBytes)
+	pc.res.Sandboxes = max(0, pc.res.Sandboxes-d.res.Sandboxes)
 	if pc.pools[warm] > 0 {
 		pc.pools[warm]--
 	}

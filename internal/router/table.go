@@ -20,6 +20,28 @@ type table struct {
 	byTag  map[string]*node
 	maxTag int
 	nodes  []*node // by name
+	// cands is what placement reads of each of nodes, in their order.
+	cands []candidate
+}
+
+// candidate is what placement (pick) reads of one node, packed in one
+// slice with what this gateway placed on it, so that a pick over a
+// hundred nodes walks memory in order and looks nothing up by name: at
+// 100 nodes, the map lookups and scattered records of a pick over
+// []*node took ~13% of the gateway's CPU per create.
+type candidate struct {
+	n                   *node
+	placed              *placedCount // rt.placed[n.Name]
+	ready               bool
+	capacity, allocated api.NodeResources
+	// pools are the node's warm pools with guests ready: a few, read
+	// in order faster than a map is hashed.
+	pools []poolCount
+}
+
+type poolCount struct {
+	pool string
+	n    int
 }
 
 // owner finds the node whose tag starts id. Tags are prefix-free (SetNodes
@@ -97,10 +119,24 @@ func (rt *Router) SetNodes(nodes []api.Node) {
 		}
 	}
 	rt.nodes = kept
-	rt.table = t
 	if !beatsOnly {
 		rt.placed = map[string]*placedCount{}
 	}
+	t.cands = make([]candidate, len(t.nodes))
+	for i, n := range t.nodes {
+		pc := rt.placed[n.Name]
+		if pc == nil {
+			pc = &placedCount{pools: map[string]int{}}
+			rt.placed[n.Name] = pc
+		}
+		t.cands[i] = candidate{n: n, placed: pc, ready: n.State == api.NodeReady, capacity: n.Capacity, allocated: n.Allocated}
+		for pool, ready := range n.Pools {
+			if ready > 0 {
+				t.cands[i].pools = append(t.cands[i].pools, poolCount{pool, ready})
+			}
+		}
+	}
+	rt.table = t
 }
 
 // sameButHeartbeat says whether two records of a node differ in their
