@@ -144,7 +144,15 @@ func consoleLoadTimes(ctx context.Context, chromium, base, id string, floor *[]t
 	if err != nil {
 		return nil, nil, err
 	}
-	defer os.RemoveAll(profile)
+	// Chromium's helpers may still write there as it exits.
+	defer func() {
+		for range 10 {
+			if os.RemoveAll(profile) == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
 		chromedp.DisableGPU, chromedp.WindowSize(1280, 900), chromedp.UserDataDir(profile))
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
