@@ -13,7 +13,18 @@ type Policy struct {
 	Deny    []PolicyRule    `json:"deny,omitempty"`
 	Presets []string        `json:"presets,omitempty"`
 	Secrets []SecretBinding `json:"secrets,omitempty"`
+	// Mode is what a refusal does: "" (or "deny") refuses; "ask" also
+	// files an EgressRequest for the host, for a person to decide.
+	Mode string `json:"mode,omitempty"`
+	// Grants are the sandbox's approved requests (set by the daemon).
+	Grants []PolicyGrant `json:"grants,omitempty"`
 }
+
+// The modes of a Policy.
+const (
+	PolicyModeDeny = "deny"
+	PolicyModeAsk  = "ask"
+)
 
 // Clone returns a deep copy of p (nil for nil).
 func (p *Policy) Clone() *Policy {
@@ -24,6 +35,17 @@ func (p *Policy) Clone() *Policy {
 		Allow:   cloneRules(p.Allow),
 		Deny:    cloneRules(p.Deny),
 		Presets: append([]string(nil), p.Presets...),
+		Mode:    p.Mode,
+	}
+	if p.Grants != nil {
+		c.Grants = make([]PolicyGrant, len(p.Grants))
+		for i, g := range p.Grants {
+			if g.Until != nil {
+				u := *g.Until
+				g.Until = &u
+			}
+			c.Grants[i] = g
+		}
 	}
 	for _, b := range p.Secrets {
 		b.Hosts = append([]string(nil), b.Hosts...)

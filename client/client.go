@@ -32,6 +32,7 @@ var (
 	ErrDenied      = errdefs.ErrDenied
 	ErrUnavailable = errdefs.ErrUnavailable
 	ErrTooLarge    = errdefs.ErrTooLarge
+	ErrTooMany     = errdefs.ErrTooMany
 	ErrNoSpace     = errdefs.ErrNoSpace
 )
 
@@ -54,6 +55,7 @@ func (e *Error) Unwrap() error { return errdefs.FromCode(e.Code) }
 type Client struct {
 	base  string // scheme://authority, no trailing slash
 	token string
+	name  string // sent as Paddock-Client
 	http  *http.Client
 	tr    *transport
 	lanes lanes
@@ -65,6 +67,10 @@ type Option func(*Client)
 
 // WithToken sends token as a bearer token (required on TCP listeners).
 func WithToken(token string) Option { return func(c *Client) { c.token = token } }
+
+// WithName names the client to the daemon (Paddock-Client: "cli",
+// "console"), for the audit of what it decides.
+func WithName(name string) Option { return func(c *Client) { c.name = name } }
 
 // New returns a client for host: "unix:///path/to.sock" or
 // "tcp://HOST:PORT" (also accepted: http://HOST:PORT).
@@ -145,6 +151,9 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body any) 
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if c.name != "" {
+		req.Header.Set("Paddock-Client", c.name)
 	}
 	return req, nil
 }

@@ -63,7 +63,7 @@ func (g *globals) client() (*client.Client, error) {
 	if host == "" {
 		host = client.DefaultHost
 	}
-	var opts []client.Option
+	opts := []client.Option{client.WithName("cli")}
 	token, err := g.token()
 	if err != nil {
 		return nil, err
@@ -116,7 +116,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(inContainer(fileCmds(g))...)
 	root.AddCommand(portCmds(g)...) // one network namespace: a port is every container's
 	root.AddCommand(snapshotCmd(g), forkCmd(g), volumeCmd(g))
-	root.AddCommand(policyCmd(g), secretCmd(g), e2bKeyCmd(g))
+	root.AddCommand(policyCmd(g), requestsCmd(g), secretCmd(g), e2bKeyCmd(g))
 	root.AddCommand(telemetryCmds(g)...)
 	root.AddCommand(imageCmd(g))
 	root.AddCommand(templateCmd(g))

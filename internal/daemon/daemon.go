@@ -397,6 +397,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err == nil || rt.IsWarm(id)
 		})
 		gatewayTelemetry(gw, tel, mgr, log.With("component", "egress"))
+		gw.SetRequests(mgr)
 	}
 	// After the reconcile and the prune: what an earlier daemon kept
 	// ready was a leftover, what this one builds is not.

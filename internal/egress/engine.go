@@ -3,9 +3,11 @@ package egress
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
@@ -63,14 +65,24 @@ type EngineConfig struct {
 	// internet preset and the check on resolved addresses. Default
 	// PublicAddr; tests replace it to make a loopback address "public".
 	Public func(netip.Addr) bool
+	// GrantUsed hears that a grant for one use (PolicyGrant.Once) was
+	// used at a time, and ends at until (OnceGrace later). It is called
+	// on a goroutine of its own.
+	GrantUsed func(id, request string, at, until time.Time)
 }
+
+// OnceGrace is how long a grant for one use stays after its first use:
+// one connection is decided more than once (its name looked up, a
+// proxied client's CONNECT, then the tunnel's TLS).
+const OnceGrace = 3 * time.Second
 
 // Engine holds the compiled policy of every sandbox and decides against
 // them. Policies are swapped atomically: a connection or request decided
 // after Set returns uses the new policy. The proxy and the resolver share
 // one Engine.
 type Engine struct {
-	public func(netip.Addr) bool
+	public    func(netip.Addr) bool
+	grantUsed func(id, request string, at, until time.Time)
 
 	mu       sync.RWMutex
 	policies map[string]*compiled
@@ -83,7 +95,7 @@ func NewEngine(cfg EngineConfig) *Engine {
 	if cfg.Public == nil {
 		cfg.Public = PublicAddr
 	}
-	return &Engine{public: cfg.Public, policies: map[string]*compiled{}}
+	return &Engine{public: cfg.Public, grantUsed: cfg.GrantUsed, policies: map[string]*compiled{}}
 }
 
 // Set validates p and makes it sandbox id's policy.
@@ -96,13 +108,67 @@ func (e *Engine) Set(id string, p *api.Policy) error {
 		return err
 	}
 	e.mu.Lock()
-	e.policies[id] = c
+	e.putUnlock(id, c)
+	return nil
+}
+
+// putUnlock makes c sandbox id's policy, releases e.mu (held) and tells
+// the change hooks.
+func (e *Engine) putUnlock(id string, c *compiled) {
+	e.put(id, c)
 	hooks := e.onChange
 	e.mu.Unlock()
 	for _, h := range hooks {
 		h(id)
 	}
-	return nil
+}
+
+// put makes c sandbox id's policy, its grants for one use reporting to
+// the engine; e.mu is held.
+func (e *Engine) put(id string, c *compiled) {
+	for _, r := range c.allow {
+		if r.onUse != nil {
+			request := r.grant
+			r.onUse = func() { go e.used(id, request, time.Now()) }
+		}
+	}
+	e.policies[id] = c
+}
+
+// used ends a grant for one use OnceGrace after its first use at.
+func (e *Engine) used(id, request string, at time.Time) {
+	until := at.Add(OnceGrace)
+	e.rewrite(id, func(gs []api.PolicyGrant) []api.PolicyGrant {
+		for i, g := range gs {
+			if g.Request == request && g.Once && g.Until == nil {
+				gs[i].Until = &until
+			}
+		}
+		return gs
+	})
+	if e.grantUsed != nil {
+		e.grantUsed(id, request, at, until)
+	}
+}
+
+// rewrite recompiles sandbox id's policy with its grants changed by f.
+func (e *Engine) rewrite(id string, f func([]api.PolicyGrant) []api.PolicyGrant) *compiled {
+	e.mu.Lock()
+	c := e.policies[id]
+	if c == nil {
+		e.mu.Unlock()
+		return nil
+	}
+	p := clonePolicy(c.policy)
+	p.Grants = f(p.Grants)
+	nc, err := compilePolicy(p)
+	if err != nil {
+		// It compiled before with these grants or more.
+		e.mu.Unlock()
+		return c
+	}
+	e.putUnlock(id, nc)
+	return nc
 }
 
 // Remove forgets sandbox id; it is denied everything afterwards.
@@ -129,7 +195,26 @@ func (e *Engine) get(id string) *compiled {
 	e.mu.RLock()
 	c := e.policies[id]
 	e.mu.RUnlock()
-	return c
+	if c == nil || c.expires.IsZero() {
+		return c
+	}
+	if now := time.Now(); now.Before(c.expires) {
+		return c
+	}
+	// A grant ended: the policy is compiled again without it, and the
+	// proxy's pooled connections of the old one are dropped (onChange).
+	return e.rewrite(id, func(gs []api.PolicyGrant) []api.PolicyGrant {
+		now := time.Now()
+		return slices.DeleteFunc(gs, func(g api.PolicyGrant) bool { return g.Until != nil && !now.Before(*g.Until) })
+	})
+}
+
+// Mode returns sandbox id's policy mode ("" for none).
+func (e *Engine) Mode(id string) string {
+	if c := e.get(id); c != nil {
+		return c.policy.Mode
+	}
+	return ""
 }
 
 func (e *Engine) watch(f func(id string)) {
@@ -179,6 +264,8 @@ type compiled struct {
 	deny     []*rule
 	internet bool
 	bindings []*binding
+	// expires is when the first of its grants ends (zero: none ends).
+	expires time.Time
 }
 
 func compilePolicy(p *api.Policy) (*compiled, error) {
@@ -218,6 +305,33 @@ func compilePolicy(p *api.Policy) (*compiled, error) {
 			c.allow = append(c.allow, cr)
 		}
 	}
+	switch p.Mode {
+	case "", api.PolicyModeDeny, api.PolicyModeAsk:
+	default:
+		return nil, errdefs.Invalid("mode", "%q is not a mode (deny, ask)", p.Mode)
+	}
+	now := time.Now()
+	for i, g := range p.Grants {
+		if g.Request == "" {
+			return nil, invalidEntry("grants", i, g.Match, errorf("names no request"))
+		}
+		cr, err := compileRule(api.PolicyRule{Match: strings.TrimSpace(g.Match)}, "")
+		if err != nil {
+			return nil, invalidEntry("grants", i, g.Match, err)
+		}
+		if g.Until != nil && !now.Before(*g.Until) {
+			continue // ended
+		}
+		cr.grant = g.Request
+		cr.allowed = fmt.Sprintf("allowed by request %s (%q, approved)", g.Request, cr.src)
+		if g.Once && g.Until == nil {
+			cr.onUse = func() {} // Engine.put makes it report
+		}
+		if g.Until != nil && (c.expires.IsZero() || g.Until.Before(c.expires)) {
+			c.expires = *g.Until
+		}
+		c.allow = append(c.allow, cr)
+	}
 	seen := map[string]bool{}
 	for i, b := range p.Secrets {
 		cb, err := compileBinding(b)
@@ -235,6 +349,9 @@ func compilePolicy(p *api.Policy) (*compiled, error) {
 
 // ruleName is how a decision names a rule.
 func (r *rule) name() string {
+	if r.grant != "" {
+		return "request:" + r.grant
+	}
 	if r.preset != "" {
 		return "preset:" + r.preset
 	}
@@ -242,6 +359,9 @@ func (r *rule) name() string {
 }
 
 func allowedBy(r *rule) Decision {
+	if r.onUse != nil && r.used.CompareAndSwap(false, true) {
+		r.onUse()
+	}
 	return Decision{Allow: true, Rule: r.name(), Reason: r.allowed}
 }
 

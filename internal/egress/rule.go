@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/paddock-dev/paddock/api"
 )
@@ -34,6 +35,12 @@ type rule struct {
 	// allowed is the reason of a decision this rule allows, made once:
 	// the proxy decides every connection and request.
 	allowed string
+	// grant is the request of a grant (Policy.Grants). onUse, set on a
+	// grant for one use, is called by the first decision it allows
+	// (used keeps it to one call).
+	grant string
+	onUse func()
+	used  atomic.Bool
 }
 
 // hostPattern is a name, *.name, or an address (a URL rule's host may be

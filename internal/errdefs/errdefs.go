@@ -22,6 +22,9 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrTooLarge: a request body or value exceeds a limit.
 	ErrTooLarge = errors.New("too large")
+	// ErrTooMany: the caller holds as many of a thing as it may (pending
+	// egress requests of a sandbox).
+	ErrTooMany = errors.New("too many")
 	// ErrNoSpace: the disk that was to hold the result is full. A wrapped
 	// ENOSPC counts as this category too.
 	ErrNoSpace = errors.New("no space left")
@@ -58,6 +61,8 @@ func Code(err error) string {
 		return "unavailable"
 	case errors.Is(err, ErrTooLarge):
 		return "too_large"
+	case errors.Is(err, ErrTooMany):
+		return "too_many"
 	case IsNoSpace(err):
 		return "no_space"
 	}
@@ -80,6 +85,8 @@ func FromCode(code string) error {
 		return ErrUnavailable
 	case "too_large":
 		return ErrTooLarge
+	case "too_many":
+		return ErrTooMany
 	case "no_space":
 		return ErrNoSpace
 	}
@@ -124,6 +131,8 @@ func HTTPStatus(err error) int {
 		return 403 // Forbidden
 	case errors.Is(err, ErrTooLarge):
 		return 413 // Content Too Large
+	case errors.Is(err, ErrTooMany):
+		return 429 // Too Many Requests
 	case errors.Is(err, ErrUnavailable):
 		return 503 // Service Unavailable
 	case IsNoSpace(err):

@@ -99,11 +99,12 @@ type Gateway struct {
 	proxyLn net.Listener
 	bundle  []byte // the host's CA bundle
 
-	mu      sync.Mutex
-	events  func(id string, e Event)
-	selfFn  func(id string) (api.Self, error)
-	cas     map[string]*egress.CA
-	denials map[string][]egress.Event // recent denials per sandbox, newest last
+	mu       sync.Mutex
+	events   func(id string, e Event)
+	selfFn   func(id string) (api.Self, error)
+	requests Requests
+	cas      map[string]*egress.CA
+	denials  map[string][]egress.Event // recent denials per sandbox, newest last
 
 	// genMu orders the hand-out of the current CA generation against its
 	// replacement, which removes the old generation's directory: links
@@ -121,6 +122,7 @@ type Gateway struct {
 
 	stop chan struct{}
 	wake chan struct{} // refresh the self trees now
+	asks chan autoAsk  // refusals that ask for their host (askLoop)
 	wg   sync.WaitGroup
 }
 
@@ -154,7 +156,7 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 			return nil, err
 		}
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger, cas: map[string]*egress.CA{}, denials: map[string][]egress.Event{}, selfTrees: map[string]*selfTree{}, stop: make(chan struct{}), wake: make(chan struct{}, 1)}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, cas: map[string]*egress.CA{}, denials: map[string][]egress.Event{}, selfTrees: map[string]*selfTree{}, stop: make(chan struct{}), wake: make(chan struct{}, 1), asks: make(chan autoAsk, 64)}
 	var cleanups []func()
 	defer func() {
 		if retErr != nil {
@@ -175,7 +177,7 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 			return nil, err
 		}
 	}
-	g.eng = egress.NewEngine(egress.EngineConfig{})
+	g.eng = egress.NewEngine(egress.EngineConfig{GrantUsed: g.grantUsed})
 
 	// The listeners take any port; the network's rules redirect to them.
 	if g.proxyLn, err = net.Listen("tcp4", "0.0.0.0:0"); err != nil {
@@ -249,8 +251,9 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 		ReadTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second, ConnState: selfLn.ConnState,
 		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
 	go g.self.Serve(selfLn)
-	g.wg.Add(1)
+	g.wg.Add(2)
 	go g.refreshSelf(time.Second)
+	go g.askLoop()
 	g.log.Info("egress gateway up", "proxy_port", port(g.proxyLn.Addr()), "dns_port", g.dns.Addr().Port(), "self_port", port(g.selfLn.Addr()), "upstream_dns", cfg.Upstream)
 	return g, nil
 }
@@ -318,6 +321,7 @@ func (g *Gateway) noteDenial(id string, e egress.Event) {
 	}
 	g.denials[id] = d
 	g.mu.Unlock()
+	g.maybeAsk(id, e)
 	g.poke()
 }
 
@@ -708,6 +712,9 @@ func (g *Gateway) Prune(keep func(id string) bool) {
 func (g *Gateway) ValidatePolicy(p *api.Policy) error {
 	if p == nil {
 		return nil
+	}
+	if len(p.Grants) > 0 {
+		return errdefs.Invalid("policy", "grants: the daemon sets them from approved requests (paddock requests approve)")
 	}
 	if err := egress.ValidatePolicy(p); err != nil {
 		return errdefs.Invalid("policy", "%s", strings.TrimPrefix(err.Error(), errdefs.ErrInvalid.Error()+": "))

@@ -37,7 +37,14 @@ The same is served at http://paddock.internal/v1/self (and /v1/self/policy,
 
 When a connection fails, look at denials.json: a refused HTTP request got a
 403 whose body names the rule to add; a refused TCP connect was reset at
-once; a refused DNS name got REFUSED. Ask whoever runs you to add the rule.
+once; a refused DNS name got REFUSED.
+
+To ask a person for a host, POST to http://paddock.internal/v1/self/requests
+  {"host": "api.example.com", "reason": "why you need it"}
+(a name, or an address, with an optional :PORT). The answer is the
+request; GET http://paddock.internal/v1/self/requests/ID until its "state"
+is "approved" (then retry) or "denied". A policy whose mode is "ask" files
+a request for each refused host by itself.
 `
 
 func denials(evs []egress.Event) []api.Denial {
@@ -77,10 +84,10 @@ var selfDocs = map[string]func(api.Self) any{
 	"/v1/self/denials": func(v api.Self) any { return v.Denials },
 }
 
-// SelfPaths lists the paths of the JSON documents http://paddock.internal
-// serves a sandbox.
+// SelfPaths lists the paths http://paddock.internal serves a sandbox:
+// the JSON documents and its requests.
 func SelfPaths() []string {
-	return slices.Sorted(maps.Keys(selfDocs))
+	return slices.Sorted(slices.Values(append(slices.Collect(maps.Keys(selfDocs)), selfRequests, selfRequests+"/{id}")))
 }
 
 func (g *Gateway) serveSelf(w http.ResponseWriter, r *http.Request) {
@@ -92,6 +99,9 @@ func (g *Gateway) serveSelf(w http.ResponseWriter, r *http.Request) {
 	}
 	if !ok {
 		http.Error(w, "not a sandbox", http.StatusForbidden)
+		return
+	}
+	if g.serveRequests(w, r, id) {
 		return
 	}
 	if r.URL.Path == "/" {

@@ -64,9 +64,9 @@ func TestTools(t *testing.T) {
 		cfg  Config
 		want []string
 	}{
-		{"all", Config{}, []string{"create", "delete", "denials", "exec", "fork", "list", "list_files", "logs", "pause", "read_file", "resume", "snapshot", "stats", "write_file"}},
-		{"policy", Config{AllowPolicyChanges: true}, []string{"create", "delete", "denials", "exec", "fork", "list", "list_files", "logs", "pause", "read_file", "resume", "set_policy", "snapshot", "stats", "write_file"}},
-		{"scoped", Config{Sandbox: "sb1"}, []string{"denials", "exec", "list_files", "logs", "pause", "read_file", "resume", "snapshot", "stats", "write_file"}},
+		{"all", Config{}, []string{"create", "delete", "denials", "exec", "fork", "list", "list_files", "logs", "pause", "read_file", "requests", "resume", "snapshot", "stats", "write_file"}},
+		{"policy", Config{AllowPolicyChanges: true}, []string{"create", "delete", "denials", "exec", "fork", "list", "list_files", "logs", "pause", "read_file", "requests", "resume", "set_policy", "snapshot", "stats", "write_file"}},
+		{"scoped", Config{Sandbox: "sb1"}, []string{"denials", "exec", "list_files", "logs", "pause", "read_file", "requests", "resume", "snapshot", "stats", "write_file"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := toolNames(t, connect(t, tc.cfg))
@@ -150,7 +150,7 @@ func TestScope(t *testing.T) {
 		"write_file": {"path": "/tmp/x", "content": "x"},
 		"list_files": {"path": "/"},
 	}
-	for _, tool := range []string{"exec", "read_file", "write_file", "list_files", "snapshot", "pause", "resume", "logs", "stats", "denials"} {
+	for _, tool := range []string{"exec", "read_file", "write_file", "list_files", "snapshot", "pause", "resume", "logs", "stats", "denials", "requests"} {
 		args := map[string]any{"sandbox": "other"}
 		for k, v := range extra[tool] {
 			args[k] = v

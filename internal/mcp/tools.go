@@ -70,6 +70,7 @@ func (t *tools) register(s *sdk.Server) {
 	sdk.AddTool(s, &sdk.Tool{Name: "logs", Description: "The exec log: the processes run in a sandbox, how they ended, and optionally the tail of one's output."}, t.logs)
 	sdk.AddTool(s, &sdk.Tool{Name: "stats", Description: "A sandbox's state and current resource use against its limits."}, t.stats)
 	sdk.AddTool(s, &sdk.Tool{Name: "denials", Description: "The network requests the sandbox's egress policy refused, newest last."}, t.denials)
+	sdk.AddTool(s, &sdk.Tool{Name: "requests", Description: "Egress requests: hosts a sandbox asked a person for, and the answers (pending, approved, denied, expired). Listing only: a person decides with `paddock requests approve`."}, t.requests)
 	if t.cfg.AllowPolicyChanges {
 		sdk.AddTool(s, &sdk.Tool{Name: "set_policy", Description: "Replace a sandbox's allow rules and presets (secret bindings and deny rules are kept)."}, t.setPolicy)
 	}
@@ -738,6 +739,35 @@ func (t *tools) denials(ctx context.Context, _ *sdk.CallToolRequest, in DenialsI
 		out.Denials = out.Denials[len(out.Denials)-in.Limit:]
 	}
 	return nil, out, nil
+}
+
+// RequestsIn is the requests tool's input.
+type RequestsIn struct {
+	Sandbox string `json:"sandbox,omitempty" jsonschema:"the sandbox id (default: every sandbox, or the server's own)"`
+	State   string `json:"state,omitempty" jsonschema:"only requests in this state: pending, approved, denied or expired"`
+}
+
+// RequestsOut is the requests tool's output.
+type RequestsOut struct {
+	Requests []api.EgressRequest `json:"requests"`
+}
+
+func (t *tools) requests(ctx context.Context, _ *sdk.CallToolRequest, in RequestsIn) (*sdk.CallToolResult, RequestsOut, error) {
+	id := strings.TrimSpace(in.Sandbox)
+	if t.cfg.Sandbox != "" || id != "" {
+		var err error
+		if id, err = t.target(id); err != nil {
+			return nil, RequestsOut{}, err
+		}
+	}
+	list, err := t.c.Requests(ctx, id, in.State)
+	if err != nil {
+		return nil, RequestsOut{}, err
+	}
+	if list == nil {
+		list = []api.EgressRequest{}
+	}
+	return nil, RequestsOut{Requests: list}, nil
 }
 
 // PolicyIn is the set_policy tool's input.

@@ -112,6 +112,10 @@ type record struct {
 	// Members are its containers beside the first, in Containers' order
 	// (containers.go).
 	Members []memberRecord `json:"members,omitempty"`
+	// Requests are its egress requests, oldest first (requests.go), and
+	// RequestSeq the number of the last.
+	Requests   []api.EgressRequest `json:"egress_requests,omitempty"`
+	RequestSeq int                 `json:"egress_request_seq,omitempty"`
 }
 
 type box struct {
@@ -595,7 +599,7 @@ func (m *Manager) spec(rec *record, img *image.Image) runtime.Spec {
 	}
 	if m.cfg.Egress != nil {
 		// The policy is in force before the sandbox's first process runs.
-		policy := rec.Policy
+		policy := effectivePolicy(rec)
 		spec.Setup = func(id string) ([]string, error) { return m.cfg.Egress.SetPolicy(id, policy) }
 	}
 	return spec
@@ -1202,7 +1206,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			m.watch(b, inst)
 			m.restoreMembers(ctx, b)
 			if m.cfg.Egress != nil {
-				if _, err := m.cfg.Egress.SetPolicy(r.ID, r.Policy); err != nil {
+				if _, err := m.cfg.Egress.SetPolicy(r.ID, effectivePolicy(&b.rec)); err != nil {
 					log.Warn("restoring the network policy", "err", err)
 				}
 			}

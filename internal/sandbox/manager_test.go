@@ -32,6 +32,7 @@ type testbed struct {
 	st     *store.Store
 	rt     *fake.Runtime
 	m      *Manager
+	egress Egress // nil: none
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -76,7 +77,7 @@ func (tb *testbed) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewManager(Config{Images: tb.images, Store: st, UIDStart: 1 << 20, MaxSandboxes: 16, Logger: quiet})
+	m := NewManager(Config{Images: tb.images, Store: st, UIDStart: 1 << 20, MaxSandboxes: 16, Egress: tb.egress, Logger: quiet})
 	if err := m.Load(); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
@@ -45,7 +46,7 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, p api.Policy) (api.P
 		return api.Policy{}, err
 	}
 	if mv.step == stepLive {
-		if _, err := m.cfg.Egress.SetPolicy(id, &p); err != nil {
+		if _, err := m.cfg.Egress.SetPolicy(id, withGrants(&p, b.rec.Requests, time.Now())); err != nil {
 			return api.Policy{}, fmt.Errorf("applying policy: %w", err)
 		}
 	}

@@ -63,6 +63,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 	routes = append(routes, s.portRoutes()...)
 	routes = append(routes, s.storageRoutes()...)
 	routes = append(routes, s.policyRoutes()...)
+	routes = append(routes, s.requestRoutes()...)
 	routes = append(routes, s.telemetryRoutes()...)
 	routes = append(routes, s.imageRoutes()...)
 	routes = append(routes, s.templateRoutes()...)
@@ -92,7 +93,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 // bearer token on every request (TCP listeners); the unix socket relies on
 // its file permissions and passes "".
 func (s *Server) Handler(token string) http.Handler {
-	return s.recover(s.sanePath(s.auth(token, s.withContainer(s.mux))))
+	return s.recover(s.sanePath(s.auth(token, withCredential(token, s.withContainer(s.mux)))))
 }
 
 func (s *Server) auth(token string, next http.Handler) http.Handler {

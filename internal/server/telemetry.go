@@ -147,7 +147,7 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 }
 
 var eventTypes = map[string]bool{"lifecycle": true, "exec": true, "oom": true, "limits": true, "snapshot": true,
-	"fork": true, "pause": true, "policy": true, "budget": true, "autoscale": true}
+	"fork": true, "pause": true, "policy": true, "request": true, "budget": true, "autoscale": true}
 
 func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request) {
 	h := s.telemetry(w, r)

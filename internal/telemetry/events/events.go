@@ -46,6 +46,7 @@ const (
 	Snapshot  Type = "snapshot"
 	Pause     Type = "pause" // paused or resumed
 	Policy    Type = "policy"
+	Request   Type = "request"   // an egress request asked, decided or used: api.EgressRequest
 	Budget    Type = "budget"    // a warning or an exceeded budget: budget.Notice
 	Autoscale Type = "autoscale" // a resize decision: autoscale.Decision
 )
