@@ -21,3 +21,36 @@ type PortForward struct {
 	Connections int       `json:"connections"`
 	CreatedAt   time.Time `json:"created_at"`
 }
+
+// PreviewRequest is the body of POST /v1/sandboxes/{id}/previews.
+type PreviewRequest struct {
+	Port int `json:"port"`
+	// ExpiresSeconds is the preview's life (default 3600; at most 30
+	// days).
+	ExpiresSeconds int64 `json:"expires_seconds,omitempty"`
+	// Public previews need no token: whoever has the URL reaches the port.
+	Public bool `json:"public,omitempty"`
+}
+
+// Preview is a URL on the daemon's TCP listener for a port of a sandbox:
+// /preview/ID/PATH reaches PATH of the port, for holders of its token
+// (the Paddock-Preview-Token header, the paddock_token query parameter,
+// which also sets a cookie for the preview's path, or that cookie) until
+// it expires or is revoked; a public one for anyone.
+type Preview struct {
+	// ID is SANDBOX.RANDOM; the path is /preview/ID/.
+	ID      string `json:"id"`
+	Sandbox string `json:"sandbox"`
+	Port    int    `json:"port"`
+	Path    string `json:"path"`
+	// URL is Path on the daemon's TCP listener (with the token as
+	// paddock_token for a private preview, in the create's answer only);
+	// empty when the daemon has no TCP listener.
+	URL string `json:"url,omitempty"`
+	// Token is set in the create's answer only: the daemon keeps its
+	// SHA-256.
+	Token     string    `json:"token,omitempty"`
+	Public    bool      `json:"public,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+}

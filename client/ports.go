@@ -136,3 +136,31 @@ func (t tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	return t.next.RoundTrip(r)
 }
+
+// CreatePreview makes a preview URL for a port of a sandbox (see
+// api.Preview); the answer holds its token, which is never shown again.
+func (c *Client) CreatePreview(ctx context.Context, id string, req api.PreviewRequest) (*api.Preview, error) {
+	var out api.Preview
+	return &out, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/previews", req, &out)
+}
+
+// Previews lists a sandbox's previews (without tokens).
+func (c *Client) Previews(ctx context.Context, id string) ([]api.Preview, error) {
+	var out []api.Preview
+	return out, c.do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id)+"/previews", nil, &out)
+}
+
+// RevokePreviews revokes every preview of a port of a sandbox and returns
+// how many there were.
+func (c *Client) RevokePreviews(ctx context.Context, id string, port int) (int, error) {
+	var out struct {
+		Revoked int `json:"revoked"`
+	}
+	err := c.do(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id)+"/previews?port="+strconv.Itoa(port), nil, &out)
+	return out.Revoked, err
+}
+
+// RevokePreview revokes one preview.
+func (c *Client) RevokePreview(ctx context.Context, id, preview string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id)+"/previews/"+url.PathEscape(preview), nil, nil)
+}

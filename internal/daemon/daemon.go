@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -425,6 +426,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		srv.SetSecrets(gw.Secrets())
 	}
 	srv.SetTelemetry(tel)
+	srv.SetPreviewBase(previewBase(listeners, trust != nil))
 	errc := make(chan error, len(listeners)+1)
 	var servers []*http.Server
 	if e2bL != nil {
@@ -499,6 +501,29 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	return nil
+}
+
+// previewBase is the URL previews are printed under: the first TCP
+// listener's (the host's name for an unspecified address), or "".
+func previewBase(listeners []net.Listener, tls bool) string {
+	for _, l := range listeners {
+		a, ok := l.Addr().(*net.TCPAddr)
+		if !ok {
+			continue
+		}
+		host := a.IP.String()
+		if a.IP.IsUnspecified() {
+			if host, _ = os.Hostname(); host == "" {
+				host = "localhost"
+			}
+		}
+		scheme := "http://"
+		if tls {
+			scheme = "https://"
+		}
+		return scheme + net.JoinHostPort(host, strconv.Itoa(a.Port))
+	}
+	return ""
 }
 
 // guardTCP bounds a TCP listener's connections (server.Guard) and, on a

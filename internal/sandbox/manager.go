@@ -116,6 +116,8 @@ type record struct {
 	// RequestSeq the number of the last.
 	Requests   []api.EgressRequest `json:"egress_requests,omitempty"`
 	RequestSeq int                 `json:"egress_request_seq,omitempty"`
+	// Previews are its preview URLs (previews.go).
+	Previews []preview `json:"previews,omitempty"`
 }
 
 type box struct {

@@ -69,8 +69,8 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 }
 
 // servedAhead are the paths the daemon's listeners serve ahead of this
-// router (internal/daemon/mcp.go, internal/console).
-var servedAhead = []string{"/mcp", "/ui/login", "/ui/ws/terminal/{id}"}
+// router (internal/daemon/mcp.go, internal/console, previews.go).
+var servedAhead = []string{"/mcp", "/ui/login", "/ui/ws/terminal/{id}", "/preview/{preview}/{path}"}
 
 // clusterGateway is the server of the paths only a cluster's gateway
 // serves.

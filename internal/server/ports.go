@@ -50,6 +50,7 @@ func (s *Server) portRoutes() []route {
 	log := s.log.With("component", "ports")
 	table := newPortTable(s.dialPort, s.mgr.Done, log)
 	proxy := newPortProxy(s.dialPort, log)
+	s.portProxy = proxy
 	routes := []route{
 		{"GET /v1/sandboxes/{id}/ports", s.listPorts(table)},
 		{"POST /v1/sandboxes/{id}/ports", s.openPort(table)},

@@ -85,7 +85,11 @@ func rewritePortRequest(pr *httputil.ProxyRequest) {
 	out.URL.Path, _ = url.PathUnescape(rest)
 	out.Host = "localhost:" + strconv.Itoa(port)
 	pr.SetXForwarded()
-	out.Header.Set("X-Forwarded-Prefix", portPrefix(id, port))
+	prefix := portPrefix(id, port)
+	if p, ok := pr.In.Context().Value(previewKey{}).(string); ok {
+		prefix = p // a preview's path (previews.go)
+	}
+	out.Header.Set("X-Forwarded-Prefix", prefix)
 	out.Header.Del("Authorization")
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httputil"
 	"strings"
 
 	"github.com/paddock-dev/paddock/api"
@@ -36,6 +37,10 @@ type Server struct {
 	routes  []route
 	secrets Secrets
 	tel     *hub.Hub
+	// portProxy is the reverse proxy of sandboxes' ports (ports_proxy.go),
+	// which previews share; previewBase is where previews are printed.
+	portProxy   *httputil.ReverseProxy
+	previewBase string
 }
 
 // New returns a Server for mgr.
@@ -64,6 +69,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 	routes = append(routes, s.storageRoutes()...)
 	routes = append(routes, s.policyRoutes()...)
 	routes = append(routes, s.requestRoutes()...)
+	routes = append(routes, s.previewRoutes()...)
 	routes = append(routes, s.telemetryRoutes()...)
 	routes = append(routes, s.imageRoutes()...)
 	routes = append(routes, s.templateRoutes()...)
@@ -93,7 +99,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 // bearer token on every request (TCP listeners); the unix socket relies on
 // its file permissions and passes "".
 func (s *Server) Handler(token string) http.Handler {
-	return s.recover(s.sanePath(s.auth(token, withCredential(token, s.withContainer(s.mux)))))
+	return s.recover(s.previews(s.sanePath(s.auth(token, withCredential(token, s.withContainer(s.mux))))))
 }
 
 func (s *Server) auth(token string, next http.Handler) http.Handler {

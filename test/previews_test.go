@@ -1,0 +1,185 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/paddock-dev/paddock/api"
+)
+
+// get answers a GET of u with headers (name, value pairs) through hc.
+func previewGet(t *testing.T, hc *http.Client, u string, headers ...string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest("GET", u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestPreviewURL (issue 26, bar 4): a dev server in a sandbox is reached
+// through a preview URL on the daemon's TCP listener with its token (the
+// URL's, then the cookie it set, or the header), and refused without it,
+// with a wrong one, with another preview's, with the API's token, after
+// its expiry and after its revocation; a WebSocket echo passes through;
+// --public needs no token; previews survive a kill -9 of the daemon, are
+// stored hashed, and go with the sandbox.
+func TestPreviewURL(t *testing.T) {
+	t.Parallel()
+	addr := freeHostPort(t)
+	apiToken := "api-" + randHex(16)
+	tokFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokFile, []byte(apiToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := StartDaemon(t, "--listen", "tcp://"+addr, "--token-file", tokFile)
+	id := d.Create(api.CreateRequest{})
+	d.Sh(id, "mkdir -p /tmp/site/sub && echo hello-preview > /tmp/site/index.html && echo deeper > /tmp/site/sub/page.txt && cd /tmp/site && nohup python3 -m http.server 3000 --bind 127.0.0.1 >/tmp/site.log 2>&1 &")
+	if r := d.run(id, "", "bash", "-c", `for i in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/3000) 2>/dev/null && exit 0; sleep 0.05; done; cat /tmp/site.log; exit 1`); r.ExitCode != 0 {
+		t.Fatalf("http.server did not listen: %s", r)
+	}
+	d.startPortServer(id, "http", 3001, "ws")
+
+	plain := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	full := strings.TrimSpace(d.MustCLI("port", id, "3000", "--url"))
+	u, err := url.Parse(full)
+	if err != nil || u.Host != addr || !strings.HasPrefix(u.Path, "/preview/"+id+".") || u.Query().Get("paddock_token") == "" {
+		t.Fatalf("preview URL %q", full)
+	}
+	token := u.Query().Get("paddock_token")
+	base := "http://" + addr + u.Path
+
+	// With its token: in the URL (which sets a cookie), then the cookie alone, or the header.
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Timeout: 10 * time.Second, Jar: jar}
+	if code, body := previewGet(t, browser, full); code != 200 || !strings.Contains(body, "hello-preview") {
+		t.Fatalf("the URL with its token: %d %s", code, body)
+	}
+	if code, body := previewGet(t, browser, base+"sub/page.txt"); code != 200 || !strings.Contains(body, "deeper") {
+		t.Fatalf("a page with the cookie: %d %s", code, body)
+	}
+	if code, body := previewGet(t, plain, base+"sub/page.txt", "Paddock-Preview-Token", token); code != 200 || !strings.Contains(body, "deeper") {
+		t.Fatalf("a page with the header: %d %s", code, body)
+	}
+	// Without it, or with any other key: refused.
+	for _, tc := range []struct {
+		what    string
+		url     string
+		headers []string
+	}{
+		{"no token", base, nil},
+		{"a wrong token", base + "?paddock_token=" + strings.Repeat("A", len(token)), nil},
+		{"the API's token", base, []string{"Authorization", "Bearer " + apiToken}},
+		{"an unknown preview", "http://" + addr + "/preview/" + id + ".0000000000000000/", []string{"Paddock-Preview-Token", token}},
+	} {
+		if code, body := previewGet(t, plain, tc.url, tc.headers...); code != 401 || strings.Contains(body, "hello-preview") {
+			t.Errorf("%s: %d %s, want 401", tc.what, code, body)
+		}
+	}
+	// The preview's token opens nothing of the API.
+	if code, _ := previewGet(t, plain, "http://"+addr+"/v1/sandboxes", "Authorization", "Bearer "+token); code != 401 {
+		t.Errorf("the preview's token on the API: %d, want 401", code)
+	}
+
+	// A WebSocket echo through a preview of another port, whose token
+	// the first preview's does not open.
+	wsFull := strings.TrimSpace(d.MustCLI("port", id, "3001", "--url", "--expires", "10m"))
+	wsURL, _ := url.Parse(wsFull)
+	if code, _ := previewGet(t, plain, "http://"+addr+wsURL.Path, "Paddock-Preview-Token", token); code != 401 {
+		t.Errorf("port 3000's token on port 3001's preview: %d, want 401", code)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	wsURL.Scheme = "ws"
+	wsURL.Path += "ws"
+	ws, _, err := websocket.Dial(ctx, wsURL.String(), nil)
+	if err != nil {
+		t.Fatalf("WebSocket through the preview: %v", err)
+	}
+	for _, msg := range []string{"one", strings.Repeat("x", 5000)} {
+		if err := ws.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		if _, got, err := ws.Read(ctx); err != nil || string(got) != msg {
+			t.Fatalf("WebSocket echo: %q %v", got, err)
+		}
+	}
+	ws.Close(websocket.StatusNormalClosure, "")
+
+	// Expiry.
+	short, _ := url.Parse(strings.TrimSpace(d.MustCLI("port", id, "3000", "--url", "--expires", "2s")))
+	if code, _ := previewGet(t, plain, short.String()); code != 200 {
+		t.Fatalf("a fresh short preview: %d", code)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	if code, _ := previewGet(t, plain, short.String()); code != 401 {
+		t.Errorf("an expired preview: %d, want 401", code)
+	}
+
+	// Public: no token needed.
+	pub := strings.TrimSpace(d.MustCLI("port", id, "3000", "--url", "--public"))
+	if code, body := previewGet(t, plain, pub); strings.Contains(pub, "paddock_token") || code != 200 || !strings.Contains(body, "hello-preview") {
+		t.Fatalf("a public preview %s: %d %s", pub, code, body)
+	}
+
+	// Stored hashed: the token is nowhere in the daemon's state.
+	filepath.WalkDir(d.StateDir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() || strings.Contains(p, "/storage") || strings.Contains(p, "/images/") {
+			return nil
+		}
+		if fi, err := e.Info(); err != nil || !fi.Mode().IsRegular() || fi.Size() > 64<<20 {
+			return nil // disk images
+		}
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(token)) {
+			t.Errorf("%s holds the preview's token", p)
+		}
+		return nil
+	})
+
+	// A kill -9 of the daemon keeps them.
+	d.Kill9()
+	d.Start()
+	if code, body := previewGet(t, plain, base, "Paddock-Preview-Token", token); code != 200 || !strings.Contains(body, "hello-preview") {
+		t.Fatalf("after a restart: %d %s", code, body)
+	}
+	if list := d.MustCLI("port", id, "--urls"); strings.Count(list, "\n"+id+".") != 3 {
+		t.Fatalf("paddock port --urls (want 3, the expired one gone):\n%s", list)
+	}
+
+	// Revocation.
+	if out := d.MustCLI("port", id, "3000", "--revoke"); !strings.Contains(out, "revoked 2") {
+		t.Fatalf("revoke: %s", out)
+	}
+	if code, _ := previewGet(t, plain, base, "Paddock-Preview-Token", token); code != 401 {
+		t.Errorf("a revoked preview: %d, want 401", code)
+	}
+	// With the sandbox gone, its previews go.
+	if code, _ := previewGet(t, plain, wsFull); code != 200 {
+		t.Fatalf("port 3001's preview before the removal: %d", code)
+	}
+	d.MustCLI("rm", "-f", id)
+	if code, _ := previewGet(t, plain, wsFull); code != 401 {
+		t.Errorf("a removed sandbox's preview: %d, want 401", code)
+	}
+}
