@@ -53,7 +53,8 @@ func TestPreviewURL(t *testing.T) {
 	if err := os.WriteFile(tokFile, []byte(apiToken), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := StartDaemon(t, "--listen", "tcp://"+addr, "--token-file", tokFile)
+	paddr := freeHostPort(t)
+	d := StartDaemon(t, "--listen", "tcp://"+addr, "--token-file", tokFile, "--preview-listen", "tcp://"+paddr)
 	id := d.Create(api.CreateRequest{})
 	d.Sh(id, "mkdir -p /tmp/site/sub && echo hello-preview > /tmp/site/index.html && echo deeper > /tmp/site/sub/page.txt && cd /tmp/site && nohup python3 -m http.server 3000 --bind 127.0.0.1 >/tmp/site.log 2>&1 &")
 	if r := d.run(id, "", "bash", "-c", `for i in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/3000) 2>/dev/null && exit 0; sleep 0.05; done; cat /tmp/site.log; exit 1`); r.ExitCode != 0 {
@@ -64,11 +65,11 @@ func TestPreviewURL(t *testing.T) {
 	plain := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	full := strings.TrimSpace(d.MustCLI("port", id, "3000", "--url"))
 	u, err := url.Parse(full)
-	if err != nil || u.Host != addr || !strings.HasPrefix(u.Path, "/preview/"+id+".") || u.Query().Get("paddock_token") == "" {
+	if err != nil || u.Host != paddr || !strings.HasPrefix(u.Path, "/preview/"+id+".") || u.Query().Get("paddock_token") == "" {
 		t.Fatalf("preview URL %q", full)
 	}
 	token := u.Query().Get("paddock_token")
-	base := "http://" + addr + u.Path
+	base := "http://" + paddr + u.Path
 
 	// With its token: in the URL (which sets a cookie), then the cookie alone, or the header.
 	jar, _ := cookiejar.New(nil)
@@ -91,7 +92,7 @@ func TestPreviewURL(t *testing.T) {
 		{"no token", base, nil},
 		{"a wrong token", base + "?paddock_token=" + strings.Repeat("A", len(token)), nil},
 		{"the API's token", base, []string{"Authorization", "Bearer " + apiToken}},
-		{"an unknown preview", "http://" + addr + "/preview/" + id + ".0000000000000000/", []string{"Paddock-Preview-Token", token}},
+		{"an unknown preview", "http://" + paddr + "/preview/" + id + ".0000000000000000/", []string{"Paddock-Preview-Token", token}},
 	} {
 		if code, body := previewGet(t, plain, tc.url, tc.headers...); code != 401 || strings.Contains(body, "hello-preview") {
 			t.Errorf("%s: %d %s, want 401", tc.what, code, body)
@@ -101,12 +102,22 @@ func TestPreviewURL(t *testing.T) {
 	if code, _ := previewGet(t, plain, "http://"+addr+"/v1/sandboxes", "Authorization", "Bearer "+token); code != 401 {
 		t.Errorf("the preview's token on the API: %d, want 401", code)
 	}
+	// Previews and the API (and the console) never share an origin: the
+	// API's listener serves no preview, the previews' serves no API.
+	if code, body := previewGet(t, plain, "http://"+addr+u.Path, "Authorization", "Bearer "+apiToken, "Paddock-Preview-Token", token); code != 404 || strings.Contains(body, "hello-preview") {
+		t.Errorf("a preview on the API's listener: %d %s, want 404", code, body)
+	}
+	for _, path := range []string{"/v1/sandboxes", "/ui/", "/mcp"} {
+		if code, _ := previewGet(t, plain, "http://"+paddr+path, "Authorization", "Bearer "+apiToken); code != 404 {
+			t.Errorf("%s on the previews' listener: %d, want 404", path, code)
+		}
+	}
 
 	// A WebSocket echo through a preview of another port, whose token
 	// the first preview's does not open.
 	wsFull := strings.TrimSpace(d.MustCLI("port", id, "3001", "--url", "--expires", "10m"))
 	wsURL, _ := url.Parse(wsFull)
-	if code, _ := previewGet(t, plain, "http://"+addr+wsURL.Path, "Paddock-Preview-Token", token); code != 401 {
+	if code, _ := previewGet(t, plain, "http://"+paddr+wsURL.Path, "Paddock-Preview-Token", token); code != 401 {
 		t.Errorf("port 3000's token on port 3001's preview: %d, want 401", code)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -181,5 +192,18 @@ func TestPreviewURL(t *testing.T) {
 	d.MustCLI("rm", "-f", id)
 	if code, _ := previewGet(t, plain, wsFull); code != 401 {
 		t.Errorf("a removed sandbox's preview: %d, want 401", code)
+	}
+}
+
+// TestPreviewNeedsItsListener: a daemon without --preview-listen
+// refuses preview URLs, saying how to get them, rather than serving
+// them on the API's (and the console's) origin.
+func TestPreviewNeedsItsListener(t *testing.T) {
+	t.Parallel()
+	d := StartDaemon(t)
+	id := d.Create(api.CreateRequest{})
+	r := d.CLI("port", id, "3000", "--url")
+	if r.Code == 0 || !strings.Contains(r.Stderr, "--preview-listen") {
+		t.Fatalf("port --url without a preview listener: %+v", r)
 	}
 }

@@ -104,6 +104,10 @@ type Config struct {
 	Telemetry TelemetryConfig
 	// Images bounds OCI images and says where they may be pulled from.
 	Images ImageConfig
+	// PreviewListen, tcp://HOST:PORT, serves preview URLs (paddock port
+	// --url) and nothing else: a previewed app's scripts must not share
+	// an origin with the API or the console.
+	PreviewListen string
 	// E2BListen, tcp://HOST:PORT, serves the E2B-compatible facade
 	// (package e2b); it needs TokenFile.
 	E2BListen string
@@ -234,6 +238,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if e2bL != nil {
 		defer e2bL.Close()
+	}
+	previewL, err := listenPreviews(cfg)
+	if err != nil {
+		for _, l := range listeners {
+			l.Close()
+		}
+		return err
+	}
+	if previewL != nil {
+		defer previewL.Close()
 	}
 	defer func() {
 		for _, l := range listeners {
@@ -426,9 +440,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		srv.SetSecrets(gw.Secrets())
 	}
 	srv.SetTelemetry(tel)
-	srv.SetPreviewBase(previewBase(listeners, trust != nil))
-	errc := make(chan error, len(listeners)+1)
+	errc := make(chan error, len(listeners)+2) // and the facade's and the previews' listeners
 	var servers []*http.Server
+	if previewL != nil {
+		srv.SetPreviewBase(previewBase(previewL))
+		hs := server.NewHTTPServer(srv.PreviewHandler(), cfg.HTTP, log)
+		pl := server.Guard(hs, previewL, cfg.HTTP, log)
+		servers = append(servers, hs)
+		go func() { errc <- hs.Serve(pl) }()
+		log.Info("serving preview URLs", "addr", "tcp://"+previewL.Addr().String())
+	}
 	if e2bL != nil {
 		hs, err := serveE2B(e2bL, trust, e2bToken, cfg, mgr, st, secrets, tel, log.With("component", "e2b"), errc)
 		if err != nil {
@@ -503,27 +524,39 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// previewBase is the URL previews are printed under: the first TCP
-// listener's (the host's name for an unspecified address), or "".
-func previewBase(listeners []net.Listener, tls bool) string {
-	for _, l := range listeners {
-		a, ok := l.Addr().(*net.TCPAddr)
-		if !ok {
-			continue
-		}
-		host := a.IP.String()
-		if a.IP.IsUnspecified() {
-			if host, _ = os.Hostname(); host == "" {
-				host = "localhost"
-			}
-		}
-		scheme := "http://"
-		if tls {
-			scheme = "https://"
-		}
-		return scheme + net.JoinHostPort(host, strconv.Itoa(a.Port))
+// listenPreviews opens the preview listener (--preview-listen), early
+// with the others.
+func listenPreviews(cfg Config) (net.Listener, error) {
+	if cfg.PreviewListen == "" {
+		return nil, nil
 	}
-	return ""
+	u, err := url.Parse(cfg.PreviewListen)
+	if err != nil || u.Scheme != "tcp" || u.Host == "" {
+		return nil, fmt.Errorf("--preview-listen %q is not tcp://HOST:PORT", cfg.PreviewListen)
+	}
+	for _, addr := range cfg.Listen {
+		if strings.TrimPrefix(addr, "tcp://") == u.Host {
+			return nil, fmt.Errorf("--preview-listen %s is also a --listen address: previews need a port of their own", u.Host)
+		}
+	}
+	l, err := net.Listen("tcp", u.Host)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", cfg.PreviewListen, err)
+	}
+	return l, nil
+}
+
+// previewBase is the URL previews are printed under: the preview
+// listener's (the host's name for an unspecified address).
+func previewBase(l net.Listener) string {
+	a := l.Addr().(*net.TCPAddr)
+	host := a.IP.String()
+	if a.IP.IsUnspecified() {
+		if host, _ = os.Hostname(); host == "" {
+			host = "localhost"
+		}
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(a.Port))
 }
 
 // guardTCP bounds a TCP listener's connections (server.Guard) and, on a

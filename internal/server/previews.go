@@ -48,6 +48,10 @@ func (s *Server) createPreview(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
+	if s.previewBase == "" {
+		writeError(w, r, s.log, errdefs.New(errdefs.ErrUnavailable, "the daemon serves no preview URLs: start it with --preview-listen tcp://HOST:PORT (their own port)"))
+		return
+	}
 	p, err := s.mgr.CreatePreview(r.Context(), r.PathValue("id"), req)
 	if err != nil {
 		writeError(w, r, s.log, err)
@@ -97,15 +101,19 @@ func (s *Server) revokePreviews(w http.ResponseWriter, r *http.Request) {
 
 type previewKey struct{}
 
-// previews serves /preview/... and passes every other request to next.
-func (s *Server) previews(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// PreviewHandler serves /preview/... and nothing else, on a listener of
+// its own (--preview-listen). A previewed app is the sandbox's code: on
+// the API's or the console's origin its scripts could call the API with
+// a browser's console session, so previews get an origin (a port) that
+// serves neither.
+func (s *Server) PreviewHandler() http.Handler {
+	return s.recover(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.HasPrefix(r.URL.Path, previewPrefix) {
-			next.ServeHTTP(w, r)
+			http.NotFound(w, r)
 			return
 		}
 		s.servePreview(w, r)
-	})
+	}))
 }
 
 func (s *Server) servePreview(w http.ResponseWriter, r *http.Request) {

@@ -99,7 +99,7 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 // bearer token on every request (TCP listeners); the unix socket relies on
 // its file permissions and passes "".
 func (s *Server) Handler(token string) http.Handler {
-	return s.recover(s.previews(s.sanePath(s.auth(token, withCredential(token, s.withContainer(s.mux))))))
+	return s.recover(s.sanePath(s.auth(token, withCredential(token, s.withContainer(s.mux)))))
 }
 
 func (s *Server) auth(token string, next http.Handler) http.Handler {
