@@ -181,26 +181,44 @@ func (s *Store) Get(ctx context.Context, id string) (Record, error) {
 }
 
 // get is Get with the record's ETag, for a conditional write after it.
+// A record replaced while it is read (minio-go reads on with If-Match
+// of the ETag it saw first; the store answers 412) is read again, a few
+// times.
 func (s *Store) get(ctx context.Context, id string) (Record, string, error) {
-	var rec Record
 	if err := reqcheck.SandboxID("id", id); err != nil {
-		return rec, "", err
+		return Record{}, "", err
 	}
+	for try := 1; ; try++ {
+		rec, etag, err := s.getOnce(ctx, id)
+		switch code := minio.ToErrorResponse(err).Code; {
+		case err == nil, errors.Is(err, errdefs.ErrInvalid):
+			return rec, etag, err
+		case code == "NoSuchKey":
+			return rec, "", errdefs.New(errdefs.ErrNotFound, "sandbox %s is not in the archive", id)
+		case code == minio.PreconditionFailed && try < 5:
+			continue
+		default:
+			return rec, "", s.unavailable("reading the record of "+id, err)
+		}
+	}
+}
+
+// getOnce reads the record once; the store's errors come back as they
+// are, for get to tell a replaced record from the rest.
+func (s *Store) getOnce(ctx context.Context, id string) (Record, string, error) {
+	var rec Record
 	obj, err := s.c.GetObject(ctx, s.cfg.Bucket, s.key(id, "record.json"), minio.GetObjectOptions{})
 	if err != nil {
-		return rec, "", s.unavailable("reading the record of "+id, err)
+		return rec, "", err
 	}
 	defer obj.Close()
 	st, err := obj.Stat()
 	if err != nil {
-		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-			return rec, "", errdefs.New(errdefs.ErrNotFound, "sandbox %s is not in the archive", id)
-		}
-		return rec, "", s.unavailable("reading the record of "+id, err)
+		return rec, "", err
 	}
 	b, err := io.ReadAll(io.LimitReader(obj, maxRecord+1))
 	if err != nil {
-		return rec, "", s.unavailable("reading the record of "+id, err)
+		return rec, "", err
 	}
 	if len(b) > maxRecord {
 		return rec, "", errdefs.New(errdefs.ErrInvalid, "the archived record of %s is over %d bytes", id, maxRecord)
