@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -212,6 +213,22 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.Click("#confirm-ok", chromedp.ByID), chromedp.WaitVisible("#act-pause", chromedp.ByID))
 	if sb := d.get(id); sb.State != api.StateRunning {
 		t.Fatalf("after the console's resume the sandbox is %s", sb.State)
+	}
+
+	// The sandbox asks for a host; a person approves it in the console,
+	// and the audit names the console.
+	code, answer := askFromInside(d.Daemon, id, "approve.test", "fetch the docs")
+	var asked api.EgressRequest
+	if err := json.Unmarshal([]byte(answer), &asked); code/100 != 2 || err != nil || asked.ID == "" {
+		t.Fatalf("asking from inside: %d %s", code, answer)
+	}
+	req := fmt.Sprintf(`#requests tr[data-id="%s"]`, asked.ID)
+	run(t, ctx, "request shows", chromedp.WaitVisible(req+`[data-state="pending"] button.approve`, chromedp.ByQuery))
+	run(t, ctx, "approve", chromedp.Click(req+` button.approve`, chromedp.ByQuery), chromedp.WaitVisible("#confirm-ok", chromedp.ByID),
+		chromedp.Click("#confirm-ok", chromedp.ByID), chromedp.WaitVisible(req+`[data-state="approved"]`, chromedp.ByQuery))
+	got, err := d.Client().Requests(pctx, id, "")
+	if err != nil || len(got) != 1 || got[0].State != api.RequestApproved || !strings.HasPrefix(got[0].DecidedBy, "console (") || got[0].Until == nil {
+		t.Fatalf("after the console's approval: %+v %v", got, err)
 	}
 
 	// A cross-site form post carries the cookie (127.0.0.1 on another

@@ -18,7 +18,8 @@ export function h(tag, attrs, ...children) {
 }
 
 export async function request(method, path, body, signal) {
-  const opts = { method, headers: {}, credentials: "same-origin", signal };
+  // Decisions' audit names the console (Paddock-Client).
+  const opts = { method, headers: { "Paddock-Client": "console" }, credentials: "same-origin", signal };
   if (method !== "GET") opts.headers["X-Paddock-CSRF"] = csrf;
   if (body !== undefined) {
     opts.headers["Content-Type"] = "application/json";

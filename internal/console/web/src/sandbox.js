@@ -35,6 +35,7 @@ export async function sandboxPage(id) {
   const procs = h("tbody", { id: "processes" });
   const events = h("ol", { id: "events", class: "events" });
   const policy = h("pre", { id: "policy", class: "policy" });
+  const requests = h("tbody", { id: "requests" });
   const logList = h("ul", { id: "logs", class: "logs" });
   const logOut = h("pre", { id: "log-output", class: "log-output" });
   const termBox = h("div", { id: "terminal", class: "terminal" });
@@ -47,7 +48,9 @@ export async function sandboxPage(id) {
       h("section", { class: "card" }, h("h3", {}, "Processes"),
         h("table", { class: "list" }, h("thead", {}, h("tr", {}, ["pid", "cmd", "state", "started"].map((c) => h("th", {}, c)))), procs)),
       h("section", { class: "card" }, h("h3", {}, "Events"), events),
-      h("section", { class: "card" }, h("h3", {}, "Policy"), policy)));
+      h("section", { class: "card" }, h("h3", {}, "Policy"), policy),
+      h("section", { class: "card wide" }, h("h3", {}, "Egress requests"),
+        h("table", { class: "list" }, h("thead", {}, h("tr", {}, ["host", "reason", "state", "decided by", ""].map((c) => h("th", {}, c)))), requests))));
 
   let sb;
   async function drawHead() {
@@ -109,6 +112,26 @@ export async function sandboxPage(id) {
     .catch((e) => { policy.textContent = e.message; });
   execLogs(base, logList, logOut);
   setInterval(() => drawHead().catch(() => {}), 5000);
+
+  // Egress requests: the sandbox asks for a host, a person decides. An
+  // approval lasts an hour; the reason is the sandbox's own (untrusted)
+  // text, shown as text.
+  async function pollRequests() {
+    const list = await api("GET", `${base}/requests`);
+    requests.replaceChildren(...list.map((r) => {
+      const path = `${base}/requests/${enc(r.id)}`;
+      const buttons = r.state !== "pending" ? [] : [
+        h("button", { class: "approve", onclick: () => confirmAction("Approve", `Let ${id} reach ${r.host} for an hour?`,
+          () => api("POST", `${path}/approve`, { duration_seconds: 3600 }).then(pollRequests)) }, "Approve 1h"),
+        h("button", { class: "deny danger", onclick: () => confirmAction("Deny", `Refuse ${r.host} to ${id}?`,
+          () => api("POST", `${path}/deny`, {}).then(pollRequests)) }, "Deny")];
+      return h("tr", { "data-id": r.id, "data-state": r.state },
+        h("td", {}, r.host), h("td", { class: "cmd" }, r.reason || ""), h("td", {}, r.state),
+        h("td", {}, r.decided_by || ""), h("td", {}, ...buttons));
+    }));
+  }
+  pollRequests().catch(() => {});
+  setInterval(() => pollRequests().catch(() => {}), 1000);
 }
 
 function startChart(base, box) {
