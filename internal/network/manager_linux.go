@@ -449,6 +449,13 @@ func (m *Manager) configure(id string, netnsFD int, l Link) error {
 // locked, and the Go runtime ends it with its goroutine rather than reuse
 // a thread in a sandbox's namespace.
 func (m *Manager) inNetns(netnsFD int, fn func() error) error {
+	return inNetns(netnsFD, int(m.host), fn)
+}
+
+// inNetns runs fn on a thread that entered network namespace netnsFD and
+// then returns to back (the host's). A thread that cannot return stays
+// locked and ends with its goroutine.
+func inNetns(netnsFD, back int, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -458,7 +465,7 @@ func (m *Manager) inNetns(netnsFD int, fn func() error) error {
 			return
 		}
 		err := fn()
-		if rerr := unix.Setns(int(m.host), unix.CLONE_NEWNET); rerr != nil {
+		if rerr := unix.Setns(back, unix.CLONE_NEWNET); rerr != nil {
 			errc <- errors.Join(err, fmt.Errorf("returning to the host netns: %w", rerr))
 			return
 		}

@@ -337,6 +337,29 @@ func setUpSlot() error {
 	return nil
 }
 
+// SysfsOf makes a detached read-only sysfs mount of network namespace
+// netnsFD (for a guest whose user namespace does not own it, so may not
+// mount one itself), from a thread that enters it and comes back. The
+// caller closes it.
+func SysfsOf(netnsFD int) (int, error) {
+	back, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening the host's netns: %w", err)
+	}
+	defer unix.Close(back)
+	fd := -1
+	err = inNetns(netnsFD, back, func() error {
+		var err error
+		fd, err = mountSysfs()
+		return err
+	})
+	if err != nil && fd >= 0 {
+		unix.Close(fd)
+		fd = -1
+	}
+	return fd, err
+}
+
 // mountSysfs makes a detached read-only sysfs mount of the calling
 // thread's network namespace.
 func mountSysfs() (int, error) {

@@ -1,15 +1,13 @@
 package native
 
 import (
-	"errors"
 	"fmt"
-	"os"
-	goruntime "runtime"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/network"
 	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
@@ -87,54 +85,7 @@ func (n *joinedNetns) Close() {
 	}
 }
 
-// Sysfs mounts a detached read-only sysfs of the namespace from a thread
-// that entered it: the container's user namespace does not own it, so
-// its guest may not mount one itself.
-func (n *joinedNetns) Sysfs() (int, error) {
-	host, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		return -1, err
-	}
-	defer host.Close()
-	type result struct {
-		fd  int
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		goruntime.LockOSThread()
-		if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
-			goruntime.UnlockOSThread()
-			ch <- result{-1, fmt.Errorf("entering the sandbox's network namespace: %w", err)}
-			return
-		}
-		fd, err := sysfsHere()
-		if rerr := unix.Setns(int(host.Fd()), unix.CLONE_NEWNET); rerr != nil {
-			// The thread stays locked and ends with the goroutine.
-			ch <- result{fd, errors.Join(err, fmt.Errorf("returning to the host's network namespace: %w", rerr))}
-			return
-		}
-		goruntime.UnlockOSThread()
-		ch <- result{fd, err}
-	}()
-	res := <-ch
-	if res.err != nil && res.fd >= 0 {
-		unix.Close(res.fd)
-		res.fd = -1
-	}
-	return res.fd, res.err
-}
-
-// sysfsHere makes a detached read-only sysfs mount of the calling
-// thread's network namespace.
-func sysfsHere() (int, error) {
-	fs, err := unix.Fsopen("sysfs", unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return -1, fmt.Errorf("opening sysfs: %w", err)
-	}
-	defer unix.Close(fs)
-	if err := unix.FsconfigCreate(fs); err != nil {
-		return -1, fmt.Errorf("creating sysfs: %w", err)
-	}
-	return unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
-}
+// Sysfs mounts a detached read-only sysfs of the namespace: the
+// container's user namespace does not own it, so its guest may not mount
+// one itself.
+func (n *joinedNetns) Sysfs() (int, error) { return network.SysfsOf(n.fd) }
