@@ -464,12 +464,7 @@ func (m *Manager) dropArchived(id string) {
 // archiveIdle archives paused sandboxes that have been idle for longer
 // than after (the daemon's --archive-after), one at a time.
 func (m *Manager) archiveIdle(after time.Duration, now time.Time) {
-	m.mu.Lock()
-	boxes := make([]*box, 0, len(m.boxes))
-	for _, b := range m.boxes {
-		boxes = append(boxes, b)
-	}
-	m.mu.Unlock()
+	boxes := m.allBoxes()
 	for _, b := range boxes {
 		if !b.mu.TryLock() {
 			continue

@@ -323,12 +323,7 @@ func (m *Manager) autoPause(every time.Duration) {
 		case <-m.closed:
 			return
 		case now := <-t.C:
-			m.mu.Lock()
-			boxes := make([]*box, 0, len(m.boxes))
-			for _, b := range m.boxes {
-				boxes = append(boxes, b)
-			}
-			m.mu.Unlock()
+			boxes := m.allBoxes()
 			for _, b := range boxes {
 				m.pauseIfIdle(b, now)
 			}

@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	goruntime "runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -927,6 +929,14 @@ type Filter struct {
 	State  api.State
 }
 
+// allBoxes returns every box the manager holds, for a walk that locks
+// each on its own.
+func (m *Manager) allBoxes() []*box {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Collect(maps.Values(m.boxes))
+}
+
 // List returns the sandboxes matching f, oldest first.
 func (m *Manager) List(ctx context.Context, f Filter) []api.Sandbox {
 	m.mu.Lock()
@@ -1168,12 +1178,7 @@ func (m *Manager) Load() error {
 // sandboxes are re-attached (or marked stopped if their guest is gone),
 // host resources nobody recorded are removed, and timeouts re-armed.
 func (m *Manager) Reconcile(ctx context.Context) error {
-	m.mu.Lock()
-	boxes := make([]*box, 0, len(m.boxes))
-	for _, b := range m.boxes {
-		boxes = append(boxes, b)
-	}
-	m.mu.Unlock()
+	boxes := m.allBoxes()
 	known := map[string]bool{}
 	for _, b := range boxes {
 		b.mu.Lock()
