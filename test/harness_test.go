@@ -53,10 +53,12 @@ func TestMain(m *testing.M) {
 			fmt.Printf("building paddock: %v\n%s", err, out)
 			os.Exit(1)
 		}
+		sweepDead()
 		code := m.Run()
 		os.RemoveAll(dir)
 		os.Exit(code)
 	}
+	sweepDead()
 	os.Exit(m.Run())
 }
 
@@ -147,6 +149,9 @@ func prepareDaemon(t *testing.T, extra ...string) *Daemon {
 		// of every test daemon at once. TestDiskSpaceBacked runs with 1.
 		"--disk-overcommit", "100",
 		"--log-level", "debug"}, extra...)
+	if err := recordOwner(filepath.Join(root, "owner.json"), owner{Args: d.args}); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(d.cleanup)
 	return d
 }
@@ -154,6 +159,13 @@ func prepareDaemon(t *testing.T, extra ...string) *Daemon {
 // Start starts (or restarts) the daemon process and waits until it serves.
 func (d *Daemon) Start() {
 	d.t.Helper()
+	if err := d.start(); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// start is Start that returns its error, for cleanup, which must go on.
+func (d *Daemon) start() error {
 	d.log = &syncBuffer{}
 	d.cmd = exec.Command(paddockBin, d.args...)
 	d.cmd.Stdout = d.log
@@ -162,11 +174,11 @@ func (d *Daemon) Start() {
 	// sandboxes, and the test's signals must not reach the daemon.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
-		d.t.Fatal(err)
+		return err
 	}
 	c, err := client.New(d.Host)
 	if err != nil {
-		d.t.Fatal(err)
+		return err
 	}
 	d.client = c
 	deadline := time.Now().Add(20 * time.Second)
@@ -175,10 +187,10 @@ func (d *Daemon) Start() {
 		_, err := c.Version(ctx)
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
 		if time.Now().After(deadline) || d.cmd.ProcessState != nil {
-			d.t.Fatalf("daemon did not come up: %v\n%s", err, d.log)
+			return fmt.Errorf("daemon did not come up: %v\n%s", err, d.log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -239,17 +251,7 @@ func childrenOf(pid int) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+		if f := procStat(e.Name()); len(f) > 1 && f[1] == strconv.Itoa(pid) {
 			out = append(out, child)
 		}
 	}
@@ -378,7 +380,10 @@ func (d *Daemon) cleanup() {
 		// Killed or stopped and not started again (a test that failed
 		// between a kill and a restart): start it, so that what it made
 		// (disks on loop devices, mounts) is removed through it.
-		d.Start()
+		if err := d.start(); err != nil {
+			t.Errorf("cleanup: restarting the daemon: %v", err)
+			d.Stop()
+		}
 	}
 	if d.cmd != nil && d.cmd.ProcessState == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -453,10 +458,20 @@ func (d *Daemon) cleanup() {
 		for _, e := range entries {
 			if e.IsDir() {
 				t.Errorf("leftover cgroup: %s/%s", dir, e.Name())
-				syscall.Rmdir(filepath.Join(dir, e.Name()))
 			}
 		}
-		syscall.Rmdir(dir)
+	}
+	if t.Failed() {
+		// What a failed test left (its guests, disks, links) must not
+		// outlive it: the daemon's own uninstall removes it.
+		args := append(append([]string{}, d.args...), "--uninstall")
+		if out, err := exec.Command(paddockBin, args...).CombinedOutput(); err != nil {
+			t.Logf("cleanup: uninstall: %v\n%s", err, out)
+		}
+		unmountUnder(d.Root)
+	}
+	for _, ctrl := range []string{"cpu", "memory", "pids", "freezer", "cpuacct", "unified", ""} {
+		syscall.Rmdir(filepath.Join("/sys/fs/cgroup", ctrl, d.Cgroup))
 	}
 	os.RemoveAll(d.Root)
 }

@@ -17,6 +17,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,6 +77,10 @@ func newUpstream(t *testing.T, names map[string]string) *upstream {
 			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
+	if err := recordOwner(ownerFile(u.NS), owner{NetNS: u.NS, Link: hostIf}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(ownerFile(u.NS)) })
 	run("netns", "add", u.NS)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", u.NS).Run() })
 	run("link", "add", hostIf, "type", "veth", "peer", "name", nsIf)
@@ -309,11 +315,44 @@ func netDaemon(t *testing.T, u *upstream, extra ...string) *Daemon {
 
 // networkArgs gives a test daemon a network name and subnet of its own, so
 // that daemons of parallel tests (and a daemon the developer runs) never
-// share an nftables table or addresses.
+// share an nftables table or addresses. A subnet the host routes already
+// (another daemon's, or one a dead test left) is passed over.
 func networkArgs() (name string, args []string) {
 	n := netSeq.Add(1)
-	blk := (uint32(os.Getpid())*16 + n) % 4096
 	name = fmt.Sprintf("pt%04x%02x", os.Getpid()&0xffff, n&0xff)
-	return name, []string{"--network-name", name,
-		"--network-subnet", fmt.Sprintf("10.%d.%d.0/22", 160+blk/64, (blk%64)*4)}
+	routes := hostRoutes()
+	var subnet *net.IPNet
+	for try := uint32(0); try < 4096; try++ {
+		blk := (uint32(os.Getpid())*16 + n + try*7) % 4096
+		_, subnet, _ = net.ParseCIDR(fmt.Sprintf("10.%d.%d.0/22", 160+blk/64, (blk%64)*4))
+		if !slices.ContainsFunc(routes, func(r *net.IPNet) bool {
+			return r.Contains(subnet.IP) || subnet.Contains(r.IP)
+		}) {
+			break
+		}
+	}
+	return name, []string{"--network-name", name, "--network-subnet", subnet.String()}
+}
+
+// hostRoutes lists the IPv4 destinations of the host's routes other than
+// the default one.
+func hostRoutes() []*net.IPNet {
+	b, _ := os.ReadFile("/proc/net/route")
+	var out []*net.IPNet
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			continue
+		}
+		dst, err1 := strconv.ParseUint(f[1], 16, 32)
+		mask, err2 := strconv.ParseUint(f[7], 16, 32)
+		if err1 != nil || err2 != nil || mask == 0 {
+			continue
+		}
+		// Little-endian words, as the kernel prints them.
+		ip := net.IPv4(byte(dst), byte(dst>>8), byte(dst>>16), byte(dst>>24))
+		m := net.IPv4Mask(byte(mask), byte(mask>>8), byte(mask>>16), byte(mask>>24))
+		out = append(out, &net.IPNet{IP: ip.Mask(m), Mask: m})
+	}
+	return out
 }
