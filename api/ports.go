@@ -43,9 +43,10 @@ type Preview struct {
 	Sandbox string `json:"sandbox"`
 	Port    int    `json:"port"`
 	Path    string `json:"path"`
-	// URL is Path on the daemon's TCP listener (with the token as
+	// URL is Path on the daemon's preview listener, or with a preview
+	// domain the root of the preview's own host name (with the token as
 	// paddock_token for a private preview, in the create's answer only);
-	// empty when the daemon has no TCP listener.
+	// empty when the daemon has no preview listener.
 	URL string `json:"url,omitempty"`
 	// Token is set in the create's answer only: the daemon keeps its
 	// SHA-256.

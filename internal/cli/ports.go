@@ -37,7 +37,9 @@ authentication and no host port: /v1/sandboxes/ID/ports/PORT/PATH.
 With --url, port prints a preview URL for the port on the daemon's TCP listener
 (/preview/PREVIEW/PATH): private to holders of the token it carries (which also
 sets a cookie for the preview's path), scoped to that sandbox and port, until
---expires (default 1h) or --revoke; --public needs no token. --urls lists them.`,
+--expires (default 1h) or --revoke; --public needs no token. --urls lists them.
+A daemon started with --preview-domain prints each on a host name of its own
+(http://PORT-PREVIEW.DOMAIN/), where the app's absolute links work.`,
 		Example: `  paddock port 4f2k9x0a1b2c 3000
   curl http://$(paddock port 4f2k9x0a1b2c 3000)/
   paddock port 4f2k9x0a1b2c

@@ -96,6 +96,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&cfg.HTTP.Limits.Unauthenticated, "http-max-unauthenticated", 1024, "connections each TCP listener holds before their credentials are checked (the oldest is closed for a new one)")
 	f.IntVar(&cfg.HTTP.Limits.PerPeer, "http-max-unauthenticated-per-peer", 64, "such connections one client address holds (its oldest is closed for its new one)")
 	f.StringVar(&cfg.PreviewListen, "preview-listen", "", "serve preview URLs (paddock port --url) on tcp://HOST:PORT, a port of their own, apart from the API and console")
+	f.StringVar(&cfg.PreviewDomain, "preview-domain", "", "serve each preview URL on a host name of its own, PORT-PREVIEW.DOMAIN (wildcard DNS to --preview-listen), where absolute links work: DOMAIN, or https://DOMAIN[:PORT] behind a TLS proxy")
 	f.StringVar(&cfg.E2BListen, "e2b-listen", "", "serve the E2B-compatible API on tcp://HOST:PORT (needs --token-file; see docs/e2b.md)")
 	f.StringVar(&cfg.E2BDomain, "e2b-domain", "", "domain of the E2B facade's sandbox host names, PORT-ID.DOMAIN (wildcard DNS to the facade): routes them to sandbox ports")
 	f.StringVar(&cfg.E2BTLSCert, "e2b-tls-cert", "", "serve the E2B facade over TLS with this certificate (for the domain and *.DOMAIN; with --e2b-tls-key)")

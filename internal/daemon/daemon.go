@@ -108,6 +108,11 @@ type Config struct {
 	// --url) and nothing else: a previewed app's scripts must not share
 	// an origin with the API or the console.
 	PreviewListen string
+	// PreviewDomain serves previews on host names of their own,
+	// PORT-PREVIEW.DOMAIN (wildcard DNS to PreviewListen): "DOMAIN"
+	// prints http://...DOMAIN:LISTENPORT/, "https://DOMAIN[:PORT]" is for
+	// a TLS proxy in front of the listener.
+	PreviewDomain string
 	// E2BListen, tcp://HOST:PORT, serves the E2B-compatible facade
 	// (package e2b); it needs TokenFile.
 	E2BListen string
@@ -444,6 +449,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	var servers []*http.Server
 	if previewL != nil {
 		srv.SetPreviewBase(previewBase(previewL))
+		if cfg.PreviewDomain != "" {
+			if err := srv.SetPreviewDomain(previewDomainBase(cfg.PreviewDomain, previewL)); err != nil {
+				return fmt.Errorf("--preview-domain: %w", err)
+			}
+		}
 		hs := server.NewHTTPServer(srv.PreviewHandler(), cfg.HTTP, log)
 		pl := server.Guard(hs, previewL, cfg.HTTP, log)
 		servers = append(servers, hs)
@@ -528,6 +538,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 // with the others.
 func listenPreviews(cfg Config) (net.Listener, error) {
 	if cfg.PreviewListen == "" {
+		if cfg.PreviewDomain != "" {
+			return nil, errors.New("--preview-domain needs --preview-listen, the listener its host names reach")
+		}
 		return nil, nil
 	}
 	u, err := url.Parse(cfg.PreviewListen)
@@ -544,6 +557,15 @@ func listenPreviews(cfg Config) (net.Listener, error) {
 		return nil, fmt.Errorf("listening on %s: %w", cfg.PreviewListen, err)
 	}
 	return l, nil
+}
+
+// previewDomainBase is --preview-domain as a URL: a bare domain is
+// plain HTTP on the preview listener's port.
+func previewDomainBase(domain string, l net.Listener) string {
+	if strings.Contains(domain, "://") {
+		return domain
+	}
+	return "http://" + net.JoinHostPort(domain, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
 }
 
 // previewBase is the URL previews are printed under: the preview

@@ -85,26 +85,39 @@ func rewritePortRequest(pr *httputil.ProxyRequest) {
 	out.URL.Path, _ = url.PathUnescape(rest)
 	out.Host = "localhost:" + strconv.Itoa(port)
 	pr.SetXForwarded()
-	prefix := portPrefix(id, port)
-	if p, ok := pr.In.Context().Value(previewKey{}).(string); ok {
-		prefix = p // a preview's path (previews.go)
+	if prefix := requestPrefix(pr.In, id, port); prefix != "" {
+		out.Header.Set("X-Forwarded-Prefix", prefix)
 	}
-	out.Header.Set("X-Forwarded-Prefix", prefix)
 	out.Header.Del("Authorization")
+}
+
+// requestPrefix is where r's app is served: under its port's path, a
+// preview's path, or "" at the root of a preview's host name.
+func requestPrefix(r *http.Request, id string, port int) string {
+	if p, ok := r.Context().Value(previewKey{}).(string); ok {
+		return p // previews.go
+	}
+	return portPrefix(id, port)
 }
 
 // rewritePortResponse keeps the app's redirects under the prefix: a
 // Location of "/login" (or http://localhost:PORT/login) becomes
-// /v1/sandboxes/{id}/ports/{port}/login.
+// /v1/sandboxes/{id}/ports/{port}/login (or /login on a preview's host).
 func rewritePortResponse(resp *http.Response) error {
 	loc := resp.Header.Get("Location")
 	if loc == "" || resp.Request == nil {
 		return nil
 	}
-	prefix := resp.Request.Header.Get("X-Forwarded-Prefix")
 	_, port, err := net.SplitHostPort(resp.Request.Host)
-	if prefix == "" || err != nil {
+	if err != nil {
 		return nil
+	}
+	prefix, ok := resp.Request.Context().Value(previewKey{}).(string)
+	if !ok {
+		prefix = resp.Request.Header.Get("X-Forwarded-Prefix")
+		if prefix == "" {
+			return nil
+		}
 	}
 	resp.Header.Set("Location", rewriteLocation(loc, prefix, port))
 	return nil

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strings"
 
 	"github.com/paddock-dev/paddock/api"
@@ -38,9 +39,13 @@ type Server struct {
 	secrets Secrets
 	tel     *hub.Hub
 	// portProxy is the reverse proxy of sandboxes' ports (ports_proxy.go),
-	// which previews share; previewBase is where previews are printed.
-	portProxy   *httputil.ReverseProxy
-	previewBase string
+	// which previews share; previewBase is where previews are printed,
+	// and previewHostBase where they are with a preview domain
+	// (lowercase, no dots at the ends).
+	portProxy       *httputil.ReverseProxy
+	previewBase     string
+	previewDomain   string
+	previewHostBase *url.URL
 }
 
 // New returns a Server for mgr.
