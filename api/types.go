@@ -122,7 +122,20 @@ type Container struct {
 	// Mounts are shared volumes of the sandbox (SharedVolumes) or named
 	// volumes, by name, each read-write or read-only.
 	Mounts []VolumeMount `json:"mounts,omitempty"`
+	// Role, when RoleEgress, makes the container the sandbox's egress
+	// sidecar: every other container's outbound TCP connection is sent
+	// to its EgressPort (transparently, as paddock's proxy gets them: the
+	// original destination is the socket's SO_ORIGINAL_DST), and its own
+	// connections go out through the sandbox's policy, which stays the
+	// outer boundary. At most one container has it.
+	Role string `json:"role,omitempty"`
+	// EgressPort is where the egress container listens, on loopback or
+	// any address; required with RoleEgress.
+	EgressPort int `json:"egress_port,omitempty"`
 }
+
+// RoleEgress is Container.Role of an egress sidecar.
+const RoleEgress = "egress"
 
 // SharedVolume is a volume a sandbox's containers share.
 type SharedVolume struct {

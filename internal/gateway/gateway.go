@@ -671,6 +671,13 @@ func (g *Gateway) Recycle(id string) {
 	}
 }
 
+// CaptureEgress sends sandbox id's outbound TCP connections to port, where
+// its egress sidecar listens, but those of host uids firstUID..lastUID
+// (the sidecar's own), which meet the policy as any sandbox's do.
+func (g *Gateway) CaptureEgress(id string, port uint16, firstUID, lastUID uint32) error {
+	return g.net.SetCapture(id, &network.Capture{Port: port, FirstUID: firstUID, LastUID: lastUID})
+}
+
 // Forget implements runtime.Network.
 func (g *Gateway) Forget(id string) {
 	g.Detach(id)

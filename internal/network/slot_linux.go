@@ -47,6 +47,9 @@ type Slot struct {
 	ino   uint64
 	block int
 	link  Link
+	// captured: a sandbox had its egress captured in it (SetCapture),
+	// which reset undoes.
+	captured bool
 }
 
 // FD is the slot's network namespace, open while the slot is.
@@ -423,7 +426,7 @@ func (m *Manager) destroySlot(s *Slot) {
 // reset makes a recycled slot as a new one is: no socket (orphaned TCP
 // connections are destroyed; any other socket means a process outside
 // the sandbox holds one, and the slot is not reused), no neighbour entry,
-// no TCP metrics, no conntrack entry inside; and on the host, no set
+// no TCP metrics, no conntrack entry, no capture table inside; and on the host, no set
 // element or conntrack entry of its address, as when a block is freed.
 // The host's user namespace owns the slot, so its configuration is as it
 // was made: nothing in the sandbox could change it.
@@ -458,6 +461,11 @@ func (m *Manager) reset(s *Slot) error {
 		}
 		return flushAllConntrack()
 	})
+	if err == nil && s.captured {
+		if err = installCapture(s.ns, s.link, nil); err == nil {
+			s.captured = false
+		}
+	}
 	if err != nil {
 		return err
 	}

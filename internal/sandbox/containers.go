@@ -84,8 +84,21 @@ func validateContainers(req *api.CreateRequest) error {
 		shared[v.Name] = true
 	}
 	names := map[string]bool{}
+	egress := ""
 	for i, c := range req.Containers {
 		field := fmt.Sprintf("containers[%d]", i)
+		switch {
+		case c.Role != "" && c.Role != api.RoleEgress:
+			return errdefs.Invalid(field+".role", "%q: want %q or none", c.Role, api.RoleEgress)
+		case c.Role == api.RoleEgress && egress != "":
+			return errdefs.Invalid(field+".role", "container %s is the egress sidecar already: at most one", egress)
+		case c.Role == api.RoleEgress && (c.EgressPort < 1 || c.EgressPort > 65535):
+			return errdefs.Invalid(field+".egress_port", "%d: want the port the sidecar listens on, 1..65535", c.EgressPort)
+		case c.Role != api.RoleEgress && c.EgressPort != 0:
+			return errdefs.Invalid(field+".egress_port", "only the egress sidecar (role %q) has one", api.RoleEgress)
+		case c.Role == api.RoleEgress:
+			egress = c.Name
+		}
 		if !api.IsContainerName(c.Name) {
 			return errdefs.Invalid(field+".name", "%q: want 1 to %d of a-z, 0-9 and single '-', starting with a letter", c.Name, api.MaxContainerName)
 		}
@@ -146,6 +159,9 @@ func (m *Manager) planGroup(req *api.CreateRequest, id string, res api.Resources
 	}
 	if len(g.shared) > 0 && m.cfg.Volumes == nil {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "volumes are not configured")
+	}
+	if _, ok := m.cfg.Egress.(egressCapturer); !ok && sidecar(req.Containers) >= 0 {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "an egress sidecar needs the daemon's network, which is not configured")
 	}
 	for i, c := range req.Containers {
 		field := fmt.Sprintf("containers[%d]", i)
@@ -294,6 +310,50 @@ func (m *Manager) startMembers(ctx context.Context, b *box, images []*image.Imag
 		mr.Runtime = inst.State()
 		b.rec.Containers[i].State = api.StateRunning
 		b.rec.Containers[i].Error = ""
+	}
+	// Before any command runs, so no connection escapes the sidecar.
+	return m.captureEgress(b)
+}
+
+// egressCapturer is an Egress that can send a sandbox's outbound
+// connections to its egress sidecar (the gateway).
+type egressCapturer interface {
+	// CaptureEgress sends sandbox id's outbound TCP connections to port
+	// but those of host uids firstUID..lastUID.
+	CaptureEgress(id string, port uint16, firstUID, lastUID uint32) error
+}
+
+// sidecar is the index of the egress sidecar among cs, or -1.
+func sidecar(cs []api.Container) int {
+	for i, c := range cs {
+		if c.Role == api.RoleEgress {
+			return i
+		}
+	}
+	return -1
+}
+
+// captureEgress sends the outbound connections of b's containers to its
+// egress sidecar, if it has one; its uid range is known once its guest
+// has started (a sandbox started again may get another).
+func (m *Manager) captureEgress(b *box) error {
+	i := 0
+	for i < len(b.rec.Containers) && b.rec.Containers[i].Role != api.RoleEgress {
+		i++
+	}
+	if i == len(b.rec.Containers) {
+		return nil
+	}
+	base := b.inst.Info().UIDBase
+	if i > 0 {
+		base = b.rec.Members[i-1].UIDBase
+	}
+	c, ok := m.cfg.Egress.(egressCapturer)
+	if !ok {
+		return errdefs.New(errdefs.ErrUnavailable, "an egress sidecar needs the daemon's network, which is not configured")
+	}
+	if err := c.CaptureEgress(b.rec.ID, uint16(b.rec.Containers[i].EgressPort), base, base+65535); err != nil {
+		return fmt.Errorf("sending the sandbox's egress to container %s: %w", b.rec.Containers[i].Name, err)
 	}
 	return nil
 }
