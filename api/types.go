@@ -132,10 +132,22 @@ type Container struct {
 	// EgressPort is where the egress container listens, on loopback or
 	// any address; required with RoleEgress.
 	EgressPort int `json:"egress_port,omitempty"`
+	// Controls names other containers of the sandbox that this one
+	// drives: it gets a control socket at ControlSocket (and PADDOCK_HOST
+	// and PADDOCK_SANDBOX in its environment) on which the API serves
+	// exec, files and processes of those containers, and nothing else.
+	Controls []string `json:"controls,omitempty"`
 }
 
 // RoleEgress is Container.Role of an egress sidecar.
 const RoleEgress = "egress"
+
+// ControlSocket is where a container that controls others
+// (Container.Controls) finds its control socket; ControlDir holds it.
+const (
+	ControlDir    = "/run/paddock-control"
+	ControlSocket = ControlDir + "/api.sock"
+)
 
 // SharedVolume is a volume a sandbox's containers share.
 type SharedVolume struct {

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -291,4 +292,200 @@ func TestContainersRefused(t *testing.T) {
 	// The daemon still serves.
 	id := d.Create(api.CreateRequest{})
 	d.Sh(id, "true")
+}
+
+// controlYAML is a harness that drives its tools through its control
+// socket, beside a database it may not drive, with a key only it holds.
+const controlYAML = `
+containers:
+  - name: harness
+    env: {MODEL_KEY: m0del-k3y}
+    command: [sh, -c, "exec sleep 86400 # harness-marker"]
+    controls: [tools]
+  - name: tools
+    image: base
+  - name: db
+    command: [sleep, "86400"]
+`
+
+// TestContainerControl is issue 24's bar 2 for the scoped credential: a
+// harness with `controls: [tools]` drives tools through its control
+// socket with the CLI (the Go SDK) from inside, and every attempt to
+// reach anything else through it is refused; the tools container sees
+// nothing of the harness.
+func TestContainerControl(t *testing.T) {
+	d := newDaemon(t)
+	spec := filepath.Join(d.Root, "sandbox.yaml")
+	if err := os.WriteFile(spec, []byte(controlYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := d.createCLI("-f", spec)
+	other := d.Create(api.CreateRequest{})
+	// The CLI inside the harness: the same binary.
+	bin, err := os.Open(paddockBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bin.Close()
+	if _, err := d.Client().WriteFile(context.Background(), id, "/root/paddock", bin, client.WriteOptions{Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	inHarness := func(script string) execResult {
+		t.Helper()
+		return d.groupExec(id, "harness", "sh", "-c", script)
+	}
+
+	t.Run("the harness drives tools", func(t *testing.T) {
+		if out := inHarness(`echo "$PADDOCK_HOST $PADDOCK_SANDBOX"`); strings.TrimSpace(out.Stdout) != "unix://"+api.ControlSocket+" "+id {
+			t.Fatalf("harness's environment: %s", out)
+		}
+		out := inHarness(`/root/paddock exec -c tools "$PADDOCK_SANDBOX" -- sh -c 'hostname; echo made > /root/made; echo err >&2; exit 3'`)
+		if out.ExitCode != 3 || strings.TrimSpace(out.Stdout) != id+"--tools" || !strings.Contains(out.Stderr, "err") {
+			t.Fatalf("exec in tools from the harness: %s", out)
+		}
+		if got := d.groupExec(id, "tools", "cat", "/root/made"); strings.TrimSpace(got.Stdout) != "made" {
+			t.Fatalf("tools' file: %s", got)
+		}
+		// Files both ways, and processes watched.
+		out = inHarness(`set -e; echo up > /tmp/up; P=/root/paddock; S=$PADDOCK_SANDBOX
+			$P cp -c tools /tmp/up "$S:/root/up"; $P files cat -c tools "$S" /root/made
+			$P exec -d -c tools "$S" -- sleep 300 > /tmp/pid; $P ps -c tools "$S"; $P kill -c tools "$S" "$(cat /tmp/pid)"`)
+		if out.ExitCode != 0 || !strings.Contains(out.Stdout, "made") || !strings.Contains(out.Stdout, "sleep 300") {
+			t.Fatalf("files and processes of tools from the harness: %s", out)
+		}
+		if got := d.groupExec(id, "tools", "cat", "/root/up"); strings.TrimSpace(got.Stdout) != "up" {
+			t.Fatalf("the file the harness wrote in tools: %s", got)
+		}
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		// Every route of the daemon's beside exec, processes and files,
+		// and those too outside tools: refused (403), lanes 404.
+		cases := []struct{ method, path, want string }{
+			{"GET", "/v1/version", "403"},
+			{"GET", "/v1/sandboxes", "403"},
+			{"POST", "/v1/sandboxes", "403"},
+			{"GET", "/v1/sandboxes/ID", "403"},
+			{"DELETE", "/v1/sandboxes/ID?force=true", "403"},
+			{"POST", "/v1/sandboxes/ID/stop", "403"},
+			{"POST", "/v1/sandboxes/ID/pause", "403"},
+			{"POST", "/v1/sandboxes/ID/freeze", "403"},
+			{"POST", "/v1/sandboxes/ID/update", "403"},
+			{"GET", "/v1/sandboxes/ID/policy", "403"},
+			{"PUT", "/v1/sandboxes/ID/policy", "403"},
+			{"GET", "/v1/sandboxes/ID/requests", "403"},
+			{"GET", "/v1/requests", "403"},
+			{"GET", "/v1/secrets", "403"},
+			{"POST", "/v1/secrets", "403"},
+			{"POST", "/v1/sandboxes/ID/snapshots", "403"},
+			{"POST", "/v1/sandboxes/ID/fork", "403"},
+			{"GET", "/v1/snapshots", "403"},
+			{"GET", "/v1/volumes", "403"},
+			{"GET", "/v1/images", "403"},
+			{"GET", "/v1/templates", "403"},
+			{"PUT", "/v1/pools", "403"},
+			{"GET", "/v1/metrics", "403"},
+			{"GET", "/v1/sandboxes/ID/metrics", "403"},
+			{"GET", "/v1/sandboxes/ID/events", "403"},
+			{"GET", "/v1/sandboxes/ID/logs", "403"},
+			{"GET", "/v1/sandboxes/ID/ports", "403"},
+			{"POST", "/v1/sandboxes/ID/previews", "403"},
+			{"GET", "/mcp", "403"},
+			{"GET", "/ui/", "403"},
+			{"GET", "/v1/lane", "404"},
+			{"GET", "/v1/sandboxes/ID/lane", "404"},
+			// Exec, processes and files outside tools.
+			{"POST", "/v1/sandboxes/ID/exec", "403"},                   // the first: the harness itself
+			{"POST", "/v1/sandboxes/ID/exec?container=harness", "403"}, // its own container
+			{"POST", "/v1/sandboxes/ID/exec?container=db", "403"},      // not one it controls
+			{"GET", "/v1/sandboxes/ID/processes?container=db", "403"},
+			{"GET", "/v1/sandboxes/ID/files?path=/etc/hostname&container=harness", "403"},
+			{"POST", "/v1/sandboxes/OTHER/exec?container=tools", "403"}, // another sandbox
+			{"GET", "/v1/sandboxes/OTHER/processes", "403"},
+			{"GET", "/v1/sandboxes/OTHER/files?path=/etc/hostname", "403"},
+			{"POST", "/v1/sandboxes/ID/../OTHER/exec", "400"},
+			{"POST", "/v1/sandboxes/ID%2f..%2fOTHER/exec?container=tools", "400"},
+			{"POST", "/v1/sandboxes/ID/exec?container=Tools", "400"},
+			// And what it may do, for contrast.
+			{"GET", "/v1/sandboxes/ID/processes?container=tools", "200"},
+			{"GET", "/v1/sandboxes/ID/files/stat?path=/root/made&container=tools", "200"},
+		}
+		var script strings.Builder
+		for _, c := range cases {
+			path := strings.NewReplacer("OTHER", other, "ID", id).Replace(c.path)
+			fmt.Fprintf(&script, "echo \"%s %s $(curl -s -o /dev/null -w '%%{http_code}' --path-as-is --unix-socket %s -X %s -H 'Content-Type: application/json' -d '{\"cmd\":[\"true\"]}' 'http://paddock%s')\"\n",
+				c.method, path, api.ControlSocket, c.method, path)
+		}
+		out := inHarness(script.String())
+		got := strings.Split(strings.TrimSpace(out.Stdout), "\n")
+		if len(got) != len(cases) {
+			t.Fatalf("%d answers for %d attempts: %s", len(got), len(cases), out)
+		}
+		for i, c := range cases {
+			if f := strings.Fields(got[i]); f[len(f)-1] != c.want {
+				t.Errorf("%s: status %s, want %s", got[i], f[len(f)-1], c.want)
+			}
+		}
+		// The sandboxes are as they were.
+		if sb := d.get(id); sb.State != api.StateRunning || sb.Policy != nil {
+			t.Fatalf("sandbox after the attempts: %s %+v", sb.State, sb.Policy)
+		}
+		d.Sh(other, "true")
+		// The CLI says why.
+		r := inHarness(`/root/paddock exec -c db "$PADDOCK_SANDBOX" -- true; /root/paddock rm -f "$PADDOCK_SANDBOX"`)
+		if !strings.Contains(r.Stderr, "does not control container db") || !strings.Contains(r.Stderr, "control socket serves only") {
+			t.Fatalf("the CLI's refusals: %s", r)
+		}
+	})
+
+	t.Run("tools sees nothing of the harness", func(t *testing.T) {
+		harnessPID := d.get(id).Containers[0].Runtime.HostPID
+		script := fmt.Sprintf(`for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; tr '\0' '\n' < $p/environ; done 2>/dev/null; env
+			test -e %s && echo LEAK""ED-SOCKET; test -e /root/paddock && echo LEAK""ED-FILE
+			head -c 16 /proc/%d/mem >/dev/null 2>&1 && echo LEAK""ED-MEM; cat /proc/%d/environ 2>/dev/null`, api.ControlSocket, harnessPID, harnessPID)
+		out := d.groupExec(id, "tools", "sh", "-c", script)
+		for _, leak := range []string{"harness-marker", "m0del-k3y", "PADDOCK_HOST", "LEAKED-SOCKET", "LEAKED-FILE", "LEAKED-MEM"} {
+			if strings.Contains(out.Stdout, leak) {
+				t.Errorf("tools sees %q of the harness:\n%s", leak, out.Stdout)
+			}
+		}
+		// Nor does the harness's socket reach the harness itself, by
+		// any name: it runs its own commands.
+		if out := inHarness(`/root/paddock exec "$PADDOCK_SANDBOX" -- true`); out.ExitCode == 0 || !strings.Contains(out.Stderr, "holds this control socket") {
+			t.Fatalf("the harness through its own socket: %s", out)
+		}
+	})
+
+	t.Run("after a daemon restart", func(t *testing.T) {
+		d.Kill9()
+		d.Start()
+		out := inHarness(`/root/paddock exec -c tools "$PADDOCK_SANDBOX" -- cat /root/made`)
+		if strings.TrimSpace(out.Stdout) != "made" {
+			t.Fatalf("the control socket after a restart: %s", out)
+		}
+	})
+
+	d.MustCLI("rm", "-f", id)
+	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool {
+		left, _ := os.ReadDir(filepath.Join(d.RunDir, "control"))
+		return len(left) == 0
+	}) {
+		t.Fatalf("control sockets left after the removal")
+	}
+}
+
+// TestContainerControlRefused: controls that name no other container
+// are refused.
+func TestContainerControlRefused(t *testing.T) {
+	d := newDaemon(t)
+	for _, tc := range []struct{ body, field string }{
+		{`{"containers":[{"name":"a","controls":["a"]},{"name":"b"}]}`, "containers[0].controls[0]"},
+		{`{"containers":[{"name":"a","controls":["c"]},{"name":"b"}]}`, "containers[0].controls[0]"},
+		{`{"containers":[{"name":"a"},{"name":"b","controls":["a","a"]}]}`, "containers[1].controls[1]"},
+	} {
+		a := d.do(http.MethodPost, "/v1/sandboxes", tc.body)
+		if e := a.apiError(t); a.Status != 400 || !strings.Contains(e.Message, tc.field) {
+			t.Fatalf("%s: %d %s, want 400 naming %s", tc.body, a.Status, e.Message, tc.field)
+		}
+	}
 }

@@ -406,9 +406,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer tiers.CloseOthers()
 	mgr.SetRuntime(tiers)
+	// Containers' control sockets answer 503 until the API serves them,
+	// below; the reconcile opens those of running sandboxes again.
+	ctl, err := server.NewControlSockets(filepath.Join(cfg.RunDir, "control"), log.With("component", "control"))
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	mgr.SetControls(ctl)
 	if err := mgr.Reconcile(ctx); err != nil {
 		return err
 	}
+	ctl.Prune(func(id string) bool {
+		_, err := mgr.Get(ctx, id)
+		return err == nil
+	})
 	mgr.Templates().Restore(ctx)
 	mgr.Pools().Restore(ctx)
 	if gw != nil {
@@ -445,6 +457,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		srv.SetSecrets(gw.Secrets())
 	}
 	srv.SetTelemetry(tel)
+	ctl.Serve(srv)
 	errc := make(chan error, len(listeners)+2) // and the facade's and the previews' listeners
 	var servers []*http.Server
 	if previewL != nil {

@@ -133,7 +133,7 @@ func validateContainers(req *api.CreateRequest) error {
 			return fmt.Errorf("%s.mounts: %w", field, err)
 		}
 	}
-	return nil
+	return validateControls(req.Containers)
 }
 
 // group is a create's containers, checked against the daemon's state.
@@ -294,6 +294,12 @@ func (m *Manager) startMembers(ctx context.Context, b *box, images []*image.Imag
 		var err error
 		if spec.Mounts, err = m.mounts(ctx, spec.ID, mr.Volumes); err != nil {
 			return fmt.Errorf("container %s: %w", c.Name, err)
+		}
+		if err := m.withControl(&spec, &b.rec, i); err != nil {
+			if mr.UIDBase == 0 {
+				m.releaseMounts(spec.ID, mr.Volumes)
+			}
+			return err
 		}
 		inst, err := m.cfg.Runtime.Start(ctx, spec)
 		if err != nil {
@@ -624,6 +630,7 @@ func (m *Manager) unmake(b *box) {
 		m.log.Warn("removing a failed sandbox", "sandbox", b.rec.ID, "err", err)
 	}
 	m.releaseMounts(b.rec.ID, b.rec.Volumes)
+	m.forgetControls(b.rec.ID)
 	m.forget(b.rec.ID)
 }
 

@@ -202,6 +202,9 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	if spec.Mounts, err = m.mounts(ctx, b.rec.ID, b.rec.Volumes); err != nil {
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}
+	if err := m.withControl(&spec, &b.rec, 0); err != nil {
+		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
+	}
 	if err := m.notify(b).Admit(b.rec.ID, b.rec.Resources); err != nil {
 		return err
 	}

@@ -76,6 +76,7 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 	obs Observer
+	ctl Controls // control.go
 
 	tpl templateState
 
@@ -400,6 +401,13 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 			m.dropShared(grp)
 			return api.Sandbox{}, err
 		}
+		rec.ID = spec.ID // as the runtime will name it
+		if err := m.withControl(&spec, &rec, 0); err != nil {
+			m.releaseMounts(spec.ID, req.Volumes)
+			m.forgetControls(spec.ID)
+			m.dropShared(grp)
+			return api.Sandbox{}, err
+		}
 	}
 	// Otherwise the runtime picks the id: a sandbox made ahead of time
 	// already has one (its hostname, cgroup and disk are named by it).
@@ -410,6 +418,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	if err := m.obs.Admit(key, res); err != nil {
 		if spec.ID != "" {
 			m.releaseMounts(spec.ID, req.Volumes)
+			m.forgetControls(spec.ID)
 			m.dropShared(grp)
 		}
 		return api.Sandbox{}, err
@@ -424,6 +433,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 			if err := m.cfg.Runtime.Remove(context.Background(), spec.ID); err != nil {
 				m.log.Warn("removing a failed sandbox", "sandbox", spec.ID, "err", err)
 			}
+			m.forgetControls(spec.ID)
 			m.dropShared(grp)
 		}
 		m.log.Warn("create failed", "err", err)
@@ -1212,6 +1222,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			b.attach(inst)
 			m.watch(b, inst)
 			m.restoreMembers(ctx, b)
+			m.reopenControls(b)
 			if m.cfg.Egress != nil {
 				if _, err := m.cfg.Egress.SetPolicy(r.ID, effectivePolicy(&b.rec)); err != nil {
 					log.Warn("restoring the network policy", "err", err)

@@ -98,6 +98,7 @@ func (m *Manager) tearDownOnce(b *box, attempt int) error {
 		return fmt.Errorf("removing sandbox: %w", err)
 	}
 	mark("removed")
+	m.forgetControls(id)
 	m.dropArchive(b)
 	m.releaseMounts(id, b.rec.Volumes)
 	if err := m.removeShared(b.rec.SharedVolumes); err != nil {

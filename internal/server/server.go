@@ -14,6 +14,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/connlimit"
@@ -46,6 +47,9 @@ type Server struct {
 	previewBase     string
 	previewDomain   string
 	previewHostBase *url.URL
+	// control is the API of control sockets (control.go), made once.
+	controlOnce sync.Once
+	control     http.Handler
 }
 
 // New returns a Server for mgr.
