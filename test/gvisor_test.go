@@ -528,3 +528,167 @@ time.sleep(10000)' >/dev/null 2>&1 &)`)
 		t.Fatalf("after the resume from the files: %q; want the files and no counter", out)
 	}
 }
+
+// egressLoop, run in a sandbox, asks allowed.test each time a file
+// /root/go.N appears and writes what it got to /root/egress.N: a name
+// lookup, requests through the proxy it found in its environment at its
+// start (HTTP_PROXY, HTTPS_PROXY: a CONNECT), and one that goes direct
+// (redirected to the proxy by the network's rules).
+const egressLoop = `
+import os, socket, ssl, time, urllib.request
+def once():
+    out = []
+    try:
+        out.append("dns:ok:" + socket.gethostbyname("allowed.test"))
+    except Exception as e:
+        out.append("dns:fail:%r" % e)
+    for name, opener, scheme in (("proxy", proxied, "http"), ("connect", proxied, "https"), ("direct", direct, "http")):
+        try:
+            out.append(name + ":ok:" + opener.open(scheme + "://allowed.test/" + name, timeout=10).read().decode().strip())
+        except Exception as e:
+            out.append(name + ":fail:%r" % e)
+    return "\n".join(out) + "\n"
+tls = ssl.create_default_context(cafile="/root/upstream-ca.pem")
+proxied = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls))
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+n = 0
+while True:
+    if os.path.exists("/root/go.%d" % n):
+        open("/root/egress.%d.new" % n, "w").write(once())
+        os.rename("/root/egress.%d.new" % n, "/root/egress.%d" % n)
+        n += 1
+    time.sleep(0.05)
+`
+
+// askEgress has egressLoop in sandbox id ask once more (its round n) and
+// checks that every way out worked.
+func askEgress(t *testing.T, d *Daemon, id string, n int) {
+	t.Helper()
+	d.Sh(id, fmt.Sprintf("touch /root/go.%d", n))
+	var out string
+	if !waitFor(40*time.Second, 100*time.Millisecond, func() bool {
+		r := d.sh(id, fmt.Sprintf("cat /root/egress.%d", n))
+		out = r.Stdout
+		return r.ExitCode == 0
+	}) {
+		t.Fatalf("round %d: the egress loop did not answer", n)
+	}
+	for _, want := range []string{"dns:ok:", "proxy:ok:hello from allowed.test GET /proxy",
+		"connect:ok:hello from allowed.test GET /connect", "direct:ok:hello from allowed.test GET /direct"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("round %d: a process started before the pause, asked after it:\n%s\nwant %q", n, out, want)
+		}
+	}
+}
+
+// TestGvisorMemoryPauseNetwork: a memory resume starts the sandbox on
+// another network slot (other addresses), and a daemon restart moves the
+// proxy's listener; a process that started before the pause still gets
+// out through the egress policy with what it holds (the proxy's address
+// in HTTP_PROXY, the resolver's), and its server is reached through a
+// forwarded port.
+func TestGvisorMemoryPauseNetwork(t *testing.T) {
+	u := newUpstream(t, egressNames)
+	d := netDaemon(t, u, "--runsc", runscBin(t), "--warm-guests", "0", "--blank-guests", "0")
+	if err := os.Chmod(d.Root, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := d.Client()
+	sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor", AutoResume: new(bool),
+		Policy: &api.Policy{Allow: []api.PolicyRule{{Match: "allowed.test"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	startMemoryWork(t, d, id)
+	ca, err := os.ReadFile(u.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string]string{"/root/egress.py": egressLoop, "/root/upstream-ca.pem": string(ca)} {
+		if _, err := c.WriteFile(ctx, id, name, strings.NewReader(b), client.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.Sh(id, `(nohup python3 /root/egress.py >/root/egress.log 2>&1 &)`)
+	askEgress(t, d, id, 0)
+	gateway := func() string { return strings.TrimSpace(d.Sh(id, `ip route | awk '/default/ {print $3}'`)) }
+	first := gateway()
+
+	for round, restart := range []bool{false, true} {
+		pauseWithMemory(t, d, id)
+		if restart {
+			d.Kill9()
+			d.Start()
+		}
+		if _, err := c.Resume(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("round %d: the sandbox's gateway was %s, is %s", round, first, gateway())
+		askEgress(t, d, id, round+1)
+		if got := askServer(t, d, id); !strings.HasPrefix(got, "pid ") {
+			t.Fatalf("round %d: the server through a forwarded port: %q", round, got)
+		}
+	}
+	if r := d.sh(id, "cat /root/egress.log"); strings.TrimSpace(r.Stdout) != "" {
+		t.Logf("the egress loop's log:\n%s", r.Stdout)
+	}
+}
+
+// TestGvisorOOM: a gvisor sandbox that reaches its memory limit ends
+// whole (its kernel is one host process), and says so: failed, with the
+// OOM killer named as why; a sandbox resumed from a memory pause (a new
+// sentry in a new cgroup) is watched as a fresh one.
+func TestGvisorOOM(t *testing.T) {
+	d := newGvisorDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := d.Client()
+	for _, resumed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fresh", true: "resumed"}[resumed], func(t *testing.T) {
+			sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor", AutoResume: new(bool), Resources: api.Resources{MemoryBytes: 128 << 20}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := sb.ID
+			if resumed {
+				d.Sh(id, "(sleep 1000 >/dev/null 2>&1 &)")
+				pauseWithMemory(t, d, id)
+				if _, err := c.Resume(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				if out := d.Sh(id, "pgrep -c sleep"); strings.TrimSpace(out) != "1" {
+					t.Fatalf("after the resume: %q sleeps, want the one from before", out)
+				}
+			}
+			if r := d.py(id, "b = bytearray(48 << 20); print('ok', len(b))"); r.ExitCode != 0 || !strings.HasPrefix(r.Stdout, "ok") {
+				t.Fatalf("control: 48 MiB under a 128 MiB limit: %v", r)
+			}
+			r := d.py(id, "b = bytearray(400 << 20); print('ok')")
+			if r.ExitCode == 0 {
+				t.Fatalf("allocating 400 MiB under a 128 MiB limit succeeded: %v", r)
+			}
+			var got *api.Sandbox
+			if !waitFor(30*time.Second, 100*time.Millisecond, func() bool {
+				got = d.get(id)
+				return got.State == api.StateFailed
+			}) {
+				t.Fatalf("after the OOM kill: state %s, error %q; want failed", got.State, got.Error)
+			}
+			if !strings.Contains(got.Error, "OOM killer") {
+				t.Fatalf("the failed sandbox says %q; want the OOM killer named", got.Error)
+			}
+			// The lifecycle event says why too. (The sampler's oom event
+			// needs a sample between the kill and the cgroup's removal,
+			// which the sandbox's end at once may leave no time for.)
+			d.waitEvent(id, "lifecycle", func(e api.Event) bool {
+				return e.Message == "failed" && strings.Contains(string(e.Data), "OOM killer")
+			})
+			if err := c.Delete(ctx, id, true); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

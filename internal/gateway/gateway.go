@@ -34,6 +34,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -180,7 +181,9 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	g.eng = egress.NewEngine(egress.EngineConfig{GrantUsed: g.grantUsed})
 
 	// The listeners take any port; the network's rules redirect to them.
-	if g.proxyLn, err = net.Listen("tcp4", "0.0.0.0:0"); err != nil {
+	// The proxy's is kept across restarts where it can be: it is in the
+	// sandboxes' HTTP_PROXY, which running processes keep.
+	if g.proxyLn, err = listenProxy(filepath.Join(cfg.Dir, "proxy-port")); err != nil {
 		return nil, fmt.Errorf("listening for the egress proxy: %w", err)
 	}
 	cleanups = append(cleanups, func() { g.proxyLn.Close() })
@@ -229,15 +232,16 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	}
 	cleanups = append(cleanups, func() { g.net.Close() })
 	g.proxy, err = egress.Start(egress.ProxyConfig{
-		Listener: g.proxyLn,
-		Engine:   g.eng,
-		Sandbox:  g.lookup,
-		CA:       g.ca,
-		Secrets:  g.secrets,
-		Resolve:  g.dns.Resolve,
-		RootCAs:  cfg.RootCAs,
-		Events:   g.event,
-		Logger:   g.log.With("part", "proxy"),
+		Listener:    g.proxyLn,
+		Engine:      g.eng,
+		Sandbox:     g.lookup,
+		OriginalDst: g.originalDst,
+		CA:          g.ca,
+		Secrets:     g.secrets,
+		Resolve:     g.dns.Resolve,
+		RootCAs:     cfg.RootCAs,
+		Events:      g.event,
+		Logger:      g.log.With("part", "proxy"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the egress proxy: %w", err)
@@ -259,6 +263,43 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 }
 
 func port(a net.Addr) uint16 { return uint16(a.(*net.TCPAddr).Port) }
+
+// listenProxy listens for the egress proxy on the port recorded in file
+// (an earlier daemon's), or else on any port, and records it.
+func listenProxy(file string) (net.Listener, error) {
+	if b, err := os.ReadFile(file); err == nil {
+		if p, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 16); err == nil && p > 0 {
+			if ln, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", p)); err == nil {
+				return ln, nil
+			}
+		}
+	}
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		return nil, err
+	}
+	if err := durable.Replace(file, []byte(fmt.Sprintf("%d\n", port(ln.Addr()))), 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// errToProxy is originalDst's answer for a connection to the proxy.
+var errToProxy = errors.New("addressed to the proxy")
+
+// originalDst is where a sandbox's redirected connection was going: to
+// the proxy itself (an error: explicit proxy mode) when it went to the
+// proxy's port on the host side of any block of the subnet. HTTP_PROXY
+// names the sandbox's host-side address, and a process keeps the one it
+// started with: after a memory resume its sandbox holds another block.
+func (g *Gateway) originalDst(c net.Conn) (netip.AddrPort, error) {
+	dst, err := egress.OriginalDst(c)
+	if err == nil && dst.Port() == port(g.proxyLn.Addr()) && g.net.HostSide(dst.Addr()) {
+		return netip.AddrPort{}, errToProxy
+	}
+	return dst, err
+}
 
 // hostResolvers reads the nameservers of a resolv.conf.
 func hostResolvers(path string) []string {

@@ -775,6 +775,15 @@ func (m *Manager) Lookup(addr netip.Addr) (id string, ok bool) {
 	return id, ok
 }
 
+// HostSide reports whether a is the host side (.1) of a block of the
+// sandboxes' subnet: where paddock's services answer the sandbox that
+// holds the block, attached now or not.
+func (m *Manager) HostSide(a netip.Addr) bool {
+	a = a.Unmap()
+	i, ok := m.slots.index(a)
+	return ok && m.slots.link(i).HostAddr == a
+}
+
 // Link returns sandbox id's link.
 func (m *Manager) Link(id string) (Link, bool) {
 	m.mu.RLock()

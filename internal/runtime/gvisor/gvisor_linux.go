@@ -178,7 +178,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 		}
 	} else if spec.FromCheckpoint {
 		var err error
-		if rd, err = r.build(ctx, spec.ID, spec, false, mark); err != nil {
+		if rd, err = r.resume(ctx, spec, mark); err != nil {
 			return nil, err
 		}
 		mark("restored")
@@ -347,16 +347,6 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 		if err := r.relisten(ctx, id); err != nil {
 			return nil, fmt.Errorf("%w: %v%s", runtime.ErrCheckpointUnusable, err, guestapi.LogTail(filepath.Join(dir, "guest.log")))
 		}
-		// The network slot is new: new processes get its variables
-		// (the proxy's address).
-		if len(net.Env) > 0 {
-			c := guestapi.NewClient(sb.Dial)
-			err := c.SetEnv(ctx, net.Env)
-			c.Close()
-			if err != nil {
-				return nil, fmt.Errorf("giving the guest its network's variables: %w", err)
-			}
-		}
 		// The processes run on from here: the checkpoint is spent.
 		os.RemoveAll(image)
 		return &prepared{sb: sb, net: net, undo: undo}, nil
@@ -384,6 +374,38 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 	}
 	mark("prepared")
 	return &prepared{sb: sb, sync: sync, net: net, undo: undo}, nil
+}
+
+// resume restores sandbox spec.ID from its memory checkpoint. Its policy
+// is set first (spec.Setup, which a fresh start calls on activation), so
+// that it holds before the restored processes run on: a daemon restarted
+// since the pause knows none. New processes then get the variables of the
+// sandbox's network slot (a new one: the proxy's address) and its
+// policy's (secret placeholders); the running ones keep theirs, which the
+// gateway still serves (its originalDst).
+func (r *Runtime) resume(ctx context.Context, spec runtime.Spec, mark func(string)) (*prepared, error) {
+	var env []string
+	if spec.Setup != nil {
+		more, err := spec.Setup(spec.ID)
+		if err != nil {
+			return nil, err
+		}
+		env = more
+	}
+	rd, err := r.build(ctx, spec.ID, spec, false, mark)
+	if err != nil {
+		return nil, err
+	}
+	if env = append(append([]string(nil), rd.net.Env...), env...); len(env) > 0 {
+		c := guestapi.NewClient(rd.sb.Dial)
+		err := c.SetEnv(ctx, env)
+		c.Close()
+		if err != nil {
+			rd.undo()
+			return nil, fmt.Errorf("giving the guest its network's variables: %w", err)
+		}
+	}
+	return rd, nil
 }
 
 // activate gives a prepared sandbox its environment and waits for its
@@ -536,6 +558,7 @@ func (r *Runtime) watch(id string, pid int, cg *cgroup.Group) (*Sandbox, error) 
 		cg:      cg,
 		done:    make(chan struct{}),
 		version: r.version,
+		oomBase: oomKills(cg),
 	}
 	if err := sb.watch(pidfd); err != nil {
 		return nil, err

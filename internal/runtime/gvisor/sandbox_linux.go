@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -41,12 +42,51 @@ type Sandbox struct {
 	pidFile *os.File // nil once the sentry has exited
 	onExit  []func()
 	reaped  bool
+	// oomBase is the cgroup's OOM kill count when the watch began;
+	// exitErr, once the sentry has exited, says why when the OOM killer
+	// ended it.
+	oomBase uint64
+	exitErr error
 }
 
 var (
 	_ runtime.Instance    = (*Sandbox)(nil)
 	_ runtime.ExitWatcher = (*Sandbox)(nil)
+	_ runtime.Activating  = (*Sandbox)(nil)
 )
+
+// Activate implements runtime.Activating: a gvisor sandbox serves once
+// Start returns.
+func (s *Sandbox) Activate() {}
+
+// StartErr implements runtime.Activating: once the sentry has exited, why
+// it ended, if the OOM killer ended it.
+func (s *Sandbox) StartErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exitErr
+}
+
+// errOOM is why a sandbox the OOM killer ended has ended. Under gVisor
+// the sandbox's kernel is one host process, the cgroup's largest: a
+// sandbox that reaches its memory limit ends whole, where a native one
+// loses the process that allocated.
+var errOOM = errors.New("the sandbox ran out of memory: the OOM killer ended it at its memory limit (under gVisor the whole sandbox ends)")
+
+// oomKills is cg's OOM kill count (0 when it cannot be read).
+func oomKills(cg *cgroup.Group) uint64 {
+	f, err := cg.OpenOOMEvents()
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return 0
+	}
+	n, _ := cgroup.ParseOOMKills(b)
+	return n
+}
 
 // ID implements runtime.Instance.
 func (s *Sandbox) ID() string { return s.id }
@@ -132,7 +172,12 @@ func (s *Sandbox) watch(pidfd int) error {
 				}
 			})
 		}
+		// Before anyone hears of the exit, and before the cgroup goes.
+		oom := oomKills(s.cg) > s.oomBase
 		s.mu.Lock()
+		if oom {
+			s.exitErr = errOOM
+		}
 		f.Close()
 		s.pidFile = nil
 		onExit := s.onExit
