@@ -73,13 +73,18 @@ for p in sorted(int(x) for x in os.listdir("/proc") if x.isdigit()):
 // try to get out. Each attempt must fail, for the reason given where the
 // kernel tells one; the controls show that the probe itself works. Host
 // state the attempts aim at is checked from the host afterwards.
+// Each attempt runs on both tiers, native and gVisor.
 func TestEscapes(t *testing.T) {
 	t.Parallel()
 	if runtime.GOARCH != "amd64" {
 		t.Skip("the syscall numbers below are x86_64's")
 	}
-	d := newDaemon(t)
-	id := d.Create(api.CreateRequest{})
+	d := tierDaemon(t)
+	forTiers(t, func(t *testing.T, tier string) { escapes(t, d, tier) })
+}
+
+func escapes(t *testing.T, d *Daemon, tier string) {
+	id := d.Create(api.CreateRequest{Runtime: tier})
 	guestPID := d.hostPID(id)
 
 	// Host state the attempts aim at.
@@ -87,13 +92,21 @@ func TestEscapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	binSum := fileSHA256(t, paddockBin)
-	// The guest runs the slim binary paddock embeds (or paddock itself in
-	// a build that embeds none), from a sealed memfd.
-	guestExe := fmt.Sprintf("/proc/%d/exe", guestPID)
-	guestSum := fileSHA256(t, guestExe)
-	if l, err := os.Readlink(guestExe); err != nil || !strings.HasPrefix(l, "/memfd:paddock-guest") {
-		t.Errorf("the guest runs %q (%v), not the sealed memfd", l, err)
+	// What runs the sandbox on the host: paddock; the guest, the slim
+	// binary paddock embeds (or paddock itself in a build that embeds
+	// none), from a sealed memfd (native); runsc's sandbox process and
+	// the guest binary it binds in read-only (gvisor).
+	hostExes := []string{paddockBin, fmt.Sprintf("/proc/%d/exe", guestPID)}
+	if tier == "native" {
+		if l, err := os.Readlink(hostExes[1]); err != nil || !strings.HasPrefix(l, "/memfd:paddock-guest") {
+			t.Errorf("the guest runs %q (%v), not the sealed memfd", l, err)
+		}
+	} else {
+		hostExes = append(hostExes, filepath.Join(d.RunDir, "gvisor", "paddock-guest"))
+	}
+	exeSums := map[string]string{}
+	for _, p := range hostExes {
+		exeSums[p] = fileSHA256(t, p)
 	}
 	tag := randHex(6)
 	marker := "/root/paddock-e2e-secret-" + tag
@@ -164,6 +177,12 @@ func TestEscapes(t *testing.T) {
 			t.Errorf("got %q, want one of %q: %v", got, want, r)
 		}
 	}
+	inGvisor := func(t *testing.T, r execResult) {
+		t.Helper()
+		if r.ExitCode != 0 || !strings.Contains(r.Stdout, "gvisor") {
+			t.Errorf("want it run, in gVisor's kernel: %v", r)
+		}
+	}
 	sh := func(script string) []string { return []string{"sh", "-c", script} }
 	py := func(program string, args ...string) []string {
 		return append([]string{"python3", "-c", program}, args...)
@@ -181,16 +200,25 @@ func TestEscapes(t *testing.T) {
 		cmd   []string
 		check func(*testing.T, execResult)
 		skip  string
+		// gvisor, when set, replaces the attempt under gVisor, whose
+		// kernel answers it (the comment says how).
+		gvisor *attempt
 	}{
 		// Mounts and namespaces.
 		{name: "mount tmpfs", cmd: sh("mount -t tmpfs none /mnt"), check: fails("permission denied", "not permitted")},
 		{name: "mount syscall", cmd: py(pySyscall + `print("OK" if libc.mount(b"none", b"/mnt", b"tmpfs", 0, None) == 0 else errno.errorcode[ctypes.get_errno()])`), check: prints("EPERM")},
 		{name: "bind mount of /", cmd: py(pySyscall + fmt.Sprintf(`print("OK" if libc.mount(b"/", b"/mnt", None, %d, None) == 0 else errno.errorcode[ctypes.get_errno()])`, msBind|msRec)), check: prints("EPERM")},
 		{name: "nothing got mounted", cmd: sh("grep ' /mnt ' /proc/self/mountinfo || echo none"), check: prints("none")},
-		{name: "unshare -U -r", cmd: sh("unshare -U -r true"), check: fails("not permitted")},
-		{name: "unshare -U -r --map-root-user id", cmd: sh("unshare --user --map-user=0 --map-group=0 id -u"), check: fails("not permitted")},
+		// gVisor's kernel makes user namespaces (Docker's seccomp profile
+		// is not loaded under gVisor: the sentry's own filter confines
+		// it on the host); the namespace is gVisor's kernel's.
+		{name: "unshare -U -r", cmd: sh("unshare -U -r true"), check: fails("not permitted"),
+			gvisor: &attempt{cmd: sh("unshare -U -r uname -r"), check: inGvisor}},
+		{name: "unshare -U -r --map-root-user id", cmd: sh("unshare --user --map-user=0 --map-group=0 id -u"), check: fails("not permitted"),
+			gvisor: &attempt{cmd: sh("unshare --user --map-user=0 --map-group=0 uname -r"), check: inGvisor}},
 		{name: "unshare -m", cmd: sh("unshare -m true"), check: fails("not permitted")},
-		{name: "unshare(CLONE_NEWUSER)", cmd: sys(fmt.Sprintf("sc(272, %d)", cloneNewUser)), check: prints("EPERM")},
+		{name: "unshare(CLONE_NEWUSER)", cmd: sys(fmt.Sprintf("sc(272, %d)", cloneNewUser)), check: prints("EPERM"),
+			gvisor: &attempt{check: prints("OK")}}, // gVisor's, as above
 		{name: "unshare(CLONE_NEWNS)", cmd: sys(fmt.Sprintf("sc(272, %d)", cloneNewNS)), check: prints("EPERM")},
 
 		// ptrace.
@@ -209,10 +237,16 @@ os.waitpid(pid, 0)
 
 		// /proc and /sys. Each write, should it work, writes the host's
 		// current value (or a help request), so that nothing changes.
-		{name: "write /proc/sys", cmd: sh("echo " + strings.TrimSpace(string(panicValue)) + " > /proc/sys/kernel/panic"), check: fails("read-only", "permission denied")},
-		{name: "write /proc/sys/vm", cmd: sh("cat /proc/sys/vm/overcommit_memory > /tmp/v && cat /tmp/v > /proc/sys/vm/overcommit_memory"), check: fails("read-only", "permission denied")},
-		{name: "write /proc/sysrq-trigger", cmd: sh("echo h > /proc/sysrq-trigger"), check: fails("read-only", "permission denied", "nonexistent", "no such file")},
-		{name: "write /sys", cmd: sh("echo " + thp + " > /sys/kernel/mm/transparent_hugepage/enabled"), check: fails("read-only", "permission denied"), skip: map[bool]string{true: "host has no transparent_hugepage"}[thp == ""]},
+		// gVisor's /proc and /sys are its kernel's: a write is refused
+		// (EPERM, EIO) or the file is not there.
+		{name: "write /proc/sys", cmd: sh("echo " + strings.TrimSpace(string(panicValue)) + " > /proc/sys/kernel/panic"), check: fails("read-only", "permission denied"),
+			gvisor: &attempt{check: fails("not permitted")}},
+		{name: "write /proc/sys/vm", cmd: sh("cat /proc/sys/vm/overcommit_memory > /tmp/v && cat /tmp/v > /proc/sys/vm/overcommit_memory"), check: fails("read-only", "permission denied"),
+			gvisor: &attempt{check: fails("not permitted", "input/output error")}},
+		{name: "write /proc/sysrq-trigger", cmd: sh("echo h > /proc/sysrq-trigger"), check: fails("read-only", "permission denied", "nonexistent", "no such file"),
+			gvisor: &attempt{check: fails("i/o error", "no such file")}},
+		{name: "write /sys", cmd: sh("echo " + thp + " > /sys/kernel/mm/transparent_hugepage/enabled"), check: fails("read-only", "permission denied"), skip: map[bool]string{true: "host has no transparent_hugepage"}[thp == ""],
+			gvisor: &attempt{check: fails("nonexistent", "read-only")}},
 		{name: "raise own cgroup limits", cmd: sh("ok=0; for f in /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/pids.max; do [ -e $f ] && echo max > $f 2>/dev/null && ok=1; done; echo $ok"), check: prints("0")},
 
 		// Host files.
@@ -244,7 +278,7 @@ os.waitpid(pid, 0)
 				if len(f) >= 3 && f[1] == "sleep" && f[2] == "2345" {
 					control = true
 				}
-				if len(f) >= 2 && f[0] == "1" && strings.HasPrefix(f[1], "paddock") {
+				if len(f) >= 2 && f[0] == "1" && strings.Contains(f[1], "paddock") {
 					pid1 = true
 				}
 			}
@@ -286,16 +320,21 @@ print(a.recv(4).decode())
 		{name: "init_module", cmd: sys("sc(175, 0, 0, 0)"), check: prints("EPERM")},
 		{name: "finit_module", cmd: sys("sc(313, 0, 0, 0)"), check: prints("EPERM")},
 		{name: "delete_module", cmd: sys("sc(176, 0, 0)"), check: prints("EPERM")},
-		{name: "keyctl", cmd: sys("sc(250, 0, 0, 0, 0)"), check: prints("EPERM")},
-		{name: "add_key", cmd: sys("sc(248, 0, 0, 0, 0, 0)"), check: prints("EPERM")},
-		{name: "request_key", cmd: sys("sc(249, 0, 0, 0, 0)"), check: prints("EPERM")},
+		// gVisor's kernel has no keyrings and no perf events.
+		{name: "keyctl", cmd: sys("sc(250, 0, 0, 0, 0)"), check: prints("EPERM"), gvisor: &attempt{check: prints("EPERM", "ENOSYS", "EACCES")}},
+		{name: "add_key", cmd: sys("sc(248, 0, 0, 0, 0, 0)"), check: prints("EPERM"), gvisor: &attempt{check: prints("EPERM", "ENOSYS", "EACCES")}},
+		{name: "request_key", cmd: sys("sc(249, 0, 0, 0, 0)"), check: prints("EPERM"), gvisor: &attempt{check: prints("EPERM", "ENOSYS", "EACCES")}},
 		{name: "bpf", cmd: sys("sc(321, 0, 0, 0)"), check: prints("EPERM")},
-		{name: "perf_event_open", cmd: sys("sc(298, 0, 0, -1, -1, 0)"), check: prints("EPERM")},
+		{name: "perf_event_open", cmd: sys("sc(298, 0, 0, -1, -1, 0)"), check: prints("EPERM"), gvisor: &attempt{check: prints("EPERM", "ENODEV", "ENOSYS")}},
 		{name: "control: getpid syscall", cmd: sys("'OK' if sc(39) == 'OK' and os.getpid() > 1 else 'broken'"), check: prints("OK")},
 
 		// Devices.
-		{name: "mknod block device", cmd: sh("mknod /tmp/sda b 8 0"), check: fails("not permitted")},
-		{name: "no block device made", cmd: sh("test -e /tmp/sda && echo exists || echo absent"), check: prints("absent")},
+		// gVisor's kernel makes the node (CAP_MKNOD is Docker's), in
+		// its own memory: it opens no device of the host.
+		{name: "mknod block device", cmd: sh("mknod /tmp/sda b 8 0"), check: fails("not permitted"),
+			gvisor: &attempt{cmd: sh("mknod /tmp/sda b 8 0 && head -c 1 /tmp/sda"), check: fails("no such device")}},
+		{name: "no block device made", cmd: sh("test -e /tmp/sda && echo exists || echo absent"), check: prints("absent"),
+			gvisor: &attempt{cmd: sh("head -c 1 /tmp/sda"), check: fails("no such device", "no such file")}},
 		{name: "control: mknod fifo", cmd: sh("mknod /tmp/fifo p && test -p /tmp/fifo && echo fifo"), check: prints("fifo")},
 
 		// Hostname: refused, or confined to the sandbox's UTS namespace
@@ -336,14 +375,22 @@ for p in fds + ["cwd", "root", "exe"]:
 print(" ".join(got) or "denied")
 `), check: prints("denied")},
 		{name: "guest environ", cmd: sh("cat /proc/1/environ"), check: fails("permission denied")},
-		{name: "guest map_files", cmd: sh("ls /proc/1/map_files"), check: fails("permission denied")},
+		{name: "guest map_files", cmd: sh("ls /proc/1/map_files"), check: fails("permission denied"),
+			gvisor: &attempt{check: fails("no such file")}}, // gVisor has none
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.skip != "" {
 				t.Skip(tt.skip)
 			}
-			tt.check(t, d.run(id, "", tt.cmd...))
+			cmd, check := tt.cmd, tt.check
+			if g := tt.gvisor; g != nil && tier == "gvisor" {
+				if g.cmd != nil {
+					cmd = g.cmd
+				}
+				check = g.check
+			}
+			check(t, d.run(id, "", cmd...))
 		})
 	}
 
@@ -351,11 +398,10 @@ print(" ".join(got) or "denied")
 	if now, _ := os.Hostname(); now != hostname {
 		t.Errorf("host hostname changed from %q to %q", hostname, now)
 	}
-	if sum := fileSHA256(t, paddockBin); sum != binSum {
-		t.Errorf("the paddock binary %s changed", paddockBin)
-	}
-	if sum := fileSHA256(t, guestExe); sum != guestSum {
-		t.Errorf("the guest's executable (host pid %d) changed", guestPID)
+	for p, was := range exeSums {
+		if sum := fileSHA256(t, p); sum != was {
+			t.Errorf("%s (the sandbox's host pid is %d) changed", p, guestPID)
+		}
 	}
 	if b, err := os.ReadFile(marker); err != nil || string(b) != secret+"\n" {
 		t.Errorf("host marker %s changed: %q %v", marker, b, err)
@@ -381,10 +427,70 @@ print(" ".join(got) or "denied")
 }
 
 // TestUserNamespace: root in a sandbox is an unprivileged uid range on the
-// host, and host files show sensible owners inside.
+// host, and host files show sensible owners inside; under gVisor it is
+// no host user at all.
 func TestUserNamespace(t *testing.T) {
 	t.Parallel()
-	d := newDaemon(t)
+	d := tierDaemon(t)
+	forTiers(t, func(t *testing.T, tier string) {
+		if tier == "gvisor" {
+			gvisorUsers(t, d)
+			return
+		}
+		nativeUsers(t, d)
+	})
+}
+
+// gvisorUsers: under gVisor, root in the sandbox is its kernel's user;
+// no process of the sandbox is a host process. What runs on the host is
+// runsc's (its sentry, gofer and the systrap stubs that hold the
+// sandbox's address spaces), each under seccomp, with no_new_privs and
+// without CAP_SYS_ADMIN: gVisor's own confinement, the reason for the tier.
+func gvisorUsers(t *testing.T, d *Daemon) {
+	id := d.Create(api.CreateRequest{Runtime: "gvisor"})
+	d.Sh(id, "sleep 300 >/dev/null 2>&1 &")
+	if out := d.Sh(id, "id -u"); out != "0\n" {
+		t.Errorf("inside: id -u %q, want 0", out)
+	}
+	sb := d.get(id)
+	pids := sandboxProcs(sb)
+	if len(pids) < 2 {
+		t.Fatalf("sandbox cgroup %s lists %d processes, want runsc's sentry and gofer at least", sb.Runtime.Cgroup, len(pids))
+	}
+	const capSysAdmin = 21
+	for _, p := range pids {
+		b, err := os.ReadFile("/proc/" + p + "/status")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		cmd := procCmdline(mustAtoi(t, p))
+		if strings.Contains(cmd, "sleep") {
+			t.Errorf("the sandbox's sleep is a host process: %s %s", p, cmd)
+		}
+		st := map[string]string{}
+		for _, l := range lines(string(b)) {
+			if k, v, ok := strings.Cut(l, ":"); ok {
+				st[k] = strings.TrimSpace(v)
+			}
+		}
+		capEff, _ := strconv.ParseUint(st["CapEff"], 16, 64)
+		if st["NoNewPrivs"] != "1" || st["Seccomp"] != "2" || capEff&(1<<capSysAdmin) != 0 {
+			t.Errorf("host process %s (%q) of the sandbox: no_new_privs %s, seccomp %s, CapEff %s; want 1, 2 (filter) and no CAP_SYS_ADMIN",
+				p, cmd, st["NoNewPrivs"], st["Seccomp"], st["CapEff"])
+		}
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func nativeUsers(t *testing.T, d *Daemon) {
 	id := d.Create(api.CreateRequest{})
 	d.Sh(id, "echo x > /workspace/owned-by-root; echo y > /workspace/owned-by-1000; chown 1000:1000 /workspace/owned-by-1000; sleep 300 >/dev/null 2>&1 &")
 	sb := d.get(id)
@@ -397,14 +503,7 @@ func TestUserNamespace(t *testing.T) {
 	}
 
 	// Every process of the sandbox runs as a uid of its range on the host.
-	var procs string
-	for _, dir := range cgroupDirs(sb.Runtime.Cgroup) {
-		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil && len(strings.TrimSpace(string(b))) > 0 {
-			procs = string(b)
-			break
-		}
-	}
-	pids := strings.Fields(procs)
+	pids := sandboxProcs(sb)
 	if len(pids) < 2 {
 		t.Errorf("sandbox cgroup %s lists %d processes, want the guest and a sleep", sb.Runtime.Cgroup, len(pids))
 	}
@@ -465,6 +564,22 @@ func TestUserNamespace(t *testing.T) {
 	if r := d.sh(id, "touch /usr/bin/env"); r.ExitCode == 0 {
 		t.Errorf("root in the sandbox could touch the host's /usr/bin/env")
 	}
+}
+
+// sandboxProcs lists the host pids in sb's cgroup.
+func sandboxProcs(sb *api.Sandbox) []string {
+	for _, dir := range cgroupDirs(sb.Runtime.Cgroup) {
+		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+			return strings.Fields(string(b))
+		}
+	}
+	return nil
+}
+
+// attempt is an escape attempt's command and the check of its outcome.
+type attempt struct {
+	cmd   []string
+	check func(*testing.T, execResult)
 }
 
 // listenCounting listens on addr until the test ends and counts the

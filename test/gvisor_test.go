@@ -23,6 +23,17 @@ import (
 // so, only when there is none.
 func runscBin(t *testing.T) string {
 	t.Helper()
+	p := findRunsc()
+	if p == "" {
+		t.Skip(noRunsc)
+	}
+	return p
+}
+
+const noRunsc = "runsc is not built: make runsc (make test builds it)"
+
+// findRunsc is runscBin's runsc, or "" when there is none.
+func findRunsc() string {
 	if p := os.Getenv("PADDOCK_RUNSC"); p != "" {
 		if _, err := os.Stat(p); err == nil {
 			return p
@@ -36,8 +47,30 @@ func runscBin(t *testing.T) string {
 			}
 		}
 	}
-	t.Skip("runsc is not built: make runsc (make test builds it)")
 	return ""
+}
+
+// tierDaemon starts a daemon for tests that run on both tiers: with
+// gVisor when runsc is built. forTiers runs f once per tier, skipping
+// gVisor's run, saying why, when there is no runsc.
+func tierDaemon(t *testing.T, extra ...string) *Daemon {
+	t.Helper()
+	if p := findRunsc(); p != "" {
+		extra = append([]string{"--runsc", p}, extra...)
+	}
+	return newDaemon(t, extra...)
+}
+
+func forTiers(t *testing.T, f func(t *testing.T, tier string)) {
+	t.Helper()
+	for _, tier := range []string{"native", "gvisor"} {
+		t.Run(tier, func(t *testing.T) {
+			if tier == "gvisor" && findRunsc() == "" {
+				t.Skip(noRunsc)
+			}
+			f(t, tier)
+		})
+	}
 }
 
 // newGvisorDaemon starts a daemon whose gvisor runtime uses runsc.
