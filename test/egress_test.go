@@ -33,7 +33,13 @@ var egressNames = map[string]string{
 // themselves).
 func egressSandbox(t *testing.T, d *Daemon, u *upstream, p *api.Policy) string {
 	t.Helper()
-	id := d.Create(api.CreateRequest{Policy: p})
+	return egressSandboxOn(t, d, u, p, "")
+}
+
+// egressSandboxOn is egressSandbox on a runtime tier ("": the daemon's).
+func egressSandboxOn(t *testing.T, d *Daemon, u *upstream, p *api.Policy, tier string) string {
+	t.Helper()
+	id := d.Create(api.CreateRequest{Policy: p, Runtime: tier})
 	ca, err := os.ReadFile(u.CAFile)
 	if err != nil {
 		t.Fatal(err)
@@ -67,13 +73,24 @@ func mustFail(t *testing.T, r execResult, why string) {
 // TestEgressDefaultDeny: with no policy a sandbox reaches nothing: not a
 // host it could name, not the host, not the metadata address, not
 // another sandbox, not UDP, not IPv6; names do not resolve; refusals are
-// immediate and the agent can read why.
+// immediate and the agent can read why. On both tiers.
 func TestEgressDefaultDeny(t *testing.T) {
 	t.Parallel()
 	u := newUpstream(t, egressNames)
-	d := netDaemon(t, u)
-	id := egressSandbox(t, d, u, nil)
-	other := egressSandbox(t, d, u, &api.Policy{Presets: []string{"internet"}})
+	var extra []string
+	if p := findRunsc(); p != "" {
+		extra = []string{"--runsc", p}
+	}
+	d := netDaemon(t, u, extra...)
+	if err := os.Chmod(d.Root, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	forTiers(t, func(t *testing.T, tier string) { defaultDeny(t, d, u, tier) })
+}
+
+func defaultDeny(t *testing.T, d *Daemon, u *upstream, tier string) {
+	id := egressSandboxOn(t, d, u, nil, tier)
+	other := egressSandboxOn(t, d, u, &api.Policy{Presets: []string{"internet"}}, tier)
 	otherAddr := strings.TrimSpace(d.Sh(other, "ip -4 -o addr show eth0 2>/dev/null | awk '{print $4}' | cut -d/ -f1 || true"))
 	if otherAddr == "" {
 		otherAddr = strings.TrimSpace(d.Sh(other, `python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(("10.0.0.1", 9)); print(s.getsockname()[0])'`))

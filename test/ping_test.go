@@ -29,7 +29,7 @@ except OSError as e:
 // TestNoRawSocketsPingWorks: sandboxes do not get CAP_NET_RAW (no raw or
 // packet sockets to craft or sniff frames with), and ping still works,
 // through the ICMP echo sockets the guest allows in the sandbox's network
-// namespace; with and without the egress network.
+// namespace; with and without the egress network, on both tiers.
 func TestNoRawSocketsPingWorks(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -39,21 +39,23 @@ func TestNoRawSocketsPingWorks(t *testing.T) {
 		{"no network", []string{"--no-network"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := StartDaemon(t, append([]string{"--warm-guests", "0"}, tc.args...)...)
-			id := d.createCLI()
-			out := d.run(id, "", "python3", "-c", pingProgram)
-			if out.Stdout != "raw: Operation not permitted\necho: reply\n" {
-				t.Errorf("want raw sockets refused and an ICMP echo answered: %s", out)
-			}
-			// Bit 13 of the bounding set is CAP_NET_RAW.
-			st := d.run(id, "", "grep", "CapBnd", "/proc/self/status")
-			f := strings.Fields(st.Stdout)
-			if len(f) != 2 {
-				t.Fatalf("no bounding set in %q", st.Stdout)
-			}
-			if bnd, err := strconv.ParseUint(f[1], 16, 64); err != nil || bnd&(1<<13) != 0 {
-				t.Errorf("bounding set %q holds CAP_NET_RAW (%v)", st.Stdout, err)
-			}
+			d := tierDaemon(t, append([]string{"--warm-guests", "0"}, tc.args...)...)
+			forTiers(t, func(t *testing.T, tier string) {
+				id := d.createCLI("--runtime", tier)
+				out := d.run(id, "", "python3", "-c", pingProgram)
+				if out.Stdout != "raw: Operation not permitted\necho: reply\n" {
+					t.Errorf("want raw sockets refused and an ICMP echo answered: %s", out)
+				}
+				// Bit 13 of the bounding set is CAP_NET_RAW.
+				st := d.run(id, "", "grep", "CapBnd", "/proc/self/status")
+				f := strings.Fields(st.Stdout)
+				if len(f) != 2 {
+					t.Fatalf("no bounding set in %q", st.Stdout)
+				}
+				if bnd, err := strconv.ParseUint(f[1], 16, 64); err != nil || bnd&(1<<13) != 0 {
+					t.Errorf("bounding set %q holds CAP_NET_RAW (%v)", st.Stdout, err)
+				}
+			})
 		})
 	}
 }

@@ -155,6 +155,12 @@ func (r *Runtime) runsc(ctx context.Context, args ...string) *exec.Cmd {
 		// The guest binds its control socket in a host directory.
 		"--host-uds", "create",
 	}
+	if r.cfg.Network == nil {
+		// Loopback only: gVisor's netstack brings up no interface of a
+		// fresh namespace, whose lo is down, so without this a sandbox
+		// has not even 127.0.0.1.
+		global = append(global, "--network", "none")
+	}
 	return exec.CommandContext(ctx, r.cfg.Runsc, append(global, args...)...)
 }
 
