@@ -257,3 +257,150 @@ func e2bCreate(t *testing.T, url, key string) (id, accessToken string) {
 	}
 	return sb.SandboxID, sb.EnvdAccessToken
 }
+
+// mountSecret writes files into dir as kubelet updates a mounted
+// Secret: a new directory, one rename of the ..data link, and the files'
+// own links into it (made once).
+func mountSecret(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	gen, err := os.MkdirTemp(dir, "..gen-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(gen, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(filepath.Join(dir, name)); err != nil {
+			if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(filepath.Base(gen), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClusterTokenRotation rotates the node token of a node and a
+// gateway (two processes sharing one Secret, swapped as kubelet swaps
+// it) while a client calls through the gateway without pause: the native
+// API (plain and upgraded calls) and the E2B facade. No call fails; once
+// the old token is removed, the node refuses it, on both APIs.
+func TestClusterTokenRotation(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret")
+	os.MkdirAll(secret, 0o700)
+	old, new := "old-node-token-"+randHex(8), "new-node-token-"+randHex(8)
+	mountSecret(t, secret, map[string]string{"node.token": old + "\n"})
+	token := "client-token-" + randHex(8)
+	tokenFile := filepath.Join(dir, "client.token")
+	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+
+	addr, e2bAddr := freeHostPort(t), freeHostPort(t)
+	newDaemon(t, "--listen", "tcp://"+addr, "--token-file", filepath.Join(secret, "node.token"), "--id-prefix", "r",
+		"--e2b-listen", "tcp://"+e2bAddr)
+	gwAddr, gwE2B := freeHostPort(t), freeHostPort(t)
+	gwLog := startGatewayProc(t, "--listen", "tcp://"+gwAddr, "--e2b-listen", "tcp://"+gwE2B,
+		"--token-file", tokenFile, "--node-token-file", filepath.Join(secret, "node.token"),
+		"--node", "n1=r@http://"+addr+",http://"+e2bAddr, "--log-level", "debug")
+	cl, err := client.New("tcp://"+gwAddr, client.WithToken(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var sb *api.Sandbox
+	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool {
+		sb, err = cl.Create(ctx, api.CreateRequest{})
+		return err == nil
+	}) {
+		t.Fatalf("create through the gateway: %v\n%s", err, gwLog)
+	}
+	defer cl.Delete(context.Background(), sb.ID, true)
+
+	// get calls base+path with one header.
+	get := func(base, path, key, value string) (int, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		req.Header.Set(key, value)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	stop := make(chan struct{})
+	type tally struct {
+		calls int
+		errs  []string
+	}
+	done := make(chan tally)
+	go func() {
+		var n tally
+		fail := func(what string, err error) {
+			if len(n.errs) < 5 {
+				n.errs = append(n.errs, fmt.Sprintf("%s at %s: %v", what, time.Now().Format("15:04:05.000"), err))
+			}
+		}
+		for {
+			select {
+			case <-stop:
+				done <- n
+				return
+			default:
+			}
+			n.calls++
+			if _, err := cl.Get(ctx, sb.ID); err != nil {
+				fail("get", err)
+			}
+			var out strings.Builder
+			if _, err := cl.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"cat"}}, client.ExecIO{Stdin: strings.NewReader("hi\n"), Stdout: &out}); err != nil || out.String() != "hi\n" {
+				fail("exec", fmt.Errorf("%q %v", out.String(), err))
+			}
+			if code, err := get("http://"+gwE2B, "/sandboxes/"+sb.ID, "X-API-Key", e2b.APIKey(token)); err != nil || code != http.StatusOK {
+				fail("e2b get", fmt.Errorf("%d %v", code, err))
+			}
+		}
+	}()
+	// The three steps: add the new token (nodes take both, gateways
+	// still present the old), swap them (gateways present the new),
+	// remove the old. Each waits for every process to re-read the file.
+	for _, step := range []string{old + "\n" + new + "\n", new + "\n" + old + "\n", new + "\n"} {
+		mountSecret(t, secret, map[string]string{"node.token": step})
+		time.Sleep(2500 * time.Millisecond)
+	}
+	close(stop)
+	n := <-done
+	t.Logf("%d rounds of calls through the gateway while the token rotated", n.calls)
+	if len(n.errs) > 0 || n.calls < 10 {
+		t.Fatalf("%d rounds; failed calls: %v\n%s", n.calls, n.errs, gwLog)
+	}
+
+	// The node refuses the old token now, natively and as an E2B key.
+	for _, tc := range []struct {
+		base, path, key, value string
+		want                   int
+	}{
+		{"http://" + addr, "/v1/sandboxes/" + sb.ID, "Authorization", "Bearer " + old, http.StatusUnauthorized},
+		{"http://" + addr, "/v1/sandboxes/" + sb.ID, "Authorization", "Bearer " + new, http.StatusOK},
+		{"http://" + e2bAddr, "/sandboxes/" + sb.ID, "X-API-Key", e2b.APIKey(old), http.StatusUnauthorized},
+		{"http://" + e2bAddr, "/sandboxes/" + sb.ID, "X-API-Key", e2b.APIKey(new), http.StatusOK},
+	} {
+		if code, err := get(tc.base, tc.path, tc.key, tc.value); err != nil || code != tc.want {
+			t.Errorf("%s%s with %s %.12s..: %d %v, want %d", tc.base, tc.path, tc.key, tc.value, code, err, tc.want)
+		}
+	}
+	// A token file that stops loading keeps the last good tokens.
+	mountSecret(t, secret, map[string]string{"node.token": "short\n"})
+	time.Sleep(1500 * time.Millisecond)
+	if _, err := cl.Get(ctx, sb.ID); err != nil {
+		t.Fatalf("after a bad token file: %v", err)
+	}
+}

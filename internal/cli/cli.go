@@ -83,7 +83,10 @@ func (g *globals) token() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading token file: %w", err)
 	}
-	return strings.TrimSpace(string(b)), nil
+	// A daemon's file may hold several tokens (one a line, while they
+	// rotate): the first is the one to present.
+	first, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	return strings.TrimSpace(first), nil
 }
 
 func newRoot(stdout, stderr io.Writer) *cobra.Command {

@@ -50,11 +50,11 @@ func gatewayCmd() *cobra.Command {
 				return fmt.Errorf("--log-level: %w", err)
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-			token, err := readToken(tokenFile, "--token-file")
+			tokens, err := loadTokens(tokenFile, "--token-file", log)
 			if err != nil {
 				return err
 			}
-			nodeToken, err := readToken(nodeTokenFile, "--node-token-file")
+			nodeTokens, err := loadTokens(nodeTokenFile, "--node-token-file", log)
 			if err != nil {
 				return err
 			}
@@ -86,15 +86,15 @@ func gatewayCmd() *cobra.Command {
 				}
 			}
 			rt := router.New(router.Config{
-				Archive:   archiveOf(store),
-				Version:   api.VersionInfo{Version: Version, Runtime: "gateway", GoVersion: goruntime.Version()},
-				NodeToken: nodeToken,
-				TLS:       trust,
-				Pack:      pack,
-				Drain:     drain,
-				Defaults:  api.Resources{CPUs: float64(min(2, goruntime.NumCPU())), MemoryBytes: 1 << 30, DiskBytes: 10 << 30},
-				E2BDomain: e2bDomain,
-				Log:       log,
+				Archive:    archiveOf(store),
+				Version:    api.VersionInfo{Version: Version, Runtime: "gateway", GoVersion: goruntime.Version()},
+				NodeTokens: nodeTokens,
+				TLS:        trust,
+				Pack:       pack,
+				Drain:      drain,
+				Defaults:   api.Resources{CPUs: float64(min(2, goruntime.NumCPU())), MemoryBytes: 1 << 30, DiskBytes: 10 << 30},
+				E2BDomain:  e2bDomain,
+				Log:        log,
 			})
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -128,7 +128,7 @@ func gatewayCmd() *cobra.Command {
 			// request, as on a daemon's TCP listener. (The E2B listener's
 			// envd calls are vouched for by the node's answer, after their
 			// bodies: it has no such bound.)
-			hs := serveGateway(l, rt.Handler(token), httpCfg, log, errc)
+			hs := serveGateway(l, rt.Handler(tokens), httpCfg, log, errc)
 			log.Info("gateway serving", "listen", l.Addr().String())
 			if e2bListen != "" {
 				eu, err := url.Parse(e2bListen)
@@ -141,7 +141,7 @@ func gatewayCmd() *cobra.Command {
 				}
 				e2bCfg := httpCfg
 				e2bCfg.ReadTimeout = -1
-				es := serveGateway(el, rt.E2BHandler(token), e2bCfg, log, errc)
+				es := serveGateway(el, rt.E2BHandler(tokens), e2bCfg, log, errc)
 				defer es.Close()
 				log.Info("gateway serving the E2B API", "listen", el.Addr().String())
 			}
@@ -160,8 +160,8 @@ func gatewayCmd() *cobra.Command {
 	f.StringVar(&listen, "listen", "tcp://127.0.0.1:7300", "address clients call, tcp://HOST:PORT")
 	f.StringVar(&e2bDomain, "e2b-domain", "", "with --e2b-listen: the nodes' --e2b-domain; PORT-ID.DOMAIN requests (ports, envd, signed URLs) go to the id's node with their Host")
 	f.StringVar(&e2bListen, "e2b-listen", "", "also serve the E2B-compatible API on tcp://HOST:PORT (its key: paddock e2b-key of --token-file), routed to the nodes' facades")
-	f.StringVar(&tokenFile, "token-file", "", "file holding the bearer token clients must present (required)")
-	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the bearer token the gateway presents to nodes (their --token-file; required)")
+	f.StringVar(&tokenFile, "token-file", "", "file of the bearer tokens clients may present, one a line (required; re-read when it changes, so tokens rotate without a restart)")
+	f.StringVar(&nodeTokenFile, "node-token-file", "", "file of the nodes' bearer tokens, one a line: the gateway presents the first (their --token-file; required; re-read when it changes)")
 	f.StringArrayVar(&nodeFlags, "node", nil, "a node, NAME=TAG@URL[,E2B_URL] (its tag starts its sandbox ids: paddock serve --id-prefix TAG; E2B_URL its --e2b-listen); repeatable")
 	f.StringVar(&nodesFile, "nodes-file", "", "JSON file of nodes ([{name, tag, address, e2b_address, state, labels, capacity, allocated, pools}]), re-read when it changes")
 	f.BoolVar(&kube.enabled, "cluster", false, "take the nodes from the cluster's Kubernetes API (PaddockNodes and their Leases, watched) instead of --node or --nodes-file")
@@ -185,20 +185,17 @@ func serveGateway(l net.Listener, h http.Handler, cfg server.HTTPConfig, log *sl
 	return hs
 }
 
-// readToken reads a token file, which must hold at least 16 characters.
-func readToken(path, flag string) (string, error) {
+// loadTokens loads a token file (one token a line, each at least 16
+// characters), re-read when it changes.
+func loadTokens(path, flag string, log *slog.Logger) (*clustertls.Tokens, error) {
 	if path == "" {
-		return "", fmt.Errorf("%s is required", flag)
+		return nil, fmt.Errorf("%s is required", flag)
 	}
-	b, err := os.ReadFile(path)
+	t, err := clustertls.LoadTokens(path, log.With("component", "auth"))
 	if err != nil {
-		return "", fmt.Errorf("reading %s: %w", flag, err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
-	token := strings.TrimSpace(string(b))
-	if len(token) < 16 {
-		return "", fmt.Errorf("the token in %s is shorter than 16 characters", path)
-	}
-	return token, nil
+	return t, nil
 }
 
 // parseNodes reads --node NAME=TAG@URL[,E2B_URL] flags: ready nodes of unknown

@@ -64,7 +64,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.StateDir, "state-dir", envOr("PADDOCK_STATE_DIR", cfg.StateDir), "directory for the store, images and disks")
 	f.StringVar(&cfg.RunDir, "run-dir", envOr("PADDOCK_RUN_DIR", cfg.RunDir), "directory for sockets and sandbox mount points")
 	f.StringArrayVar(&listen, "listen", nil, "listen address, unix:///path or tcp://HOST:PORT; repeatable (default "+cfg.Listen[0]+")")
-	f.StringVar(&cfg.TokenFile, "token-file", "", "file holding the bearer token TCP listeners require")
+	f.StringVar(&cfg.TokenFile, "token-file", "", "file of the bearer tokens TCP listeners accept, one a line (re-read when it changes: tokens rotate without a restart)")
 	f.StringVar(&cfg.IDPrefix, "id-prefix", "", "start every sandbox and snapshot id with this node tag (1 to 4 of a-z, 0-9), by which a cluster gateway routes calls")
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", cfg.CgroupParent, "cgroup under which sandboxes live")
 	f.IntVar(&cfg.DiskPool, "disk-pool", cfg.DiskPool, "ready disks of the default size to keep")

@@ -1,6 +1,9 @@
-// Package clustertls is the mutual TLS between a cluster's gateways and
-// its nodes. One root CA (ca.crt; its key stays with the operator, never
-// in the cluster) signs two certificates: the gateways' client
+// Package clustertls is the trust between a cluster's gateways and its
+// nodes: the bearer tokens gateways present (Tokens, a token file that
+// rotates in place) and the mutual TLS below them.
+//
+// One root CA (ca.crt; its key stays with the operator, never in the
+// cluster) signs two certificates: the gateways' client
 // certificate (gateway.crt, client authentication only) and the nodes'
 // issuing CA (node-ca.crt, server authentication only), whose key every
 // node holds to issue itself a server certificate naming its own
@@ -53,6 +56,7 @@ const recheck = time.Second
 // caller finds them older than recheck and parsed again when their bytes
 // (or stale, for what was made from them) say so.
 type source[T any] struct {
+	what  string // for the log: "TLS files", "token file"
 	dir   string
 	files []string
 	parse func(files [][]byte) (*T, error)
@@ -86,7 +90,7 @@ func (s *source[T]) read() ([][]byte, error) {
 	for i, f := range s.files {
 		b, err := os.ReadFile(filepath.Join(s.dir, f))
 		if err != nil {
-			return nil, fmt.Errorf("reading the cluster's TLS files: %w", err)
+			return nil, fmt.Errorf("reading the %s: %w", s.what, err)
 		}
 		raw[i] = b
 	}
@@ -103,7 +107,7 @@ func (s *source[T]) get() *T {
 	s.checked.Store(now.UnixNano())
 	raw, err := s.read()
 	if err != nil {
-		s.log.Warn("keeping the cluster's last TLS files", "dir", s.dir, "err", err)
+		s.log.Warn("keeping the last "+s.what, "dir", s.dir, "err", err)
 		return s.cur.Load()
 	}
 	cur := s.cur.Load()
@@ -112,12 +116,12 @@ func (s *source[T]) get() *T {
 	}
 	v, err := s.parse(raw)
 	if err != nil {
-		s.log.Warn("keeping the cluster's last TLS files", "dir", s.dir, "err", err)
+		s.log.Warn("keeping the last "+s.what, "dir", s.dir, "err", err)
 		return cur
 	}
 	s.raw = raw
 	s.cur.Store(v)
-	s.log.Info("cluster TLS files loaded", "dir", s.dir)
+	s.log.Info(s.what+" loaded", "dir", s.dir)
 	return v
 }
 
@@ -156,7 +160,7 @@ type gatewayState struct {
 
 // LoadGateway loads dir's CAFile, GatewayCert and GatewayKey.
 func LoadGateway(dir string, log *slog.Logger) (*Gateway, error) {
-	g := &Gateway{src: &source[gatewayState]{dir: dir, files: []string{CAFile, GatewayCert, GatewayKey}, log: log,
+	g := &Gateway{src: &source[gatewayState]{what: "cluster TLS files", dir: dir, files: []string{CAFile, GatewayCert, GatewayKey}, log: log,
 		parse: func(f [][]byte) (*gatewayState, error) {
 			roots, err := pool(f[0])
 			if err != nil {
@@ -205,7 +209,7 @@ func LoadNode(dir string, hosts []string, log *slog.Logger) (*Node, error) {
 	if len(hosts) == 0 {
 		return nil, errors.New("a node's TLS certificate needs the hosts gateways call it at")
 	}
-	n := &Node{src: &source[nodeState]{dir: dir, files: []string{CAFile, NodeCACert, NodeCAKey}, log: log,
+	n := &Node{src: &source[nodeState]{what: "cluster TLS files", dir: dir, files: []string{CAFile, NodeCACert, NodeCAKey}, log: log,
 		stale: func(s *nodeState) bool { return time.Now().After(s.renew) },
 		parse: func(f [][]byte) (*nodeState, error) {
 			roots, err := pool(f[0])

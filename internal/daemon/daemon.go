@@ -54,7 +54,8 @@ type Config struct {
 	// Listen is unix:///path or tcp://HOST:PORT (default
 	// unix:///run/paddock/paddock.sock). Several may be given.
 	Listen []string
-	// TokenFile holds the bearer token TCP listeners require.
+	// TokenFile holds the bearer tokens TCP listeners accept, one a line,
+	// re-read when it changes (clustertls.Tokens).
 	TokenFile string
 	// IDPrefix starts the id of every sandbox and snapshot this daemon
 	// makes: its node's tag in a cluster (api.Node.Tag), by which a
@@ -230,11 +231,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	listeners, token, err := listen(cfg)
+	listeners, tokens, err := listen(cfg, log.With("component", "auth"))
 	if err != nil {
 		return err
 	}
-	e2bL, e2bToken, err := listenE2B(cfg)
+	e2bL, e2bTokens, err := listenE2B(cfg, tokens, log.With("component", "auth"))
 	if err != nil {
 		for _, l := range listeners {
 			l.Close()
@@ -474,11 +475,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Info("serving preview URLs", "addr", "tcp://"+previewL.Addr().String())
 	}
 	if e2bL != nil {
-		hs, err := serveE2B(e2bL, trust, e2bToken, cfg, mgr, st, secrets, tel, log.With("component", "e2b"), errc)
+		hs, err := serveE2B(e2bL, trust, e2bTokens, cfg, mgr, st, secrets, tel, log.With("component", "e2b"), errc)
 		if err != nil {
 			return err
 		}
 		servers = append(servers, hs)
+	}
+	// The API takes every token of the file as it is now; the daemon's
+	// own client and the console's sessions keep the one presented at
+	// start (a token rotation that removes it needs a restart for them).
+	var token string
+	if tokens != nil {
+		token = tokens.Present()
 	}
 	self := selfClient(listeners, token, trust != nil, log)
 	if self != nil {
@@ -486,12 +494,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	mcpH := mcpHandler(self, cfg.Version, log.With("component", "mcp"))
 	for _, l := range listeners {
-		tok := ""
+		tok, toks := "", server.Tokens(nil)
 		if l.Addr().Network() == "tcp" {
-			tok = token
+			tok, toks = token, tokens
 		}
 		ui := console.New(console.Config{Token: tok, Client: self, Log: log.With("component", "console")})
-		hs := server.NewHTTPServer(ui.Wrap(withMCP(srv.Handler(tok), mcpH, tok, log)), cfg.HTTP, log)
+		hs := server.NewHTTPServer(ui.Wrap(withMCP(srv.TokensHandler(toks), mcpH, toks, log)), cfg.HTTP, log)
 		if tok != "" {
 			l = guardTCP(hs, l, trust, cfg.HTTP, log)
 		} else {
@@ -607,14 +615,14 @@ func guardTCP(hs *http.Server, l net.Listener, trust *clustertls.Node, cfg serve
 // listen opens every listener before anything else, so that a second
 // daemon on the same socket fails fast instead of reconciling the first
 // one's sandboxes away.
-func listen(cfg Config) ([]net.Listener, string, error) {
+func listen(cfg Config, log *slog.Logger) ([]net.Listener, *clustertls.Tokens, error) {
 	var out []net.Listener
-	var token string
-	fail := func(err error) ([]net.Listener, string, error) {
+	var tokens *clustertls.Tokens
+	fail := func(err error) ([]net.Listener, *clustertls.Tokens, error) {
 		for _, l := range out {
 			l.Close()
 		}
-		return nil, "", err
+		return nil, nil, err
 	}
 	for _, addr := range cfg.Listen {
 		switch {
@@ -645,13 +653,10 @@ func listen(cfg Config) ([]net.Listener, string, error) {
 			if cfg.TokenFile == "" {
 				return fail(fmt.Errorf("listening on %s needs --token-file: TCP clients must present a bearer token", addr))
 			}
-			b, err := os.ReadFile(cfg.TokenFile)
-			if err != nil {
-				return fail(fmt.Errorf("reading token file: %w", err))
-			}
-			token = strings.TrimSpace(string(b))
-			if len(token) < 16 {
-				return fail(fmt.Errorf("token in %s is shorter than 16 characters", cfg.TokenFile))
+			if tokens == nil {
+				if tokens, err = clustertls.LoadTokens(cfg.TokenFile, log); err != nil {
+					return fail(fmt.Errorf("--token-file: %w", err))
+				}
 			}
 			l, err := net.Listen("tcp", u.Host)
 			if err != nil {
@@ -662,5 +667,5 @@ func listen(cfg Config) ([]net.Listener, string, error) {
 			return fail(fmt.Errorf("listen address %q must start with unix:// or tcp://", addr))
 		}
 	}
-	return out, token, nil
+	return out, tokens, nil
 }

@@ -10,8 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"strings"
 
 	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/e2b"
@@ -25,35 +23,32 @@ import (
 
 // listenE2B opens the E2B facade's listener (tcp://HOST:PORT), early with
 // the others so that a taken port fails the start before any reconcile.
-func listenE2B(cfg Config) (net.Listener, string, error) {
+func listenE2B(cfg Config, tokens *clustertls.Tokens, log *slog.Logger) (net.Listener, *clustertls.Tokens, error) {
 	if cfg.E2BListen == "" {
-		return nil, "", nil
+		return nil, nil, nil
 	}
 	u, err := url.Parse(cfg.E2BListen)
 	if err != nil || u.Scheme != "tcp" || u.Host == "" {
-		return nil, "", fmt.Errorf("--e2b-listen %q is not tcp://HOST:PORT", cfg.E2BListen)
+		return nil, nil, fmt.Errorf("--e2b-listen %q is not tcp://HOST:PORT", cfg.E2BListen)
 	}
 	if cfg.TokenFile == "" {
-		return nil, "", fmt.Errorf("--e2b-listen needs --token-file: the E2B API key is derived from the daemon's token")
+		return nil, nil, fmt.Errorf("--e2b-listen needs --token-file: the E2B API key is derived from the daemon's token")
 	}
-	b, err := os.ReadFile(cfg.TokenFile)
-	if err != nil {
-		return nil, "", fmt.Errorf("reading token file: %w", err)
-	}
-	token := strings.TrimSpace(string(b))
-	if len(token) < 16 {
-		return nil, "", fmt.Errorf("token in %s is shorter than 16 characters", cfg.TokenFile)
+	if tokens == nil {
+		if tokens, err = clustertls.LoadTokens(cfg.TokenFile, log); err != nil {
+			return nil, nil, fmt.Errorf("--token-file: %w", err)
+		}
 	}
 	l, err := net.Listen("tcp", u.Host)
 	if err != nil {
-		return nil, "", fmt.Errorf("listening on %s: %w", cfg.E2BListen, err)
+		return nil, nil, fmt.Errorf("listening on %s: %w", cfg.E2BListen, err)
 	}
-	return l, token, nil
+	return l, tokens, nil
 }
 
 // serveE2B serves the E2B facade on l over the same manager as the
 // native API.
-func serveE2B(l net.Listener, trust *clustertls.Node, token string, cfg Config, mgr *sandbox.Manager, st *store.Store, secrets *egress.SecretStore, tel *hub.Hub, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+func serveE2B(l net.Listener, trust *clustertls.Node, tokens *clustertls.Tokens, cfg Config, mgr *sandbox.Manager, st *store.Store, secrets *egress.SecretStore, tel *hub.Hub, log *slog.Logger, errc chan<- error) (*http.Server, error) {
 	key, err := e2bKey(st, secrets)
 	if err != nil {
 		return nil, err
@@ -61,7 +56,8 @@ func serveE2B(l net.Listener, trust *clustertls.Node, token string, cfg Config, 
 	ecfg := e2b.Config{
 		Manager:       mgr,
 		Key:           key,
-		Token:         token,
+		Token:         tokens.Present(),
+		Tokens:        tokens.All,
 		Telemetry:     tel,
 		DefaultEgress: cfg.E2BDefaultEgress,
 		Domain:        cfg.E2BDomain,

@@ -55,11 +55,11 @@ func mcpHandler(c *client.Client, version string, log *slog.Logger) http.Handler
 
 // withMCP routes /mcp to m, behind the listener's token, and the rest to
 // api.
-func withMCP(api, m http.Handler, token string, log *slog.Logger) http.Handler {
+func withMCP(api, m http.Handler, tokens server.Tokens, log *slog.Logger) http.Handler {
 	if m == nil {
 		return api
 	}
-	m = server.RequireToken(token, log, m)
+	m = server.RequireTokens(tokens, log, m)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/mcp" {
 			m.ServeHTTP(w, r)

@@ -55,6 +55,10 @@ type Config struct {
 	// Token is the daemon's bearer token: the one API key accepted is
 	// derived from it (APIKey).
 	Token string
+	// Tokens, when set, lists the daemon's tokens now (a token file that
+	// rotates): the API key of each is accepted, and Token's only while
+	// it is one of them.
+	Tokens func() []string
 	// Telemetry answers getMetrics; nil answers it 503.
 	Telemetry Telemetry
 	// Secrets stores the values of E2B's header transforms; nil refuses
@@ -96,6 +100,7 @@ type Server struct {
 	domain        string
 	ingress       http.Handler
 	apiKey        string
+	tokens        func() []string
 	secret        []byte
 
 	control *http.ServeMux
@@ -134,6 +139,7 @@ func New(cfg Config) (*Server, error) {
 		tel:           cfg.Telemetry,
 		log:           cfg.Logger,
 		apiKey:        APIKey(cfg.Token),
+		tokens:        cfg.Tokens,
 		secret:        cfg.Key,
 		tags:          map[string]map[string]uint32{},
 		secretUses:    map[string]*secretUse{},
@@ -215,7 +221,14 @@ func (s *Server) checkAPIKey(r *http.Request) bool {
 	if got == "" {
 		got = strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 	}
-	return subtle.ConstantTimeCompare([]byte(got), []byte(s.apiKey)) == 1
+	if s.tokens == nil {
+		return subtle.ConstantTimeCompare([]byte(got), []byte(s.apiKey)) == 1
+	}
+	ok := 0
+	for _, t := range s.tokens() {
+		ok |= subtle.ConstantTimeCompare([]byte(got), []byte(APIKey(t)))
+	}
+	return ok == 1
 }
 
 // apiError is the control plane's error body.

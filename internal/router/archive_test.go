@@ -54,12 +54,12 @@ func TestRouteArchived(t *testing.T) {
 	const id = "a00000000001"
 	sb, _ := json.Marshal(api.Sandbox{ID: id, Image: "host", Resources: api.Resources{MemoryBytes: 1 << 30}})
 	arch := &fakeArchive{recs: map[string]archive.Record{id: {ID: id, Node: "n1", Sandbox: sb, Disk: &archive.Disk{Bytes: 1}}}}
-	rt := New(Config{Archive: arch})
+	rt := New(Config{Archive: arch, NodeTokens: tokens(t, "node-token-0123456789")})
 	rt.SetNodes([]api.Node{rec("n2", "b", func(n *api.Node) {
 		n.Address = node.URL
 		n.Capacity = api.NodeResources{CPUs: 8, MemoryBytes: 8 << 30, DiskBytes: 100 << 30, Sandboxes: 10}
 	})})
-	h := rt.Handler("client-token-0123456789")
+	h := rt.Handler(tokens(t, "client-token-0123456789"))
 	call := func(method, path string) (int, string) {
 		r := httptest.NewRequest(method, path, nil)
 		r.Header.Set("Authorization", "Bearer client-token-0123456789")

@@ -42,14 +42,14 @@ func benchCreate(b *testing.B, count int) {
 			Capacity: api.NodeResources{CPUs: 1e9, MemoryBytes: 1 << 60, DiskBytes: 1 << 60, Sandboxes: 1 << 40},
 			Pools:    map[string]int{"image:host": 4}})
 	}
-	rt := New(Config{NodeToken: nodeToken, TLS: gwTLS, Log: quiet, Defaults: api.Resources{CPUs: 2, MemoryBytes: 1 << 30, DiskBytes: 10 << 30}})
+	rt := New(Config{NodeTokens: tokens(b, nodeToken), TLS: gwTLS, Log: quiet, Defaults: api.Resources{CPUs: 2, MemoryBytes: 1 << 30, DiskBytes: 10 << 30}})
 	rt.SetNodes(recs)
 	// The gateway's goroutines (its server's, and the transport's it
 	// starts) carry the label part=gateway: `go tool pprof
 	// -tagfocus part=gateway` shows its CPU alone.
 	var gw string
 	pprof.Do(context.Background(), pprof.Labels("part", "gateway"), func(context.Context) {
-		gw = serve(b, rt.Handler(clientToken), 0, nil)
+		gw = serve(b, rt.Handler(tokens(b, clientToken)), 0, nil)
 	})
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}}
 	body := []byte("{}")

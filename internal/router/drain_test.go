@@ -40,7 +40,7 @@ func TestDrainCall(t *testing.T) {
 		go rt.SetNodes(append([]api.Node(nil), nodes...)) // as a watch would, later
 		return nil
 	}
-	h := rt.Handler("client-token-0123456789")
+	h := rt.Handler(tokens(t, "client-token-0123456789"))
 	call := func(method, path string) (int, string) {
 		req := httptest.NewRequest(method, path, nil)
 		req.Header.Set("Authorization", "Bearer client-token-0123456789")

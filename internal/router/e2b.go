@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/connlimit"
 	"github.com/paddock-dev/paddock/internal/e2b"
 	"github.com/paddock-dev/paddock/internal/errdefs"
@@ -20,11 +21,10 @@ import (
 // E2BHandler serves the E2B-compatible API of the cluster: envd calls
 // (with E2b-Sandbox-Id, and the sandbox's own access token, which the
 // node checks) go to the sandbox's node as they are; control-plane calls
-// need the gateway's API key (e2b.APIKey of its token), which the
+// need the gateway's API key (e2b.APIKey of one of its tokens), which the
 // gateway replaces with the node's. A create is placed as a native one
 // (its templateID is the pool it prefers); a list gathers every node's.
-func (rt *Router) E2BHandler(token string) http.Handler {
-	key := e2b.APIKey(token)
+func (rt *Router) E2BHandler(tokens *clustertls.Tokens) http.Handler {
 	domain := strings.ToLower(strings.Trim(rt.cfg.E2BDomain, "."))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// A sandbox's host name is routed by the Host alone: its path is
@@ -46,7 +46,7 @@ func (rt *Router) E2BHandler(token string) http.Handler {
 		if got == "" {
 			got = strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 		}
-		if subtle.ConstantTimeCompare([]byte(got), []byte(key)) != 1 {
+		if !acceptsKey(tokens, got) {
 			writeJSON(w, http.StatusUnauthorized, e2bErrorBody{Code: http.StatusUnauthorized, Message: "missing or wrong API key (X-API-KEY)"})
 			return
 		}
@@ -64,6 +64,16 @@ func (rt *Router) E2BHandler(token string) http.Handler {
 			e2bError(w, errdefs.New(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 		}
 	})
+}
+
+// acceptsKey reports whether got is the E2B API key of one of tokens,
+// each compared in constant time.
+func acceptsKey(tokens *clustertls.Tokens, got string) bool {
+	ok := 0
+	for _, t := range tokens.All() {
+		ok |= subtle.ConstantTimeCompare([]byte(got), []byte(e2b.APIKey(t)))
+	}
+	return ok == 1
 }
 
 // e2bErrorBody is E2B's error body.
@@ -140,9 +150,13 @@ func (v *vouched) WriteHeader(code int) {
 
 func (v *vouched) Unwrap() http.ResponseWriter { return v.ResponseWriter }
 
+// e2bKey is the node's API key: the one of the token the gateway
+// presents.
+func (c *conns) e2bKey() string { return e2b.APIKey(c.tokens.Present()) }
+
 // asNode makes a control-plane request carry the node's API key.
 func (c *conns) asNode(r *http.Request) {
-	r.Header.Set("X-API-Key", c.e2bKey)
+	r.Header.Set("X-API-Key", c.e2bKey())
 	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
 		r.Header.Del("Authorization")
 	}
@@ -187,7 +201,7 @@ func (c *conns) postE2B(r *http.Request, body []byte) (*http.Response, error) {
 		return nil, err
 	}
 	out.Header.Set("Content-Type", "application/json")
-	out.Header.Set("X-API-Key", c.e2bKey)
+	out.Header.Set("X-API-Key", c.e2bKey())
 	return c.tr.RoundTrip(out)
 }
 

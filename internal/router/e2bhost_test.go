@@ -28,9 +28,9 @@ func TestE2BHostRouting(t *testing.T) {
 		{Name: "na", Tag: "a", Address: "http://127.0.0.1:1", E2BAddress: a.URL, State: api.NodeReady},
 		{Name: "nb", Tag: "b", Address: "http://127.0.0.1:1", E2BAddress: b.URL, State: api.NodeReady},
 	}
-	rt := New(Config{NodeToken: nodeToken, E2BDomain: "Sandboxes.Example.", Log: quiet})
+	rt := New(Config{NodeTokens: tokens(t, nodeToken), E2BDomain: "Sandboxes.Example.", Log: quiet})
 	rt.SetNodes(nodes)
-	gw := httptest.NewServer(rt.E2BHandler(clientToken))
+	gw := httptest.NewServer(rt.E2BHandler(tokens(t, clientToken)))
 	t.Cleanup(gw.Close)
 	call := func(host, uri string) (int, string) {
 		t.Helper()
@@ -66,9 +66,9 @@ func TestE2BHostRouting(t *testing.T) {
 			t.Errorf("host %s: %d %s, want 401", host, code, body)
 		}
 	}
-	plain := New(Config{NodeToken: nodeToken, Log: quiet})
+	plain := New(Config{NodeTokens: tokens(t, nodeToken), Log: quiet})
 	plain.SetNodes(nodes)
-	gw2 := httptest.NewServer(plain.E2BHandler(clientToken))
+	gw2 := httptest.NewServer(plain.E2BHandler(tokens(t, clientToken)))
 	t.Cleanup(gw2.Close)
 	req, _ := http.NewRequest("GET", gw2.URL+"/", nil)
 	req.Host = "8000-a1234.sandboxes.example"

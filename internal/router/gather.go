@@ -68,7 +68,7 @@ func (c *conns) get(ctx context.Context, path, query string) (int, []byte, error
 		return 0, nil, err
 	}
 	req.URL.Path, req.URL.RawQuery = path, query
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Authorization", c.tokens.Authorization())
 	return c.fetch(req, c.base)
 }
 

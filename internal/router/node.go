@@ -17,7 +17,6 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/clustertls"
-	"github.com/paddock-dev/paddock/internal/e2b"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/netpipe"
 	"github.com/paddock-dev/paddock/internal/server"
@@ -33,20 +32,19 @@ type node struct {
 
 // conns is how the gateway reaches one node's data-plane address.
 type conns struct {
-	name  string
-	base  *url.URL
-	token string
-	trust *clustertls.Gateway // nil: TLS verified against the host's roots
-	tr    *http.Transport
-	proxy *httputil.ReverseProxy
-	lanes *lanePool
-	log   *slog.Logger
+	name   string
+	base   *url.URL
+	tokens *clustertls.Tokens  // the first is presented (a file that rotates)
+	trust  *clustertls.Gateway // nil: TLS verified against the host's roots
+	tr     *http.Transport
+	proxy  *httputil.ReverseProxy
+	lanes  *lanePool
+	log    *slog.Logger
 	// moved serves a call the node answered with a MovedError.
 	moved func(w http.ResponseWriter, r *http.Request, node string)
 
 	// The node's E2B facade, if it serves one.
 	e2bBase  *url.URL
-	e2bKey   string // the node's API key
 	e2bProxy *httputil.ReverseProxy
 }
 
@@ -60,7 +58,7 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 		return nil, err
 	}
 	base.Path = ""
-	c := &conns{name: an.Name, base: base, token: rt.cfg.NodeToken, trust: rt.cfg.TLS, log: rt.log.With("node", an.Name), lanes: &lanePool{},
+	c := &conns{name: an.Name, base: base, tokens: rt.cfg.NodeTokens, trust: rt.cfg.TLS, log: rt.log.With("node", an.Name), lanes: &lanePool{},
 		moved: rt.followMoved}
 	c.tr = &http.Transport{
 		DialContext:         dialPlain,
@@ -72,7 +70,7 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 	c.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(c.base)
-			pr.Out.Header.Set("Authorization", "Bearer "+c.token)
+			pr.Out.Header.Set("Authorization", c.tokens.Authorization())
 		},
 		Transport:      c.tr,
 		BufferPool:     bufferPool{},
@@ -93,7 +91,6 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 		if err := c.newE2BProxy(an.E2BAddress); err != nil {
 			return nil, err
 		}
-		c.e2bKey = e2b.APIKey(c.token)
 	}
 	return &node{Node: an, conns: c}, nil
 }
@@ -228,7 +225,7 @@ func (c *conns) open(ctx context.Context, r *http.Request) (net.Conn, *bufio.Rea
 	out.URL.Scheme, out.URL.Host = c.base.Scheme, c.base.Host
 	out.Host = c.base.Host
 	out.RequestURI = ""
-	out.Header.Set("Authorization", "Bearer "+c.token)
+	out.Header.Set("Authorization", c.tokens.Authorization())
 	bw := bufio.NewWriterSize(conn, 4<<10)
 	br := bufio.NewReaderSize(conn, 32<<10)
 	err = out.Write(bw)

@@ -342,7 +342,7 @@ func (c *conns) post(r *http.Request, path string, body []byte) (*http.Response,
 		return nil, err
 	}
 	out.Header.Set("Content-Type", "application/json")
-	out.Header.Set("Authorization", "Bearer "+c.token)
+	out.Header.Set("Authorization", c.tokens.Authorization())
 	return c.tr.RoundTrip(out)
 }
 

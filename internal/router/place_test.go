@@ -65,8 +65,8 @@ func call(t *testing.T, h http.Handler, method, path, body string) (*httptest.Re
 func TestCreateGoesOn(t *testing.T) {
 	full := answering(t, http.StatusServiceUnavailable, `{"code":"unavailable","message":"memory: no room"}`)
 	ok := answering(t, http.StatusCreated, `{"id":"c00000000001"}`)
-	rt := New(Config{NodeToken: "node-token-0123456789"})
-	h := rt.Handler("client-token-0123456789")
+	rt := New(Config{NodeTokens: tokens(t, "node-token-0123456789")})
+	h := rt.Handler(tokens(t, "client-token-0123456789"))
 	rt.SetNodes([]api.Node{
 		{Name: "n1", Tag: "a", Address: full, State: api.NodeReady},
 		{Name: "n2", Tag: "b", Address: deadAddress(t), State: api.NodeReady},
@@ -96,8 +96,8 @@ func TestCreateGoesOn(t *testing.T) {
 // TestGatherNamesMissing: a list gathers the nodes that answer, and names
 // the ones that do not (lost, or unreachable).
 func TestGatherNamesMissing(t *testing.T) {
-	rt := New(Config{NodeToken: "node-token-0123456789"})
-	h := rt.Handler("client-token-0123456789")
+	rt := New(Config{NodeTokens: tokens(t, "node-token-0123456789")})
+	h := rt.Handler(tokens(t, "client-token-0123456789"))
 	rt.SetNodes([]api.Node{
 		{Name: "n1", Tag: "a", Address: answering(t, 0, "a1"), State: api.NodeReady},
 		{Name: "n2", Tag: "b", Address: deadAddress(t), State: api.NodeReady},

@@ -28,9 +28,10 @@ import (
 type Config struct {
 	// Version is what GET /v1/version answers.
 	Version api.VersionInfo
-	// NodeToken is the bearer token the gateway presents to nodes, whose
-	// data-plane listeners accept no other.
-	NodeToken string
+	// NodeTokens are the nodes' bearer tokens (a file that rotates): the
+	// gateway presents the first, and the nodes' data-plane listeners
+	// accept no other.
+	NodeTokens *clustertls.Tokens
 	// TLS is the gateway's side of the cluster's mutual TLS: with it,
 	// nodes are called over TLS only (a node whose address is http is
 	// left out of the table), must show a certificate of the cluster's
@@ -88,11 +89,11 @@ func New(cfg Config) *Router {
 		nodes: map[string]*node{}, placed: map[string]*placedCount{}}
 }
 
-// Handler returns the gateway's API: clients must present token as their
-// bearer token (as to a daemon's TCP listener); paths are checked as the
-// daemon checks them.
-func (rt *Router) Handler(token string) http.Handler {
-	return server.SanePath(rt.log, server.RequireToken(token, rt.log, http.HandlerFunc(rt.serve)))
+// Handler returns the gateway's API: clients must present one of tokens
+// as their bearer token (as to a daemon's TCP listener); paths are
+// checked as the daemon checks them.
+func (rt *Router) Handler(tokens *clustertls.Tokens) http.Handler {
+	return server.SanePath(rt.log, server.RequireTokens(tokens, rt.log, http.HandlerFunc(rt.serve)))
 }
 
 // serve dispatches one request: by the sandbox or snapshot id in its

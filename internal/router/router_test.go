@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -119,4 +120,14 @@ func TestPick(t *testing.T) {
 	if got := rt.placed[n.Name].res.Sandboxes; got != 0 {
 		t.Errorf("after unplace: %d placed", got)
 	}
+}
+
+// tokens is a token set of tok alone.
+func tokens(tb testing.TB, tok string) *clustertls.Tokens {
+	tb.Helper()
+	t, err := clustertls.StaticTokens(tok)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return t
 }

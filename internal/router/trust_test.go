@@ -116,12 +116,12 @@ func TestTrust(t *testing.T) {
 	nodeAddr := serve(t, native, 0, nodeTLS.ServerConfig())
 	plainAddr := serve(t, native, 0, nil)
 
-	rt := New(Config{NodeToken: nodeToken, TLS: gwTLS, Log: quiet})
+	rt := New(Config{NodeTokens: tokens(t, nodeToken), TLS: gwTLS, Log: quiet})
 	rt.SetNodes([]api.Node{
 		{Name: "n1", Tag: "a", Address: "https://" + nodeAddr, State: api.NodeReady},
 		{Name: "n2", Tag: "b", Address: "http://" + plainAddr, State: api.NodeReady},
 	})
-	gwAddr := serve(t, rt.Handler(clientToken), 0, nil)
+	gwAddr := serve(t, rt.Handler(tokens(t, clientToken)), 0, nil)
 
 	get := func(c *http.Client, url, token string) (int, string, error) {
 		req, _ := http.NewRequest("GET", url, nil)
@@ -175,12 +175,12 @@ func TestVouchNotForged(t *testing.T) {
 	}))
 	t.Cleanup(impostor.Close)
 
-	rt := New(Config{NodeToken: nodeToken, TLS: gwTLS, Log: quiet})
+	rt := New(Config{NodeTokens: tokens(t, nodeToken), TLS: gwTLS, Log: quiet})
 	rt.SetNodes([]api.Node{
 		{Name: "n1", Tag: "a", Address: "https://127.0.0.1:1", E2BAddress: "https://" + nodeE2B, State: api.NodeReady},
 		{Name: "evil", Tag: "e", Address: "https://127.0.0.1:1", E2BAddress: impostor.URL, State: api.NodeReady},
 	})
-	gwAddr := serve(t, rt.E2BHandler(clientToken), -1, nil)
+	gwAddr := serve(t, rt.E2BHandler(tokens(t, clientToken)), -1, nil)
 
 	envdCall := func(id, token string, extra string) string {
 		return fmt.Sprintf("GET /files?path=x HTTP/1.1\r\nHost: gw\r\nE2b-Sandbox-Id: %s\r\nX-Access-Token: %s\r\n%s\r\n", id, token, extra)

@@ -69,18 +69,20 @@ const ClientHeader = "Paddock-Client"
 type credentialKey struct{}
 
 // withCredential notes in each request's context which credential let it
-// in: the unix socket (its file permissions), or the token (by a
-// fingerprint of it, never the token).
-func withCredential(token string, next http.Handler) http.Handler {
+// in: the unix socket (its file permissions), or a token (decider names it
+// by a fingerprint of the one presented, never the token).
+func withCredential(byToken bool, next http.Handler) http.Handler {
 	cred := "unix socket"
-	if token != "" {
-		sum := sha256.Sum256([]byte(token))
-		cred = "token " + hex.EncodeToString(sum[:4])
+	if byToken {
+		cred = byTokenCred
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), credentialKey{}, cred)))
 	})
 }
+
+// byTokenCred marks a request let in by the token it presented.
+const byTokenCred = "token"
 
 // decider names who made a call, for an audit event: the client's own
 // name (untrusted: letters, digits and .-_ only, at most 32) and the
@@ -93,6 +95,10 @@ func decider(r *http.Request) string {
 		name = "api"
 	}
 	cred, _ := r.Context().Value(credentialKey{}).(string)
+	if cred == byTokenCred {
+		sum := sha256.Sum256([]byte(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")))
+		cred = "token " + hex.EncodeToString(sum[:4])
+	}
 	if cred == "" {
 		cred = "in process"
 	}

@@ -108,11 +108,31 @@ func New(mgr *sandbox.Manager, version api.VersionInfo, log *slog.Logger) *Serve
 // bearer token on every request (TCP listeners); the unix socket relies on
 // its file permissions and passes "".
 func (s *Server) Handler(token string) http.Handler {
-	return s.recover(s.sanePath(s.auth(token, withCredential(token, s.withContainer(s.mux)))))
+	if token == "" {
+		return s.TokensHandler(nil)
+	}
+	return s.TokensHandler(oneToken("Bearer " + token))
 }
 
-func (s *Server) auth(token string, next http.Handler) http.Handler {
-	return RequireToken(token, s.log, next)
+// TokensHandler is Handler for a listener that accepts any of tokens
+// (a token file that rotates); nil requires none.
+func (s *Server) TokensHandler(tokens Tokens) http.Handler {
+	return s.recover(s.sanePath(RequireTokens(tokens, s.log, withCredential(tokens != nil, s.withContainer(s.mux)))))
+}
+
+// Tokens says which bearer tokens a listener accepts
+// (*clustertls.Tokens: a token file, re-read as it changes).
+type Tokens interface {
+	// Accepts reports, in constant time, whether an Authorization
+	// header's value presents one of them.
+	Accepts(authorization string) bool
+}
+
+// oneToken accepts the one Authorization value it is.
+type oneToken string
+
+func (t oneToken) Accepts(got string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1
 }
 
 // RequireToken serves next only to requests that carry token as their
@@ -123,10 +143,17 @@ func RequireToken(token string, log *slog.Logger, next http.Handler) http.Handle
 	if token == "" {
 		return next
 	}
-	want := []byte("Bearer " + token)
+	return RequireTokens(oneToken("Bearer "+token), log, next)
+}
+
+// RequireTokens is RequireToken for a listener that accepts any of
+// tokens; nil requires nothing.
+func RequireTokens(tokens Tokens, log *slog.Logger, next http.Handler) http.Handler {
+	if tokens == nil {
+		return next
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		if !tokens.Accepts(r.Header.Get("Authorization")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
 			writeError(w, r, log, &HTTPError{Code: http.StatusUnauthorized, Msg: "missing or wrong bearer token", Err: errdefs.ErrDenied})
 			return

@@ -111,7 +111,7 @@ func TestSanePath(t *testing.T) {
 func TestAuth(t *testing.T) {
 	s := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(299) })
-	h := s.auth("0123456789abcdef", ok)
+	h := RequireToken("0123456789abcdef", s.log, ok)
 	for _, tc := range []struct {
 		header string
 		want   int
