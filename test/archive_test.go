@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/archive/s3test"
+	"github.com/paddock-dev/paddock/internal/e2b"
 )
 
 // archiveCluster is n nodes (tags "a", "b", ...; labels n=1, n=2, ...)
@@ -44,15 +46,17 @@ func archiveCluster(t *testing.T, n int, endpoint string) *cluster {
 		d.args = append(d.args, "--listen", "tcp://"+addr, "--token-file", nodeTokenFile, "--id-prefix", tag,
 			"--network-name", d.NetName, "--network-subnet", fmt.Sprintf("10.243.%d.0/22", 4*i),
 			"--cgroup-parent", d.Cgroup, "--uid-start", fmt.Sprint(d.UIDStart), "--node-name", name)
+		e2bAddr := freeHostPort(t)
+		d.args = append(d.args, "--e2b-listen", "tcp://"+e2bAddr)
 		d.args = append(d.args, arch...)
 		d.Start()
 		c.nodes = append(c.nodes, d)
-		c.records = append(c.records, api.Node{Name: name, Tag: tag, Address: "http://" + addr, State: api.NodeReady,
-			Labels: map[string]string{"n": fmt.Sprint(i)}})
+		c.records = append(c.records, api.Node{Name: name, Tag: tag, Address: "http://" + addr, E2BAddress: "http://" + e2bAddr,
+			State: api.NodeReady, Labels: map[string]string{"n": fmt.Sprint(i)}})
 	}
 	c.writeNodes()
-	c.gwAddr = freeHostPort(t)
-	c.serveGateway(append([]string{"--listen", "tcp://" + c.gwAddr, "--token-file", tokenFile,
+	c.gwAddr, c.e2bAddr = freeHostPort(t), freeHostPort(t)
+	c.serveGateway(append([]string{"--listen", "tcp://" + c.gwAddr, "--e2b-listen", "tcp://" + c.e2bAddr, "--token-file", tokenFile,
 		"--node-token-file", nodeTokenFile, "--nodes-file", c.nodesFile, "--log-level", "debug"}, arch...)...)
 	return c
 }
@@ -339,6 +343,22 @@ func TestArchiveMoves(t *testing.T) {
 	t.Logf("node1: %v", gerr)
 	if !strings.Contains(gerr.Error(), winner) {
 		t.Fatalf("node1's answer does not name %s: %v", winner, gerr)
+	}
+	// The E2B facade's call (the gateway has not cached the move yet):
+	// node1's facade names the winner, and the gateway follows.
+	e2bInfo := func() (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.e2bAddr+"/sandboxes/"+id, nil)
+		req.Header.Set("X-API-Key", e2b.APIKey(c.token))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := e2bInfo(); code != http.StatusOK || !strings.Contains(body, `"sandboxID":"`+id+`"`) || !strings.Contains(body, `"running"`) {
+		t.Fatalf("E2B info through the gateway after node1 came back: %d %s\n%s", code, body, c.gwLog)
 	}
 	got := c.inspect(id)
 	if got.Node != winner || got.State != api.StateRunning || got.Archived {

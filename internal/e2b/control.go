@@ -73,6 +73,7 @@ func (s *Server) controlRoutes() *http.ServeMux {
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	code := errdefs.HTTPStatus(err)
 	msg := err.Error()
+	setMoved(w, err)
 	if code >= 500 && code != http.StatusServiceUnavailable {
 		s.log.Error("E2B request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "internal error; see the daemon log"

@@ -3,6 +3,7 @@ package e2b
 import (
 	"context"
 	"crypto/subtle"
+	"errors"
 	"net/http"
 	"path"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/connlimit"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 )
 
@@ -57,6 +59,25 @@ func unreachable(w http.ResponseWriter, id string) {
 	})
 }
 
+// gone answers a call, from a holder of its token, for sandbox id that
+// does not run here: E2B's 502, which names in errdefs.MovedHeader the
+// node it moved to when another node took it in from the archive, for a
+// cluster's gateway to follow.
+func (s *Server) gone(w http.ResponseWriter, r *http.Request, id string) {
+	if _, err := s.mgr.Get(r.Context(), id); err != nil {
+		setMoved(w, err)
+	}
+	unreachable(w, id)
+}
+
+// setMoved names on the answer the node a MovedError says the sandbox
+// went to.
+func setMoved(w http.ResponseWriter, err error) {
+	if me := (*errdefs.MovedError)(nil); errors.As(err, &me) {
+		w.Header().Set(errdefs.MovedHeader, me.Node)
+	}
+}
+
 // running reports whether sandbox id runs; paused reports whether it is
 // paused (or frozen) with auto-resume, so that a call may wake it.
 func (s *Server) running(ctx context.Context, id string) (running, paused bool) {
@@ -100,7 +121,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ok, _ := s.running(r.Context(), id); !ok {
-		unreachable(w, id)
+		s.gone(w, r, id)
 		return
 	}
 	vouch(w, r)
@@ -153,7 +174,7 @@ func (s *Server) sandboxCall(signed bool, h http.HandlerFunc) http.Handler {
 		vouch(w, r)
 		ok, wake := s.running(r.Context(), id)
 		if !ok && !wake {
-			unreachable(w, id)
+			s.gone(w, r, id)
 			return
 		}
 		if wake {

@@ -80,6 +80,9 @@ type ingressTarget struct {
 // serveIngress proxies r to port of sandbox id.
 func (s *Server) serveIngress(w http.ResponseWriter, r *http.Request, id string, port int) {
 	if ok, _ := s.running(r.Context(), id); !ok {
+		if _, err := s.mgr.Get(r.Context(), id); err != nil {
+			setMoved(w, err) // for a gateway to follow
+		}
 		writeJSON(w, http.StatusBadGateway, ingressError{SandboxID: id, Message: "The sandbox is not running", Port: strconv.Itoa(port)})
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -40,11 +41,15 @@ const maxMoved = 1 << 16
 // moved is the gateway's cache of sandboxes that run on another node than
 // their tag's: id → node name.
 type moved struct {
+	n  atomic.Int64 // len(m)
 	mu sync.Mutex
 	m  map[string]string
 }
 
 func (mv *moved) get(id string) (string, bool) {
+	if mv.n.Load() == 0 {
+		return "", false // nothing moved: no lock on the call's path
+	}
 	mv.mu.Lock()
 	defer mv.mu.Unlock()
 	n, ok := mv.m[id]
@@ -58,12 +63,14 @@ func (mv *moved) set(id, node string) {
 		mv.m = map[string]string{}
 	}
 	mv.m[id] = node
+	mv.n.Store(int64(len(mv.m)))
 }
 
 func (mv *moved) drop(id string) {
 	mv.mu.Lock()
 	defer mv.mu.Unlock()
 	delete(mv.m, id)
+	mv.n.Store(int64(len(mv.m)))
 }
 
 // byName is the live node named name.
@@ -81,9 +88,6 @@ func (rt *Router) byName(name string) *node {
 // movedNode is the live node the cache says archived sandbox id moved
 // to, or nil.
 func (rt *Router) movedNode(id string) *node {
-	if rt.cfg.Archive == nil {
-		return nil
-	}
 	name, ok := rt.movedTo.get(id)
 	if !ok {
 		return nil

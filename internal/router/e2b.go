@@ -1,10 +1,13 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -103,6 +106,16 @@ func (rt *Router) e2bRoute(w http.ResponseWriter, r *http.Request, id string, co
 		e2bError(w, err)
 		return
 	}
+	keepBody(r)
+	rt.e2bServe(w, r.WithContext(context.WithValue(r.Context(), e2bCallKey{}, e2bCall{id: id, control: control})), n, control)
+}
+
+// e2bServe passes an E2B call to node n's facade.
+func (rt *Router) e2bServe(w http.ResponseWriter, r *http.Request, n *node, control bool) {
+	if n.e2bProxy == nil {
+		e2bError(w, errdefs.New(errdefs.ErrUnavailable, "node %s serves no E2B facade", n.Name))
+		return
+	}
 	if control {
 		n.asNode(r)
 		n.e2bProxy.ServeHTTP(w, r)
@@ -115,6 +128,77 @@ func (rt *Router) e2bRoute(w http.ResponseWriter, r *http.Request, id string, co
 	// connections stay open rather than close after an answer while the
 	// client sends its next request on them.
 	n.e2bProxy.ServeHTTP(&vouched{ResponseWriter: w, r: r}, r)
+}
+
+// e2bCallKey carries an E2B call's e2bCall, for e2bFollow.
+type e2bCallKey struct{}
+
+// e2bCall is the sandbox an E2B call names, and whether it is a
+// control-plane call.
+type e2bCall struct {
+	id      string
+	control bool
+}
+
+// maxReplay bounds the body the gateway keeps to send an E2B call again
+// to the node a sandbox moved to: envd's calls and the control plane's
+// are small messages; an upload is not kept.
+const maxReplay = 64 << 10
+
+// keepBody reads a small body of known length whole, so that the call
+// can be sent again (r.GetBody).
+func keepBody(r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength < 0 || r.ContentLength > maxReplay {
+		return
+	}
+	// A body that breaks goes on as far as it came: the node answers it
+	// as a short body, and it is not sent again.
+	b, err := io.ReadAll(io.LimitReader(r.Body, r.ContentLength))
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	if err == nil {
+		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+	}
+}
+
+// e2bFollow serves an E2B call that the node of the id's tag answered
+// with "moved to node to" (errdefs.MovedHeader): there, if that node is
+// live and the call's body can be sent again; else an error saying what
+// to do. Where the sandbox went is cached, so the next call goes there
+// first.
+func (rt *Router) e2bFollow(w http.ResponseWriter, r *http.Request, to string) {
+	call, _ := r.Context().Value(e2bCallKey{}).(e2bCall)
+	if call.id == "" || r.Context().Value(followedKey{}) != nil {
+		e2bError(w, &errdefs.MovedError{ID: call.id, Node: to})
+		return
+	}
+	n := rt.byName(to)
+	if n == nil {
+		e2bError(w, errdefs.New(errdefs.ErrUnavailable, "sandbox %s moved to node %s, which is not in the cluster", call.id, to))
+		return
+	}
+	rt.movedTo.set(call.id, n.Name)
+	if r.Body != nil && r.Body != http.NoBody {
+		if r.GetBody == nil {
+			e2bError(w, errdefs.New(errdefs.ErrUnavailable, "sandbox %s moved to node %s (restored there from the archive): try the call again", call.id, to))
+			return
+		}
+		body, _ := r.GetBody()
+		r.Body = body
+	}
+	rt.e2bServe(w, r.WithContext(context.WithValue(r.Context(), followedKey{}, true)), n, call.control)
+}
+
+// e2bMovedAnswer is movedAnswer for a node's facade, whose envd answers a
+// sandbox that moved with E2B's 502 and its control plane with 404, both
+// naming the node.
+func e2bMovedAnswer(resp *http.Response) error {
+	if resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusBadGateway {
+		return nil
+	}
+	if to := resp.Header.Get(errdefs.MovedHeader); to != "" {
+		return &movedError{node: to}
+	}
+	return nil
 }
 
 // keepHostKey marks a request whose Host the node must see: one routed
@@ -270,9 +354,14 @@ func (c *conns) newE2BProxy(addr string) error {
 				pr.Out.Host = pr.In.Host
 			}
 		},
-		Transport:  c.tr,
-		BufferPool: bufferPool{},
+		Transport:      c.tr,
+		BufferPool:     bufferPool{},
+		ModifyResponse: e2bMovedAnswer,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if mv := (*movedError)(nil); errors.As(err, &mv) {
+				c.e2bMoved(w, r, mv.node)
+				return
+			}
 			if r.Context().Err() == nil {
 				e2bError(w, c.unreachable(err))
 			}

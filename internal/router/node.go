@@ -40,8 +40,9 @@ type conns struct {
 	proxy  *httputil.ReverseProxy
 	lanes  *lanePool
 	log    *slog.Logger
-	// moved serves a call the node answered with a MovedError.
-	moved func(w http.ResponseWriter, r *http.Request, node string)
+	// moved and e2bMoved serve a call the node answered with a
+	// MovedError: a native one, an E2B one.
+	moved, e2bMoved func(w http.ResponseWriter, r *http.Request, node string)
 
 	// The node's E2B facade, if it serves one.
 	e2bBase  *url.URL
@@ -59,7 +60,7 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 	}
 	base.Path = ""
 	c := &conns{name: an.Name, base: base, tokens: rt.cfg.NodeTokens, trust: rt.cfg.TLS, log: rt.log.With("node", an.Name), lanes: &lanePool{},
-		moved: rt.followMoved}
+		moved: rt.followMoved, e2bMoved: rt.e2bFollow}
 	c.tr = &http.Transport{
 		DialContext:         dialPlain,
 		DialTLSContext:      c.dialTLS,
