@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -59,6 +60,9 @@ type Manager struct {
 	resets     []*Slot
 	slotWake   chan struct{}
 	tcpMetrics uint16 // the tcp_metrics generic netlink family
+	// quietResets counts the resets that found their slot untouched
+	// since the last one (for tests).
+	quietResets atomic.Int64
 	// inflight counts Attach and Restore calls past the closed check:
 	// Close waits for them before it closes the netlink handles.
 	inflight sync.WaitGroup
@@ -273,10 +277,9 @@ func (m *Manager) Attach(id string, netnsFD int) (_ Link, retErr error) {
 		m.claimLocked(id, s)
 		m.mu.Unlock()
 		// The owner's id, for Restore after a daemon restart.
-		if hl, err := m.nl.LinkByName(s.link.HostIf); err == nil {
-			if err := m.nl.LinkSetAlias(hl, id); err != nil {
-				m.log.Warn("naming a slot's owner", "interface", s.link.HostIf, "err", err)
-			}
+		hl := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: s.hostIndex, Name: s.link.HostIf}}
+		if err := m.nl.LinkSetAlias(hl, id); err != nil {
+			m.log.Warn("naming a slot's owner", "interface", s.link.HostIf, "err", err)
 		}
 		return s.link, nil
 	}

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -50,6 +51,12 @@ type Slot struct {
 	// captured: a sandbox had its egress captured in it (SetCapture),
 	// which reset undoes.
 	captured bool
+	// hostIndex is the host side's interface index, for naming the
+	// slot's owner without looking the interface up.
+	hostIndex int
+	// counters is its interfaces' counters (/proc/net/dev read in it) as
+	// the last reset left them; nil until a reset has run.
+	counters []byte
 }
 
 // FD is the slot's network namespace, open while the slot is.
@@ -253,6 +260,11 @@ func (m *Manager) makeSlot() (_ *Slot, retErr error) {
 	if err := m.configure("", s.ns, s.link); err != nil {
 		return nil, fmt.Errorf("making a network slot: %w", err)
 	}
+	hl, err := m.nl.LinkByName(s.link.HostIf)
+	if err != nil {
+		return nil, fmt.Errorf("making a network slot: finding %s: %w", s.link.HostIf, err)
+	}
+	s.hostIndex = hl.Attrs().Index
 	return s, nil
 }
 
@@ -431,18 +443,32 @@ func (m *Manager) destroySlot(s *Slot) {
 // The host's user namespace owns the slot, so its configuration is as it
 // was made: nothing in the sandbox could change it.
 func (m *Manager) reset(s *Slot) error {
+	quiet := false
 	err := m.inNetns(s.ns, func() error {
 		// Before this thread opens a socket in the namespace.
-		quiet, err := noSockets()
+		idle, err := noSockets()
 		if err != nil {
 			return err
+		}
+		seen, err := os.ReadFile(netDev)
+		if err != nil {
+			return fmt.Errorf("reading the slot's counters: %w", err)
+		}
+		if idle && !s.captured && s.counters != nil && bytes.Equal(seen, s.counters) {
+			// No socket, and no packet in or out of any interface
+			// (loopback too) since the last reset: nothing made a
+			// neighbour entry, TCP metrics or a conntrack entry in
+			// it, nor set elements or conntrack entries of its
+			// address on the host, which come from its packets.
+			quiet = true
+			return nil
 		}
 		h, err := netlink.NewHandle(unix.NETLINK_ROUTE, unix.NETLINK_INET_DIAG)
 		if err != nil {
 			return fmt.Errorf("opening netlink in the slot: %w", err)
 		}
 		defer h.Close()
-		if !quiet {
+		if !idle {
 			if err := closeSockets(h); err != nil {
 				return err
 			}
@@ -459,14 +485,27 @@ func (m *Manager) reset(s *Slot) error {
 		if err := m.flushTCPMetrics(); err != nil {
 			return err
 		}
-		return flushAllConntrack()
+		if err := flushAllConntrack(); err != nil {
+			return err
+		}
+		// A packet from now on (one still in flight to the old
+		// sandbox's address, say) makes the next reset a full one.
+		s.counters, err = os.ReadFile(netDev)
+		if err != nil {
+			s.counters = nil
+			return fmt.Errorf("reading the slot's counters: %w", err)
+		}
+		return nil
 	})
 	if err == nil && s.captured {
 		if err = installCapture(s.ns, s.link, nil); err == nil {
 			s.captured = false
 		}
 	}
-	if err != nil {
+	if err != nil || quiet {
+		if err == nil {
+			m.quietResets.Add(1)
+		}
 		return err
 	}
 	addrs := []netip.Addr{s.link.SandboxAddr}
@@ -478,6 +517,13 @@ func (m *Manager) reset(s *Slot) error {
 	}
 	return nil
 }
+
+// netDev holds the calling thread's network namespace's interface
+// counters: the same bytes twice mean that no packet went in or out of
+// any of its interfaces in between. Reading it costs one file read,
+// where the reset's flushes cost a dozen netlink sockets and dumps
+// (most of a slot's recycling under churn, issue 21).
+const netDev = "/proc/thread-self/net/dev"
 
 // noSockets reports whether the calling thread's network namespace holds
 // no socket at all, from its counters (sockstat: O(CPUs)): every socket

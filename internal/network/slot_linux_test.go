@@ -186,6 +186,63 @@ u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.sendto(b"q", ("%s", 53))
 	}
 }
 
+// A slot whose tenant moved no packet and left no socket is reset by a
+// look at its counters alone; the next tenant that does make traffic is
+// still cleaned up after in full.
+func TestSlotQuietReset(t *testing.T) {
+	f := newFixture(t)
+	recycle := func(id string, s *Slot) {
+		t.Helper()
+		if err := f.m.Recycle(id); err != nil {
+			t.Fatal(err)
+		}
+		waitReady(t, f.m, s)
+		next, err := f.m.TakeSlot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if next != s {
+			t.Fatalf("TakeSlot gave %s, want the recycled %s", next.link, s.link)
+		}
+	}
+	s, l := takeAttached(t, f.m, "a")
+	runTenant(t, s, "true")
+	recycle("a", s) // the first reset of a slot is a full one
+	quiet := f.m.quietResets.Load()
+	if _, err := f.m.Attach("b", s.FD()); err != nil {
+		t.Fatal(err)
+	}
+	runTenant(t, s, "true")
+	recycle("b", s)
+	if got := f.m.quietResets.Load(); got != quiet+1 {
+		t.Fatalf("quiet resets %d → %d after a tenant that moved no packet, want one more", quiet, got)
+	}
+	if _, err := f.m.Attach("c", s.FD()); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeSysctl("ipv4/conf/"+l.HostIf+"/forwarding", "1"); err != nil {
+		t.Fatal(err)
+	}
+	runTenant(t, s, fmt.Sprintf(`/usr/bin/python3 -c '
+import socket
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.sendto(b"q", ("%s", 53))
+'`, l.HostAddr))
+	if n := neighbours(t, s); n == 0 {
+		t.Fatal("the noisy tenant left no neighbour entry to test with")
+	}
+	recycle("c", s)
+	if got := f.m.quietResets.Load(); got != quiet+1 {
+		t.Errorf("the reset after a tenant that sent a packet was a quiet one")
+	}
+	if n := neighbours(t, s); n > 0 {
+		t.Errorf("%d neighbour entries of the noisy tenant left", n)
+	}
+	if left := addrTraces(t, f.cfg.Name, l.SandboxAddr); len(left) > 0 {
+		t.Errorf("the host keeps %v of the noisy tenant", left)
+	}
+	s.Close()
+}
+
 // A slot whose reset fails is destroyed, never handed out again: here a
 // socket held outside the sandbox (by this test, as a process that
 // escaped the sandbox's cgroup would) keeps a listener in it.

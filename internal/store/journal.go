@@ -23,7 +23,8 @@ import (
 //
 // Each entry is: length of the payload (4 bytes), its CRC-32C (4 bytes),
 // and the payload: sequence number (8), bucket length (2), bucket, key
-// length (2), key, value. Entries are appended in sequence order. The
+// length (2), key, value; an empty value deletes the key (a record's
+// value is JSON, never empty). Entries are appended in sequence order. The
 // database records the last sequence number folded into it (metaBucket,
 // foldedKey) in the same transaction as the fold, so an entry is applied
 // exactly once: replay skips what is folded, and stops at the first entry
@@ -45,6 +46,9 @@ type entry struct {
 	bucket, key string
 	value       []byte
 }
+
+// deletes reports whether e deletes its key.
+func (e entry) deletes() bool { return len(e.value) == 0 }
 
 func (e entry) encode() []byte {
 	n := 8 + 2 + len(e.bucket) + 2 + len(e.key) + len(e.value)

@@ -166,7 +166,12 @@ func (s *Store) foldLocked(write func(tx *bolt.Tx) error) error {
 			if err != nil {
 				return err
 			}
-			if err := bk.Put([]byte(e.key), e.value); err != nil {
+			if e.deletes() {
+				err = bk.Delete([]byte(e.key))
+			} else {
+				err = bk.Put([]byte(e.key), e.value)
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -270,7 +275,13 @@ func (s *Store) Put(bucket, key string, v any) error {
 // rather than a database commit; the record is folded into the database
 // shortly after (before any later Put or Delete, and on Open after a
 // crash). When the journal is full it is Put.
-func (s *Store) PutNow(bucket, key string, v any) error { return s.putJournal(bucket, key, v, true) }
+func (s *Store) PutNow(bucket, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encoding %s/%s: %w", bucket, key, err)
+	}
+	return s.putJournal(bucket, key, b, true)
+}
 
 // PutQuick is PutNow without waiting for the disk: when it returns the
 // record is in the journal in the host's page cache, where it survives the
@@ -280,15 +291,43 @@ func (s *Store) PutNow(bucket, key string, v any) error { return s.putJournal(bu
 // crash before that loses the record. The one caller is the create of a
 // sandbox, whose processes such a crash ends anyway (docs/ARCHITECTURE.md,
 // "State and restarts").
-func (s *Store) PutQuick(bucket, key string, v any) error { return s.putJournal(bucket, key, v, false) }
-
-func (s *Store) putJournal(bucket, key string, v any, sync bool) error {
+func (s *Store) PutQuick(bucket, key string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encoding %s/%s: %w", bucket, key, err)
 	}
+	return s.putJournal(bucket, key, b, false)
+}
+
+// DeleteQuick is Delete through the journal, durable as PutQuick's
+// writes are: after a kill -9 at once, after a host crash once the
+// background fdatasync is done. A host crash before that brings the key
+// back, and nothing written to the journal after it: entries are
+// replayed in order, up to the first one that is torn. The caller is
+// the end of a sandbox's teardown, which a daemon that finds the record
+// again does over (docs/ARCHITECTURE.md, "Teardown").
+func (s *Store) DeleteQuick(bucket, key string) error {
+	return s.putJournal(bucket, key, nil, false)
+}
+
+// putJournal journals b as bucket/key's value (an empty b deletes the
+// key), waiting for the disk if sync; it falls back to a database
+// commit when the journal cannot take it.
+func (s *Store) putJournal(bucket, key string, b []byte, sync bool) error {
+	fallback := func() error {
+		if len(b) == 0 {
+			return s.Delete(bucket, key)
+		}
+		return s.commit(func(tx *bolt.Tx) error {
+			bk, err := tx.CreateBucketIfNotExists([]byte(bucket))
+			if err != nil {
+				return err
+			}
+			return bk.Put([]byte(key), b)
+		})
+	}
 	if len(bucket) > 1<<15 || len(key) > 1<<15 {
-		return s.Put(bucket, key, v)
+		return fallback()
 	}
 	s.jmu.Lock()
 	if s.closed {
@@ -297,11 +336,11 @@ func (s *Store) putJournal(bucket, key string, v any, sync bool) error {
 	}
 	if s.broken {
 		s.jmu.Unlock()
-		return s.Put(bucket, key, v)
+		return fallback()
 	}
 	e := entry{seq: s.seq + 1, bucket: bucket, key: key, value: b}
 	enc := e.encode()
-	err = appendEntry(s.journal, s.off, enc, sync)
+	err := appendEntry(s.journal, s.off, enc, sync)
 	if err == nil {
 		s.seq = e.seq
 		s.off += int64(len(enc))
@@ -324,7 +363,7 @@ func (s *Store) putJournal(bucket, key string, v any, sync bool) error {
 	}
 	s.jmu.Unlock()
 	if err != nil {
-		return s.Put(bucket, key, v)
+		return fallback()
 	}
 	return nil
 }
@@ -352,7 +391,7 @@ func (s *Store) foldLater() {
 }
 
 // pendingValue returns the newest journaled value of bucket/key not
-// folded yet.
+// folded yet (empty if the key is deleted).
 func (s *Store) pendingValue(bucket, key string) ([]byte, bool) {
 	s.jmu.Lock()
 	defer s.jmu.Unlock()
@@ -367,6 +406,9 @@ func (s *Store) pendingValue(bucket, key string) ([]byte, bool) {
 // Get reads bucket/key into v; errdefs.ErrNotFound if missing.
 func (s *Store) Get(bucket, key string, v any) error {
 	if b, ok := s.pendingValue(bucket, key); ok {
+		if len(b) == 0 {
+			return errdefs.NotFound(bucket, key)
+		}
 		return json.Unmarshal(b, v)
 	}
 	return s.db.View(func(tx *bolt.Tx) error {
@@ -419,7 +461,11 @@ func (s *Store) Each(bucket string, fn func(key string, raw json.RawMessage) err
 			}
 		}
 		for k, v := range extra {
-			rows[k] = v
+			if len(v) == 0 {
+				delete(rows, k)
+			} else {
+				rows[k] = v
+			}
 		}
 		keys := make([]string, 0, len(rows))
 		for k := range rows {
