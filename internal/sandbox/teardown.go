@@ -104,7 +104,12 @@ func (m *Manager) tearDownOnce(b *box, attempt int) error {
 	if err := m.removeShared(b.rec.SharedVolumes); err != nil {
 		return err
 	}
-	if err := m.cfg.Store.Delete(bucket, id); err != nil {
+	// Journaled, as the removal was: a kill -9 keeps the deletion, and
+	// a host crash that loses it (before the journal's sync) brings the
+	// record back as removing, and so this teardown, over nothing; it
+	// takes with it any later record, so the uid range freed below is
+	// not promised twice.
+	if err := m.cfg.Store.DeleteQuick(bucket, id); err != nil {
 		return fmt.Errorf("deleting record: %w", err)
 	}
 	mark("unrecorded")
