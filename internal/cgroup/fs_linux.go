@@ -125,6 +125,9 @@ func readProcs(dir string, pids []int) ([]int, error) {
 		}
 		pids = append(pids, pid)
 	}
+	if !hasSubdirs(dir) {
+		return pids, nil
+	}
 	subs, err := subdirs(dir)
 	if err != nil {
 		return pids, err
@@ -144,6 +147,19 @@ func cutLine(b []byte) (line, rest []byte) {
 		}
 	}
 	return b, nil
+}
+
+// hasSubdirs reports whether dir may have child groups: a cgroupfs
+// directory's link count is 2 and one per child (kernfs), so a stat
+// answers what a listing of its thirty-odd files would, without the
+// listing's allocations (most of a removed sandbox's Kill under churn).
+// When the count cannot be read it says yes, and the caller lists.
+func hasSubdirs(dir string) bool {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return !errors.Is(err, unix.ENOENT)
+	}
+	return st.Nlink != 2
 }
 
 // subdirs lists the child groups of dir; a dir that has gone away has none.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,6 +24,11 @@ const (
 	PhasePrepared = "prepared"
 	PhaseReady    = "ready"
 )
+
+// readyBufs hold a packet that ReadReady reads: a packet must be read
+// whole, and a fresh 64 KiB per read was a third of what the daemon
+// allocated under churn (issue 21).
+var readyBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
 
 // SendConfig sends cfg and the descriptors its Mount.FD fields index.
 func SendConfig(sock *os.File, cfg *Config, fds []int) error {
@@ -85,7 +91,9 @@ func SendReady(sock *os.File, rd Ready) error {
 // an error is returned as that error.
 func ReadReady(sock *os.File) (Ready, error) {
 	var rd Ready
-	buf := make([]byte, 64<<10)
+	bp := readyBufs.Get().(*[]byte)
+	defer readyBufs.Put(bp)
+	buf := *bp
 	n, err := sock.Read(buf)
 	if err != nil || n == 0 {
 		return rd, errors.New("guest exited before it was ready")
