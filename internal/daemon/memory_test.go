@@ -1,8 +1,11 @@
 package daemon
 
 import (
+	"runtime"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 )
 
 func TestTrimmer(t *testing.T) {
@@ -33,5 +36,39 @@ func TestTrimmer(t *testing.T) {
 				t.Errorf("trims at %v, want %v", got, tc.trims)
 			}
 		})
+	}
+}
+
+// reapThreads ends idle threads: those made for twenty goroutines
+// locked to them at once, idle once those ended, are mostly gone after
+// it.
+func TestReapThreads(t *testing.T) {
+	const n = 20
+	before := threads()
+	if before == 0 {
+		t.Skip("no thread count in /proc/self/status")
+	}
+	var locked, release sync.WaitGroup
+	locked.Add(n)
+	release.Add(1)
+	for range n {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			locked.Done()
+			release.Wait()
+		}()
+	}
+	locked.Wait()
+	release.Done()
+	grown := threads()
+	if grown < before+n/2 { // idle threads there before serve some
+		t.Fatalf("threads %d → %d with %d goroutines locked to theirs", before, grown, n)
+	}
+	time.Sleep(50 * time.Millisecond) // the goroutines end, their threads idle
+	extra := grown - before
+	reaped := reapThreads(extra)
+	if reaped < extra/2 {
+		t.Errorf("reapThreads(%d) ended %d threads (%d → %d), want at least %d", extra, reaped, grown, threads(), extra/2)
 	}
 }
