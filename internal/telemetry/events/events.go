@@ -25,8 +25,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
@@ -154,7 +157,16 @@ type Log struct {
 	mu        sync.Mutex
 	boxes     map[string]*sandboxLog
 	boxesPeak int // for shrink.Map
+	// open counts the segments kept open (sandboxLog.fd), at most
+	// maxOpen.
+	open atomic.Int32
 }
+
+// maxOpen bounds the segments a Log keeps open between appends: a
+// sandbox's few events (created, each exec's start and exit) then cost
+// one open and one close, not one each, while a daemon with thousands
+// of sandboxes holds no more descriptors than this for them.
+const maxOpen = 128
 
 // sandboxLog is one sandbox's log.
 type sandboxLog struct {
@@ -162,6 +174,7 @@ type sandboxLog struct {
 	loaded  bool
 	last    uint64 // the last seq written
 	size    int64  // of the current segment
+	fd      int    // the current segment, open for appending; -1 if not
 	changed chan struct{}
 	removed bool
 }
@@ -198,7 +211,7 @@ func (l *Log) box(id string) *sandboxLog {
 	defer l.mu.Unlock()
 	b := l.boxes[id]
 	if b == nil {
-		b = &sandboxLog{changed: make(chan struct{})}
+		b = &sandboxLog{changed: make(chan struct{}), fd: -1}
 		l.boxes[id] = b
 	}
 	return b
@@ -236,12 +249,13 @@ func (l *Log) Append(id string, e Event) (Event, error) {
 	}
 	cur, old := l.paths(id)
 	if b.size > 0 && b.size+int64(len(line)) > l.cfg.MaxBytes/2 {
+		l.closeSegment(b)
 		if err := os.Rename(cur, old); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return Event{}, fmt.Errorf("rotating event log: %w", err)
 		}
 		b.size = 0
 	}
-	if err := jsonl.Append(cur, line); err != nil {
+	if err := l.write(id, b, cur, line); err != nil {
 		return Event{}, fmt.Errorf("appending event: %w", err)
 	}
 	b.size += int64(len(line))
@@ -249,6 +263,42 @@ func (l *Log) Append(id string, e Event) (Event, error) {
 	close(b.changed)
 	b.changed = make(chan struct{})
 	return e, nil
+}
+
+// write appends line to id's current segment at path, kept open in b
+// after while fewer than maxOpen are and b is still id's (a removal
+// closes it). Called with b.mu held.
+func (l *Log) write(id string, b *sandboxLog, path string, line []byte) error {
+	if b.fd >= 0 {
+		return jsonl.Write(b.fd, path, line)
+	}
+	fd, err := jsonl.Open(path)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	keep := l.boxes[id] == b
+	l.mu.Unlock()
+	if keep && l.open.Add(1) > maxOpen {
+		l.open.Add(-1)
+		keep = false
+	}
+	if keep {
+		b.fd = fd
+	} else {
+		defer unix.Close(fd)
+	}
+	return jsonl.Write(fd, path, line)
+}
+
+// closeSegment closes b's current segment if it is open. Called with
+// b.mu held.
+func (l *Log) closeSegment(b *sandboxLog) {
+	if b.fd >= 0 {
+		unix.Close(b.fd)
+		b.fd = -1
+		l.open.Add(-1)
+	}
 }
 
 // load finds where id's log left off: the last seq and the current
@@ -473,6 +523,7 @@ func (l *Log) Remove(id string) error {
 	b := l.box(id)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	l.closeSegment(b)
 	cur, old := l.paths(id)
 	var errs []error
 	for _, p := range []string{cur, old} {

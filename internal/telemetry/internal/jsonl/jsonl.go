@@ -15,11 +15,25 @@ import (
 // write(2), making the file if it is missing. The file is not kept open:
 // a daemon with thousands of sandboxes would otherwise hold as many fds.
 func Append(path string, line []byte) error {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	fd, err := Open(path)
 	if err != nil {
-		return &os.PathError{Op: "open", Path: path, Err: err}
+		return err
 	}
 	defer unix.Close(fd)
+	return Write(fd, path, line)
+}
+
+// Open opens path for appending, making it if it is missing.
+func Open(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return fd, nil
+}
+
+// Write writes line to fd, opened by Open on path, in one write(2).
+func Write(fd int, path string, line []byte) error {
 	for len(line) > 0 {
 		n, err := unix.Write(fd, line)
 		if err == unix.EINTR {
