@@ -1,7 +1,6 @@
 package guest
 
 import (
-	"crypto/rand"
 	"fmt"
 	"os"
 
@@ -37,7 +36,11 @@ func (r *rootMounter) bootID() error {
 	src := os.NewFile(uintptr(fd), name)
 	defer src.Close()
 	defer unix.Unlinkat(int(dev.Fd()), name, 0)
-	if _, err := src.WriteString(newBootID()); err != nil {
+	id, err := newBootID()
+	if err != nil {
+		return fmt.Errorf("making the boot id: %w", err)
+	}
+	if _, err := src.WriteString(id); err != nil {
 		return fmt.Errorf("writing the boot id: %w", err)
 	}
 	if err := unix.Mount(procPath(src), procPath(target), "", unix.MS_BIND, ""); err != nil {
@@ -47,10 +50,16 @@ func (r *rootMounter) bootID() error {
 }
 
 // newBootID is a random (version 4) UUID as the kernel prints boot_id.
-func newBootID() string {
+// Its bytes come from getrandom(2) itself, not crypto/rand: that package
+// is the guest's only use of the crypto tree, whose package inits and
+// first read (a DRBG seeded behind it) cost every guest's start page
+// faults for 16 bytes the kernel hands out directly.
+func newBootID() (string, error) {
 	var b [16]byte
-	rand.Read(b[:])
+	if n, err := unix.Getrandom(b[:], 0); err != nil || n != len(b) {
+		return "", fmt.Errorf("getrandom: %d bytes, %v", n, err)
+	}
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x\n", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	return fmt.Sprintf("%x-%x-%x-%x-%x\n", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16]), nil
 }
