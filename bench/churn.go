@@ -246,7 +246,9 @@ func (r *rig) profileChurn(ctx context.Context) error {
 func (r *rig) meteredChurn(ctx context.Context, s *section, name string, cycle func(context.Context) error) *churnResult {
 	pid := r.daemon.pid()
 	t0 := readTree(pid, r.cgroupParent)
+	r.log.Info("churn loop", "name", name)
 	c := churn(ctx, churnClients, churnTime, cycle)
+	r.log.Info("churn loop done", "name", name)
 	s.note("%s: CPU per cycle %s", name, readTree(pid, r.cgroupParent).sub(t0).perCycle(len(c.Cycles)))
 	return c
 }
