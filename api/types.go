@@ -137,6 +137,32 @@ type Container struct {
 	// and PADDOCK_SANDBOX in its environment) on which the API serves
 	// exec, files and processes of those containers, and nothing else.
 	Controls []string `json:"controls,omitempty"`
+	// Readiness, when set, gates the create's answer (and a resume's) on
+	// the container passing its check: until Timeout the create fails,
+	// naming the container and the check's last result, and nothing of
+	// the sandbox is left.
+	Readiness *Readiness `json:"readiness,omitempty"`
+	// Restart is what is done when Command exits: RestartNo (the
+	// default), RestartOnFailure (a non-zero exit or a signal) or
+	// RestartAlways, with a backoff from 1 s doubling to 30 s.
+	Restart string `json:"restart,omitempty"`
+}
+
+// Restart policies of a container's command (Container.Restart).
+const (
+	RestartNo        = "no"
+	RestartOnFailure = "on-failure"
+	RestartAlways    = "always"
+)
+
+// Readiness is a container's readiness check: Exec (a command that
+// exits 0) or HTTP (a GET of "PORT/PATH" on the sandbox's loopback that
+// answers 2xx or 3xx), tried every 100 ms to 1 s until TimeoutSeconds
+// (default 60).
+type Readiness struct {
+	Exec           []string `json:"exec,omitempty"`
+	HTTP           string   `json:"http,omitempty"`
+	TimeoutSeconds int      `json:"timeout_seconds,omitempty"`
 }
 
 // RoleEgress is Container.Role of an egress sidecar.
@@ -171,8 +197,13 @@ type ContainerStatus struct {
 	State State  `json:"state"`
 	Error string `json:"error,omitempty"`
 	// PID is Command's process id in the container (0: none).
-	PID     int          `json:"pid,omitempty"`
-	Runtime *RuntimeInfo `json:"runtime,omitempty"`
+	PID int `json:"pid,omitempty"`
+	// Restarts counts Command's restarts (Container.Restart); Exit is
+	// how it last ended and LastLines the last lines it wrote then.
+	Restarts  int          `json:"restarts,omitempty"`
+	Exit      *ExitStatus  `json:"exit,omitempty"`
+	LastLines []string     `json:"last_lines,omitempty"`
+	Runtime   *RuntimeInfo `json:"runtime,omitempty"`
 }
 
 // Sandbox describes one sandbox.

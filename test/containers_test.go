@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -488,4 +489,111 @@ func TestContainerControlRefused(t *testing.T) {
 			t.Fatalf("%s: %d %s, want 400 naming %s", tc.body, a.Status, e.Message, tc.field)
 		}
 	}
+}
+
+// superviseYAML has readiness checks of both kinds, a command restarted
+// on failure and one that fails for good.
+const superviseYAML = `
+containers:
+  - name: app
+    command: [sh, -c, "sleep 1; touch /tmp/ready; exec sleep 86400"]
+    readiness: {exec: [test, -e, /tmp/ready], timeout_seconds: 30}
+  - name: web
+    command: [python3, -m, http.server, "8124", --bind, 127.0.0.1, --directory, /tmp]
+    readiness: {http: "8124/", timeout_seconds: 30}
+  - name: flaky
+    command: [sh, -c, "echo boom; exit 3"]
+    restart: on-failure
+  - name: once
+    command: [sh, -c, "echo last words; exit 7"]
+`
+
+// TestContainerSupervision: readiness checks gate create's answer (a
+// timeout fails it and leaves nothing), restart policies restart a
+// failing command with a backoff, and a command that fails for good
+// leaves its container failed with its exit and last lines.
+func TestContainerSupervision(t *testing.T) {
+	d := newDaemon(t)
+	spec := filepath.Join(d.Root, "sandbox.yaml")
+	if err := os.WriteFile(spec, []byte(superviseYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := d.createCLI("-f", spec)
+	// Ready when the create answered: no waiting here.
+	if out := d.groupExec(id, "app", "test", "-e", "/tmp/ready"); out.ExitCode != 0 {
+		t.Fatalf("app was not ready when the create answered: %s", out)
+	}
+	if out := d.groupExec(id, "app", "python3", "-c", "import urllib.request;urllib.request.urlopen('http://127.0.0.1:8124/', timeout=2)"); out.ExitCode != 0 {
+		t.Fatalf("web was not ready when the create answered: %s", out)
+	}
+	var sb *api.Sandbox
+	if !waitFor(20*time.Second, 100*time.Millisecond, func() bool {
+		sb = d.get(id)
+		return sb.Containers[2].Restarts >= 2 && sb.Containers[3].State == api.StateFailed
+	}) {
+		t.Fatalf("containers: %+v", sb.Containers)
+	}
+	flaky, once := sb.Containers[2], sb.Containers[3]
+	if flaky.State != api.StateRunning || flaky.Exit == nil || flaky.Exit.ExitCode != 3 || !slices.Contains(flaky.LastLines, "boom") {
+		t.Fatalf("flaky: %+v exit %+v", flaky, flaky.Exit)
+	}
+	if once.Exit == nil || once.Exit.ExitCode != 7 || !slices.Equal(once.LastLines, []string{"last words"}) || !strings.Contains(once.Error, "status 7") || once.Restarts != 0 {
+		t.Fatalf("once: %+v exit %+v", once, once.Exit)
+	}
+	if sb.State != api.StateRunning || sb.Containers[0].State != api.StateRunning {
+		t.Fatalf("sandbox %s, app %s: want both running", sb.State, sb.Containers[0].State)
+	}
+	// The backoff: 1 s, then 2 s between the restarts.
+	time.Sleep(2 * time.Second)
+	if n := d.get(id).Containers[2].Restarts; n > 4 {
+		t.Fatalf("flaky restarted %d times in a few seconds: no backoff", n)
+	}
+	// inspect shows it.
+	if out := d.MustCLI("inspect", id); !strings.Contains(out, `"last words"`) || !strings.Contains(out, `"restarts"`) {
+		t.Fatalf("inspect: %s", out)
+	}
+	// A failed container can still be looked at.
+	if out := d.groupExec(id, "once", "true"); out.ExitCode != 0 {
+		t.Fatalf("exec in a failed container: %s", out)
+	}
+	d.MustCLI("rm", "-f", id)
+
+	t.Run("not ready in time", func(t *testing.T) {
+		for _, tc := range []struct{ body, says string }{
+			{`{"containers":[{"name":"a"},{"name":"db","command":["sleep","600"],"readiness":{"exec":["false"],"timeout_seconds":2}}]}`, "container db is not ready after 2s: exec"},
+			{`{"containers":[{"name":"a"},{"name":"db","command":["sleep","600"],"readiness":{"http":"5999/health","timeout_seconds":2}}]}`, "container db is not ready after 2s: GET localhost:5999/health"},
+			{`{"containers":[{"name":"a"},{"name":"db","command":["sh","-c","echo cannot start; exit 4"],"readiness":{"exec":["false"],"timeout_seconds":20}}]}`, "exited with status 4; its last lines:\ncannot start"},
+		} {
+			start := time.Now()
+			a := d.do(http.MethodPost, "/v1/sandboxes", tc.body)
+			if e := a.apiError(t); a.Status != 503 || !strings.Contains(e.Message, tc.says) {
+				t.Fatalf("%s: %d %q, want 503 saying %q", tc.body, a.Status, e.Message, tc.says)
+			}
+			if took := time.Since(start); took > 15*time.Second {
+				t.Fatalf("the create took %s", took)
+			}
+		}
+		if list := d.MustCLI("ls", "-q"); strings.TrimSpace(list) != "" {
+			t.Fatalf("failed creates left sandboxes: %s", list)
+		}
+		if left := d.daemonTraces(); len(left) > 0 {
+			t.Fatalf("failed creates left:\n%s", strings.Join(left, "\n"))
+		}
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		for _, tc := range []struct{ body, field string }{
+			{`{"containers":[{"name":"a","restart":"sometimes","command":["true"]}]}`, "containers[0].restart"},
+			{`{"containers":[{"name":"a","restart":"always"}]}`, "containers[0].restart"},
+			{`{"containers":[{"name":"a","readiness":{}}]}`, "containers[0].readiness"},
+			{`{"containers":[{"name":"a","readiness":{"exec":["true"],"http":"80/"}}]}`, "containers[0].readiness"},
+			{`{"containers":[{"name":"a","readiness":{"http":"99999/"}}]}`, "containers[0].readiness.http"},
+			{`{"containers":[{"name":"a","readiness":{"exec":["true"],"timeout_seconds":-1}}]}`, "containers[0].readiness.timeout_seconds"},
+		} {
+			a := d.do(http.MethodPost, "/v1/sandboxes", tc.body)
+			if e := a.apiError(t); a.Status != 400 || !strings.Contains(e.Message, tc.field) {
+				t.Fatalf("%s: %d %q, want 400 naming %s", tc.body, a.Status, e.Message, tc.field)
+			}
+		}
+	})
 }

@@ -132,6 +132,9 @@ func validateContainers(req *api.CreateRequest) error {
 		if err := validateVolumes(c.Mounts); err != nil {
 			return fmt.Errorf("%s.mounts: %w", field, err)
 		}
+		if err := validateSupervision(field, c); err != nil {
+			return err
+		}
 	}
 	return validateControls(req.Containers)
 }
@@ -498,7 +501,10 @@ func (b *box) containersView(s *api.Sandbox) {
 		case s.State != api.StateRunning:
 			cs[i].State, cs[i].PID = s.State, 0
 		case i == 0:
-			cs[i].State, cs[i].Runtime = s.State, s.Runtime
+			if cs[i].State != api.StateFailed {
+				cs[i].State = s.State
+			}
+			cs[i].Runtime = s.Runtime
 		case i-1 < len(b.members) && b.members[i-1] != nil && cs[i].State == api.StateRunning:
 			info := b.members[i-1].inst.Info()
 			cs[i].Runtime = &info
@@ -563,7 +569,8 @@ func (m *Manager) memberOf(ctx context.Context, id, name string, wake bool) (*me
 	if b.rec.State != api.StateRunning {
 		return nil, notRunning(b)
 	}
-	if c := b.rec.Containers[i]; c.State != api.StateRunning || len(b.members) < i || b.members[i-1] == nil {
+	// A failed one's guest runs: its files and processes can be looked at.
+	if c := b.rec.Containers[i]; (c.State != api.StateRunning && c.State != api.StateFailed) || len(b.members) < i || b.members[i-1] == nil {
 		return nil, errdefs.Conflict("container %s of sandbox %s is not running: %s", name, id, c.Error)
 	}
 	b.touch()
@@ -602,6 +609,10 @@ func (m *Manager) startGroup(ctx context.Context, b *box, g *group) error {
 	if err := m.startCommands(ctx, b); err != nil {
 		return err
 	}
+	if err := m.waitReady(ctx, b); err != nil {
+		return err
+	}
+	m.superviseAll(b)
 	m.mu.Lock()
 	for _, mr := range b.rec.Members {
 		m.slots[m.slotOf(mr.UIDBase)] = b.rec.ID

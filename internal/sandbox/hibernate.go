@@ -251,6 +251,7 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 			m.log.Warn("resumed sandbox's command did not start", "sandbox", b.rec.ID, "err", err)
 			m.notify(b).Event(b.rec.ID, "lifecycle", "command failed", map[string]any{"error": err.Error()})
 		}
+		m.superviseAll(b)
 		m.persistLocked(b)
 	}
 	m.notify(b).Running(b.rec.ID, b.viewLocked())

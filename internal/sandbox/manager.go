@@ -1223,6 +1223,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			m.watch(b, inst)
 			m.restoreMembers(ctx, b)
 			m.reopenControls(b)
+			m.superviseAll(b)
 			if m.cfg.Egress != nil {
 				if _, err := m.cfg.Egress.SetPolicy(r.ID, effectivePolicy(&b.rec)); err != nil {
 					log.Warn("restoring the network policy", "err", err)
