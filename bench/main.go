@@ -49,6 +49,7 @@ func allBenchmarks() []benchmark {
 	return []benchmark{
 		{"cold", "Cold create → first output of `echo hi`", benchCold},
 		{"gvisor", "gvisor create → first output of `echo hi`: through a pool, without one, and a bare runsc run; a memory pause of 512 MiB", benchGvisor},
+		{"gvisorwork", "gVisor beside native: syscall-heavy work, exec round trip and streaming in one sandbox of each", benchGvisorWork},
 		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
 		{"churn", "Churn: concurrent create → exec → delete loops", benchChurn},
 		{"burst", fmt.Sprintf("Burst: %d creates at once, each → first output of `echo hi`", burstSize), benchBurst},
@@ -228,6 +229,8 @@ func deadline(name string) time.Duration {
 		return 2*churnTime + 2*peerChurnTime() + 3*time.Minute
 	case "density":
 		return densityTimeout
+	case "gvisorwork": // five rounds of work that gvisor slows several times
+		return workDeadline
 	case "cluster": // two starts of the cluster's parts, a Lease's expiry, the soak
 		return clusterSoak + 8*time.Minute
 	}

@@ -103,15 +103,7 @@ func (r *rig) refill(ctx context.Context, id string, run *refillRun) error {
 
 // rttBlock takes refillSamples exec round trips of `true`.
 func (r *rig) rttBlock(ctx context.Context, id string) ([]time.Duration, error) {
-	var out []time.Duration
-	for range refillSamples {
-		d, err := r.execTrue(ctx, id)
-		if err != nil {
-			return out, err
-		}
-		out = append(out, d)
-	}
-	return out, nil
+	return r.execTrues(ctx, id, refillSamples)
 }
 
 // whileDraining runs f while c loops create → delete and a watcher reads

@@ -182,6 +182,20 @@ func (r *rig) execTrue(ctx context.Context, id string) (time.Duration, error) {
 	return r.execCmd(ctx, id, "true")
 }
 
+// execTrues takes n timed SDK exec round trips of `true`; on an error,
+// those taken so far.
+func (r *rig) execTrues(ctx context.Context, id string, n int) ([]time.Duration, error) {
+	var out []time.Duration
+	for range n {
+		d, err := r.execTrue(ctx, id)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
 // execCmd is one timed SDK exec round trip of cmd.
 func (r *rig) execCmd(ctx context.Context, id, cmd string) (time.Duration, error) {
 	req := api.ExecRequest{Cmd: []string{cmd}}
