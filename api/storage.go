@@ -43,6 +43,10 @@ type SnapshotRequest struct {
 	// directory snapshot), which can be mounted into other sandboxes.
 	Path   string            `json:"path,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Memory also checkpoints the sandbox's processes (a runtime that
+	// keeps memory: gvisor): a sandbox made from the snapshot starts with
+	// copies of them running. The sandbox runs on.
+	Memory bool `json:"memory,omitempty"`
 }
 
 // Snapshot describes a captured sandbox filesystem (or one directory of
@@ -77,6 +81,26 @@ type Snapshot struct {
 	// UsedBy lists what holds the snapshot: templates, and sandboxes that
 	// mount a directory snapshot.
 	UsedBy []string `json:"used_by,omitempty"`
+	// Memory is set for a memory snapshot: its processes were
+	// checkpointed with its files.
+	Memory *SnapshotMemory `json:"memory,omitempty"`
+}
+
+// SnapshotMemory describes the checkpoint of a memory snapshot.
+type SnapshotMemory struct {
+	// Runtime is the one that restores it: sandboxes made from the
+	// snapshot run on it.
+	Runtime string `json:"runtime"`
+	// CheckpointBytes is its size on disk (compressed); MemoryBytes the
+	// memory the sandbox's processes used.
+	CheckpointBytes int64 `json:"checkpoint_bytes"`
+	MemoryBytes     int64 `json:"memory_bytes,omitempty"`
+	// StoppedMS is how long the sandbox's processes were stopped for the
+	// checkpoint and the capture of its files.
+	StoppedMS float64 `json:"stopped_ms"`
+	// Volumes are the mounts its processes saw: a sandbox made from the
+	// snapshot mounts the same (by default) or volumes at the same paths.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
@@ -87,6 +111,11 @@ type ForkRequest struct {
 	// CopyVolumes gives each fork its own copy of the volumes the
 	// sandbox mounts; by default forks share them.
 	CopyVolumes bool `json:"copy_volumes,omitempty"`
+	// Memory says whether the forks keep the sandbox's processes (copies
+	// of them run in each fork). Unset: they do where the sandbox's
+	// runtime keeps memory (gvisor), and start afresh from its files
+	// elsewhere; true on a runtime that keeps no memory is refused.
+	Memory *bool `json:"memory,omitempty"`
 }
 
 // ForkResult is the answer to a fork.
@@ -98,4 +127,7 @@ type ForkResult struct {
 	TotalMS  float64 `json:"total_ms"`
 	// Shared says the forks share blocks with the source (reflink).
 	Shared bool `json:"shared"`
+	// Memory says the forks kept the source's processes: the memory
+	// checkpoint they started from (FrozenMS then covers it too).
+	Memory *SnapshotMemory `json:"memory,omitempty"`
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net/http"
 	"os"
@@ -723,5 +724,288 @@ func TestGvisorOOM(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// serverState parses memoryServer's answer: its pid and hits.
+func serverState(t *testing.T, answer string) (pid string, hits int) {
+	t.Helper()
+	if _, err := fmt.Sscanf(answer, "pid %s hits %d", &pid, &hits); err != nil {
+		t.Fatalf("server: %q", answer)
+	}
+	return pid, hits
+}
+
+// checkCopy checks that sandbox id runs copies of a memory snapshot's
+// processes: the counter (with the source's pid, counting on from at
+// least from), the server (same pid, its count of hits one up from
+// hits), in its own network slot and with its own hostname.
+func checkCopy(t *testing.T, d *Daemon, id, counter, serverPID string, from, hits int) {
+	t.Helper()
+	if n := readCount(t, d, id); n < from {
+		t.Fatalf("%s: the counter is at %d, below the %d it had reached before the snapshot", id, n, from)
+	}
+	n := readCount(t, d, id)
+	if !waitFor(10*time.Second, 100*time.Millisecond, func() bool { return readCount(t, d, id) > n }) {
+		t.Fatalf("%s: the counter does not count", id)
+	}
+	if pid := strings.TrimSpace(d.Sh(id, "pgrep -f 'i=[0]' | head -1")); pid != counter {
+		t.Fatalf("%s: the counter's pid is %q, want the snapshot's %s", id, pid, counter)
+	}
+	if got, want := askServer(t, d, id), fmt.Sprintf("pid %s hits %d", serverPID, hits+1); got != want {
+		t.Fatalf("%s: the server answers %q, want %q (the snapshot's process, its memory kept)", id, got, want)
+	}
+	if got := strings.TrimSpace(d.Sh(id, "hostname")); got != id {
+		t.Fatalf("%s: hostname %q", id, got)
+	}
+	// New commands get the sandbox's own network slot: its proxy, and
+	// the gateway knows its address as its own.
+	if out := strings.Fields(d.Sh(id, `echo $HTTP_PROXY; ip route | awk '/default/ {print $3}'`)); len(out) != 2 || !strings.Contains(out[0], "//"+out[1]+":") {
+		t.Fatalf("%s: HTTP_PROXY and the default gateway: %q", id, out)
+	}
+	if self := d.Sh(id, "curl -s -m 10 http://paddock.internal/v1/self"); !strings.Contains(self, `"sandbox": "`+id+`"`) {
+		t.Fatalf("%s: its self view names another sandbox:\n%s", id, self)
+	}
+}
+
+// TestGvisorMemorySnapshot: `snapshot --memory` of a running gvisor
+// sandbox keeps it running and records the checkpoint with the
+// snapshot; `create --from` it and `fork -n N` start copies with the
+// processes running, each in its own network slot; a native sandbox's
+// memory snapshot is refused naming its runtime; removing the snapshot
+// removes its checkpoint.
+func TestGvisorMemorySnapshot(t *testing.T) {
+	d := newGvisorDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := d.Client()
+	sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	counter := startMemoryWork(t, d, id)
+	serverPID, hits := serverState(t, askServer(t, d, id))
+	before := readCount(t, d, id)
+
+	snap := strings.TrimSpace(d.MustCLI("snapshot", "--memory", id))
+	// The source runs on, the same processes.
+	if got := askServer(t, d, id); got != fmt.Sprintf("pid %s hits %d", serverPID, hits+1) {
+		t.Fatalf("the source's server after the snapshot: %q", got)
+	}
+	after := readCount(t, d, id)
+	if !waitFor(10*time.Second, 100*time.Millisecond, func() bool { return readCount(t, d, id) > after }) {
+		t.Fatal("the source's counter stopped after the snapshot")
+	}
+	info, err := c.GetSnapshot(ctx, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Memory == nil || info.Memory.Runtime != "gvisor" || info.Memory.CheckpointBytes <= 0 {
+		t.Fatalf("the snapshot does not record its memory: %+v", info.Memory)
+	}
+	if out := d.MustCLI("inspect", snap); !strings.Contains(out, `"checkpoint_bytes"`) {
+		t.Fatalf("inspect of a memory snapshot:\n%s", out)
+	}
+	if out := d.MustCLI("snapshot", "ls"); !strings.Contains(out, "MEMORY") || strings.Contains(out, " - ") {
+		t.Fatalf("snapshot ls does not show the snapshot's memory:\n%s", out)
+	}
+	ckpt := filepath.Join(d.StateDir, "storage", "snapshots", snap, "checkpoint")
+	if _, err := os.Stat(filepath.Join(ckpt, "checkpoint.img")); err != nil {
+		t.Fatalf("the checkpoint is not kept with the snapshot: %v", err)
+	}
+
+	// The copy's server counted as the source's had when it was taken.
+	copyID := d.createCLI("--from", snap)
+	if got := d.get(copyID); got.RuntimeName != "gvisor" || got.From != snap {
+		t.Fatalf("a sandbox made from the memory snapshot: runtime %q, from %q", got.RuntimeName, got.From)
+	}
+	checkCopy(t, d, copyID, counter, serverPID, before, hits)
+	if a, b := d.Sh(copyID, "ip -4 -o addr show eth0"), d.Sh(id, "ip -4 -o addr show eth0"); a == b {
+		t.Fatalf("the copy has the source's address: %s", a)
+	}
+	// Copies are copies: a file written in one is not in the source.
+	d.Sh(copyID, "echo copy > /root/marker")
+	if got := strings.TrimSpace(d.Sh(id, "cat /root/marker")); got != "kept" {
+		t.Fatalf("the source's marker is %q after a copy wrote its own", got)
+	}
+
+	// A memory snapshot runs on its runtime only.
+	if r := d.CLI("create", "--from", snap, "--runtime", "native"); r.Code == 0 || !strings.Contains(r.Stderr, "gvisor") {
+		t.Fatalf("create --from a memory snapshot on native: exit %d, %s", r.Code, r.Stderr)
+	}
+
+	// fork: one checkpoint, three copies with the processes running.
+	_, hits = serverState(t, askServer(t, d, id))
+	before = readCount(t, d, id)
+	res, err := c.Fork(ctx, id, api.ForkRequest{Count: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Memory == nil || len(res.Sandboxes) != 3 {
+		t.Fatalf("fork of a gvisor sandbox: memory %+v, %d sandboxes", res.Memory, len(res.Sandboxes))
+	}
+	addrs := map[string]bool{}
+	for _, f := range res.Sandboxes {
+		checkCopy(t, d, f.ID, counter, serverPID, before, hits)
+		addrs[d.Sh(f.ID, "ip -4 -o addr show eth0")] = true
+	}
+	if len(addrs) != 3 {
+		t.Fatalf("the forks share addresses: %v", addrs)
+	}
+	// The source runs on, and the fork's checkpoint is gone with it.
+	if got := askServer(t, d, id); !strings.HasPrefix(got, "pid "+serverPID+" ") {
+		t.Fatalf("the source's server after the fork: %q", got)
+	}
+	// --memory=false forks the files only.
+	files, err := c.Fork(ctx, id, api.ForkRequest{Memory: new(bool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files.Memory != nil {
+		t.Fatalf("a fork without memory reports %+v", files.Memory)
+	}
+	if out := d.Sh(files.Sandboxes[0].ID, "cat /root/marker; pgrep -f 'i=[0]' || echo none"); !strings.Contains(out, "kept") || !strings.Contains(out, "none") {
+		t.Fatalf("a files-only fork: %q; want the files and no counter", out)
+	}
+
+	// Native: refused, naming the runtime.
+	n := d.createCLI("--runtime", "native")
+	if r := d.CLI("snapshot", "--memory", n); r.Code == 0 || !strings.Contains(r.Stderr, "native") {
+		t.Fatalf("snapshot --memory of a native sandbox: exit %d, %s", r.Code, r.Stderr)
+	}
+	if _, err := c.Fork(ctx, n, api.ForkRequest{Memory: new(true)}); err == nil || !strings.Contains(err.Error(), "native") {
+		t.Fatalf("fork with memory of a native sandbox: %v", err)
+	}
+
+	// Removing the snapshot removes its checkpoint.
+	d.MustCLI("snapshot", "rm", snap)
+	if _, err := os.Stat(ckpt); !os.IsNotExist(err) {
+		t.Fatalf("the removed snapshot's checkpoint is still there: %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(d.StateDir, "storage", "snapshots")); len(entries) != 0 {
+		t.Fatalf("snapshots left after the removal (forks keep none): %v", entries)
+	}
+}
+
+// TestGvisorMemorySnapshotDamaged: a truncated or corrupt checkpoint in a
+// memory snapshot fails the create with a clear error and leaves nothing
+// of it (no sandbox, run dir, disk or cgroup): damage its sums find is
+// refused before anything is made, damage they cannot see (sums written
+// anew over it) fails runsc's restore and is undone; a snapshot whose
+// checkpoint went is dropped when the daemon starts.
+func TestGvisorMemorySnapshotDamaged(t *testing.T) {
+	d := newGvisorDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := d.Client()
+	sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startMemoryWork(t, d, sb.ID)
+	flip := func(img string) error {
+		f, err := os.OpenFile(img, os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		b := make([]byte, 4096)
+		if _, err := f.ReadAt(b, fi.Size()/3); err != nil && err != io.EOF {
+			return err
+		}
+		for i := range b {
+			b[i] ^= 0x5a
+		}
+		_, err = f.WriteAt(b, fi.Size()/3)
+		return err
+	}
+	// resum writes the checkpoint's sums anew, as the daemon does.
+	resum := func(img string) error {
+		b, err := os.ReadFile(img)
+		if err != nil {
+			return err
+		}
+		sums := fmt.Sprintf(`{"checkpoint.img":{"size":%d,"crc32c":%d}}`, len(b), crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
+		return os.WriteFile(filepath.Join(filepath.Dir(filepath.Dir(img)), "checkpoint.sums"), []byte(sums), 0o600)
+	}
+	damages := []struct {
+		name   string
+		damage func(img string) error
+		want   []string
+	}{
+		{"truncated", func(img string) error {
+			fi, err := os.Stat(img)
+			if err != nil {
+				return err
+			}
+			return os.Truncate(img, fi.Size()/2)
+		}, []string{"memory checkpoint is damaged", "bytes, not"}},
+		{"corrupt", flip, []string{"memory checkpoint is damaged", "checksum differs"}},
+		{"corrupt unseen", func(img string) error {
+			if err := flip(img); err != nil {
+				return err
+			}
+			return resum(img)
+		}, []string{"checkpoint cannot be restored", "nothing was created"}},
+	}
+	count := func(dir string) int {
+		n := 0
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if e.IsDir() {
+				n++
+			}
+		}
+		return n
+	}
+	dirs := []string{
+		filepath.Join(d.RunDir, "sandboxes"),
+		filepath.Join(d.StateDir, "storage", "disks", "vol"),
+		filepath.Join("/sys/fs/cgroup/memory", d.Cgroup),
+	}
+	for _, tc := range damages {
+		snap := strings.TrimSpace(d.MustCLI("snapshot", "--memory", sb.ID))
+		if err := tc.damage(filepath.Join(d.StateDir, "storage", "snapshots", snap, "checkpoint", "checkpoint.img")); err != nil {
+			t.Fatal(err)
+		}
+		before := make([]int, len(dirs))
+		for i, dir := range dirs {
+			before[i] = count(dir)
+		}
+		r := d.CLI("create", "--from", snap)
+		for _, want := range tc.want {
+			if r.Code == 0 || !strings.Contains(r.Stderr, want) {
+				t.Fatalf("create from a %s checkpoint: exit %d, %s; want it to say %q", tc.name, r.Code, r.Stderr, want)
+			}
+		}
+		t.Logf("create from a %s checkpoint said: %s", tc.name, strings.TrimSpace(r.Stderr))
+		if list, err := c.List(ctx, client.ListOptions{}); err != nil || len(list) != 1 {
+			t.Fatalf("after a failed create from a %s checkpoint: %d sandboxes (%v)", tc.name, len(list), err)
+		}
+		for i, dir := range dirs {
+			if n := count(dir); n != before[i] {
+				t.Fatalf("a failed create from a %s checkpoint left %d entries in %s (there were %d)", tc.name, n, dir, before[i])
+			}
+		}
+	}
+	// The source runs on through all of it.
+	if got := askServer(t, d, sb.ID); !strings.HasPrefix(got, "pid ") {
+		t.Fatalf("the source's server: %q", got)
+	}
+
+	// A snapshot whose checkpoint is gone is dropped at the next start.
+	snap := strings.TrimSpace(d.MustCLI("snapshot", "--memory", sb.ID))
+	d.Stop()
+	if err := os.RemoveAll(filepath.Join(d.StateDir, "storage", "snapshots", snap, "checkpoint")); err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	if _, err := c.GetSnapshot(ctx, snap); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("a memory snapshot without its checkpoint after a restart: %v; want it dropped", err)
 	}
 }

@@ -494,20 +494,25 @@ func writeJSON(w io.Writer, v any) error {
 func inspectCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "inspect ID...",
-		Short: "Print sandboxes as JSON",
+		Short: "Print sandboxes (or snapshots: snap-...) as JSON",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			var out []*api.Sandbox
+			var out []any
 			for _, id := range args {
-				sb, err := c.Get(cmd.Context(), id)
+				var v any
+				if strings.HasPrefix(id, "snap-") {
+					v, err = c.GetSnapshot(cmd.Context(), id)
+				} else {
+					v, err = c.Get(cmd.Context(), id)
+				}
 				if err != nil {
 					return fmt.Errorf("%s: %w", id, err)
 				}
-				out = append(out, sb)
+				out = append(out, v)
 			}
 			if len(out) == 1 {
 				return writeJSON(g.stdout, out[0])

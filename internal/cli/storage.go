@@ -10,17 +10,19 @@ import (
 	"github.com/paddock-dev/paddock/client"
 )
 
-// snapshotCmd is `paddock snapshot ID [--path DIR]` with ls and rm.
+// snapshotCmd is `paddock snapshot ID [--path DIR | --memory]` with ls
+// and rm.
 func snapshotCmd(g *globals) *cobra.Command {
 	var path string
 	var labels []string
-	var verbose bool
+	var verbose, memory bool
 	cmd := &cobra.Command{
 		Use:   "snapshot ID",
 		Short: "Capture a running sandbox's files (or one directory) and print the snapshot id",
 		Long: "Capture a sandbox's filesystem without stopping it: its processes are frozen only for\n" +
 			"the moment of the copy. With --path, capture one directory (a directory snapshot),\n" +
-			"which other sandboxes can mount with --volume SNAPSHOT:/path.",
+			"which other sandboxes can mount with --volume SNAPSHOT:/path. With --memory (a gvisor\n" +
+			"sandbox), checkpoint its processes too: create --from the snapshot starts copies of them.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			lm, err := keyValues("--label", labels)
@@ -31,18 +33,19 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := c.Snapshot(cmd.Context(), args[0], api.SnapshotRequest{Path: path, Labels: lm})
+			s, err := c.Snapshot(cmd.Context(), args[0], api.SnapshotRequest{Path: path, Labels: lm, Memory: memory})
 			if err != nil {
 				return err
 			}
 			fmt.Fprintln(g.stdout, s.ID)
 			if verbose {
-				fmt.Fprintf(g.stderr, "frozen %.1f ms, total %.1f ms, shared %v\n", s.FrozenMS, s.TotalMS, s.Shared)
+				fmt.Fprintf(g.stderr, "frozen %.1f ms, total %.1f ms, shared %v%s\n", s.FrozenMS, s.TotalMS, s.Shared, memoryNote(s.Memory))
 			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&path, "path", "", "capture only this directory of the sandbox")
+	cmd.Flags().BoolVar(&memory, "memory", false, "checkpoint the sandbox's processes too (gvisor runtime)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label KEY=VALUE; repeatable")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "report the freeze window on stderr")
 
@@ -51,10 +54,14 @@ func snapshotCmd(g *globals) *cobra.Command {
 		short:  "List snapshots",
 		fetch:  func(c *client.Client, ctx context.Context) ([]api.Snapshot, error) { return c.Snapshots(ctx, sandbox) },
 		key:    func(s api.Snapshot) string { return s.ID },
-		header: "ID\tSANDBOX\tPATH\tIMAGE\tCREATED\tSIZE\tDATA\tFROZEN\tUSED BY",
+		header: "ID\tSANDBOX\tPATH\tIMAGE\tCREATED\tSIZE\tDATA\tMEMORY\tFROZEN\tUSED BY",
 		row: func(s api.Snapshot) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1fms\t%d", s.ID, s.Sandbox, s.Path, s.Image,
-				ago(s.CreatedAt), formatSize(s.SizeBytes), formatSize(s.AllocatedBytes), s.FrozenMS, len(s.UsedBy))
+			mem := "-"
+			if s.Memory != nil {
+				mem = formatSize(s.Memory.CheckpointBytes)
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1fms\t%d", s.ID, s.Sandbox, s.Path, s.Image,
+				ago(s.CreatedAt), formatSize(s.SizeBytes), formatSize(s.AllocatedBytes), mem, s.FrozenMS, len(s.UsedBy))
 		},
 	})
 	ls.Flags().StringVar(&sandbox, "sandbox", "", "only snapshots of this sandbox")
@@ -67,11 +74,14 @@ func snapshotCmd(g *globals) *cobra.Command {
 func forkCmd(g *globals) *cobra.Command {
 	var n int
 	var labels []string
-	var copyVolumes, verbose bool
+	var copyVolumes, verbose, memory bool
 	cmd := &cobra.Command{
 		Use:   "fork ID",
 		Short: "Copy a running sandbox N times and print the new ids",
-		Args:  cobra.ExactArgs(1),
+		Long: "Copy a sandbox N times: each copy has its own disk, id and network. On a runtime that\n" +
+			"keeps memory (gvisor) the copies keep its processes running (one checkpoint restored N\n" +
+			"times); --memory=false starts them afresh from its files, as on native.",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			lm, err := keyValues("--label", labels)
 			if err != nil {
@@ -81,7 +91,11 @@ func forkCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := c.Fork(cmd.Context(), args[0], api.ForkRequest{Count: n, Labels: lm, CopyVolumes: copyVolumes})
+			req := api.ForkRequest{Count: n, Labels: lm, CopyVolumes: copyVolumes}
+			if cmd.Flags().Changed("memory") {
+				req.Memory = &memory
+			}
+			res, err := c.Fork(cmd.Context(), args[0], req)
 			if err != nil {
 				return err
 			}
@@ -89,7 +103,7 @@ func forkCmd(g *globals) *cobra.Command {
 				fmt.Fprintln(g.stdout, sb.ID)
 			}
 			if verbose {
-				fmt.Fprintf(g.stderr, "frozen %.1f ms, total %.1f ms, shared %v\n", res.FrozenMS, res.TotalMS, res.Shared)
+				fmt.Fprintf(g.stderr, "frozen %.1f ms, total %.1f ms, shared %v%s\n", res.FrozenMS, res.TotalMS, res.Shared, memoryNote(res.Memory))
 			}
 			return nil
 		},
@@ -98,7 +112,16 @@ func forkCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label KEY=VALUE for the copies; repeatable")
 	cmd.Flags().BoolVar(&copyVolumes, "copy-volumes", false, "give each copy its own copy of the volumes (default: shared)")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "report the freeze window on stderr")
+	cmd.Flags().BoolVar(&memory, "memory", false, "keep the processes (default: where the runtime keeps memory)")
 	return cmd
+}
+
+// memoryNote describes a memory checkpoint for --verbose.
+func memoryNote(m *api.SnapshotMemory) string {
+	if m == nil {
+		return ""
+	}
+	return fmt.Sprintf(", memory checkpoint %s of %s", formatSize(m.CheckpointBytes), formatSize(m.MemoryBytes))
 }
 
 // volumeCmd is `paddock volume create|ls|rm|inspect`.

@@ -53,7 +53,9 @@ func infoOf(snap api.Snapshot) snapshotInfo {
 }
 
 // createSnapshot captures the sandbox's filesystem (paddock freezes its
-// processes only while the disk is copied; it keeps running).
+// processes only while the disk is copied; it keeps running) and, as
+// E2B's snapshots do, its processes where its runtime keeps memory
+// (gvisor): sandboxes made from it start with them running.
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Name string `json:"name"`
@@ -78,7 +80,8 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		}
 		labels = map[string]string{labelSnapshotName: name + ":" + tag}
 	}
-	snap, err := s.mgr.Snapshots().Create(r.Context(), r.PathValue("id"), api.SnapshotRequest{Labels: labels})
+	id := r.PathValue("id")
+	snap, err := s.mgr.Snapshots().Create(r.Context(), id, api.SnapshotRequest{Labels: labels, Memory: s.mgr.KeepsMemory(id)})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -199,8 +202,9 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 // fork is paddock's fork: the sandbox's filesystem is captured once (its
 // processes frozen only for the copy) and count sandboxes start from it,
 // each with its environment, limits, network policy and lifecycle, and
-// timeout seconds to live. The forks do not carry the source's processes
-// or memory (paddock's native runtime keeps none across a capture).
+// timeout seconds to live. Where the sandbox's runtime keeps memory
+// (gvisor) the forks carry copies of its running processes, as E2B's do;
+// on native they start afresh from its files.
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Count   *int64 `json:"count"`

@@ -44,6 +44,13 @@ type Spec struct {
 	// they were. Env and Setup are not used (the guest has its
 	// environment).
 	FromCheckpoint bool
+	// CheckpointFrom starts a new sandbox from a memory snapshot: the
+	// checkpoint directory its tier's CheckpointTo wrote, with DiskFrom
+	// the disk copied with it. Its processes continue as copies of the
+	// snapshot's in the new sandbox (its own id, disk and network slot);
+	// Setup is called and its environment, with Env, is given to new
+	// processes. The directory is only read: one snapshot starts many.
+	CheckpointFrom string
 	// Setup, if set, is called once the sandbox's id is known and before
 	// any of its processes run (a warm guest's id is only known when it is
 	// taken); it returns more environment (KEY=VALUE).
@@ -232,6 +239,12 @@ type Checkpointer interface {
 	// Spec.FromCheckpoint continues them. On failure they run on and the
 	// error says why.
 	Checkpoint(ctx context.Context, id string) (Checkpoint, error)
+	// CheckpointTo writes running sandbox id's processes to dir, a new
+	// directory, and lets them run on. during, if set, runs while they
+	// are stopped (a copy of the disk then matches what was saved); its
+	// error fails the checkpoint. On failure dir is removed, the
+	// processes run on and the error says why.
+	CheckpointTo(ctx context.Context, id, dir string, during func() error) (Checkpoint, error)
 }
 
 // Checkpoint reports a memory checkpoint.
@@ -241,6 +254,8 @@ type Checkpoint struct {
 	// MemoryBytes is the memory the sandbox's processes used.
 	MemoryBytes int64
 	Took        time.Duration
+	// Stopped is how long the sandbox's processes were stopped.
+	Stopped time.Duration
 }
 
 var (

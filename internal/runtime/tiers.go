@@ -162,6 +162,14 @@ func (t *Tiers) Checkpoint(ctx context.Context, id string) (Checkpoint, error) {
 	return Checkpoint{}, ErrNoCheckpoint
 }
 
+// CheckpointTo implements Checkpointer, as Checkpoint does.
+func (t *Tiers) CheckpointTo(ctx context.Context, id, dir string, during func() error) (Checkpoint, error) {
+	if c, ok := t.of(id).(Checkpointer); ok {
+		return c.CheckpointTo(ctx, id, dir, during)
+	}
+	return Checkpoint{}, ErrNoCheckpoint
+}
+
 // DiskUsage implements Runtime.
 func (t *Tiers) DiskUsage(id string) (int64, int64, error) { return t.of(id).DiskUsage(id) }
 

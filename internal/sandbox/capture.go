@@ -32,6 +32,9 @@ func (s Snapshots) Create(ctx context.Context, id string, req api.SnapshotReques
 		return api.Snapshot{}, err
 	}
 	if req.Path != "" {
+		if req.Memory {
+			return api.Snapshot{}, errdefs.Invalid("memory", "a directory snapshot holds files only; leave path empty for a memory snapshot")
+		}
 		if err := reqcheck.Path("path", req.Path); err != nil {
 			return api.Snapshot{}, err
 		}
@@ -89,7 +92,17 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 			return api.Snapshot{}, errdefs.Invalid("path", "%s is on a mounted volume, which a snapshot does not capture", req.Path)
 		}
 	}
-	c, err := m.captureLocked(ctx, b, dst)
+	var c runtime.Capture
+	var mem *api.SnapshotMemory
+	var err error
+	if req.Memory {
+		mem, err = m.memoryCaptureLocked(ctx, b, p.Checkpoint, func() (err error) {
+			c, err = m.captureLocked(ctx, b, dst)
+			return err
+		})
+	} else {
+		c, err = m.captureLocked(ctx, b, dst)
+	}
 	b.mu.Unlock()
 	if err != nil {
 		return api.Snapshot{}, err
@@ -108,6 +121,10 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 		AllocatedBytes: c.Allocated,
 		FrozenMS:       ms(c.Frozen),
 		Shared:         c.Shared,
+		Memory:         mem,
+	}
+	if mem != nil {
+		snap.FrozenMS = mem.StoppedMS
 	}
 	if req.Path != "" {
 		img, err := m.cfg.Images.Get(imageRef(rec))
@@ -158,9 +175,84 @@ func (m *Manager) captureLocked(ctx context.Context, b *box, dst string) (runtim
 	return c, nil
 }
 
+// memoryCaptureLocked checkpoints b's processes into dir (a new
+// directory) and runs capture while they are stopped, so that what it
+// copies matches the checkpoint; then they run on. It refuses a sandbox
+// whose runtime keeps no memory, naming the runtime, and one whose
+// processes do not run.
+func (m *Manager) memoryCaptureLocked(ctx context.Context, b *box, dir string, capture func() error) (*api.SnapshotMemory, error) {
+	id := b.rec.ID
+	if !m.keepsMemory(b.rec.RuntimeName) {
+		return nil, errdefs.Invalid("memory", "sandbox %s runs on the %s runtime, which keeps no memory: a memory snapshot or fork needs the gvisor runtime", id, b.rec.RuntimeName)
+	}
+	frozen := b.rec.State == api.StateFrozen
+	if (b.rec.State != api.StateRunning && !frozen) || b.inst == nil {
+		return nil, errdefs.Conflict("sandbox %s is %s: a memory snapshot or fork needs its processes running", id, b.rec.State)
+	}
+	if frozen {
+		// The checkpoint is the sandbox's kernel's work: it must run.
+		if err := b.inst.Thaw(); err != nil {
+			return nil, fmt.Errorf("thawing %s: %w", id, err)
+		}
+		defer func() {
+			if err := b.inst.Freeze(context.Background()); err != nil {
+				m.log.Error("freezing a sandbox again after a memory snapshot", "sandbox", id, "err", err)
+			}
+		}()
+	}
+	ck, err := m.cfg.Runtime.(runtime.Checkpointer).CheckpointTo(ctx, id, dir, capture)
+	if err != nil {
+		m.log.Warn("memory snapshot", "sandbox", id, "err", err)
+		return nil, fmt.Errorf("%w: checkpointing %s's processes: %w; it runs on", errdefs.ErrConflict, id, err)
+	}
+	m.log.Info("sandbox checkpointed for a snapshot", "sandbox", id, "bytes", ck.Bytes, "memory", ck.MemoryBytes, "stopped", ck.Stopped.Round(time.Microsecond))
+	return &api.SnapshotMemory{
+		Runtime:         b.rec.RuntimeName,
+		CheckpointBytes: ck.Bytes,
+		MemoryBytes:     ck.MemoryBytes,
+		StoppedMS:       ms(ck.Stopped),
+		Volumes:         b.rec.Volumes,
+	}, nil
+}
+
+// KeepsMemory reports whether a snapshot or fork of sandbox id made now
+// can keep its processes: its runtime keeps memory and they run.
+func (m *Manager) KeepsMemory(id string) bool {
+	b, err := m.lookup(id)
+	if err != nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return m.keepsMemoryLocked(b)
+}
+
+func (m *Manager) keepsMemoryLocked(b *box) bool {
+	return m.keepsMemory(b.rec.RuntimeName) && b.inst != nil &&
+		(b.rec.State == api.StateRunning || b.rec.State == api.StateFrozen)
+}
+
+// keepsMemory reports whether runtime tier name checkpoints processes.
+func (m *Manager) keepsMemory(name string) bool {
+	r := m.cfg.Runtime
+	if t, ok := r.(interface {
+		Tier(string) (runtime.Runtime, error)
+	}); ok {
+		var err error
+		if r, err = t.Tier(name); err != nil {
+			return false
+		}
+	}
+	_, ok := r.(runtime.Checkpointer)
+	return ok
+}
+
 // Fork makes req.Count new sandboxes from a capture of a running (or
 // paused) sandbox. Each fork has its own copy of the disk; volumes are
 // shared with the source unless req.CopyVolumes gives each its own copy.
+// With memory (by default where the sandbox's runtime keeps it and its
+// processes run) the capture is a memory snapshot's: every fork starts
+// from the one checkpoint, with copies of the processes running.
 func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api.ForkResult, error) {
 	if m.cfg.Snapshots == nil {
 		return api.ForkResult{}, errdefs.New(errdefs.ErrUnavailable, "snapshots are not configured")
@@ -190,16 +282,34 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 
 	b.mu.Lock()
 	rec := b.rec
-	c, err := m.captureLocked(ctx, b, p.Path)
+	memory := req.Memory != nil && *req.Memory
+	if req.Memory == nil {
+		// Processes are kept where they can be.
+		memory = m.keepsMemoryLocked(b)
+	}
+	var c runtime.Capture
 	var volImages map[string]string
-	if err == nil && req.CopyVolumes {
-		volImages, err = m.captureVolumesLocked(ctx, b, p.Path)
+	capture := func() (err error) {
+		if c, err = m.captureLocked(ctx, b, p.Path); err == nil && req.CopyVolumes {
+			volImages, err = m.captureVolumesLocked(ctx, b, p.Path)
+		}
+		return err
+	}
+	var mem *api.SnapshotMemory
+	if memory {
+		mem, err = m.memoryCaptureLocked(ctx, b, p.Checkpoint, capture)
+	} else {
+		err = capture()
 	}
 	b.mu.Unlock()
 	if err != nil {
 		return api.ForkResult{}, err
 	}
 	b.touch()
+	src := source{from: "fork:" + rec.ID, diskFrom: p.Path}
+	if mem != nil {
+		src.checkpoint = p.Checkpoint
+	}
 
 	labels := map[string]string{}
 	for k, v := range rec.Labels {
@@ -247,7 +357,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 				}
 				cr.Volumes = vols
 			}
-			out[i], errs[i] = m.create(ctx, cr, source{from: "fork:" + rec.ID, diskFrom: p.Path})
+			out[i], errs[i] = m.create(ctx, cr, src)
 			if errs[i] != nil && req.CopyVolumes {
 				for j, v := range cr.Volumes {
 					if v.Name != rec.Volumes[j].Name {
@@ -269,13 +379,16 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 			return api.ForkResult{}, fmt.Errorf("forking %s: %w", id, err)
 		}
 	}
-	res := api.ForkResult{Sandboxes: out, FrozenMS: ms(c.Frozen), TotalMS: ms(time.Since(start)), Shared: c.Shared}
+	res := api.ForkResult{Sandboxes: out, FrozenMS: ms(c.Frozen), TotalMS: ms(time.Since(start)), Shared: c.Shared, Memory: mem}
+	if mem != nil {
+		res.FrozenMS = mem.StoppedMS
+	}
 	ids := make([]string, len(out))
 	for i, s := range out {
 		ids[i] = s.ID
 	}
-	m.notify(b).Event(id, "fork", fmt.Sprintf("forked into %d", len(out)), map[string]any{"sandboxes": ids, "frozen_ms": res.FrozenMS})
-	m.log.Info("sandbox forked", "sandbox", id, "count", req.Count, "frozen_ms", res.FrozenMS, "total_ms", res.TotalMS)
+	m.notify(b).Event(id, "fork", fmt.Sprintf("forked into %d", len(out)), map[string]any{"sandboxes": ids, "frozen_ms": res.FrozenMS, "memory": mem != nil})
+	m.log.Info("sandbox forked", "sandbox", id, "count", req.Count, "memory", mem != nil, "frozen_ms", res.FrozenMS, "total_ms", res.TotalMS)
 	return res, nil
 }
 
@@ -343,3 +456,60 @@ func allocated(fi os.FileInfo) int64 {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// fromMemory fills and checks req, a create from memory snapshot snap:
+// the sandbox runs on the snapshot's runtime, mounts what its processes
+// saw (the same volumes by default, or others at the same paths) and
+// has room for their memory.
+func fromMemory(req *api.CreateRequest, snap api.Snapshot) error {
+	mem := snap.Memory
+	switch req.Runtime {
+	case "":
+		req.Runtime = mem.Runtime
+	case mem.Runtime:
+	default:
+		return errdefs.Invalid("runtime", "snapshot %s holds the memory of a %s sandbox: a sandbox made from it runs on %s, not %s", snap.ID, mem.Runtime, mem.Runtime, req.Runtime)
+	}
+	if len(req.Volumes) == 0 {
+		req.Volumes = mem.Volumes
+	} else if !samePaths(req.Volumes, mem.Volumes) {
+		return errdefs.Invalid("volumes", "snapshot %s's processes saw mounts at %s: a sandbox made from it mounts volumes at those paths (or leave volumes out to mount the same)", snap.ID, mountPaths(mem.Volumes))
+	}
+	if lim := req.Resources.MemoryBytes; lim != 0 && lim < mem.MemoryBytes {
+		return errdefs.Invalid("resources.memory_bytes", "snapshot %s's processes use %d bytes of memory, more than %d", snap.ID, mem.MemoryBytes, lim)
+	}
+	return nil
+}
+
+// samePaths reports whether a and b mount at the same paths, read-only
+// alike.
+func samePaths(a, b []api.VolumeMount) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	type mount struct {
+		path     string
+		readOnly bool
+	}
+	seen := map[mount]bool{}
+	for _, v := range a {
+		seen[mount{v.Path, v.ReadOnly}] = true
+	}
+	for _, v := range b {
+		if !seen[mount{v.Path, v.ReadOnly}] {
+			return false
+		}
+	}
+	return true
+}
+
+func mountPaths(vols []api.VolumeMount) string {
+	if len(vols) == 0 {
+		return "none"
+	}
+	paths := make([]string, len(vols))
+	for i, v := range vols {
+		paths[i] = v.Path
+	}
+	return strings.Join(paths, ", ")
+}

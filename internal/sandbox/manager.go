@@ -216,11 +216,12 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 }
 
 // source is what a sandbox starts from besides its image: a copy of a
-// captured disk.
+// captured disk and, from a memory snapshot, its checkpoint.
 type source struct {
-	from     string // recorded as the sandbox's From
-	diskFrom string
-	release  func()
+	from       string // recorded as the sandbox's From
+	diskFrom   string
+	checkpoint string
+	release    func()
 }
 
 // resolveFrom fills req from a snapshot named by req.From (its image,
@@ -293,15 +294,28 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 	if err != nil {
 		return source{}, err
 	}
+	if snap.Memory != nil {
+		if err := fromMemory(req, snap); err != nil {
+			return source{}, err
+		}
+	}
 	// Held while it is copied, so that a removal waits for the copy.
 	holder := "creating:" + runtime.NewID()
 	if err := m.cfg.Snapshots.Hold(snap.ID, holder); err != nil {
 		return source{}, err
 	}
+	release := func() { m.cfg.Snapshots.Drop(snap.ID, holder) }
+	checkpoint := ""
+	if snap.Memory != nil {
+		if checkpoint, err = m.cfg.Snapshots.CheckpointPath(snap.ID); err != nil {
+			release()
+			return source{}, err
+		}
+	}
 	if from == "" {
 		from = snap.ID
 	}
-	return source{from: from, diskFrom: img, release: func() { m.cfg.Snapshots.Drop(snap.ID, holder) }}, nil
+	return source{from: from, diskFrom: img, checkpoint: checkpoint, release: release}, nil
 }
 
 func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source) (api.Sandbox, error) {
@@ -377,8 +391,12 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		return api.Sandbox{}, fmt.Errorf("%w: daemon is shutting down", errdefs.ErrUnavailable)
 	default:
 	}
+	if src.checkpoint != "" && !m.keepsMemory(tier) {
+		return api.Sandbox{}, errdefs.Invalid("runtime", "a sandbox started from a memory checkpoint needs a runtime that keeps memory (gvisor), not %s", tier)
+	}
 	spec := m.spec(&rec, img)
 	spec.DiskFrom = src.diskFrom
+	spec.CheckpointFrom = src.checkpoint
 	// The guest activates just before the sandbox is recorded (see
 	// PutQuick below); one that fails before is cleaned up by the runtime.
 	spec.Held = true
@@ -437,6 +455,9 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 			m.dropShared(grp)
 		}
 		m.log.Warn("create failed", "err", err)
+		if src.checkpoint != "" && errors.Is(err, runtime.ErrCheckpointUnusable) {
+			return api.Sandbox{}, fmt.Errorf("%w: creating a sandbox from %s: %v; nothing was created", errdefs.ErrConflict, src.from, err)
+		}
 		return api.Sandbox{}, fmt.Errorf("creating sandbox: %w", err)
 	}
 	rec.ID = inst.ID()

@@ -8,9 +8,15 @@
 // chains to flatten: a sandbox made from a snapshot writes to its own copy,
 // and a snapshot of that sandbox is again one layer.
 //
+// A memory snapshot also holds the checkpoint of the sandbox's processes,
+// written while they were stopped for the capture, so that the two match:
+// sandboxes made from it restore the checkpoint over a copy of the disk.
+//
 // Layout under Config.Dir:
 //
-//	<id>/disk.img   the captured filesystem
+//	<id>/disk.img         the captured filesystem
+//	<id>/checkpoint/      a memory snapshot's checkpoint (its runtime's files)
+//	<id>/checkpoint.sums  their sizes and checksums, checked before a restore
 //
 // A snapshot exists once its record is written; a directory without one
 // was half made and is removed by Open. Directory snapshots mounted into
@@ -39,8 +45,9 @@ import (
 )
 
 const (
-	bucket    = "snapshots"
-	imageName = "disk.img"
+	bucket         = "snapshots"
+	imageName      = "disk.img"
+	checkpointName = "checkpoint"
 	// DataDir is where a directory snapshot's files sit in its image.
 	DataDir = "data"
 	// Prefix starts every snapshot id.
@@ -103,6 +110,13 @@ func Open(cfg Config) (*Store, error) {
 			cfg.Store.Delete(bucket, v.ID)
 			return nil
 		}
+		if v.Memory != nil {
+			if _, err := os.Stat(s.checkpointPath(v.ID)); err != nil {
+				s.log.Warn("memory snapshot's checkpoint is missing; dropping its record", "snapshot", v.ID, "err", err)
+				cfg.Store.Delete(bucket, v.ID)
+				return nil
+			}
+		}
 		v.UsedBy = nil
 		s.snaps[v.ID] = &v
 		return nil
@@ -138,12 +152,16 @@ func Open(cfg Config) (*Store, error) {
 
 func (s *Store) imagePath(id string) string { return filepath.Join(s.cfg.Dir, id, imageName) }
 
-// Pending is a snapshot being made: its image is written at Path, then
+func (s *Store) checkpointPath(id string) string { return filepath.Join(s.cfg.Dir, id, checkpointName) }
+
+// Pending is a snapshot being made: its image is written at Path (and a
+// memory snapshot's checkpoint in the new directory Checkpoint), then
 // Commit records it or Abort removes it.
 type Pending struct {
-	s    *Store
-	ID   string
-	Path string
+	s          *Store
+	ID         string
+	Path       string
+	Checkpoint string
 }
 
 // Begin starts a snapshot.
@@ -152,13 +170,20 @@ func (s *Store) Begin() (*Pending, error) {
 	if err := os.Mkdir(filepath.Join(s.cfg.Dir, id), 0o700); err != nil {
 		return nil, fmt.Errorf("making snapshot directory: %w", err)
 	}
-	return &Pending{s: s, ID: id, Path: s.imagePath(id)}, nil
+	return &Pending{s: s, ID: id, Path: s.imagePath(id), Checkpoint: s.checkpointPath(id)}, nil
 }
 
-// Commit records the snapshot described by snap (its ID is set here).
+// Commit records the snapshot described by snap (its ID is set here);
+// a memory snapshot's checkpoint is summed first (checkpoint.go).
 func (p *Pending) Commit(snap api.Snapshot) (api.Snapshot, error) {
 	snap.ID = p.ID
 	snap.UsedBy = nil
+	if snap.Memory != nil {
+		if err := p.s.sealCheckpoint(p.ID); err != nil {
+			p.Abort()
+			return api.Snapshot{}, err
+		}
+	}
 	if err := p.s.cfg.Store.Put(bucket, snap.ID, snap); err != nil {
 		p.Abort()
 		return api.Snapshot{}, fmt.Errorf("recording snapshot: %w", err)
@@ -244,6 +269,22 @@ func (s *Store) ImagePath(id string) (string, error) {
 		return "", err
 	}
 	return s.imagePath(id), nil
+}
+
+// CheckpointPath returns the checkpoint of memory snapshot id, for
+// making a sandbox from it, once its files are found intact.
+func (s *Store) CheckpointPath(id string) (string, error) {
+	snap, err := s.Get(id)
+	if err != nil {
+		return "", err
+	}
+	if snap.Memory == nil {
+		return "", errdefs.Invalid("snapshot", "%s holds no memory checkpoint", id)
+	}
+	if err := s.checkCheckpoint(id); err != nil {
+		return "", err
+	}
+	return s.checkpointPath(id), nil
 }
 
 // Hold records that user (e.g. "template:web") needs snapshot id.

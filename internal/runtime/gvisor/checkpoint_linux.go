@@ -26,46 +26,94 @@ const checkpointName = "checkpoint"
 
 var _ runtime.Checkpointer = (*Runtime)(nil)
 
-// Checkpoint implements runtime.Checkpointer. The guest first closes its
-// control socket (gVisor cannot save a socket bound on the host); runsc
-// then pauses the sandbox's kernel and saves it, compressed, leaving it
-// paused: a save that fails leaves it to be resumed, which a save without
-// --leave-running would not (it ends the sandbox either way). On failure
-// the kernel is resumed and the guest binds its socket again.
+// Checkpoint implements runtime.Checkpointer: the sandbox is saved to
+// its disk (save) and left stopped for the caller's Stop.
 func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint, error) {
 	t0 := time.Now()
 	v, err := r.cfg.Disks.Open(id)
 	if err != nil {
 		return runtime.Checkpoint{}, fmt.Errorf("opening disk: %w", err)
 	}
-	var mem int64
-	if cg, err := r.cfg.Cgroups.Load(id); err == nil {
-		if st, err := cg.Stats(); err == nil {
-			mem = st.MemoryCurrent
-		}
-	}
+	mem := r.memoryOf(id)
 	final := filepath.Join(v.Path, checkpointName)
 	tmp := final + ".new"
-	os.RemoveAll(tmp)
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return runtime.Checkpoint{}, fmt.Errorf("making the checkpoint's directory: %w", err)
+	wake, err := r.save(ctx, id, tmp)
+	if err != nil {
+		return runtime.Checkpoint{}, err
+	}
+	if err := os.RemoveAll(final); err != nil {
+		os.RemoveAll(tmp)
+		return runtime.Checkpoint{}, errors.Join(err, wake())
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		os.RemoveAll(tmp)
+		return runtime.Checkpoint{}, errors.Join(err, wake())
+	}
+	return runtime.Checkpoint{Bytes: dirBytes(final), MemoryBytes: mem, Took: time.Since(t0)}, nil
+}
+
+// CheckpointTo implements runtime.Checkpointer: the sandbox is saved to
+// dir (save), during runs while it is stopped, then it runs on.
+func (r *Runtime) CheckpointTo(ctx context.Context, id, dir string, during func() error) (runtime.Checkpoint, error) {
+	t0 := time.Now()
+	mem := r.memoryOf(id)
+	wake, err := r.save(ctx, id, dir)
+	if err != nil {
+		return runtime.Checkpoint{}, err
+	}
+	if during != nil {
+		err = during()
+	}
+	stopped := time.Since(t0)
+	if werr := wake(); werr != nil {
+		err = errors.Join(err, werr)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return runtime.Checkpoint{}, err
+	}
+	return runtime.Checkpoint{Bytes: dirBytes(dir), MemoryBytes: mem, Took: time.Since(t0), Stopped: stopped}, nil
+}
+
+// memoryOf is the memory sandbox id's cgroup holds (0 if unknown).
+func (r *Runtime) memoryOf(id string) int64 {
+	if cg, err := r.cfg.Cgroups.Load(id); err == nil {
+		if st, err := cg.Stats(); err == nil {
+			return st.MemoryCurrent
+		}
+	}
+	return 0
+}
+
+// save writes sandbox id's kernel to dir, a new directory. The guest
+// first closes its control socket (gVisor cannot save a socket bound on
+// the host); runsc then pauses the kernel and saves it, compressed,
+// leaving it paused: a save that fails leaves it to be resumed, which a
+// save without --leave-running would not (it ends the sandbox either
+// way). wake resumes the kernel and has the guest bind its socket again;
+// on failure save has done that itself and removed dir.
+func (r *Runtime) save(ctx context.Context, id, dir string) (wake func() error, err error) {
+	os.RemoveAll(dir)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("making the checkpoint's directory: %w", err)
 	}
 	paused := false
-	fail := func(err error) (runtime.Checkpoint, error) {
-		os.RemoveAll(tmp)
+	wake = func() error {
 		// Not the caller's context: the sandbox must run again even
 		// when the call was cut short.
 		bg, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		var err error
 		if paused {
 			if out, rerr := r.runsc(bg, "resume", id).CombinedOutput(); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("resuming the sandbox: %s", runscError(rerr, out)))
+				err = fmt.Errorf("resuming the sandbox: %s", runscError(rerr, out))
 			}
 		}
-		if rerr := r.relisten(bg, id); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
-		return runtime.Checkpoint{}, err
+		return errors.Join(err, r.relisten(bg, id))
+	}
+	fail := func(err error) (func() error, error) {
+		os.RemoveAll(dir)
+		return nil, errors.Join(err, wake())
 	}
 	c := guestapi.NewClient(r.dialer(id))
 	err = c.Quiesce(ctx)
@@ -78,20 +126,14 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint
 	}
 	paused = true
 	out, err := r.runsc(ctx, "checkpoint", "--leave-running", "--compression", "flate-best-speed",
-		"--image-path", tmp, id).CombinedOutput()
+		"--image-path", dir, id).CombinedOutput()
 	if err != nil {
 		return fail(fmt.Errorf("runsc checkpoint: %s", runscError(err, out)))
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := syncDir(dir); err != nil {
 		return fail(fmt.Errorf("writing the checkpoint: %w", err))
 	}
-	if err := os.RemoveAll(final); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return fail(err)
-	}
-	return runtime.Checkpoint{Bytes: dirBytes(final), MemoryBytes: mem, Took: time.Since(t0)}, nil
+	return wake, nil
 }
 
 // restoreRun starts runsc restore of the checkpoint at image for the

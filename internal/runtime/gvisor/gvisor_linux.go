@@ -182,9 +182,15 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 			r.discard(rd)
 			return nil, fmt.Errorf("setting limits: %w", err)
 		}
-	} else if spec.FromCheckpoint {
+	} else if spec.FromCheckpoint || spec.CheckpointFrom != "" {
+		if picked {
+			spec.ID = runtime.NewID()
+		}
 		var err error
 		if rd, err = r.resume(ctx, spec, mark); err != nil {
+			if picked && r.cfg.Network != nil {
+				r.cfg.Network.Forget(spec.ID)
+			}
 			return nil, err
 		}
 		mark("restored")
@@ -323,12 +329,17 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 		return nil, fmt.Errorf("writing bundle: %w", err)
 	}
 
-	// A resume with memory restores the checkpoint on the disk; anything
+	// A resume with memory restores the checkpoint on the disk, a
+	// sandbox made from a memory snapshot the snapshot's (resume); anything
 	// else runs the guest afresh.
 	var sb *Sandbox
 	var sync *os.File
 	image := filepath.Join(v.Path, checkpointName)
-	if spec.FromCheckpoint {
+	if spec.CheckpointFrom != "" {
+		image = spec.CheckpointFrom
+	}
+	restoring := spec.FromCheckpoint || spec.CheckpointFrom != ""
+	if restoring {
 		sb, err = r.restoreRun(ctx, id, dir, image)
 	} else {
 		sb, sync, err = r.run(ctx, id, dir, cg)
@@ -349,12 +360,14 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 	sb.st.UIDBase = uidBase
 	sb.st.Net = net.State
 	mark("runsc")
-	if spec.FromCheckpoint {
+	if restoring {
 		if err := r.relisten(ctx, id); err != nil {
 			return nil, fmt.Errorf("%w: %v%s", runtime.ErrCheckpointUnusable, err, guestapi.LogTail(filepath.Join(dir, "guest.log")))
 		}
-		// The processes run on from here: the checkpoint is spent.
-		os.RemoveAll(image)
+		if spec.FromCheckpoint {
+			// The processes run on from here: the checkpoint is spent.
+			os.RemoveAll(image)
+		}
 		return &prepared{sb: sb, net: net, undo: undo}, nil
 	}
 
@@ -382,13 +395,15 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 	return &prepared{sb: sb, sync: sync, net: net, undo: undo}, nil
 }
 
-// resume restores sandbox spec.ID from its memory checkpoint. Its policy
-// is set first (spec.Setup, which a fresh start calls on activation), so
+// resume restores sandbox spec.ID from its memory checkpoint, or a new
+// sandbox from a memory snapshot's (spec.CheckpointFrom). Its policy is
+// set first (spec.Setup, which a fresh start calls on activation), so
 // that it holds before the restored processes run on: a daemon restarted
-// since the pause knows none. New processes then get the variables of the
-// sandbox's network slot (a new one: the proxy's address) and its
-// policy's (secret placeholders); the running ones keep theirs, which the
-// gateway still serves (its originalDst).
+// since the pause knows none, and a copy's id is new. New processes then
+// get the variables of the sandbox's network slot (a new one: the
+// proxy's address) and its policy's (secret placeholders), and a copy its
+// own environment (spec.Env) over the snapshot's; the running ones keep
+// theirs, which the gateway still serves (its originalDst).
 func (r *Runtime) resume(ctx context.Context, spec runtime.Spec, mark func(string)) (*prepared, error) {
 	var env []string
 	if spec.Setup != nil {
@@ -402,7 +417,11 @@ func (r *Runtime) resume(ctx context.Context, spec runtime.Spec, mark func(strin
 	if err != nil {
 		return nil, err
 	}
-	if env = append(append([]string(nil), rd.net.Env...), env...); len(env) > 0 {
+	env = append(append([]string(nil), rd.net.Env...), env...)
+	if spec.CheckpointFrom != "" {
+		env = append(append([]string(nil), spec.Env...), env...)
+	}
+	if len(env) > 0 {
 		c := guestapi.NewClient(rd.sb.Dial)
 		err := c.SetEnv(ctx, env)
 		c.Close()
