@@ -45,7 +45,7 @@ func (e *e2bDaemon) env() []string {
 	return append(os.Environ(), "E2B_API_KEY="+e.APIKey, "E2B_API_URL="+e.URL, "E2B_SANDBOX_URL="+e.URL, "E2B_TEST_DOMAIN="+e2bTestDomain)
 }
 
-func startE2BDaemon(t *testing.T) *e2bDaemon {
+func startE2BDaemon(t *testing.T, extra ...string) *e2bDaemon {
 	t.Helper()
 	token := randHex(24)
 	tokFile := filepath.Join(t.TempDir(), "token")
@@ -53,7 +53,7 @@ func startE2BDaemon(t *testing.T) *e2bDaemon {
 		t.Fatal(err)
 	}
 	addr := freeLoopbackPort(t)
-	d := newDaemon(t, "--token-file", tokFile, "--e2b-listen", "tcp://"+addr, "--e2b-domain", e2bTestDomain)
+	d := newDaemon(t, append([]string{"--token-file", tokFile, "--e2b-listen", "tcp://" + addr, "--e2b-domain", e2bTestDomain}, extra...)...)
 	return &e2bDaemon{Daemon: d, URL: "http://" + addr, APIKey: e2b.APIKey(token)}
 }
 

@@ -1009,3 +1009,21 @@ func TestGvisorMemorySnapshotDamaged(t *testing.T) {
 		t.Fatalf("a memory snapshot without its checkpoint after a restart: %v; want it dropped", err)
 	}
 }
+
+// TestE2BGvisorMemory drives a facade whose sandboxes run on gvisor with
+// the unchanged npm SDK: a fork and a sandbox made from a snapshot carry
+// the source's running server (scenario "memory").
+func TestE2BGvisorMemory(t *testing.T) {
+	dir := npmHarness(t)
+	e := startE2BDaemon(t, "--runsc", runscBin(t), "--default-runtime", "gvisor", "--warm-guests", "0", "--blank-guests", "0")
+	info := runScenario(t, e, dir, "memory")
+	ctx := context.Background()
+	for _, id := range info["sandbox"] {
+		if _, err := e.Client().Get(ctx, id); err == nil {
+			t.Errorf("sandbox %s outlived its scenario", id)
+		}
+	}
+	if snaps, err := e.Client().Snapshots(ctx, ""); err != nil || len(snaps) != 0 {
+		t.Errorf("snapshots left: %v (%v)", snaps, err)
+	}
+}

@@ -674,6 +674,57 @@ const scenarios = {
     console.log('ok killed')
   },
 
+  // On a runtime that keeps memory (a daemon whose default is gvisor:
+  // TestE2BGvisorMemory), forks and sandboxes made from a snapshot carry
+  // the running processes: a server keeps its pid and the count in its
+  // memory, as on E2B.
+  async memory() {
+    const server = `import http.server, os
+hits = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global hits
+        hits += 1
+        b = ("pid %d hits %d" % (os.getpid(), hits)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
+`
+    const ask = async (s) => (await s.commands.run('curl -s http://127.0.0.1:8000/')).stdout
+    await withSandbox({}, async (sbx) => {
+      await sbx.files.write('srv.py', server)
+      await sbx.commands.run('python3 srv.py', { background: true })
+      let first = ''
+      await until('the server', async () => (first = await ask(sbx).catch(() => '')) !== '', 30000)
+      const pid = first.match(/^pid (\d+) hits 1$/)?.[1]
+      assert.ok(pid, first)
+
+      const forks = await sbx.fork({ count: 2, timeoutMs: 60_000 })
+      assert.equal(forks.length, 2)
+      for (const f of forks) {
+        info('sandbox', f.sandboxId)
+        assert.equal(await ask(f), `pid ${pid} hits 2`, 'the fork runs the server, its memory kept')
+        assert.equal(await ask(f), `pid ${pid} hits 3`)
+        const listed = await f.commands.list()
+        assert.ok(listed.some((p) => p.cmd.includes('python3') || p.args.some((a) => a.includes('srv.py'))), JSON.stringify(listed))
+      }
+      assert.equal(await ask(sbx), `pid ${pid} hits 2`, 'the source runs on, apart from its forks')
+      for (const f of forks) await f.kill()
+
+      const snap = await sbx.createSnapshot()
+      const fromSnap = await Sandbox.create(snap.snapshotId)
+      info('sandbox', fromSnap.sandboxId)
+      assert.equal(await ask(fromSnap), `pid ${pid} hits 3`, 'a sandbox from the snapshot runs the server')
+      await fromSnap.kill()
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+    })
+    console.log('ok memory')
+  },
+
   // The benchmark's flow (bench/e2b.go drives it): for each line read, a
   // template name, time Sandbox.create() + commands.run('echo hi') +
   // kill() and print "ms MILLISECONDS ID".
