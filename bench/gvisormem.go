@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
@@ -22,12 +26,12 @@ const (
 	memResumeMax     = 500 * time.Millisecond
 )
 
-// memHolder holds 512 MiB (the hex of random bytes: text with 4 bits of
-// entropy a byte, made a MiB at a time: the process's peak is what it
-// holds) and answers on port 8000 with its pid and a
-// count of the requests it served, kept in its memory.
+// memHolder holds HELD bytes (the hex of random bytes: text with 4 bits
+// of entropy a byte, made a MiB at a time: the process's peak is what it
+// holds) and answers on port 8000 with its pid and a count of the
+// requests it served, kept in its memory (holderScript fills it in).
 const memHolder = `import http.server, os
-held = bytearray(512 << 20)
+held = bytearray(HELD)
 for i in range(0, len(held), 1 << 20):
     held[i:i + (1 << 20)] = os.urandom(1 << 19).hex().encode()
 open("/root/held", "w").write("yes")
@@ -45,6 +49,9 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()
 `
+
+// holderScript is memHolder holding n bytes.
+func holderScript(n int64) string { return strings.Replace(memHolder, "HELD", fmt.Sprint(n), 1) }
 
 // benchMemoryPause adds the memory pause rows to the gvisor section.
 func (r *rig) benchMemoryPause(ctx context.Context, s *section) {
@@ -108,22 +115,8 @@ func (r *rig) memoryPauseRound(ctx context.Context) (pause, resume time.Duration
 			err = rerr
 		}
 	}()
-	if _, err = r.client.WriteFile(ctx, sb.ID, "/root/holder.py", strings.NewReader(memHolder), client.WriteOptions{}); err != nil {
+	if err = r.startHolder(ctx, sb.ID, memPauseHeld); err != nil {
 		return
-	}
-	if _, err = r.client.StartProcess(ctx, sb.ID, api.StartRequest{Cmd: []string{"python3", "/root/holder.py"}}); err != nil {
-		return
-	}
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		st, err := r.client.Exec(ctx, sb.ID, api.ExecRequest{Cmd: []string{"test", "-e", "/root/held"}}, client.ExecIO{})
-		if err == nil && st.ExitCode == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return 0, 0, 0, 0, false, fmt.Errorf("the holder did not take its memory: %v %+v", err, st)
-		}
-		time.Sleep(time.Second)
 	}
 	before, err := r.askHolder(ctx, sb.ID)
 	if err != nil {
@@ -156,6 +149,28 @@ func (r *rig) memoryPauseRound(ctx context.Context) (pause, resume time.Duration
 	return
 }
 
+// startHolder starts memHolder holding n bytes in sandbox id and waits
+// until it holds them.
+func (r *rig) startHolder(ctx context.Context, id string, n int64) error {
+	if _, err := r.client.WriteFile(ctx, id, "/root/holder.py", strings.NewReader(holderScript(n)), client.WriteOptions{}); err != nil {
+		return err
+	}
+	if _, err := r.client.StartProcess(ctx, id, api.StartRequest{Cmd: []string{"python3", "/root/holder.py"}}); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		st, err := r.client.Exec(ctx, id, api.ExecRequest{Cmd: []string{"test", "-e", "/root/held"}}, client.ExecIO{})
+		if err == nil && st.ExitCode == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the holder did not take its memory: %v %+v", err, st)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
 // askHolder asks memHolder for its pid and count through a forwarded
 // port, the forward opened once, the request tried until it is answered
 // (for 30 s).
@@ -185,4 +200,125 @@ func atoi(s string) int {
 	var n int
 	fmt.Sscan(s, &n)
 	return n
+}
+
+// Issue 23, bar 4: fork ×10 of a sandbox with a 256 MiB running process.
+const (
+	memForkCount = 10
+	memForkHeld  = 256 << 20
+)
+
+// benchGvisorFork forks a gvisor sandbox whose process holds
+// memForkHeld memForkCount times, its processes kept (issue 23, bar 4).
+func benchGvisorFork(ctx context.Context, r *rig) *section {
+	s := &section{}
+	if os.Getenv("PADDOCK_RUNSC") == "" {
+		s.Skip = "PADDOCK_RUNSC is not set (make bench builds runsc and sets it)"
+		return s
+	}
+	s.Method = append(s.Method,
+		fmt.Sprintf("**memory fork** (bar 4, one round): a gvisor sandbox (2 GiB memory limit) runs the memory pause's server holding %s; `client.Fork(count: %d)` (the source's guest closes its control socket, `runsc pause`, `runsc checkpoint --leave-running` into a snapshot directory, its disk captured (reflink) while the kernel is paused, `runsc resume`; then %d × (a disk clone, a network slot, `runsc restore` of that one checkpoint), 4 at a time). **fork call**: the client's call; **all answering**: from the call to the last fork's server answering through a forwarded port, each with the source's pid, its count one up and the %s it holds. **disk growth**: the storage filesystem's used space (statfs) after the fork less before (the fork's checkpoint is gone by then; its size is the peak beside it).",
+			mib(memForkHeld), memForkCount, memForkCount, mib(memForkHeld)))
+	res, err := r.memoryFork(ctx)
+	if err != nil {
+		s.Err = err
+		return s
+	}
+	s.Tables = append(s.Tables, table{
+		Header: []string{fmt.Sprintf("fork ×%d, %s held", memForkCount, mib(memForkHeld)), "value"},
+		Rows: [][]string{
+			{"fork call", ms(res.call)},
+			{"source stopped (checkpoint + disk capture)", ms(res.stopped)},
+			{"call → all forks answering", ms(res.answering)},
+			{"checkpoint (compressed, removed after the fork)", mib(res.checkpoint)},
+			{"disk growth (storage used after − before)", mib(res.growth)},
+			{"forks running the process (same pid, count one up)", fmt.Sprintf("%d of %d", res.running, memForkCount)},
+		},
+	})
+	ok := res.running == memForkCount
+	s.Bars = append(s.Bars,
+		bar{Issue: 23, What: fmt.Sprintf("fork ×%d of a sandbox with a %s running process: all running with it", memForkCount, mib(memForkHeld)), Target: "all", Value: fmt.Sprintf("%d of %d", res.running, memForkCount), Verdict: check(ok)},
+		bar{Issue: 23, What: fmt.Sprintf("fork ×%d: call → all answering; disk growth", memForkCount), Target: "reported", Value: ms(res.answering) + "; " + mib(res.growth), Verdict: reported},
+	)
+	return s
+}
+
+// forkResult is what memoryFork measured.
+type forkResult struct {
+	call, stopped, answering time.Duration
+	checkpoint, growth       int64
+	running                  int
+}
+
+// memoryFork makes a sandbox holding memForkHeld, forks it
+// memForkCount times, asks each fork's server, and removes them all.
+func (r *rig) memoryFork(ctx context.Context) (res forkResult, err error) {
+	sb, err := r.client.Create(ctx, api.CreateRequest{Runtime: "gvisor", Resources: api.Resources{MemoryBytes: 2 << 30}})
+	if err != nil {
+		return res, err
+	}
+	r.track(sb.ID)
+	made := []string{sb.ID}
+	defer func() {
+		for _, id := range made {
+			if rerr := r.remove(ctx, id); err == nil {
+				err = rerr
+			}
+		}
+	}()
+	if err = r.startHolder(ctx, sb.ID, memForkHeld); err != nil {
+		return res, err
+	}
+	before, err := r.askHolder(ctx, sb.ID)
+	if err != nil {
+		return res, err
+	}
+	storage := filepath.Join(r.root, "state", "storage")
+	used0, err := usedBytes(storage)
+	if err != nil {
+		return res, err
+	}
+	r.idle(ctx)
+	t0 := time.Now()
+	fr, err := r.client.Fork(ctx, sb.ID, api.ForkRequest{Count: memForkCount})
+	if err != nil {
+		return res, err
+	}
+	res.call = time.Since(t0)
+	for _, f := range fr.Sandboxes {
+		r.track(f.ID)
+		made = append(made, f.ID)
+	}
+	if fr.Memory == nil {
+		return res, fmt.Errorf("the fork kept no memory")
+	}
+	res.stopped = time.Duration(fr.FrozenMS * float64(time.Millisecond))
+	res.checkpoint = fr.Memory.CheckpointBytes
+	b := strings.Fields(before) // "pid P hits N held H"
+	for _, f := range fr.Sandboxes {
+		got, err := r.askHolder(ctx, f.ID)
+		if err != nil {
+			return res, fmt.Errorf("fork %s: %w", f.ID, err)
+		}
+		a := strings.Fields(got)
+		if len(b) == 6 && len(a) == 6 && a[1] == b[1] && a[3] == fmt.Sprint(atoi(b[3])+1) && a[5] == fmt.Sprint(memForkHeld) {
+			res.running++
+		}
+	}
+	res.answering = time.Since(t0)
+	used1, err := usedBytes(storage)
+	if err != nil {
+		return res, err
+	}
+	res.growth = used1 - used0
+	return res, nil
+}
+
+// usedBytes is the space used on the filesystem of path.
+func usedBytes(path string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
 }

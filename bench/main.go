@@ -50,6 +50,7 @@ func allBenchmarks() []benchmark {
 		{"cold", "Cold create → first output of `echo hi`", benchCold},
 		{"gvisor", "gvisor create → first output of `echo hi`: through a pool, without one, and a bare runsc run; a memory pause of 512 MiB", benchGvisor},
 		{"gvisorwork", "gVisor beside native: syscall-heavy work, exec round trip and streaming in one sandbox of each", benchGvisorWork},
+		{"gvisorfork", fmt.Sprintf("Fork ×%d of a gvisor sandbox running a process that holds %d MiB, processes kept", memForkCount, memForkHeld>>20), benchGvisorFork},
 		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
 		{"churn", "Churn: concurrent create → exec → delete loops", benchChurn},
 		{"burst", fmt.Sprintf("Burst: %d creates at once, each → first output of `echo hi`", burstSize), benchBurst},

@@ -92,7 +92,7 @@ func newRig(ctx context.Context, opts options, log *slog.Logger) (_ *rig, retErr
 	if churnProfile != "" {
 		extra = append(extra, "--debug-socket")
 	}
-	if opts.selected("gvisor") || opts.selected("gvisorwork") {
+	if opts.selected("gvisor") || opts.selected("gvisorwork") || opts.selected("gvisorfork") {
 		extra = append(extra, gvisorArgs()...)
 	}
 	if opts.selected("gateway") {
