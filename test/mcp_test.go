@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -252,6 +254,7 @@ func mcpFlow(t *testing.T, cs *sdk.ClientSession, p *mcpProgress) {
 	if !res.IsError || !strings.Contains(mcpText(res), "/work/nope") {
 		t.Fatalf("read_file of a missing file: %v %s", res.IsError, mcpText(res))
 	}
+	mcpSearch(t, cs, sb.ID)
 
 	var logs mcp.LogsOut
 	mcpCall(t, cs, "logs", map[string]any{"sandbox": sb.ID}, &logs)
@@ -351,6 +354,7 @@ func TestMCPScoped(t *testing.T) {
 		{"read_file", map[string]any{"path": "/etc/hostname"}},
 		{"write_file", map[string]any{"path": "/tmp/x", "content": "x"}},
 		{"list_files", map[string]any{"path": "/"}},
+		{"search_files", map[string]any{"name": "*"}},
 		{"snapshot", nil}, {"pause", nil}, {"resume", nil}, {"logs", nil}, {"stats", nil}, {"denials", nil},
 	} {
 		args := map[string]any{"sandbox": other}
@@ -544,5 +548,71 @@ func TestMCPPolicyChanges(t *testing.T) {
 	}
 	if len(po.Allow) != 1 || po.Allow[0] != "api.example.com" {
 		t.Fatalf("set_policy answered %+v", po)
+	}
+}
+
+// mcpSearch runs search_files in sandbox id: by name glob (on the name,
+// or on the path below the root), by content (binary files skipped), with
+// its bounds, and with paths that would leave the sandbox's root on the
+// host (.., a symlink to /), which resolve inside it.
+func mcpSearch(t *testing.T, cs *sdk.ClientSession, id string) {
+	t.Helper()
+	var ex mcp.ExecOut
+	mcpCall(t, cs, "exec", map[string]any{"sandbox": id, "cmd": []string{"sh", "-c", `mkdir -p /work/s/src/sub &&
+printf 'package a\n// needle here\n' > /work/s/src/a.go &&
+printf 'x\nNeedle two\n' > /work/s/src/sub/b.go &&
+printf 'needle\n' > /work/s/notes.txt &&
+printf 'needle\0bin' > /work/s/blob &&
+ln -s / /work/s/up && echo paddock-box > /etc/hostname`}}, &ex)
+	if ex.ExitCode != 0 {
+		t.Fatalf("making the tree: %+v", ex)
+	}
+	paths := func(o mcp.SearchFilesOut) string {
+		var ps []string
+		for _, m := range o.Matches {
+			p := strings.TrimPrefix(m.Path, "/work/s/")
+			if m.Line > 0 {
+				p += fmt.Sprintf(":%d:%s", m.Line, m.Text)
+			}
+			ps = append(ps, p)
+		}
+		slices.Sort(ps)
+		return strings.Join(ps, " ")
+	}
+	for _, tc := range []struct {
+		args map[string]any
+		want string
+	}{
+		{map[string]any{"name": "*.go"}, "src/a.go src/sub/b.go"},
+		{map[string]any{"name": "src/*.go"}, "src/a.go"},
+		{map[string]any{"content": "needle"}, "notes.txt:1:needle src/a.go:2:// needle here"},
+		{map[string]any{"content": "needle", "ignore_case": true, "name": "*.go"}, "src/a.go:2:// needle here src/sub/b.go:2:Needle two"},
+		{map[string]any{"name": "*.go", "depth": 1}, ""},
+	} {
+		args := map[string]any{"sandbox": id, "path": "/work/s"}
+		for k, v := range tc.args {
+			args[k] = v
+		}
+		var out mcp.SearchFilesOut
+		mcpCall(t, cs, "search_files", args, &out)
+		if got := paths(out); got != tc.want || out.Truncated {
+			t.Errorf("search_files %v: %q (truncated %v), want %q", tc.args, got, out.Truncated, tc.want)
+		}
+	}
+	var out mcp.SearchFilesOut
+	mcpCall(t, cs, "search_files", map[string]any{"sandbox": id, "path": "/work/s", "content": "e", "max_results": 2}, &out)
+	if len(out.Matches) != 2 || !out.Truncated || out.Stopped != "max_results" {
+		t.Errorf("search_files bounded by max_results: %+v", out)
+	}
+	mcpCall(t, cs, "search_files", map[string]any{"sandbox": id, "path": "/work/s", "content": "needle", "max_bytes": 8}, &out)
+	if !out.Truncated || out.Stopped != "max_bytes" || out.BytesRead > 8 {
+		t.Errorf("search_files bounded by max_bytes: %+v", out)
+	}
+	// The sandbox's /etc/hostname, never the host's, whichever way the path goes.
+	for _, root := range []string{"/../../../etc", "/work/s/up/etc"} {
+		mcpCall(t, cs, "search_files", map[string]any{"sandbox": id, "path": root, "name": "hostname", "content": "paddock-box", "depth": 1}, &out)
+		if len(out.Matches) != 1 || out.Matches[0].Text != "paddock-box" {
+			t.Errorf("search_files under %s: %+v", root, out)
+		}
 	}
 }

@@ -64,9 +64,9 @@ func TestTools(t *testing.T) {
 		cfg  Config
 		want []string
 	}{
-		{"all", Config{}, []string{"create", "delete", "denials", "exec", "fork", "list", "list_files", "logs", "pause", "read_file", "requests", "resume", "snapshot", "stats", "write_file"}},
-		{"policy", Config{AllowPolicyChanges: true}, []string{"create", "delete", "denials", "exec", "fork", "list", "list_files", "logs", "pause", "read_file", "requests", "resume", "set_policy", "snapshot", "stats", "write_file"}},
-		{"scoped", Config{Sandbox: "sb1"}, []string{"denials", "exec", "list_files", "logs", "pause", "read_file", "requests", "resume", "snapshot", "stats", "write_file"}},
+		{"all", Config{}, []string{"create", "delete", "denials", "exec", "fork", "list", "list_files", "logs", "pause", "read_file", "requests", "resume", "search_files", "snapshot", "stats", "write_file"}},
+		{"policy", Config{AllowPolicyChanges: true}, []string{"create", "delete", "denials", "exec", "fork", "list", "list_files", "logs", "pause", "read_file", "requests", "resume", "search_files", "set_policy", "snapshot", "stats", "write_file"}},
+		{"scoped", Config{Sandbox: "sb1"}, []string{"denials", "exec", "list_files", "logs", "pause", "read_file", "requests", "resume", "search_files", "snapshot", "stats", "write_file"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := toolNames(t, connect(t, tc.cfg))
@@ -113,6 +113,12 @@ func TestBadInput(t *testing.T) {
 		{"write_file", map[string]any{"sandbox": "x", "path": "/a", "content": "", "encoding": "rot13"}, "encoding"},
 		{"write_file", map[string]any{"sandbox": "x", "path": "/a", "content": "", "mode": "9z"}, "mode"},
 		{"list_files", map[string]any{"sandbox": "x", "path": "/", "depth": 99}, "depth"},
+		{"search_files", map[string]any{"sandbox": "x"}, "name or content"},
+		{"search_files", map[string]any{"sandbox": "x", "path": "rel", "name": "*"}, "absolute"},
+		{"search_files", map[string]any{"sandbox": "x", "name": "[a"}, "syntax error"},
+		{"search_files", map[string]any{"sandbox": "x", "name": "*", "max_results": 5000}, "max_results"},
+		{"search_files", map[string]any{"sandbox": "x", "content": "x", "max_bytes": 1 << 40}, "max_bytes"},
+		{"search_files", map[string]any{"sandbox": "x", "name": "*", "depth": 33}, "depth"},
 		{"create", map[string]any{"memory_mb": -5}, "negative"},
 		{"create", map[string]any{"allow": []string{"example.com"}}, "--allow-policy-changes"},
 		{"denials", map[string]any{"sandbox": "x", "limit": 5000}, "limit"},
@@ -145,12 +151,13 @@ func TestBadInput(t *testing.T) {
 func TestScope(t *testing.T) {
 	cs := connect(t, Config{Sandbox: "mine"})
 	extra := map[string]map[string]any{
-		"exec":       {"cmd": []string{"true"}},
-		"read_file":  {"path": "/etc/hostname"},
-		"write_file": {"path": "/tmp/x", "content": "x"},
-		"list_files": {"path": "/"},
+		"exec":         {"cmd": []string{"true"}},
+		"read_file":    {"path": "/etc/hostname"},
+		"write_file":   {"path": "/tmp/x", "content": "x"},
+		"list_files":   {"path": "/"},
+		"search_files": {"name": "*"},
 	}
-	for _, tool := range []string{"exec", "read_file", "write_file", "list_files", "snapshot", "pause", "resume", "logs", "stats", "denials", "requests"} {
+	for _, tool := range []string{"exec", "read_file", "write_file", "list_files", "search_files", "snapshot", "pause", "resume", "logs", "stats", "denials", "requests"} {
 		args := map[string]any{"sandbox": "other"}
 		for k, v := range extra[tool] {
 			args[k] = v

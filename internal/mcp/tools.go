@@ -64,6 +64,7 @@ func (t *tools) register(s *sdk.Server) {
 	sdk.AddTool(s, &sdk.Tool{Name: "read_file", Description: "Read a file of a sandbox (UTF-8 text, or base64 for binary)."}, t.readFile)
 	sdk.AddTool(s, &sdk.Tool{Name: "write_file", Description: "Write a file in a sandbox (atomically; parent directories are made)."}, t.writeFile)
 	sdk.AddTool(s, &sdk.Tool{Name: "list_files", Description: "List a directory of a sandbox."}, t.listFiles)
+	sdk.AddTool(s, &sdk.Tool{Name: "search_files", Description: "Find files of a sandbox under a directory by name (a glob) and/or content (a substring; each matching line is a result), with bounded results and bytes read."}, t.searchFiles)
 	sdk.AddTool(s, &sdk.Tool{Name: "snapshot", Description: "Snapshot a sandbox's files; a new sandbox can be created from the snapshot id."}, t.snapshot)
 	sdk.AddTool(s, &sdk.Tool{Name: "pause", Description: "Pause a sandbox (its processes stop; memory is kept)."}, t.pause)
 	sdk.AddTool(s, &sdk.Tool{Name: "resume", Description: "Resume a paused sandbox."}, t.resume)
