@@ -50,7 +50,7 @@ func startCluster(t *testing.T, n int) *cluster {
 
 // startClusterE2B is startCluster, with withE2B the nodes and the gateway
 // serving the E2B facade too.
-func startClusterE2B(t *testing.T, n int, withE2B bool) *cluster {
+func startClusterE2B(t *testing.T, n int, withE2B bool, gatewayArgs ...string) *cluster {
 	t.Helper()
 	dir := t.TempDir()
 	c := &cluster{t: t, nodesFile: filepath.Join(dir, "nodes.json"), token: "client-token-" + randHex(8)}
@@ -86,7 +86,7 @@ func startClusterE2B(t *testing.T, n int, withE2B bool) *cluster {
 		c.e2bAddr = freeHostPort(t)
 		args = append(args, "--e2b-listen", "tcp://"+c.e2bAddr)
 	}
-	c.serveGateway(args...)
+	c.serveGateway(append(args, gatewayArgs...)...)
 	return c
 }
 

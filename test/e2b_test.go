@@ -620,12 +620,11 @@ func TestE2BMetricsMatchNative(t *testing.T) {
 	}
 }
 
-// TestE2BIngressTLS serves the facade over TLS with a wildcard
-// certificate (--e2b-tls-cert/--e2b-tls-key) and reaches a sandbox's
-// envd and an app's port by host name through it, as E2B clients do at
-// https://PORT-ID.DOMAIN.
-func TestE2BIngressTLS(t *testing.T) {
-	dir := t.TempDir()
+// testTLSCert makes a test CA and a server certificate it signs for
+// e2bTestDomain and its subdomains (and 127.0.0.1), in dir: the CA, and
+// the PEM files of the CA, the certificate and its key.
+func testTLSCert(t *testing.T, dir string) (ca *x509.Certificate, caFile, certFile, keyFile string) {
+	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
@@ -636,11 +635,11 @@ func TestE2BIngressTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
+	ca, _ = x509.ParseCertificate(caDER)
 	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	leafDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: e2bTestDomain},
-		DNSNames:  []string{e2bTestDomain, "*." + e2bTestDomain},
+		DNSNames: []string{e2bTestDomain, "*." + e2bTestDomain}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
 	}, ca, &leafKey.PublicKey, caKey)
@@ -648,9 +647,21 @@ func TestE2BIngressTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	keyDER, _ := x509.MarshalECPrivateKey(leafKey)
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leafDER}), 0o600)
 	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	caFile = filepath.Join(dir, "ca.pem")
+	os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600)
+	return ca, caFile, certFile, keyFile
+}
+
+// TestE2BIngressTLS serves the facade over TLS with a wildcard
+// certificate (--e2b-tls-cert/--e2b-tls-key) and reaches a sandbox's
+// envd and an app's port by host name through it, as E2B clients do at
+// https://PORT-ID.DOMAIN.
+func TestE2BIngressTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, _, certFile, keyFile := testTLSCert(t, dir)
 
 	token := randHex(24)
 	tokFile := filepath.Join(dir, "token")

@@ -5,6 +5,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,6 +35,7 @@ import (
 // changes); in a Kubernetes cluster a watch of the nodes' records feeds
 // the same table.
 func gatewayCmd() *cobra.Command {
+	var e2bTLSCert, e2bTLSKey string
 	var listen, e2bListen, e2bDomain, tokenFile, nodeTokenFile, nodesFile, tlsDir, debugSocket, level string
 	var nodeFlags []string
 	var pack bool
@@ -135,15 +137,27 @@ func gatewayCmd() *cobra.Command {
 				if err != nil || eu.Scheme != "tcp" || eu.Host == "" {
 					return fmt.Errorf("--e2b-listen %q is not tcp://HOST:PORT", e2bListen)
 				}
+				if (e2bTLSCert == "") != (e2bTLSKey == "") {
+					return errors.New("--e2b-tls-cert and --e2b-tls-key go together")
+				}
+				var e2bTLS *tls.Config
+				if e2bTLSCert != "" {
+					// Loaded now, so that a bad pair fails the start.
+					cert, err := tls.LoadX509KeyPair(e2bTLSCert, e2bTLSKey)
+					if err != nil {
+						return fmt.Errorf("the E2B listener's TLS certificate: %w", err)
+					}
+					e2bTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
+				}
 				el, err := net.Listen("tcp", eu.Host)
 				if err != nil {
 					return err
 				}
 				e2bCfg := httpCfg
 				e2bCfg.ReadTimeout = -1
-				es := serveGateway(el, rt.E2BHandler(tokens), e2bCfg, log, errc)
+				es := serveGatewayTLS(el, rt.E2BHandler(tokens), e2bCfg, e2bTLS, log, errc)
 				defer es.Close()
-				log.Info("gateway serving the E2B API", "listen", el.Addr().String())
+				log.Info("gateway serving the E2B API", "listen", el.Addr().String(), "tls", e2bTLS != nil)
 			}
 			select {
 			case err := <-errc:
@@ -159,6 +173,8 @@ func gatewayCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "tcp://127.0.0.1:7300", "address clients call, tcp://HOST:PORT")
 	f.StringVar(&e2bDomain, "e2b-domain", "", "with --e2b-listen: the nodes' --e2b-domain; PORT-ID.DOMAIN requests (ports, envd, signed URLs) go to the id's node with their Host")
+	f.StringVar(&e2bTLSCert, "e2b-tls-cert", "", "with --e2b-listen: serve it over TLS with this certificate (PEM; a wildcard one for --e2b-domain's host names)")
+	f.StringVar(&e2bTLSKey, "e2b-tls-key", "", "the --e2b-tls-cert's private key (PEM)")
 	f.StringVar(&e2bListen, "e2b-listen", "", "also serve the E2B-compatible API on tcp://HOST:PORT (its key: paddock e2b-key of --token-file), routed to the nodes' facades")
 	f.StringVar(&tokenFile, "token-file", "", "file of the bearer tokens clients may present, one a line (required; re-read when it changes, so tokens rotate without a restart)")
 	f.StringVar(&nodeTokenFile, "node-token-file", "", "file of the nodes' bearer tokens, one a line: the gateway presents the first (their --token-file; required; re-read when it changes)")
@@ -179,8 +195,18 @@ func gatewayCmd() *cobra.Command {
 // serveGateway serves h on l, its connections bounded as the daemon's
 // TCP listeners' are; Serve's end goes to errc.
 func serveGateway(l net.Listener, h http.Handler, cfg server.HTTPConfig, log *slog.Logger, errc chan<- error) *http.Server {
+	return serveGatewayTLS(l, h, cfg, nil, log, errc)
+}
+
+// serveGatewayTLS is serveGateway speaking TLS with tc (none when nil),
+// inside the connection guard as a daemon's E2B facade does.
+func serveGatewayTLS(l net.Listener, h http.Handler, cfg server.HTTPConfig, tc *tls.Config, log *slog.Logger, errc chan<- error) *http.Server {
 	hs := server.NewHTTPServer(h, cfg, log)
 	l = server.Guard(hs, l, cfg, log)
+	if tc != nil {
+		hs.TLSConfig = tc
+		l = tls.NewListener(l, tc)
+	}
 	go func() { errc <- hs.Serve(l) }()
 	return hs
 }

@@ -59,6 +59,7 @@ func (s *Server) controlRoutes() *http.ServeMux {
 		{"DELETE /templates/{id}", s.deleteSnapshot},
 		{"POST /sandboxes/{id}/fork", s.fork},
 		{"PUT /sandboxes/{id}/network", s.updateNetwork},
+		{"GET " + SignerPath, s.lookupSigner},
 	} {
 		mux.HandleFunc(r.pattern, r.h)
 	}

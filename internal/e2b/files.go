@@ -3,6 +3,7 @@ package e2b
 import (
 	"bufio"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
@@ -124,11 +125,39 @@ func (s *Server) signedBy(q url.Values, op, token string) bool {
 // sandbox's token, a hash each, and the signature is remembered: fetching
 // it again costs one hash.
 func (s *Server) signer(r *http.Request) string {
-	q := r.URL.Query()
-	op := "read"
-	if r.Method == http.MethodPost {
-		op = "write"
+	return s.signerOf(r.Context(), r.URL.Query(), signedOp(r.Method))
+}
+
+// signedOp is the operation a signed /files URL fetched with method is
+// for.
+func signedOp(method string) string {
+	if method == http.MethodPost {
+		return "write"
 	}
+	return "read"
+}
+
+// SignerPath is where a cluster's gateway, which holds no sandbox's
+// token, asks a node's facade (with the node's API key) which of its
+// sandboxes signed a /files URL that names none: the URL's query, and
+// method=GET or POST. The answer is {"sandboxID": ID}, or 404.
+const SignerPath = "/paddock/signer"
+
+func (s *Server) lookupSigner(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if !q.Has("signature") {
+		writeAPIError(w, http.StatusBadRequest, "signature: required")
+		return
+	}
+	id := s.signerOf(r.Context(), q, signedOp(q.Get("method")))
+	if id == "" {
+		writeAPIError(w, http.StatusNotFound, "invalid signature")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"sandboxID": id})
+}
+
+func (s *Server) signerOf(ctx context.Context, q url.Values, op string) string {
 	sig := q.Get("signature")
 	s.mu.Lock()
 	id, ok := s.signers[sig]
@@ -136,7 +165,7 @@ func (s *Server) signer(r *http.Request) string {
 	if ok && s.signedBy(q, op, s.accessToken(id)) {
 		return id
 	}
-	sbs := s.mgr.List(r.Context(), sandbox.Filter{})
+	sbs := s.mgr.List(ctx, sandbox.Filter{})
 	ids := make([]string, len(sbs))
 	for i, sb := range sbs {
 		ids[i] = sb.ID

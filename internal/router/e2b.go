@@ -45,6 +45,10 @@ func (rt *Router) E2BHandler(tokens *clustertls.Tokens) http.Handler {
 			rt.e2bRoute(w, r, id, false)
 			return
 		}
+		if p == "/files" && r.URL.Query().Has("signature") {
+			rt.e2bSigned(w, r)
+			return
+		}
 		got := r.Header.Get("X-API-Key")
 		if got == "" {
 			got = strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")

@@ -84,7 +84,38 @@ async function withSandbox(opts, fn) {
   }
 }
 
+// signedPlainly fetches sbx's signed file URLs with no sandbox header, as
+// a plain client does: download, upload, an expired one, a bad one.
+async function signedPlainly(sbx) {
+  await sbx.files.write('plain.txt', 'plain client')
+  let res = await fetch(await sbx.downloadUrl('plain.txt'))
+  assert.equal(res.status, 200)
+  assert.equal(await res.text(), 'plain client')
+  const form = new FormData()
+  form.append('file', new Blob(['uploaded plainly']), 'up.txt')
+  res = await fetch(await sbx.uploadUrl('up.txt'), { method: 'POST', body: form })
+  assert.equal(res.status, 200)
+  assert.equal(await sbx.files.read('up.txt'), 'uploaded plainly')
+  const soon = await sbx.downloadUrl('plain.txt', { useSignatureExpiration: 1 })
+  await sleep(2100)
+  res = await fetch(soon)
+  assert.equal(res.status, 401)
+  assert.equal((await res.json()).message, 'signature is already expired')
+  const bad = new URL(await sbx.downloadUrl('plain.txt'))
+  bad.searchParams.set('signature', 'v1_AAAA')
+  res = await fetch(bad)
+  assert.equal(res.status, 401)
+  assert.equal((await res.json()).message, 'invalid signature')
+}
+
 const scenarios = {
+  // Signed file URLs fetched plainly on E2B_SANDBOX_URL (a gateway's own
+  // name, where only the signature says which sandbox they are for).
+  async signed() {
+    await withSandbox({}, signedPlainly)
+    console.log('ok signed')
+  },
+
   // commands.run with onStdout, exit codes, users, env, cwd, background
   // commands with kill, stdin, connecting to a running command.
   async commands() {
@@ -611,26 +642,7 @@ const scenarios = {
       await until('a websocket echo', async () => { echoed = await wsEcho(api, sbx.getHost(8001), 'ping over ws').catch(() => ''); return echoed !== '' })
       assert.equal(echoed, 'ping over ws')
 
-      // Signed URLs fetched with no sandbox header, as a plain client does.
-      await sbx.files.write('plain.txt', 'plain client')
-      let res = await fetch(await sbx.downloadUrl('plain.txt'))
-      assert.equal(res.status, 200)
-      assert.equal(await res.text(), 'plain client')
-      const form = new FormData()
-      form.append('file', new Blob(['uploaded plainly']), 'up.txt')
-      res = await fetch(await sbx.uploadUrl('up.txt'), { method: 'POST', body: form })
-      assert.equal(res.status, 200)
-      assert.equal(await sbx.files.read('up.txt'), 'uploaded plainly')
-      const soon = await sbx.downloadUrl('plain.txt', { useSignatureExpiration: 1 })
-      await sleep(2100)
-      res = await fetch(soon)
-      assert.equal(res.status, 401)
-      assert.equal((await res.json()).message, 'signature is already expired')
-      const bad = new URL(await sbx.downloadUrl('plain.txt'))
-      bad.searchParams.set('signature', 'v1_AAAA')
-      res = await fetch(bad)
-      assert.equal(res.status, 401)
-      assert.equal((await res.json()).message, 'invalid signature')
+      await signedPlainly(sbx)
     })
     // allowPublicTraffic false: the ingress asks for the traffic token.
     await withSandbox({ network: { allowPublicTraffic: false } }, async (sbx) => {
