@@ -32,11 +32,11 @@ import (
 )
 
 // EnvdVersion is the envd version the facade reports. The SDKs gate
-// features on it: 0.6.3 enables everything implemented here (stdin
+// features on it: 0.6.4 enables everything implemented here (stdin
 // choice, default user, closeStdin, octet-stream and gzip uploads, file
 // metadata in user.e2b.* xattrs from 0.6.2, watch events with entry info
-// from 0.6.3) and nothing that is not (watching network mounts is 0.6.4).
-const EnvdVersion = "0.6.3"
+// from 0.6.3, watching network mounts, by polling, from 0.6.4).
+const EnvdVersion = "0.6.4"
 
 // DefaultTemplate is the template E2B SDKs ask for when none is named; it
 // maps to the built-in image of the same name.

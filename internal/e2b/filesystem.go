@@ -276,6 +276,9 @@ type watchRequest struct {
 	// IncludeEntry adds each changed file's entry info to its event
 	// (envd 0.6.3).
 	IncludeEntry bool `json:"includeEntry"`
+	// AllowNetworkMounts lets a directory on a network mount be watched,
+	// by polling (envd 0.6.4, watchpoll.go).
+	AllowNetworkMounts bool `json:"allowNetworkMounts"`
 }
 
 type watchEvent struct {
@@ -335,7 +338,14 @@ func (s *Server) watch(r *http.Request, st *stream, req *watchRequest) error {
 	if err != nil {
 		return err
 	}
-	ev, err := gc.Watch(r.Context(), guestapi.FileRequest{Path: dir, Recursive: req.Recursive})
+	var ev fileEvents
+	if fstype := networkMount(r.Context(), gc, dir); fstype == "" {
+		ev, err = gc.Watch(r.Context(), guestapi.FileRequest{Path: dir, Recursive: req.Recursive})
+	} else if !req.AllowNetworkMounts {
+		err = errNetworkMount(dir, fstype)
+	} else {
+		ev, err = newPoller(r.Context(), gc, dir, req.Recursive)
+	}
 	if err != nil {
 		return err
 	}

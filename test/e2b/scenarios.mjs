@@ -510,7 +510,8 @@ const scenarios = {
 
   // File metadata (envd 0.6.2): user.e2b.* xattrs written with a file,
   // read back by getInfo, list, rename and from inside, replaced on
-  // overwrite; watch events with entry info (envd 0.6.3).
+  // overwrite; watch events with entry info (envd 0.6.3), allowNetworkMounts
+  // (0.6.4).
   async metadata() {
     await withSandbox({}, async (sbx) => {
       const w = await sbx.files.write('m/a.txt', 'alpha', { metadata: { Owner: 'me', 'x-tag': 'v1' } })
@@ -555,6 +556,13 @@ const scenarios = {
       await until('an event', () => plainEvents.length > 0)
       await h2.stop()
       assert.equal(plainEvents[0].entry, undefined, 'no entry unless asked')
+      // envd 0.6.4: the SDK sends allowNetworkMounts; a local directory is
+      // watched with inotify as before (a network mount would be polled).
+      const netEvents = []
+      const h3 = await sbx.files.watchDir('w', (e) => netEvents.push(e), { allowNetworkMounts: true, recursive: true })
+      await sbx.files.write('w/z.txt', 'z')
+      await until('an event with allowNetworkMounts', () => netEvents.some((e) => e.name === 'z.txt'))
+      await h3.stop()
       info('watch_entry_events', events.map((e) => `${e.type}:${e.name}:${e.entry ? e.entry.size : '-'}`).join(','))
     })
     console.log('ok metadata')
