@@ -81,6 +81,13 @@ type Snapshot struct {
 	// UsedBy lists what holds the snapshot: templates, and sandboxes that
 	// mount a directory snapshot.
 	UsedBy []string `json:"used_by,omitempty"`
+	// Containers, for a sandbox of several, are its containers as made
+	// (the first's disk is the snapshot's image, each other's captured in
+	// the same freeze); a sandbox created from it has them all.
+	// SharedVolumes are made anew (empty) for it: a snapshot does not
+	// capture volumes.
+	Containers    []Container    `json:"containers,omitempty"`
+	SharedVolumes []SharedVolume `json:"shared_volumes,omitempty"`
 	// Memory is set for a memory snapshot: its processes were
 	// checkpointed with its files.
 	Memory *SnapshotMemory `json:"memory,omitempty"`

@@ -47,8 +47,8 @@ func (s Snapshots) Create(ctx context.Context, id string, req api.SnapshotReques
 	if err != nil {
 		return api.Snapshot{}, err
 	}
-	if b.group() {
-		return api.Snapshot{}, errGroup(id, "a snapshot")
+	if b.group() && req.Path != "" {
+		return api.Snapshot{}, errGroup(id, "a directory snapshot")
 	}
 	p, err := m.cfg.Snapshots.Begin()
 	if err != nil {
@@ -94,6 +94,8 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 	}
 	var c runtime.Capture
 	var mem *api.SnapshotMemory
+	var containers []api.Container
+	var shared []api.SharedVolume
 	var err error
 	if req.Memory {
 		mem, err = m.memoryCaptureLocked(ctx, b, p.Checkpoint, func() (err error) {
@@ -101,7 +103,7 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 			return err
 		})
 	} else {
-		c, err = m.captureLocked(ctx, b, dst)
+		c, containers, shared, err = m.captureAllLocked(ctx, b, dst, p)
 	}
 	b.mu.Unlock()
 	if err != nil {
@@ -109,6 +111,8 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 	}
 	b.touch()
 	snap := api.Snapshot{
+		Containers:     containers,
+		SharedVolumes:  shared,
 		Sandbox:        rec.ID,
 		Path:           req.Path,
 		Image:          imageRef(rec),
@@ -247,6 +251,22 @@ func (m *Manager) keepsMemory(name string) bool {
 	return ok
 }
 
+// captureAllLocked is captureLocked, or for a group captureGroupLocked
+// into p (the first's disk to dst), which also returns its containers
+// and shared volumes as a create makes them again.
+func (m *Manager) captureAllLocked(ctx context.Context, b *box, dst string, p *snapshot.Pending) (runtime.Capture, []api.Container, []api.SharedVolume, error) {
+	if !b.group() {
+		c, err := m.captureLocked(ctx, b, dst)
+		return c, nil, nil, err
+	}
+	gc, err := m.captureGroupLocked(ctx, b, dst, p.ContainerPath)
+	if err != nil {
+		return runtime.Capture{}, nil, nil, err
+	}
+	cs, shared := b.containerSpecs()
+	return gc.sum(), cs, shared, nil
+}
+
 // Fork makes req.Count new sandboxes from a capture of a running (or
 // paused) sandbox. Each fork has its own copy of the disk; volumes are
 // shared with the source unless req.CopyVolumes gives each its own copy.
@@ -271,8 +291,8 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 	if err != nil {
 		return api.ForkResult{}, err
 	}
-	if b.group() {
-		return api.ForkResult{}, errGroup(id, "a fork")
+	if b.group() && req.CopyVolumes {
+		return api.ForkResult{}, errGroup(id, "a fork with copies of its volumes")
 	}
 	p, err := m.cfg.Snapshots.Begin()
 	if err != nil {
@@ -288,9 +308,11 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 		memory = m.keepsMemoryLocked(b)
 	}
 	var c runtime.Capture
+	var containers []api.Container
+	var shared []api.SharedVolume
 	var volImages map[string]string
 	capture := func() (err error) {
-		if c, err = m.captureLocked(ctx, b, p.Path); err == nil && req.CopyVolumes {
+		if c, containers, shared, err = m.captureAllLocked(ctx, b, p.Path, p); err == nil && req.CopyVolumes {
 			volImages, err = m.captureVolumesLocked(ctx, b, p.Path)
 		}
 		return err
@@ -309,6 +331,12 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 	src := source{from: "fork:" + rec.ID, diskFrom: p.Path}
 	if mem != nil {
 		src.checkpoint = p.Checkpoint
+	}
+	if containers != nil {
+		src.containerDisks = map[string]string{}
+		for _, mc := range containers[1:] {
+			src.containerDisks[mc.Name] = p.ContainerPath(mc.Name)
+		}
 	}
 
 	labels := map[string]string{}
@@ -334,6 +362,11 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 		AutoResume:       &rec.AutoResume,
 		Volumes:          rec.Volumes,
 		Policy:           rec.Policy,
+	}
+	if containers != nil {
+		// Each fork makes its containers and shared volumes anew.
+		base.Image, base.Env, base.Workdir, base.Volumes = "", nil, "", nil
+		base.Containers, base.SharedVolumes = containers, shared
 	}
 	if rec.ExpiresAt != nil {
 		base.TimeoutSeconds = int64(time.Until(*rec.ExpiresAt)/time.Second) + 1

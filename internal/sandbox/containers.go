@@ -66,7 +66,7 @@ func validateContainers(req *api.CreateRequest) error {
 	case len(req.Volumes) > 0:
 		return errdefs.Invalid("volumes", "set each container's mounts instead when containers are given")
 	case req.From != "":
-		return errdefs.Invalid("from", "a sandbox of several containers cannot start from a snapshot or template yet")
+		return errdefs.Invalid("from", "a sandbox started from a snapshot of several containers takes its containers from it; from a snapshot of one, or a template, it cannot have several yet")
 	}
 	shared := map[string]bool{}
 	for i, v := range req.SharedVolumes {
@@ -147,6 +147,9 @@ type group struct {
 	// vols are each container's mounts, shared volumes resolved.
 	vols   [][]api.VolumeMount
 	shared []api.SharedVolume // Volume set
+	// diskFrom are the members' disks to start from (a snapshot's, a
+	// fork's), by name; nil: new disks.
+	diskFrom map[string]string
 }
 
 // planGroup resolves req's containers for sandbox id, whose limits are
@@ -274,7 +277,7 @@ func (m *Manager) memberSpec(rec *record, c api.Container, img *image.Image, fir
 // index (nil: looked up by the record's image id). It activates none. On
 // failure it stops those it started (their disks stay, as the sandbox's)
 // and leaves b.members empty.
-func (m *Manager) startMembers(ctx context.Context, b *box, images []*image.Image) (retErr error) {
+func (m *Manager) startMembers(ctx context.Context, b *box, images []*image.Image, diskFrom map[string]string) (retErr error) {
 	cs := b.rec.Containers
 	defer func() {
 		if retErr != nil {
@@ -294,6 +297,7 @@ func (m *Manager) startMembers(ctx context.Context, b *box, images []*image.Imag
 			}
 		}
 		spec := m.memberSpec(&b.rec, c.Container, img, b.inst, mr.UIDBase)
+		spec.DiskFrom = diskFrom[c.Name]
 		var err error
 		if spec.Mounts, err = m.mounts(ctx, spec.ID, mr.Volumes); err != nil {
 			return fmt.Errorf("container %s: %w", c.Name, err)
@@ -600,7 +604,7 @@ func (g *group) record(rec *record) {
 // not activated), activates them all and starts their commands. b.mu is
 // held. On failure the caller unmakes b.
 func (m *Manager) startGroup(ctx context.Context, b *box, g *group) error {
-	if err := m.startMembers(ctx, b, g.images); err != nil {
+	if err := m.startMembers(ctx, b, g.images, g.diskFrom); err != nil {
 		return err
 	}
 	activate(b.inst)

@@ -226,7 +226,7 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	if base := inst.Info().UIDBase; base != b.rec.UIDBase {
 		m.rebase(b, base)
 	}
-	if err := m.startMembers(ctx, b, nil); err != nil {
+	if err := m.startMembers(ctx, b, nil, nil); err != nil {
 		b.stopping = true
 		inst.Kill()
 		<-inst.Done()

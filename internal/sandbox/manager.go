@@ -221,7 +221,9 @@ type source struct {
 	from       string // recorded as the sandbox's From
 	diskFrom   string
 	checkpoint string
-	release    func()
+	// containerDisks are the disks of a group's members, by name.
+	containerDisks map[string]string
+	release        func()
 }
 
 // resolveFrom fills req from a snapshot named by req.From (its image,
@@ -258,6 +260,9 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 	}
 	if req.Image != "" && req.Image != snap.Image {
 		return source{}, errdefs.Invalid("image", "%q differs from snapshot %s's image %q", req.Image, snap.ID, snap.Image)
+	}
+	if len(snap.Containers) > 0 && (len(req.Containers) > 0 || len(req.SharedVolumes) > 0 || len(req.Env) > 0 || req.Workdir != "" || len(req.Volumes) > 0) {
+		return source{}, errdefs.Invalid("from", "snapshot %s holds a sandbox of several containers: its containers (their env, workdir and mounts) and shared volumes are the snapshot's", snap.ID)
 	}
 	req.Image = snap.Image
 	if len(snap.Env) > 0 {
@@ -299,6 +304,20 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 			return source{}, err
 		}
 	}
+	var disks map[string]string
+	if len(snap.Containers) > 0 {
+		// A group: its containers and shared volumes are the snapshot's
+		// (checked above), and the first's image, env and workdir.
+		req.Image, req.Env, req.Workdir = "", nil, ""
+		req.Containers = append([]api.Container(nil), snap.Containers...)
+		req.SharedVolumes = append([]api.SharedVolume(nil), snap.SharedVolumes...)
+		disks = map[string]string{}
+		for _, c := range snap.Containers[1:] {
+			if disks[c.Name], err = m.cfg.Snapshots.ContainerImagePath(snap.ID, c.Name); err != nil {
+				return source{}, err
+			}
+		}
+	}
 	// Held while it is copied, so that a removal waits for the copy.
 	holder := "creating:" + runtime.NewID()
 	if err := m.cfg.Snapshots.Hold(snap.ID, holder); err != nil {
@@ -315,7 +334,7 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 	if from == "" {
 		from = snap.ID
 	}
-	return source{from: from, diskFrom: img, checkpoint: checkpoint, release: release}, nil
+	return source{from: from, diskFrom: img, checkpoint: checkpoint, containerDisks: disks, release: release}, nil
 }
 
 func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source) (api.Sandbox, error) {
@@ -334,6 +353,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		if grp, err = m.planGroup(&req, runtime.NewID(), m.withDefaults(req.Resources)); err != nil {
 			return api.Sandbox{}, err
 		}
+		grp.diskFrom = src.containerDisks
 		// The first container is the sandbox's own guest.
 		c0 := req.Containers[0]
 		req.Image, req.Env, req.Workdir, req.Volumes = c0.Image, c0.Env, c0.Workdir, grp.vols[0]

@@ -152,6 +152,35 @@ func Open(cfg Config) (*Store, error) {
 
 func (s *Store) imagePath(id string) string { return filepath.Join(s.cfg.Dir, id, imageName) }
 
+// containerImage is the image of container name (not the first) of a
+// snapshot of a sandbox of several containers, beside the first's.
+func containerImage(dir, name string) string {
+	return filepath.Join(dir, "container-"+name+".img")
+}
+
+// ContainerPath is where Pending writes the image of container name (not
+// the first; api.IsContainerName holds) of a sandbox of several.
+func (p *Pending) ContainerPath(name string) string {
+	return containerImage(filepath.Dir(p.Path), name)
+}
+
+// ContainerImagePath returns the image of container name (not the first)
+// of a snapshot of a sandbox of several containers.
+func (s *Store) ContainerImagePath(id, name string) (string, error) {
+	snap, err := s.Get(id)
+	if err != nil {
+		return "", err
+	}
+	for _, c := range snap.Containers[min(1, len(snap.Containers)):] {
+		if c.Name == name {
+			return containerImage(filepath.Join(s.cfg.Dir, id), name), nil
+		}
+	}
+	return "", errdefs.NotFound("container of snapshot "+id, name)
+}
+
+// Pending is a snapshot being made: its image is written at Path, then
+
 func (s *Store) checkpointPath(id string) string { return filepath.Join(s.cfg.Dir, id, checkpointName) }
 
 // Pending is a snapshot being made: its image is written at Path (and a
