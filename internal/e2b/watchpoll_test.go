@@ -52,7 +52,7 @@ func TestDiffListings(t *testing.T) {
 		"/d/e":   f("/d/e", api.TypeFile, 1, t0, 0o644),
 	}
 	now := map[string]api.FileInfo{
-		"/d/a":   f("/d/a", api.TypeFile, 2, t0, 0o644),                   // grew
+		"/d/a":   f("/d/a", api.TypeFile, 2, t0, 0o644),                  // grew
 		"/d/b":   f("/d/b", api.TypeFile, 1, t0.Add(time.Second), 0o644), // touched
 		"/d/sub": f("/d/sub", api.TypeDir, 4096, t0.Add(time.Second), 0o700),
 		"/d/e":   f("/d/e", api.TypeDir, 1, t0, 0o644), // replaced by a directory
