@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,6 +38,7 @@ type forker struct {
 	mu   sync.Mutex // one request at a time on the socket
 	sock *os.File
 	cmd  *exec.Cmd
+	dead chan struct{} // closed once the helper has exited and is reaped
 }
 
 // startForker starts the helper from the sealed guest binary, which it
@@ -64,11 +66,27 @@ func startForker(exe *os.File) (*forker, error) {
 	// It dies with the daemon; the guests it forked do not (they are
 	// reparented), and a new daemon starts a new forker.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWNS}
-	if err := cmd.Start(); err != nil {
+	// The death signal follows the thread that started the helper, not
+	// the daemon: were that thread to end (a goroutine that returns
+	// locked to it, as namespace work and the memory trim do), the helper
+	// would be killed under a live daemon. So it is started from a thread
+	// of its own, held until the helper has exited.
+	f := &forker{sock: ours, cmd: cmd, dead: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the helper
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			cmd.Wait()
+		}
+		close(f.dead)
+	}()
+	if err := <-started; err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("starting forker: %w", err)
 	}
-	return &forker{sock: ours, cmd: cmd}, nil
+	return f, nil
 }
 
 // fork asks for a guest; it returns its pid and a pidfd.
@@ -104,14 +122,27 @@ func (f *forker) fork(req forkRequest, fds []int) (int, int, error) {
 	return 0, -1, errors.New("the forker sent no pidfd")
 }
 
-// alive reports whether the helper process still runs.
-func (f *forker) alive() bool { return unix.Kill(f.cmd.Process.Pid, 0) == nil }
+// alive reports whether the helper process still runs (a killed one
+// that is not yet reaped does not).
+func (f *forker) alive() bool {
+	select {
+	case <-f.dead:
+		return false
+	default:
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", f.cmd.Process.Pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(st), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
 
 // close stops the helper.
 func (f *forker) close() {
 	f.sock.Close()
 	f.cmd.Process.Kill()
-	f.cmd.Wait()
+	<-f.dead
 }
 
 // raisePriority gives every thread of process pid the normal priority.
