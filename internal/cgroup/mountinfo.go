@@ -3,6 +3,8 @@ package cgroup
 import (
 	"bytes"
 	"strings"
+
+	"github.com/paddock-dev/paddock/internal/mountinfo"
 )
 
 // v1Controllers are the only v1 controllers paddock uses.
@@ -34,7 +36,7 @@ func parseMountinfo(b []byte) cgroupMounts {
 		if len(fields) < 5 || len(tail) < 3 {
 			continue
 		}
-		root, point := fields[3], unescapeMountPath(fields[4])
+		root, point := fields[3], mountinfo.Unescape(fields[4])
 		switch tail[0] {
 		case "cgroup2":
 			if m.v2 == "" || (!v2Root && root == "/") {
@@ -54,23 +56,3 @@ func parseMountinfo(b []byte) cgroupMounts {
 	}
 	return m
 }
-
-// unescapeMountPath undoes the octal escapes (\040 for a space, ...) the
-// kernel writes for whitespace and backslashes in mountinfo paths.
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
-			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isOctal(c byte) bool { return c >= '0' && c <= '7' }

@@ -8,13 +8,13 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/mountinfo"
 )
 
 // Watching network mounts (envd 0.6.4): inotify sees only the changes made
@@ -50,9 +50,9 @@ func isNetworkFS(fstype string) bool {
 // mountFSType is the file system type of the mount that holds dir (an
 // absolute, clean path), from a mountinfo's text: the one with the
 // longest mount point that contains dir, the last mounted on ties.
-func mountFSType(mountinfo []byte, dir string) string {
+func mountFSType(text []byte, dir string) string {
 	best, bestLen := "", -1
-	sc := bufio.NewScanner(bytes.NewReader(mountinfo))
+	sc := bufio.NewScanner(bytes.NewReader(text))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
@@ -61,7 +61,7 @@ func mountFSType(mountinfo []byte, dir string) string {
 		if !ok || len(f) < 5 || len(g) < 1 {
 			continue
 		}
-		mp := unescapeMount(f[4])
+		mp := mountinfo.Unescape(f[4])
 		if mp != "/" && dir != mp && !strings.HasPrefix(dir, mp+"/") {
 			continue
 		}
@@ -70,25 +70,6 @@ func mountFSType(mountinfo []byte, dir string) string {
 		}
 	}
 	return best
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // networkMount is the type of the network file system dir is on in the

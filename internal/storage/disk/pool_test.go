@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/mountinfo"
 )
 
 const testSize = 64 << 20 // small default: fast to make, same code path
@@ -92,7 +93,7 @@ func mountsUnder(t testing.TB, dir string) []string {
 		if len(fields) < 5 {
 			continue
 		}
-		mp := unescapeMountinfo(fields[4])
+		mp := mountinfo.Unescape(fields[4])
 		if mp == dir || strings.HasPrefix(mp, dir+"/") {
 			mounts = append(mounts, mp)
 		}
@@ -274,7 +275,7 @@ func mountHasOption(t testing.TB, path, opt string) bool {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 5 && unescapeMountinfo(f[4]) == path {
+		if len(f) > 5 && mountinfo.Unescape(f[4]) == path {
 			for _, o := range strings.Split(f[5], ",") {
 				if o == opt {
 					return true

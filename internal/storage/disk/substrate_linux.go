@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 
 	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/mountinfo"
 )
 
 // Substrate modes, as Substrate.Mode reports them.
@@ -462,7 +462,7 @@ func mountpointsUnder(dir string) ([]string, error) {
 		if len(fields) < 5 {
 			continue
 		}
-		if mp := unescapeMountinfo(fields[4]); strings.HasPrefix(mp, dir+"/") {
+		if mp := mountinfo.Unescape(fields[4]); strings.HasPrefix(mp, dir+"/") {
 			mounts = append(mounts, mp)
 		}
 	}
@@ -470,21 +470,4 @@ func mountpointsUnder(dir string) ([]string, error) {
 		return nil, fmt.Errorf("listing mounts: %w", err)
 	}
 	return mounts, nil
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for a space) of a path
-// in /proc/self/mountinfo.
-func unescapeMountinfo(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -1,0 +1,30 @@
+// Package mountinfo owns the reading of /proc/PID/mountinfo's fields
+// (proc(5)) that several packages parse.
+package mountinfo
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Unescape undoes the octal escapes the kernel writes for whitespace and
+// backslashes in a mountinfo path (\040 for a space, \134 for a
+// backslash). A backslash not followed by three octal digits of a byte
+// stays as it is.
+func Unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
