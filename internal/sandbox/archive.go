@@ -259,14 +259,10 @@ func (m *Manager) forgetMoved(id string) {
 	}
 }
 
-// checkArchived asks the archive, once the node starts, about the stubs
-// it holds (another node may have taken them in while this one was gone)
-// and the sandboxes it knows moved (forgotten once the archive has no
-// record of them: removed).
-func (m *Manager) checkArchived() {
-	defer m.wg.Done()
+// untilClosed is a context that ends when the manager closes, or when
+// its cancel is called.
+func (m *Manager) untilClosed() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	go func() {
 		select {
 		case <-m.closed:
@@ -274,6 +270,17 @@ func (m *Manager) checkArchived() {
 		case <-ctx.Done():
 		}
 	}()
+	return ctx, cancel
+}
+
+// checkArchived asks the archive, once the node starts, about the stubs
+// it holds (another node may have taken them in while this one was gone)
+// and the sandboxes it knows moved (forgotten once the archive has no
+// record of them: removed).
+func (m *Manager) checkArchived() {
+	defer m.wg.Done()
+	ctx, cancel := m.untilClosed()
+	defer cancel()
 	m.mu.Lock()
 	boxes := make([]*box, 0, len(m.boxes))
 	for _, b := range m.boxes {

@@ -318,18 +318,11 @@ func (m *Manager) superviseAll(b *box) {
 // marks the container failed. It stops following once the command is no
 // longer the container's (the sandbox stopped, the guest changed).
 func (m *Manager) supervise(b *box, i int, gc *guestapi.Client, pid int) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := m.untilClosed()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		defer cancel()
-		go func() {
-			select {
-			case <-m.closed:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		streak, started := 0, time.Now()
 		ours := func() bool {
 			return b.rec.State == api.StateRunning && b.rec.Containers[i].PID == pid && b.guestOf(i) == gc
