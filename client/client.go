@@ -160,29 +160,35 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body any) 
 
 // do sends a request and decodes a JSON answer into out (if non-nil).
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	_, err := c.doHeader(ctx, method, path, body, out)
+	return err
+}
+
+// doHeader is do that returns the answer's header too.
+func (c *Client) doHeader(ctx context.Context, method, path string, body, out any) (http.Header, error) {
 	req, err := c.newRequest(ctx, method, path, body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		return readError(resp)
+		return resp.Header, readError(resp)
 	}
 	if out == nil {
 		io.Copy(io.Discard, resp.Body)
-		return nil
+		return resp.Header, nil
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("decoding %s %s answer: %w", method, path, err)
+		return resp.Header, fmt.Errorf("decoding %s %s answer: %w", method, path, err)
 	}
 	// Read to the end (the newline after the JSON), so that the
 	// connection is kept for the next request.
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-	return nil
+	return resp.Header, nil
 }
 
 func readError(resp *http.Response) error {

@@ -86,6 +86,12 @@ func (r execResult) String() string {
 // empty, and returns how it ended; only a failure to run it fails the test.
 func (d *Daemon) run(id, stdin string, cmd ...string) execResult {
 	d.t.Helper()
+	return runVia(d.t, d.Client(), id, stdin, cmd...)
+}
+
+// runVia runs cmd in sandbox id through cl (a gateway's client).
+func runVia(t *testing.T, cl *client.Client, id, stdin string, cmd ...string) execResult {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	req := api.ExecRequest{Cmd: cmd}
@@ -93,9 +99,9 @@ func (d *Daemon) run(id, stdin string, cmd ...string) execResult {
 		req.Stdin = &stdin
 	}
 	var out, errb bytes.Buffer
-	st, err := d.Client().Exec(ctx, id, req, client.ExecIO{Stdout: &out, Stderr: &errb})
+	st, err := cl.Exec(ctx, id, req, client.ExecIO{Stdout: &out, Stderr: &errb})
 	if err != nil {
-		d.t.Fatalf("exec %q in %s: %v", cmd, id, err)
+		t.Fatalf("exec %q in %s: %v", cmd, id, err)
 	}
 	return execResult{Stdout: out.String(), Stderr: errb.String(), ExitStatus: st}
 }

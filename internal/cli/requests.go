@@ -32,9 +32,16 @@ func requestsCmd(g *globals) *cobra.Command {
 			if len(args) == 1 {
 				sandbox = args[0]
 			}
-			list, err := c.Requests(cmd.Context(), sandbox, state)
+			list, missing, leftOut, err := c.GatheredRequests(cmd.Context(), sandbox, state)
 			if err != nil {
 				return err
+			}
+			// Through a cluster's gateway the list may not be whole.
+			if len(missing) > 0 {
+				fmt.Fprintf(g.stderr, "warning: node(s) %s did not answer: their sandboxes' requests are not listed\n", strings.Join(missing, ", "))
+			}
+			if leftOut > 0 {
+				fmt.Fprintf(g.stderr, "warning: the gateway left out the %d oldest requests; filter with --state or name a sandbox\n", leftOut)
 			}
 			if asJSON {
 				return writeJSON(g.stdout, list)

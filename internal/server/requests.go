@@ -62,6 +62,28 @@ func (s *Server) decideRequest(approve bool) http.HandlerFunc {
 	}
 }
 
+// ForwardedCredentialHeader is how a cluster's gateway names the
+// credential its client presented (TokenCredential) on the calls it
+// passes to a node.
+const ForwardedCredentialHeader = "Paddock-Forwarded-Credential"
+
+// TokenCredential names the bearer token of an Authorization header by a
+// fingerprint, never the token: "token 3f2a91c0".
+func TokenCredential(authorization string) string {
+	sum := sha256.Sum256([]byte(strings.TrimPrefix(authorization, "Bearer ")))
+	return "token " + hex.EncodeToString(sum[:4])
+}
+
+// forwardedCredential reports whether v is what TokenCredential makes.
+func forwardedCredential(v string) bool {
+	fp, ok := strings.CutPrefix(v, "token ")
+	if !ok || len(fp) != 8 {
+		return false
+	}
+	_, err := hex.DecodeString(fp)
+	return err == nil && strings.ToLower(fp) == fp
+}
+
 // ClientHeader is how a client names itself ("cli", "console"); the
 // audit of a decision records the name with the credential it came with.
 const ClientHeader = "Paddock-Client"
@@ -96,8 +118,13 @@ func decider(r *http.Request) string {
 	}
 	cred, _ := r.Context().Value(credentialKey{}).(string)
 	if cred == byTokenCred {
-		sum := sha256.Sum256([]byte(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")))
-		cred = "token " + hex.EncodeToString(sum[:4])
+		cred = TokenCredential(r.Header.Get("Authorization"))
+		// A cluster's gateway presents the node token and names the
+		// client's own token beside it: both go in the audit, so a
+		// holder of the token cannot pass for another.
+		if fwd := r.Header.Get(ForwardedCredentialHeader); forwardedCredential(fwd) {
+			cred = fwd + " at a gateway, which called with " + cred
+		}
 	}
 	if cred == "" {
 		cred = "in process"
