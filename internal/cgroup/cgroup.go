@@ -45,6 +45,16 @@ func (m Mode) String() string {
 // default; writing it explicitly keeps quota arithmetic in one place.
 const cpuPeriodUS = 100000
 
+// The CPU weights of SetBackground: the kernel's default (a nice-0
+// task's) and a nice-10 task's, 110/1024 of it (sched_prio_to_weight),
+// in v1's cpu.shares and v2's cpu.weight (whose default is 100).
+const (
+	v1SharesDefault    = "1024"
+	v1SharesBackground = "110"
+	v2WeightDefault    = "100"
+	v2WeightBackground = "11"
+)
+
 // Limits are the resource caps of one group. A zero field means unlimited.
 type Limits struct {
 	// CPUs is the CPU quota in cores (0.5 = half a core per 100ms period).

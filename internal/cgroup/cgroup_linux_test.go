@@ -707,12 +707,18 @@ func TestCPULimit(t *testing.T) {
 // cpuQuota reads the group's quota back from its control file.
 func cpuQuota(t *testing.T, g *Group) string {
 	t.Helper()
+	return cpuFile(t, g, "cpu.cfs_quota_us", "cpu.max")
+}
+
+// cpuFile reads the group's CPU control file named v1 or v2.
+func cpuFile(t *testing.T, g *Group, v1, v2 string) string {
+	t.Helper()
 	var path string
 	switch d := g.d.(type) {
 	case *v1Group:
-		path = d.cpu + "/cpu.cfs_quota_us"
+		path = d.cpu + "/" + v1
 	case *v2Group:
-		path = d.path + "/cpu.max"
+		path = d.path + "/" + v2
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -937,6 +943,47 @@ func TestRename(t *testing.T) {
 		}
 		if n, err := readInt(ng.d.(*v1Group).pids + "/pids.max"); err != nil || n != lim.Pids {
 			t.Fatalf("renamed group's pids.max = %d, %v; want %d", n, err, lim.Pids)
+		}
+	})
+}
+
+// TestSetBackground: a background group has a nice-10 task's CPU weight
+// and gets the kernel's default back; without the v2 CPU controller it
+// is a no-op, and a group that is gone is reported as not found.
+func TestSetBackground(t *testing.T) {
+	forEachHierarchy(t, func(t *testing.T, m *Manager) {
+		g := createGroup(t, m, "background", Limits{})
+		weight := func() string {
+			t.Helper()
+			if d, ok := g.d.(*v2Group); ok && d.h.ctrl&ctrlCPU == 0 {
+				return ""
+			}
+			return cpuFile(t, g, "cpu.shares", "cpu.weight")
+		}
+		want := map[bool]string{false: v1SharesDefault, true: v1SharesBackground}
+		if v2, ok := m.h.(*v2Hierarchy); ok {
+			want = map[bool]string{false: v2WeightDefault, true: v2WeightBackground}
+			if v2.ctrl&ctrlCPU == 0 {
+				want = map[bool]string{false: "", true: ""}
+			}
+		}
+		if got := weight(); got != want[false] {
+			t.Errorf("weight of a new group = %q, want %q", got, want[false])
+		}
+		for _, on := range []bool{true, false, true} {
+			if err := g.SetBackground(on); err != nil {
+				t.Fatalf("SetBackground(%v): %v", on, err)
+			}
+			if got := weight(); got != want[on] {
+				t.Errorf("weight after SetBackground(%v) = %q, want %q", on, got, want[on])
+			}
+		}
+		if err := g.Delete(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		err := g.SetBackground(false)
+		if want[false] != "" && !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("SetBackground of a deleted group = %v, want ErrNotFound", err)
 		}
 	})
 }

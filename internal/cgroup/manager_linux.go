@@ -42,6 +42,9 @@ type driver interface {
 	// false when the kernel has none (v1, v2 before 5.14).
 	killAll() (ok bool, err error)
 	oomEventsPath() (string, error)
+	// setBackground sets the group's CPU weight to a nice-10 task's (on)
+	// or back to the kernel's default, a nice-0 task's (off).
+	setBackground(on bool) error
 	// dir is the single directory a CLONE_INTO_CGROUP fd can name (v2 only).
 	dir() (string, error)
 }
@@ -334,6 +337,19 @@ func (g *Group) Update(l Limits) error {
 	}
 	if err := g.d.setLimits(l, false); err != nil {
 		return fmt.Errorf("updating cgroup %s: %w", g.rel, g.missing(err))
+	}
+	return nil
+}
+
+// SetBackground gives the group the CPU weight of a nice-10 task (on) or
+// the kernel's default, a nice-0 task's (off). A process's nice value
+// only weighs against the processes of its own group: the scheduler
+// first shares the CPU between groups by their weight, so a group's
+// weight is what makes work in it yield to other groups. Where the CPU
+// controller is not enabled (v2) it does nothing.
+func (g *Group) SetBackground(on bool) error {
+	if err := g.d.setBackground(on); err != nil {
+		return fmt.Errorf("setting the CPU weight of cgroup %s: %w", g.rel, g.missing(err))
 	}
 	return nil
 }

@@ -187,6 +187,14 @@ func (g *v1Group) thaw() error {
 	return writeFile(g.freezer+"/freezer.state", "THAWED")
 }
 
+func (g *v1Group) setBackground(on bool) error {
+	v := v1SharesDefault
+	if on {
+		v = v1SharesBackground
+	}
+	return writeFile(g.cpu+"/cpu.shares", v)
+}
+
 func (g *v1Group) killAll() (bool, error) { return false, nil }
 
 func (g *v1Group) oomEventsPath() (string, error) {

@@ -285,6 +285,17 @@ func (g *v2Group) freeze(ctx context.Context) error {
 	return err
 }
 
+func (g *v2Group) setBackground(on bool) error {
+	if g.h.ctrl&ctrlCPU == 0 {
+		return nil
+	}
+	v := v2WeightDefault
+	if on {
+		v = v2WeightBackground
+	}
+	return writeFile(g.path+"/cpu.weight", v)
+}
+
 func (g *v2Group) thaw() error {
 	if !g.h.freezer {
 		return fmt.Errorf("%w: no cgroup.freeze (kernel before 5.2)", errdefs.ErrUnavailable)

@@ -141,7 +141,7 @@ func (r *Runtime) adoptBlank(g *guestProc, spec *runtime.Spec) error {
 	g.sb.socket = filepath.Join(dir, "guest.sock")
 	g.warm = false
 	// It waited at the forker's low priority; someone waits for it now.
-	raisePriority(g.sb.st.PID)
+	raisePriority(g.sb.st.PID, g.sb.cg)
 	g.raised = true
 	return nil
 }

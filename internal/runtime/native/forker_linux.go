@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/guestfork"
 )
 
@@ -145,8 +146,16 @@ func (f *forker) close() {
 	<-f.dead
 }
 
-// raisePriority gives every thread of process pid the normal priority.
-func raisePriority(pid int) {
+// raisePriority gives guest pid, in cgroup cg, the normal priority: every
+// thread of the process nice 0, and the group the default CPU weight
+// (background, which a guest made ahead of time starts with). Nice alone
+// weighs only against the processes of the same cgroup: a guest built at
+// nice 10 in a group of its own took as much CPU as a sandbox's, in a
+// burst of creates and under the exec of a running sandbox alike.
+func raisePriority(pid int, cg *cgroup.Group) {
+	if cg != nil {
+		cg.SetBackground(false) // best effort, like the threads' priority
+	}
 	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	for _, t := range tasks {
 		if tid, err := strconv.Atoi(t.Name()); err == nil {

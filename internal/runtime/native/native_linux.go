@@ -277,7 +277,7 @@ func (r *Runtime) build(ctx context.Context, spec runtime.Spec, warm bool, urgen
 	if warm && urgent != nil && urgent() {
 		// A create waits for this warm guest: its disk and Prepare run
 		// at the normal priority, not the refill's low one.
-		raisePriority(g.sb.st.PID)
+		raisePriority(g.sb.st.PID, g.sb.cg)
 		g.raised = true
 		mark("raised")
 	}
@@ -326,6 +326,13 @@ func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool, j
 		cg.Kill()
 		cg.Delete(context.Background())
 	})
+	if warm {
+		// Made ahead of time: it yields to running sandboxes until
+		// raisePriority (the forker forks it at nice 10 too).
+		if err := cg.SetBackground(true); err != nil {
+			return nil, nil, err
+		}
+	}
 	// A network slot when the network makes them: a namespace made and
 	// wired ahead, which the guest is forked into; a container's is its
 	// sandbox's.
@@ -788,7 +795,7 @@ func (r *Runtime) activated(sb *Sandbox, a activation, err error, t0 time.Time, 
 	// thread at a time through /proc), before anything of its own: what
 	// the guest forks has its forking thread's priority.
 	if !a.raised {
-		raisePriority(sb.st.PID)
+		raisePriority(sb.st.PID, sb.cg)
 		mark("priority")
 	}
 	// Limited: Dial may connect; the guest accepts once it has activated.
@@ -946,7 +953,7 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 	}
 	// A daemon that died right after answering may not have raised the
 	// guest's priority yet (activate does that after the answer).
-	raisePriority(st.PID)
+	raisePriority(st.PID, cg)
 	return sb, nil
 }
 

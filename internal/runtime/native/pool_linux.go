@@ -378,7 +378,7 @@ func (r *Runtime) newGuest(p *pool) (_ *guestProc, retErr error) {
 	// to the normal one now, so that a hand-out need not (0.5-1.5 ms on
 	// its path on a small host).
 	if !g.raised {
-		raisePriority(g.sb.st.PID)
+		raisePriority(g.sb.st.PID, g.sb.cg)
 		g.raised = true
 	}
 	return g, nil
