@@ -16,9 +16,11 @@ GUEST_FLAGS    := -tags 'netgo osusergo' -trimpath -ldflags '-s -w'
 GOFLAGS_STATIC := -tags 'netgo osusergo embedguest' -ldflags '-linkmode external -extldflags "-static" -X github.com/paddock-dev/paddock/internal/cli.Version=$(VERSION)'
 APT_DEPS := gcc libc6-dev libseccomp-dev e2fsprogs xfsprogs util-linux iproute2 procps python3 git sudo
 # chromium: the web console's browser tests (test/console_test.go, chromedp);
-# tinyproxy-bin: the egress sidecar's test (test/containers_egress_test.go).
-TEST_DEPS := chromium tinyproxy-bin
-BENCH_DEPS := bubblewrap runc
+# tinyproxy-bin: the egress sidecar's test (test/containers_egress_test.go);
+# postgresql: the dev service of examples/postgres (test/containers_postgres_test.go,
+# the postgres benchmark).
+TEST_DEPS := chromium tinyproxy-bin postgresql
+BENCH_DEPS := bubblewrap runc postgresql
 
 .PHONY: all build deps test-deps kube-bins runsc s3-bins up down uninstall cluster-up cluster-down cluster-bench test test-short fuzz bench lint fmt clean
 

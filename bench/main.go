@@ -62,6 +62,7 @@ func allBenchmarks() []benchmark {
 		{"telemetry", "Telemetry: metrics collection cost and resize latency", benchTelemetry},
 		{"template", "Create from a template, through a warm pool and without one", benchTemplate},
 		{"snapshot", "Snapshot of a sandbox that wrote 1 GiB", benchSnapshot},
+		{"postgres", "Three containers with a PostgreSQL service: create, exec, snapshot with postgres writing", benchPostgres},
 		{"resume", "Resume of a paused sandbox → first exec output", benchResume},
 		{"fork", fmt.Sprintf("Fork ×%d of a sandbox holding 1 GiB", forkCount), benchFork},
 		{"gateway", "Through a cluster gateway: exec, create → first output and a 1 GiB stream against the daemon direct", benchGateway},
@@ -230,6 +231,8 @@ func deadline(name string) time.Duration {
 		return 2*churnTime + 2*peerChurnTime() + 3*time.Minute
 	case "density":
 		return densityTimeout
+	case "postgres": // group creates that run initdb, copies that recover WAL
+		return pgDeadline
 	case "gvisorwork": // five rounds of work that gvisor slows several times
 		return workDeadline
 	case "cluster": // two starts of the cluster's parts, a Lease's expiry, the soak
