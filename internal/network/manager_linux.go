@@ -512,6 +512,11 @@ func (m *Manager) Restore(id string, l Link) error {
 		return fmt.Errorf("restoring %s: %w: host interface %s belongs to %q", id, errdefs.ErrNotFound, l.HostIf, alias)
 	}
 	addrs, err := m.nl.AddrList(hl, netlink.FAMILY_V4)
+	// Another link's change during the dump interrupts it, its list maybe
+	// incomplete: common on a busy host, and no reason to lose a sandbox.
+	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 10; try++ {
+		addrs, err = m.nl.AddrList(hl, netlink.FAMILY_V4)
+	}
 	if err != nil {
 		return fmt.Errorf("restoring %s: listing addresses: %w", id, err)
 	}
