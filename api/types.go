@@ -157,7 +157,7 @@ const (
 
 // Readiness is a container's readiness check: Exec (a command that
 // exits 0) or HTTP (a GET of "PORT/PATH" on the sandbox's loopback that
-// answers 2xx or 3xx), tried every 100 ms to 1 s until TimeoutSeconds
+// answers 2xx or 3xx), tried every 10 ms to 200 ms until TimeoutSeconds
 // (default 60).
 type Readiness struct {
 	Exec           []string `json:"exec,omitempty"`

@@ -208,7 +208,10 @@ func (m *Manager) waitReady(ctx context.Context, b *box) error {
 func (m *Manager) readyOne(ctx context.Context, b *box, i int, deadline time.Time) error {
 	c := &b.rec.Containers[i]
 	gc := b.guestOf(i)
-	delay := 100 * time.Millisecond
+	// Checks start 10 ms apart and back off to readyPoll: a service that
+	// starts in a second (postgres) is seen within readyPoll of it, not a
+	// second later.
+	delay := 10 * time.Millisecond
 	for {
 		if c.PID != 0 {
 			if pi, err := gc.Process(ctx, c.PID); err == nil && !pi.Running {
@@ -241,9 +244,12 @@ func (m *Manager) readyOne(ctx context.Context, b *box, i int, deadline time.Tim
 			return ctx.Err()
 		case <-time.After(min(delay, left)):
 		}
-		delay = min(2*delay, time.Second)
+		delay = min(2*delay, readyPoll)
 	}
 }
+
+// readyPoll is the longest wait between two readiness checks.
+const readyPoll = 200 * time.Millisecond
 
 // readyTimeoutOf is container c's readiness timeout.
 func readyTimeoutOf(c *api.ContainerStatus) time.Duration {
