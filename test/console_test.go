@@ -274,14 +274,21 @@ func TestConsoleBrowser(t *testing.T) {
 // page), and the terminal's WebSocket from another origin with it.
 func TestConsoleRefusesWithoutSession(t *testing.T) {
 	d := startConsoleDaemon(t)
-	id := d.Create(api.CreateRequest{})
+	consoleSession(t, d.URL, d.Token, d.Create(api.CreateRequest{}))
+}
+
+// consoleSession checks the console at base (a daemon's or a gateway's,
+// its token token) with sandbox id: refused without a session, the
+// terminal refused from another origin, and working from the console's.
+func consoleSession(t *testing.T, base, token, id string) {
+	t.Helper()
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }, Timeout: 10 * time.Second}
 	for _, tc := range []struct{ method, path string }{
 		{"GET", "/ui/"}, {"GET", "/ui/sandboxes/" + id}, {"GET", "/ui/assets/app.js"}, {"GET", "/ui/assets/app.css"},
 		{"GET", "/ui/ws/terminal/" + id}, {"POST", "/ui/logout"}, {"GET", "/ui/whatever"},
 		{"GET", "/v1/sandboxes"}, {"POST", "/v1/sandboxes/" + id + "/pause"}, {"DELETE", "/v1/sandboxes/" + id},
 	} {
-		req, _ := http.NewRequest(tc.method, d.URL+tc.path, nil)
+		req, _ := http.NewRequest(tc.method, base+tc.path, nil)
 		req.Header.Set("Accept", "text/html")
 		resp, err := noRedirect.Do(req)
 		if err != nil {
@@ -295,7 +302,7 @@ func TestConsoleRefusesWithoutSession(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	wsURL := "ws" + strings.TrimPrefix(d.URL, "http") + "/ui/ws/terminal/" + id
+	wsURL := "ws" + strings.TrimPrefix(base, "http") + "/ui/ws/terminal/" + id
 	if _, resp, err := websocket.Dial(ctx, wsURL, nil); err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("terminal WebSocket without a session: %v %v", resp, err)
 	}
@@ -304,7 +311,7 @@ func TestConsoleRefusesWithoutSession(t *testing.T) {
 	// refused from another.
 	jar, _ := cookiejar.New(nil)
 	hc := &http.Client{Jar: jar, Timeout: 10 * time.Second}
-	resp, err := hc.PostForm(d.URL+"/ui/login", url.Values{"token": {d.Token}})
+	resp, err := hc.PostForm(base+"/ui/login", url.Values{"token": {token}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,6 +319,9 @@ func TestConsoleRefusesWithoutSession(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || resp.Request.URL.Path != "/ui/" {
 		t.Fatalf("login ended at %d %s", resp.StatusCode, resp.Request.URL)
+	}
+	if code, body := previewGet(t, hc, base+"/v1/sandboxes/"+id); code != http.StatusOK || !strings.Contains(body, id) {
+		t.Fatalf("the API with the session: %d %s", code, body)
 	}
 	if _, resp, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: http.Header{"Origin": {"http://evil.test"}}}); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
 		t.Errorf("terminal WebSocket from another origin: %v %v", resp, err)

@@ -101,6 +101,15 @@ func mcpConnect(t *testing.T, d *mcpDaemon, how string, p *mcpProgress, args ...
 			HTTPClient: &http.Client{Transport: bearer{d.Token, http.DefaultTransport}},
 		}
 	}
+	return mcpOpen(t, how, tr, p)
+}
+
+// mcpOpen connects the SDK's client over tr (named how), its progress
+// notifications collected in p (if not nil).
+func mcpOpen(t *testing.T, how string, tr sdk.Transport, p *mcpProgress) *sdk.ClientSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	opts := &sdk.ClientOptions{}
 	if p != nil {
 		p.order = true

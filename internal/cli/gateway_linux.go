@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/archive"
 	"github.com/paddock-dev/paddock/internal/clustertls"
 	"github.com/paddock-dev/paddock/internal/daemon"
@@ -130,7 +131,13 @@ func gatewayCmd() *cobra.Command {
 			// request, as on a daemon's TCP listener. (The E2B listener's
 			// envd calls are vouched for by the node's answer, after their
 			// bodies: it has no such bound.)
-			hs := serveGateway(l, rt.Handler(tokens), httpCfg, log, errc)
+			self, err := gatewaySelf(l, tokens)
+			if err != nil {
+				return err
+			}
+			defer self.Close()
+			mcpH := daemon.MCPHandler(self, Version, log.With("component", "mcp"))
+			hs := serveGateway(l, daemon.Surfaces(rt.Handler(tokens), self, mcpH, tokens.Present(), tokens, log), httpCfg, log, errc)
 			log.Info("gateway serving", "listen", l.Addr().String())
 			if e2bListen != "" {
 				eu, err := url.Parse(e2bListen)
@@ -190,6 +197,19 @@ func gatewayCmd() *cobra.Command {
 	f.IntVar(&httpCfg.Limits.Conns, "http-max-conns", 4096, "connections each listener holds at once")
 	archiveFlags(f, &arch)
 	return cmd
+}
+
+// gatewaySelf is a client of the gateway's own API on l, for the agent
+// surfaces it serves as a daemon does (/mcp, the console's terminal): so
+// they place, route and splice as any client's calls. It keeps the token
+// presented at start (a rotation that removes it needs a restart for
+// them, as on a daemon).
+func gatewaySelf(l net.Listener, tokens *clustertls.Tokens) (*client.Client, error) {
+	c, err := client.New("tcp://"+l.Addr().String(), client.WithToken(tokens.Present()))
+	if err != nil {
+		return nil, fmt.Errorf("the gateway's own client: %w", err)
+	}
+	return c, nil
 }
 
 // serveGateway serves h on l, its connections bounded as the daemon's

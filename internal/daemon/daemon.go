@@ -23,7 +23,6 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/clustertls"
-	"github.com/paddock-dev/paddock/internal/console"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/runtime/gvisor"
 	"github.com/paddock-dev/paddock/internal/runtime/native"
@@ -492,14 +491,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if self != nil {
 		defer self.Close()
 	}
-	mcpH := mcpHandler(self, cfg.Version, log.With("component", "mcp"))
+	mcpH := MCPHandler(self, cfg.Version, log.With("component", "mcp"))
 	for _, l := range listeners {
 		tok, toks := "", server.Tokens(nil)
 		if l.Addr().Network() == "tcp" {
 			tok, toks = token, tokens
 		}
-		ui := console.New(console.Config{Token: tok, Client: self, Log: log.With("component", "console")})
-		hs := server.NewHTTPServer(ui.Wrap(withMCP(srv.TokensHandler(toks), mcpH, toks, log)), cfg.HTTP, log)
+		hs := server.NewHTTPServer(Surfaces(srv.TokensHandler(toks), self, mcpH, tok, toks, log), cfg.HTTP, log)
 		if tok != "" {
 			l = guardTCP(hs, l, trust, cfg.HTTP, log)
 		} else {

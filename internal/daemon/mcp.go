@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/console"
 	"github.com/paddock-dev/paddock/internal/mcp"
 	"github.com/paddock-dev/paddock/internal/server"
 )
@@ -39,9 +40,9 @@ func selfClient(listeners []net.Listener, token string, tlsOnly bool, log *slog.
 	return c
 }
 
-// mcpHandler is the MCP server (package mcp) for /mcp over the daemon's
+// MCPHandler is the MCP server (package mcp) for /mcp over the daemon's
 // own client c; nil without one.
-func mcpHandler(c *client.Client, version string, log *slog.Logger) http.Handler {
+func MCPHandler(c *client.Client, version string, log *slog.Logger) http.Handler {
 	if c == nil {
 		return nil
 	}
@@ -51,6 +52,16 @@ func mcpHandler(c *client.Client, version string, log *slog.Logger) http.Handler
 		return nil
 	}
 	return h
+}
+
+// Surfaces wraps api, a TCP or unix listener's handler behind tokens
+// (nil: none), with the agent surfaces that ride on it: the console at
+// /ui/ (its login takes token; "" needs none) with self for its
+// terminal, and /mcp served by m (nil: none). A daemon and a cluster's
+// gateway serve the same.
+func Surfaces(api http.Handler, self *client.Client, m http.Handler, token string, tokens server.Tokens, log *slog.Logger) http.Handler {
+	ui := console.New(console.Config{Token: token, Client: self, Log: log.With("component", "console")})
+	return ui.Wrap(withMCP(api, m, tokens, log))
 }
 
 // withMCP routes /mcp to m, behind the listener's token, and the rest to

@@ -93,7 +93,7 @@ func New(cfg Config) *Router {
 // as their bearer token (as to a daemon's TCP listener); paths are
 // checked as the daemon checks them.
 func (rt *Router) Handler(tokens *clustertls.Tokens) http.Handler {
-	return server.SanePath(rt.log, server.RequireTokens(tokens, rt.log, forwardCredential(http.HandlerFunc(rt.serve))))
+	return server.SanePath(rt.log, rt.noPreviews(server.RequireTokens(tokens, rt.log, forwardCredential(http.HandlerFunc(rt.serve)))))
 }
 
 // serve dispatches one request: by the sandbox or snapshot id in its
