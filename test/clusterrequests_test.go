@@ -39,7 +39,7 @@ func askVia(t *testing.T, cl *client.Client, id, host, reason string) api.Egress
 func TestClusterEgressApproval(t *testing.T) {
 	u := newUpstream(t, egressNames)
 	egress := []string{"--dns-upstream", u.DNS, "--egress-root-ca", u.CAFile}
-	c := startKubeCluster(t, 1, egress, append(egress, "--node-labels", "room=second"))
+	c := startKubeCluster(t, 1, append(egress, "--node-labels", "room=first"), append(egress, "--node-labels", "room=second"))
 	gw := c.gateways[0].client
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -55,8 +55,7 @@ func TestClusterEgressApproval(t *testing.T) {
 	if sb.Node != "f2" || c.nodeOf(sb.ID) != "f2" {
 		t.Fatalf("the sandbox for room=second is on %q (tag of %q)", sb.Node, c.nodeOf(sb.ID))
 	}
-	// Spread places the next create on the emptier first node.
-	other, err := gw.Create(ctx, api.CreateRequest{})
+	other, err := gw.Create(ctx, api.CreateRequest{NodeSelector: map[string]string{"room": "first"}})
 	if err != nil || other.Node != "f1" {
 		t.Fatalf("the second create: %+v, %v", other, err)
 	}

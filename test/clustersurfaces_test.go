@@ -24,7 +24,7 @@ import (
 // 404 and a node without a preview listener says so.
 func TestClusterAgentSurfaces(t *testing.T) {
 	paddr := freeLoopbackPort(t)
-	c := startKubeCluster(t, 1, nil, []string{"--node-labels", "room=second", "--preview-listen", "tcp://" + paddr})
+	c := startKubeCluster(t, 1, []string{"--node-labels", "room=first"}, []string{"--node-labels", "room=second", "--preview-listen", "tcp://" + paddr})
 	g := c.gateways[0]
 	gw := g.client
 
@@ -79,7 +79,7 @@ func TestClusterAgentSurfaces(t *testing.T) {
 		if code, body := previewGet(t, hc, "http://"+g.addr+u.Path+"?"+u.RawQuery); code != 404 || !strings.Contains(body, "--preview-listen") {
 			t.Fatalf("the preview's path at the gateway: %d %s", code, body)
 		}
-		first, err := gw.Create(ctx, api.CreateRequest{})
+		first, err := gw.Create(ctx, api.CreateRequest{NodeSelector: map[string]string{"room": "first"}})
 		if err != nil || first.Node != "f1" {
 			t.Fatalf("a create for the first node: %+v, %v", first, err)
 		}
