@@ -17,6 +17,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
@@ -476,6 +477,25 @@ func (s *Store) Each(bucket string, fn func(key string, raw json.RawMessage) err
 			if err := fn(k, json.RawMessage(rows[k])); err != nil {
 				return err
 			}
+		}
+		return nil
+	})
+}
+
+// Release drops the database's pages from the process's memory map.
+// bbolt reads the file through a shared mapping, so every page a
+// transaction touched counts in the daemon's RSS until it is unmapped,
+// though it is only the page cache: after a thousand sandboxes were
+// removed their records' pages kept 1.8 MiB of the daemon's RSS (issue
+// 21). The pages stay in the page cache, and the next read of one maps it
+// again (a minor fault). The read transaction holds bbolt's mmap lock, so
+// no commit remaps the file meanwhile; the file's size (tx.Size) is
+// within the mapping.
+func (s *Store) Release() error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		_, _, errno := unix.Syscall(unix.SYS_MADVISE, s.db.Info().Data, uintptr(tx.Size()), unix.MADV_DONTNEED)
+		if errno != 0 {
+			return fmt.Errorf("releasing the store's mapped pages: %w", errno)
 		}
 		return nil
 	})

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -354,4 +357,75 @@ func TestDeleteQuick(t *testing.T) {
 	if got := list(s); got != "[a]" {
 		t.Errorf("Each after the crash = %s, want [a]", got)
 	}
+}
+
+// TestRelease: the pages of the database that reads mapped leave the
+// process's RSS, and the records read the same afterwards.
+func TestRelease(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc/self/smaps")
+	}
+	path := filepath.Join(t.TempDir(), "db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const n = 200
+	pad := strings.Repeat("x", 10000)
+	for i := range n {
+		if err := s.Put("b", fmt.Sprint(i), rec{pad, i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	each := func() int {
+		t.Helper()
+		seen := 0
+		if err := s.Each("b", func(string, json.RawMessage) error { seen++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return seen
+	}
+	each()
+	before := mappedRSS(t, path)
+	if before < 1<<20 {
+		t.Fatalf("%d bytes of the database mapped after reading %d records of 10 KB: the test reads too little", before, n)
+	}
+	if err := s.Release(); err != nil {
+		t.Fatal(err)
+	}
+	after := mappedRSS(t, path)
+	if after > before/10 {
+		t.Errorf("after Release %d bytes of the database stay mapped, %d before", after, before)
+	}
+	t.Logf("mapped and resident: %d bytes before Release, %d after", before, after)
+	if got := each(); got != n {
+		t.Errorf("%d records after Release, want %d", got, n)
+	}
+	var r rec
+	if err := s.Get("b", "123", &r); err != nil || r.N != 123 {
+		t.Errorf("Get after Release = %+v, %v", r, err)
+	}
+}
+
+// mappedRSS is the resident size of the process's mappings of path.
+func mappedRSS(t *testing.T, path string) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rss int64
+	in := false
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 5 && strings.Contains(f[0], "-"):
+			in = len(f) == 6 && f[5] == path
+		case in && f[0] == "Rss:":
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			rss += kb << 10
+		}
+	}
+	return rss
 }
