@@ -11,6 +11,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/shrink"
 )
 
 // Kind is what a decision was made on.
@@ -86,6 +87,7 @@ type Engine struct {
 
 	mu       sync.RWMutex
 	policies map[string]*compiled
+	polPeak  int // for shrink.Map
 	onChange []func(id string)
 }
 
@@ -175,6 +177,7 @@ func (e *Engine) rewrite(id string, f func([]api.PolicyGrant) []api.PolicyGrant)
 func (e *Engine) Remove(id string) {
 	e.mu.Lock()
 	delete(e.policies, id)
+	e.policies = shrink.Map(e.policies, &e.polPeak)
 	hooks := e.onChange
 	e.mu.Unlock()
 	for _, h := range hooks {

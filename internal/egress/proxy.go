@@ -18,6 +18,7 @@ import (
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/netpipe"
+	"github.com/paddock-dev/paddock/internal/shrink"
 )
 
 // ProxyConfig configures the egress proxy. Engine and Sandbox are
@@ -97,6 +98,8 @@ type Proxy struct {
 	// client that resumes (curl, git and Node within one process) skips
 	// the signature and certificate of a full handshake.
 	tlsBase map[string]*tls.Config
+	// statesPeak and tlsPeak are for shrink.Map.
+	statesPeak, tlsPeak int
 
 	activeMu sync.Mutex
 	active   map[net.Conn]struct{}
@@ -841,6 +844,8 @@ func (p *Proxy) forget(id string) {
 	st := p.states[id]
 	delete(p.states, id)
 	delete(p.tlsBase, id) // a new policy: sessions start afresh
+	p.states = shrink.Map(p.states, &p.statesPeak)
+	p.tlsBase = shrink.Map(p.tlsBase, &p.tlsPeak)
 	p.stateMu.Unlock()
 	if st != nil {
 		st.closeIdle()

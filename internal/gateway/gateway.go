@@ -106,6 +106,8 @@ type Gateway struct {
 	requests Requests
 	cas      map[string]*egress.CA
 	denials  map[string][]egress.Event // recent denials per sandbox, newest last
+	// casPeak and denialsPeak are for shrink.Map.
+	casPeak, denialsPeak int
 
 	// genMu orders the hand-out of the current CA generation against its
 	// replacement, which removes the old generation's directory: links
@@ -703,6 +705,10 @@ func (g *Gateway) TakeNetns() (runtime.NetNS, error) {
 	return s, nil
 }
 
+// TrimSlots destroys the network's ready slots beyond those it keeps
+// ahead (network's TrimSlots), and returns how many.
+func (g *Gateway) TrimSlots() int { return g.net.TrimSlots() }
+
 // Recycle implements runtime.NetSlots. The proxy and the resolver find a
 // sandbox by its address (network's Lookup), which no longer names this
 // one; the address names the next sandbox only once that one attaches.
@@ -726,6 +732,8 @@ func (g *Gateway) Forget(id string) {
 	g.mu.Lock()
 	delete(g.cas, id)
 	delete(g.denials, id)
+	g.cas = shrink.Map(g.cas, &g.casPeak)
+	g.denials = shrink.Map(g.denials, &g.denialsPeak)
 	g.mu.Unlock()
 	g.removeFiles(id)
 }

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/shrink"
 )
 
 // Manager wires sandboxes' network namespaces to the host. Its methods are
@@ -50,6 +51,8 @@ type Manager struct {
 	orphans map[string]int
 	queue   []deletion
 	closed  bool
+	// byIDPeak, byAddrPeak, slotOfPeak and namesPeak are for shrink.Map.
+	byIDPeak, byAddrPeak, slotOfPeak, namesPeak int
 
 	// Slots (slot_linux.go): ready ones, those handed out and not yet
 	// attached (by their namespace's inode), those attached (by sandbox),
@@ -595,10 +598,9 @@ func (m *Manager) Detach(id string) error {
 		m.mu.Unlock()
 		return errdefs.NotFound("sandbox network", id)
 	}
-	delete(m.byID, id)
-	delete(m.byAddr, l.SandboxAddr)
-	if s, ok := m.slotOf[id]; ok {
-		delete(m.slotOf, id)
+	s, slotted := m.slotOf[id]
+	m.forgetLocked(id, l.SandboxAddr)
+	if slotted {
 		m.mu.Unlock()
 		m.destroySlot(s)
 		return nil
@@ -718,6 +720,19 @@ func (m *Manager) exists(name string) bool {
 	return !errors.Is(err, unix.ENODEV)
 }
 
+// forgetLocked removes sandbox id, whose sandbox address is addr, from
+// the maps of attached sandboxes; m.mu is held. A map that held a
+// thousand sandboxes is copied once it holds a quarter of that (issue
+// 21: the daemon's memory after they are removed).
+func (m *Manager) forgetLocked(id string, addr netip.Addr) {
+	delete(m.byID, id)
+	delete(m.byAddr, addr)
+	delete(m.slotOf, id)
+	m.byID = shrink.Map(m.byID, &m.byIDPeak)
+	m.byAddr = shrink.Map(m.byAddr, &m.byAddrPeak)
+	m.slotOf = shrink.Map(m.slotOf, &m.slotOfPeak)
+}
+
 // done frees the name and block of d, whose interface is gone, and takes
 // it off the queue.
 func (m *Manager) done(d deletion) {
@@ -725,6 +740,7 @@ func (m *Manager) done(d deletion) {
 	defer m.mu.Unlock()
 	m.unqueueLocked(d.name)
 	delete(m.names, d.name)
+	m.names = shrink.Map(m.names, &m.namesPeak)
 	if d.slot >= 0 {
 		m.slots.free(d.slot)
 	}

@@ -138,9 +138,7 @@ func (m *Manager) Recycle(id string) error {
 		m.mu.Unlock()
 		return m.Detach(id)
 	}
-	delete(m.slotOf, id)
-	delete(m.byID, id)
-	delete(m.byAddr, s.link.SandboxAddr)
+	m.forgetLocked(id, s.link.SandboxAddr)
 	m.resets = append(m.resets, s)
 	m.mu.Unlock()
 	m.pokeSlots()
@@ -217,8 +215,44 @@ func (m *Manager) keep(s *Slot) bool {
 	return true
 }
 
+// TrimSlots destroys the ready slots beyond the Slots kept ahead, and
+// the recycled ones waiting for their reset that would go beyond them,
+// and returns how many. Up to MaxSlots are kept so that churn reuses
+// them, but after a mass removal they are what is left of the
+// sandboxes: a network namespace each (about 0.3 MiB of the kernel's
+// memory), and their Go objects, made while the sandboxes were, keep
+// that much of the daemon's heap in use (issue 21).
+func (m *Manager) TrimSlots() int {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return 0
+	}
+	var extra []*Slot
+	if n := len(m.ready); n > m.cfg.Slots {
+		extra = append(extra, m.ready[m.cfg.Slots:]...)
+		m.ready = append([]*Slot(nil), m.ready[:m.cfg.Slots]...)
+	}
+	if keep := max(m.cfg.Slots-len(m.ready), 0); len(m.resets) > keep {
+		extra = append(extra, m.resets[keep:]...)
+		m.resets = append([]*Slot(nil), m.resets[:keep]...)
+	}
+	m.mu.Unlock()
+	for _, s := range extra {
+		m.destroySlot(s)
+	}
+	return len(extra)
+}
+
 // recycle resets s and keeps it, or destroys it.
 func (m *Manager) recycle(s *Slot) {
+	m.mu.Lock()
+	full := len(m.ready) >= m.cfg.MaxSlots
+	m.mu.Unlock()
+	if full {
+		m.destroySlot(s) // not worth its reset
+		return
+	}
 	if err := m.reset(s); err != nil {
 		m.log.Warn("destroying a network slot that could not be reset", "interface", s.link.HostIf, "err", err)
 		m.destroySlot(s)

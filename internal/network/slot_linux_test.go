@@ -311,6 +311,38 @@ func TestSlotCloseAndDetachDestroy(t *testing.T) {
 	}
 }
 
+// TrimSlots destroys the recycled slots kept beyond those made ahead
+// (none here), as after a mass removal.
+func TestSlotTrim(t *testing.T) {
+	f := newFixture(t)
+	var slots []*Slot
+	for i := range 3 {
+		s, _ := takeAttached(t, f.m, fmt.Sprint("trim", i))
+		slots = append(slots, s)
+	}
+	for i, s := range slots {
+		if err := f.m.Recycle(fmt.Sprint("trim", i)); err != nil {
+			t.Fatal(err)
+		}
+		waitReady(t, f.m, s)
+	}
+	if n := f.m.TrimSlots(); n != len(slots) {
+		t.Errorf("TrimSlots destroyed %d slots, want %d", n, len(slots))
+	}
+	for _, s := range slots {
+		waitGone(t, s.link.HostIf)
+	}
+	f.m.mu.Lock()
+	ready := len(f.m.ready)
+	f.m.mu.Unlock()
+	if ready != 0 {
+		t.Errorf("%d slots ready after TrimSlots, want 0", ready)
+	}
+	if n := f.m.TrimSlots(); n != 0 {
+		t.Errorf("a second TrimSlots destroyed %d slots", n)
+	}
+}
+
 func neighbours(t *testing.T, s *Slot) int {
 	t.Helper()
 	var n int
