@@ -443,7 +443,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go watchStorage(watchCtx, disks, log.With("component", "disk"))
-	go trimMemory(watchCtx, mgr.Len, log)
+	// After a mass removal: the network slots kept for churn beyond
+	// those made ahead, and the store's mapped pages.
+	release := func() error {
+		if gw != nil {
+			gw.TrimSlots()
+		}
+		return st.Release()
+	}
+	go trimMemory(watchCtx, mgr.Len, release, log)
 
 	srv := server.New(mgr, api.VersionInfo{
 		Version:   cfg.Version,

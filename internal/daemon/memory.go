@@ -12,7 +12,7 @@ import (
 )
 
 // trimEvery is how often trimMemory looks at the sandbox count.
-const trimEvery = 5 * time.Second
+const trimEvery = 2 * time.Second
 
 // trimMin is the smallest fall in the sandbox count that trimMemory acts
 // on.
@@ -26,8 +26,10 @@ const trimMin = 16
 // 21). When the number of sandboxes (count) has fallen by half, and by at
 // least trimMin, the freed pages are returned at once
 // (debug.FreeOSMemory: one forced collection, at most once per
-// trimEvery, and only after such a fall); see trimmer for when.
-func trimMemory(ctx context.Context, count func() int, log *slog.Logger) {
+// trimEvery, and only after such a fall); see trimmer for when. Before
+// that, release is called to give back what is not the Go heap's (the
+// store's mapped pages).
+func trimMemory(ctx context.Context, count func() int, release func() error, log *slog.Logger) {
 	t := time.NewTicker(trimEvery)
 	defer t.Stop()
 	tr := newTrimmer(count())
@@ -40,6 +42,9 @@ func trimMemory(ctx context.Context, count func() int, log *slog.Logger) {
 		}
 		n := count()
 		if tr.tick(n) {
+			if err := release(); err != nil {
+				log.Warn("returning freed memory to the host", "err", err)
+			}
 			reaped := reapThreads(threads() - base)
 			debug.FreeOSMemory()
 			log.Debug("returned freed memory to the host", "sandboxes", n, "threads_ended", reaped)
@@ -49,16 +54,19 @@ func trimMemory(ctx context.Context, count func() int, log *slog.Logger) {
 
 // trimmer decides, from the sandbox count at each tick, when freed
 // memory is returned: once the count has fallen to half of its peak
-// since the last trim, and by trimMin; and once more when a fall that
-// was trimmed stops (the count is the same two ticks running), because
-// what the last sandboxes held is freed only when their teardowns,
-// which run behind the deletes, are over. Without that second trim a
-// daemon whose thousand sandboxes were removed kept the last few
-// hundred's garbage and pages (+53% RSS, issue 21).
+// since the last trim, and by trimMin; and, from then until the count
+// grows again, whenever it stops after falling (the count is the same
+// two ticks running), because what the last sandboxes held is freed
+// only when their teardowns, which run behind the deletes, are over.
+// Without that a daemon whose thousand sandboxes were removed kept the
+// last few hundred's garbage and pages (+53% RSS, issue 21); and with
+// only one such trim, the first pause of a slow teardown took it, and
+// the garbage of the rest stayed.
 type trimmer struct {
-	peak int  // the highest count since the last trim
-	prev int  // the count at the last tick
-	owed bool // a fall was trimmed while it went on
+	peak  int  // the highest count since the last trim
+	prev  int  // the count at the last tick
+	owed  bool // a fall was trimmed, and the count has not grown since
+	dirty bool // the count fell since the last trim
 }
 
 func newTrimmer(n int) *trimmer { return &trimmer{peak: n, prev: n} }
@@ -69,13 +77,15 @@ func (t *trimmer) tick(n int) bool {
 	t.peak = max(t.peak, n)
 	switch {
 	case n < t.peak/2 && t.peak-n >= trimMin:
-		t.peak, t.owed = n, true
-		return true
-	case t.owed && n == t.prev:
-		t.peak, t.owed = n, false
+		t.peak, t.owed, t.dirty = n, true, true
 		return true
 	case n > t.prev:
 		t.owed = false // growing again: the next fall is judged afresh
+	case n < t.prev:
+		t.dirty = true
+	case t.owed && t.dirty:
+		t.peak, t.dirty = n, false
+		return true
 	}
 	return false
 }

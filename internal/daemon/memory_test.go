@@ -22,6 +22,7 @@ func TestTrimmer(t *testing.T) {
 		{"a long fall, trimmed as it halves and once after", 1000, []int{800, 450, 300, 100, 0, 0, 0}, []int{1, 3, 4, 5}},
 		{"the tail of a fall below trimMin is trimmed when it stops", 1000, []int{400, 10, 0, 0}, []int{0, 1, 3}},
 		{"growth between cancels the owed trim", 100, []int{40, 60, 60}, []int{0}},
+		{"each stop of a slow fall is trimmed", 1000, []int{400, 400, 300, 300, 5, 5, 0, 0, 0}, []int{0, 1, 3, 4, 5, 7}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
