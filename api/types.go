@@ -285,10 +285,14 @@ type PauseInfo struct {
 	// environment, limits and policy were kept: a resume starts the
 	// sandbox afresh.
 	Memory bool `json:"memory"`
-	// CheckpointBytes is the checkpoint's size on the sandbox's disk
-	// (compressed); MemoryBytes the memory its processes used.
+	// CheckpointBytes is the checkpoint's size on the sandbox's disk;
+	// MemoryBytes the memory its processes used. Compressing: the
+	// checkpoint was written uncompressed (the pause answers then) and is
+	// being compressed; CheckpointBytes is the compressed size once it
+	// is false.
 	CheckpointBytes int64 `json:"checkpoint_bytes,omitempty"`
 	MemoryBytes     int64 `json:"memory_bytes,omitempty"`
+	Compressing     bool  `json:"compressing,omitempty"`
 	// TookMillis is how long the pause took.
 	TookMillis int64     `json:"took_ms"`
 	At         time.Time `json:"at"`

@@ -45,10 +45,15 @@ type benchmark struct {
 	run   func(ctx context.Context, r *rig) *section
 }
 
+// namedOnly are the benchmarks that run only when -only names them:
+// their rows are part of another benchmark's.
+var namedOnly = []string{"gvisormem"}
+
 func allBenchmarks() []benchmark {
 	return []benchmark{
 		{"cold", "Cold create → first output of `echo hi`", benchCold},
 		{"gvisor", "gvisor create → first output of `echo hi`: through a pool, without one, and a bare runsc run; a memory pause of 512 MiB", benchGvisor},
+		{"gvisormem", "A memory pause of a gvisor sandbox holding 512 MiB (the gvisor section's rows alone)", benchGvisorMem},
 		{"gvisorwork", "gVisor beside native: syscall-heavy work, exec round trip and streaming in one sandbox of each", benchGvisorWork},
 		{"gvisorfork", fmt.Sprintf("Fork ×%d of a gvisor sandbox running a process that holds %d MiB, processes kept", memForkCount, memForkHeld>>20), benchGvisorFork},
 		{"exec", "exec round trip of `true` in a running sandbox", benchExec},
@@ -246,7 +251,7 @@ func deadline(name string) time.Duration {
 func runSelected(ctx context.Context, r *rig, opts options, rep *report) error {
 	var errs []error
 	for _, b := range allBenchmarks() {
-		if !opts.selected(b.name) {
+		if !opts.selected(b.name) || (len(opts.only) == 0 && slices.Contains(namedOnly, b.name)) {
 			continue
 		}
 		if ctx.Err() != nil || (len(errs) > 0 && !opts.keepGoing) {

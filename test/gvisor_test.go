@@ -538,7 +538,11 @@ time.sleep(10000)' >/dev/null 2>&1 &)`)
 	}
 	startMemoryWork(t, d, sb.ID)
 	pauseWithMemory(t, d, sb.ID)
-	img := filepath.Join(d.StateDir, "storage", "disks", "vol", sb.ID, "root", "checkpoint", "checkpoint.img")
+	// The checkpoint is compressed behind the pause's answer.
+	if !waitFor(time.Minute, 50*time.Millisecond, func() bool { p := d.get(sb.ID).Paused; return p != nil && !p.Compressing }) {
+		t.Fatal("the checkpoint was not compressed within a minute")
+	}
+	img := filepath.Join(d.StateDir, "storage", "disks", "vol", sb.ID, "root", "checkpoint", "pages.img.zst")
 	fi, err := os.Stat(img)
 	if err != nil {
 		t.Fatal(err)

@@ -245,17 +245,27 @@ type Checkpointer interface {
 	// error fails the checkpoint. On failure dir is removed, the
 	// processes run on and the error says why.
 	CheckpointTo(ctx context.Context, id, dir string, during func() error) (Checkpoint, error)
+	// Squeeze compresses paused sandbox id's checkpoint in the
+	// background, as after Checkpoint (Checkpoint.Squeezed): for one
+	// whose compression a daemon's end stopped.
+	Squeeze(id string) <-chan int64
 }
 
 // Checkpoint reports a memory checkpoint.
 type Checkpoint struct {
-	// Bytes is what it takes on the sandbox's disk (compressed).
+	// Bytes is what it takes on the sandbox's disk.
 	Bytes int64
 	// MemoryBytes is the memory the sandbox's processes used.
 	MemoryBytes int64
 	Took        time.Duration
 	// Stopped is how long the sandbox's processes were stopped.
 	Stopped time.Duration
+	// Squeezed, if not nil, is a checkpoint written uncompressed (Bytes
+	// is that size) and being compressed behind the answer: it yields
+	// the size on disk once compressed, then closes; it closes without
+	// one if the compression stopped (a start took the checkpoint
+	// first, or it failed: the checkpoint stays as it was, usable).
+	Squeezed <-chan int64
 }
 
 var (

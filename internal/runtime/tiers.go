@@ -170,6 +170,17 @@ func (t *Tiers) CheckpointTo(ctx context.Context, id, dir string, during func() 
 	return Checkpoint{}, ErrNoCheckpoint
 }
 
+// Squeeze implements Checkpointer, as Checkpoint does; the channel is
+// closed at once if the tier keeps no memory.
+func (t *Tiers) Squeeze(id string) <-chan int64 {
+	if c, ok := t.of(id).(Checkpointer); ok {
+		return c.Squeeze(id)
+	}
+	none := make(chan int64)
+	close(none)
+	return none
+}
+
 // DiskUsage implements Runtime.
 func (t *Tiers) DiskUsage(id string) (int64, int64, error) { return t.of(id).DiskUsage(id) }
 

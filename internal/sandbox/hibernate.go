@@ -140,7 +140,11 @@ func (m *Manager) checkpointLocked(ctx context.Context, b *box) (*api.PauseInfo,
 	switch {
 	case err == nil:
 		m.log.Info("sandbox checkpointed", "sandbox", b.rec.ID, "bytes", ck.Bytes, "memory", ck.MemoryBytes, "took", ck.Took.Round(time.Microsecond))
-		return &api.PauseInfo{Memory: true, CheckpointBytes: ck.Bytes, MemoryBytes: ck.MemoryBytes}, nil
+		info := &api.PauseInfo{Memory: true, CheckpointBytes: ck.Bytes, MemoryBytes: ck.MemoryBytes, Compressing: ck.Squeezed != nil}
+		if ck.Squeezed != nil {
+			go m.settleCheckpoint(b, info, ck.Squeezed)
+		}
+		return info, nil
 	case errors.Is(err, runtime.ErrNoCheckpoint):
 		return &api.PauseInfo{}, nil
 	}
@@ -149,6 +153,25 @@ func (m *Manager) checkpointLocked(ctx context.Context, b *box) (*api.PauseInfo,
 	}
 	m.log.Warn("checkpointing", "sandbox", b.rec.ID, "err", err)
 	return nil, fmt.Errorf("%w: pausing %s with its memory: %v; it runs on", errdefs.ErrConflict, b.rec.ID, err)
+}
+
+// settleCheckpoint records the size of b's checkpoint once its runtime
+// has compressed it behind the pause's answer, if that pause (info)
+// still holds.
+func (m *Manager) settleCheckpoint(b *box, info *api.PauseInfo, squeezed <-chan int64) {
+	n, ok := <-squeezed
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rec.Paused != info {
+		return
+	}
+	settled := *info // views share the record's
+	settled.Compressing = false
+	if ok {
+		settled.CheckpointBytes = n
+	}
+	b.rec.Paused = &settled
+	m.persistLocked(b)
 }
 
 // Resume starts a paused or stopped sandbox again with the same id, files,

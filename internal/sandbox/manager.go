@@ -1289,6 +1289,12 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			b.mu.Unlock()
 			continue
 		}
+		if p := b.rec.Paused; p != nil && p.Compressing && b.rec.State == api.StatePaused {
+			// The daemon stopped while compressing its checkpoint.
+			if c, ok := m.cfg.Runtime.(runtime.Checkpointer); ok {
+				go m.settleCheckpoint(b, p, c.Squeeze(r.ID))
+			}
+		}
 		m.armTimer(b)
 		b.mu.Unlock()
 	}

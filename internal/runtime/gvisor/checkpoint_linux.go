@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,7 +28,8 @@ const checkpointName = "checkpoint"
 var _ runtime.Checkpointer = (*Runtime)(nil)
 
 // Checkpoint implements runtime.Checkpointer: the sandbox is saved to
-// its disk (save) and left stopped for the caller's Stop.
+// its disk (save, uncompressed) and left stopped for the caller's Stop;
+// its files are then compressed behind the answer (squeezeLater).
 func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint, error) {
 	t0 := time.Now()
 	v, err := r.cfg.Disks.Open(id)
@@ -37,19 +39,25 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint
 	mem := r.memoryOf(id)
 	final := filepath.Join(v.Path, checkpointName)
 	tmp := final + ".new"
-	wake, err := r.save(ctx, id, tmp)
+	wake, err := r.save(ctx, id, tmp, "none")
 	if err != nil {
 		return runtime.Checkpoint{}, err
 	}
-	if err := os.RemoveAll(final); err != nil {
+	commit := func() error {
+		if err := writeBootID(tmp); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(final); err != nil {
+			return err
+		}
+		return os.Rename(tmp, final)
+	}
+	if err := commit(); err != nil {
 		os.RemoveAll(tmp)
 		return runtime.Checkpoint{}, errors.Join(err, wake())
 	}
-	if err := os.Rename(tmp, final); err != nil {
-		os.RemoveAll(tmp)
-		return runtime.Checkpoint{}, errors.Join(err, wake())
-	}
-	return runtime.Checkpoint{Bytes: dirBytes(final), MemoryBytes: mem, Took: time.Since(t0)}, nil
+	squeezed := r.squeezeLater(id, final)
+	return runtime.Checkpoint{Bytes: dirBytes(final), MemoryBytes: mem, Took: time.Since(t0), Squeezed: squeezed}, nil
 }
 
 // CheckpointTo implements runtime.Checkpointer: the sandbox is saved to
@@ -57,7 +65,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint
 func (r *Runtime) CheckpointTo(ctx context.Context, id, dir string, during func() error) (runtime.Checkpoint, error) {
 	t0 := time.Now()
 	mem := r.memoryOf(id)
-	wake, err := r.save(ctx, id, dir)
+	wake, err := r.save(ctx, id, dir, "flate-best-speed")
 	if err != nil {
 		return runtime.Checkpoint{}, err
 	}
@@ -87,12 +95,12 @@ func (r *Runtime) memoryOf(id string) int64 {
 
 // save writes sandbox id's kernel to dir, a new directory. The guest
 // first closes its control socket (gVisor cannot save a socket bound on
-// the host); runsc then pauses the kernel and saves it, compressed,
-// leaving it paused: a save that fails leaves it to be resumed, which a
+// the host); runsc then pauses the kernel and saves it (compressed as
+// compression says: none or flate-best-speed), leaving it paused: a save that fails leaves it to be resumed, which a
 // save without --leave-running would not (it ends the sandbox either
 // way). wake resumes the kernel and has the guest bind its socket again;
 // on failure save has done that itself and removed dir.
-func (r *Runtime) save(ctx context.Context, id, dir string) (wake func() error, err error) {
+func (r *Runtime) save(ctx context.Context, id, dir, compression string) (wake func() error, err error) {
 	os.RemoveAll(dir)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("making the checkpoint's directory: %w", err)
@@ -125,22 +133,32 @@ func (r *Runtime) save(ctx context.Context, id, dir string) (wake func() error, 
 		return fail(fmt.Errorf("runsc pause: %s", runscError(err, out)))
 	}
 	paused = true
-	out, err := r.runsc(ctx, "checkpoint", "--leave-running", "--compression", "flate-best-speed",
+	out, err := r.runsc(ctx, "checkpoint", "--leave-running", "--compression", compression,
 		"--image-path", dir, id).CombinedOutput()
 	if err != nil {
 		return fail(fmt.Errorf("runsc checkpoint: %s", runscError(err, out)))
 	}
-	if err := syncDir(dir); err != nil {
-		return fail(fmt.Errorf("writing the checkpoint: %w", err))
+	if compression != "none" {
+		// An uncompressed one is synced as it is compressed.
+		if err := syncDir(dir); err != nil {
+			return fail(fmt.Errorf("writing the checkpoint: %w", err))
+		}
 	}
 	return wake, nil
 }
 
-// restoreRun starts runsc restore of the checkpoint at image for the
-// bundle in dir (whose spec names the sandbox's cgroup) and returns the
-// sandbox, watching the sentry's process.
-func (r *Runtime) restoreRun(ctx context.Context, id, dir, image string) (*Sandbox, error) {
-	if _, err := os.Stat(filepath.Join(image, "checkpoint.img")); err != nil {
+// restoreRun restores the checkpoint at image for the bundle in dir
+// (whose spec names the sandbox's cgroup) and returns the sandbox,
+// watching the sentry's process. A squeezed checkpoint is expanded into
+// scratch (a new directory on the sandbox's disk) while runsc creates
+// the sandbox, then restored from there; runsc loads its pages in the
+// background, the processes running meanwhile (a page they touch first
+// is loaded first). scratch goes once runsc holds the files.
+func (r *Runtime) restoreRun(ctx context.Context, id, dir, image, scratch string) (*Sandbox, error) {
+	r.stopSqueezing(id)
+	defer os.RemoveAll(scratch)
+	plan, err := planImage(image)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", runtime.ErrCheckpointUnusable, err)
 	}
 	// runsc's stdio becomes the restored guest's: a file, which the
@@ -154,17 +172,60 @@ func (r *Runtime) restoreRun(ctx context.Context, id, dir, image string) (*Sandb
 	if err != nil {
 		return nil, err
 	}
-	pidFile := filepath.Join(dir, "sentry.pid")
-	os.Remove(pidFile)
-	cmd := r.runsc(ctx, "--log", filepath.Join(dir, "runsc.log"), "restore", "--detach",
-		"--bundle", dir, "--pid-file", pidFile, "--image-path", image, id)
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
-	if err := cmd.Run(); err != nil {
+	failed := func(what string, err error) error {
 		out := make([]byte, 4096)
 		n, _ := logFile.ReadAt(out, logged)
-		return nil, fmt.Errorf("%w: runsc restore: %s", runtime.ErrCheckpointUnusable, runscError(err, out[:n]))
+		return fmt.Errorf("%w: %s: %s", runtime.ErrCheckpointUnusable, what, runscError(err, out[:n]))
 	}
+	pidFile := filepath.Join(dir, "sentry.pid")
+	os.Remove(pidFile)
+	runLog := filepath.Join(dir, "runsc.log")
+	var args []string
+	t0 := time.Now()
+	var (
+		mu     sync.Mutex
+		phases []any
+	)
+	mark := func(name string) {
+		mu.Lock()
+		defer mu.Unlock()
+		phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String())
+	}
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		r.log.Debug("gvisor restore phases", append([]any{"sandbox", id}, phases...)...)
+	}()
+	if plan.squeezed() {
+		expanded := make(chan error, 1)
+		go func() {
+			err := plan.expand(ctx, scratch)
+			mark("expanded")
+			expanded <- err
+		}()
+		cmd := r.runsc(ctx, "--log", runLog, "create", "--bundle", dir, "--pid-file", pidFile, id)
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		cerr := cmd.Run()
+		mark("created")
+		if err := <-expanded; err != nil {
+			return nil, fmt.Errorf("%w: %v", runtime.ErrCheckpointUnusable, err)
+		}
+		if cerr != nil {
+			return nil, failed("runsc create", cerr)
+		}
+		args = []string{"--log", runLog, "restore", "--detach", "--image-path", scratch}
+	} else {
+		args = []string{"--log", runLog, "restore", "--detach", "--image-path", image, "--bundle", dir, "--pid-file", pidFile}
+	}
+	if plan.pages {
+		args = append(args, "--background")
+	}
+	cmd := r.runsc(ctx, append(args, id)...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Run(); err != nil {
+		return nil, failed("runsc restore", err)
+	}
+	mark("restored")
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return nil, fmt.Errorf("reading the sandbox's pid: %w", err)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -64,6 +65,9 @@ type Runtime struct {
 	guest   string // the guest binary, bound read-only into each sandbox
 	version string // runsc's, as `runsc --version` says
 	pool    *pool  // nil until KeepReady
+
+	mu        sync.Mutex
+	squeezers map[string]*squeezer // checkpoints being compressed, by sandbox
 }
 
 var (
@@ -83,10 +87,11 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	version, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
 	r := &Runtime{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		root:    filepath.Join(cfg.RunDir, "gvisor"),
-		version: strings.TrimPrefix(version, "runsc version "),
+		cfg:       cfg,
+		log:       cfg.Logger,
+		root:      filepath.Join(cfg.RunDir, "gvisor"),
+		version:   strings.TrimPrefix(version, "runsc version "),
+		squeezers: map[string]*squeezer{},
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.RunDir, "sandboxes"), 0o711); err != nil {
 		return nil, fmt.Errorf("creating run dir: %w", err)
@@ -340,7 +345,7 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 	}
 	restoring := spec.FromCheckpoint || spec.CheckpointFrom != ""
 	if restoring {
-		sb, err = r.restoreRun(ctx, id, dir, image)
+		sb, err = r.restoreRun(ctx, id, dir, image, filepath.Join(v.Path, checkpointName+".open"))
 	} else {
 		sb, sync, err = r.run(ctx, id, dir, cg)
 	}
@@ -673,6 +678,7 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 // Remove implements runtime.Runtime: what is gVisor's goes, then what
 // the two tiers share (disk, run dir, network) the base tier's way.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
+	r.stopSqueezing(id)
 	if err := r.Stop(ctx, id); err != nil {
 		return err
 	}
@@ -702,6 +708,7 @@ func (r *Runtime) Leftovers() ([]string, error) { return nil, nil }
 // the next runsc run pins it again.
 func (r *Runtime) Close() error {
 	r.closePool()
+	r.stopAllSqueezing()
 	for unix.Unmount(filepath.Join(r.root, "null-netns"), unix.MNT_DETACH) == nil {
 	}
 	return nil

@@ -1,0 +1,572 @@
+package gvisor
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// A checkpoint file squeezed: runsc writes its checkpoint uncompressed
+// (fast, and the only form whose pages runsc restores in the
+// background), and the runtime compresses each file behind the pause's
+// answer, on every core, into name+squeezedExt, which a resume expands
+// again on every core. The file is independent zstd frames, one per
+// squeezeChunk of the original, each with its content's size and
+// checksum (XXH64), then a skippable frame with the index: so the whole
+// is a zstd stream (`zstd -d` reads it), any frame decodes on its own,
+// and damage or a truncation fails the expansion.
+//
+// The index frame's content: the compressed size of each frame
+// (uint32), the original's size (uint64), the chunk size (uint32), the
+// frame count (uint32) and squeezeMagic, little-endian; the last 8
+// bytes of the file are thus the frame count and the magic.
+const (
+	squeezedExt  = ".zst"
+	squeezeChunk = 4 << 20
+	squeezeMagic = 0x31584b50 // "PKX1"
+	// skippableMagic is the first of zstd's skippable frame magics.
+	skippableMagic = 0x184d2a50
+	// maxSqueezeFrames bounds what an index may claim (4 TiB at 4 MiB).
+	maxSqueezeFrames = 1 << 20
+)
+
+// The encoder is zstd's fastest level, with literals entropy-coded
+// even when no match is found: a page of text or of hex has few
+// repeats but half its bits to spare (0.50× here against flate's 0.53×,
+// at several times its speed).
+var (
+	encOnce sync.Once
+	enc     *zstd.Encoder
+	dec     *zstd.Decoder
+	encErr  error
+)
+
+func coders() (*zstd.Encoder, *zstd.Decoder, error) {
+	encOnce.Do(func() {
+		n := goruntime.NumCPU()
+		enc, encErr = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest),
+			zstd.WithAllLitEntropyCompression(true), zstd.WithEncoderCRC(true), zstd.WithEncoderConcurrency(n))
+		if encErr != nil {
+			return
+		}
+		dec, encErr = zstd.NewReader(nil, zstd.WithDecoderConcurrency(n), zstd.WithDecoderMaxMemory(2*squeezeChunk))
+	})
+	return enc, dec, encErr
+}
+
+// squeezeFile compresses src into dst, a new file (synced), on every
+// core; it stops when ctx ends.
+func squeezeFile(ctx context.Context, src, dst string) (retErr error) {
+	enc, _, err := coders()
+	if err != nil {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := out.Close(); retErr == nil {
+			retErr = err
+		}
+		if retErr != nil {
+			os.Remove(dst)
+		}
+	}()
+	size := fi.Size()
+	frames := int((size + squeezeChunk - 1) / squeezeChunk)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	type result struct {
+		b   []byte
+		err error
+	}
+	workers := goruntime.NumCPU()
+	slots := make([]chan result, frames)
+	for i := range slots {
+		slots[i] = make(chan result, 1)
+	}
+	// At most 2 frames per worker are read and not yet written.
+	room := make(chan struct{}, 2*workers)
+	jobs := make(chan int)
+	go func() {
+		defer close(jobs)
+		for i := 0; i < frames; i++ {
+			select {
+			case room <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			select {
+			case jobs <- i:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for w := 0; w < workers; w++ {
+		go func() {
+			buf := make([]byte, squeezeChunk)
+			for i := range jobs {
+				off := int64(i) * squeezeChunk
+				n := min(squeezeChunk, size-off)
+				var r result
+				if _, err := in.ReadAt(buf[:n], off); err != nil {
+					r.err = fmt.Errorf("reading %s: %w", src, err)
+				} else {
+					r.b = enc.EncodeAll(buf[:n], make([]byte, 0, n/2))
+				}
+				slots[i] <- r
+			}
+		}()
+	}
+	index := make([]byte, 0, 4*frames+20)
+	for i := 0; i < frames; i++ {
+		var r result
+		select {
+		case r = <-slots[i]:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if r.err != nil {
+			return r.err
+		}
+		if _, err := out.Write(r.b); err != nil {
+			return err
+		}
+		index = binary.LittleEndian.AppendUint32(index, uint32(len(r.b)))
+		<-room
+	}
+	index = binary.LittleEndian.AppendUint64(index, uint64(size))
+	index = binary.LittleEndian.AppendUint32(index, squeezeChunk)
+	index = binary.LittleEndian.AppendUint32(index, uint32(frames))
+	index = binary.LittleEndian.AppendUint32(index, squeezeMagic)
+	head := binary.LittleEndian.AppendUint32(nil, skippableMagic)
+	head = binary.LittleEndian.AppendUint32(head, uint32(len(index)))
+	if _, err := out.Write(append(head, index...)); err != nil {
+		return err
+	}
+	return out.Sync()
+}
+
+// squeezeIndex is a squeezed file's index.
+type squeezeIndex struct {
+	size   int64   // the original's
+	chunk  int64   // the original's bytes per frame
+	offset []int64 // each frame's in the squeezed file, and its end last
+}
+
+func readSqueezeIndex(f *os.File) (*squeezeIndex, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	total := fi.Size()
+	var tail [8]byte
+	if total < 28 {
+		return nil, errors.New("too short for its index")
+	}
+	if _, err := f.ReadAt(tail[:], total-8); err != nil {
+		return nil, err
+	}
+	if binary.LittleEndian.Uint32(tail[4:]) != squeezeMagic {
+		return nil, errors.New("no index at its end (truncated?)")
+	}
+	frames := int64(binary.LittleEndian.Uint32(tail[:4]))
+	if frames > maxSqueezeFrames {
+		return nil, fmt.Errorf("its index claims %d frames", frames)
+	}
+	indexLen := 4*frames + 20
+	start := total - 8 - indexLen
+	if start < 0 {
+		return nil, errors.New("too short for its index")
+	}
+	b := make([]byte, 8+indexLen)
+	if _, err := f.ReadAt(b, start); err != nil {
+		return nil, err
+	}
+	if binary.LittleEndian.Uint32(b) != skippableMagic || int64(binary.LittleEndian.Uint32(b[4:])) != indexLen {
+		return nil, errors.New("its index frame is damaged")
+	}
+	b = b[8:]
+	ix := &squeezeIndex{offset: make([]int64, 0, frames+1)}
+	var off int64
+	for i := int64(0); i < frames; i++ {
+		ix.offset = append(ix.offset, off)
+		off += int64(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	ix.offset = append(ix.offset, off)
+	rest := b[4*frames:]
+	ix.size = int64(binary.LittleEndian.Uint64(rest))
+	ix.chunk = int64(binary.LittleEndian.Uint32(rest[8:]))
+	if off != start {
+		return nil, fmt.Errorf("its frames take %d bytes, its index says %d", start, off)
+	}
+	if ix.chunk <= 0 || ix.chunk > squeezeChunk || (ix.size+ix.chunk-1)/ix.chunk != frames {
+		return nil, fmt.Errorf("its index's sizes do not agree (%d bytes in %d frames of %d)", ix.size, frames, ix.chunk)
+	}
+	return ix, nil
+}
+
+// expandFile writes the original of squeezed file src to dst, a new
+// file, on every core. Damage (a frame that does not decode, whose
+// checksum or size is not its index's) is an error.
+func expandFile(ctx context.Context, src, dst string) (retErr error) {
+	_, dec, err := coders()
+	if err != nil {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	ix, err := readSqueezeIndex(in)
+	if err != nil {
+		return fmt.Errorf("%s: %w", filepath.Base(src), err)
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := out.Close(); retErr == nil {
+			retErr = err
+		}
+		if retErr != nil {
+			os.Remove(dst)
+		}
+	}()
+	if err := out.Truncate(ix.size); err != nil {
+		return err
+	}
+	frames := len(ix.offset) - 1
+	var (
+		mu   sync.Mutex
+		next int
+		errs []error
+		wg   sync.WaitGroup
+	)
+	take := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(errs) > 0 || next == frames || ctx.Err() != nil {
+			return -1
+		}
+		next++
+		return next - 1
+	}
+	for w := 0; w < goruntime.NumCPU(); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var cbuf []byte
+			buf := make([]byte, 0, ix.chunk)
+			for i := take(); i >= 0; i = take() {
+				err := func() error {
+					n := ix.offset[i+1] - ix.offset[i]
+					if int64(cap(cbuf)) < n {
+						cbuf = make([]byte, n)
+					}
+					if _, err := in.ReadAt(cbuf[:n], ix.offset[i]); err != nil {
+						return err
+					}
+					want := min(ix.chunk, ix.size-int64(i)*ix.chunk)
+					got, err := dec.DecodeAll(cbuf[:n], buf[:0])
+					if err != nil {
+						return fmt.Errorf("frame %d: %w", i, err)
+					}
+					if int64(len(got)) != want {
+						return fmt.Errorf("frame %d holds %d bytes, not %d", i, len(got), want)
+					}
+					_, err = out.WriteAt(got, int64(i)*ix.chunk)
+					return err
+				}()
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return fmt.Errorf("%s: %w", filepath.Base(src), errs[0])
+	}
+	return ctx.Err()
+}
+
+// copyFile copies src into dst, a new file.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// The files of a checkpoint directory: runsc's (the kernel's state, and
+// with --compression none its memory's pages apart, with their
+// metadata), each there as it is or squeezed, and bootName.
+var checkpointFiles = []string{"checkpoint.img", "pages_meta.img", "pages.img"}
+
+// bootName, in a checkpoint directory, holds the host's boot id when
+// runsc wrote it: its uncompressed files are not synced (only their
+// squeezed copies are), so after a host restart they cannot be trusted.
+const bootName = "boot_id"
+
+func bootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return strings.TrimSpace(string(b)), err
+}
+
+func writeBootID(dir string) error {
+	id, err := bootID()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, bootName), []byte(id+"\n"), 0o600)
+}
+
+// imagePlan says where each file of a checkpoint comes from.
+type imagePlan struct {
+	dir   string
+	raw   []string // used as they are
+	zst   []string // expanded
+	pages bool     // it has a pages file: runsc can load it in the background
+}
+
+func (p *imagePlan) squeezed() bool { return len(p.zst) > 0 }
+
+// planImage reads checkpoint directory dir: a file there as it is
+// (once its boot is this one) is used so, else its squeezed copy.
+func planImage(dir string) (*imagePlan, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	has := map[string]bool{}
+	for _, e := range entries {
+		has[e.Name()] = true
+	}
+	trusted := true
+	if has[bootName] {
+		b, err := os.ReadFile(filepath.Join(dir, bootName))
+		if err != nil {
+			return nil, err
+		}
+		now, err := bootID()
+		if err != nil {
+			return nil, err
+		}
+		trusted = strings.TrimSpace(string(b)) == now
+	}
+	p := &imagePlan{dir: dir}
+	for _, name := range checkpointFiles {
+		switch {
+		case has[name] && trusted:
+			p.raw = append(p.raw, name)
+		case has[name+squeezedExt]:
+			p.zst = append(p.zst, name)
+		case has[name]:
+			return nil, fmt.Errorf("the host restarted before the checkpoint's %s was compressed onto disk", name)
+		case name == "checkpoint.img":
+			return nil, fmt.Errorf("the checkpoint has no %s", name)
+		default:
+			continue
+		}
+		if name == "pages.img" {
+			p.pages = true
+		}
+	}
+	return p, nil
+}
+
+// expand makes dst, a new directory, the checkpoint runsc restores:
+// its squeezed files expanded, the others linked (or copied).
+func (p *imagePlan) expand(ctx context.Context, dst string) error {
+	os.RemoveAll(dst)
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	for _, name := range p.raw {
+		src := filepath.Join(p.dir, name)
+		if err := os.Link(src, filepath.Join(dst, name)); err != nil {
+			if err := copyFile(src, filepath.Join(dst, name)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, name := range p.zst {
+		if err := expandFile(ctx, filepath.Join(p.dir, name+squeezedExt), filepath.Join(dst, name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// squeezeDir squeezes each file of checkpoint directory dir that is
+// there as it is: into a new file, synced, renamed over its squeezed
+// name; then the original goes. At every step each file is whole in
+// one form or both, so a kill (of the daemon) leaves a checkpoint a
+// resume can use.
+func squeezeDir(ctx context.Context, dir string) error {
+	if b, err := os.ReadFile(filepath.Join(dir, bootName)); err == nil {
+		now, err := bootID()
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(b)) != now {
+			return errors.New("its uncompressed files were written before the host restarted")
+		}
+	}
+	for _, name := range checkpointFiles {
+		raw := filepath.Join(dir, name)
+		if _, err := os.Stat(raw); errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		tmp := raw + squeezedExt + ".new"
+		os.Remove(tmp)
+		if err := squeezeFile(ctx, raw, tmp); err != nil {
+			return fmt.Errorf("compressing %s: %w", name, err)
+		}
+		if err := os.Rename(tmp, raw+squeezedExt); err != nil {
+			os.Remove(tmp)
+			return err
+		}
+		if err := syncPath(dir); err != nil {
+			return err
+		}
+		if err := os.Remove(raw); err != nil {
+			return err
+		}
+	}
+	return syncPath(dir)
+}
+
+func syncPath(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// squeezer is a checkpoint being squeezed in the background.
+type squeezer struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// squeezeLater squeezes checkpoint directory dir of sandbox id in the
+// background; the channel yields its size on disk once done, and
+// closes (without one if it stopped: stopSqueezing, or an error, which
+// leaves it as it was).
+func (r *Runtime) squeezeLater(id, dir string) <-chan int64 {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &squeezer{cancel: cancel, done: make(chan struct{})}
+	report := make(chan int64, 1)
+	r.mu.Lock()
+	if old := r.squeezers[id]; old != nil {
+		old.cancel()
+	}
+	r.squeezers[id] = s
+	r.mu.Unlock()
+	go func() {
+		defer close(s.done)
+		defer close(report)
+		defer cancel()
+		t0 := time.Now()
+		err := squeezeDir(ctx, dir)
+		r.mu.Lock()
+		if r.squeezers[id] == s {
+			delete(r.squeezers, id)
+		}
+		r.mu.Unlock()
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("compressing a checkpoint; it stays uncompressed", "sandbox", id, "err", err)
+			}
+			return
+		}
+		n := dirBytes(dir)
+		r.log.Info("checkpoint compressed", "sandbox", id, "bytes", n, "took", time.Since(t0).Round(time.Millisecond))
+		report <- n
+	}()
+	return report
+}
+
+// Squeeze implements runtime.Checkpointer: paused sandbox id's
+// checkpoint is squeezed (again: a daemon that stopped left it part
+// done).
+func (r *Runtime) Squeeze(id string) <-chan int64 {
+	v, err := r.cfg.Disks.Open(id)
+	if err == nil {
+		dir := filepath.Join(v.Path, checkpointName)
+		if _, err = os.Stat(dir); err == nil {
+			return r.squeezeLater(id, dir)
+		}
+	}
+	r.log.Warn("compressing a checkpoint", "sandbox", id, "err", err)
+	none := make(chan int64)
+	close(none)
+	return none
+}
+
+// stopSqueezing stops the squeezing of sandbox id's checkpoint, if it
+// runs, and waits until it has stopped.
+func (r *Runtime) stopSqueezing(id string) {
+	r.mu.Lock()
+	s := r.squeezers[id]
+	r.mu.Unlock()
+	if s != nil {
+		s.cancel()
+		<-s.done
+	}
+}
+
+// stopAllSqueezing is stopSqueezing of every sandbox.
+func (r *Runtime) stopAllSqueezing() {
+	r.mu.Lock()
+	all := make([]*squeezer, 0, len(r.squeezers))
+	for _, s := range r.squeezers {
+		all = append(all, s)
+	}
+	r.mu.Unlock()
+	for _, s := range all {
+		s.cancel()
+		<-s.done
+	}
+}

@@ -1,0 +1,145 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// halfHex is n bytes of text with 4 bits of entropy a byte, a zero run
+// in its middle.
+func halfHex(n int) []byte {
+	b := make([]byte, n)
+	r := make([]byte, n/2)
+	rand.Read(r)
+	hex.Encode(b, r)
+	if n > 2*squeezeChunk {
+		clear(b[n/3 : n/3+squeezeChunk])
+	}
+	return b
+}
+
+func TestSqueezeRoundTrip(t *testing.T) {
+	for _, n := range []int{0, 1, 4096, squeezeChunk, 3*squeezeChunk + 12345} {
+		dir := t.TempDir()
+		orig := halfHex(n)
+		src, sq, back := filepath.Join(dir, "pages.img"), filepath.Join(dir, "pages.img.zst"), filepath.Join(dir, "back")
+		if err := os.WriteFile(src, orig, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := squeezeFile(context.Background(), src, sq); err != nil {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+		if err := expandFile(context.Background(), sq, back); err != nil {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+		got, err := os.ReadFile(back)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, orig) {
+			t.Fatalf("%d bytes: the expansion differs", n)
+		}
+		if fi, _ := os.Stat(sq); n > squeezeChunk && fi.Size() > int64(n)*6/10 {
+			t.Fatalf("%d bytes squeezed into %d", n, fi.Size())
+		}
+	}
+}
+
+// TestSqueezeDamage: a truncated or corrupt squeezed file does not
+// expand, and says why; nothing is left at the destination.
+func TestSqueezeDamage(t *testing.T) {
+	dir := t.TempDir()
+	src, sq := filepath.Join(dir, "pages.img"), filepath.Join(dir, "pages.img.zst")
+	if err := os.WriteFile(src, halfHex(3*squeezeChunk), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := squeezeFile(context.Background(), src, sq); err != nil {
+		t.Fatal(err)
+	}
+	good, err := os.ReadFile(sq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flip := func(at int) []byte {
+		b := bytes.Clone(good)
+		for i := at; i < min(at+16, len(b)); i++ {
+			b[i] ^= 0x5a
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"truncated", good[:len(good)/2], "truncated"},
+		{"truncated index", good[:len(good)-3], "truncated"},
+		{"corrupt frame", flip(len(good) / 3), "frame"},
+		{"corrupt index", flip(len(good) - 30), "index"},
+		{"empty", nil, "too short"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad, back := filepath.Join(t.TempDir(), "bad.zst"), filepath.Join(t.TempDir(), "back")
+			if err := os.WriteFile(bad, tc.b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			err := expandFile(context.Background(), bad, back)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("expanding a %s file: %v; want it to say %q", tc.name, err, tc.want)
+			}
+			if _, err := os.Stat(back); !os.IsNotExist(err) {
+				t.Fatalf("a failed expansion left its destination: %v", err)
+			}
+		})
+	}
+}
+
+// TestSqueezeDirPlan: a checkpoint directory squeezed file by file is
+// planned from whatever each file is, and a file left uncompressed by
+// an earlier boot is refused.
+func TestSqueezeDirPlan(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string][]byte{"checkpoint.img": halfHex(100000), "pages_meta.img": halfHex(5000), "pages.img": halfHex(2*squeezeChunk + 4096)}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writeBootID(dir); err != nil {
+		t.Fatal(err)
+	}
+	p, err := planImage(dir)
+	if err != nil || p.squeezed() || len(p.raw) != 3 || !p.pages {
+		t.Fatalf("an uncompressed checkpoint's plan: %+v, %v", p, err)
+	}
+	if err := squeezeDir(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	p, err = planImage(dir)
+	if err != nil || len(p.zst) != 3 || len(p.raw) != 0 {
+		t.Fatalf("a squeezed checkpoint's plan: %+v, %v", p, err)
+	}
+	out := filepath.Join(t.TempDir(), "open")
+	if err := p.expand(context.Background(), out); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range files {
+		got, err := os.ReadFile(filepath.Join(out, name))
+		if err != nil || !bytes.Equal(got, b) {
+			t.Fatalf("%s expanded differs (%v)", name, err)
+		}
+	}
+	// An uncompressed file of another boot, beside nothing squeezed.
+	os.Remove(filepath.Join(dir, "pages.img.zst"))
+	os.WriteFile(filepath.Join(dir, "pages.img"), files["pages.img"], 0o600)
+	os.WriteFile(filepath.Join(dir, bootName), []byte("another boot\n"), 0o600)
+	if _, err := planImage(dir); err == nil || !strings.Contains(err.Error(), "host restarted") {
+		t.Fatalf("an uncompressed file of another boot: %v", err)
+	}
+}
