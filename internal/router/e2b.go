@@ -357,6 +357,7 @@ func (c *conns) newE2BProxy(addr string) error {
 			if pr.In.Context().Value(keepHostKey{}) != nil {
 				pr.Out.Host = pr.In.Host
 			}
+			sendLength(pr)
 		},
 		Transport:      c.tr,
 		BufferPool:     bufferPool{},

@@ -72,6 +72,7 @@ func (rt *Router) newNode(an api.Node) (*node, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(c.base)
 			pr.Out.Header.Set("Authorization", c.tokens.Authorization())
+			sendLength(pr)
 		},
 		Transport:      c.tr,
 		BufferPool:     bufferPool{},
@@ -256,6 +257,22 @@ func copyResponse(w http.ResponseWriter, resp *http.Response) {
 	w.Header().Del("Connection")
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
+}
+
+// sendLength makes the body a proxied request of known length sends on
+// end after that length, without reading the client's body to its end or
+// closing it (the server does both once the handler returns). The
+// Transport writes a body to the node as it reads it, then reads on for
+// the end and closes it; a node that answers once it has the bytes can
+// have its answer start to the client first, and the server, seeing the
+// body unfinished, then finishes and closes it under the Transport, whose
+// next read fails and ends the node's connection, and the answer streaming
+// on it: a 1 GiB exec output through the gateway was cut ("unexpected
+// EOF") about once in ten over plain HTTP.
+func sendLength(pr *httputil.ProxyRequest) {
+	if n := pr.In.ContentLength; n > 0 && pr.Out.Body != nil {
+		pr.Out.Body = io.NopCloser(io.LimitReader(pr.Out.Body, n))
+	}
 }
 
 // bufferPool lends the reverse proxy its copy buffers.
