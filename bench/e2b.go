@@ -107,16 +107,8 @@ func (r *rig) startNodeFlow(ctx context.Context) (*nodeFlow, error) {
 	cmd := exec.CommandContext(ctx, "node", "scenarios.mjs", "bench")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "E2B_API_KEY="+r.e2b.key, "E2B_API_URL="+r.e2b.url, "E2B_SANDBOX_URL="+r.e2b.url)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
+	in, out, err := startPiped(cmd)
 	if err != nil {
-		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	f := &nodeFlow{cmd: cmd, in: in, out: bufio.NewScanner(out)}

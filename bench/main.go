@@ -146,6 +146,7 @@ func (o options) command() string {
 }
 
 func main() {
+	maybeSimNodes()
 	opts, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		return
