@@ -81,7 +81,7 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 // other answer goes to the client. fail answers an error in the API's
 // own form.
 func (rt *Router) place(w http.ResponseWriter, r *http.Request, d demand, fail func(error), send func(*node) (*http.Response, error)) {
-	tried := map[string]bool{}
+	var tried map[string]bool // made at a first refusal: most creates go to the first node
 	var refusals []string
 	for {
 		n, warm, err := rt.pick(d, tried)
@@ -92,8 +92,13 @@ func (rt *Router) place(w http.ResponseWriter, r *http.Request, d demand, fail f
 			fail(err)
 			return
 		}
-		tried[n.Name] = true
 		resp, err := send(n)
+		if err != nil || resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusInsufficientStorage {
+			if tried == nil {
+				tried = map[string]bool{}
+			}
+			tried[n.Name] = true
+		}
 		if err != nil {
 			rt.unplace(n, d, warm)
 			if r.Context().Err() != nil {
@@ -337,13 +342,25 @@ func formatDemand(r api.NodeResources) string {
 // post sends a request body to the node as the client sent it, with the
 // node's token, and returns its answer.
 func (c *conns) post(r *http.Request, path string, body []byte) (*http.Response, error) {
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, c.base.String()+path, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
+	// Made as http.NewRequest would, from the node's parsed address: no
+	// URL to parse and print, headers already in canonical form.
+	u := *c.base
+	u.Path = path
+	out := &http.Request{
+		Method: http.MethodPost, URL: &u, Host: u.Host,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{
+			"Content-Type":  {"application/json"},
+			"Authorization": {c.tokens.Authorization()},
+		},
+		Body:          io.NopCloser(bytes.NewReader(body)),
+		GetBody:       func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
+		ContentLength: int64(len(body)),
 	}
-	out.Header.Set("Content-Type", "application/json")
-	out.Header.Set("Authorization", c.tokens.Authorization())
-	return c.tr.RoundTrip(out)
+	if len(body) == 0 {
+		out.Body, out.GetBody = http.NoBody, nil
+	}
+	return c.tr.RoundTrip(out.WithContext(r.Context()))
 }
 
 // errorMessage reads the message of a node's error answer.
