@@ -16,6 +16,11 @@ type Policy struct {
 	// Mode is what a refusal does: "" (or "deny") refuses; "ask" also
 	// files an EgressRequest for the host, for a person to decide.
 	Mode string `json:"mode,omitempty"`
+	// Precedence is which list wins when an allow rule and a deny rule
+	// both match: "" (or "deny") the deny rule; "allow" the allow rule, as
+	// E2B's allowOut wins over its denyOut (the E2B facade sets it). The
+	// internet preset is never an allow rule here: a deny rule wins over it.
+	Precedence string `json:"precedence,omitempty"`
 	// Grants are the sandbox's approved requests (set by the daemon).
 	Grants []PolicyGrant `json:"grants,omitempty"`
 }
@@ -26,16 +31,23 @@ const (
 	PolicyModeAsk  = "ask"
 )
 
+// The precedences of a Policy.
+const (
+	PolicyPrecedenceDeny  = "deny"
+	PolicyPrecedenceAllow = "allow"
+)
+
 // Clone returns a deep copy of p (nil for nil).
 func (p *Policy) Clone() *Policy {
 	if p == nil {
 		return nil
 	}
 	c := &Policy{
-		Allow:   cloneRules(p.Allow),
-		Deny:    cloneRules(p.Deny),
-		Presets: append([]string(nil), p.Presets...),
-		Mode:    p.Mode,
+		Allow:      cloneRules(p.Allow),
+		Deny:       cloneRules(p.Deny),
+		Presets:    append([]string(nil), p.Presets...),
+		Mode:       p.Mode,
+		Precedence: p.Precedence,
 	}
 	if p.Grants != nil {
 		c.Grants = make([]PolicyGrant, len(p.Grants))

@@ -715,3 +715,25 @@ func TestE2BIngressTLS(t *testing.T) {
 		t.Fatalf("closed port over TLS: %d %s", got.status, got.body)
 	}
 }
+
+// TestE2BNetworkPrecedence: E2B's allowOut wins over its denyOut, through
+// the npm SDK, against a host in a network namespace (nothing leaves the
+// machine): the facade's policies are allow-first, the native API's stay
+// deny-first.
+func TestE2BNetworkPrecedence(t *testing.T) {
+	dir := npmHarness(t)
+	u := newUpstream(t, map[string]string{"allowed.test": "", "other.test": ""})
+	e := startE2BDaemon(t, "--dns-upstream", u.DNS, "--egress-root-ca", u.CAFile)
+	t.Setenv("E2B_UPSTREAM_IP", u.IP)
+	t.Setenv("E2B_UPSTREAM_CA", u.CAFile)
+	runScenario(t, e, dir, "precedence")
+	if n := len(u.requests()); n < 4 {
+		t.Errorf("the upstream saw %d requests, want the 4 allowed ones", n)
+	}
+	// The same policy through the native API keeps deny first.
+	block := u.IP[:strings.LastIndexByte(u.IP, '.')] + ".0/24"
+	id := e.Create(api.CreateRequest{Policy: &api.Policy{Presets: []string{"internet"}, Allow: []api.PolicyRule{{Match: "allowed.test"}}, Deny: []api.PolicyRule{{Match: block}}}})
+	if r := curl(e.Daemon, id, "http://allowed.test/"); r.ExitCode == 0 && strings.Contains(r.Stdout, "hello from") {
+		t.Fatalf("native deny-first let allowed.test through a denied block: %s", r)
+	}
+}

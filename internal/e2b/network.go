@@ -16,14 +16,15 @@ import (
 )
 
 // E2B's network settings, mapped onto paddock's policy. E2B allows every
-// destination unless told otherwise; an allowOut entry wins over a
-// denyOut one; allow_internet_access: false is denyOut 0.0.0.0/0.
-// paddock allows nothing unless told, and its deny rules go first, so the
-// mapping is:
+// destination unless told otherwise; an allowOut entry (an address, a
+// block, or a domain matched by Host or SNI) wins over a denyOut one;
+// allow_internet_access: false is denyOut 0.0.0.0/0. paddock allows
+// nothing unless told, so the mapping is a policy with precedence
+// "allow" (its allow rules win over its deny rules, as E2B's) and:
 //   - internet off (allow_internet_access false, or denyOut covering
 //     0.0.0.0/0): allow rules from allowOut, nothing else;
-//   - internet on: the "internet" preset (public addresses), allowOut,
-//     and denyOut as deny rules.
+//   - internet on: the "internet" preset (public addresses, below the
+//     deny rules), allowOut, and denyOut as deny rules.
 //
 // Whether the internet is on when a create says nothing is the daemon's
 // choice (--e2b-default-egress): paddock's default is off.
@@ -102,7 +103,7 @@ func (s *Server) policy(nc networkConfig, internet *bool) (*api.Policy, error) {
 	if internet != nil {
 		on = *internet
 	}
-	p := &api.Policy{}
+	p := &api.Policy{Precedence: api.PolicyPrecedenceAllow}
 	for _, e := range nc.DenyOut {
 		if !isAddress(e) {
 			return nil, errdefs.Invalid("network.denyOut", "%q is not an IP address or CIDR block (E2B denies by address only)", e)

@@ -2,11 +2,14 @@ package e2b
 
 import (
 	"errors"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/egress"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -68,9 +71,33 @@ func TestNetworkPolicy(t *testing.T) {
 	if err != nil || len(p.Presets) != 0 || len(p.Deny) != 0 || len(p.Allow) != 2 || p.Allow[0].Match != "example.com" {
 		t.Fatalf("deny-all + allow: %+v %v", p, err)
 	}
-	p, err = s.policy(networkConfig{DenyOut: []string{"8.8.8.8"}}, &on)
-	if err != nil || len(p.Presets) != 1 || len(p.Deny) != 1 {
-		t.Fatalf("internet minus an address: %+v %v", p, err)
+	p, err = s.policy(networkConfig{DenyOut: []string{"8.8.8.8", "1.2.3.0/24"}, AllowOut: []string{"1.2.3.4", "example.test"}}, &on)
+	if err != nil || len(p.Presets) != 1 || len(p.Deny) != 2 || len(p.Allow) != 2 {
+		t.Fatalf("internet minus addresses: %+v %v", p, err)
+	}
+	// E2B's allowOut wins over its denyOut: the policy says so, and the
+	// egress engine decides by it (1.2.3.4 and example.test pass, the
+	// rest of 1.2.3.0/24 does not).
+	if p.Precedence != api.PolicyPrecedenceAllow {
+		t.Fatalf("precedence %q", p.Precedence)
+	}
+	eng := egress.NewEngine(egress.EngineConfig{})
+	if err := eng.Set("s", p); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args egress.DecideArgs
+		want bool
+	}{
+		{egress.DecideArgs{Sandbox: "s", Kind: egress.KindTCP, IP: netip.MustParseAddr("1.2.3.4"), Port: 443}, true},
+		{egress.DecideArgs{Sandbox: "s", Kind: egress.KindTCP, IP: netip.MustParseAddr("1.2.3.5"), Port: 443}, false},
+		{egress.DecideArgs{Sandbox: "s", Kind: egress.KindTCP, IP: netip.MustParseAddr("8.8.8.8"), Port: 53}, false},
+		{egress.DecideArgs{Sandbox: "s", Kind: egress.KindTCP, IP: netip.MustParseAddr("9.9.9.9"), Port: 53}, true},
+		{egress.DecideArgs{Sandbox: "s", Kind: egress.KindHTTP, Host: "example.test", IP: netip.MustParseAddr("1.2.3.5"), Port: 80, Method: "GET", Path: "/"}, true},
+	} {
+		if d := eng.Decide(tc.args); d.Allow != tc.want {
+			t.Errorf("%+v: %+v", tc.args, d)
+		}
 	}
 	if p, _ = s.policy(networkConfig{}, &off); len(p.Presets) != 0 {
 		t.Fatalf("allow_internet_access false: %+v", p)

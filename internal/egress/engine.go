@@ -257,7 +257,7 @@ func (e *Engine) CheckAddr(id string, a netip.Addr, port uint16) Decision {
 	if c == nil {
 		return noPolicy
 	}
-	return c.checkAddr(a.Unmap(), port, e.public)
+	return c.checkAddr(a.Unmap(), port, "", e.public)
 }
 
 // compiled is a validated policy ready for matching.
@@ -266,7 +266,10 @@ type compiled struct {
 	allow    []*rule
 	deny     []*rule
 	internet bool
-	bindings []*binding
+	// allowFirst: an allow rule wins over a deny rule that also matches
+	// (Policy.Precedence "allow").
+	allowFirst bool
+	bindings   []*binding
 	// expires is when the first of its grants ends (zero: none ends).
 	expires time.Time
 }
@@ -312,6 +315,13 @@ func compilePolicy(p *api.Policy) (*compiled, error) {
 	case "", api.PolicyModeDeny, api.PolicyModeAsk:
 	default:
 		return nil, errdefs.Invalid("mode", "%q is not a mode (deny, ask)", p.Mode)
+	}
+	switch p.Precedence {
+	case "", api.PolicyPrecedenceDeny:
+	case api.PolicyPrecedenceAllow:
+		c.allowFirst = true
+	default:
+		return nil, errdefs.Invalid("precedence", "%q is not a precedence (deny, allow)", p.Precedence)
 	}
 	now := time.Now()
 	for i, g := range p.Grants {
@@ -412,16 +422,27 @@ func (c *compiled) decideIP(ip netip.Addr, port uint16, public func(netip.Addr) 
 	if !ip.IsValid() {
 		return Decision{Reason: "no destination address"}
 	}
+	isPublic := public(ip)
+	allowRule := func() *rule {
+		for _, r := range c.allow {
+			if r.matchAddr(ip, port) && (isPublic || targetsNonPublic(r.prefix)) {
+				return r
+			}
+		}
+		return nil
+	}
+	if c.allowFirst {
+		if r := allowRule(); r != nil {
+			return allowedBy(r)
+		}
+	}
 	for _, r := range c.deny {
 		if r.matchAddr(ip, port) {
 			return deniedBy(r)
 		}
 	}
-	isPublic := public(ip)
-	for _, r := range c.allow {
-		if r.matchAddr(ip, port) && (isPublic || targetsNonPublic(r.prefix)) {
-			return allowedBy(r)
-		}
+	if r := allowRule(); r != nil {
+		return allowedBy(r)
 	}
 	if isPublic && c.internet {
 		return allowedInternet
@@ -433,23 +454,40 @@ func (c *compiled) decideIP(ip netip.Addr, port uint16, public func(netip.Addr) 
 	return d
 }
 
-// checkAddr decides an address a name resolved to.
-func (c *compiled) checkAddr(ip netip.Addr, port uint16, public func(netip.Addr) bool) Decision {
+// checkAddr decides an address host (a name; "" when unknown) resolved
+// to. With allowFirst, an allow rule naming host or the address wins over
+// the deny rules; only a rule naming a non-public address opens it.
+func (c *compiled) checkAddr(ip netip.Addr, port uint16, host string, public func(netip.Addr) bool) Decision {
+	isPublic := public(ip)
+	allowRule := func() *rule {
+		for _, r := range c.allow {
+			switch {
+			case r.kind == kindIP && r.prefix.Contains(ip) && (port == 0 || r.matchPort(port)) && (isPublic || targetsNonPublic(r.prefix)):
+				return r
+			case r.kind == kindHTTP && r.host.addr == ip && (port == 0 || r.port == port):
+				return r
+			}
+		}
+		return nil
+	}
+	if c.allowFirst {
+		if r := allowRule(); r != nil {
+			return allowedBy(r)
+		}
+		if isPublic && host != "" && c.allowsName(host, port) {
+			return Decision{Allow: true, Reason: "a public address of an allowed name"}
+		}
+	}
 	for _, r := range c.deny {
 		if r.kind == kindIP && r.prefix.Contains(ip) && (port == 0 || r.matchPort(port)) {
 			return deniedBy(r)
 		}
 	}
-	if public(ip) {
+	if isPublic {
 		return Decision{Allow: true, Reason: "a public address"}
 	}
-	for _, r := range c.allow {
-		switch {
-		case r.kind == kindIP && r.prefix.Contains(ip) && (port == 0 || r.matchPort(port)) && targetsNonPublic(r.prefix):
-			return allowedBy(r)
-		case r.kind == kindHTTP && r.host.addr == ip && (port == 0 || r.port == port):
-			return allowedBy(r)
-		}
+	if r := allowRule(); r != nil {
+		return allowedBy(r)
 	}
 	return Decision{
 		Reason:  fmt.Sprintf("resolved to %s, %s (DNS rebinding is refused); only a rule naming the address allows it", ip, addrClass(ip)),
@@ -459,6 +497,11 @@ func (c *compiled) checkAddr(ip netip.Addr, port uint16, public func(netip.Addr)
 
 // decideTLS decides a TLS connection by its SNI.
 func (c *compiled) decideTLS(host string, port uint16) Decision {
+	if c.allowFirst {
+		if d, ok := c.allowTLS(host, port, false); ok {
+			return d
+		}
+	}
 	needRequest := false
 	for _, r := range c.deny {
 		switch {
@@ -471,6 +514,22 @@ func (c *compiled) decideTLS(host string, port uint16) Decision {
 			needRequest = true
 		}
 	}
+	if d, ok := c.allowTLS(host, port, needRequest); ok {
+		return d
+	}
+	if c.internet {
+		d := allowedInternet
+		d.Reason = "allowed by preset internet (if the name resolves to public addresses)"
+		d.Intercept = needRequest || c.hasBindingFor(host)
+		return d
+	}
+	return Decision{Reason: fmt.Sprintf("no rule allows %s", host), Suggest: "--allow " + host}
+}
+
+// allowTLS is the decision of the allow rules on a TLS connection to
+// host (ok false: none matches); needRequest asks that each request be
+// decided (deny rules on some of the host's paths).
+func (c *compiled) allowTLS(host string, port uint16, needRequest bool) (Decision, bool) {
 	var hostRule, pathRule *rule
 	for _, r := range c.allow {
 		switch {
@@ -482,22 +541,29 @@ func (c *compiled) decideTLS(host string, port uint16) Decision {
 			pathRule = first(pathRule, r)
 		}
 	}
-	secrets := c.hasBindingFor(host)
 	switch {
 	case hostRule != nil:
 		d := allowedBy(hostRule)
-		d.Intercept = needRequest || secrets
-		return d
-	case c.internet:
-		d := allowedInternet
-		d.Reason = "allowed by preset internet (if the name resolves to public addresses)"
-		d.Intercept = needRequest || secrets
-		return d
-	case pathRule != nil:
+		d.Intercept = needRequest || c.hasBindingFor(host)
+		return d, true
+	case pathRule != nil && (!c.internet || c.allowFirst):
 		return Decision{Allow: true, Intercept: true, Rule: pathRule.name(),
-			Reason: fmt.Sprintf("%s has URL rules (%q); each request is decided", host, pathRule.src)}
+			Reason: fmt.Sprintf("%s has URL rules (%q); each request is decided", host, pathRule.src)}, true
 	}
-	return Decision{Reason: fmt.Sprintf("no rule allows %s", host), Suggest: "--allow " + host}
+	return Decision{}, false
+}
+
+// allowsName reports whether an allow rule names host (on port; 0: any).
+func (c *compiled) allowsName(host string, port uint16) bool {
+	for _, r := range c.allow {
+		switch {
+		case r.kind == kindDomain && r.host.match(host) && (port == 0 || r.matchPort(port)):
+			return true
+		case r.kind == kindHTTP && !r.host.addr.IsValid() && r.host.match(host) && (port == 0 || r.port == port):
+			return true
+		}
+	}
+	return false
 }
 
 func first(have, r *rule) *rule {
@@ -543,6 +609,24 @@ func (c *compiled) decideHTTP(a DecideArgs, host string, ip netip.Addr, public f
 		return Decision{Reason: "refused path " + strconv.Quote(a.Path) + ": " + bad}
 	}
 	method := a.Method
+	allowRule := func() *rule {
+		for _, r := range c.allow {
+			switch {
+			case ip.IsValid() && r.matchAddr(ip, a.Port) && (public(ip) || targetsNonPublic(r.prefix)):
+				return r
+			case !ip.IsValid() && r.kind == kindDomain && r.host.match(host) && r.matchPort(a.Port):
+				return r
+			case r.matchHTTP(scheme, host, ip, a.Port, cleaned, method):
+				return r // a URL rule naming an address targets it, private or not
+			}
+		}
+		return nil
+	}
+	if c.allowFirst {
+		if r := allowRule(); r != nil {
+			return allowedBy(r)
+		}
+	}
 	for _, r := range c.deny {
 		switch {
 		case ip.IsValid() && r.matchAddr(ip, a.Port):
@@ -553,15 +637,8 @@ func (c *compiled) decideHTTP(a DecideArgs, host string, ip netip.Addr, public f
 			return deniedBy(r)
 		}
 	}
-	for _, r := range c.allow {
-		switch {
-		case ip.IsValid() && r.matchAddr(ip, a.Port) && (public(ip) || targetsNonPublic(r.prefix)):
-			return allowedBy(r)
-		case !ip.IsValid() && r.kind == kindDomain && r.host.match(host) && r.matchPort(a.Port):
-			return allowedBy(r)
-		case r.matchHTTP(scheme, host, ip, a.Port, cleaned, method):
-			return allowedBy(r) // a URL rule naming an address targets it, private or not
-		}
+	if r := allowRule(); r != nil {
+		return allowedBy(r)
 	}
 	if c.internet && (!ip.IsValid() || public(ip)) {
 		return allowedInternet
@@ -608,15 +685,26 @@ func (c *compiled) decideName(name string) Decision {
 	if name == "" {
 		return Decision{Reason: "empty name"}
 	}
+	allowRule := func() *rule {
+		for _, r := range c.allow {
+			if (r.kind == kindDomain || r.kind == kindHTTP) && r.host.match(name) {
+				return r
+			}
+		}
+		return nil
+	}
+	if c.allowFirst {
+		if r := allowRule(); r != nil {
+			return allowedBy(r)
+		}
+	}
 	for _, r := range c.deny {
 		if (r.kind == kindDomain && r.port == 0 || r.wholeHost()) && r.host.match(name) {
 			return deniedBy(r)
 		}
 	}
-	for _, r := range c.allow {
-		if (r.kind == kindDomain || r.kind == kindHTTP) && r.host.match(name) {
-			return allowedBy(r)
-		}
+	if r := allowRule(); r != nil {
+		return allowedBy(r)
 	}
 	if c.internet {
 		d := allowedInternet

@@ -9,7 +9,9 @@ import (
 )
 
 // A policy is an api.Policy: nothing is reachable unless a rule in Allow
-// or a preset allows it; a rule in Deny wins over every allow.
+// or a preset allows it; a rule in Deny wins over every allow, unless
+// Precedence is "allow": then a rule in Allow wins over Deny (never the
+// internet preset, which a deny rule still overrides).
 //
 // JSON (the API's and `--policy FILE`'s form; field names are stable):
 //
@@ -19,6 +21,7 @@ import (
 //	              "10.0.0.0/8:5432"],
 //	  "deny":    [{"match": "https://api.example.com/v1/admin/"}],
 //	  "presets": ["internet", "pypi"],
+//	  "precedence": "deny",
 //	  "secrets": [{"name": "GITHUB_TOKEN", "hosts": ["api.github.com"],
 //	               "paths": ["/repos/"], "methods": ["GET"],
 //	               "inject": {"header": "Authorization", "format": "Bearer %s"}}]

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -311,7 +312,7 @@ func (p *Proxy) handleStream(f *flow, c net.Conn, pre []byte) {
 	// allowed name may lead to (private, loopback, metadata, ... without
 	// a rule naming it; the resolver never answers with one).
 	if f.connectHost == "" {
-		if d := pol.decideIP(f.dst.Addr(), f.port, p.public); !d.Allow && (!pol.allowsNames() || !pol.checkAddr(f.dst.Addr(), f.port, p.public).Allow) {
+		if d := pol.decideIP(f.dst.Addr(), f.port, p.public); !d.Allow && !pol.nameMayAllow(f.dst.Addr(), f.port, p.public) {
 			p.denyConn(f, c, KindTCP, "", d)
 			return
 		}
@@ -345,6 +346,20 @@ func (p *Proxy) rawAllowed(f *flow, pol *compiled) bool {
 	defer cancel()
 	addrs, err := p.cfg.Resolve(ctx, f.connectHost)
 	return err == nil && len(addrs) > 0 && pol.decideIP(addrs[0].Unmap(), f.port, p.public).Allow
+}
+
+// nameMayAllow reports whether a name (SNI or Host) could still allow a
+// connection to ip that its address alone does not: the policy allows
+// names, and the address is one an allowed name may lead to (with
+// allowFirst, a public address whatever the deny rules say).
+func (c *compiled) nameMayAllow(ip netip.Addr, port uint16, public func(netip.Addr) bool) bool {
+	if !c.allowsNames() {
+		return false
+	}
+	if c.allowFirst && public(ip) && slices.ContainsFunc(c.allow, func(r *rule) bool { return r.kind != kindIP }) {
+		return true
+	}
+	return c.checkAddr(ip, port, "", public).Allow
 }
 
 // allowsNames reports whether anything in the policy can allow a
@@ -548,7 +563,7 @@ func (p *Proxy) dial(ctx context.Context, pol *compiled, host string, dst netip.
 	for _, a := range addrs {
 		a = a.Unmap()
 		if check {
-			if d := pol.checkAddr(a, port, p.public); !d.Allow {
+			if d := pol.checkAddr(a, port, host, p.public); !d.Allow {
 				if host != "" && d.Rule == "" {
 					d.Reason = host + " " + d.Reason
 				}

@@ -614,6 +614,51 @@ const scenarios = {
     console.log('ok network')
   },
 
+  // E2B's precedence, against a host the Go test made (TestE2BNetworkPrecedence:
+  // E2B_UPSTREAM_IP, named allowed.test and other.test, its HTTPS
+  // certificate signed by E2B_UPSTREAM_CA): an allowOut entry, an address
+  // or a domain matched by Host or SNI, wins over a denyOut entry that
+  // covers the same address; anything else in the denied block stays
+  // denied; updateNetwork keeps the precedence.
+  async precedence() {
+    const ip = process.env.E2B_UPSTREAM_IP
+    const block = ip.split('.').slice(0, 3).join('.') + '.0/24'
+    const ca = readFileSync(process.env.E2B_UPSTREAM_CA, 'utf8')
+    const policyOf = async (sbx) => JSON.parse((await sbx.commands.run('cat /run/paddock/policy.json')).stdout)
+    // The HTTP status curl got, or 000 when the connection was refused.
+    const status = async (sbx, url) => (await sbx.commands.run(
+      `curl -s -o /dev/null -w '%{http_code}' --max-time 5 --noproxy '*' --cacert /tmp/ca.pem ${url} || true`)).stdout.trim()
+    await withSandbox({ allowInternetAccess: true, network: { denyOut: [block], allowOut: ['allowed.test'] } }, async (sbx) => {
+      await sbx.files.write('/tmp/ca.pem', ca)
+      const p = await policyOf(sbx)
+      assert.equal(p.precedence, 'allow', JSON.stringify(p))
+      assert.deepEqual((p.deny ?? []).map((r) => r.match ?? r), [block])
+      assert.equal(await status(sbx, 'http://allowed.test/'), '200', 'a domain allowed by Host wins over a denied block')
+      assert.equal(await status(sbx, 'https://allowed.test/'), '200', 'a domain allowed by SNI wins over a denied block')
+      assert.notEqual(await status(sbx, 'http://other.test/'), '200', 'a name only the internet allows stays denied')
+      assert.notEqual(await status(sbx, 'https://other.test/'), '200')
+      assert.notEqual(await status(sbx, `http://${ip}/`), '200', 'the address itself stays denied')
+      // updateNetwork replaces the policy and keeps E2B's precedence: now
+      // the address is allowed inside the denied block.
+      await sbx.updateNetwork({ allowInternetAccess: true, denyOut: [block], allowOut: [ip] })
+      await until('the new policy inside', async () => ((await policyOf(sbx)).allow ?? []).some((r) => (r.match ?? r) === ip))
+      const q = await policyOf(sbx)
+      assert.equal(q.precedence, 'allow', JSON.stringify(q))
+      assert.deepEqual((q.deny ?? []).map((r) => r.match ?? r), [block])
+      assert.equal(await status(sbx, `http://${ip}/`), '200', 'an allowed address wins over its denied block')
+      assert.equal(await status(sbx, 'https://other.test/'), '200', 'any name of the allowed address')
+    })
+    // Internet off (allowInternetAccess false, E2B's denyOut 0.0.0.0/0)
+    // with an allowed domain: that domain only.
+    await withSandbox({ allowInternetAccess: false, network: { allowOut: ['allowed.test'] } }, async (sbx) => {
+      await sbx.files.write('/tmp/ca.pem', ca)
+      assert.equal(await status(sbx, 'https://allowed.test/'), '200')
+      assert.notEqual(await status(sbx, 'https://other.test/'), '200')
+      assert.notEqual(await status(sbx, `http://${ip}/`), '200')
+    })
+    console.log('ok precedence')
+  },
+
   // Port ingress by host name: PORT-ID.DOMAIN on the facade's listener,
   // HTTP and WebSockets, the traffic token, E2B's 502s; signed URLs
   // without a sandbox header, and expired ones.
