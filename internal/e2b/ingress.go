@@ -83,23 +83,23 @@ func (s *Server) serveIngress(w http.ResponseWriter, r *http.Request, id string,
 		if _, err := s.mgr.Get(r.Context(), id); err != nil {
 			setMoved(w, err) // for a gateway to follow
 		}
-		writeJSON(w, http.StatusBadGateway, ingressError{SandboxID: id, Message: "The sandbox is not running", Port: strconv.Itoa(port)})
+		IngressNotRunning(w, r, id, port)
 		return
 	}
 	sb, err := s.mgr.Get(r.Context(), id)
 	if err != nil {
-		writeJSON(w, http.StatusBadGateway, ingressError{SandboxID: id, Message: "The sandbox is not running", Port: strconv.Itoa(port)})
+		IngressNotRunning(w, r, id, port)
 		return
 	}
 	if sb.Labels[labelPrivate] != "" {
 		got := r.Header.Get(TrafficTokenHeader)
 		switch {
 		case got == "":
-			writeJSON(w, http.StatusForbidden, ingressError{SandboxID: id, Code: http.StatusForbidden,
+			ingressFail(w, r, http.StatusForbidden, "Traffic Access Token Missing", ingressError{SandboxID: id, Code: http.StatusForbidden,
 				Message: "Sandbox is secured with traffic access token. Token header '" + strings.ToLower(TrafficTokenHeader) + "' is missing"})
 			return
 		case subtle.ConstantTimeCompare([]byte(got), []byte(s.trafficToken(id))) != 1:
-			writeJSON(w, http.StatusForbidden, ingressError{SandboxID: id, Code: http.StatusForbidden,
+			ingressFail(w, r, http.StatusForbidden, "Traffic Access Token Invalid", ingressError{SandboxID: id, Code: http.StatusForbidden,
 				Message: "Sandbox is secured with traffic access token. Provided token in header '" + strings.ToLower(TrafficTokenHeader) + "' is invalid"})
 			return
 		}
@@ -157,7 +157,7 @@ func (s *Server) newIngressProxy() *httputil.ReverseProxy {
 			}
 			t := r.Context().Value(ingressKey{}).(ingressTarget)
 			s.log.Debug("ingress failed", "sandbox", t.id, "port", t.port, "err", err)
-			writeJSON(w, http.StatusBadGateway, ingressError{SandboxID: t.id, Message: "The sandbox is running but port is not open", Port: strconv.Itoa(t.port)})
+			ingressFail(w, r, http.StatusBadGateway, "Closed Port Error", ingressError{SandboxID: t.id, Message: "The sandbox is running but port is not open", Port: strconv.Itoa(t.port)})
 		},
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
 	"strings"
 
 	"github.com/paddock-dev/paddock/api"
@@ -215,7 +214,7 @@ type keepHostKey struct{}
 // A sandbox no node holds gets E2B's 502.
 func (rt *Router) e2bHostRoute(w http.ResponseWriter, r *http.Request, id string, port int) {
 	if _, err := rt.owner(id, id); err != nil && rt.cfg.Archive == nil {
-		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox is not running", "port": strconv.Itoa(port)})
+		e2b.IngressNotRunning(w, r, id, port)
 		return
 	}
 	rt.e2bRoute(w, r.WithContext(context.WithValue(r.Context(), keepHostKey{}, true)), id, false)

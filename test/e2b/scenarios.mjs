@@ -687,6 +687,13 @@ const scenarios = {
       r = await request(sbx.getHost(8999))
       assert.equal(r.status, 502)
       assert.deepEqual(JSON.parse(r.body), { sandboxId: sbx.sandboxId, message: 'The sandbox is running but port is not open', port: '8999' })
+      // A browser gets the same 502 as an HTML page.
+      r = await request(sbx.getHost(8999), '/', { accept: 'text/html,application/xhtml+xml,*/*;q=0.8', 'user-agent': 'Mozilla/5.0' })
+      assert.equal(r.status, 502)
+      assert.match(r.headers['content-type'], /^text\/html/)
+      assert.ok(r.body.includes(sbx.sandboxId) && r.body.includes('8999') && r.body.includes('port is not open'), r.body)
+      r = await request(sbx.getHost(8999), '/', { accept: 'application/json', 'user-agent': 'Mozilla/5.0' })
+      assert.match(r.headers['content-type'], /^application\/json/)
       // envd by host name.
       r = await request(sbx.getHost(49983), '/health')
       assert.equal(r.status, 502, 'health without the access token')
@@ -716,6 +723,10 @@ const scenarios = {
     const r = await request(host)
     assert.equal(r.status, 502)
     assert.equal(JSON.parse(r.body).sandboxId, gone.sandboxId)
+    const page = await request(host, '/', { accept: 'text/html' })
+    assert.equal(page.status, 502)
+    assert.match(page.headers['content-type'], /^text\/html/)
+    assert.ok(page.body.includes(gone.sandboxId) && page.body.includes('not running'), page.body)
     console.log('ok ingress')
   },
 
