@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/e2b"
@@ -15,15 +16,30 @@ import (
 // token signed it can tell, so every node with a facade is asked at once
 // (e2b.SignerPath, with its key; each remembers its answers) and the call
 // goes to the sandbox the one that knows it names, where the signature is
-// checked again, expiry included. None knowing it is E2B's 401.
+// checked again, expiry included. None knowing it is E2B's 401. The
+// answer is remembered (rt.signers), so that the same URL again asks no
+// node.
 func (rt *Router) e2bSigned(w http.ResponseWriter, r *http.Request) {
-	id := rt.e2bSigner(r)
+	sig := r.URL.Query().Get("signature")
+	now := time.Now()
+	id := rt.signers.get(sig, now)
+	cached := id != ""
+	if !cached {
+		id = rt.e2bSigner(r)
+	}
 	if id == "" {
 		writeJSON(w, http.StatusUnauthorized, e2bErrorBody{Code: http.StatusUnauthorized, Message: "invalid signature"})
 		return
 	}
+	if !cached {
+		rt.signers.put(sig, id, now, signatureExpiry(r))
+	}
 	r.Header.Set("E2b-Sandbox-Id", id)
-	rt.e2bRoute(w, r, id, false)
+	sw := &statusWriter{ResponseWriter: w}
+	rt.e2bRoute(sw, r, id, false)
+	if staleSigner(sw.code) {
+		rt.signers.drop(sig)
+	}
 }
 
 // e2bSigner asks the nodes which sandbox signed r's URL; "" when none

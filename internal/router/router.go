@@ -77,6 +77,8 @@ type Router struct {
 	presets func() []*cluster.PolicyPreset
 	// movedTo caches the nodes archived sandboxes moved to (archive.go).
 	movedTo moved
+	// signers caches which sandbox signed a file URL (e2bsignedcache.go).
+	signers signers
 }
 
 // New returns a Router with an empty table: every call answers 503 until
