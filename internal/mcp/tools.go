@@ -795,7 +795,7 @@ func (t *tools) setPolicy(ctx context.Context, _ *sdk.CallToolRequest, in Policy
 	if err != nil {
 		return nil, PolicyOut{}, fmt.Errorf("getting the policy of %s: %w", id, err)
 	}
-	p := api.Policy{Deny: cur.Deny, Secrets: cur.Secrets, Presets: in.Presets}
+	p := api.Policy{Deny: cur.Deny, Secrets: cur.Secrets, Presets: in.Presets, Precedence: cur.Precedence}
 	for _, a := range in.Allow {
 		p.Allow = append(p.Allow, api.PolicyRule{Match: a})
 	}

@@ -88,7 +88,12 @@ async function withSandbox(opts, fn) {
 // a plain client does: download, upload, an expired one, a bad one.
 async function signedPlainly(sbx) {
   await sbx.files.write('plain.txt', 'plain client')
-  let res = await fetch(await sbx.downloadUrl('plain.txt'))
+  const url = await sbx.downloadUrl('plain.txt')
+  let res = await fetch(url)
+  assert.equal(res.status, 200)
+  assert.equal(await res.text(), 'plain client')
+  // Again (a gateway remembers which sandbox signed it).
+  res = await fetch(url)
   assert.equal(res.status, 200)
   assert.equal(await res.text(), 'plain client')
   const form = new FormData()
