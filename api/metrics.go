@@ -28,11 +28,29 @@ type Sample struct {
 	EgressAllowed       uint64  `json:"egress_requests_allowed"`
 	EgressDenied        uint64  `json:"egress_requests_denied"`
 	OOMKills            uint64  `json:"oom_kills"`
+	// Containers are the shares of a sandbox of several containers, first
+	// first, in the latest sample only (a container's history: ask with
+	// ?container=NAME). The sandbox's CPU, memory, pids and disk use above
+	// are their sum; network and egress are the sandbox's alone.
+	Containers []ContainerSample `json:"containers,omitempty"`
+}
+
+// ContainerSample is one container's share of a sandbox's sample: its
+// cgroup's CPU, memory and pids (the first container's is the sandbox's
+// cgroup less the others'; on cgroup v2 the others have no memory and
+// pids counters of their own, and read zero) and its own disk. Its limits
+// are its own, or the sandbox's where it has none.
+type ContainerSample struct {
+	Name string `json:"name"`
+	Sample
 }
 
 // Metrics is the answer of GET /v1/sandboxes/{id}/metrics.
 type Metrics struct {
-	Sandbox         string  `json:"sandbox"`
+	Sandbox string `json:"sandbox"`
+	// Container is set when the call named one (?container=NAME): Current
+	// and History are then that container's share.
+	Container       string  `json:"container,omitempty"`
 	IntervalSeconds float64 `json:"interval_seconds"`
 	// Current is the latest sample; nil if the sandbox was never sampled.
 	Current *Sample `json:"current,omitempty"`

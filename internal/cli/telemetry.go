@@ -25,9 +25,10 @@ func telemetryCmds(g *globals) []*cobra.Command {
 func statsCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	var since time.Duration
+	var container string
 	cmd := &cobra.Command{
 		Use:   "stats ID",
-		Short: "Print a sandbox's current metrics (with --json, its history too)",
+		Short: "Print a sandbox's current metrics, each container's share too (with --json, its history)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
@@ -38,7 +39,7 @@ func statsCmd(g *globals) *cobra.Command {
 			if since > 0 {
 				opts.Since = time.Now().Add(-since)
 			}
-			m, err := c.Metrics(cmd.Context(), args[0], opts)
+			m, err := c.Metrics(client.WithContainer(cmd.Context(), container), args[0], opts)
 			if err != nil {
 				return err
 			}
@@ -54,6 +55,7 @@ func statsCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON, with the history")
 	cmd.Flags().DurationVar(&since, "since", 0, "history to include with --json (default 15m)")
+	cmd.Flags().StringVarP(&container, "container", "c", "", "one container's share and history (default the whole sandbox)")
 	return cmd
 }
 
@@ -69,6 +71,9 @@ func count(n int64) string { return strconv.FormatInt(n, 10) }
 func printStats(w io.Writer, m *api.Metrics) {
 	s := m.Current
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if m.Container != "" {
+		fmt.Fprintf(tw, "container\t%s\t\t\n", m.Container)
+	}
 	fmt.Fprintf(tw, "cpu\t%.2f s\t%.1f%%\tthrottled %.2f s\n", s.CPUSeconds, s.CPUPercent, s.CPUThrottledSeconds)
 	fmt.Fprintf(tw, "memory\t%s\tpeak %s\tlimit %s\n", formatSize(s.MemoryBytes), formatSize(s.MemoryPeakBytes), limitString(s.MemoryLimitBytes, formatSize))
 	fmt.Fprintf(tw, "pids\t%d\tlimit %s\t\n", s.Pids, limitString(s.PidsLimit, count))
@@ -97,6 +102,21 @@ func printStats(w io.Writer, m *api.Metrics) {
 	}
 	if m.Autoscale != nil {
 		fmt.Fprintf(tw, "autoscale\t%g CPUs\t%s\t\n", m.Autoscale.CPUs, formatSize(m.Autoscale.MemoryBytes))
+	}
+	tw.Flush()
+	if len(s.Containers) > 0 {
+		fmt.Fprintln(w)
+		printContainerStats(w, s.Containers)
+	}
+}
+
+// printContainerStats is a table of each container's share.
+func printContainerStats(w io.Writer, cs []api.ContainerSample) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONTAINER\tCPU\tCPU%\tMEMORY\tLIMIT\tPIDS\tDISK")
+	for _, c := range cs {
+		fmt.Fprintf(tw, "%s\t%.2f s\t%.1f%%\t%s\t%s\t%d\t%s\n", c.Name, c.CPUSeconds, c.CPUPercent, formatSize(c.MemoryBytes),
+			limitString(c.MemoryLimitBytes, formatSize), c.Pids, formatSize(c.DiskUsedBytes))
 	}
 	tw.Flush()
 }

@@ -138,7 +138,12 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 	if from.Before(now.Add(-maxHistory)) {
 		from = now.Add(-maxHistory)
 	}
-	m, err := h.Metrics(id, from, to)
+	var m api.Metrics
+	if name := containerOf(r.Context()); name != "" {
+		m, err = h.ContainerMetrics(id, name, from, to)
+	} else {
+		m, err = h.Metrics(id, from, to)
+	}
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return

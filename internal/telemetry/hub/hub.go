@@ -24,6 +24,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/sandbox"
 	"github.com/paddock-dev/paddock/internal/shrink"
 	"github.com/paddock-dev/paddock/internal/telemetry/admission"
@@ -292,7 +293,7 @@ func (h *Hub) Running(key string, s api.Sandbox) {
 		h.mu.Lock()
 		st.group = g
 		h.mu.Unlock()
-		h.sampler.Register(id, h.source(id, g))
+		h.sampler.Register(id, h.source(id, g, s.Containers))
 	}
 	if !fresh && s.State == api.StateRunning {
 		h.wg.Add(1)
@@ -313,18 +314,47 @@ func (h *Hub) Running(key string, s api.Sandbox) {
 
 // source reads a sandbox's cgroup through kept-open control files (or
 // cgroup.Stats where they cannot be found), its disk and its network
-// counters.
-func (h *Hub) source(id string, g *cgroup.Group) *metrics.CgroupSource {
-	src := &metrics.CgroupSource{Cgroup: metrics.GroupStats{Group: g}, Net: h.nets.Get(id)}
-	if dirs, err := metrics.FindCgroupDirs(h.cfg.Cgroups.Mode(), g.Path()); err == nil {
-		if files, err := metrics.OpenCgroupFiles(dirs); err == nil {
-			src.Cgroup = files
-		}
-	}
+// counters; for a sandbox of several containers, each running
+// container's cgroup and every container's disk too.
+func (h *Hub) source(id string, g *cgroup.Group, cs []api.ContainerStatus) *metrics.CgroupSource {
+	src := &metrics.CgroupSource{Cgroup: h.cgroupReader(g), Net: h.nets.Get(id)}
 	if h.cfg.Disk != nil {
 		src.Disk = &diskCache{id: id, read: h.cfg.Disk}
 	}
+	if len(cs) < 2 {
+		return src
+	}
+	src.Containers = make([]metrics.ContainerPart, len(cs))
+	for i, c := range cs {
+		p := &src.Containers[i]
+		p.Name = c.Name
+		if i == 0 {
+			continue
+		}
+		if h.cfg.Disk != nil {
+			p.Disk = &diskCache{id: runtime.ContainerID(id, c.Name), read: h.cfg.Disk}
+		}
+		if c.State != api.StateRunning && c.State != api.StateFailed {
+			continue
+		}
+		// The native runtime's cgroup of a container: ID/NAME, inside
+		// its sandbox's.
+		if cg, err := h.cfg.Cgroups.Load(id + "/" + c.Name); err == nil {
+			p.Cgroup = h.cgroupReader(cg)
+		}
+	}
 	return src
+}
+
+// cgroupReader reads g through kept-open control files, or cgroup.Stats
+// where they cannot be found.
+func (h *Hub) cgroupReader(g *cgroup.Group) metrics.CgroupReader {
+	if dirs, err := metrics.FindCgroupDirs(h.cfg.Cgroups.Mode(), g.Path()); err == nil {
+		if files, err := metrics.OpenCgroupFiles(dirs); err == nil {
+			return files
+		}
+	}
+	return metrics.GroupStats{Group: g}
 }
 
 // diskCache reads a sandbox's disk use at most every diskEvery: it asks

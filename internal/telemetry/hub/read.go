@@ -55,6 +55,23 @@ func (h *Hub) Metrics(id string, from, to time.Time) (api.Metrics, error) {
 	return out, nil
 }
 
+// ContainerMetrics is Metrics for container name of a sandbox of several:
+// its share and its history (budgets and autoscaling are the sandbox's).
+func (h *Hub) ContainerMetrics(id, name string, from, to time.Time) (api.Metrics, error) {
+	out := api.Metrics{Sandbox: id, Container: name, IntervalSeconds: h.cfg.Interval.Seconds(), History: []api.Sample{}}
+	cur, ok, hist, err := h.sampler.ContainerHistory(id, name, from, to)
+	if err != nil {
+		return out, err
+	}
+	if ok {
+		out.Current = &cur.Sample
+	}
+	for _, s := range hist {
+		out.History = append(out.History, s.Sample)
+	}
+	return out, nil
+}
+
 // Latest returns the latest sample of every sandbox being sampled.
 func (h *Hub) Latest() []api.SandboxSample {
 	latest := h.sampler.Running(nil)

@@ -201,6 +201,16 @@ func OpenCgroupFiles(dirs CgroupDirs) (*CgroupFiles, error) {
 	return c, nil
 }
 
+// Has reports whether the group has memory and pids counters: a v2 group
+// whose parent enables no controllers for it has cpu.stat alone.
+func (c *CgroupFiles) Has() (memory, pids bool) {
+	return c.fds[fMem] >= 0, c.fds[fPids] >= 0
+}
+
+// LocalOOM reports whether the group's OOM kill count leaves out its
+// children's: v1 counts a memory event in its own group only.
+func (c *CgroupFiles) LocalOOM() bool { return c.mode == cgroup.V1 }
+
 // Close releases the descriptors.
 func (c *CgroupFiles) Close() error {
 	for i, fd := range c.fds {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
@@ -45,7 +46,7 @@ func TestCgroupFilesV2(t *testing.T) {
 		Pids: 7, PidsLimit: 0, OOMKills: 2,
 		MemoryFailcnt: 17, MemoryStallNanos: 765_432_000, MemoryReclaimableBytes: 60000000,
 	}
-	if r != want {
+	if !reflect.DeepEqual(r, want) {
 		t.Errorf("read\n %+v\nwant\n %+v", r, want)
 	}
 

@@ -157,6 +157,15 @@ func newHistory(tiers []Tier) *history {
 	return h
 }
 
+// tiers are h's tiers, for another history of the same shape.
+func (h *history) tiers() []Tier {
+	ts := make([]Tier, len(h.res))
+	for i := range ts {
+		ts[i] = Tier{Resolution: time.Duration(h.res[i]), Span: time.Duration(h.res[i]) * time.Duration(h.rings[i].max)}
+	}
+	return ts
+}
+
 // add records p; dt is the seconds since the previous sample (0 for the
 // first), over which p.cpuPct was measured.
 func (h *history) add(p point, dt float64) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"github.com/paddock-dev/paddock/api"
 	"math"
+	"reflect"
 	"testing"
 	"time"
 	"unsafe"
@@ -238,7 +239,7 @@ func TestPointRoundTrip(t *testing.T) {
 		Pids: 12, PidsLimit: 100, DiskUsedBytes: 12345678, DiskBytes: 10 << 30,
 		NetRxBytes: 1 << 40, NetTxBytes: 7, EgressAllowed: 5, EgressDenied: 2, OOMKills: 1,
 	}}
-	if s != want {
+	if !reflect.DeepEqual(s, want) {
 		t.Errorf("round trip:\n got %+v\nwant %+v", s, want)
 	}
 	huge := Reading{MemoryBytes: 1 << 50, EgressAllowed: 1 << 40, Pids: -1}

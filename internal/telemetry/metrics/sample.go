@@ -41,6 +41,17 @@ type Reading struct {
 	MemoryFailcnt          uint64
 	MemoryStallNanos       uint64
 	MemoryReclaimableBytes int64
+
+	// Containers are the shares of a sandbox of several containers, first
+	// first (see CgroupSource.Containers); nil for any other sandbox.
+	Containers []ContainerReading
+}
+
+// ContainerReading is one container's share of a sandbox's Reading: its
+// cgroup fields and its disk's.
+type ContainerReading struct {
+	Name string
+	Reading
 }
 
 // Source reads one sandbox. Read is called from the sampler's goroutine
@@ -150,6 +161,32 @@ type CgroupSource struct {
 		Usage() (used, size int64, err error)
 	}
 	Net *NetCounters
+	// Containers, set for a sandbox of several containers, are read into
+	// Reading.Containers, and the sandbox's disk fields become the sum of
+	// theirs.
+	Containers []ContainerPart
+}
+
+// ContainerPart is one container of a sandbox of several: its cgroup,
+// inside the sandbox's (nil: it does not run, and reads zero), and its
+// disk. The first (Containers[0]) runs in the sandbox's cgroup itself: its
+// share of the CPU, memory and pids is the sandbox's less the others'
+// (cgroup counters are hierarchical), its disk is CgroupSource.Disk, and
+// its Cgroup and Disk are not read.
+type ContainerPart struct {
+	Name   string
+	Cgroup CgroupReader
+	Disk   interface {
+		Usage() (used, size int64, err error)
+	}
+}
+
+// partial is a CgroupReader that may lack some controllers' files (a v2
+// group whose parent enables no controllers for it has only cpu.stat), or
+// whose OOM kills are its own alone (v1's are not counted in the parents).
+type partial interface {
+	Has() (memory, pids bool)
+	LocalOOM() bool
 }
 
 var _ Source = (*CgroupSource)(nil)
@@ -168,13 +205,96 @@ func (c *CgroupSource) Read() (Reading, error) {
 	if c.Net != nil {
 		r.NetRxBytes, r.NetTxBytes, r.EgressAllowed, r.EgressDenied = c.Net.Load()
 	}
+	if len(c.Containers) > 0 {
+		c.readContainers(&r)
+	}
 	return r, nil
 }
 
-// Close closes the cgroup reader if it holds anything.
+// readContainers fills r.Containers from the sandbox's reading r. A
+// container that does not run reads zero but for its disk. The first's
+// share is what the others leave of the sandbox's counters, where every
+// other container has them; the sandbox's disk becomes all of theirs.
+func (c *CgroupSource) readContainers(r *Reading) {
+	// A new slice each time: the sampler hands the samples out.
+	parts := make([]ContainerReading, len(c.Containers))
+	var rest Reading
+	memKnown, pidsKnown := true, true
+	for i, p := range c.Containers[1:] {
+		cr := &parts[i+1]
+		cr.Name = p.Name
+		if p.Disk != nil {
+			if used, size, err := p.Disk.Usage(); err == nil {
+				cr.DiskUsedBytes, cr.DiskBytes = used, size
+			}
+		}
+		rest.DiskUsedBytes += cr.DiskUsedBytes
+		rest.DiskBytes += cr.DiskBytes
+		if p.Cgroup == nil || p.Cgroup.ReadCgroup(&cr.Reading) != nil {
+			cr.CPUNanos, cr.CPUThrottledNanos, cr.MemoryBytes, cr.MemoryPeakBytes, cr.Pids, cr.OOMKills = 0, 0, 0, 0, 0, 0
+			continue
+		}
+		if h, ok := p.Cgroup.(partial); ok {
+			mem, pids := h.Has()
+			memKnown, pidsKnown = memKnown && mem, pidsKnown && pids
+		}
+		if cr.MemoryLimitBytes == 0 {
+			cr.MemoryLimitBytes = r.MemoryLimitBytes
+		}
+		if cr.PidsLimit == 0 {
+			cr.PidsLimit = r.PidsLimit
+		}
+		rest.CPUNanos += cr.CPUNanos
+		rest.MemoryBytes += cr.MemoryBytes
+		rest.Pids += cr.Pids
+		rest.OOMKills += cr.OOMKills
+	}
+	localOOM := false
+	if h, ok := c.Cgroup.(partial); ok {
+		localOOM = h.LocalOOM()
+	}
+	f := &parts[0]
+	f.Name = c.Containers[0].Name
+	f.CPUNanos = less(r.CPUNanos, rest.CPUNanos)
+	// Throttling is by a group's own quota: the first's is the sandbox's.
+	f.CPUThrottledNanos = r.CPUThrottledNanos
+	f.OOMKills = r.OOMKills
+	if !localOOM {
+		f.OOMKills = less(r.OOMKills, rest.OOMKills)
+	}
+	if memKnown {
+		f.MemoryBytes = int64(less(uint64(max(r.MemoryBytes, 0)), uint64(rest.MemoryBytes)))
+	}
+	if pidsKnown {
+		f.Pids = int64(less(uint64(max(r.Pids, 0)), uint64(rest.Pids)))
+	}
+	f.MemoryLimitBytes, f.PidsLimit = r.MemoryLimitBytes, r.PidsLimit
+	f.DiskUsedBytes, f.DiskBytes = r.DiskUsedBytes, r.DiskBytes
+	if localOOM {
+		r.OOMKills += rest.OOMKills
+	}
+	r.DiskUsedBytes += rest.DiskUsedBytes
+	r.DiskBytes += rest.DiskBytes
+	r.Containers = parts
+}
+
+// less is a-b, or 0 where the counters, read one after the other, crossed.
+func less(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
+}
+
+// Close closes the cgroup readers that hold anything.
 func (c *CgroupSource) Close() error {
 	if cl, ok := c.Cgroup.(io.Closer); ok {
-		return cl.Close()
+		cl.Close()
+	}
+	for _, p := range c.Containers {
+		if cl, ok := p.Cgroup.(io.Closer); ok {
+			cl.Close()
+		}
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/shrink"
 )
@@ -89,6 +90,16 @@ type series struct {
 	prev    Reading
 	prevT   int64 // ns; 0: no reading yet since (re-)registration
 	errLogT time.Time
+	// parts are the containers of a sandbox of several, by name: their
+	// histories outlive a source, as the sandbox's does.
+	parts map[string]*part
+}
+
+// part is one container's share of a series.
+type part struct {
+	hist  *history
+	prev  Reading
+	prevT int64
 }
 
 // NewSampler returns a Sampler; call Run to start it ticking.
@@ -144,6 +155,9 @@ func (s *Sampler) Register(id string, src Source) {
 	se.src = src
 	se.mu.Lock()
 	se.prevT = 0 // the new source's counters start afresh
+	for _, p := range se.parts {
+		p.prevT = 0
+	}
 	se.mu.Unlock()
 }
 
@@ -236,6 +250,27 @@ func (s *Sampler) History(id string, from, to time.Time) ([]Sample, error) {
 	se.mu.Lock()
 	defer se.mu.Unlock()
 	return se.hist.query(nil, from.UnixNano(), to.UnixNano()), nil
+}
+
+// ContainerHistory is History for container name of a sandbox of several
+// containers, and its latest sample (ok false if it has none).
+func (s *Sampler) ContainerHistory(id, name string, from, to time.Time) (cur api.ContainerSample, ok bool, hist []Sample, err error) {
+	se, err := s.get(id)
+	if err != nil {
+		return cur, false, nil, err
+	}
+	se.mu.Lock()
+	defer se.mu.Unlock()
+	p := se.parts[name]
+	if p == nil {
+		return cur, false, nil, errdefs.NotFound("metrics of container", name)
+	}
+	for _, c := range se.last.Containers {
+		if c.Name == name {
+			cur, ok = c, true
+		}
+	}
+	return cur, ok, p.hist.query(nil, from.UnixNano(), to.UnixNano()), nil
 }
 
 // Running returns the latest sample of every sandbox being sampled,
@@ -368,7 +403,44 @@ func (se *series) record(now time.Time, r *Reading, d *Totals) Sample {
 	se.last.MemoryFailcnt = r.MemoryFailcnt
 	se.last.MemoryStallSeconds = float64(r.MemoryStallNanos) / 1e9
 	se.last.MemoryReclaimableBytes = r.MemoryReclaimableBytes
+	se.last.Containers = se.recordParts(now, r.Containers)
 	return se.last
+}
+
+// recordParts stores the containers' readings taken at now and returns
+// their samples. Their usage is in the sandbox's already: nothing is
+// added to the totals.
+func (se *series) recordParts(now time.Time, rs []ContainerReading) []api.ContainerSample {
+	if len(rs) == 0 {
+		return nil
+	}
+	if se.parts == nil {
+		se.parts = make(map[string]*part, len(rs))
+	}
+	t := now.UnixNano()
+	out := make([]api.ContainerSample, len(rs))
+	for i := range rs {
+		r := &rs[i]
+		p := se.parts[r.Name]
+		if p == nil {
+			p = &part{hist: newHistory(se.hist.tiers())}
+			se.parts[r.Name] = p
+		}
+		var pct, dt float64
+		if p.prevT != 0 && t > p.prevT {
+			dt = float64(t-p.prevT) / 1e9
+			pct = float64(delta(p.prev.CPUNanos, r.CPUNanos)) / 1e9 / dt * 100
+		}
+		pt := toPoint(now, &r.Reading, pct)
+		p.hist.add(pt, dt)
+		p.prev, p.prevT = r.Reading, t
+		smp := pt.sample().Sample
+		smp.Time = now
+		smp.MemoryBytes, smp.MemoryPeakBytes, smp.MemoryLimitBytes = r.MemoryBytes, r.MemoryPeakBytes, r.MemoryLimitBytes
+		smp.DiskBytes, smp.OOMKills, smp.CPUPercent = r.DiskBytes, r.OOMKills, pct
+		out[i] = api.ContainerSample{Name: r.Name, Sample: smp}
+	}
+	return out
 }
 
 // delta is what a cumulative counter grew by; a counter that went down was

@@ -10,11 +10,14 @@
 // in the latest sample (then memory, then id, for a stable order).
 // Every running sandbox, ranked or not, is counted in the paddock_sandboxes_*
 // aggregates, and paddock_sandbox_series_omitted says how many were left
-// out. The other labels (state, budget, direction, decision) take values
+// out. A ranked sandbox of several containers also gets 5 series per
+// container (paddock_container_*, labelled sandbox and container, a
+// validated container name: [a-z][a-z0-9-]{0,31}, at most 16 of them).
+// The other labels (state, budget, direction, decision) take values
 // from fixed sets; pool names a warm pool ("image:NAME", "template:NAME").
 // A name the daemon hands in that does not look like one (state: [a-z_],
-// 32 bytes; pool: poolPattern) is dropped, and at most 16 of each are kept. So a scrape carries at most TopN×15 + a fixed ~60
-// series, whatever runs.
+// 32 bytes; pool: poolPattern) is dropped, and at most 16 of each are kept. So a scrape carries at most TopN×(15 + 16×5) +
+// a fixed ~60 series, whatever runs.
 //
 // The fleet counters (paddock_sandboxes_*_total) are the sampler's
 // Totals: what sandboxes used between samples, summed since the daemon
@@ -169,6 +172,13 @@ var (
 	dTx        = desc("paddock_sandbox_network_transmit_bytes_total", "Bytes sent by the sandbox through the egress proxy.", "sandbox")
 	dEgress    = desc("paddock_sandbox_egress_requests_total", "Egress requests of the sandbox by policy decision.", "sandbox", "decision")
 	dOOM       = desc("paddock_sandbox_oom_kills_total", "Processes of the sandbox killed by the OOM killer.", "sandbox")
+
+	// Per container of a ranked sandbox of several.
+	dCtrCPU   = desc("paddock_container_cpu_seconds_total", "CPU time used by the container (a share of its sandbox's).", "sandbox", "container")
+	dCtrCores = desc("paddock_container_cpu_usage_cores", "CPU in use by the container, in cores, over the last sample.", "sandbox", "container")
+	dCtrMem   = desc("paddock_container_memory_bytes", "Memory used by the container (0 on cgroup v2 for all but the first: no counter of its own).", "sandbox", "container")
+	dCtrPids  = desc("paddock_container_pids", "Tasks in the container (0 on cgroup v2 for all but the first).", "sandbox", "container")
+	dCtrDisk  = desc("paddock_container_disk_used_bytes", "Disk used by the container's own writable layer.", "sandbox", "container")
 )
 
 var allDescs = []*prometheus.Desc{
@@ -177,6 +187,7 @@ var allDescs = []*prometheus.Desc{
 	dStorageProm, dStorageShort, dStorageRatio, dBudgetWarn, dBudgetExceed, dAutoscale,
 	dAllCPU, dAllThrottled, dAllRx, dAllTx, dAllEgress, dAllOOM, dAllCores, dAllMem, dAllMemLimit, dAllPids, dAllDisk,
 	dCPU, dCores, dThrottled, dMem, dMemPeak, dMemLimit, dPids, dPidsLimit, dDisk, dDiskLimit, dRx, dTx, dEgress, dOOM,
+	dCtrCPU, dCtrCores, dCtrMem, dCtrPids, dCtrDisk,
 }
 
 // Describe implements prometheus.Collector.
@@ -198,6 +209,10 @@ var (
 )
 
 const maxNames = 16
+
+// maxContainers bounds the containers of one sandbox that get series (a
+// sandbox has at most 16).
+const maxContainers = 16
 
 func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
 	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
@@ -349,6 +364,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, dEgress, float64(x.EgressAllowed), id, "allowed")
 		counter(ch, dEgress, float64(x.EgressDenied), id, "denied")
 		counter(ch, dOOM, float64(x.OOMKills), id)
+		for _, c := range x.Containers[:min(len(x.Containers), maxContainers)] {
+			if !api.IsContainerName(c.Name) {
+				continue
+			}
+			counter(ch, dCtrCPU, c.CPUSeconds, id, c.Name)
+			gauge(ch, dCtrCores, c.CPUPercent/100, id, c.Name)
+			gauge(ch, dCtrMem, float64(c.MemoryBytes), id, c.Name)
+			gauge(ch, dCtrPids, float64(c.Pids), id, c.Name)
+			gauge(ch, dCtrDisk, float64(c.DiskUsedBytes), id, c.Name)
+		}
 	}
 	gauge(ch, dOmitted, float64(len(running)-shown))
 	clear(c.buf) // drop the samples' references until the next scrape

@@ -200,3 +200,60 @@ func TestScrape(t *testing.T) {
 		t.Errorf("create duration histogram: %v", h)
 	}
 }
+
+// TestScrapeContainers: a sandbox of several containers gets each
+// container's share as series of its own, valid names only.
+func TestScrapeContainers(t *testing.T) {
+	s, err := metrics.NewSampler(metrics.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cpu uint64
+	s.Register("sbx-group", metrics.SourceFunc(func() (metrics.Reading, error) {
+		cpu += 5e8
+		return metrics.Reading{CPUNanos: cpu, MemoryBytes: 96 << 20, Containers: []metrics.ContainerReading{
+			{Name: "web", Reading: metrics.Reading{CPUNanos: cpu / 5, MemoryBytes: 32 << 20}},
+			{Name: "db", Reading: metrics.Reading{CPUNanos: cpu * 4 / 5, MemoryBytes: 64 << 20, Pids: 7, DiskUsedBytes: 5 << 20}},
+			{Name: `Bad"Name`, Reading: metrics.Reading{}},
+		}}, nil
+	}))
+	now := time.Now()
+	s.Tick(now)
+	s.Tick(now.Add(time.Second))
+	c, err := New(Config{Sampler: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	fams := scrape(t, reg)
+	for _, ck := range []struct {
+		name, container string
+		want            float64
+	}{
+		{"paddock_container_cpu_usage_cores", "web", 0.1},
+		{"paddock_container_cpu_usage_cores", "db", 0.4},
+		{"paddock_container_cpu_seconds_total", "db", 0.8},
+		{"paddock_container_memory_bytes", "db", 64 << 20},
+		{"paddock_container_pids", "db", 7},
+		{"paddock_container_disk_used_bytes", "db", 5 << 20},
+	} {
+		if got := value(t, fams, ck.name, "sandbox", "sbx-group", "container", ck.container); fmt.Sprintf("%.6g", got) != fmt.Sprintf("%.6g", ck.want) {
+			t.Errorf("%s{%s} = %v, want %v", ck.name, ck.container, got, ck.want)
+		}
+	}
+	if got := value(t, fams, "paddock_sandbox_cpu_usage_cores", "sandbox", "sbx-group"); fmt.Sprintf("%.3g", got) != "0.5" {
+		t.Errorf("the sandbox's cores = %v, want 0.5 (its total)", got)
+	}
+	for _, f := range fams {
+		for _, m := range f.Metric {
+			for _, lp := range m.Label {
+				if lp.GetName() == "container" && lp.GetValue() != "web" && lp.GetValue() != "db" {
+					t.Errorf("%s has a series for container %q", f.GetName(), lp.GetValue())
+				}
+			}
+		}
+	}
+}
