@@ -142,6 +142,11 @@ type Container struct {
 	// naming the container and the check's last result, and nothing of
 	// the sandbox is left.
 	Readiness *Readiness `json:"readiness,omitempty"`
+	// DependsOn names containers listed before this one whose readiness
+	// checks must pass before its Command starts, at the create and at
+	// every start again (a resume); without it, commands start at once
+	// and the checks are awaited after.
+	DependsOn []string `json:"depends_on,omitempty"`
 	// Restart is what is done when Command exits: RestartNo (the
 	// default), RestartOnFailure (a non-zero exit or a signal) or
 	// RestartAlways, with a backoff from 1 s doubling to 30 s.

@@ -136,6 +136,9 @@ func validateContainers(req *api.CreateRequest) error {
 			return err
 		}
 	}
+	if err := validateDependsOn(req.Containers); err != nil {
+		return err
+	}
 	return validateControls(req.Containers)
 }
 
@@ -384,28 +387,6 @@ func (m *Manager) activateMembers(b *box) {
 	}
 }
 
-// startCommands starts each container's command, recording its pid. A
-// command that cannot start fails the call, naming its container.
-func (m *Manager) startCommands(ctx context.Context, b *box) error {
-	for i := range b.rec.Containers {
-		c := &b.rec.Containers[i]
-		c.PID = 0
-		if len(c.Command) == 0 {
-			continue
-		}
-		gc := b.guest
-		if i > 0 {
-			gc = b.members[i-1].guest
-		}
-		pid, err := gc.Start(ctx, &guestapi.StartRequest{Cmd: c.Command, Env: guestapi.EnvList(nil), User: c.User})
-		if err != nil {
-			return fmt.Errorf("starting container %s's command: %w", c.Name, err)
-		}
-		c.PID = pid
-	}
-	return nil
-}
-
 // stopMembers ends b's members and releases their CPU and memory, keeping
 // their disks: those running here, and whatever of the others' a guest
 // that died or a daemon that died left (a cgroup, a socket).
@@ -610,10 +591,7 @@ func (m *Manager) startGroup(ctx context.Context, b *box, g *group) error {
 	activate(b.inst)
 	m.activateMembers(b)
 	b.rec.Containers[0].State = api.StateRunning
-	if err := m.startCommands(ctx, b); err != nil {
-		return err
-	}
-	if err := m.waitReady(ctx, b); err != nil {
+	if err := m.startServices(ctx, b); err != nil {
 		return err
 	}
 	m.superviseAll(b)

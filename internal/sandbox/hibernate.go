@@ -260,6 +260,7 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 		m.notify(b).Release(b.rec.ID)
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}
+	was, paused := b.rec.State, b.rec.Paused
 	b.rec.State = to
 	b.rec.Error = ""
 	b.rec.Paused = nil
@@ -268,11 +269,14 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	m.watch(b, inst)
 	activate(inst)
 	if len(b.rec.Containers) > 0 {
+		// Listed as it was until its services are up and ready.
+		shown := b.viewLocked()
+		shown.State = was
+		b.shown.Store(&shown)
 		m.activateMembers(b)
 		b.rec.Containers[0].State = api.StateRunning
-		if err := m.startCommands(ctx, b); err != nil {
-			m.log.Warn("resumed sandbox's command did not start", "sandbox", b.rec.ID, "err", err)
-			m.notify(b).Event(b.rec.ID, "lifecycle", "command failed", map[string]any{"error": err.Error()})
+		if err := m.startServices(ctx, b); err != nil {
+			return m.unresumeLocked(ctx, b, was, paused, err)
 		}
 		m.superviseAll(b)
 		m.persistLocked(b)
@@ -281,6 +285,21 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	m.notify(b).Event(b.rec.ID, "lifecycle", "resumed", nil)
 	m.log.Info("sandbox resumed", "sandbox", b.rec.ID, "memory", spec.FromCheckpoint, "took", time.Since(start).Round(time.Microsecond))
 	return nil
+}
+
+// unresumeLocked stops a sandbox of several containers whose services did
+// not start or get ready on a resume: it is left as it was (state was,
+// paused), with why in its error, its files kept for the next resume.
+func (m *Manager) unresumeLocked(ctx context.Context, b *box, was api.State, paused *api.PauseInfo, why error) error {
+	m.log.Warn("resumed sandbox's services are not ready; stopping it again", "sandbox", b.rec.ID, "err", why)
+	if err := m.stopLocked(ctx, b); err != nil {
+		m.log.Warn("stopping a sandbox that did not resume", "sandbox", b.rec.ID, "err", err)
+	}
+	b.rec.State, b.rec.Paused, b.rec.Error = was, paused, why.Error()
+	m.persistLocked(b)
+	m.notify(b).Release(b.rec.ID)
+	m.notify(b).Event(b.rec.ID, "lifecycle", "resume failed", map[string]any{"error": why.Error()})
+	return fmt.Errorf("resuming %s: %w", b.rec.ID, why)
 }
 
 // Freeze stops a sandbox's processes in place with the cgroup freezer: the

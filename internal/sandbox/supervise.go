@@ -37,6 +37,27 @@ const (
 	lastLines = 20
 )
 
+// validateDependsOn checks the containers' depends_on: each names a
+// container listed before it, once.
+func validateDependsOn(cs []api.Container) error {
+	before := map[string]bool{}
+	for i, c := range cs {
+		seen := map[string]bool{}
+		for j, n := range c.DependsOn {
+			field := fmt.Sprintf("containers[%d].depends_on[%d]", i, j)
+			switch {
+			case !before[n]:
+				return errdefs.Invalid(field, "%q is not a container listed before %s", n, c.Name)
+			case seen[n]:
+				return errdefs.Invalid(field, "%q is named twice", n)
+			}
+			seen[n] = true
+		}
+		before[c.Name] = true
+	}
+	return nil
+}
+
 // validateSupervision checks container c's readiness check and restart
 // policy (field names it).
 func validateSupervision(field string, c api.Container) error {
@@ -182,29 +203,59 @@ func exitOf(ctx context.Context, gc *guestapi.Client, pid int) (*api.ExitStatus,
 	return st, tail.lines(), err
 }
 
-// waitReady waits until every container of b with a readiness check
-// passes it, each within its timeout from now; a command that ends
-// meanwhile is restarted per its policy, or fails the wait. b.mu is
-// held: nothing else starts or records the commands meanwhile.
-func (m *Manager) waitReady(ctx context.Context, b *box) error {
-	start := time.Now()
-	for i := range b.rec.Containers {
-		c := &b.rec.Containers[i]
-		if c.Readiness == nil {
+// startServices starts each container's command in order, recording its
+// pid; a container with depends_on once those it names pass their
+// readiness checks. Then it waits for every check not yet passed, each
+// within its timeout from its container's start; a command that ends
+// meanwhile is restarted per its policy, or fails the call, which names
+// the container and its check. b.mu is held: nothing else starts or
+// records the commands meanwhile.
+func (m *Manager) startServices(ctx context.Context, b *box) error {
+	cs := b.rec.Containers
+	started := make([]time.Time, len(cs))
+	ready := make([]bool, len(cs))
+	waitFor := func(j int) error {
+		if ready[j] {
+			return nil
+		}
+		ready[j] = true
+		if cs[j].Readiness == nil {
+			return nil
+		}
+		return m.readyOne(ctx, b, j, started[j].Add(readyTimeoutOf(&cs[j])))
+	}
+	index := make(map[string]int, len(cs))
+	for i := range cs {
+		index[cs[i].Name] = i
+	}
+	for i := range cs {
+		c := &cs[i]
+		for _, dep := range c.DependsOn {
+			if err := waitFor(index[dep]); err != nil {
+				return fmt.Errorf("container %s depends on %s: %w", c.Name, dep, err)
+			}
+		}
+		started[i] = time.Now()
+		c.PID = 0
+		if len(c.Command) == 0 {
 			continue
 		}
-		timeout := readyTimeout
-		if c.Readiness.TimeoutSeconds > 0 {
-			timeout = time.Duration(c.Readiness.TimeoutSeconds) * time.Second
+		pid, err := b.guestOf(i).Start(ctx, &guestapi.StartRequest{Cmd: c.Command, Env: guestapi.EnvList(nil), User: c.User})
+		if err != nil {
+			return fmt.Errorf("starting container %s's command: %w", c.Name, err)
 		}
-		if err := m.readyOne(ctx, b, i, start.Add(timeout)); err != nil {
+		c.PID = pid
+	}
+	for j := range cs {
+		if err := waitFor(j); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// readyOne is waitReady for container i, until deadline.
+// readyOne waits until container i of b passes its readiness check, or
+// deadline.
 func (m *Manager) readyOne(ctx context.Context, b *box, i int, deadline time.Time) error {
 	c := &b.rec.Containers[i]
 	gc := b.guestOf(i)
@@ -237,7 +288,7 @@ func (m *Manager) readyOne(ctx context.Context, b *box, i int, deadline time.Tim
 		}
 		if left = time.Until(deadline); left <= 0 {
 			return errdefs.New(errdefs.ErrUnavailable, "container %s is not ready after %s: %s",
-				c.Name, time.Since(deadline.Add(-readyTimeoutOf(c))).Round(time.Second), why)
+				c.Name, readyTimeoutOf(c), why)
 		}
 		select {
 		case <-ctx.Done():
