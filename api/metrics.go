@@ -131,7 +131,10 @@ type Events struct {
 // /v1/sandboxes/{id}/logs).
 type ExecLog struct {
 	// Seq numbers a sandbox's processes in the order they started.
-	Seq       uint64      `json:"seq"`
+	Seq uint64 `json:"seq"`
+	// Container is the container the process ran in, "" for the
+	// sandbox's first (each container has its own pids).
+	Container string      `json:"container,omitempty"`
 	PID       int         `json:"pid"`
 	Cmd       []string    `json:"cmd"`
 	StartedAt time.Time   `json:"started_at"`

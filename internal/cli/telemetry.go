@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,7 +21,7 @@ import (
 )
 
 func telemetryCmds(g *globals) []*cobra.Command {
-	return []*cobra.Command{statsCmd(g), topCmd(g), eventsCmd(g), logsCmd(g), updateCmd(g)}
+	return []*cobra.Command{statsCmd(g), topCmd(g), eventsCmd(g), inContainer([]*cobra.Command{logsCmd(g)})[0], updateCmd(g)}
 }
 
 func statsCmd(g *globals) *cobra.Command {
@@ -253,6 +255,10 @@ func logsCmd(g *globals) *cobra.Command {
 					return err
 				}
 				tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+				group := slices.ContainsFunc(logs, func(l api.ExecLog) bool { return l.Container != "" })
+				if group {
+					fmt.Fprint(tw, "CONTAINER\t")
+				}
 				fmt.Fprintln(tw, "PID\tSTARTED\tEXIT\tBYTES\tCOMMAND")
 				for _, l := range logs {
 					exit := "running"
@@ -261,6 +267,9 @@ func logsCmd(g *globals) *cobra.Command {
 						if l.Exit.Signal != "" {
 							exit = l.Exit.Signal
 						}
+					}
+					if group {
+						fmt.Fprint(tw, cmp.Or(l.Container, "(first)")+"\t")
 					}
 					fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\n", l.PID, ago(l.StartedAt), exit, l.End-l.Start, strings.Join(l.Cmd, " "))
 				}

@@ -94,7 +94,7 @@ func startTelemetry(cfg Config, cgroups *cgroup.Manager, mgr *sandbox.Manager, d
 			return err
 		},
 	})
-	h.SetGuests(mgr.Guest)
+	h.SetGuests(mgr.ContainerGuest)
 	mgr.SetObserver(h)
 	return h, nil
 }

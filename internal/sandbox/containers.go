@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -671,3 +672,27 @@ func (m *Manager) restoreMembers(ctx context.Context, b *box) {
 // group reports whether b has containers beside its first. Its record
 // does not change after the create, so no lock is needed.
 func (b *box) group() bool { return len(b.rec.Members) > 0 }
+
+// ContainerKey is how the exec log names container name of sandbox id:
+// "" for its first, whether a request named it or not, so that one
+// process has one name. A name the sandbox has no container of is
+// ErrNotFound.
+func (m *Manager) ContainerKey(id, name string) (string, error) {
+	if name == "" {
+		return "", nil
+	}
+	b, err := m.lookup(id)
+	if err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := slices.IndexFunc(b.rec.Containers, func(c api.ContainerStatus) bool { return c.Name == name })
+	switch {
+	case i < 0:
+		return "", errdefs.NotFound("container", name)
+	case i == 0:
+		return "", nil
+	}
+	return name, nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,7 +43,11 @@ func (s *Server) execStarted(ctx context.Context, id string, gc *guestapi.Client
 	if s.tel == nil || pid <= 0 || s.mgr.Observed(ctx, id) != nil {
 		return nil
 	}
-	return s.tel.ExecStarted(id, gc, pid, cmd)
+	ctr, err := s.mgr.ContainerKey(id, containerOf(ctx))
+	if err != nil {
+		return nil // the container ended with the exec's start
+	}
+	return s.tel.ExecStarted(id, ctr, gc, pid, cmd)
 }
 
 // telemetry returns the hub, or answers 503 and nil.
@@ -238,12 +243,20 @@ func (s *Server) sandboxLogs(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	ctr, err := s.mgr.ContainerKey(id, containerOf(r.Context()))
+	if err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
 	v := r.URL.Query().Get("exec")
 	if v == "" {
 		logs, err := h.Logs(id)
 		if err != nil {
 			writeError(w, r, s.log, err)
 			return
+		}
+		if r.URL.Query().Has(api.ContainerParam) {
+			logs = slices.DeleteFunc(logs, func(l api.ExecLog) bool { return l.Container != ctr })
 		}
 		writeJSON(w, http.StatusOK, logs)
 		return
@@ -263,7 +276,7 @@ func (s *Server) sandboxLogs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	p, err := h.Log(id, pid)
+	p, err := h.Log(id, ctr, pid)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
@@ -295,7 +308,7 @@ func (s *Server) sandboxLogs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The exit frame ends the stream once the process has ended.
-	if p, err = h.Log(id, pid); err == nil && p.Exit != nil {
+	if p, err = h.Log(id, ctr, pid); err == nil && p.Exit != nil {
 		b, _ := json.Marshal(p.Exit)
 		out.Write(wire.Exit, b)
 	}

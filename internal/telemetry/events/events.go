@@ -63,7 +63,9 @@ type Event = api.Event
 
 // ExecData is the payload of an exec event.
 type ExecData struct {
-	PID int `json:"pid"`
+	// Container is the container the process runs in, "" for the first.
+	Container string `json:"container,omitempty"`
+	PID       int    `json:"pid"`
 	// Cmd is the argv, cut to MaxCmdBytes in all.
 	Cmd []string `json:"cmd,omitempty"`
 	// Exited is false for the start event.

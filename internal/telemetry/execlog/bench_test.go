@@ -24,7 +24,7 @@ func BenchmarkFirstExec(b *testing.B) {
 	before := cpuTime()
 	for i := 0; b.Loop(); i++ {
 		id := "sbx-" + strconv.Itoa(i)
-		w, err := s.Start(id, 1, cmd, time.Now())
+		w, err := s.Start(id, "", 1, cmd, time.Now())
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -117,7 +117,10 @@ type Config struct {
 type Process struct {
 	// Seq numbers a sandbox's processes from 1 in the order they started:
 	// pids are reused, seqs are not.
-	Seq       uint64          `json:"seq"`
+	Seq uint64 `json:"seq"`
+	// Container is the sandbox's container the process ran in, "" for
+	// its first: each container numbers its processes on its own.
+	Container string          `json:"container,omitempty"`
 	PID       int             `json:"pid"`
 	Cmd       []string        `json:"cmd"`
 	StartedAt time.Time       `json:"started_at"`
@@ -644,15 +647,16 @@ type Writer struct {
 // ProcessCap is how many of a process's newest output bytes are kept.
 func (s *Store) ProcessCap() int64 { return s.cfg.MaxProcessBytes }
 
-// Start records a new process of sandbox id and returns its Writer.
-func (s *Store) Start(id string, pid int, cmd []string, started time.Time) (*Writer, error) {
+// Start records a new process of container container ("" for the first)
+// of sandbox id and returns its Writer.
+func (s *Store) Start(id, container string, pid int, cmd []string, started time.Time) (*Writer, error) {
 	b, err := s.box(id)
 	if err != nil {
 		return nil, err
 	}
 	defer b.mu.Unlock()
 	p := &proc{
-		meta:    Process{Seq: b.next, PID: pid, Cmd: cmd, StartedAt: started.UTC()},
+		meta:    Process{Seq: b.next, Container: container, PID: pid, Cmd: cmd, StartedAt: started.UTC()},
 		writer:  true,
 		changed: make(chan struct{}),
 	}
@@ -1115,16 +1119,17 @@ func (s *Store) List(id string) ([]Process, error) {
 	return out, nil
 }
 
-// Find returns the newest process of sandbox id with pid.
-func (s *Store) Find(id string, pid int) (Process, error) {
+// Find returns the newest process with pid of container container ("" for
+// the first) of sandbox id.
+func (s *Store) Find(id, container string, pid int) (Process, error) {
 	b, err := s.box(id)
 	if err != nil {
 		return Process{}, err
 	}
 	defer b.mu.Unlock()
 	for i := len(b.procs) - 1; i >= 0; i-- {
-		if b.procs[i].meta.PID == pid {
-			return b.procs[i].meta, nil
+		if m := b.procs[i].meta; m.PID == pid && m.Container == container {
+			return m, nil
 		}
 	}
 	return Process{}, errdefs.NotFound("exec log of process", strconv.Itoa(pid))

@@ -52,7 +52,7 @@ func readAll(t *testing.T, s *Store, id string, seq uint64, from int64) (string,
 
 func TestWriteRead(t *testing.T) {
 	s := open(t, Config{})
-	w, err := s.Start("sbx", 42, []string{"sh", "-c", "echo hi"}, time.Now())
+	w, err := s.Start("sbx", "", 42, []string{"sh", "-c", "echo hi"}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,21 +70,35 @@ func TestWriteRead(t *testing.T) {
 	if got, first := readAll(t, s, "sbx", w.Seq(), 8); got != "2:ps |1:world|" || first != 8 {
 		t.Errorf("Read from 8 = %q from %d", got, first)
 	}
-	p, err := s.Find("sbx", 42)
+	p, err := s.Find("sbx", "", 42)
 	if err != nil || p.Seq != 1 || p.End != 16 || p.Start != 0 || p.Exit == nil || p.Exit.ExitCode != 3 || p.EndedAt == nil {
 		t.Errorf("Find = %+v, %v", p, err)
 	}
-	if _, err := s.Find("sbx", 7); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Find("sbx", "", 7); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Find of an unknown pid = %v", err)
 	}
 	// A pid reused: Find gives the newest.
-	w2, _ := s.Start("sbx", 42, []string{"true"}, time.Now())
+	w2, _ := s.Start("sbx", "", 42, []string{"true"}, time.Now())
 	w2.Finish(api.ExitStatus{})
-	if p, _ := s.Find("sbx", 42); p.Seq != 2 {
+	if p, _ := s.Find("sbx", "", 42); p.Seq != 2 {
 		t.Errorf("Find of a reused pid = seq %d, want 2", p.Seq)
 	}
+	// Each container numbers its own processes: the same pid in another
+	// container is another process, and neither hides the other.
+	w3, _ := s.Start("sbx", "db", 42, []string{"postgres"}, time.Now())
+	w3.Write(wire.Stdout, []byte("ready"))
+	if p, err := s.Find("sbx", "db", 42); err != nil || p.Seq != 3 || p.Container != "db" || p.End != 5 {
+		t.Errorf("Find in container db = %+v, %v", p, err)
+	}
+	if p, _ := s.Find("sbx", "", 42); p.Seq != 2 || p.Container != "" {
+		t.Errorf("Find in the first container after db's = %+v, want seq 2", p)
+	}
+	if _, err := s.Find("sbx", "tools", 42); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Find in a container without that pid = %v", err)
+	}
+	w3.Finish(api.ExitStatus{})
 	for _, id := range []string{"", "../etc", "A"} {
-		if _, err := s.Start(id, 1, nil, time.Now()); !errors.Is(err, errdefs.ErrInvalid) {
+		if _, err := s.Start(id, "", 1, nil, time.Now()); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("Start(%q) = %v, want ErrInvalid", id, err)
 		}
 	}
@@ -92,7 +106,7 @@ func TestWriteRead(t *testing.T) {
 
 func TestProcessCap(t *testing.T) {
 	s := open(t, Config{MaxProcessBytes: 64 << 10})
-	w, _ := s.Start("sbx", 1, nil, time.Now())
+	w, _ := s.Start("sbx", "", 1, nil, time.Now())
 	var all bytes.Buffer
 	for i := 0; i < 1000; i++ {
 		line := fmt.Sprintf("line %04d %s\n", i, strings.Repeat("x", 1000))
@@ -102,7 +116,7 @@ func TestProcessCap(t *testing.T) {
 		}
 	}
 	w.Finish(api.ExitStatus{})
-	p, _ := s.Find("sbx", 1)
+	p, _ := s.Find("sbx", "", 1)
 	kept := p.End - p.Start
 	if p.End != int64(all.Len()) || kept > 64<<10 || kept < 16<<10 {
 		t.Errorf("kept [%d, %d) of %d bytes", p.Start, p.End, all.Len())
@@ -128,7 +142,7 @@ func TestSandboxCaps(t *testing.T) {
 	s := open(t, Config{MaxProcessBytes: 64 << 10, MaxSandboxBytes: 128 << 10, MaxProcesses: 5})
 	chunk := bytes.Repeat([]byte("y"), 8<<10)
 	for pid := 1; pid <= 8; pid++ {
-		w, _ := s.Start("sbx", pid, nil, time.Now())
+		w, _ := s.Start("sbx", "", pid, nil, time.Now())
 		for i := 0; i < 6; i++ { // 48 KiB each
 			w.Write(wire.Stdout, chunk)
 		}
@@ -158,7 +172,7 @@ func TestSandboxCaps(t *testing.T) {
 
 func TestFollow(t *testing.T) {
 	s := open(t, Config{})
-	w, _ := s.Start("sbx", 9, nil, time.Now())
+	w, _ := s.Start("sbx", "", 9, nil, time.Now())
 	w.Write(wire.Stdout, []byte("a"))
 	var mu sync.Mutex
 	var got strings.Builder
@@ -190,11 +204,11 @@ func TestFollow(t *testing.T) {
 	if got.String() != "abcde" {
 		t.Errorf("followed %q", got.String())
 	}
-	if p, _ := s.Find("sbx", 9); p.End != 105 {
+	if p, _ := s.Find("sbx", "", 9); p.End != 105 {
 		t.Errorf("End = %d after a skip of 100, want 105", p.End)
 	}
 	// A follow ends with ctx too.
-	w2, _ := s.Start("sbx", 10, nil, time.Now())
+	w2, _ := s.Start("sbx", "", 10, nil, time.Now())
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := s.Read(ctx, "sbx", w2.Seq(), 0, true, func(Chunk) error { return nil }); !errors.Is(err, context.DeadlineExceeded) {
@@ -207,7 +221,7 @@ func TestFollow(t *testing.T) {
 func TestRestart(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, Config{Dir: dir})
-	w, _ := s.Start("sbx", 5, []string{"make"}, time.Now())
+	w, _ := s.Start("sbx", "", 5, []string{"make"}, time.Now())
 	w.Write(wire.Stdout, []byte("building\n"))
 	w.Close() // the daemon stops
 	// A crash mid-frame.
@@ -233,7 +247,7 @@ func TestRestart(t *testing.T) {
 	if got, _ := readAll(t, s2, "sbx", 1, 0); got != "1:building\n|1:done\n|" {
 		t.Errorf("after resume: %q", got)
 	}
-	w3, _ := s2.Start("sbx", 6, nil, time.Now())
+	w3, _ := s2.Start("sbx", "", 6, nil, time.Now())
 	if w3.Seq() != 2 {
 		t.Errorf("seq after restart = %d, want 2", w3.Seq())
 	}
@@ -258,7 +272,7 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 	s := open(t, Config{MaxProcessBytes: 64 << 10, MaxSandboxBytes: 256 << 10})
 	var wg sync.WaitGroup
 	for pid := 1; pid <= 4; pid++ {
-		w, err := s.Start("sbx", pid, nil, time.Now())
+		w, err := s.Start("sbx", "", pid, nil, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -308,7 +322,7 @@ func TestRecordSavedLazily(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			s := open(t, Config{Dir: dir})
-			w, err := s.Start("sbx", 7, []string{"sleep", "9"}, time.Now())
+			w, err := s.Start("sbx", "", 7, []string{"sleep", "9"}, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -347,10 +361,10 @@ func TestRecordsFile(t *testing.T) {
 	dir := t.TempDir()
 	const keep = 4
 	s := open(t, Config{Dir: dir, MaxProcesses: keep})
-	server, _ := s.Start("sbx", 1, []string{"server"}, time.Now())
+	server, _ := s.Start("sbx", "", 1, []string{"server"}, time.Now())
 	server.Write(wire.Stdout, []byte("listening\n"))
 	for pid := 2; pid <= 1000; pid++ {
-		w, _ := s.Start("sbx", pid, []string{"true"}, time.Now())
+		w, _ := s.Start("sbx", "", pid, []string{"true"}, time.Now())
 		if err := w.Finish(api.ExitStatus{ExitCode: pid}); err != nil {
 			t.Fatal(err)
 		}
@@ -386,7 +400,7 @@ func TestRecordsFile(t *testing.T) {
 	if out, _ := readAll(t, s2, "sbx", 1, 0); out != "1:listening\n|" {
 		t.Errorf("the server's output after restart: %q", out)
 	}
-	w, _ := s2.Start("sbx", 1001, nil, time.Now())
+	w, _ := s2.Start("sbx", "", 1001, nil, time.Now())
 	w.Finish(api.ExitStatus{ExitCode: 1001})
 	s3 := open(t, Config{Dir: dir, MaxProcesses: keep})
 	got, _ = s3.List("sbx")
@@ -418,7 +432,7 @@ func TestLegacyRecords(t *testing.T) {
 	if len(got) != 1 || got[0].PID != 7 {
 		t.Errorf("after a second restart: %+v", got)
 	}
-	w, _ := s.Start("sbx", 9, nil, time.Now())
+	w, _ := s.Start("sbx", "", 9, nil, time.Now())
 	if w.Seq() != 2 {
 		t.Errorf("seq after legacy records = %d, want 2", w.Seq())
 	}
@@ -468,10 +482,10 @@ func TestLegacyRecordsFile(t *testing.T) {
 func TestSmallOutputMakesNoFiles(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, Config{Dir: dir})
-	w, _ := s.Start("sbx", 1, []string{"echo", "hi"}, time.Now())
+	w, _ := s.Start("sbx", "", 1, []string{"echo", "hi"}, time.Now())
 	w.Write(wire.Stdout, []byte("hi\n"))
 	w.Finish(api.ExitStatus{})
-	w, _ = s.Start("sbx", 2, []string{"cat", "big"}, time.Now())
+	w, _ = s.Start("sbx", "", 2, []string{"cat", "big"}, time.Now())
 	w.Write(wire.Stdout, []byte("head\n"))
 	w.Write(wire.Stderr, []byte("warn\n"))
 	if m, _ := filepath.Glob(filepath.Join(dir, "*")); fmt.Sprint(m) != fmt.Sprint([]string{filepath.Join(dir, "sbx.log")}) {
@@ -510,7 +524,7 @@ func TestSmallOutputMakesNoFiles(t *testing.T) {
 func TestCrashMidMove(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, Config{Dir: dir})
-	w, _ := s.Start("sbx", 1, nil, time.Now())
+	w, _ := s.Start("sbx", "", 1, nil, time.Now())
 	w.Write(wire.Stdout, []byte("one\n"))
 	w.Write(wire.Stdout, []byte("two\n"))
 	w.Close()
@@ -551,7 +565,7 @@ func TestMinFree(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
 	now := time.Now()
 	s := open(t, Config{Dir: filepath.Join(dir, "logs"), MinFree: 4 << 20, Now: func() time.Time { return now }})
-	w, err := s.Start("sbx", 1, nil, now)
+	w, err := s.Start("sbx", "", 1, nil, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -586,7 +600,7 @@ func TestMinFree(t *testing.T) {
 	if n := kept(); n != before {
 		t.Fatalf("kept %d bytes while short of space, want %d (output dropped)", n, before)
 	}
-	p, err := s.Find("sbx", 1)
+	p, err := s.Find("sbx", "", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -617,7 +631,7 @@ func FuzzLoad(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	w, _ := s.Start("sbx", 1, []string{"echo", "hi"}, time.Now())
+	w, _ := s.Start("sbx", "", 1, []string{"echo", "hi"}, time.Now())
 	w.Write(wire.Stdout, []byte("hi\n"))
 	w.Write(wire.Stderr, []byte("oops\n"))
 	w.Close()
@@ -656,7 +670,7 @@ func FuzzLoad(f *testing.F) {
 				t.Fatalf("Read of %+v: %d bytes, %v", p, got, err)
 			}
 		}
-		w, err := s.Start("sbx", 2, nil, time.Now())
+		w, err := s.Start("sbx", "", 2, nil, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}

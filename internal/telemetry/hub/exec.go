@@ -40,6 +40,7 @@ var errStopping = errors.New("the daemon is stopping")
 type ExecCopy struct {
 	h       *Hub
 	id      string
+	ctr     string // the container, "" for the first
 	gc      *guestapi.Client
 	pid     int
 	cmd     []string // cut for events
@@ -141,22 +142,22 @@ func (f *feeder) close() {
 	}
 }
 
-// ExecStarted records that process pid of sandbox id started running cmd
-// and returns the copy of its output: feed it with Frame, and call Detach
+// ExecStarted records that process pid of container ctr ("" for the
+// first) of sandbox id started running cmd and returns the copy of its output: feed it with Frame, and call Detach
 // when no longer feeding it. The process's log entry exists when it
 // returns (a client may ask for it at once); its start event and the copy
 // follow on a goroutine of its own.
-func (h *Hub) ExecStarted(id string, gc *guestapi.Client, pid int, cmd []string) *ExecCopy {
-	c := h.newCopy(id, gc, pid, events.CutCmd(cmd), time.Now())
+func (h *Hub) ExecStarted(id, ctr string, gc *guestapi.Client, pid int, cmd []string) *ExecCopy {
+	c := h.newCopy(id, ctr, gc, pid, events.CutCmd(cmd), time.Now())
 	c.relay = feeder{c: c, ch: make(chan relayed, 64)}
-	w, err := h.execs.Start(c.id, c.pid, cmd, c.started)
+	w, err := h.execs.Start(c.id, c.ctr, c.pid, cmd, c.started)
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
 		// The start event is written here, before the exit's, rather
 		// than on the exec's way to its client.
 		h.append(c.id, events.Event{Type: events.Exec, Message: "started " + strings.Join(c.cmd, " "),
-			Data: events.Data(events.ExecData{PID: c.pid, Cmd: c.cmd})})
+			Data: events.Data(events.ExecData{Container: c.ctr, PID: c.pid, Cmd: c.cmd})})
 		if err != nil {
 			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
 			return
@@ -166,8 +167,8 @@ func (h *Hub) ExecStarted(id string, gc *guestapi.Client, pid int, cmd []string)
 	return c
 }
 
-func (h *Hub) newCopy(id string, gc *guestapi.Client, pid int, cmd []string, started time.Time) *ExecCopy {
-	c := &ExecCopy{h: h, id: id, gc: gc, pid: pid, cmd: cmd, started: started, poke: make(chan struct{}, 1)}
+func (h *Hub) newCopy(id, ctr string, gc *guestapi.Client, pid int, cmd []string, started time.Time) *ExecCopy {
+	c := &ExecCopy{h: h, id: id, ctr: ctr, gc: gc, pid: pid, cmd: cmd, started: started, poke: make(chan struct{}, 1)}
 	c.budget.Store(copyBudget)
 	return c
 }
@@ -501,7 +502,7 @@ func (c *ExecCopy) finish(exit *api.ExitStatus) {
 	if err := c.w.Finish(*exit); err != nil {
 		c.h.log.Warn("recording exec exit", "sandbox", c.id, "pid", c.pid, "err", err)
 	}
-	d := events.ExecData{PID: c.pid, Cmd: c.cmd, Exited: true, Signal: exit.Signal, OOMKilled: exit.OOMKilled,
+	d := events.ExecData{Container: c.ctr, PID: c.pid, Cmd: c.cmd, Exited: true, Signal: exit.Signal, OOMKilled: exit.OOMKilled,
 		DurationMS: time.Since(c.started).Milliseconds()}
 	code := exit.ExitCode
 	d.ExitCode = &code
@@ -517,9 +518,10 @@ func (c *ExecCopy) finish(exit *api.ExitStatus) {
 	c.h.append(c.id, events.Event{Type: events.Exec, Message: msg, Data: events.Data(d)})
 }
 
-// SetGuests sets how the hub reaches a running sandbox's guest, to carry
-// on the output copies a daemon restart cut short.
-func (h *Hub) SetGuests(f func(ctx context.Context, id string) (*guestapi.Client, error)) {
+// SetGuests sets how the hub reaches the guest of container ctr ("" for
+// the first) of a running sandbox, to carry on the output copies a daemon
+// restart cut short.
+func (h *Hub) SetGuests(f func(ctx context.Context, id, ctr string) (*guestapi.Client, error)) {
 	h.mu.Lock()
 	h.guests = f
 	h.mu.Unlock()
@@ -533,10 +535,10 @@ func (h *Hub) resumeCopies(id string) {
 	if err != nil {
 		return
 	}
-	var open []execlog.Process
+	open := map[string][]execlog.Process{} // by container
 	for _, p := range ps {
 		if p.Exit == nil {
-			open = append(open, p)
+			open[p.Container] = append(open[p.Container], p)
 		}
 	}
 	h.mu.Lock()
@@ -545,10 +547,18 @@ func (h *Hub) resumeCopies(id string) {
 	if len(open) == 0 || guests == nil {
 		return
 	}
-	log := h.log.With("sandbox", id)
 	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
 	defer cancel()
-	gc, err := guests(ctx, id)
+	for ctr, procs := range open {
+		h.resumeContainer(ctx, id, ctr, guests, procs)
+	}
+}
+
+// resumeContainer carries on the copies of procs, processes of container
+// ctr of sandbox id: each container's guest numbers its own.
+func (h *Hub) resumeContainer(ctx context.Context, id, ctr string, guests func(ctx context.Context, id, ctr string) (*guestapi.Client, error), procs []execlog.Process) {
+	log := h.log.With("sandbox", id, "container", ctr)
+	gc, err := guests(ctx, id, ctr)
 	var listed map[int]guestapi.ProcessInfo
 	if err == nil {
 		var ps []guestapi.ProcessInfo
@@ -563,7 +573,7 @@ func (h *Hub) resumeCopies(id string) {
 		log.Warn("resuming exec output copies", "err", err)
 		return
 	}
-	for _, p := range open {
+	for _, p := range procs {
 		w, err := h.execs.Resume(id, p.Seq)
 		if err != nil {
 			continue // a copy of it runs already
@@ -575,7 +585,7 @@ func (h *Hub) resumeCopies(id string) {
 			w.Finish(api.ExitStatus{ExitCode: -1, Error: "the process was lost while the daemon was down"})
 			continue
 		}
-		c := h.newCopy(id, gc, p.PID, cut, p.StartedAt)
+		c := h.newCopy(id, ctr, gc, p.PID, cut, p.StartedAt)
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()

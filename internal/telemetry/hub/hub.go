@@ -99,7 +99,7 @@ type Hub struct {
 
 	mu       sync.Mutex
 	actions  Actions
-	guests   func(ctx context.Context, id string) (*guestapi.Client, error)
+	guests   func(ctx context.Context, id, ctr string) (*guestapi.Client, error)
 	admitted map[string]time.Time // keys given to Admit, when
 	boxes    map[string]*state
 	// admittedPeak and boxesPeak are for shrink.Map.

@@ -115,8 +115,8 @@ func (h *Hub) Logs(id string) ([]api.ExecLog, error) {
 }
 
 // Log finds the newest process of sandbox id with pid.
-func (h *Hub) Log(id string, pid int) (api.ExecLog, error) {
-	p, err := h.execs.Find(id, pid)
+func (h *Hub) Log(id, ctr string, pid int) (api.ExecLog, error) {
+	p, err := h.execs.Find(id, ctr, pid)
 	if err != nil {
 		return api.ExecLog{}, err
 	}
