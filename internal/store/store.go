@@ -49,7 +49,10 @@ type Store struct {
 	seq     uint64
 	pending []entry
 	folding *time.Timer
-	closed  bool
+	// foldDelay is how long journaled records wait for a fold (the
+	// const's; a test that crashes the store lengthens it).
+	foldDelay time.Duration
+	closed    bool
 	// broken is set when a journal write failed: what it left may be a
 	// whole entry, so its sequence number is spent (the next fold records
 	// it as folded, and replay skips it) and the journal is not used
@@ -72,7 +75,7 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", path, err)
 	}
-	s := &Store{db: db, log: slog.Default()}
+	s := &Store{db: db, log: slog.Default(), foldDelay: foldDelay}
 	j, entries, err := openJournal(path + ".journal")
 	if err != nil {
 		db.Close()
@@ -353,9 +356,9 @@ func (s *Store) putJournal(bucket, key string, b []byte, sync bool) error {
 			}
 		}
 		if s.folding == nil {
-			s.folding = time.AfterFunc(foldDelay, s.foldLater)
+			s.folding = time.AfterFunc(s.foldDelay, s.foldLater)
 		} else {
-			s.folding.Reset(foldDelay)
+			s.folding.Reset(s.foldDelay)
 		}
 	} else if err != errJournalFull {
 		s.log.Error("writing the store's journal; writing to the database alone from now on", "err", err)
@@ -385,7 +388,7 @@ func (s *Store) foldLater() {
 		s.log.Error("folding the store's journal", "err", err)
 		s.jmu.Lock()
 		if !s.closed {
-			s.folding.Reset(foldDelay)
+			s.folding.Reset(s.foldDelay)
 		}
 		s.jmu.Unlock()
 	}
