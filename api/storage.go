@@ -84,8 +84,9 @@ type Snapshot struct {
 	// Containers, for a sandbox of several, are its containers as made
 	// (the first's disk is the snapshot's image, each other's captured in
 	// the same freeze); a sandbox created from it has them all.
-	// SharedVolumes are made anew (empty) for it: a snapshot does not
-	// capture volumes.
+	// SharedVolumes are captured in the same freeze (each shared-NAME.img
+	// beside the disks) and made again from it, new volumes of the new
+	// sandbox's. (Named volumes that are not shared are not captured.)
 	Containers    []Container    `json:"containers,omitempty"`
 	SharedVolumes []SharedVolume `json:"shared_volumes,omitempty"`
 	// Memory is set for a memory snapshot: its processes were

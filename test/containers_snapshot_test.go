@@ -92,7 +92,7 @@ func TestContainersSnapshot(t *testing.T) {
 		SharedVolumes: []api.SharedVolume{{Name: "workspace"}},
 		Containers: []api.Container{
 			{Name: "writer", Command: []string{"sh", "-c", chainWriter}},
-			{Name: "keeper", Command: []string{"sh", "-c", chainKeeper}},
+			{Name: "keeper", Command: []string{"sh", "-c", chainKeeper}, Mounts: []api.VolumeMount{{Name: "workspace", Path: "/workspace"}}},
 			{Name: "tools", Image: "base", Mounts: []api.VolumeMount{{Name: "workspace", Path: "/workspace"}}},
 		},
 	})
@@ -103,6 +103,9 @@ func TestContainersSnapshot(t *testing.T) {
 		t.Fatal("the chain did not write")
 	}
 
+	// Written by one container just before, unsynced: the snapshot holds
+	// it in the shared volume, which the copies' other container reads.
+	d.groupExec(id, "tools", "sh", "-c", "echo before-snapshot > /workspace/marker")
 	snap, err := c.Snapshot(ctx, id, api.SnapshotRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +118,7 @@ func TestContainersSnapshot(t *testing.T) {
 		t.Fatalf("snapshot frozen %.1f ms of %.1f", snap.FrozenMS, snap.TotalMS)
 	}
 	dir := filepath.Join(d.StateDir, "storage", "snapshots", snap.ID)
-	for _, img := range []string{"disk.img", "container-keeper.img", "container-tools.img"} {
+	for _, img := range []string{"disk.img", "container-keeper.img", "container-tools.img", "shared-workspace.img"} {
 		if out, err := exec.Command("e2fsck", "-fn", filepath.Join(dir, img)).CombinedOutput(); err != nil {
 			t.Fatalf("e2fsck of %s: %v\n%s", img, err, out)
 		}
@@ -131,9 +134,16 @@ func TestContainersSnapshot(t *testing.T) {
 	if sb := d.get(copyID); sb.From != snap.ID || len(sb.SharedVolumes) != 1 || sb.SharedVolumes[0].Volume == snap.SharedVolumes[0].Volume {
 		t.Fatalf("copy: from %q, shared volumes %+v", sb.From, sb.SharedVolumes)
 	}
-	// A copy's writes are its own.
-	d.groupExec(copyID, "keeper", "sh", "-c", "echo mine > /root/copy-only")
-	if r := d.groupExec(id, "keeper", "test", "-e", "/root/copy-only"); r.ExitCode == 0 {
+	sharedMarker := func(sb string) {
+		t.Helper()
+		if r := d.groupExec(sb, "keeper", "cat", "/workspace/marker"); strings.TrimSpace(r.Stdout) != "before-snapshot" {
+			t.Fatalf("the shared volume of %s lacks what was written before the capture: %s", sb, r)
+		}
+	}
+	sharedMarker(copyID)
+	// A copy's writes are its own, in its disks and its shared volumes.
+	d.groupExec(copyID, "keeper", "sh", "-c", "echo mine > /root/copy-only; echo mine > /workspace/copy-only")
+	if r := d.groupExec(id, "keeper", "sh", "-c", "test -e /root/copy-only || test -e /workspace/copy-only"); r.ExitCode == 0 {
 		t.Fatal("a write in the copy reached the source")
 	}
 
@@ -144,6 +154,7 @@ func TestContainersSnapshot(t *testing.T) {
 	t.Logf("fork: frozen %.1f ms, total %.1f ms", forks.FrozenMS, forks.TotalMS)
 	for _, f := range forks.Sandboxes {
 		checkChain(t, d, f.ID)
+		sharedMarker(f.ID)
 	}
 
 	// What a group's capture refuses, and the daemon serves on.

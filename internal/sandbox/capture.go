@@ -259,7 +259,7 @@ func (m *Manager) captureAllLocked(ctx context.Context, b *box, dst string, p *s
 		c, err := m.captureLocked(ctx, b, dst)
 		return c, nil, nil, err
 	}
-	gc, err := m.captureGroupLocked(ctx, b, dst, p.ContainerPath)
+	gc, err := m.captureGroupLocked(ctx, b, dst, p.ContainerPath, p.SharedPath)
 	if err != nil {
 		return runtime.Capture{}, nil, nil, err
 	}
@@ -336,6 +336,10 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 		src.containerDisks = map[string]string{}
 		for _, mc := range containers[1:] {
 			src.containerDisks[mc.Name] = p.ContainerPath(mc.Name)
+		}
+		src.sharedFrom = map[string]string{}
+		for _, v := range shared {
+			src.sharedFrom[v.Name] = p.SharedPath(v.Name)
 		}
 	}
 

@@ -154,6 +154,9 @@ type group struct {
 	// diskFrom are the members' disks to start from (a snapshot's, a
 	// fork's), by name; nil: new disks.
 	diskFrom map[string]string
+	// sharedFrom are the shared volumes' images to start from, by name;
+	// nil: new and empty.
+	sharedFrom map[string]string
 }
 
 // planGroup resolves req's containers for sandbox id, whose limits are
@@ -216,7 +219,7 @@ func (m *Manager) planGroup(req *api.CreateRequest, id string, res api.Resources
 // makeShared makes g's shared volumes; on failure it removes those it made.
 func (m *Manager) makeShared(ctx context.Context, g *group) error {
 	for i, v := range g.shared {
-		if _, err := m.cfg.Volumes.Create(ctx, api.VolumeRequest{Name: v.Volume, SizeBytes: v.SizeBytes, Labels: map[string]string{"paddock.dev/shared-by": strings.TrimSuffix(v.Volume, "-"+v.Name)}}, ""); err != nil {
+		if _, err := m.cfg.Volumes.Create(ctx, api.VolumeRequest{Name: v.Volume, SizeBytes: v.SizeBytes, Labels: map[string]string{"paddock.dev/shared-by": strings.TrimSuffix(v.Volume, "-"+v.Name)}}, g.sharedFrom[v.Name]); err != nil {
 			m.removeShared(g.shared[:i])
 			return fmt.Errorf("making shared volume %s: %w", v.Name, err)
 		}

@@ -45,10 +45,11 @@ func (g groupCapture) sum() runtime.Capture {
 	return c
 }
 
-// captureGroupLocked copies the disk of b's first container to dst and
-// each member's to memberDst(name), in one freeze. b runs, and so does
+// captureGroupLocked copies the disk of b's first container to dst, each
+// member's to memberDst(name) and each shared volume's to sharedDst(name),
+// in one freeze. b runs, and so does
 // every container of it. b.mu is held.
-func (m *Manager) captureGroupLocked(ctx context.Context, b *box, dst string, memberDst func(name string) string) (groupCapture, error) {
+func (m *Manager) captureGroupLocked(ctx context.Context, b *box, dst string, memberDst, sharedDst func(name string) string) (groupCapture, error) {
 	mv, err := next(b, actSnapshot)
 	if err != nil {
 		return groupCapture{}, err
@@ -64,6 +65,13 @@ func (m *Manager) captureGroupLocked(ctx context.Context, b *box, dst string, me
 		ids = append(ids, runtime.ContainerID(b.rec.ID, c.Name))
 		dsts = append(dsts, memberDst(c.Name))
 	}
+	// The shared volumes' copies wait at the same barrier: what one
+	// container wrote to them just before is in the snapshot with its disk.
+	nDisks := len(ids)
+	for _, v := range b.rec.SharedVolumes {
+		ids = append(ids, v.Volume)
+		dsts = append(dsts, sharedDst(v.Name))
+	}
 	inst := b.inst
 	g := &groupFreeze{
 		n:      len(ids),
@@ -75,7 +83,7 @@ func (m *Manager) captureGroupLocked(ctx context.Context, b *box, dst string, me
 			}
 		},
 	}
-	out := groupCapture{caps: make([]runtime.Capture, len(ids))}
+	out := groupCapture{caps: make([]runtime.Capture, nDisks)}
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
 	for i := range ids {
@@ -83,7 +91,11 @@ func (m *Manager) captureGroupLocked(ctx context.Context, b *box, dst string, me
 		go func() {
 			defer wg.Done()
 			arrived := false
-			out.caps[i], errs[i] = m.cfg.Runtime.Snapshot(ctx, ids[i], dsts[i], g.pause(&arrived))
+			if i < nDisks {
+				out.caps[i], errs[i] = m.cfg.Runtime.Snapshot(ctx, ids[i], dsts[i], g.pause(&arrived))
+			} else {
+				errs[i] = m.cfg.Volumes.Capture(ctx, ids[i], dsts[i], g.pause(&arrived))
+			}
 			if errs[i] != nil && !arrived {
 				g.fail(errs[i])
 			}

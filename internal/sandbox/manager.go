@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	goruntime "runtime"
 	"slices"
 	"sort"
@@ -221,8 +222,10 @@ type source struct {
 	from       string // recorded as the sandbox's From
 	diskFrom   string
 	checkpoint string
-	// containerDisks are the disks of a group's members, by name.
+	// containerDisks are the disks of a group's members, by name;
+	// sharedFrom the images of its shared volumes.
 	containerDisks map[string]string
+	sharedFrom     map[string]string
 	release        func()
 }
 
@@ -304,7 +307,7 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 			return source{}, err
 		}
 	}
-	var disks map[string]string
+	var disks, shared map[string]string
 	if len(snap.Containers) > 0 {
 		// A group: its containers and shared volumes are the snapshot's
 		// (checked above), and the first's image, env and workdir.
@@ -315,6 +318,18 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 		for _, c := range snap.Containers[1:] {
 			if disks[c.Name], err = m.cfg.Snapshots.ContainerImagePath(snap.ID, c.Name); err != nil {
 				return source{}, err
+			}
+		}
+		for _, v := range snap.SharedVolumes {
+			p, err := m.cfg.Snapshots.SharedImagePath(snap.ID, v.Name)
+			if err != nil {
+				return source{}, err
+			}
+			if _, err := os.Stat(p); err == nil { // snapshots before shared volumes were captured have none
+				if shared == nil {
+					shared = map[string]string{}
+				}
+				shared[v.Name] = p
 			}
 		}
 	}
@@ -334,7 +349,7 @@ func (m *Manager) resolveFrom(req *api.CreateRequest) (source, error) {
 	if from == "" {
 		from = snap.ID
 	}
-	return source{from: from, diskFrom: img, checkpoint: checkpoint, containerDisks: disks, release: release}, nil
+	return source{from: from, diskFrom: img, checkpoint: checkpoint, containerDisks: disks, sharedFrom: shared, release: release}, nil
 }
 
 func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source) (api.Sandbox, error) {
@@ -353,7 +368,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		if grp, err = m.planGroup(&req, runtime.NewID(), m.withDefaults(req.Resources)); err != nil {
 			return api.Sandbox{}, err
 		}
-		grp.diskFrom = src.containerDisks
+		grp.diskFrom, grp.sharedFrom = src.containerDisks, src.sharedFrom
 		// The first container is the sandbox's own guest.
 		c0 := req.Containers[0]
 		req.Image, req.Env, req.Workdir, req.Volumes = c0.Image, c0.Env, c0.Workdir, grp.vols[0]

@@ -179,6 +179,33 @@ func (s *Store) ContainerImagePath(id, name string) (string, error) {
 	return "", errdefs.NotFound("container of snapshot "+id, name)
 }
 
+// sharedImage is the image of shared volume name of a snapshot of a
+// sandbox of several containers, beside its containers'.
+func sharedImage(dir, name string) string {
+	return filepath.Join(dir, "shared-"+name+".img")
+}
+
+// SharedPath is where Pending writes the image of shared volume name
+// (api.IsContainerName holds) of a sandbox of several containers.
+func (p *Pending) SharedPath(name string) string {
+	return sharedImage(filepath.Dir(p.Path), name)
+}
+
+// SharedImagePath returns the image of shared volume name of a snapshot
+// of a sandbox of several containers.
+func (s *Store) SharedImagePath(id, name string) (string, error) {
+	snap, err := s.Get(id)
+	if err != nil {
+		return "", err
+	}
+	for _, v := range snap.SharedVolumes {
+		if v.Name == name {
+			return sharedImage(filepath.Join(s.cfg.Dir, id), name), nil
+		}
+	}
+	return "", errdefs.NotFound("shared volume of snapshot "+id, name)
+}
+
 // Pending is a snapshot being made: its image is written at Path, then
 
 func (s *Store) checkpointPath(id string) string { return filepath.Join(s.cfg.Dir, id, checkpointName) }
