@@ -2,9 +2,15 @@ package metrics
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
@@ -153,5 +159,44 @@ func TestSamplerContainers(t *testing.T) {
 	_, _, hist, _ = s.ContainerHistory("g", "busy", t0, t0.Add(time.Hour))
 	if len(hist) != 4 || hist[3].CPUPercent != 0 {
 		t.Errorf("busy's history after a new source: %+v", hist)
+	}
+}
+
+// TestCgroupFilesV2Member reads a real cgroup v2 group that no parent
+// enables controllers for: a container's group inside its sandbox's on a
+// pure v2 host (the sandbox's holds processes). Here it is a group of the
+// hybrid host's cgroup2 mount, which has neither memory nor pids: the
+// same situation. It has cpu.stat alone, and says so.
+func TestCgroupFilesV2Member(t *testing.T) {
+	const unified = "/sys/fs/cgroup/unified"
+	if b, err := os.ReadFile(unified + "/cgroup.controllers"); err != nil || strings.Contains(string(b), "memory") || strings.Contains(string(b), "pids") {
+		t.Skipf("needs a cgroup2 mount at %s without the memory and pids controllers (a hybrid host), as root", unified)
+	}
+	dir := filepath.Join(unified, fmt.Sprintf("paddock-test-member-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("making a cgroup2 group: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	cmd := exec.Command("sh", "-c", "echo $$ > "+dir+"/cgroup.procs; i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("burning CPU in %s: %v %s", dir, err, out)
+	}
+	f, err := OpenCgroupFiles(CgroupDirs{Mode: cgroup.V2, CPU: dir, CPUAcct: dir, Memory: dir, Pid: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if mem, pids := f.Has(); mem || pids {
+		t.Errorf("a group without controllers has memory %v, pids %v", mem, pids)
+	}
+	if f.LocalOOM() {
+		t.Error("v2 counts OOM kills in the parents too")
+	}
+	var r Reading
+	if err := f.ReadCgroup(&r); err != nil {
+		t.Fatal(err)
+	}
+	if r.CPUNanos < 10e6 || r.MemoryBytes != 0 || r.Pids != 0 {
+		t.Errorf("reading: cpu %d ns, memory %d, pids %d; want the CPU the loop used and nothing else", r.CPUNanos, r.MemoryBytes, r.Pids)
 	}
 }
