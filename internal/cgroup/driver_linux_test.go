@@ -135,6 +135,26 @@ func TestV2SetupNeedsControllers(t *testing.T) {
 	}
 }
 
+// TestV2NestedTakesNoLimits: on v2 a container's group inside its
+// sandbox's (which holds processes, so enables nothing for it) is made
+// without limits and refused with them, whatever the parent enables.
+func TestV2NestedTakesNoLimits(t *testing.T) {
+	root := fakeTree(t, v2Files())
+	m, err := newManager("paddock", newV2Hierarchy(root, true), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Create("s1/web", Limits{MemoryBytes: 64 << 20}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("a nested group with limits on v2: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "paddock/s1/web")); !os.IsNotExist(err) {
+		t.Fatalf("the refused group was made: %v", err)
+	}
+	if _, err := m.Create("s1/web", Limits{}); err != nil {
+		t.Fatalf("a nested group without limits on v2: %v", err)
+	}
+}
+
 func TestV2Limits(t *testing.T) {
 	root := fakeTree(t, v2Files())
 	h := newV2Hierarchy(root, true)

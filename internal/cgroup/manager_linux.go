@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/cgroups/v3"
@@ -127,6 +128,14 @@ func (m *Manager) Create(name string, l Limits) (*Group, error) {
 	if err := g.d.checkLimits(l); err != nil {
 		return nil, fmt.Errorf("creating cgroup %s: %w", g.rel, err)
 	}
+	// On v2 the group of a sandbox holds its processes, so the kernel
+	// lets it enable no controllers for a child: a container's group
+	// inside it has no limit files (checkLimits sees the parent's set).
+	_, _, nested := strings.Cut(name, "/")
+	bare := nested && m.h.mode() == V2
+	if bare && l != (Limits{}) {
+		return nil, fmt.Errorf("creating cgroup %s: %w: a group inside a sandbox's takes no limits of its own on cgroup v2", g.rel, errdefs.ErrUnavailable)
+	}
 	dirs := g.d.dirs()
 	made := 0
 	ok := false
@@ -145,6 +154,12 @@ func (m *Manager) Create(name string, l Limits) (*Group, error) {
 			return nil, fmt.Errorf("creating cgroup %s: %w", g.rel, &os.PathError{Op: "mkdir", Path: d, Err: err})
 		}
 		made++
+	}
+	// Nor the settings a fresh group gets (swap off, memory.oom.group):
+	// it has none of the controllers' files.
+	if bare {
+		ok = true
+		return g, nil
 	}
 	if err := g.d.setLimits(l, true); err != nil {
 		return nil, fmt.Errorf("creating cgroup %s: %w", g.rel, err)
