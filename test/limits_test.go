@@ -3,8 +3,11 @@ package test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -98,6 +101,7 @@ func TestPidsLimit(t *testing.T) {
 	d := newDaemon(t)
 	capped := d.createCLI("--pids", "64")
 	bystander := d.Create(api.CreateRequest{})
+	checkGuestThreadsApart(t, d.get(capped))
 
 	pr, pw := io.Pipe()
 	defer pr.Close() // so that the exec's writes fail if the test ends early
@@ -161,6 +165,39 @@ func TestPidsLimit(t *testing.T) {
 	again := strings.NewReplacer("range(200)", "range(20)", "time.sleep(4)", "time.sleep(0.1)").Replace(forkProgram)
 	if r := d.py(capped, again); !strings.HasPrefix(r.Stdout, "20|0|") {
 		t.Errorf("20 forks in the capped sandbox after the bomb: %v", r)
+	}
+}
+
+// checkGuestThreadsApart: on cgroup v1 the guest's own threads are
+// outside its sandbox's pids group, all but the one it forks the
+// sandbox's processes from, and it keeps no spare threads for a full
+// group.
+func checkGuestThreadsApart(t *testing.T, sb *api.Sandbox) {
+	t.Helper()
+	if sb.Runtime == nil || sb.Runtime.HostPID == 0 {
+		t.Fatalf("sandbox %s has no guest pid: %+v", sb.ID, sb.Runtime)
+	}
+	group := filepath.Join("/sys/fs/cgroup/pids", sb.Runtime.Cgroup)
+	tasks, err := os.ReadFile(filepath.Join(group, "tasks"))
+	if err != nil {
+		t.Logf("no v1 pids group (%v): the guest keeps spare threads", err)
+		return
+	}
+	threads, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", sb.Runtime.HostPID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := 0
+	for _, tid := range strings.Fields(string(tasks)) {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%s", sb.Runtime.HostPID, tid)); err == nil {
+			in++
+		}
+	}
+	if in != 1 {
+		t.Errorf("%d of the guest's %d threads are in its sandbox's pids group, want 1 (the spawner)", in, len(threads))
+	}
+	if len(threads) > 12 {
+		t.Errorf("the guest has %d threads; without spares it needs about 8", len(threads))
 	}
 }
 

@@ -291,11 +291,16 @@ func (g *Group) Dirs() []string { return g.d.dirs() }
 // AddProc moves the process pid into the group in every hierarchy. It fails
 // with an error wrapping errdefs.ErrNotFound if there is no such process.
 func (g *Group) AddProc(pid int) error {
+	return g.addProc(pid, g.d.dirs())
+}
+
+// addProc moves process pid into the group's directories dirs.
+func (g *Group) addProc(pid int, dirs []string) error {
 	if pid <= 0 {
 		return errdefs.Invalid("pid", "must be positive, got %d", pid)
 	}
 	p := strconv.Itoa(pid)
-	for _, d := range g.d.dirs() {
+	for _, d := range dirs {
 		if err := writeFile(d+"/cgroup.procs", p); err != nil {
 			if errors.Is(err, unix.ESRCH) {
 				err = errdefs.NotFound("process", p)

@@ -67,7 +67,6 @@ func Run() error {
 	sp := startSpawner()
 	sigs := notifySignals()
 	prefault()
-	spareThreads(8)
 	syncSock := os.NewFile(fdSync, "sync")
 	fail := func(err error) error {
 		guestapi.SendReady(syncSock, guestapi.FailReady(err))
@@ -139,12 +138,24 @@ func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (*os.File, error) {
 		return nil, fmt.Errorf("OOM counter fd %d not received", p.OOMFD)
 	}
 	oom := os.NewFile(uintptr(fds[p.OOMFD]), "oom")
+	pidsTasks := -1
+	if p.PidsTasks != nil {
+		if i := *p.PidsTasks; i >= 0 && i < len(fds) && i != p.OOMFD {
+			pidsTasks = fds[i]
+		} else {
+			closeAll(fds)
+			return nil, fmt.Errorf("pids tasks fd %d not received", i)
+		}
+	} else {
+		// Our threads count against the sandbox's pids limit.
+		spareThreads(8)
+	}
 	var err error
 	if !p.RootReady {
 		err = buildRoot(p, fds)
 	}
 	for i, fd := range fds {
-		if i != p.OOMFD {
+		if i != p.OOMFD && fd != pidsTasks {
 			unix.Close(fd)
 		}
 	}
@@ -154,7 +165,10 @@ func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (*os.File, error) {
 	if err == nil {
 		// Under gVisor the guest keeps the sandbox's cgroup namespace:
 		// runsc gave it one.
-		err = sp.restrict(p.Caps, !p.AllowSetuid, !p.RootReady)
+		err = sp.restrict(p.Caps, !p.AllowSetuid, !p.RootReady, pidsTasks)
+	}
+	if pidsTasks >= 0 {
+		unix.Close(pidsTasks)
 	}
 	if err == nil {
 		err = restrictAll(p.Seccomp, !p.AllowSetuid)

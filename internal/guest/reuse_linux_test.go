@@ -47,7 +47,7 @@ func procServer(t *testing.T) *server {
 		t.Skip("needs root (the spawner unshares a cgroup namespace)")
 	}
 	sp := startSpawner()
-	if err := sp.restrict(nil, false, true); err != nil {
+	if err := sp.restrict(nil, false, true, -1); err != nil {
 		t.Fatal(err)
 	}
 	return newServer(guestapi.ServeConfig{Workdir: "/", Env: []string{"PATH=/usr/bin:/bin"}}, nil, sp, slog.New(slog.NewTextHandler(io.Discard, nil)))

@@ -23,6 +23,7 @@ type spawnReq struct {
 	restrict   []string
 	noNewPrivs bool
 	cgroupNS   bool
+	pidsTasks  int
 	argv0      string
 	argv       []string
 	attr       *syscall.ProcAttr
@@ -56,7 +57,7 @@ func (sp *spawner) loop() {
 	for req := range sp.reqs {
 		switch {
 		case req.restrict != nil:
-			err := restrictThread(req.restrict, req.noNewPrivs, req.cgroupNS)
+			err := restrictThread(req.restrict, req.noNewPrivs, req.cgroupNS, req.pidsTasks)
 			restricted = err == nil
 			req.done <- spawnResult{err: err}
 		case !restricted:
@@ -70,10 +71,12 @@ func (sp *spawner) loop() {
 
 // restrict drops the spawner thread to the sandbox's credentials, and
 // with cgroupNS gives it a cgroup namespace of its own. The daemon has put
-// the guest in its cgroup by now.
-func (sp *spawner) restrict(caps []string, noNewPrivs, cgroupNS bool) error {
+// the guest in its cgroup by now; pidsTasks, unless -1, is the v1 pids
+// tasks file of that cgroup, which the spawner thread alone joins first
+// (the guest's process is outside it).
+func (sp *spawner) restrict(caps []string, noNewPrivs, cgroupNS bool, pidsTasks int) error {
 	done := make(chan spawnResult, 1)
-	sp.reqs <- spawnReq{restrict: append([]string{}, caps...), noNewPrivs: noNewPrivs, cgroupNS: cgroupNS, done: done}
+	sp.reqs <- spawnReq{restrict: append([]string{}, caps...), noNewPrivs: noNewPrivs, cgroupNS: cgroupNS, pidsTasks: pidsTasks, done: done}
 	return (<-done).err
 }
 
@@ -85,7 +88,15 @@ func (sp *spawner) spawn(argv0 string, argv []string, attr *syscall.ProcAttr) (i
 	return r.pid, r.err
 }
 
-func restrictThread(caps []string, noNewPrivs, cgroupNS bool) error {
+func restrictThread(caps []string, noNewPrivs, cgroupNS bool, pidsTasks int) error {
+	if pidsTasks >= 0 {
+		// "0" is the writing thread. The runtime starts no thread from
+		// this one (it is locked: its template thread does), so the
+		// group holds this thread and what it forks, no other.
+		if _, err := unix.Write(pidsTasks, []byte("0")); err != nil {
+			return fmt.Errorf("joining the sandbox's pids group: %w", err)
+		}
+	}
 	if cgroupNS {
 		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 			return fmt.Errorf("unsharing cgroup namespace: %w", err)

@@ -28,8 +28,15 @@ type Prepare struct {
 	// Binds are host directories mounted read-only into the rootfs.
 	Binds []Mount `json:"binds"`
 	// OOMFD indexes the fd of the cgroup's OOM event counter file.
-	OOMFD    int    `json:"oom_fd"`
-	Hostname string `json:"hostname"`
+	OOMFD int `json:"oom_fd"`
+	// PidsTasks, when set, indexes the fd of the sandbox group's v1 pids
+	// tasks file (opened by the daemon, which the kernel checks writes
+	// against). The guest's process is outside that group: its spawner
+	// thread joins it, and so everything the sandbox runs starts in it,
+	// while the guest's own threads count against no sandbox limit and
+	// it keeps no spare ones for a sandbox at its limit.
+	PidsTasks *int   `json:"pids_tasks,omitempty"`
+	Hostname  string `json:"hostname"`
 	// CgroupV2 mounts the sandbox's own cgroup2 tree at /sys/fs/cgroup.
 	CgroupV2 bool `json:"cgroup_v2"`
 	// Seccomp is a compiled BPF program the guest and its processes run

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestfork"
 )
 
@@ -161,5 +162,17 @@ func raisePriority(pid int, cg *cgroup.Group) {
 		if tid, err := strconv.Atoi(t.Name()); err == nil {
 			unix.Setpriority(unix.PRIO_PROCESS, tid, 0)
 		}
+	}
+}
+
+// forkerPidsGroup puts a new forker in the parent group of the v1 pids
+// hierarchy, where the guests it forks then start: their own threads
+// count against no sandbox's pids limit (internal/cgroup's AddToParentPids
+// says why). Where that cannot be, the guests still leave the daemon's
+// pids group by AddProc, as before.
+func (r *Runtime) forkerPidsGroup(f *forker) {
+	err := r.cfg.Cgroups.AddToParentPids(f.cmd.Process.Pid)
+	if err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
+		r.log.Warn("moving the guest forker to the parent pids group", "err", err)
 	}
 }

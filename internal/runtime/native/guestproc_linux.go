@@ -2,6 +2,7 @@ package native
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/guestbin"
 	"github.com/paddock-dev/paddock/internal/guestfork"
@@ -49,6 +51,10 @@ type guestProc struct {
 	// its threads run at the normal priority already.
 	limits cgroup.Limits
 	raised bool
+	// pidsApart: the guest's process is outside its sandbox's pids
+	// group (v1); Prepare hands it the group's tasks file for its
+	// spawner thread, and it keeps no spare threads.
+	pidsApart bool
 }
 
 // sealedSelf copies the guest binary into a sealed memfd: the binary at
@@ -166,7 +172,15 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 	}
 	sb.st.StartTime = st
 	if r.cfg.Cgroups.Mode() == cgroup.V1 {
-		if err := cg.AddProc(pid); err != nil {
+		// In the pids hierarchy the guest stays where its forker is
+		// (forkerPidsGroup): its spawner thread joins the sandbox's
+		// group at Prepare, and with it all the sandbox runs.
+		err := cg.AddProcButPids(pid)
+		g.pidsApart = err == nil
+		if errors.Is(err, errdefs.ErrUnavailable) {
+			err = cg.AddProc(pid)
+		}
+		if err != nil {
 			g.kill()
 			return nil, fmt.Errorf("moving guest into its cgroup: %w", err)
 		}

@@ -197,6 +197,7 @@ func (r *Runtime) fork(req forkRequest, fds []int) (int, int, error) {
 			if f, err = startForker(r.guestExe); err != nil {
 				return 0, -1, err
 			}
+			r.forkerPidsGroup(f)
 		}
 		pid, pidfd, err := f.fork(req, fds)
 		if err == nil || attempt > 0 || f.alive() {
@@ -522,6 +523,13 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	if p.OOMFD, err = add(openOOM(g.sb.cg)); err != nil {
 		return err
 	}
+	if g.pidsApart {
+		i, err := add(openPidsTasks(g.sb.cg))
+		if err != nil {
+			return err
+		}
+		p.PidsTasks = &i
+	}
 	g.sb.st.Idmapped = idmapped
 	mark("binds")
 	if _, err := g.call(ctx, &guestapi.Config{Prepare: p}, fds, filepath.Join(g.dir, "guest.log")); err != nil {
@@ -562,6 +570,17 @@ func (r *Runtime) idmappedOne(pid int, src string) (int, error) {
 }
 
 // openOOM opens the cgroup's OOM counter for a guest.
+// openPidsTasks is openOOM for the group's v1 pids tasks file, which the
+// guest's spawner thread joins the sandbox's pids group with.
+func openPidsTasks(cg *cgroup.Group) (int, error) {
+	f, err := cg.OpenPidsTasks()
+	if err != nil {
+		return -1, err
+	}
+	defer f.Close()
+	return unix.Dup(int(f.Fd()))
+}
+
 func openOOM(cg *cgroup.Group) (int, error) {
 	f, err := cg.OpenOOMEvents()
 	if err != nil {
