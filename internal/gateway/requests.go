@@ -50,7 +50,7 @@ func (g *Gateway) grantUsed(id, request string, at, until time.Time) {
 	if r := g.requestsSink(); r != nil {
 		r.EgressGrantUsed(id, request, at, until)
 	}
-	g.poke()
+	g.poke(id)
 }
 
 // maxAskBody bounds the body of a sandbox's ask.

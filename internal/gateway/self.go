@@ -131,17 +131,39 @@ func (g *Gateway) refreshSelf(every time.Duration) {
 	defer g.wg.Done()
 	t := time.NewTicker(every)
 	defer t.Stop()
+	all := true
 	for {
-		for id := range g.net.Links() {
-			g.refreshOne(id)
+		dirty := g.takeDirty()
+		if all {
+			for id := range g.net.Links() {
+				g.refreshOne(id)
+			}
+		} else {
+			for id := range dirty {
+				g.refreshOne(id)
+			}
 		}
 		select {
 		case <-g.stop:
 			return
 		case <-t.C:
+			all = true
 		case <-g.wake:
+			all = false
 		}
 	}
+}
+
+// takeDirty returns the sandboxes poked since it was last called.
+func (g *Gateway) takeDirty() map[string]struct{} {
+	g.dirtyMu.Lock()
+	defer g.dirtyMu.Unlock()
+	if len(g.dirty) == 0 {
+		return nil
+	}
+	d := g.dirty
+	g.dirty = nil
+	return d
 }
 
 // refreshOne brings sandbox id's self tree up to date, if Attach made it

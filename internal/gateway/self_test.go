@@ -81,3 +81,31 @@ func TestWriteSelfOnlyChanged(t *testing.T) {
 		t.Errorf("self.json not written again after the failed refresh: %v", err)
 	}
 }
+
+// TestPokeRefreshesThePoked: a poke names the sandbox whose self tree to
+// refresh, so that a create (which pokes) does not refresh every tree;
+// pokes made before a refresh are taken together, once.
+func TestPokeRefreshesThePoked(t *testing.T) {
+	g := &Gateway{wake: make(chan struct{}, 1)}
+	if d := g.takeDirty(); len(d) != 0 {
+		t.Fatalf("dirty before any poke: %v", d)
+	}
+	g.poke("a")
+	g.poke("b")
+	g.poke("a")
+	select {
+	case <-g.wake:
+	default:
+		t.Fatal("a poke did not wake the refresher")
+	}
+	d := g.takeDirty()
+	if _, ok := d["a"]; !ok || len(d) != 2 {
+		t.Fatalf("dirty after pokes of a, b, a: %v", d)
+	}
+	if _, ok := d["b"]; !ok {
+		t.Fatalf("dirty after pokes of a, b, a: %v", d)
+	}
+	if d := g.takeDirty(); len(d) != 0 {
+		t.Fatalf("dirty taken twice: %v", d)
+	}
+}
