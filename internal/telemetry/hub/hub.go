@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -317,7 +318,7 @@ func (h *Hub) Running(key string, s api.Sandbox) {
 // counters; for a sandbox of several containers, each running
 // container's cgroup and every container's disk too.
 func (h *Hub) source(id string, g *cgroup.Group, cs []api.ContainerStatus) *metrics.CgroupSource {
-	src := &metrics.CgroupSource{Cgroup: h.cgroupReader(g), Net: h.nets.Get(id)}
+	src := &metrics.CgroupSource{Cgroup: &lazyCgroup{open: func() metrics.CgroupReader { return h.cgroupReader(g) }}, Net: h.nets.Get(id)}
 	if h.cfg.Disk != nil {
 		src.Disk = &diskCache{id: id, read: h.cfg.Disk}
 	}
@@ -355,6 +356,72 @@ func (h *Hub) cgroupReader(g *cgroup.Group) metrics.CgroupReader {
 		}
 	}
 	return metrics.GroupStats{Group: g}
+}
+
+// lazyCgroup opens a sandbox's cgroup reader (its control files, 11 on
+// v1) at its first read rather than when the sandbox starts: under churn
+// most sandboxes are gone before the sampler's first tick, and opening
+// and closing the files cost each of them some 50 system calls for
+// nothing (issue 21). The sampler never reads a source and closes it at
+// once; the lock keeps a read after Close from opening the files again.
+type lazyCgroup struct {
+	open func() metrics.CgroupReader
+
+	mu     sync.Mutex
+	r      metrics.CgroupReader
+	closed bool
+}
+
+func (l *lazyCgroup) reader() (metrics.CgroupReader, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, errors.New("reading a closed cgroup source")
+	}
+	if l.r == nil {
+		l.r = l.open()
+	}
+	return l.r, nil
+}
+
+// ReadCgroup implements metrics.CgroupReader.
+func (l *lazyCgroup) ReadCgroup(r *metrics.Reading) error {
+	cr, err := l.reader()
+	if err != nil {
+		return err
+	}
+	return cr.ReadCgroup(r)
+}
+
+// Has and LocalOOM forward metrics' optional interface of partial
+// readers (a v2 group without some controllers' files).
+func (l *lazyCgroup) Has() (memory, pids bool) {
+	if cr, err := l.reader(); err == nil {
+		if p, ok := cr.(interface{ Has() (bool, bool) }); ok {
+			return p.Has()
+		}
+	}
+	return true, true
+}
+
+func (l *lazyCgroup) LocalOOM() bool {
+	if cr, err := l.reader(); err == nil {
+		if p, ok := cr.(interface{ LocalOOM() bool }); ok {
+			return p.LocalOOM()
+		}
+	}
+	return false
+}
+
+// Close implements io.Closer: it closes the files, if they were opened.
+func (l *lazyCgroup) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	if c, ok := l.r.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 // diskCache reads a sandbox's disk use at most every diskEvery: it asks
