@@ -56,7 +56,34 @@ type lanes struct {
 	mu      sync.Mutex
 	pools   map[string]*connPool
 	opening map[string]bool // sandboxes a lane is being opened for
-	closed  bool
+	// once are the sandboxes that have had one exec on the daemon's lane
+	// and no bound lane opened yet (wantBound).
+	once   map[string]bool
+	closed bool
+}
+
+// maxOnce bounds lanes.once: past it, it is emptied, and those sandboxes'
+// bound lanes open one exec later.
+const maxOnce = 1024
+
+// wantBound reports whether a lane bound to sandbox id is worth opening
+// after an exec on the daemon's lane: from its second such exec on. A
+// sandbox that runs one command (create, exec, delete: a churn loop, a
+// burst of creates) would not use it, and opening it costs the daemon an
+// upgrade and a hand-off to the guest, and the guest a lane, for nothing
+// (issue 21: 50 of them competed with a burst's first commands).
+func (ls *lanes) wantBound(id string) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.once[id] {
+		delete(ls.once, id)
+		return true
+	}
+	if ls.once == nil || len(ls.once) >= maxOnce {
+		ls.once = map[string]bool{}
+	}
+	ls.once[id] = true
+	return false
 }
 
 // startOpening claims the opening of a lane bound to sandbox id.
@@ -115,6 +142,7 @@ func (ls *lanes) drop(id string) {
 	ls.mu.Lock()
 	p := ls.pools[id]
 	delete(ls.pools, id)
+	delete(ls.once, id)
 	ls.mu.Unlock()
 	if p != nil {
 		p.closeIdle()
@@ -128,7 +156,7 @@ func (ls *lanes) closeIdle() {
 	for _, p := range ls.pools {
 		p.closeIdle()
 	}
-	ls.pools = nil
+	ls.pools, ls.once = nil, nil
 	ls.closed = true
 }
 
@@ -224,9 +252,10 @@ func (c *Client) noLane(kc *keptConn, resp *http.Response) error {
 }
 
 // execLane runs an exec without input or terminal on a lane: an idle one
-// bound to the sandbox, or else the daemon's (and a bound one is opened
-// for the next exec once this one is done: opening it, the daemon hands
-// it to the guest, costs more than a first exec gains from it). ok is
+// bound to the sandbox, or else the daemon's (and, from the sandbox's
+// second exec on, a bound one is opened for the next once this one is
+// done: opening it, the daemon hands it to the guest, costs more than
+// one exec gains from it; wantBound). ok is
 // false when the daemon has no lanes: the caller then takes the HTTP way.
 func (c *Client) execLane(ctx context.Context, id string, req api.ExecRequest, eio ExecIO) (_ *api.ExitStatus, ok bool, _ error) {
 	if c.lanes.none.Load() {
@@ -242,7 +271,9 @@ func (c *Client) execLane(ctx context.Context, id string, req api.ExecRequest, e
 		if !errors.Is(err, errNoIdleLane) {
 			return st, true, err
 		}
-		defer c.openLaneAhead(id)
+		if c.lanes.wantBound(id) {
+			defer c.openLaneAhead(id)
+		}
 	}
 	st, err := c.laneExec(ctx, "", payload, eio, true)
 	if errors.Is(err, errNoLanes) {

@@ -157,9 +157,9 @@ func TestBoundLaneLargeOutput(t *testing.T) {
 
 // awaitBoundLane waits until the SDK keeps an idle lane bound to sandbox
 // id, which its guest serves: an exec that completes while the daemon is
-// stopped (SIGSTOP) went through the guest alone. (The SDK's first exec
-// in a sandbox takes the daemon's lane and opens a bound one for the
-// next.)
+// stopped (SIGSTOP) went through the guest alone. (The SDK's execs in a
+// sandbox take the daemon's lane until it keeps a bound one, which it
+// opens after the second.)
 func (d *Daemon) awaitBoundLane(id string) {
 	d.t.Helper()
 	if !waitFor(20*time.Second, 10*time.Millisecond, func() bool {
