@@ -358,3 +358,58 @@ func TestV1NeedsControllers(t *testing.T) {
 		t.Fatalf("newV1Hierarchy without pids and freezer = %v, want ErrUnavailable naming them", err)
 	}
 }
+
+// A container's group inside its sandbox's on v2 has no controller files
+// (the kernel's "no internal processes" rule): its OOM counter is its
+// sandbox's memory.events, and the settings a restarted daemon gives it
+// again (no limits, the normal weight) are no-ops, not "no such file".
+func TestV2NestedUsesSandboxFiles(t *testing.T) {
+	files := v2Files()
+	files["paddock/s1/memory.events"] = "low 0\nhigh 0\nmax 0\noom 1\noom_kill 1\n"
+	root := fakeTree(t, files)
+	m, err := newManager("paddock", newV2Hierarchy(root, true), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := m.Create("s1/web", Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := g.OpenOOMEvents()
+	if err != nil {
+		t.Fatalf("a bare group's OOM events: %v", err)
+	}
+	defer f.Close()
+	if want := filepath.Join(root, "paddock/s1/memory.events"); f.Name() != want {
+		t.Fatalf("opened %s, want %s", f.Name(), want)
+	}
+	b, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := ParseOOMKills(b); err != nil || n != 1 {
+		t.Fatalf("oom kills = %d, %v", n, err)
+	}
+	if err := g.Update(Limits{}); err != nil {
+		t.Fatalf("no limits on a bare group: %v", err)
+	}
+	if err := g.Update(Limits{Pids: 10}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("limits on a bare group: %v", err)
+	}
+	if err := g.SetBackground(true); err != nil {
+		t.Fatalf("background on a bare group: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "paddock/s1/web/cpu.weight")); !os.IsNotExist(err) {
+		t.Fatalf("wrote into the bare group: %v", err)
+	}
+	// The sandbox's own group is not bare: its file is its own.
+	s1, err := m.Load("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := s1.OpenOOMEvents()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2.Close()
+}

@@ -131,8 +131,7 @@ func (m *Manager) Create(name string, l Limits) (*Group, error) {
 	// On v2 the group of a sandbox holds its processes, so the kernel
 	// lets it enable no controllers for a child: a container's group
 	// inside it has no limit files (checkLimits sees the parent's set).
-	_, _, nested := strings.Cut(name, "/")
-	bare := nested && m.h.mode() == V2
+	bare := g.bare
 	if bare && l != (Limits{}) {
 		return nil, fmt.Errorf("creating cgroup %s: %w: a group inside a sandbox's takes no limits of its own on cgroup v2", g.rel, errdefs.ErrUnavailable)
 	}
@@ -255,7 +254,12 @@ func (m *Manager) Remove() error {
 
 func (m *Manager) group(name string) *Group {
 	rel := m.parent + "/" + name
-	return &Group{name: name, rel: rel, d: m.h.group(rel), log: m.log}
+	_, _, nested := strings.Cut(name, "/")
+	g := &Group{name: name, rel: rel, d: m.h.group(rel), log: m.log, bare: nested && m.h.mode() == V2}
+	if g.bare {
+		g.sandbox = m.h.group(m.parent + "/" + strings.SplitN(name, "/", 2)[0])
+	}
+	return g
 }
 
 // Group is one sandbox's cgroup. Its methods are safe for concurrent use,
@@ -266,6 +270,10 @@ type Group struct {
 	rel  string
 	d    driver
 	log  *slog.Logger
+	// bare is a container's group inside its sandbox's on v2: it has no
+	// controller files (see Create); sandbox is that sandbox's group.
+	bare    bool
+	sandbox driver
 }
 
 // missing turns "no such file" from one of the group's control files into
@@ -331,8 +339,16 @@ func (g *Group) OpenDirFD() (*os.File, error) {
 // of processes the OOM killer killed in the group: v2 memory.events
 // (pollable for changes), v1 memory.oom_control. Parse it with
 // ParseOOMKills after reading from offset 0.
+//
+// A bare group (a container's on v2) has no memory.events: what can
+// OOM-kill its processes is its sandbox's limit, so it opens its
+// sandbox's, which counts the kills of the whole subtree.
 func (g *Group) OpenOOMEvents() (*os.File, error) {
-	path, err := g.d.oomEventsPath()
+	d := g.d
+	if g.bare {
+		d = g.sandbox
+	}
+	path, err := d.oomEventsPath()
 	if err != nil {
 		return nil, fmt.Errorf("opening oom events of cgroup %s: %w", g.rel, err)
 	}
@@ -352,6 +368,14 @@ func (g *Group) Update(l Limits) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
+	if g.bare {
+		// No limit files: none of its own is all it can have (a
+		// restarted daemon sets a container's again, as none).
+		if l != (Limits{}) {
+			return fmt.Errorf("updating cgroup %s: %w: a group inside a sandbox's takes no limits of its own on cgroup v2", g.rel, errdefs.ErrUnavailable)
+		}
+		return nil
+	}
 	if err := g.d.checkLimits(l); err != nil {
 		return fmt.Errorf("updating cgroup %s: %w", g.rel, err)
 	}
@@ -368,6 +392,9 @@ func (g *Group) Update(l Limits) error {
 // weight is what makes work in it yield to other groups. Where the CPU
 // controller is not enabled (v2) it does nothing.
 func (g *Group) SetBackground(on bool) error {
+	if g.bare {
+		return nil // no cpu.weight: it shares its sandbox's
+	}
 	if err := g.d.setBackground(on); err != nil {
 		return fmt.Errorf("setting the CPU weight of cgroup %s: %w", g.rel, g.missing(err))
 	}
