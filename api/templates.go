@@ -11,7 +11,16 @@ type TemplateSpec struct {
 	// Image is the base image; default "host".
 	Image string `json:"image,omitempty"`
 	// Steps run in order; each one's result is cached by its content.
+	// A template of containers has none.
 	Steps []TemplateStep `json:"steps"`
+	// Containers make it a group template: a sandbox of these containers
+	// (as CreateRequest.Containers; no image and no steps), whose warm
+	// pool keeps groups with every service started and its readiness
+	// check passed, so that a create from it is a hand-out.
+	Containers []Container `json:"containers,omitempty"`
+	// SharedVolumes are the group's shared volumes (as
+	// CreateRequest.SharedVolumes).
+	SharedVolumes []SharedVolume `json:"shared_volumes,omitempty"`
 	// Policy is what the build's run steps may reach on the network;
 	// absent means nothing. Sandboxes made from the template keep it
 	// unless their create sets one.

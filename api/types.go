@@ -232,7 +232,11 @@ type Sandbox struct {
 	LastActiveAt *time.Time    `json:"last_active_at,omitempty"`
 	Volumes      []VolumeMount `json:"volumes,omitempty"`
 	// From is the snapshot or template the sandbox started from.
-	From      string     `json:"from,omitempty"`
+	From string `json:"from,omitempty"`
+	// Pooled says the create was a hand-out of a group its template's
+	// warm pool made ahead (services started, checks passed); false for
+	// one made on the spot (the pool was empty).
+	Pooled    bool       `json:"pooled,omitempty"`
 	Budget    *Budget    `json:"budget,omitempty"`
 	Autoscale *Autoscale `json:"autoscale,omitempty"`
 	Policy    *Policy    `json:"policy,omitempty"`

@@ -78,7 +78,9 @@ func templateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if !quiet {
+			if !quiet && len(t.Spec.Containers) > 0 {
+				fmt.Fprintf(g.stderr, "recorded %s: a group of %d containers, %d kept ready (paddock pool set template:%s N)\n", t.Name, len(t.Spec.Containers), t.Warm, t.Name)
+			} else if !quiet {
 				fmt.Fprintf(g.stderr, "built %s in %.0f ms: %d cached, %d run; snapshot %s\n", t.Name, t.BuildMS, t.CacheHits, t.CacheMisses, t.Snapshot)
 			}
 			fmt.Fprintln(g.stdout, t.Name)

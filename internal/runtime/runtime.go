@@ -323,6 +323,26 @@ type Activating interface {
 	StartErr() error
 }
 
+// PoolRoom is offered by runtimes that bound what their pools hold by the
+// host's memory: warm pools kept outside the runtime (a group template's,
+// in the sandbox manager) grow under the same bound.
+type PoolRoom interface {
+	// HasPoolRoom reports whether the host has the memory for one more
+	// sandbox made ahead.
+	HasPoolRoom() bool
+}
+
+// Backgrounder is offered by instances whose CPU priority can be
+// lowered: a group made ahead for a warm pool runs its services at the
+// weight of a background task until it is handed out.
+type Backgrounder interface {
+	// SetBackground gives the sandbox's cgroup (which holds its
+	// containers') a background task's weight (on) or the normal one.
+	// Called after Activate, it first waits for the activation to have
+	// set the normal one, so that the two do not race.
+	SetBackground(on bool) error
+}
+
 // ExitWatcher is offered by instances that can run a function when their
 // guest exits, so that a caller watching many sandboxes parks no
 // goroutine per sandbox to wait on Done.

@@ -255,6 +255,15 @@ func (t *Tiers) SetPool(name string, src PoolSource, size int) {
 	}
 }
 
+// HasPoolRoom implements PoolRoom: the base tier's bound (true without
+// one).
+func (t *Tiers) HasPoolRoom() bool {
+	if r, ok := t.base.(PoolRoom); ok {
+		return r.HasPoolRoom()
+	}
+	return true
+}
+
 // PoolSizes implements Pools: the base tier's pools and the other
 // tiers' (named by them: "gvisor:image:host").
 func (t *Tiers) PoolSizes() map[string]int {

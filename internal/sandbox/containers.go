@@ -157,6 +157,9 @@ type group struct {
 	// sharedFrom are the shared volumes' images to start from, by name;
 	// nil: new and empty.
 	sharedFrom map[string]string
+	// background: a warm pool's group, its services started at a
+	// background CPU weight (grouppool.go).
+	background bool
 }
 
 // planGroup resolves req's containers for sandbox id, whose limits are
@@ -594,6 +597,12 @@ func (m *Manager) startGroup(ctx context.Context, b *box, g *group) error {
 	}
 	activate(b.inst)
 	m.activateMembers(b)
+	if bg, ok := b.inst.(runtime.Backgrounder); ok && g.background {
+		// The sandbox's group holds its members': all of it yields.
+		if err := bg.SetBackground(true); err != nil {
+			return err
+		}
+	}
 	b.rec.Containers[0].State = api.StateRunning
 	if err := m.startServices(ctx, b); err != nil {
 		return err

@@ -80,6 +80,7 @@ type Manager struct {
 	ctl Controls // control.go
 
 	tpl templateState
+	gp  groupPools // grouppool.go
 
 	mu    sync.Mutex
 	boxes map[string]*box
@@ -122,6 +123,11 @@ type record struct {
 	RequestSeq int                 `json:"egress_request_seq,omitempty"`
 	// Previews are its preview URLs (previews.go).
 	Previews []preview `json:"previews,omitempty"`
+	// Pool names the warm pool ("template:NAME") that owns this group
+	// until a create takes it, and PoolSpec what it was made from
+	// (grouppool.go); "" once handed out.
+	Pool     string `json:"pool,omitempty"`
+	PoolSpec string `json:"pool_spec,omitempty"`
 }
 
 type box struct {
@@ -150,6 +156,10 @@ type box struct {
 	activity   sync.Mutex
 	lastActive time.Time
 	streams    int
+
+	// pooled: a warm pool's group not handed out yet (rec.Pool set),
+	// which List leaves out; read without mu.
+	pooled atomic.Bool
 }
 
 var _ runtime.IDs = (*Manager)(nil)
@@ -207,6 +217,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateRequest) (api.Sandbo
 	}
 	var src source
 	if req.From != "" {
+		if t, ok := m.groupTemplate(req.From); ok {
+			return m.createFromGroup(ctx, req, t)
+		}
 		var err error
 		if src, err = m.resolveFrom(&req); err != nil {
 			return api.Sandbox{}, err
@@ -227,6 +240,10 @@ type source struct {
 	containerDisks map[string]string
 	sharedFrom     map[string]string
 	release        func()
+	// pool and poolSpec make the sandbox a warm pool's group
+	// (record.Pool): hidden, its services at a background weight, no
+	// event until it is handed out.
+	pool, poolSpec string
 }
 
 // resolveFrom fills req from a snapshot named by req.From (its image,
@@ -369,6 +386,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 			return api.Sandbox{}, err
 		}
 		grp.diskFrom, grp.sharedFrom = src.containerDisks, src.sharedFrom
+		grp.background = src.pool != ""
 		// The first container is the sandbox's own guest.
 		c0 := req.Containers[0]
 		req.Image, req.Env, req.Workdir, req.Volumes = c0.Image, c0.Env, c0.Workdir, grp.vols[0]
@@ -420,6 +438,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	if grp != nil {
 		grp.record(&rec)
 	}
+	rec.Pool, rec.PoolSpec = src.pool, src.poolSpec
 
 	select {
 	case <-m.closed:
@@ -502,6 +521,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	// observed is closed by the observers' goroutine below, or here on
 	// failure; it is set before anyone can look the sandbox up.
 	b := &box{rec: rec, observed: make(chan struct{})}
+	b.pooled.Store(rec.Pool != "")
 	observing := false
 	defer func() {
 		if !observing {
@@ -569,6 +589,10 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 	go func() {
 		defer close(b.observed)
 		m.obs.Running(key, view)
+		if rec.Pool != "" {
+			log.Debug("group made for a warm pool", "pool", rec.Pool)
+			return // its event is its hand-out's
+		}
 		m.obs.Event(rec.ID, "lifecycle", "created", map[string]any{"image": img.Name, "from": src.from})
 		log.Info("sandbox created", "image", img.Name, "from", src.from, "cpus", res.CPUs, "memory", res.MemoryBytes, "volumes", len(rec.Volumes))
 	}()
@@ -1008,7 +1032,7 @@ func (m *Manager) List(ctx context.Context, f Filter) []api.Sandbox {
 	m.mu.Lock()
 	boxes := make([]*box, 0, len(m.boxes))
 	for _, b := range m.boxes {
-		if !b.gone {
+		if !b.gone && !b.pooled.Load() {
 			boxes = append(boxes, b)
 		}
 	}
@@ -1222,7 +1246,9 @@ func (m *Manager) Load() error {
 			m.holdMounts(runtime.ContainerID(r.ID, mr.Name), mr.Volumes)
 		}
 		m.mu.Lock()
-		m.boxes[r.ID] = &box{rec: r}
+		b := &box{rec: r}
+		b.pooled.Store(r.Pool != "")
+		m.boxes[r.ID] = b
 		if r.UIDBase != 0 {
 			m.slots[m.slotOf(r.UIDBase)] = r.ID
 		}

@@ -67,7 +67,7 @@ func (s Pools) Set(ctx context.Context, name string, size int) (api.Pool, error)
 		return api.Pool{}, errdefs.Invalid("name", "%q names no pool: want image:NAME or template:NAME", name)
 	}
 	m.log.Info("warm pool set", "pool", name, "size", size)
-	return api.Pool{Name: name, Target: size, Ready: p.PoolSizes()[name]}, nil
+	return api.Pool{Name: name, Target: size, Ready: m.poolSizes()[name]}, nil
 }
 
 // withDefaults fills what res leaves unset from the daemon's defaults: a

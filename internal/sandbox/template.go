@@ -49,7 +49,7 @@ func poolName(name string) string { return "template:" + name }
 // checkTemplate validates a spec with the sandbox rules and fills its
 // defaults.
 func (m *Manager) checkTemplate(spec *api.TemplateSpec) error {
-	if spec.Image == "" {
+	if spec.Image == "" && len(spec.Containers) == 0 {
 		spec.Image = image.HostImage
 	}
 	if err := template.Check(spec); err != nil {
@@ -58,8 +58,21 @@ func (m *Manager) checkTemplate(spec *api.TemplateSpec) error {
 	if _, err := m.cfg.Images.Get(spec.Name); err == nil {
 		return errdefs.Invalid("name", "%q names an image; a template needs a name of its own", spec.Name)
 	}
-	if err := validateCreate(&api.CreateRequest{Resources: spec.Resources}, hostCPUs()); err != nil {
+	req := api.CreateRequest{Resources: spec.Resources, Containers: spec.Containers, SharedVolumes: spec.SharedVolumes}
+	if err := validateCreate(&req, hostCPUs()); err != nil {
 		return err
+	}
+	if len(spec.Containers) > 0 {
+		// Its groups are creates of these containers: checked as one,
+		// with the daemon's images and volumes, making nothing.
+		if tier, err := m.tier(spec.Runtime); err != nil {
+			return err
+		} else if tier != "native" {
+			return errdefs.Invalid("runtime", "a template of containers needs the native runtime, not %s", tier)
+		}
+		if _, err := m.planGroup(&req, "template", m.withDefaults(spec.Resources)); err != nil {
+			return err
+		}
 	}
 	for i, s := range spec.Steps {
 		field := fmt.Sprintf("steps[%d]", i)
@@ -127,6 +140,9 @@ func (s Templates) Build(ctx context.Context, spec api.TemplateSpec, files *temp
 	}
 	if err := m.checkTemplate(&spec); err != nil {
 		return api.Template{}, err
+	}
+	if len(spec.Containers) > 0 {
+		return m.buildGroup(spec)
 	}
 	if files == nil {
 		files = template.NewContext()
@@ -249,6 +265,34 @@ func (s Templates) Build(ctx context.Context, spec api.TemplateSpec, files *temp
 	}
 	t.WarmReady = m.poolSizes()[poolName(name)]
 	m.log.Info("template built", "template", name, "steps", len(steps), "cache_hits", hits, "cache_misses", t.CacheMisses, "build_ms", t.BuildMS)
+	return t, nil
+}
+
+// buildGroup records a group template (checked): it has no steps to run,
+// its groups are made by its warm pool or on create. A template of steps
+// it replaces drops its snapshots.
+func (m *Manager) buildGroup(spec api.TemplateSpec) (api.Template, error) {
+	m.tpl.mu.Lock()
+	defer m.tpl.mu.Unlock()
+	t := api.Template{
+		Name:      spec.Name,
+		Resources: spec.Resources,
+		Policy:    spec.Policy,
+		Warm:      spec.Warm,
+		Steps:     []api.TemplateStepResult{},
+		Spec:      spec,
+		CreatedAt: time.Now().UTC(),
+	}
+	old, err := m.cfg.Templates.Put(t)
+	if err != nil {
+		return api.Template{}, err
+	}
+	m.setTemplatePool(t)
+	if old != nil {
+		m.releaseSteps(spec.Name, old.Steps, nil)
+	}
+	t.WarmReady = m.poolSizes()[poolName(spec.Name)]
+	m.log.Info("group template recorded", "template", spec.Name, "containers", len(spec.Containers), "warm", spec.Warm)
 	return t, nil
 }
 
@@ -471,6 +515,7 @@ func (s Templates) Remove(ctx context.Context, name string) error {
 	if p, ok := m.cfg.Runtime.(runtime.Pools); ok {
 		p.SetPool(poolName(name), runtime.PoolSource{}, 0)
 	}
+	m.setGroupPool(name, t, 0)
 	m.releaseSteps(name, t.Steps, nil)
 	m.log.Info("template removed", "template", name)
 	return nil
@@ -498,6 +543,10 @@ func (s Templates) Restore(ctx context.Context) {
 	if m.cfg.Templates == nil || m.cfg.Snapshots == nil {
 		return
 	}
+	// The groups a previous daemon made for the pools are adopted before
+	// the refill makes any.
+	m.gp.hold(true)
+	defer m.gp.hold(false)
 	for _, t := range m.cfg.Templates.List() {
 		for _, s := range t.Steps {
 			if err := m.cfg.Snapshots.Hold(s.Snapshot, holder(t.Name)); err != nil {
@@ -506,6 +555,7 @@ func (s Templates) Restore(ctx context.Context) {
 		}
 		m.setTemplatePool(t)
 	}
+	m.adoptGroups(ctx)
 	for _, sb := range m.List(ctx, Filter{}) {
 		if sb.Labels[buildLabel] == "" {
 			continue
@@ -529,11 +579,14 @@ func (s Templates) Restore(ctx context.Context) {
 // setTemplatePool keeps t.Warm sandboxes of t ready, if the runtime has
 // pools.
 func (m *Manager) setTemplatePool(t api.Template) {
+	// A group template's pool is the manager's; a template that stops
+	// being one drops it.
+	m.setGroupPool(t.Name, t, t.Warm)
 	p, ok := m.cfg.Runtime.(runtime.Pools)
 	if !ok {
 		return
 	}
-	if t.Warm == 0 {
+	if t.Warm == 0 || isGroup(t) {
 		p.SetPool(poolName(t.Name), runtime.PoolSource{}, 0)
 		return
 	}
@@ -556,10 +609,11 @@ func (m *Manager) setTemplatePool(t api.Template) {
 }
 
 func (m *Manager) poolSizes() map[string]int {
+	var sizes map[string]int
 	if p, ok := m.cfg.Runtime.(runtime.Pools); ok {
-		return p.PoolSizes()
+		sizes = p.PoolSizes()
 	}
-	return nil
+	return m.gp.report(sizes, true)
 }
 
 // List reports the warm pools: ready sandboxes and target sizes.
@@ -569,6 +623,7 @@ func (s Pools) List(ctx context.Context) api.Pools {
 	if p, ok := m.cfg.Runtime.(runtime.Pools); ok {
 		out.Ready, out.Target = p.PoolSizes(), p.PoolTargets()
 	}
+	out.Ready, out.Target = m.gp.report(out.Ready, true), m.gp.report(out.Target, false)
 	return out
 }
 

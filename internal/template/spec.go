@@ -98,8 +98,19 @@ func Check(spec *api.TemplateSpec) error {
 	if err := ValidName(spec.Name); err != nil {
 		return err
 	}
-	if len(spec.Steps) == 0 {
-		return errdefs.Invalid("steps", "a template needs at least one step")
+	if len(spec.Containers) > 0 {
+		// A group template: its containers are the spec; the sandbox
+		// rules check them (the caller).
+		switch {
+		case len(spec.Steps) > 0:
+			return errdefs.Invalid("steps", "a template of containers has no steps: give each container its image")
+		case spec.Image != "":
+			return errdefs.Invalid("image", "a template of containers has no image of its own: set each container's")
+		}
+	} else if len(spec.SharedVolumes) > 0 {
+		return errdefs.Invalid("shared_volumes", "need containers to mount them")
+	} else if len(spec.Steps) == 0 {
+		return errdefs.Invalid("steps", "a template needs at least one step, or containers")
 	}
 	if len(spec.Steps) > MaxSteps {
 		return errdefs.Invalid("steps", "more than %d steps", MaxSteps)

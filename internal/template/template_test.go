@@ -67,10 +67,18 @@ func TestCheck(t *testing.T) {
 		{api.TemplateSpec{Name: "ok", Steps: []api.TemplateStep{{Copy: &api.TemplateCopy{Src: "/etc", Dest: "/x"}}}}, "steps[0].copy.src"},
 		{api.TemplateSpec{Name: "ok", Steps: []api.TemplateStep{{Copy: &api.TemplateCopy{Src: "a/../..", Dest: "/x"}}}}, "steps[0].copy.src"},
 		{api.TemplateSpec{Name: "ok", Steps: []api.TemplateStep{{Copy: &api.TemplateCopy{Content: &content, Dest: "/x/"}}}}, "steps[0].copy.dest"},
+		// A group template: containers, and neither steps nor an image.
+		{api.TemplateSpec{Name: "ok", Steps: run, Containers: []api.Container{{Name: "a"}}}, "steps"},
+		{api.TemplateSpec{Name: "ok", Image: "host", Containers: []api.Container{{Name: "a"}}}, "image"},
+		{api.TemplateSpec{Name: "ok", Steps: run, SharedVolumes: []api.SharedVolume{{Name: "w"}}}, "shared_volumes"},
+		{api.TemplateSpec{Name: "ok", Warm: 65, Containers: []api.Container{{Name: "a"}}}, "warm"},
 	} {
 		if err := Check(&tc.spec); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), tc.field+":") {
 			t.Errorf("Check(%+v): %v, want an error naming %s", tc.spec, err, tc.field)
 		}
+	}
+	if err := Check(&api.TemplateSpec{Name: "ok", Warm: 2, Containers: []api.Container{{Name: "a"}, {Name: "b", Image: "base"}}}); err != nil {
+		t.Errorf("a group template: %v", err)
 	}
 }
 

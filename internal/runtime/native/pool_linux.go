@@ -16,7 +16,13 @@ import (
 	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
-var _ runtime.Pools = (*Runtime)(nil)
+var (
+	_ runtime.Pools    = (*Runtime)(nil)
+	_ runtime.PoolRoom = (*Runtime)(nil)
+)
+
+// HasPoolRoom implements runtime.PoolRoom: the bound its own refill keeps.
+func (r *Runtime) HasPoolRoom() bool { return memAvailable() >= minFreeMemory }
 
 // pool is a warm pool: guests prepared from one source, kept until a
 // create takes one.

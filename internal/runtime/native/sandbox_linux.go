@@ -84,10 +84,21 @@ type Sandbox struct {
 }
 
 var (
-	_ runtime.Instance    = (*Sandbox)(nil)
-	_ runtime.Activating  = (*Sandbox)(nil)
-	_ runtime.ExitWatcher = (*Sandbox)(nil)
+	_ runtime.Instance     = (*Sandbox)(nil)
+	_ runtime.Activating   = (*Sandbox)(nil)
+	_ runtime.ExitWatcher  = (*Sandbox)(nil)
+	_ runtime.Backgrounder = (*Sandbox)(nil)
 )
+
+// SetBackground implements runtime.Backgrounder.
+func (s *Sandbox) SetBackground(on bool) error {
+	select {
+	case <-s.limited:
+	case <-s.done:
+		return errdefs.Conflict("sandbox %s has ended", s.id)
+	}
+	return s.cg.SetBackground(on)
+}
 
 // ID implements runtime.Instance.
 func (s *Sandbox) ID() string { return s.id }
