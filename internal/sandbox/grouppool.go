@@ -104,7 +104,7 @@ func checkGroupCreate(req *api.CreateRequest, t api.Template) error {
 		field = "volumes"
 	case req.Resources != (api.Resources{}):
 		field = "resources"
-	case req.Runtime != "" && req.Runtime != t.Spec.Runtime:
+	case req.Runtime != "" && req.Runtime != t.Spec.Runtime && req.Runtime != "native":
 		field = "runtime"
 	case req.Policy != nil && len(req.Policy.Secrets) > 0:
 		return errdefs.Invalid("policy.secrets", "template %s starts its containers ahead, so their environment cannot take the secrets' placeholders: bind the secrets in the template's policy", t.Name)
