@@ -462,8 +462,11 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		Caps:     r.cfg.Caps,
 		// base.go's images: sudo works, within Caps.
 		AllowSetuid: img.AllowSetuid,
-		// A guest made ahead of time has the time to warm up.
-		SkipWarmUp: !g.warm,
+		// A guest made ahead of time has the time to warm up, unless a
+		// create waits for it already (build raised it): the warm-up
+		// would delay that create, and under churn, where each sandbox
+		// runs one command, it costs a guest more CPU than it saves.
+		SkipWarmUp: !g.warm || g.raised,
 	}
 	mark("owners")
 	fds, idmapped, err := r.mountFDs(g.sb.st.PID, img, p)
