@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -418,6 +419,24 @@ func pauseWithMemory(t *testing.T, d *Daemon, id string) {
 	}
 }
 
+// checkStopEnded checks that paused sandbox id's stop ended behind the
+// pause's answer once its checkpoint is compressed: its root unmounted,
+// runsc's record of it deleted.
+func checkStopEnded(t *testing.T, d *Daemon, id string) {
+	t.Helper()
+	if !waitFor(time.Minute, 50*time.Millisecond, func() bool { p := d.get(id).Paused; return p != nil && !p.Compressing }) {
+		t.Fatal("the checkpoint was not compressed within a minute")
+	}
+	rootfs := filepath.Join(d.RunDir, "sandboxes", id, "rootfs")
+	if mounts, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mounts), " "+rootfs+" ") {
+		t.Fatalf("the paused sandbox's root %s is still mounted (%v)", rootfs, err)
+	}
+	out, err := exec.Command(runscBin(t), "--root", filepath.Join(d.RunDir, "gvisor"), "list", "-quiet").CombinedOutput()
+	if err != nil || slices.Contains(strings.Fields(string(out)), id) {
+		t.Fatalf("runsc list (%v): %s; want no record of the paused sandbox", err, out)
+	}
+}
+
 // TestGvisorMemoryPause: a pause of a gvisor sandbox keeps its processes.
 // A counter continues where it stopped, with its pid; a server keeps its
 // listening socket and what it holds in memory; the pause survives a
@@ -442,6 +461,9 @@ func TestGvisorMemoryPause(t *testing.T) {
 	for round, restart := range []bool{false, true} {
 		before := readCount(t, d, id)
 		pauseWithMemory(t, d, id)
+		if !restart {
+			checkStopEnded(t, d, id)
+		}
 		if restart {
 			d.Kill9()
 			d.Start()

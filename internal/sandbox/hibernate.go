@@ -101,19 +101,25 @@ func (m *Manager) pauseLocked(ctx context.Context, b *box, act action) error {
 		return err
 	}
 	start := time.Now()
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(start).Round(time.Microsecond).String()) }
+	defer func() { m.log.Debug("pause phases", append([]any{"sandbox", b.rec.ID}, phases...)...) }()
 	kept, err := m.checkpointLocked(ctx, b)
 	if err != nil {
 		return err
 	}
+	mark("checkpointed")
 	if err := m.stopLocked(ctx, b); err != nil {
 		return err
 	}
+	mark("stopped")
 	kept.At = time.Now().UTC()
 	kept.TookMillis = time.Since(start).Milliseconds()
 	b.rec.Paused = kept
 	b.rec.State = mv.to
 	b.rec.Error = ""
 	m.persistLocked(b)
+	mark("recorded")
 	m.notify(b).Stopped(b.viewLocked())
 	m.notify(b).Event(b.rec.ID, "lifecycle", "paused", nil)
 	m.log.Info("sandbox paused", "sandbox", b.rec.ID, "took", time.Since(start).Round(time.Microsecond))

@@ -29,17 +29,21 @@ var _ runtime.Checkpointer = (*Runtime)(nil)
 
 // Checkpoint implements runtime.Checkpointer: the sandbox is saved to
 // its disk (save, uncompressed) and left stopped for the caller's Stop;
-// its files are then compressed behind the answer (squeezeLater).
+// once stopped, its files are compressed behind the answer, and its stop
+// ends then (squeezeLater).
 func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint, error) {
 	t0 := time.Now()
 	v, err := r.cfg.Disks.Open(id)
 	if err != nil {
 		return runtime.Checkpoint{}, fmt.Errorf("opening disk: %w", err)
 	}
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
+	defer func() { r.log.Debug("gvisor checkpoint phases", append([]any{"sandbox", id}, phases...)...) }()
 	mem := r.memoryOf(id)
 	final := filepath.Join(v.Path, checkpointName)
 	tmp := final + ".new"
-	wake, err := r.save(ctx, id, tmp, "none")
+	wake, err := r.save(ctx, id, tmp, "none", mark)
 	if err != nil {
 		return runtime.Checkpoint{}, err
 	}
@@ -56,7 +60,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint
 		os.RemoveAll(tmp)
 		return runtime.Checkpoint{}, errors.Join(err, wake())
 	}
-	squeezed := r.squeezeLater(id, final)
+	mark("committed")
+	squeezed := r.squeezeLater(id, final, nil)
 	return runtime.Checkpoint{Bytes: dirBytes(final), MemoryBytes: mem, Took: time.Since(t0), Squeezed: squeezed}, nil
 }
 
@@ -65,7 +70,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint
 func (r *Runtime) CheckpointTo(ctx context.Context, id, dir string, during func() error) (runtime.Checkpoint, error) {
 	t0 := time.Now()
 	mem := r.memoryOf(id)
-	wake, err := r.save(ctx, id, dir, "flate-best-speed")
+	wake, err := r.save(ctx, id, dir, "flate-best-speed", func(string) {})
 	if err != nil {
 		return runtime.Checkpoint{}, err
 	}
@@ -100,7 +105,7 @@ func (r *Runtime) memoryOf(id string) int64 {
 // save without --leave-running would not (it ends the sandbox either
 // way). wake resumes the kernel and has the guest bind its socket again;
 // on failure save has done that itself and removed dir.
-func (r *Runtime) save(ctx context.Context, id, dir, compression string) (wake func() error, err error) {
+func (r *Runtime) save(ctx context.Context, id, dir, compression string, mark func(string)) (wake func() error, err error) {
 	os.RemoveAll(dir)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("making the checkpoint's directory: %w", err)
@@ -129,15 +134,18 @@ func (r *Runtime) save(ctx context.Context, id, dir, compression string) (wake f
 	if err != nil {
 		return fail(fmt.Errorf("readying the guest: %w", err))
 	}
+	mark("quiesced")
 	if out, err := r.runsc(ctx, "pause", id).CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("runsc pause: %s", runscError(err, out)))
 	}
 	paused = true
+	mark("paused")
 	out, err := r.runsc(ctx, "checkpoint", "--leave-running", "--compression", compression,
 		"--image-path", dir, id).CombinedOutput()
 	if err != nil {
 		return fail(fmt.Errorf("runsc checkpoint: %s", runscError(err, out)))
 	}
+	mark("saved")
 	if compression != "none" {
 		// An uncompressed one is synced as it is compressed.
 		if err := syncDir(dir); err != nil {

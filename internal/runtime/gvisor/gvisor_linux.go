@@ -243,6 +243,8 @@ type prepared struct {
 // command of the create that takes it. On failure nothing of it is left
 // but a disk that existed before.
 func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead bool, mark func(string)) (_ *prepared, retErr error) {
+	// A pause's squeezer may still end the sandbox's last stop.
+	r.stopSqueezing(id)
 	var cleanups []func()
 	undo := func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
@@ -645,8 +647,14 @@ func (r *Runtime) Restore(ctx context.Context, id string, rs runtime.RestoreSpec
 // Stop implements runtime.Runtime: the sandbox's processes (the sentry
 // and its gofer: all of them are in its cgroup) are killed, runsc's
 // record of it deleted and its root unmounted; then the base tier removes
-// the cgroup. Its disk and bundle stay.
+// the cgroup. Its disk and bundle stay. A sandbox Checkpoint left
+// stopped (paused) has its record deleted and its root unmounted by its
+// checkpoint's squeezer, behind the pause's answer.
 func (r *Runtime) Stop(ctx context.Context, id string) error {
+	t0 := time.Now()
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
+	defer func() { r.log.Debug("gvisor stop phases", append([]any{"sandbox", id}, phases...)...) }()
 	cg, err := r.cfg.Cgroups.Load(id)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
@@ -656,14 +664,13 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 			return fmt.Errorf("killing sandbox processes: %w", err)
 		}
 	}
-	// runsc keeps a record of each sandbox under its root until deleted,
-	// and removes the cgroups it made in the controllers the daemon does
-	// not use (not their parent).
-	r.runsc(ctx, "delete", "--force", id).Run()
-	if cg != nil {
-		pruneCgroupParents(cg)
+	mark("killed")
+	rest := func() { r.deleteRecord(id, cg) }
+	if !r.handOver(id, rest) {
+		rest()
+		unmountRoot(filepath.Join(r.dir(id), "rootfs"))
+		mark("unmounted")
 	}
-	unmountRoot(filepath.Join(r.dir(id), "rootfs"))
 	os.Remove(filepath.Join(r.dir(id), "ctl", "guest.sock"))
 	if r.cfg.Network != nil {
 		// runsc's netstack took the slot's interface over (and its
@@ -672,7 +679,22 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 		// detached).
 		r.cfg.Network.Detach(id)
 	}
+	mark("detached")
+	defer mark("base")
 	return r.cfg.Base.Stop(ctx, id)
+}
+
+// deleteRecord deletes runsc's record of stopped sandbox id (runsc keeps
+// one under its root until deleted), which removes the cgroups runsc
+// made in the controllers the daemon does not use; then their parents
+// (cg's, if known) go once empty.
+func (r *Runtime) deleteRecord(id string, cg *cgroup.Group) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r.runsc(ctx, "delete", "--force", id).Run()
+	if cg != nil {
+		pruneCgroupParents(cg)
+	}
 }
 
 // Remove implements runtime.Runtime: what is gVisor's goes, then what

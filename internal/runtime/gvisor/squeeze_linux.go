@@ -484,19 +484,33 @@ func syncPath(p string) error {
 	return f.Sync()
 }
 
-// squeezer is a checkpoint being squeezed in the background.
+// squeezer is a paused sandbox's checkpoint being squeezed in the
+// background, with the end of the sandbox's stop: runsc's record of it
+// deleted and its root unmounted. The unmount waits for the squeeze: it
+// syncs the disk, which would otherwise write the uncompressed
+// checkpoint out (the squeeze removes it first, and its pages were
+// never written). handoff, until Stop hands it the rest of the stop or
+// the squeezer ends, is where Stop does.
 type squeezer struct {
-	cancel context.CancelFunc
-	done   chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
+	handoff chan func()
 }
 
 // squeezeLater squeezes checkpoint directory dir of sandbox id in the
-// background; the channel yields its size on disk once done, and
-// closes (without one if it stopped: stopSqueezing, or an error, which
-// leaves it as it was).
-func (r *Runtime) squeezeLater(id, dir string) <-chan int64 {
+// background, once the sandbox has stopped: rest is the rest of its
+// stop, or nil to wait for Stop to hand it over. The channel yields
+// the checkpoint's size on disk once done, and closes (without one if
+// it stopped: stopSqueezing, or an error, which leaves it as it was).
+func (r *Runtime) squeezeLater(id, dir string, rest func()) <-chan int64 {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &squeezer{cancel: cancel, done: make(chan struct{})}
+	handoff := make(chan func(), 1)
+	if rest == nil {
+		s.handoff = handoff
+	} else {
+		handoff <- rest
+	}
 	report := make(chan int64, 1)
 	r.mu.Lock()
 	if old := r.squeezers[id]; old != nil {
@@ -508,13 +522,31 @@ func (r *Runtime) squeezeLater(id, dir string) <-chan int64 {
 		defer close(s.done)
 		defer close(report)
 		defer cancel()
+		defer func() {
+			r.mu.Lock()
+			if r.squeezers[id] == s {
+				delete(r.squeezers, id)
+			}
+			r.mu.Unlock()
+		}()
+		var rest func()
+		select {
+		case rest = <-handoff:
+		case <-ctx.Done():
+			r.mu.Lock()
+			s.handoff = nil
+			r.mu.Unlock()
+			select {
+			case rest = <-handoff: // handed over as it was stopped
+			default:
+				return
+			}
+		}
+		rest()
 		t0 := time.Now()
 		err := squeezeDir(ctx, dir)
-		r.mu.Lock()
-		if r.squeezers[id] == s {
-			delete(r.squeezers, id)
-		}
-		r.mu.Unlock()
+		// Stopped or not: the unmount syncs the sandbox's files.
+		unmountRoot(filepath.Join(r.dir(id), "rootfs"))
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Warn("compressing a checkpoint; it stays uncompressed", "sandbox", id, "err", err)
@@ -528,6 +560,20 @@ func (r *Runtime) squeezeLater(id, dir string) <-chan int64 {
 	return report
 }
 
+// handOver gives sandbox id's squeezer, if it waits for the sandbox to
+// stop, the rest of its stop; false if none waits.
+func (r *Runtime) handOver(id string, rest func()) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.squeezers[id]
+	if s == nil || s.handoff == nil {
+		return false
+	}
+	s.handoff <- rest
+	s.handoff = nil
+	return true
+}
+
 // Squeeze implements runtime.Checkpointer: paused sandbox id's
 // checkpoint is squeezed (again: a daemon that stopped left it part
 // done).
@@ -536,7 +582,8 @@ func (r *Runtime) Squeeze(id string) <-chan int64 {
 	if err == nil {
 		dir := filepath.Join(v.Path, checkpointName)
 		if _, err = os.Stat(dir); err == nil {
-			return r.squeezeLater(id, dir)
+			// Its stop may not have ended either.
+			return r.squeezeLater(id, dir, func() { r.deleteRecord(id, nil) })
 		}
 	}
 	r.log.Warn("compressing a checkpoint", "sandbox", id, "err", err)
@@ -546,7 +593,8 @@ func (r *Runtime) Squeeze(id string) <-chan int64 {
 }
 
 // stopSqueezing stops the squeezing of sandbox id's checkpoint, if it
-// runs, and waits until it has stopped.
+// runs, and waits until it has stopped: the sandbox's stop has ended
+// then (its root unmounted).
 func (r *Runtime) stopSqueezing(id string) {
 	r.mu.Lock()
 	s := r.squeezers[id]

@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // halfHex is n bytes of text with 4 bits of entropy a byte, a zero run
@@ -141,5 +143,45 @@ func TestSqueezeDirPlan(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, bootName), []byte("another boot\n"), 0o600)
 	if _, err := planImage(dir); err == nil || !strings.Contains(err.Error(), "host restarted") {
 		t.Fatalf("an uncompressed file of another boot: %v", err)
+	}
+}
+
+// TestSqueezeAfterStop: a checkpoint's squeezer starts once Stop hands
+// it the rest of the sandbox's stop, runs that first, and reports the
+// squeezed size; one stopped before the hand-over reports nothing and
+// takes none, so that the stop is whole where it happens.
+func TestSqueezeAfterStop(t *testing.T) {
+	r := &Runtime{cfg: Config{RunDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), squeezers: map[string]*squeezer{}}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pages.img"), halfHex(2*squeezeChunk), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	report := r.squeezeLater("a", dir, nil)
+	time.Sleep(20 * time.Millisecond)
+	if _, err := os.Stat(filepath.Join(dir, "pages.img")); err != nil {
+		t.Fatalf("squeezed before the stop was handed over: %v", err)
+	}
+	ran := false
+	if !r.handOver("a", func() { ran = true }) {
+		t.Fatal("no squeezer took the rest of the stop")
+	}
+	n, ok := <-report
+	if !ok || n <= 0 || !ran {
+		t.Fatalf("report %d %v, the rest of the stop ran: %v", n, ok, ran)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pages.img.zst")); err != nil {
+		t.Fatal(err)
+	}
+	if r.handOver("a", func() {}) {
+		t.Fatal("a finished squeezer took a stop")
+	}
+
+	report = r.squeezeLater("b", t.TempDir(), nil)
+	r.stopSqueezing("b")
+	if n, ok := <-report; ok {
+		t.Fatalf("a squeezer stopped before its sandbox reported %d", n)
+	}
+	if r.handOver("b", func() {}) {
+		t.Fatal("a stopped squeezer took a stop")
 	}
 }
