@@ -306,59 +306,46 @@ func (s *Sandbox) exited() bool {
 }
 
 // watch takes ownership of pidfd and closes done when the guest exits,
-// reaping it if it is our child.
+// reaping it if it is our child. The daemon's one exit watcher waits for
+// that (exits).
 func (s *Sandbox) watch(pidfd int) error {
-	if err := unix.SetNonblock(pidfd, true); err != nil {
+	// Blocking: os.NewFile leaves it out of the netpoller, where the
+	// watcher's epoll set stands for all of them.
+	if err := unix.SetNonblock(pidfd, false); err != nil {
 		unix.Close(pidfd)
 		return err
 	}
-	f := os.NewFile(uintptr(pidfd), "pidfd")
-	s.pidFile = f
-	rc, err := f.SyscallConn()
-	if err != nil {
+	s.pidFile = os.NewFile(uintptr(pidfd), "pidfd")
+	if err := exits.add(pidfd, s.reap); err != nil {
+		s.pidFile.Close()
+		s.pidFile = nil
 		return err
 	}
-	exited := func(fd uintptr) bool {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(fds, 0)
-		return n > 0
-	}
-	go func() {
-		// The pidfd turns readable when the process exits; Go's poller
-		// waits for that without holding a thread per sandbox.
-		if err := rc.Read(exited); err != nil {
-			rc.Control(func(fd uintptr) {
-				fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-				for {
-					if _, err := unix.Poll(fds, -1); err != unix.EINTR {
-						return
-					}
-				}
-			})
-		}
-		s.mu.Lock()
-		rc.Control(func(fd uintptr) {
-			// Reap it if it is our child; a guest left by an earlier
-			// daemon was reparented, and its new parent reaps it.
-			var info unix.Siginfo
-			unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG, nil)
-		})
-		f.Close()
-		s.pidFile = nil
-		held, onExit := s.held, s.onExit
-		s.onExit, s.reaped = nil, true
-		s.mu.Unlock()
-		close(s.done)
-		for _, f := range onExit {
-			go f()
-		}
-		if held != nil {
-			// Held, and never activated: its socket is closed and its
-			// waiters (Dial) told all the same.
-			s.activateOnce.Do(held)
-		}
-	}()
 	return nil
+}
+
+// reap is run by the exit watcher once the guest has exited: it reaps
+// the guest, closes done and runs what waited for the end.
+func (s *Sandbox) reap() {
+	s.mu.Lock()
+	// Reap it if it is our child; a guest left by an earlier daemon was
+	// reparented, and its new parent reaps it.
+	var info unix.Siginfo
+	unix.Waitid(unix.P_PIDFD, int(s.pidFile.Fd()), &info, unix.WEXITED|unix.WNOHANG, nil)
+	s.pidFile.Close()
+	s.pidFile = nil
+	held, onExit := s.held, s.onExit
+	s.onExit, s.reaped = nil, true
+	s.mu.Unlock()
+	close(s.done)
+	for _, f := range onExit {
+		go f()
+	}
+	if held != nil {
+		// Held, and never activated: its socket is closed and its
+		// waiters (Dial) told all the same.
+		s.activateOnce.Do(held)
+	}
 }
 
 // OnExit implements runtime.ExitWatcher: the watcher that waits for the
