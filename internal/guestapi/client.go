@@ -113,8 +113,11 @@ const readerSize = 64 << 10
 // quietReaderSize is the read buffer of a stream expected to stay quiet
 // for long (AttachQuiet): a frame's payload beyond it is read straight
 // into the frame, so only a stream of many small frames pays for it,
-// with more reads.
-const quietReaderSize = 4 << 10
+// with more reads. Each idle sandbox whose process runs holds one: at 4
+// KiB it was a fifth of the daemon's live heap per idle sandbox, and the
+// peak heap sets what the Go runtime keeps after the sandboxes are gone
+// (issue 21).
+const quietReaderSize = 1 << 10
 
 // reportReaderSize is the read buffer of a lane's report connection,
 // kept for as long as the client keeps the lane: its frames are small

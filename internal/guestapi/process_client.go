@@ -47,7 +47,7 @@ func (c *Client) Attach(ctx context.Context, pid int, offset int64) (*Conn, erro
 
 // AttachQuiet is Attach for a stream that may stay quiet for long (the
 // exec log's copy of a process no client follows): its connection reads
-// through a 4 KiB buffer rather than a call's 64 KiB, which an idle
+// through a 1 KiB buffer rather than a call's 64 KiB, which an idle
 // sandbox would otherwise hold for as long as its process runs (issue
 // 21: the daemon's memory per sandbox).
 func (c *Client) AttachQuiet(ctx context.Context, pid int, offset int64) (*Conn, error) {

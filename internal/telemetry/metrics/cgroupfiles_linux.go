@@ -136,15 +136,23 @@ const (
 type CgroupFiles struct {
 	mode cgroup.Mode
 	fds  [nFiles]int
-	buf  []byte
+	buf  []byte // lent by cgroupBufs while ReadCgroup runs
 }
+
+// cgroupBufs lends CgroupFiles their read buffer for one ReadCgroup: the
+// sampler reads one group at a time, and a buffer kept by each group (2
+// KiB) was a tenth of what the daemon held per idle sandbox (issue 21).
+var cgroupBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, 2048)
+	return &b
+}}
 
 // OpenCgroupFiles opens the control files in dirs. A file the kernel does
 // not have (v2 memory.peak before 5.19, a controller not enabled) is
 // skipped and its fields read as zero; a missing group fails with an
 // error wrapping errdefs.ErrNotFound.
 func OpenCgroupFiles(dirs CgroupDirs) (*CgroupFiles, error) {
-	c := &CgroupFiles{mode: dirs.Mode, buf: make([]byte, 0, 2048)}
+	c := &CgroupFiles{mode: dirs.Mode}
 	for i := range c.fds {
 		c.fds[i] = -1
 	}
@@ -253,6 +261,12 @@ var _ CgroupReader = (*CgroupFiles)(nil)
 
 // ReadCgroup implements CgroupReader.
 func (c *CgroupFiles) ReadCgroup(r *Reading) error {
+	bp := cgroupBufs.Get().(*[]byte)
+	c.buf = *bp
+	defer func() {
+		*bp, c.buf = c.buf[:0], nil // grown, perhaps (memory.stat)
+		cgroupBufs.Put(bp)
+	}()
 	v2 := c.mode == cgroup.V2
 	for i := 0; i < nFiles; i++ {
 		// memory.stat is the dearest file by far, and the inactive cache
