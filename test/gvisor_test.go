@@ -273,6 +273,50 @@ func TestGvisorNativeSide(t *testing.T) {
 	if !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "firecracker") {
 		t.Fatalf("create with an unknown runtime: %v, want invalid naming it", err)
 	}
+
+	// A sandbox of several containers runs on native only: refused on
+	// gvisor, named or the daemon's default, saying why, leaving nothing.
+	spec := filepath.Join(d.Root, "sandbox.yaml")
+	if err := os.WriteFile(spec, []byte(groupYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := d.MustCLI("ls", "-q")
+	for _, args := range [][]string{{"-f", spec}, {"-f", spec, "--runtime", "gvisor"}} {
+		r := d.CLI(append([]string{"create"}, args...)...)
+		if r.Code == 0 || !strings.Contains(r.Stderr, "native runtime only, not gvisor") || !strings.Contains(r.Stderr, "network namespace") {
+			t.Fatalf("create %q on gvisor: exit %d, %s; want refused naming the runtimes and why", args, r.Code, r.Stderr)
+		}
+	}
+	if after := d.MustCLI("ls", "-q"); after != before {
+		t.Fatalf("a refused group left a sandbox behind:\n%s", d.MustCLI("ls"))
+	}
+	if out := d.MustCLI("volume", "ls"); strings.Contains(out, "workspace") {
+		t.Fatalf("a refused group left its shared volume:\n%s", out)
+	}
+	grp := d.createCLI("-f", spec, "--runtime", "native")
+	if sb := d.get(grp); sb.RuntimeName != "native" || len(sb.Containers) != 3 {
+		t.Fatalf("the group on native: runtime %q, %d containers", sb.RuntimeName, len(sb.Containers))
+	}
+	if out := d.groupExec(grp, "tools", "uname", "-r"); out.ExitCode != 0 || strings.Contains(out.Stdout, "gvisor") {
+		t.Fatalf("a container of the native group: %v", out)
+	}
+	// Its shared volume and disks go with it, behind the answer.
+	d.MustCLI("rm", "-f", grp)
+	gone := func() bool {
+		if strings.Contains(d.MustCLI("volume", "ls"), "workspace") {
+			return false
+		}
+		loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		for _, l := range loops {
+			if b, err := os.ReadFile(l); err == nil && strings.HasPrefix(string(b), d.Root) && (strings.Contains(string(b), grp) || strings.Contains(string(b), "/trash/")) {
+				return false
+			}
+		}
+		return true
+	}
+	if !waitFor(30*time.Second, 100*time.Millisecond, gone) {
+		t.Fatalf("the group's shared volume or disks outlived it:\n%s", d.MustCLI("volume", "ls"))
+	}
 }
 
 // TestGvisorUnavailable: without runsc the daemon serves native
@@ -314,9 +358,10 @@ func TestGvisorPool(t *testing.T) {
 	if !waitFor(10*time.Second, 20*time.Millisecond, func() bool { return strings.Contains(d.Log(), "sandbox="+sb.ID+" taken=") }) {
 		t.Fatalf("create %s did not take the ready sandbox:\n%s", sb.ID, d.Log())
 	}
-	if out := d.Sh(sb.ID, "uname -r; hostname"); !strings.Contains(out, "gvisor") || !strings.Contains(out, sb.ID) {
-		t.Fatalf("pooled sandbox: %q", out)
+	if out := d.Sh(sb.ID, "uname -r; hostname; cat /etc/hostname"); !strings.Contains(out, "gvisor") || strings.Count(out, sb.ID) != 2 {
+		t.Fatalf("pooled sandbox: %q; want gVisor's kernel and its id for hostname, in /etc/hostname too", out)
 	}
+	underProfile(t, d, sb.ID)
 	sb = d.get(sb.ID)
 	lim, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", sb.Runtime.Cgroup, "memory.limit_in_bytes"))
 	if err == nil && strings.TrimSpace(string(lim)) != fmt.Sprint(300<<20) {
@@ -495,6 +540,10 @@ func TestGvisorMemoryPause(t *testing.T) {
 		want := fmt.Sprintf("pid %s hits %d", serverPID, hits+round+1)
 		if got := askServer(t, d, id); got != want {
 			t.Fatalf("round %d: the server answers %q, want %q (same process, memory kept)", round, got, want)
+		}
+		underProfile(t, d, id)
+		if got := strings.Fields(d.Sh(id, `cat /etc/hostname; echo "$HOSTNAME"`)); len(got) != 2 || got[0] != id || got[1] != id {
+			t.Fatalf("round %d: /etc/hostname and $HOSTNAME after the resume: %q", round, got)
 		}
 	}
 
@@ -754,6 +803,17 @@ func TestGvisorOOM(t *testing.T) {
 }
 
 // serverState parses memoryServer's answer: its pid and hits.
+// underProfile checks that new processes of sandbox id run under
+// Docker's seccomp profile (TestEscapes has the full list): a restored
+// gVisor kernel keeps the filter of the guest's threads.
+func underProfile(t *testing.T, d *Daemon, id string) {
+	t.Helper()
+	r := d.run(id, "", "python3", "-c", pySyscall+fmt.Sprintf("print(sc(250, 0, 0, 0, 0), sc(272, %d))", 0x10000000))
+	if got := strings.TrimSpace(r.Stdout); got != "EPERM EPERM" {
+		t.Fatalf("%s: keyctl and unshare(CLONE_NEWUSER) answer %q, want EPERM from Docker's profile: %v", id, got, r)
+	}
+}
+
 func serverState(t *testing.T, answer string) (pid string, hits int) {
 	t.Helper()
 	if _, err := fmt.Sscanf(answer, "pid %s hits %d", &pid, &hits); err != nil {
@@ -781,9 +841,11 @@ func checkCopy(t *testing.T, d *Daemon, id, counter, serverPID string, from, hit
 	if got, want := askServer(t, d, id), fmt.Sprintf("pid %s hits %d", serverPID, hits+1); got != want {
 		t.Fatalf("%s: the server answers %q, want %q (the snapshot's process, its memory kept)", id, got, want)
 	}
-	if got := strings.TrimSpace(d.Sh(id, "hostname")); got != id {
-		t.Fatalf("%s: hostname %q", id, got)
+	// Its own name, in the kernel, its files and new processes' HOSTNAME.
+	if got := strings.Fields(d.Sh(id, `hostname; cat /etc/hostname; echo "$HOSTNAME"; grep -c "\b`+id+`$" /etc/hosts`)); len(got) != 4 || got[0] != id || got[1] != id || got[2] != id || got[3] != "1" {
+		t.Fatalf("%s: hostname, /etc/hostname, $HOSTNAME and its /etc/hosts lines: %q", id, got)
 	}
+	underProfile(t, d, id)
 	// New commands get the sandbox's own network slot: its proxy, and
 	// the gateway knows its address as its own.
 	if out := strings.Fields(d.Sh(id, `echo $HTTP_PROXY; ip route | awk '/default/ {print $3}'`)); len(out) != 2 || !strings.Contains(out[0], "//"+out[1]+":") {

@@ -397,6 +397,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Disks:       disks,
 		IDs:         mgr,
 		Caps:        seccomp.SandboxCaps,
+		Seccomp:     prog,
 		OutputLimit: cfg.OutputLimit,
 		Network:     networkOf(gw),
 		Logger:      log.With("component", "gvisor"),

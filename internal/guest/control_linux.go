@@ -138,13 +138,56 @@ func (c *control) relisten() error {
 // path names the socket through the directory's descriptor.
 func (c *control) path() string { return fmt.Sprintf("/proc/self/fd/%d/%s", c.dir.Fd(), c.name) }
 
-// relistenOn binds the control socket again on each signal from ch.
+// relistenOn binds the control socket again on each signal from ch,
+// once the sandbox's files follow its hostname: the daemon waits for the
+// socket before it calls.
 func (c *control) relistenOn(ch <-chan os.Signal, s *server) {
 	for range ch {
+		if err := s.followHostname(); err != nil {
+			s.log.Warn("taking the new hostname", "err", err)
+		}
 		if err := c.relisten(); err != nil {
 			s.log.Warn("relistening", "err", err)
 		}
 	}
+}
+
+// followHostname gives the sandbox's files and new processes the kernel's
+// hostname when a restore changed it: runsc restores a memory snapshot's
+// copy with the copy's id for hostname, while its /etc/hostname and the
+// HOSTNAME of the environment were the source's. A HOSTNAME that a create
+// set to anything else is kept.
+func (s *server) followHostname() error {
+	h, err := os.Hostname()
+	if err != nil || h == s.hostname {
+		return err
+	}
+	old := s.hostname
+	s.hostname = h
+	for {
+		cur := s.setEnv.Load()
+		env := s.cfg.Env
+		if cur != nil {
+			env = *cur
+		}
+		if v, ok := lookupEnv(env, "HOSTNAME"); ok && v != old {
+			break
+		}
+		next := mergeEnv(env, []string{"HOSTNAME=" + h})
+		if s.setEnv.CompareAndSwap(cur, &next) {
+			break
+		}
+	}
+	return writeIdentity(h)
+}
+
+// lookupEnv is the value of key in env.
+func lookupEnv(env []string, key string) (string, bool) {
+	if i := indexKey(env, key); i >= 0 {
+		_, v, _ := strings.Cut(env[i], "=")
+		return v, true
+	}
+	return "", false
 }
 
 func init() {

@@ -87,13 +87,8 @@ func Run() error {
 				closeAll(fds)
 				return fail(errors.New("guest is already prepared"))
 			}
-			if oom, err = prepare(cfg.Prepare, fds, sp); err != nil {
+			if oom, ctl, err = prepare(cfg.Prepare, fds, sp); err != nil {
 				return fail(err)
-			}
-			if cfg.Prepare.Listen != "" {
-				if ctl, err = controlListener(cfg.Prepare.Listen); err != nil {
-					return fail(err)
-				}
 			}
 		} else {
 			closeAll(fds)
@@ -131,11 +126,12 @@ func closeAll(fds []int) {
 }
 
 // prepare builds the sandbox and bounds the guest. It consumes fds and
-// returns the cgroup's OOM counter file.
-func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (*os.File, error) {
+// returns the cgroup's OOM counter file and, with p.Listen, the control
+// socket.
+func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (_ *os.File, ctl *control, err error) {
 	if p.OOMFD < 0 || p.OOMFD >= len(fds) {
 		closeAll(fds)
-		return nil, fmt.Errorf("OOM counter fd %d not received", p.OOMFD)
+		return nil, nil, fmt.Errorf("OOM counter fd %d not received", p.OOMFD)
 	}
 	oom := os.NewFile(uintptr(fds[p.OOMFD]), "oom")
 	pidsTasks := -1
@@ -144,13 +140,12 @@ func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (*os.File, error) {
 			pidsTasks = fds[i]
 		} else {
 			closeAll(fds)
-			return nil, fmt.Errorf("pids tasks fd %d not received", i)
+			return nil, nil, fmt.Errorf("pids tasks fd %d not received", i)
 		}
 	} else {
 		// Our threads count against the sandbox's pids limit.
 		spareThreads(8)
 	}
-	var err error
 	if !p.RootReady {
 		err = buildRoot(p, fds)
 	}
@@ -161,6 +156,9 @@ func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (*os.File, error) {
 	}
 	if err == nil && !p.RootReady {
 		err = identify(p)
+	} else if err == nil {
+		// runsc set the hostname; the files that name it are the image's.
+		err = writeIdentity(p.Hostname)
 	}
 	if err == nil {
 		// Under gVisor the guest keeps the sandbox's cgroup namespace:
@@ -169,6 +167,11 @@ func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (*os.File, error) {
 	}
 	if pidsTasks >= 0 {
 		unix.Close(pidsTasks)
+	}
+	if err == nil && p.Listen != "" {
+		// Bound and covered before the filter loads: the profile refuses
+		// the mount that covers it.
+		ctl, err = controlListener(p.Listen)
 	}
 	if err == nil {
 		err = restrictAll(p.Seccomp, !p.AllowSetuid)
@@ -180,10 +183,12 @@ func prepare(p *guestapi.Prepare, fds []int, sp *spawner) (*os.File, error) {
 		err = warmUp(sp)
 	}
 	if err != nil {
+		// The guest ends on this error: a control socket bound goes
+		// with it.
 		oom.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return oom, nil
+	return oom, ctl, nil
 }
 
 // identify gives the guest its cgroup namespace (rooted at the sandbox's

@@ -24,6 +24,7 @@ func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.Fil
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("guest", os.Getpid())
 	s := newServer(cfg, oom, sp, log)
 	s.ctl = ctl
+	s.hostname, _ = os.Hostname()
 	go ctl.relistenOn(sigs.relisten, s)
 	// What no pidfd watch reaps: processes reparented to us as PID 1, and
 	// any of ours whose pidfd could not be watched.
@@ -87,6 +88,9 @@ type server struct {
 	ctl *control
 	// setEnv is cfg.Env once OpSetEnv changed it.
 	setEnv atomic.Pointer[[]string]
+	// hostname is the sandbox's when the guest began serving, or was
+	// last restored (followHostname; only its goroutine writes it then).
+	hostname string
 }
 
 func newServer(cfg guestapi.ServeConfig, oom *os.File, sp *spawner, log *slog.Logger) *server {

@@ -43,6 +43,10 @@ type Config struct {
 	// Caps is the capability set the sandbox's processes keep (the guest
 	// drops to it before it forks any).
 	Caps []string
+	// Seccomp is the compiled filter the sandbox's processes run under
+	// (the native tier's: Docker's profile), in gVisor's kernel: the
+	// guest loads it on the thread it forks them from.
+	Seccomp []byte
 	// OutputLimit is the per-process output the guest retains.
 	OutputLimit int64
 	// GuestBinary is a static binary with the guest verb; empty means the
@@ -387,6 +391,7 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 		RootReady:   true,
 		Listen:      guestSocket,
 		Caps:        r.cfg.Caps,
+		Seccomp:     r.cfg.Seccomp,
 		AllowSetuid: spec.Image.AllowSetuid,
 		SkipWarmUp:  !ahead,
 		OOMFD:       0,
