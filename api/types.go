@@ -91,7 +91,8 @@ type CreateRequest struct {
 	// sharing its network namespace, limits and lifecycle (the first is
 	// the sandbox's own guest, the default of every call). Image, Env,
 	// Workdir and Volumes are then set per container and left empty here.
-	// Absent: a sandbox of one container, as before.
+	// Absent: a sandbox of one container, as before. Native runtime only
+	// (on gvisor the create is refused: docs/containers.md).
 	Containers []Container `json:"containers,omitempty"`
 	// SharedVolumes are volumes made with the sandbox and removed with it,
 	// which its containers mount by name (Container.Mounts).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -255,10 +256,15 @@ s.sendall(b"ping"); print(s.recv(4).decode())
 }
 
 // TestEgressAttacks: the attack table. Each attempt fails and is logged.
+// On both tiers.
 func TestEgressAttacks(t *testing.T) {
 	t.Parallel()
 	u := newUpstream(t, egressNames)
-	d := netDaemon(t, u)
+	var extra []string
+	if p := findRunsc(); p != "" {
+		extra = []string{"--runsc", p}
+	}
+	d := netDaemon(t, u, extra...)
 	c := d.Client()
 	ctx := context.Background()
 	const secret = "s3cr3t-value-9f8e7d"
@@ -268,6 +274,19 @@ func TestEgressAttacks(t *testing.T) {
 	if got := d.MustCLI("secret", "ls"); strings.TrimSpace(got) != "API_TOKEN" {
 		t.Fatalf("secret ls: %q", got)
 	}
+	forTiers(t, func(t *testing.T, tier string) { egressAttacks(t, d, u, tier, secret) })
+	// A secret bound to an unknown name is refused at create.
+	if _, err := c.Create(ctx, api.CreateRequest{Policy: &api.Policy{Secrets: []api.SecretBinding{{Name: "NOPE", Hosts: []string{"a.test"}, Inject: api.SecretInjection{Header: "X", Format: "%s"}}}}}); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("binding an unknown secret: %v", err)
+	}
+	d.MustCLI("secret", "rm", "API_TOKEN")
+}
+
+// egressAttacks runs the attack table from a sandbox on tier; the
+// upstream's log is read from its length at the start on.
+func egressAttacks(t *testing.T, d *Daemon, u *upstream, tier, secret string) {
+	seen := len(u.requests())
+	requests := func() []*http.Request { return u.requests()[seen:] }
 	p := &api.Policy{
 		// other.test is a URL rule, so its TLS is intercepted and a
 		// placeholder in it is seen. (Over a host allowed by a domain rule
@@ -277,7 +296,7 @@ func TestEgressAttacks(t *testing.T) {
 		Secrets: []api.SecretBinding{{Name: "API_TOKEN", Hosts: []string{"allowed.test"}, Paths: []string{"/echo"},
 			Inject: api.SecretInjection{Header: "Authorization", Format: "Bearer %s"}}},
 	}
-	id := egressSandbox(t, d, u, p)
+	id := egressSandboxOn(t, d, u, p, tier)
 
 	// The sandbox holds a placeholder, never the value.
 	ph := strings.TrimSpace(d.Sh(id, "echo $PADDOCK_SECRET_API_TOKEN"))
@@ -293,7 +312,7 @@ func TestEgressAttacks(t *testing.T) {
 		t.Fatalf("injected request: %s", r)
 	}
 	got := false
-	for _, q := range u.requests() {
+	for _, q := range requests() {
 		if q.URL.Path == "/echo" && q.Header.Get("Authorization") == "Bearer "+secret {
 			got = true
 		}
@@ -314,7 +333,7 @@ func TestEgressAttacks(t *testing.T) {
 			t.Errorf("placeholder sent out of scope with %v: %s", args, r)
 		}
 	}
-	for _, q := range u.requests() {
+	for _, q := range requests() {
 		for _, vs := range q.Header {
 			for _, v := range vs {
 				if strings.Contains(v, ph) {
@@ -336,7 +355,7 @@ func TestEgressAttacks(t *testing.T) {
 	}
 	// Header smuggling around the injection.
 	curl(d, id, "-o", "/dev/null", "https://allowed.test/echo?x=%0d%0aAuthorization:%20stolen")
-	for _, q := range u.requests() {
+	for _, q := range requests() {
 		if len(q.Header.Values("Authorization")) > 1 {
 			t.Fatalf("a smuggled second Authorization header reached the upstream")
 		}
@@ -363,11 +382,6 @@ func TestEgressAttacks(t *testing.T) {
 			t.Errorf("denials.json lacks %s:\n%s", want, denials)
 		}
 	}
-	// A secret bound to an unknown name is refused at create.
-	if _, err := c.Create(ctx, api.CreateRequest{Policy: &api.Policy{Secrets: []api.SecretBinding{{Name: "NOPE", Hosts: []string{"a.test"}, Inject: api.SecretInjection{Header: "X", Format: "%s"}}}}}); !errors.Is(err, client.ErrInvalid) {
-		t.Fatalf("binding an unknown secret: %v", err)
-	}
-	d.MustCLI("secret", "rm", "API_TOKEN")
 }
 
 // TestEgressGit: git clones over HTTPS through the intercepting proxy

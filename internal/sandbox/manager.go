@@ -408,7 +408,10 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		return api.Sandbox{}, err
 	}
 	if grp != nil && tier != "native" {
-		return api.Sandbox{}, errdefs.Invalid("containers", "need the native runtime (this sandbox's is %s)", tier)
+		// Each container is a guest of its own sharing the first's
+		// network namespace; under gVisor that namespace's interface is
+		// the first's netstack's alone (docs/containers.md).
+		return api.Sandbox{}, errdefs.Invalid("containers", "a sandbox of several containers runs on the native runtime only, not %s: its containers share one network namespace, whose interface gVisor's netstack takes whole; create it with runtime native", tier)
 	}
 	now := time.Now().UTC()
 	rec := record{Sandbox: api.Sandbox{
