@@ -56,8 +56,13 @@ type Snapshot struct {
 	// Sandbox is the sandbox it was taken from.
 	Sandbox string `json:"sandbox"`
 	// Path is set for a directory snapshot.
-	Path  string `json:"path,omitempty"`
-	Image string `json:"image"`
+	Path string `json:"path,omitempty"`
+	// Container, for a directory snapshot of a sandbox of several
+	// containers, is the one whose directory it holds (the request's
+	// ?container=, by default the first); Image, Env and Workdir are
+	// that container's.
+	Container string `json:"container,omitempty"`
+	Image     string `json:"image"`
 	// Env, Workdir and Resources are the sandbox's when it was taken; a
 	// sandbox created from the snapshot starts with them.
 	Env       map[string]string `json:"env,omitempty"`

@@ -28,6 +28,13 @@ import (
 // archived sandboxes in it.
 func archiveCluster(t *testing.T, n int, endpoint string) *cluster {
 	t.Helper()
+	return archiveClusterOn(t, n, endpoint, "10.243", 600000000)
+}
+
+// archiveClusterOn is archiveCluster with its nodes' networks in
+// subnet16 (a.b of a /16) and uid ranges from uidStart.
+func archiveClusterOn(t *testing.T, n int, endpoint, subnet16 string, uidStart uint32) *cluster {
+	t.Helper()
 	t.Setenv("PADDOCK_ARCHIVE_ACCESS_KEY", s3test.AccessKey)
 	t.Setenv("PADDOCK_ARCHIVE_SECRET_KEY", s3test.SecretKey)
 	dir := t.TempDir()
@@ -42,9 +49,9 @@ func archiveCluster(t *testing.T, n int, endpoint string) *cluster {
 		d := prepareDaemon(t)
 		d.NetName = fmt.Sprintf("cc%d%s", i, randHex(2))
 		d.Cgroup = "paddock-hcarch-" + d.NetName
-		d.UIDStart = 600000000 + uint32(i)*2000000
+		d.UIDStart = uidStart + uint32(i)*2000000
 		d.args = append(d.args, "--listen", "tcp://"+addr, "--token-file", nodeTokenFile, "--id-prefix", tag,
-			"--network-name", d.NetName, "--network-subnet", fmt.Sprintf("10.243.%d.0/22", 4*i),
+			"--network-name", d.NetName, "--network-subnet", fmt.Sprintf("%s.%d.0/22", subnet16, 4*i),
 			"--cgroup-parent", d.Cgroup, "--uid-start", fmt.Sprint(d.UIDStart), "--node-name", name)
 		e2bAddr := freeHostPort(t)
 		d.args = append(d.args, "--e2b-listen", "tcp://"+e2bAddr)

@@ -12,7 +12,9 @@
 //
 //	sandboxes/<id>/disk         the disk: zstd of a tar with one GNU sparse
 //	                            entry (only the image's data travels)
-//	sandboxes/<id>/record.json  Record: written last, once the disk is in
+//	sandboxes/<id>/container-N  a group's: the disk of each container N
+//	sandboxes/<id>/shared-N     beside the first, and of each shared volume
+//	sandboxes/<id>/record.json  Record: written last, once the disks are in
 //	                            and verified; its presence is the archive
 //
 // A restore claims the record first (Claim): a write conditional on the
@@ -79,9 +81,15 @@ type Record struct {
 	// restored it elsewhere. Gateways route the id there when its own
 	// tag's node is gone.
 	Node string `json:"node"`
-	// Disk is the archived disk; nil once a node restored it.
-	Disk       *Disk     `json:"disk,omitempty"`
-	ArchivedAt time.Time `json:"archived_at"`
+	// Disk is the archived disk (a group's first container's); nil once
+	// a node restored it.
+	Disk *Disk `json:"disk,omitempty"`
+	// Containers and Shared are, for a sandbox of several containers,
+	// the disks of its containers beside the first and of its shared
+	// volumes, by name (objects ContainerDisk(name), SharedDisk(name)).
+	Containers map[string]Disk `json:"containers,omitempty"`
+	Shared     map[string]Disk `json:"shared,omitempty"`
+	ArchivedAt time.Time       `json:"archived_at"`
 	// Claim, when set, is the node restoring the sandbox (Claim).
 	Claim *Claim `json:"claim,omitempty"`
 }
@@ -341,6 +349,7 @@ func (s *Store) Release(ctx context.Context, c *Claimed) error {
 func (s *Store) Restored(ctx context.Context, c *Claimed) error {
 	rec := c.Record
 	rec.Node, rec.Disk, rec.Sandbox, rec.Claim = c.Claim.Node, nil, nil, nil
+	rec.Containers, rec.Shared = nil, nil
 	if _, err := s.put(ctx, rec, c.etag); err != nil {
 		if errors.Is(err, errChanged) {
 			return errdefs.Conflict("sandbox %s was claimed by another node while it was restored here", c.ID)
@@ -350,26 +359,43 @@ func (s *Store) Restored(ctx context.Context, c *Claimed) error {
 	return s.DeleteDisk(ctx, c.ID)
 }
 
-// Delete removes everything archived of sandbox id.
+// Delete removes everything archived of sandbox id: its record first
+// (its presence is the archive), then its disks.
 func (s *Store) Delete(ctx context.Context, id string) error {
+	if err := reqcheck.SandboxID("id", id); err != nil {
+		return err
+	}
+	if err := s.c.RemoveObject(ctx, s.cfg.Bucket, s.key(id, "record.json"), minio.RemoveObjectOptions{}); err != nil &&
+		minio.ToErrorResponse(err).Code != "NoSuchKey" {
+		return s.unavailable("deleting "+id, err)
+	}
+	return s.DeleteDisk(ctx, id)
+}
+
+// DeleteDisk removes sandbox id's archived disks (once restored): every
+// object under its name but the record.
+func (s *Store) DeleteDisk(ctx context.Context, id string) error {
+	if err := reqcheck.SandboxID("id", id); err != nil {
+		return err
+	}
 	var errs []error
-	for _, name := range []string{"record.json", "disk"} {
-		if err := s.c.RemoveObject(ctx, s.cfg.Bucket, s.key(id, name), minio.RemoveObjectOptions{}); err != nil &&
+	for obj := range s.c.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: s.key(id, ""), Recursive: true}) {
+		if obj.Err != nil {
+			if minio.ToErrorResponse(obj.Err).Code != "NoSuchBucket" {
+				errs = append(errs, obj.Err)
+			}
+			break
+		}
+		if obj.Key == s.key(id, "record.json") {
+			continue
+		}
+		if err := s.c.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{}); err != nil &&
 			minio.ToErrorResponse(err).Code != "NoSuchKey" {
 			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return s.unavailable("deleting "+id, err)
-	}
-	return nil
-}
-
-// DeleteDisk removes sandbox id's archived disk (once restored).
-func (s *Store) DeleteDisk(ctx context.Context, id string) error {
-	if err := s.c.RemoveObject(ctx, s.cfg.Bucket, s.key(id, "disk"), minio.RemoveObjectOptions{}); err != nil &&
-		minio.ToErrorResponse(err).Code != "NoSuchKey" {
-		return s.unavailable("deleting the disk of "+id, err)
+		return s.unavailable("deleting the disks of "+id, err)
 	}
 	return nil
 }

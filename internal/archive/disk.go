@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/minio/minio-go/v7"
@@ -31,10 +32,39 @@ var (
 // runs number in the thousands).
 const maxExtents = 1 << 20
 
-// PutDisk streams the disk image at path into sandbox id's archive,
-// compressed, in parts, and checks that the store holds all of it.
-func (s *Store) PutDisk(ctx context.Context, id, path string) (Disk, error) {
+// FirstDisk is the object of a sandbox's disk (a group's first
+// container's); ContainerDisk and SharedDisk name a group's others.
+const FirstDisk = "disk"
+
+// ContainerDisk is the object of the disk of container name (not the
+// first) of a sandbox of several.
+func ContainerDisk(name string) string { return "container-" + name }
+
+// SharedDisk is the object of shared volume name of a sandbox of several
+// containers.
+func SharedDisk(name string) string { return "shared-" + name }
+
+// checkObject refuses an object name that is not one of the above with
+// a container's or volume's name (api.IsContainerName: a-z, 0-9, '-').
+func checkObject(object string) error {
+	name, ok := strings.CutPrefix(object, "container-")
+	if !ok {
+		name, ok = strings.CutPrefix(object, "shared-")
+	}
+	if object == FirstDisk || (ok && name != "" && len(name) <= 63 && strings.Trim(name, "abcdefghijklmnopqrstuvwxyz0123456789-") == "") {
+		return nil
+	}
+	return errdefs.Invalid("disk", "%q is not a disk of an archived sandbox", object)
+}
+
+// PutDisk streams the disk image at path into object (FirstDisk,
+// ContainerDisk, SharedDisk) of sandbox id's archive, compressed, in
+// parts, and checks that the store holds all of it.
+func (s *Store) PutDisk(ctx context.Context, id, object, path string) (Disk, error) {
 	var d Disk
+	if err := checkObject(object); err != nil {
+		return d, err
+	}
 	if err := s.ensureBucket(ctx); err != nil {
 		return d, err
 	}
@@ -60,7 +90,11 @@ func (s *Store) PutDisk(ctx context.Context, id, path string) (Disk, error) {
 	go func() {
 		pw.CloseWithError(writeDisk(io.MultiWriter(pw, sum, counted), f, d.Size, ex))
 	}()
-	info, err := s.c.PutObject(ctx, s.cfg.Bucket, s.key(id, "disk"), pr, -1, minio.PutObjectOptions{
+	what := "the disk of " + id
+	if object != FirstDisk {
+		what = "the " + object + " disk of " + id
+	}
+	info, err := s.c.PutObject(ctx, s.cfg.Bucket, s.key(id, object), pr, -1, minio.PutObjectOptions{
 		ContentType:    "application/octet-stream",
 		PartSize:       s.cfg.PartSize,
 		NumThreads:     s.cfg.Threads,
@@ -68,18 +102,18 @@ func (s *Store) PutDisk(ctx context.Context, id, path string) (Disk, error) {
 	})
 	pr.CloseWithError(errors.New("upload ended")) // ends the writer if the upload failed
 	if err != nil {
-		return d, s.unavailable("uploading the disk of "+id, err)
+		return d, s.unavailable("uploading "+what, err)
 	}
 	d.Bytes, d.SHA256 = counted.n, hex.EncodeToString(sum.Sum(nil))
 	if info.Size != d.Bytes {
-		return d, s.unavailable("uploading the disk of "+id, fmt.Errorf("the store took %d bytes of %d", info.Size, d.Bytes))
+		return d, s.unavailable("uploading "+what, fmt.Errorf("the store took %d bytes of %d", info.Size, d.Bytes))
 	}
-	st, err := s.c.StatObject(ctx, s.cfg.Bucket, s.key(id, "disk"), minio.StatObjectOptions{})
+	st, err := s.c.StatObject(ctx, s.cfg.Bucket, s.key(id, object), minio.StatObjectOptions{})
 	if err != nil {
-		return d, s.unavailable("checking the disk of "+id, err)
+		return d, s.unavailable("checking "+what, err)
 	}
 	if st.Size != d.Bytes {
-		return d, s.unavailable("checking the disk of "+id, fmt.Errorf("the store holds %d bytes of %d", st.Size, d.Bytes))
+		return d, s.unavailable("checking "+what, fmt.Errorf("the store holds %d bytes of %d", st.Size, d.Bytes))
 	}
 	return d, nil
 }
@@ -123,13 +157,20 @@ func writeDisk(w io.Writer, f *os.File, size int64, ex []sparse.Extent) error {
 	return zw.Close()
 }
 
-// GetDisk writes sandbox id's archived disk d into dst (empty), checking
-// its size and checksum; on any mismatch it says so and dst must be
-// thrown away.
-func (s *Store) GetDisk(ctx context.Context, id string, d Disk, dst *os.File) error {
-	obj, err := s.c.GetObject(ctx, s.cfg.Bucket, s.key(id, "disk"), minio.GetObjectOptions{})
+// GetDisk writes disk d, object of sandbox id's archive, into dst
+// (empty), checking its size and checksum; on any mismatch it says so and
+// dst must be thrown away.
+func (s *Store) GetDisk(ctx context.Context, id, object string, d Disk, dst *os.File) error {
+	if err := checkObject(object); err != nil {
+		return err
+	}
+	what := "disk of " + id
+	if object != FirstDisk {
+		what = object + " disk of " + id
+	}
+	obj, err := s.c.GetObject(ctx, s.cfg.Bucket, s.key(id, object), minio.GetObjectOptions{})
 	if err != nil {
-		return s.unavailable("downloading the disk of "+id, err)
+		return s.unavailable("downloading the "+what, err)
 	}
 	defer obj.Close()
 	sum := sha256.New()
@@ -145,17 +186,17 @@ func (s *Store) GetDisk(ctx context.Context, id string, d Disk, dst *os.File) er
 	switch {
 	case err == nil:
 	case minio.ToErrorResponse(src.err).Code == "NoSuchKey":
-		return errdefs.New(errdefs.ErrNotFound, "the archived disk of %s is missing from %s", id, s.Endpoint())
+		return errdefs.New(errdefs.ErrNotFound, "the archived %s is missing from %s", what, s.Endpoint())
 	case src.err != nil && src.err != io.EOF:
-		return s.unavailable("downloading the disk of "+id, src.err)
+		return s.unavailable("downloading the "+what, src.err)
 	case errors.As(err, &pe):
-		return fmt.Errorf("restoring the disk of %s: %w", id, err)
+		return fmt.Errorf("restoring the %s: %w", what, err)
 	default:
-		return errdefs.New(errdefs.ErrInvalid, "the archived disk of %s is corrupt: %v", id, err)
+		return errdefs.New(errdefs.ErrInvalid, "the archived %s is corrupt: %v", what, err)
 	}
 	if got := hex.EncodeToString(sum.Sum(nil)); counted.n != d.Bytes || got != d.SHA256 {
-		return errdefs.New(errdefs.ErrInvalid, "the archived disk of %s is corrupt: %d bytes with sha256 %s, the record says %d bytes with sha256 %s",
-			id, counted.n, got, d.Bytes, d.SHA256)
+		return errdefs.New(errdefs.ErrInvalid, "the archived %s is corrupt: %d bytes with sha256 %s, the record says %d bytes with sha256 %s",
+			what, counted.n, got, d.Bytes, d.SHA256)
 	}
 	return nil
 }

@@ -50,7 +50,7 @@ func TestStoreRoundTripAndDamage(t *testing.T) {
 	f.Close()
 
 	const id = "abc123def456"
-	d, err := st.PutDisk(ctx, id, img)
+	d, err := st.PutDisk(ctx, id, archive.FirstDisk, img)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestStoreRoundTripAndDamage(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer out.Close()
-		if err := st.GetDisk(ctx, id, d, out); err != nil {
+		if err := st.GetDisk(ctx, id, archive.FirstDisk, d, out); err != nil {
 			return err
 		}
 		want, _ := os.ReadFile(img)
@@ -127,7 +127,7 @@ func TestStoreRoundTripAndDamage(t *testing.T) {
 	srv.Stop()
 	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
 	defer scancel()
-	if _, err := st.PutDisk(sctx, id, img); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := st.PutDisk(sctx, id, archive.FirstDisk, img); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("store down: %v", err)
 	} else {
 		t.Log(err)
@@ -211,5 +211,109 @@ func TestClaim(t *testing.T) {
 	}
 	if _, err := st.Claim(ctx, id, "n2"); err != nil {
 		t.Fatalf("taking over an expired claim: %v", err)
+	}
+}
+
+// TestGroupDisks: a sandbox of several containers archives a disk per
+// container and per shared volume beside the first's; each comes back
+// whole, the record names them all, a restore deletes every disk and
+// keeps the record, and a delete removes everything. Object names that
+// are not a disk's are refused before the store is called.
+func TestGroupDisks(t *testing.T) {
+	srv := s3test.Start(t)
+	st := openStore(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const id = "abc123group0"
+	dir := t.TempDir()
+	objects := []string{archive.FirstDisk, archive.ContainerDisk("tools"), archive.ContainerDisk("db-1"), archive.SharedDisk("workspace")}
+	disks := map[string]archive.Disk{}
+	for i, obj := range objects {
+		img := filepath.Join(dir, obj+".img")
+		if err := os.WriteFile(img, bytes.Repeat([]byte{byte(i + 1)}, 1<<20+i), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		d, err := st.PutDisk(ctx, id, obj, img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		disks[obj] = d
+	}
+	first := disks[archive.FirstDisk]
+	rec := archive.Record{ID: id, Sandbox: []byte(`{}`), Node: "n1", Disk: &first,
+		Containers: map[string]archive.Disk{"tools": disks[archive.ContainerDisk("tools")], "db-1": disks[archive.ContainerDisk("db-1")]},
+		Shared:     map[string]archive.Disk{"workspace": disks[archive.SharedDisk("workspace")]}}
+	if err := st.Put(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.Get(ctx, id)
+	if err != nil || len(got.Containers) != 2 || got.Containers["db-1"] != rec.Containers["db-1"] || got.Shared["workspace"] != rec.Shared["workspace"] {
+		t.Fatalf("record %+v, %v", got, err)
+	}
+	for i, obj := range objects {
+		out, err := os.Create(filepath.Join(dir, obj+".out"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = st.GetDisk(ctx, id, obj, disks[obj], out)
+		out.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", obj, err)
+		}
+		if b, _ := os.ReadFile(out.Name()); !bytes.Equal(b, bytes.Repeat([]byte{byte(i + 1)}, 1<<20+i)) {
+			t.Fatalf("%s came back different", obj)
+		}
+	}
+	// One disk's record swapped for another's: the checksum tells.
+	out, _ := os.Create(filepath.Join(dir, "swapped.out"))
+	err = st.GetDisk(ctx, id, archive.ContainerDisk("tools"), disks[archive.ContainerDisk("db-1")], out)
+	out.Close()
+	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "container-tools disk") {
+		t.Fatalf("a disk with another's record: %v", err)
+	}
+	for _, bad := range []string{"../disk", "container-", "container-../x", "shared-A", "record.json", "other"} {
+		if _, err := st.PutDisk(ctx, id, bad, filepath.Join(dir, "disk.img")); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("PutDisk of object %q: %v", bad, err)
+		}
+	}
+
+	mc, err := minio.New(srv.Endpoint[len("http://"):], &minio.Options{Creds: credentials.NewStaticV4(s3test.AccessKey, s3test.SecretKey, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := func() []string {
+		var out []string
+		for o := range mc.ListObjects(ctx, "test", minio.ListObjectsOptions{Prefix: "sandboxes/" + id + "/", Recursive: true}) {
+			if o.Err != nil {
+				t.Fatal(o.Err)
+			}
+			out = append(out, strings.TrimPrefix(o.Key, "sandboxes/"+id+"/"))
+		}
+		return out
+	}
+	if k := keys(); len(k) != 5 {
+		t.Fatalf("objects %v, want 4 disks and the record", k)
+	}
+	c, err := st.Claim(ctx, id, "n2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Restored(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if k := keys(); len(k) != 1 || k[0] != "record.json" {
+		t.Fatalf("objects after the restore: %v, want the record only", k)
+	}
+	if got, err := st.Get(ctx, id); err != nil || got.Disk != nil || got.Containers != nil || got.Shared != nil || got.Node != "n2" {
+		t.Fatalf("record after the restore: %+v, %v", got, err)
+	}
+	if _, err := st.PutDisk(ctx, id, archive.SharedDisk("workspace"), filepath.Join(dir, "disk.img")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if k := keys(); len(k) != 0 {
+		t.Fatalf("objects after delete: %v", k)
 	}
 }

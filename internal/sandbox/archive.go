@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/archive"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/snapshot"
 )
 
 // A paused sandbox can be archived to the object store (Config.Archive):
@@ -22,6 +25,14 @@ import (
 // its disk from the store. A node that has never seen the sandbox (its
 // own node is gone) restores it on Resume from the store's record alone
 // (Restore): the id stays the same.
+//
+// A sandbox of several containers travels whole: every container's disk
+// and every shared volume are captured together (its processes ended
+// with the pause, so the disks hold one moment), each goes to an object
+// of its own (archive.ContainerDisk, archive.SharedDisk), and a restore
+// makes the shared volumes again from theirs before the containers start
+// on theirs. Named volumes and directory snapshots a container mounts
+// stay on their node: such a sandbox is not archived.
 
 var errNoArchive = errdefs.New(errdefs.ErrUnavailable, "no archive store is configured (paddock serve --archive-endpoint)")
 
@@ -47,11 +58,9 @@ func (m *Manager) archiveLocked(ctx context.Context, b *box) error {
 	switch {
 	case b.rec.ArchivedDisk != nil:
 		return nil
-	case len(b.rec.Members) > 0:
-		return errGroup(id, "archiving")
 	case b.rec.State != api.StatePaused:
 		return errdefs.Conflict("sandbox %s is %s: only a paused sandbox is archived; pause it first", id, b.rec.State)
-	case len(b.rec.Volumes) > 0:
+	case len(b.rec.nodeMounts()) > 0:
 		return errdefs.Conflict("sandbox %s mounts volumes, which stay on their node: it cannot be archived", id)
 	case m.cfg.Snapshots == nil:
 		return errNoSnapshots
@@ -70,21 +79,29 @@ func (m *Manager) archiveLocked(ctx context.Context, b *box) error {
 		return err
 	}
 	defer p.Abort() // the capture is only a means here
-	if _, err := m.captureLocked(ctx, b, p.Path); err != nil {
+	if b.group() {
+		_, err = m.captureGroupLocked(ctx, b, groupDisks{first: p.Path, member: p.ContainerPath, shared: p.SharedPath})
+	} else {
+		_, err = m.captureLocked(ctx, b, p.Path)
+	}
+	if err != nil {
 		return err
 	}
 	captured := time.Since(start)
-	disk, err := m.cfg.Archive.PutDisk(ctx, id, p.Path)
-	if err != nil {
+	rec := archive.Record{ID: id, Node: m.cfg.Node}
+	if err := m.putDisks(ctx, b, p, &rec); err != nil {
 		return fmt.Errorf("archiving %s: %w", id, err)
 	}
 	kept := b.rec
 	kept.Runtime, kept.UIDBase = nil, 0
-	raw, err := json.Marshal(kept)
-	if err != nil {
+	kept.Members = slices.Clone(kept.Members)
+	for i := range kept.Members {
+		kept.Members[i].Runtime, kept.Members[i].UIDBase = nil, 0
+	}
+	if rec.Sandbox, err = json.Marshal(kept); err != nil {
 		return err
 	}
-	rec := archive.Record{ID: id, Sandbox: raw, Node: m.cfg.Node, Disk: &disk, ArchivedAt: time.Now().UTC()}
+	rec.ArchivedAt = time.Now().UTC()
 	if err := m.cfg.Archive.Put(ctx, rec); err != nil {
 		return fmt.Errorf("archiving %s: %w", id, err)
 	}
@@ -93,36 +110,94 @@ func (m *Manager) archiveLocked(ctx context.Context, b *box) error {
 	if err != nil {
 		return fmt.Errorf("archiving %s: checking the record: %w", id, err)
 	}
-	if got.Disk == nil || *got.Disk != disk {
+	if got.Disk == nil || *got.Disk != *rec.Disk || !maps.Equal(got.Containers, rec.Containers) || !maps.Equal(got.Shared, rec.Shared) {
 		return errdefs.New(errdefs.ErrUnavailable, "archiving %s: the store's record differs from the one written", id)
 	}
-	b.rec.ArchivedDisk = &disk
+	b.rec.ArchivedDisk = rec.Disk
 	m.persistLocked(b)
-	if err := m.cfg.Runtime.Remove(ctx, id); err != nil {
-		// The archive holds it; the local leftovers go at the next start.
-		m.log.Warn("removing an archived sandbox's local disk", "sandbox", id, "err", err)
+	m.dropLocal(ctx, b)
+	m.persistLocked(b)
+	stored, data := rec.Disk.Bytes, rec.Disk.Data
+	for _, d := range slices.Concat(slices.Collect(maps.Values(rec.Containers)), slices.Collect(maps.Values(rec.Shared))) {
+		stored, data = stored+d.Bytes, data+d.Data
 	}
-	m.freeRange(b)
-	m.persistLocked(b)
-	m.notify(b).Event(id, "lifecycle", "archived", map[string]any{"bytes": disk.Bytes, "data": disk.Data})
-	m.log.Info("sandbox archived", "sandbox", id, "store", m.cfg.Archive.Endpoint(), "data", disk.Data, "bytes", disk.Bytes,
+	disks := 1 + len(rec.Containers) + len(rec.Shared)
+	m.notify(b).Event(id, "lifecycle", "archived", map[string]any{"bytes": stored, "data": data, "disks": disks})
+	m.log.Info("sandbox archived", "sandbox", id, "store", m.cfg.Archive.Endpoint(), "disks", disks, "data", data, "bytes", stored,
 		"capture", captured.Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
-// freeRange gives back an archived sandbox's uid range: a resume takes
-// another.
+// putDisks streams every disk of b captured into p to the archive (a
+// group's first, then each member's and each shared volume's) and
+// describes them in rec.
+func (m *Manager) putDisks(ctx context.Context, b *box, p *snapshot.Pending, rec *archive.Record) error {
+	id := b.rec.ID
+	d, err := m.cfg.Archive.PutDisk(ctx, id, archive.FirstDisk, p.Path)
+	if err != nil {
+		return err
+	}
+	rec.Disk = &d
+	if !b.group() {
+		return nil
+	}
+	rec.Containers, rec.Shared = map[string]archive.Disk{}, map[string]archive.Disk{}
+	for _, mr := range b.rec.Members {
+		if rec.Containers[mr.Name], err = m.cfg.Archive.PutDisk(ctx, id, archive.ContainerDisk(mr.Name), p.ContainerPath(mr.Name)); err != nil {
+			return err
+		}
+	}
+	for _, v := range b.rec.SharedVolumes {
+		if rec.Shared[v.Name], err = m.cfg.Archive.PutDisk(ctx, id, archive.SharedDisk(v.Name), p.SharedPath(v.Name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropLocal removes what archived (or not restored) sandbox b keeps on
+// this node: its containers' disks, its shared volumes, its control
+// sockets and uid ranges. The archive holds them; what does not go is
+// logged, and goes with the sandbox's removal.
+func (m *Manager) dropLocal(ctx context.Context, b *box) {
+	id := b.rec.ID
+	if err := m.removeMembers(ctx, b); err != nil {
+		m.log.Warn("removing an archived sandbox's containers' disks", "sandbox", id, "err", err)
+	}
+	if err := m.cfg.Runtime.Remove(ctx, id); err != nil {
+		m.log.Warn("removing an archived sandbox's local disk", "sandbox", id, "err", err)
+	}
+	m.releaseMounts(id, b.rec.Volumes)
+	if err := m.removeShared(b.rec.SharedVolumes); err != nil {
+		m.log.Warn("removing an archived sandbox's shared volumes", "sandbox", id, "err", err)
+	}
+	if b.group() {
+		m.forgetControls(id)
+	}
+	m.freeRange(b)
+}
+
+// freeRange gives back the uid ranges of an archived sandbox and its
+// members: a resume takes others.
 func (m *Manager) freeRange(b *box) {
 	m.mu.Lock()
-	if base := b.rec.UIDBase; base != 0 && m.slots[m.slotOf(base)] == b.rec.ID {
-		delete(m.slots, m.slotOf(base))
+	free := func(base uint32) {
+		// "": taken for a member that did not start.
+		if id, ok := m.slots[m.slotOf(base)]; base != 0 && ok && (id == b.rec.ID || id == "") {
+			delete(m.slots, m.slotOf(base))
+		}
+	}
+	free(b.rec.UIDBase)
+	for i := range b.rec.Members {
+		free(b.rec.Members[i].UIDBase)
+		b.rec.Members[i].UIDBase, b.rec.Members[i].Runtime = 0, nil
 	}
 	m.mu.Unlock()
 	b.rec.UIDBase = 0
 }
 
-// startArchivedLocked restores b's disk from the archive and starts it;
-// the archived disk is deleted once the sandbox runs here. The node
+// startArchivedLocked restores b's disks from the archive and starts it;
+// the archived disks are deleted once the sandbox runs here. The node
 // claims the archived record first: of the nodes that resume the sandbox
 // at once only one restores it (archive.Store.Claim).
 func (m *Manager) startArchivedLocked(ctx context.Context, b *box, to api.State) error {
@@ -150,31 +225,35 @@ func (m *Manager) startArchivedLocked(ctx context.Context, b *box, to api.State)
 			m.log.Warn("releasing the claim of an archived sandbox; it holds for "+archive.ClaimTTL.String(), "sandbox", id, "err", err)
 		}
 	}()
-	disk := *c.Disk // the store's, which a stub may predate
+	if err := archivedParts(b, c.Record); err != nil {
+		return err
+	}
 	p, err := m.cfg.Snapshots.Begin()
 	if err != nil {
 		return err
 	}
-	defer p.Abort() // the sandbox's disk is a copy (a reflink) of it
-	f, err := os.OpenFile(p.Path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	err = m.cfg.Archive.GetDisk(ctx, id, disk, f)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	defer p.Abort() // the sandbox's disks are copies (reflinks) of them
+	if err := m.getDisks(ctx, b, c.Record, p); err != nil {
 		return fmt.Errorf("resuming %s: %w", id, err)
 	}
 	fetched := time.Since(start)
+	var memberDisks map[string]string
+	if b.group() {
+		memberDisks = map[string]string{}
+		for _, mr := range b.rec.Members {
+			memberDisks[mr.Name] = p.ContainerPath(mr.Name)
+		}
+		if err := m.makeArchivedShared(ctx, b, p); err != nil {
+			return fmt.Errorf("resuming %s: %w", id, err)
+		}
+	}
 	was := b.rec.ArchivedDisk
 	b.rec.ArchivedDisk = nil
-	if err := m.startFromLocked(ctx, b, to, p.Path); err != nil {
+	if err := m.startFromLocked(ctx, b, to, p.Path, memberDisks); err != nil {
+		// The archive holds it: what the restore made here goes.
 		b.rec.ArchivedDisk = was
+		m.dropLocal(context.Background(), b)
+		m.persistLocked(b)
 		return err
 	}
 	restored = true
@@ -187,9 +266,85 @@ func (m *Manager) startArchivedLocked(ctx context.Context, b *box, to api.State)
 		m.log.Warn("pointing the archive at this node", "sandbox", id, "err", err)
 	}
 	cancel()
-	m.log.Info("sandbox restored from the archive", "sandbox", id, "data", disk.Data, "fetch", fetched.Round(time.Millisecond),
-		"took", time.Since(start).Round(time.Millisecond))
+	m.log.Info("sandbox restored from the archive", "sandbox", id, "disks", 1+len(c.Containers)+len(c.Shared), "data", c.Disk.Data,
+		"fetch", fetched.Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// archivedParts checks that archived record rec holds a disk for each of
+// b's containers beside the first and each of its shared volumes, and no
+// other.
+func archivedParts(b *box, rec archive.Record) error {
+	corrupt := func(format string, a ...any) error {
+		return errdefs.New(errdefs.ErrInvalid, "the archived record of %s is corrupt: %s", b.rec.ID, fmt.Sprintf(format, a...))
+	}
+	if len(rec.Containers) != len(b.rec.Members) || len(rec.Shared) != len(b.rec.SharedVolumes) {
+		return corrupt("it holds %d container disks and %d shared volumes, the sandbox has %d and %d",
+			len(rec.Containers), len(rec.Shared), len(b.rec.Members), len(b.rec.SharedVolumes))
+	}
+	for _, mr := range b.rec.Members {
+		if _, ok := rec.Containers[mr.Name]; !ok {
+			return corrupt("it holds no disk of container %s", mr.Name)
+		}
+	}
+	for _, v := range b.rec.SharedVolumes {
+		if _, ok := rec.Shared[v.Name]; !ok {
+			return corrupt("it holds no disk of shared volume %s", v.Name)
+		}
+	}
+	return nil
+}
+
+// getDisks writes every disk archived record rec describes into p where
+// a capture would (the first's at p.Path), each checked.
+func (m *Manager) getDisks(ctx context.Context, b *box, rec archive.Record, p *snapshot.Pending) error {
+	get := func(object string, d archive.Disk, path string) error {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return err
+		}
+		err = m.cfg.Archive.GetDisk(ctx, rec.ID, object, d, f)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	}
+	if err := get(archive.FirstDisk, *rec.Disk, p.Path); err != nil {
+		return err
+	}
+	for _, mr := range b.rec.Members {
+		if err := get(archive.ContainerDisk(mr.Name), rec.Containers[mr.Name], p.ContainerPath(mr.Name)); err != nil {
+			return err
+		}
+	}
+	for _, v := range b.rec.SharedVolumes {
+		if err := get(archive.SharedDisk(v.Name), rec.Shared[v.Name], p.SharedPath(v.Name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// makeArchivedShared makes b's shared volumes again from their images in
+// p. One a failed restore here left behind (made for this sandbox,
+// mounted by nothing) is replaced.
+func (m *Manager) makeArchivedShared(ctx context.Context, b *box, p *snapshot.Pending) error {
+	if len(b.rec.SharedVolumes) > 0 && m.cfg.Volumes == nil {
+		return errdefs.New(errdefs.ErrUnavailable, "volumes are not configured")
+	}
+	from := map[string]string{}
+	for _, v := range b.rec.SharedVolumes {
+		from[v.Name] = p.SharedPath(v.Name)
+		if old, err := m.cfg.Volumes.Get(v.Volume); err == nil && old.Labels[sharedByLabel] == b.rec.ID {
+			if err := m.cfg.Volumes.Remove(ctx, v.Volume); err != nil {
+				return fmt.Errorf("replacing shared volume %s: %w", v.Name, err)
+			}
+		}
+	}
+	return m.makeShared(ctx, &group{shared: b.rec.SharedVolumes, sharedFrom: from})
 }
 
 // dropStale lets go of stub b (b.mu held) when the archive no longer
@@ -347,8 +502,11 @@ func (m *Manager) restore(ctx context.Context, id string) (*box, error) {
 	}
 	r.State, r.Runtime, r.UIDBase, r.Error, r.Node = api.StatePaused, nil, 0, "", m.cfg.Node
 	r.ArchivedDisk = rec.Disk
-	if len(r.Volumes) > 0 {
+	if len(r.nodeMounts()) > 0 {
 		return nil, errdefs.New(errdefs.ErrInvalid, "the archived record of %s mounts volumes", id)
+	}
+	if err := checkArchivedGroup(&r); err != nil {
+		return nil, err
 	}
 	if r.ExpiresAt != nil && !time.Now().Before(*r.ExpiresAt) {
 		if r.OnTimeout != api.TimeoutPause {
@@ -358,6 +516,11 @@ func (m *Manager) restore(ctx context.Context, id string) (*box, error) {
 	}
 	if _, err := m.cfg.Images.Get(imageRef(r.Sandbox)); err != nil {
 		return nil, fmt.Errorf("restoring %s: %w", id, err)
+	}
+	for _, c := range r.Containers {
+		if _, err := m.cfg.Images.Get(imageRef(api.Sandbox{Image: c.Image, ImageID: c.ImageID})); err != nil {
+			return nil, fmt.Errorf("restoring %s: container %s: %w", id, c.Name, err)
+		}
 	}
 	b := &box{rec: r}
 	m.mu.Lock()
@@ -380,6 +543,31 @@ func (m *Manager) restore(ctx context.Context, id string) (*box, error) {
 	b.mu.Unlock()
 	m.log.Info("sandbox taken in from the archive", "sandbox", id, "from_node", rec.Node)
 	return b, nil
+}
+
+// checkArchivedGroup checks the containers of r, an archived record read
+// from the store, before this node makes anything of them (their names
+// become file and volume names): each member a container of it, each
+// shared volume the sandbox's own. It clears what the archiving node's
+// runtime kept of each member.
+func checkArchivedGroup(r *record) error {
+	corrupt := errdefs.New(errdefs.ErrInvalid, "the archived record of %s is corrupt", r.ID)
+	if len(r.Members) > 0 && len(r.Containers) != len(r.Members)+1 {
+		return corrupt
+	}
+	for i := range r.Members {
+		mr := &r.Members[i]
+		if !api.IsContainerName(mr.Name) || r.Containers[i+1].Name != mr.Name {
+			return corrupt
+		}
+		mr.UIDBase, mr.Runtime = 0, nil
+	}
+	for _, v := range r.SharedVolumes {
+		if !api.IsContainerName(v.Name) || v.Volume != r.ID+"-"+v.Name {
+			return corrupt
+		}
+	}
+	return nil
 }
 
 // expireArchived removes archived sandbox id, whose timeout (at) came
@@ -476,7 +664,7 @@ func (m *Manager) archiveIdle(after time.Duration, now time.Time) {
 		if !b.mu.TryLock() {
 			continue
 		}
-		if b.rec.State == api.StatePaused && b.rec.ArchivedDisk == nil && len(b.rec.Volumes) == 0 && len(b.rec.Members) == 0 && b.idleFor(now) >= after &&
+		if b.rec.State == api.StatePaused && b.rec.ArchivedDisk == nil && len(b.rec.nodeMounts()) == 0 && b.idleFor(now) >= after &&
 			m.cfg.Snapshots != nil && len(m.cfg.Snapshots.List(b.rec.ID)) == 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 			if err := m.archiveLocked(ctx, b); err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +26,14 @@ const maxForks = 64
 // stopping it: its processes are frozen only while the disk is copied
 // (a reflink: metadata, not data, where the filesystem allows).
 func (s Snapshots) Create(ctx context.Context, id string, req api.SnapshotRequest) (api.Snapshot, error) {
+	return s.CreateIn(ctx, id, "", req)
+}
+
+// CreateIn is Create addressing container name of a sandbox of several
+// ("" or its first's name: the first): a directory snapshot holds that
+// container's directory. A snapshot of a whole group captures every
+// container, and names none.
+func (s Snapshots) CreateIn(ctx context.Context, id, container string, req api.SnapshotRequest) (api.Snapshot, error) {
 	m := s.m
 	if m.cfg.Snapshots == nil {
 		return api.Snapshot{}, errdefs.New(errdefs.ErrUnavailable, "snapshots are not configured")
@@ -47,14 +57,18 @@ func (s Snapshots) Create(ctx context.Context, id string, req api.SnapshotReques
 	if err != nil {
 		return api.Snapshot{}, err
 	}
-	if b.group() && req.Path != "" {
-		return api.Snapshot{}, errGroup(id, "a directory snapshot")
+	ci, err := b.containerIndex(container)
+	if err != nil {
+		return api.Snapshot{}, err
+	}
+	if container != "" && b.group() && req.Path == "" {
+		return api.Snapshot{}, errdefs.Invalid(api.ContainerParam, "a snapshot of sandbox %s captures every container: name one only for a directory snapshot (path)", id)
 	}
 	p, err := m.cfg.Snapshots.Begin()
 	if err != nil {
 		return api.Snapshot{}, err
 	}
-	snap, err := m.snapshot(ctx, b, p, req)
+	snap, err := m.snapshotOf(ctx, b, p, req, ci)
 	if err != nil {
 		p.Abort()
 		if errdefs.IsNoSpace(err) {
@@ -78,6 +92,12 @@ func (s Snapshots) Create(ctx context.Context, id string, req api.SnapshotReques
 
 // snapshot captures b into p and describes the capture.
 func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req api.SnapshotRequest) (api.Snapshot, error) {
+	return m.snapshotOf(ctx, b, p, req, 0)
+}
+
+// snapshotOf is snapshot; a directory snapshot holds the directory of
+// b's container ci.
+func (m *Manager) snapshotOf(ctx context.Context, b *box, p *snapshot.Pending, req api.SnapshotRequest, ci int) (api.Snapshot, error) {
 	start := time.Now()
 	dst := p.Path
 	if req.Path != "" {
@@ -86,7 +106,21 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 	}
 	b.mu.Lock()
 	rec := b.rec.Sandbox
-	for _, v := range rec.Volumes {
+	// What the directory snapshot's container is made of: the first's
+	// is the sandbox's own.
+	image, env, workdir, vols, diskBytes := imageRef(rec), rec.Env, rec.Workdir, rec.Volumes, rec.Resources.DiskBytes
+	container := ""
+	if ci > 0 {
+		c := b.rec.Containers[ci]
+		container = c.Name
+		image, env, workdir, vols = imageRef(api.Sandbox{Image: c.Image, ImageID: c.ImageID}), c.Env, c.Workdir, b.rec.Members[ci-1].Volumes
+		if diskBytes = c.Resources.DiskBytes; diskBytes == 0 {
+			diskBytes = m.cfg.Defaults.DiskBytes
+		}
+	} else if b.group() {
+		container = b.rec.Containers[0].Name
+	}
+	for _, v := range vols {
 		if req.Path != "" && (req.Path == v.Path || strings.HasPrefix(req.Path, v.Path+"/")) {
 			b.mu.Unlock()
 			return api.Snapshot{}, errdefs.Invalid("path", "%s is on a mounted volume, which a snapshot does not capture", req.Path)
@@ -97,13 +131,19 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 	var containers []api.Container
 	var shared []api.SharedVolume
 	var err error
-	if req.Memory {
+	switch {
+	case req.Memory:
 		mem, err = m.memoryCaptureLocked(ctx, b, p.Checkpoint, func() (err error) {
 			c, err = m.captureLocked(ctx, b, dst)
 			return err
 		})
-	} else {
-		c, containers, shared, err = m.captureAllLocked(ctx, b, dst, p)
+	case req.Path != "":
+		// One container's disk, in a freeze of the whole sandbox.
+		c, err = m.captureDiskLocked(ctx, b, ci, dst)
+	default:
+		var all captured
+		all, err = m.captureAllLocked(ctx, b, dst, p, false)
+		c, containers, shared = all.disk, all.containers, all.shared
 	}
 	b.mu.Unlock()
 	if err != nil {
@@ -115,9 +155,9 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 		SharedVolumes:  shared,
 		Sandbox:        rec.ID,
 		Path:           req.Path,
-		Image:          imageRef(rec),
-		Env:            rec.Env,
-		Workdir:        rec.Workdir,
+		Image:          image,
+		Env:            env,
+		Workdir:        workdir,
 		Resources:      rec.Resources,
 		Policy:         rec.Policy,
 		Labels:         req.Labels,
@@ -131,11 +171,12 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 		snap.FrozenMS = mem.StoppedMS
 	}
 	if req.Path != "" {
-		img, err := m.cfg.Images.Get(imageRef(rec))
+		snap.Container = container
+		img, err := m.cfg.Images.Get(image)
 		if err != nil {
 			return api.Snapshot{}, err
 		}
-		if err := m.cfg.Snapshots.Extract(ctx, p, dst, img.Layers, req.Path, rec.Resources.DiskBytes); err != nil {
+		if err := m.cfg.Snapshots.Extract(ctx, p, dst, img.Layers, req.Path, diskBytes); err != nil {
 			return api.Snapshot{}, err
 		}
 		if fi, err := os.Stat(p.Path); err == nil {
@@ -146,6 +187,51 @@ func (m *Manager) snapshot(ctx context.Context, b *box, p *snapshot.Pending, req
 	snap.CreatedAt = time.Now().UTC()
 	snap.TotalMS = ms(time.Since(start))
 	return snap, nil
+}
+
+// captureDiskLocked copies the disk of b's container ci to dst: the
+// first's (captureLocked), or a member's, freezing the whole sandbox for
+// the moment of the copy if it runs.
+func (m *Manager) captureDiskLocked(ctx context.Context, b *box, ci int, dst string) (runtime.Capture, error) {
+	if ci == 0 {
+		return m.captureLocked(ctx, b, dst)
+	}
+	c := b.rec.Containers[ci]
+	mv, err := next(b, actSnapshot)
+	if err != nil {
+		return runtime.Capture{}, err
+	}
+	if b.rec.ArchivedDisk != nil {
+		return runtime.Capture{}, errdefs.Conflict("sandbox %s is archived: resume it first", b.rec.ID)
+	}
+	var pause func() (func(), error)
+	if mv.step == stepLive {
+		if b.inst == nil || ci-1 >= len(b.members) || b.members[ci-1] == nil {
+			return runtime.Capture{}, errdefs.Conflict("container %s of sandbox %s is not running: %s", c.Name, b.rec.ID, c.Error)
+		}
+		pause = m.freezeFor(ctx, b)
+	}
+	out, err := m.cfg.Runtime.Snapshot(ctx, runtime.ContainerID(b.rec.ID, c.Name), dst, pause)
+	if err != nil {
+		return runtime.Capture{}, fmt.Errorf("capturing container %s of %s: %w", c.Name, b.rec.ID, err)
+	}
+	return out, nil
+}
+
+// freezeFor is a capture's pause that freezes b's processes (its
+// members' too: their groups are inside its own).
+func (m *Manager) freezeFor(ctx context.Context, b *box) func() (func(), error) {
+	inst := b.inst
+	return func() (func(), error) {
+		if err := inst.Freeze(ctx); err != nil {
+			return nil, fmt.Errorf("freezing: %w", err)
+		}
+		return func() {
+			if err := inst.Thaw(); err != nil {
+				m.log.Error("thawing a sandbox after a snapshot", "sandbox", b.rec.ID, "err", err)
+			}
+		}, nil
+	}
 }
 
 // captureLocked copies b's disk to dst, freezing its processes for the
@@ -160,17 +246,7 @@ func (m *Manager) captureLocked(ctx context.Context, b *box, dst string) (runtim
 	}
 	var pause func() (func(), error)
 	if mv.step == stepLive {
-		inst := b.inst
-		pause = func() (func(), error) {
-			if err := inst.Freeze(ctx); err != nil {
-				return nil, fmt.Errorf("freezing: %w", err)
-			}
-			return func() {
-				if err := inst.Thaw(); err != nil {
-					m.log.Error("thawing a sandbox after a snapshot", "sandbox", b.rec.ID, "err", err)
-				}
-			}, nil
-		}
+		pause = m.freezeFor(ctx, b)
 	}
 	c, err := m.cfg.Runtime.Snapshot(ctx, b.rec.ID, dst, pause)
 	if err != nil {
@@ -251,20 +327,42 @@ func (m *Manager) keepsMemory(name string) bool {
 	return ok
 }
 
+// captured is a capture of a sandbox's disks: for a group, also its
+// containers and shared volumes as a create makes them again; with
+// copies of its named volumes when asked, by volume.
+type captured struct {
+	disk       runtime.Capture
+	containers []api.Container
+	shared     []api.SharedVolume
+	volumes    map[string]string
+}
+
 // captureAllLocked is captureLocked, or for a group captureGroupLocked
-// into p (the first's disk to dst), which also returns its containers
-// and shared volumes as a create makes them again.
-func (m *Manager) captureAllLocked(ctx context.Context, b *box, dst string, p *snapshot.Pending) (runtime.Capture, []api.Container, []api.SharedVolume, error) {
+// into p (the first's disk to dst); with copyVolumes it copies the named
+// volumes b mounts beside dst (a group's in the same freeze).
+func (m *Manager) captureAllLocked(ctx context.Context, b *box, dst string, p *snapshot.Pending, copyVolumes bool) (captured, error) {
+	var out captured
+	var err error
 	if !b.group() {
-		c, err := m.captureLocked(ctx, b, dst)
-		return c, nil, nil, err
+		if out.disk, err = m.captureLocked(ctx, b, dst); err == nil && copyVolumes {
+			out.volumes, err = m.captureVolumesLocked(ctx, b, dst)
+		}
+		return out, err
 	}
-	gc, err := m.captureGroupLocked(ctx, b, dst, p.ContainerPath, p.SharedPath)
+	to := groupDisks{first: dst, member: p.ContainerPath, shared: p.SharedPath}
+	if copyVolumes {
+		to.volumes = map[string]string{}
+		for i, name := range b.rec.namedVolumes() {
+			to.volumes[name] = fmt.Sprintf("%s.vol%d", dst, i)
+		}
+	}
+	gc, err := m.captureGroupLocked(ctx, b, to)
 	if err != nil {
-		return runtime.Capture{}, nil, nil, err
+		return out, err
 	}
-	cs, shared := b.containerSpecs()
-	return gc.sum(), cs, shared, nil
+	out.disk, out.volumes = gc.sum(), to.volumes
+	out.containers, out.shared = b.containerSpecs()
+	return out, nil
 }
 
 // Fork makes req.Count new sandboxes from a capture of a running (or
@@ -291,9 +389,6 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 	if err != nil {
 		return api.ForkResult{}, err
 	}
-	if b.group() && req.CopyVolumes {
-		return api.ForkResult{}, errGroup(id, "a fork with copies of its volumes")
-	}
 	p, err := m.cfg.Snapshots.Begin()
 	if err != nil {
 		return api.ForkResult{}, err
@@ -307,14 +402,9 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 		// Processes are kept where they can be.
 		memory = m.keepsMemoryLocked(b)
 	}
-	var c runtime.Capture
-	var containers []api.Container
-	var shared []api.SharedVolume
-	var volImages map[string]string
+	var all captured
 	capture := func() (err error) {
-		if c, containers, shared, err = m.captureAllLocked(ctx, b, p.Path, p); err == nil && req.CopyVolumes {
-			volImages, err = m.captureVolumesLocked(ctx, b, p.Path)
-		}
+		all, err = m.captureAllLocked(ctx, b, p.Path, p, req.CopyVolumes)
 		return err
 	}
 	var mem *api.SnapshotMemory
@@ -328,6 +418,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 		return api.ForkResult{}, err
 	}
 	b.touch()
+	c, containers, shared := all.disk, all.containers, all.shared
 	src := source{from: "fork:" + rec.ID, diskFrom: p.Path}
 	if mem != nil {
 		src.checkpoint = p.Checkpoint
@@ -386,20 +477,18 @@ func (m *Manager) Fork(ctx context.Context, id string, req api.ForkRequest) (api
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			cr := base
+			var made []string
 			if req.CopyVolumes {
-				vols, err := m.copyVolumes(ctx, rec.Volumes, volImages)
-				if err != nil {
+				var err error
+				if made, err = m.copyVolumes(ctx, &cr, all.volumes); err != nil {
 					errs[i] = err
 					return
 				}
-				cr.Volumes = vols
 			}
 			out[i], errs[i] = m.create(ctx, cr, src)
-			if errs[i] != nil && req.CopyVolumes {
-				for j, v := range cr.Volumes {
-					if v.Name != rec.Volumes[j].Name {
-						m.cfg.Volumes.Remove(context.Background(), v.Name)
-					}
+			if errs[i] != nil {
+				for _, name := range made {
+					m.cfg.Volumes.Remove(context.Background(), name)
 				}
 			}
 		}()
@@ -460,28 +549,50 @@ func (m *Manager) captureVolumesLocked(ctx context.Context, b *box, base string)
 	return out, nil
 }
 
-// copyVolumes makes a new volume from each captured one and returns vols
-// pointing at the copies.
-func (m *Manager) copyVolumes(ctx context.Context, vols []api.VolumeMount, images map[string]string) ([]api.VolumeMount, error) {
-	out := make([]api.VolumeMount, len(vols))
-	copy(out, vols)
-	suffix := runtime.NewID()[:8]
-	for i, v := range out {
-		img := images[v.Name]
-		if img == "" {
-			continue
+// copyVolumes makes a new volume from each captured one (images, by
+// volume) and points cr's mounts at the copies: a sandbox's, or each of
+// its containers'. It returns the volumes it made; on failure it removes
+// them.
+func (m *Manager) copyVolumes(ctx context.Context, cr *api.CreateRequest, images map[string]string) (made []string, err error) {
+	defer func() {
+		if err != nil {
+			for _, name := range made {
+				m.cfg.Volumes.Remove(context.Background(), name)
+			}
+			made = nil
 		}
-		name := v.Name
+	}()
+	suffix := runtime.NewID()[:8]
+	copies := map[string]string{}
+	for _, v := range slices.Sorted(maps.Keys(images)) {
+		name := v
 		if len(name) > 64-len(suffix)-1 {
 			name = name[:64-len(suffix)-1]
 		}
-		nv, err := m.cfg.Volumes.Create(ctx, api.VolumeRequest{Name: name + "-" + suffix}, img)
+		nv, err := m.cfg.Volumes.Create(ctx, api.VolumeRequest{Name: name + "-" + suffix}, images[v])
 		if err != nil {
-			return nil, err
+			return made, err
 		}
-		out[i].Name = nv.Name
+		made = append(made, nv.Name)
+		copies[v] = nv.Name
 	}
-	return out, nil
+	rename := func(vols []api.VolumeMount) []api.VolumeMount {
+		out := slices.Clone(vols)
+		for i, v := range out {
+			if to, ok := copies[v.Name]; ok {
+				out[i].Name = to
+			}
+		}
+		return out
+	}
+	cr.Volumes = rename(cr.Volumes)
+	cr.Containers = slices.Clone(cr.Containers)
+	for i := range cr.Containers {
+		// A shared volume's name is never a captured volume's: those are
+		// named volumes outside the sandbox.
+		cr.Containers[i].Mounts = rename(cr.Containers[i].Mounts)
+	}
+	return made, nil
 }
 
 // allocated is the space a file's data takes.

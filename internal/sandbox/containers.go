@@ -219,10 +219,13 @@ func (m *Manager) planGroup(req *api.CreateRequest, id string, res api.Resources
 	return g, nil
 }
 
+// sharedByLabel labels a shared volume with its sandbox's id.
+const sharedByLabel = "paddock.dev/shared-by"
+
 // makeShared makes g's shared volumes; on failure it removes those it made.
 func (m *Manager) makeShared(ctx context.Context, g *group) error {
 	for i, v := range g.shared {
-		if _, err := m.cfg.Volumes.Create(ctx, api.VolumeRequest{Name: v.Volume, SizeBytes: v.SizeBytes, Labels: map[string]string{"paddock.dev/shared-by": strings.TrimSuffix(v.Volume, "-"+v.Name)}}, g.sharedFrom[v.Name]); err != nil {
+		if _, err := m.cfg.Volumes.Create(ctx, api.VolumeRequest{Name: v.Volume, SizeBytes: v.SizeBytes, Labels: map[string]string{sharedByLabel: strings.TrimSuffix(v.Volume, "-"+v.Name)}}, g.sharedFrom[v.Name]); err != nil {
 			m.removeShared(g.shared[:i])
 			return fmt.Errorf("making shared volume %s: %w", v.Name, err)
 		}
@@ -569,6 +572,20 @@ func (m *Manager) memberOf(ctx context.Context, id, name string, wake bool) (*me
 	return b.members[i-1], nil
 }
 
+// containerIndex is the index of b's container name ("" is the first's),
+// or ErrNotFound. Its record's containers do not change after the
+// create, so no lock is needed.
+func (b *box) containerIndex(name string) (int, error) {
+	if name == "" {
+		return 0, nil
+	}
+	i := slices.IndexFunc(b.rec.Containers, func(c api.ContainerStatus) bool { return c.Name == name })
+	if i < 0 {
+		return 0, errdefs.NotFound("container", name)
+	}
+	return i, nil
+}
+
 // errGroup refuses what sandboxes of several containers cannot do yet.
 func errGroup(id, what string) error {
 	return errdefs.New(errdefs.ErrUnavailable, "sandbox %s has several containers: %s is not supported for them yet", id, what)
@@ -608,12 +625,20 @@ func (m *Manager) startGroup(ctx context.Context, b *box, g *group) error {
 		return err
 	}
 	m.superviseAll(b)
-	m.mu.Lock()
-	for _, mr := range b.rec.Members {
-		m.slots[m.slotOf(mr.UIDBase)] = b.rec.ID
-	}
-	m.mu.Unlock()
+	m.claimSlots(b)
 	return nil
+}
+
+// claimSlots records b's members' uid ranges, which the runtime took
+// for them as they started, as b's.
+func (m *Manager) claimSlots(b *box) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, mr := range b.rec.Members {
+		if mr.UIDBase != 0 {
+			m.slots[m.slotOf(mr.UIDBase)] = b.rec.ID
+		}
+	}
 }
 
 // unmake removes every trace of a sandbox b whose create failed before it

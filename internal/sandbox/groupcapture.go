@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -45,43 +47,67 @@ func (g groupCapture) sum() runtime.Capture {
 	return c
 }
 
-// captureGroupLocked copies the disk of b's first container to dst, each
-// member's to memberDst(name) and each shared volume's to sharedDst(name),
-// in one freeze. b runs, and so does
-// every container of it. b.mu is held.
-func (m *Manager) captureGroupLocked(ctx context.Context, b *box, dst string, memberDst, sharedDst func(name string) string) (groupCapture, error) {
+// groupDisks says where a group's capture writes each disk: the first
+// container's to first, each member's to member(name), each shared
+// volume's to shared(name), and each named volume in volumes (those a
+// fork with copy_volumes copies) to its file there.
+type groupDisks struct {
+	first   string
+	member  func(name string) string
+	shared  func(name string) string
+	volumes map[string]string
+}
+
+// captureGroupLocked copies every disk of b (see groupDisks) in one
+// freeze while b runs; a frozen, paused or stopped group, whose
+// processes do not run, is copied as it is. b.mu is held.
+func (m *Manager) captureGroupLocked(ctx context.Context, b *box, to groupDisks) (groupCapture, error) {
 	mv, err := next(b, actSnapshot)
 	if err != nil {
 		return groupCapture{}, err
 	}
-	if mv.step != stepLive || b.inst == nil {
-		return groupCapture{}, errdefs.Conflict("sandbox %s has several containers: capture it while it runs", b.rec.ID)
+	if b.rec.ArchivedDisk != nil {
+		return groupCapture{}, errdefs.Conflict("sandbox %s is archived: resume it first", b.rec.ID)
 	}
-	ids, dsts := []string{b.rec.ID}, []string{dst}
+	live := mv.step == stepLive
+	if live && b.inst == nil {
+		return groupCapture{}, errdefs.Conflict("sandbox %s has no guest to capture", b.rec.ID)
+	}
+	ids, dsts := []string{b.rec.ID}, []string{to.first}
 	for i, c := range b.rec.Containers[1:] {
-		if c.State != api.StateRunning || i >= len(b.members) || b.members[i] == nil {
+		if live && (c.State != api.StateRunning || i >= len(b.members) || b.members[i] == nil) {
 			return groupCapture{}, errdefs.Conflict("container %s of sandbox %s is not running (%s): a capture needs every container", c.Name, b.rec.ID, c.Error)
 		}
 		ids = append(ids, runtime.ContainerID(b.rec.ID, c.Name))
-		dsts = append(dsts, memberDst(c.Name))
+		dsts = append(dsts, to.member(c.Name))
 	}
 	// The shared volumes' copies wait at the same barrier: what one
 	// container wrote to them just before is in the snapshot with its disk.
 	nDisks := len(ids)
 	for _, v := range b.rec.SharedVolumes {
 		ids = append(ids, v.Volume)
-		dsts = append(dsts, sharedDst(v.Name))
+		dsts = append(dsts, to.shared(v.Name))
 	}
-	inst := b.inst
-	g := &groupFreeze{
-		n:      len(ids),
-		all:    make(chan struct{}),
-		freeze: func() error { return inst.Freeze(ctx) },
-		thaw: func() {
-			if err := inst.Thaw(); err != nil {
-				m.log.Error("thawing a sandbox after a snapshot", "sandbox", b.rec.ID, "err", err)
-			}
-		},
+	for _, name := range slices.Sorted(maps.Keys(to.volumes)) {
+		ids = append(ids, name)
+		dsts = append(dsts, to.volumes[name])
+	}
+	// Not live, nothing runs: each copy goes as it is, without a pause.
+	pause := func(*bool) func() (func(), error) { return nil }
+	var g *groupFreeze
+	if live {
+		inst := b.inst
+		g = &groupFreeze{
+			n:      len(ids),
+			all:    make(chan struct{}),
+			freeze: func() error { return inst.Freeze(ctx) },
+			thaw: func() {
+				if err := inst.Thaw(); err != nil {
+					m.log.Error("thawing a sandbox after a snapshot", "sandbox", b.rec.ID, "err", err)
+				}
+			},
+		}
+		pause = g.pause
 	}
 	out := groupCapture{caps: make([]runtime.Capture, nDisks)}
 	errs := make([]error, len(ids))
@@ -92,11 +118,11 @@ func (m *Manager) captureGroupLocked(ctx context.Context, b *box, dst string, me
 			defer wg.Done()
 			arrived := false
 			if i < nDisks {
-				out.caps[i], errs[i] = m.cfg.Runtime.Snapshot(ctx, ids[i], dsts[i], g.pause(&arrived))
+				out.caps[i], errs[i] = m.cfg.Runtime.Snapshot(ctx, ids[i], dsts[i], pause(&arrived))
 			} else {
-				errs[i] = m.cfg.Volumes.Capture(ctx, ids[i], dsts[i], g.pause(&arrived))
+				errs[i] = m.cfg.Volumes.Capture(ctx, ids[i], dsts[i], pause(&arrived))
 			}
-			if errs[i] != nil && !arrived {
+			if errs[i] != nil && !arrived && g != nil {
 				g.fail(errs[i])
 			}
 		}()
@@ -108,9 +134,46 @@ func (m *Manager) captureGroupLocked(ctx context.Context, b *box, dst string, me
 		}
 		return groupCapture{}, fmt.Errorf("capturing %s: %w", b.rec.ID, err)
 	}
-	out.Frozen = g.window
-	m.log.Debug("group captured", "sandbox", b.rec.ID, "frozen", g.window, "freezing", g.froze, "disks", len(ids))
+	if g != nil {
+		out.Frozen = g.window
+		m.log.Debug("group captured", "sandbox", b.rec.ID, "frozen", g.window, "freezing", g.froze, "disks", len(ids))
+	}
 	return out, nil
+}
+
+// namedVolumes are the named volumes of r's nodeMounts, by name: those
+// a fork shares with its source unless it copies them.
+func (r *record) namedVolumes() []string {
+	var names []string
+	for _, v := range r.nodeMounts() {
+		if v.Name != "" && !slices.Contains(names, v.Name) {
+			names = append(names, v.Name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// nodeMounts are what r's containers mount that stays on this node: its
+// mounts but its shared volumes (named volumes and directory snapshots).
+func (r *record) nodeMounts() []api.VolumeMount {
+	shared := map[string]bool{}
+	for _, v := range r.SharedVolumes {
+		shared[v.Volume] = true
+	}
+	var out []api.VolumeMount
+	add := func(vols []api.VolumeMount) {
+		for _, v := range vols {
+			if v.Name == "" || !shared[v.Name] {
+				out = append(out, v)
+			}
+		}
+	}
+	add(r.Volumes)
+	for _, mr := range r.Members {
+		add(mr.Volumes)
+	}
+	return out
 }
 
 // groupFreeze is the barrier of a group's captures (see above).

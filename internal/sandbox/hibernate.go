@@ -212,12 +212,13 @@ func (m *Manager) startLocked(ctx context.Context, b *box, to api.State) error {
 	if b.rec.ArchivedDisk != nil {
 		return m.startArchivedLocked(ctx, b, to)
 	}
-	return m.startFromLocked(ctx, b, to, "")
+	return m.startFromLocked(ctx, b, to, "", nil)
 }
 
 // startFromLocked is startLocked; diskFrom, if set, is an image file
-// whose copy becomes the sandbox's disk (it has none here).
-func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, diskFrom string) error {
+// whose copy becomes the sandbox's disk (it has none here), and
+// memberDisks those of its members, by name.
+func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, diskFrom string, memberDisks map[string]string) error {
 	img, err := m.cfg.Images.Get(imageRef(b.rec.Sandbox))
 	if err != nil {
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
@@ -255,7 +256,7 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	if base := inst.Info().UIDBase; base != b.rec.UIDBase {
 		m.rebase(b, base)
 	}
-	if err := m.startMembers(ctx, b, nil, nil); err != nil {
+	if err := m.startMembers(ctx, b, nil, memberDisks); err != nil {
 		b.stopping = true
 		inst.Kill()
 		<-inst.Done()
@@ -266,6 +267,7 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 		m.notify(b).Release(b.rec.ID)
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}
+	m.claimSlots(b)
 	was, paused := b.rec.State, b.rec.Paused
 	b.rec.State = to
 	b.rec.Error = ""

@@ -1244,9 +1244,11 @@ func (m *Manager) Load() error {
 			m.log.Error("skipping unreadable record", "sandbox", key, "err", err)
 			return nil
 		}
-		m.holdMounts(r.ID, r.Volumes)
-		for _, mr := range r.Members {
-			m.holdMounts(runtime.ContainerID(r.ID, mr.Name), mr.Volumes)
+		if r.ArchivedDisk == nil { // an archived one's are in the archive
+			m.holdMounts(r.ID, r.Volumes)
+			for _, mr := range r.Members {
+				m.holdMounts(runtime.ContainerID(r.ID, mr.Name), mr.Volumes)
+			}
 		}
 		m.mu.Lock()
 		b := &box{rec: r}

@@ -30,7 +30,7 @@ func (s *Server) takeSnapshot(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	snap, err := s.mgr.Snapshots().Create(r.Context(), r.PathValue("id"), req)
+	snap, err := s.mgr.Snapshots().CreateIn(r.Context(), r.PathValue("id"), containerOf(r.Context()), req)
 	if err != nil {
 		writeError(w, r, s.log, err)
 		return
