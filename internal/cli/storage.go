@@ -13,7 +13,7 @@ import (
 // snapshotCmd is `paddock snapshot ID [--path DIR | --memory]` with ls
 // and rm.
 func snapshotCmd(g *globals) *cobra.Command {
-	var path string
+	var path, container string
 	var labels []string
 	var verbose, memory bool
 	cmd := &cobra.Command{
@@ -33,7 +33,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := c.Snapshot(cmd.Context(), args[0], api.SnapshotRequest{Path: path, Labels: lm, Memory: memory})
+			s, err := c.Snapshot(client.WithContainer(cmd.Context(), container), args[0], api.SnapshotRequest{Path: path, Labels: lm, Memory: memory})
 			if err != nil {
 				return err
 			}
@@ -45,6 +45,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&path, "path", "", "capture only this directory of the sandbox")
+	cmd.Flags().StringVarP(&container, "container", "c", "", "with --path, the container whose directory to capture (default the sandbox's first)")
 	cmd.Flags().BoolVar(&memory, "memory", false, "checkpoint the sandbox's processes too (gvisor runtime)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label KEY=VALUE; repeatable")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "report the freeze window on stderr")
