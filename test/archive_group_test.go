@@ -93,7 +93,8 @@ func (c *cluster) checkArchivedGroup(id, sums string, starts int) {
 // shared volume to a real object store (SeaweedFS): every container's
 // disk and the shared volume go, each in an object of its own, and
 // leave the node; resumed on the same node, then archived again and
-// resumed on another node through the gateway once its own is gone, the
+// resumed on another node through the gateway once its own is gone (and
+// once after a restart of its node), the
 // whole group comes back (images, commands, env, readiness, restart
 // policies, files, the shared volume). A truncated or corrupt container
 // or volume disk fails the resume with a clear error and loses nothing.
@@ -209,7 +210,14 @@ func TestArchiveGroup(t *testing.T) {
 		put(key, good)
 	}
 
-	// Resumed on its own node: the whole group, the worker started again.
+	// Resumed on its own node, restarted meanwhile (the stub holds
+	// nothing of the shared volume): the whole group, the worker started
+	// again.
+	node1.Stop()
+	node1.Start()
+	if v := nodeVolumes(); len(v) != 0 {
+		t.Fatalf("node1 restarted holds volumes %+v", v)
+	}
 	code, body := c.raw(http.MethodPost, "/v1/sandboxes/"+id+"/resume", nil)
 	if code != http.StatusOK {
 		t.Fatalf("resume: %d %s\n%s", code, body, node1.Log())

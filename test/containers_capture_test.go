@@ -62,9 +62,10 @@ func TestContainersDirSnapshotAndCopyVolumes(t *testing.T) {
 	if first.Container != "app" {
 		t.Fatalf("the default directory snapshot's container: %q, want app", first.Container)
 	}
-	reader := d.Create(api.CreateRequest{Volumes: []api.VolumeMount{{Snapshot: tools.ID, Path: "/t"}, {Snapshot: first.ID, Path: "/a"}}})
-	if out, _, st := d.Exec(reader, "sh", "-c", "cat /t/who /t/sub/f /a/who"); st.ExitCode != 0 || out != "tools\ndeep\napp\n" {
-		t.Fatalf("the directory snapshots hold %q (%+v), want tools' then app's", out, st)
+	cli := strings.TrimSpace(d.MustCLI("snapshot", id, "--path", "/root/work/sub", "-c", "tools"))
+	reader := d.Create(api.CreateRequest{Volumes: []api.VolumeMount{{Snapshot: tools.ID, Path: "/t"}, {Snapshot: first.ID, Path: "/a"}, {Snapshot: cli, Path: "/c"}}})
+	if out, _, st := d.Exec(reader, "sh", "-c", "cat /t/who /t/sub/f /a/who /c/f"); st.ExitCode != 0 || out != "tools\ndeep\napp\ndeep\n" {
+		t.Fatalf("the directory snapshots hold %q (%+v), want tools', app's, then tools' sub (the CLI's)", out, st)
 	}
 
 	// What a group's directory snapshot refuses, each saying why.
@@ -160,13 +161,13 @@ func TestContainersDirSnapshotAndCopyVolumes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, s := range []string{tools.ID, first.ID, snap.ID} {
+	for _, s := range []string{tools.ID, first.ID, cli, snap.ID} {
 		if !waitFor(30*time.Second, 50*time.Millisecond, func() bool { return c.DeleteSnapshot(ctx, s) == nil }) {
 			t.Errorf("snapshot %s could not be removed", s)
 		}
 	}
-	// The forks' copies go with... nothing: they are volumes of their own,
-	// removed by hand; the shared ones went with their sandboxes.
+	// The forks' copies are volumes of their own, removed by hand; the
+	// shared ones went with their sandboxes.
 	if !waitFor(30*time.Second, 50*time.Millisecond, func() bool {
 		vols, err := c.Volumes(ctx)
 		if err != nil {
