@@ -613,7 +613,7 @@ time.sleep(10000)' >/dev/null 2>&1 &)`)
 	if !waitFor(time.Minute, 50*time.Millisecond, func() bool { p := d.get(sb.ID).Paused; return p != nil && !p.Compressing }) {
 		t.Fatal("the checkpoint was not compressed within a minute")
 	}
-	img := filepath.Join(d.StateDir, "storage", "disks", "vol", sb.ID, "root", "checkpoint", "pages.img.zst")
+	img := filepath.Join(d.StateDir, "storage", "disks", "vol", sb.ID, "root", "checkpoint", "checkpoint.sqfs")
 	fi, err := os.Stat(img)
 	if err != nil {
 		t.Fatal(err)

@@ -157,14 +157,17 @@ func (r *Runtime) save(ctx context.Context, id, dir, compression string, mark fu
 
 // restoreRun restores the checkpoint at image for the bundle in dir
 // (whose spec names the sandbox's cgroup) and returns the sandbox,
-// watching the sentry's process. A squeezed checkpoint is expanded into
-// scratch (a new directory on the sandbox's disk) while runsc creates
-// the sandbox, then restored from there; runsc loads its pages in the
-// background, the processes running meanwhile (a page they touch first
-// is loaded first). scratch goes once runsc holds the files.
+// watching the sentry's process. A packed checkpoint is checked and
+// mounted at scratch (a new directory on the sandbox's disk) while runsc
+// creates the sandbox, one squeezed file by file is expanded there; it
+// is restored from there. runsc loads its pages in the background, the
+// processes running meanwhile (a page they touch first is loaded first;
+// from a pack, the kernel expands the blocks runsc reads). scratch is
+// unmounted (lazily: runsc reads on from the files it opened) and goes
+// once runsc holds the files.
 func (r *Runtime) restoreRun(ctx context.Context, id, dir, image, scratch string) (*Sandbox, error) {
 	r.stopSqueezing(id)
-	defer os.RemoveAll(scratch)
+	defer unmountPack(scratch)
 	plan, err := planImage(image)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", runtime.ErrCheckpointUnusable, err)
@@ -204,11 +207,17 @@ func (r *Runtime) restoreRun(ctx context.Context, id, dir, image, scratch string
 		defer mu.Unlock()
 		r.log.Debug("gvisor restore phases", append([]any{"sandbox", id}, phases...)...)
 	}()
-	if plan.squeezed() {
+	if plan.packed || plan.squeezed() {
 		expanded := make(chan error, 1)
 		go func() {
-			err := plan.expand(ctx, scratch)
-			mark("expanded")
+			var err error
+			if plan.packed {
+				err = mountPack(ctx, filepath.Join(image, packName), scratch)
+				mark("checked and mounted")
+			} else {
+				err = plan.expand(ctx, scratch)
+				mark("expanded")
+			}
 			expanded <- err
 		}()
 		cmd := r.runsc(ctx, "--log", runLog, "create", "--bundle", dir, "--pid-file", pidFile, id)
@@ -216,6 +225,9 @@ func (r *Runtime) restoreRun(ctx context.Context, id, dir, image, scratch string
 		cerr := cmd.Run()
 		mark("created")
 		if err := <-expanded; err != nil {
+			if plan.packed && !errors.Is(err, errDamaged) {
+				return nil, fmt.Errorf("opening the checkpoint: %w", err)
+			}
 			return nil, fmt.Errorf("%w: %v", runtime.ErrCheckpointUnusable, err)
 		}
 		if cerr != nil {

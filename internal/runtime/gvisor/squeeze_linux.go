@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -17,9 +16,9 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// A checkpoint file squeezed: runsc writes its checkpoint uncompressed
-// (fast, and the only form whose pages runsc restores in the
-// background), and the runtime compresses each file behind the pause's
+// A checkpoint file squeezed, as checkpoints were before packs
+// (pack_linux.go; a resume still reads them): runsc wrote it
+// uncompressed, and the runtime compressed it behind the pause's
 // answer, on every core, into name+squeezedExt, which a resume expands
 // again on every core. The file is independent zstd frames, one per
 // squeezeChunk of the original, each with its content's size and
@@ -63,111 +62,6 @@ func coders() (*zstd.Encoder, *zstd.Decoder, error) {
 		dec, encErr = zstd.NewReader(nil, zstd.WithDecoderConcurrency(n), zstd.WithDecoderMaxMemory(2*squeezeChunk))
 	})
 	return enc, dec, encErr
-}
-
-// squeezeFile compresses src into dst, a new file (synced), on every
-// core; it stops when ctx ends.
-func squeezeFile(ctx context.Context, src, dst string) (retErr error) {
-	enc, _, err := coders()
-	if err != nil {
-		return err
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	fi, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := out.Close(); retErr == nil {
-			retErr = err
-		}
-		if retErr != nil {
-			os.Remove(dst)
-		}
-	}()
-	size := fi.Size()
-	frames := int((size + squeezeChunk - 1) / squeezeChunk)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	type result struct {
-		b   []byte
-		err error
-	}
-	workers := goruntime.NumCPU()
-	slots := make([]chan result, frames)
-	for i := range slots {
-		slots[i] = make(chan result, 1)
-	}
-	// At most 2 frames per worker are read and not yet written.
-	room := make(chan struct{}, 2*workers)
-	jobs := make(chan int)
-	go func() {
-		defer close(jobs)
-		for i := 0; i < frames; i++ {
-			select {
-			case room <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			select {
-			case jobs <- i:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	for w := 0; w < workers; w++ {
-		go func() {
-			buf := make([]byte, squeezeChunk)
-			for i := range jobs {
-				off := int64(i) * squeezeChunk
-				n := min(squeezeChunk, size-off)
-				var r result
-				if _, err := in.ReadAt(buf[:n], off); err != nil {
-					r.err = fmt.Errorf("reading %s: %w", src, err)
-				} else {
-					r.b = enc.EncodeAll(buf[:n], make([]byte, 0, n/2))
-				}
-				slots[i] <- r
-			}
-		}()
-	}
-	index := make([]byte, 0, 4*frames+20)
-	for i := 0; i < frames; i++ {
-		var r result
-		select {
-		case r = <-slots[i]:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		if r.err != nil {
-			return r.err
-		}
-		if _, err := out.Write(r.b); err != nil {
-			return err
-		}
-		index = binary.LittleEndian.AppendUint32(index, uint32(len(r.b)))
-		<-room
-	}
-	index = binary.LittleEndian.AppendUint64(index, uint64(size))
-	index = binary.LittleEndian.AppendUint32(index, squeezeChunk)
-	index = binary.LittleEndian.AppendUint32(index, uint32(frames))
-	index = binary.LittleEndian.AppendUint32(index, squeezeMagic)
-	head := binary.LittleEndian.AppendUint32(nil, skippableMagic)
-	head = binary.LittleEndian.AppendUint32(head, uint32(len(index)))
-	if _, err := out.Write(append(head, index...)); err != nil {
-		return err
-	}
-	return out.Sync()
 }
 
 // squeezeIndex is a squeezed file's index.
@@ -246,22 +140,48 @@ func expandFile(ctx context.Context, src, dst string) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("%s: %w", filepath.Base(src), err)
 	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	out, err := createNew(dst)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err := out.Close(); retErr == nil {
-			retErr = err
-		}
-		if retErr != nil {
-			os.Remove(dst)
-		}
-	}()
+	defer closeNew(out, &retErr)
 	if err := out.Truncate(ix.size); err != nil {
 		return err
 	}
 	frames := len(ix.offset) - 1
+	err = eachOnCores(ctx, frames, func() func(i int) error {
+		var cbuf []byte
+		buf := make([]byte, 0, ix.chunk)
+		return func(i int) error {
+			n := ix.offset[i+1] - ix.offset[i]
+			if int64(cap(cbuf)) < n {
+				cbuf = make([]byte, n)
+			}
+			if _, err := in.ReadAt(cbuf[:n], ix.offset[i]); err != nil {
+				return err
+			}
+			want := min(ix.chunk, ix.size-int64(i)*ix.chunk)
+			got, err := dec.DecodeAll(cbuf[:n], buf[:0])
+			if err != nil {
+				return fmt.Errorf("frame %d: %w", i, err)
+			}
+			if int64(len(got)) != want {
+				return fmt.Errorf("frame %d holds %d bytes, not %d", i, len(got), want)
+			}
+			_, err = out.WriteAt(got, int64(i)*ix.chunk)
+			return err
+		}
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("%s: %w", filepath.Base(src), err)
+	}
+	return err
+}
+
+// eachOnCores runs a worker on each core; they call do (each worker's
+// own, from newWorker) for 0..n-1 between them, until one fails or ctx
+// ends, and the first error is returned.
+func eachOnCores(ctx context.Context, n int, newWorker func() func(i int) error) error {
 	var (
 		mu   sync.Mutex
 		next int
@@ -271,7 +191,7 @@ func expandFile(ctx context.Context, src, dst string) (retErr error) {
 	take := func() int {
 		mu.Lock()
 		defer mu.Unlock()
-		if len(errs) > 0 || next == frames || ctx.Err() != nil {
+		if len(errs) > 0 || next == n || ctx.Err() != nil {
 			return -1
 		}
 		next++
@@ -281,29 +201,9 @@ func expandFile(ctx context.Context, src, dst string) (retErr error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var cbuf []byte
-			buf := make([]byte, 0, ix.chunk)
+			do := newWorker()
 			for i := take(); i >= 0; i = take() {
-				err := func() error {
-					n := ix.offset[i+1] - ix.offset[i]
-					if int64(cap(cbuf)) < n {
-						cbuf = make([]byte, n)
-					}
-					if _, err := in.ReadAt(cbuf[:n], ix.offset[i]); err != nil {
-						return err
-					}
-					want := min(ix.chunk, ix.size-int64(i)*ix.chunk)
-					got, err := dec.DecodeAll(cbuf[:n], buf[:0])
-					if err != nil {
-						return fmt.Errorf("frame %d: %w", i, err)
-					}
-					if int64(len(got)) != want {
-						return fmt.Errorf("frame %d holds %d bytes, not %d", i, len(got), want)
-					}
-					_, err = out.WriteAt(got, int64(i)*ix.chunk)
-					return err
-				}()
-				if err != nil {
+				if err := do(i); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
@@ -313,9 +213,25 @@ func expandFile(ctx context.Context, src, dst string) (retErr error) {
 	}
 	wg.Wait()
 	if len(errs) > 0 {
-		return fmt.Errorf("%s: %w", filepath.Base(src), errs[0])
+		return errs[0]
 	}
 	return ctx.Err()
+}
+
+// createNew creates dst, a new file, to be written (and read back).
+func createNew(dst string) (*os.File, error) {
+	return os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+}
+
+// closeNew closes out, a file createNew made, and removes it if it
+// could not be closed or *errp says its writing failed.
+func closeNew(out *os.File, errp *error) {
+	if err := out.Close(); *errp == nil {
+		*errp = err
+	}
+	if *errp != nil {
+		os.Remove(out.Name())
+	}
 }
 
 // copyFile copies src into dst, a new file.
@@ -325,7 +241,7 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	out, err := createNew(dst)
 	if err != nil {
 		return err
 	}
@@ -361,16 +277,19 @@ func writeBootID(dir string) error {
 
 // imagePlan says where each file of a checkpoint comes from.
 type imagePlan struct {
-	dir   string
-	raw   []string // used as they are
-	zst   []string // expanded
-	pages bool     // it has a pages file: runsc can load it in the background
+	dir    string
+	packed bool     // all of them from packName (pack_linux.go)
+	raw    []string // used as they are
+	zst    []string // expanded (checkpoints squeezed file by file, before packs)
+	pages  bool     // it has a pages file: runsc can load it in the background
 }
 
 func (p *imagePlan) squeezed() bool { return len(p.zst) > 0 }
 
-// planImage reads checkpoint directory dir: a file there as it is
-// (once its boot is this one) is used so, else its squeezed copy.
+// planImage reads checkpoint directory dir: its pack if it has one
+// (whole once there: the files it was made of may still be beside it),
+// else each file there as it is (once its boot is this one), else its
+// squeezed copy.
 func planImage(dir string) (*imagePlan, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -379,6 +298,9 @@ func planImage(dir string) (*imagePlan, error) {
 	has := map[string]bool{}
 	for _, e := range entries {
 		has[e.Name()] = true
+	}
+	if has[packName] {
+		return &imagePlan{dir: dir, packed: true, pages: true}, nil
 	}
 	trusted := true
 	if has[bootName] {
@@ -416,7 +338,7 @@ func planImage(dir string) (*imagePlan, error) {
 // expand makes dst, a new directory, the checkpoint runsc restores:
 // its squeezed files expanded, the others linked (or copied).
 func (p *imagePlan) expand(ctx context.Context, dst string) error {
-	os.RemoveAll(dst)
+	unmountPack(dst)
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return err
 	}
@@ -436,39 +358,47 @@ func (p *imagePlan) expand(ctx context.Context, dst string) error {
 	return nil
 }
 
-// squeezeDir squeezes each file of checkpoint directory dir that is
-// there as it is: into a new file, synced, renamed over its squeezed
-// name; then the original goes. At every step each file is whole in
-// one form or both, so a kill (of the daemon) leaves a checkpoint a
-// resume can use.
+// squeezeDir packs the files of checkpoint directory dir that are
+// there as they are into packName (pack_linux.go): into a new file,
+// synced, renamed; then they go. At every step the checkpoint is whole
+// in one form or both (planImage takes the pack once it is there), so
+// a kill (of the daemon) leaves one a resume can use.
 func squeezeDir(ctx context.Context, dir string) error {
-	if b, err := os.ReadFile(filepath.Join(dir, bootName)); err == nil {
-		now, err := bootID()
-		if err != nil {
-			return err
-		}
-		if strings.TrimSpace(string(b)) != now {
-			return errors.New("its uncompressed files were written before the host restarted")
+	packed := filepath.Join(dir, packName)
+	var names []string
+	for _, name := range checkpointFiles {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			names = append(names, name)
 		}
 	}
-	for _, name := range checkpointFiles {
-		raw := filepath.Join(dir, name)
-		if _, err := os.Stat(raw); errors.Is(err, fs.ErrNotExist) {
-			continue
+	if _, err := os.Stat(packed); err != nil {
+		if len(names) == 0 {
+			return nil // squeezed file by file, before packs
 		}
-		tmp := raw + squeezedExt + ".new"
+		if b, err := os.ReadFile(filepath.Join(dir, bootName)); err == nil {
+			now, err := bootID()
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(string(b)) != now {
+				return errors.New("its uncompressed files were written before the host restarted")
+			}
+		}
+		tmp := packed + ".new"
 		os.Remove(tmp)
-		if err := squeezeFile(ctx, raw, tmp); err != nil {
-			return fmt.Errorf("compressing %s: %w", name, err)
+		if err := packDir(ctx, dir, names, tmp); err != nil {
+			return fmt.Errorf("compressing the checkpoint: %w", err)
 		}
-		if err := os.Rename(tmp, raw+squeezedExt); err != nil {
+		if err := os.Rename(tmp, packed); err != nil {
 			os.Remove(tmp)
 			return err
 		}
 		if err := syncPath(dir); err != nil {
 			return err
 		}
-		if err := os.Remove(raw); err != nil {
+	}
+	for _, name := range names {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
 			return err
 		}
 	}

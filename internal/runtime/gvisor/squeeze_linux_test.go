@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"log/slog"
 	"os"
@@ -12,6 +13,57 @@ import (
 	"testing"
 	"time"
 )
+
+// squeezeFile compresses src into dst, a new file (synced), on every
+// core, as checkpoints were squeezed file by file before packs: the
+// tests make such checkpoints with it.
+func squeezeFile(ctx context.Context, src, dst string) (retErr error) {
+	enc, _, err := coders()
+	if err != nil {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := createNew(dst)
+	if err != nil {
+		return err
+	}
+	defer closeNew(out, &retErr)
+	size := fi.Size()
+	frames := int((size + squeezeChunk - 1) / squeezeChunk)
+	index := make([]byte, 0, 4*frames+20)
+	write := func(b []byte) error {
+		_, err := out.Write(b)
+		index = binary.LittleEndian.AppendUint32(index, uint32(len(b)))
+		return err
+	}
+	err = compressBlocks(ctx, in, squeezeChunk, enc.EncodeAll, func(b []byte, raw int) error {
+		if b == nil {
+			b = enc.EncodeAll(make([]byte, raw), nil)
+		}
+		return write(b)
+	}, func(b []byte) error { return write(enc.EncodeAll(b, nil)) })
+	if err != nil {
+		return err
+	}
+	index = binary.LittleEndian.AppendUint64(index, uint64(size))
+	index = binary.LittleEndian.AppendUint32(index, squeezeChunk)
+	index = binary.LittleEndian.AppendUint32(index, uint32(frames))
+	index = binary.LittleEndian.AppendUint32(index, squeezeMagic)
+	head := binary.LittleEndian.AppendUint32(nil, skippableMagic)
+	head = binary.LittleEndian.AppendUint32(head, uint32(len(index)))
+	if _, err := out.Write(append(head, index...)); err != nil {
+		return err
+	}
+	return out.Sync()
+}
 
 // halfHex is n bytes of text with 4 bits of entropy a byte, a zero run
 // in its middle.
@@ -102,9 +154,10 @@ func TestSqueezeDamage(t *testing.T) {
 	}
 }
 
-// TestSqueezeDirPlan: a checkpoint directory squeezed file by file is
-// planned from whatever each file is, and a file left uncompressed by
-// an earlier boot is refused.
+// TestSqueezeDirPlan: a checkpoint directory is planned from whatever
+// its files are: uncompressed, packed (squeezeDir), or squeezed file by
+// file (before packs); a file left uncompressed by an earlier boot is
+// refused.
 func TestSqueezeDirPlan(t *testing.T) {
 	dir := t.TempDir()
 	files := map[string][]byte{"checkpoint.img": halfHex(100000), "pages_meta.img": halfHex(5000), "pages.img": halfHex(2*squeezeChunk + 4096)}
@@ -117,15 +170,39 @@ func TestSqueezeDirPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, err := planImage(dir)
-	if err != nil || p.squeezed() || len(p.raw) != 3 || !p.pages {
+	if err != nil || p.squeezed() || p.packed || len(p.raw) != 3 || !p.pages {
 		t.Fatalf("an uncompressed checkpoint's plan: %+v, %v", p, err)
 	}
 	if err := squeezeDir(context.Background(), dir); err != nil {
 		t.Fatal(err)
 	}
 	p, err = planImage(dir)
+	if err != nil || !p.packed || !p.pages {
+		t.Fatalf("a packed checkpoint's plan: %+v, %v", p, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+		t.Fatalf("a packed checkpoint's directory holds %d files, want the pack and the boot id", len(ents))
+	}
+
+	// Squeezed file by file, as before packs.
+	old := t.TempDir()
+	for name, b := range files {
+		raw := filepath.Join(old, name)
+		if err := os.WriteFile(raw, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := squeezeFile(context.Background(), raw, raw+squeezedExt); err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(raw)
+	}
+	os.WriteFile(filepath.Join(old, bootName), []byte("another boot\n"), 0o600)
+	p, err = planImage(old)
 	if err != nil || len(p.zst) != 3 || len(p.raw) != 0 {
-		t.Fatalf("a squeezed checkpoint's plan: %+v, %v", p, err)
+		t.Fatalf("a checkpoint squeezed file by file: %+v, %v", p, err)
+	}
+	if err := squeezeDir(context.Background(), old); err != nil {
+		t.Fatalf("squeezing again one squeezed file by file: %v", err)
 	}
 	out := filepath.Join(t.TempDir(), "open")
 	if err := p.expand(context.Background(), out); err != nil {
@@ -138,10 +215,9 @@ func TestSqueezeDirPlan(t *testing.T) {
 		}
 	}
 	// An uncompressed file of another boot, beside nothing squeezed.
-	os.Remove(filepath.Join(dir, "pages.img.zst"))
-	os.WriteFile(filepath.Join(dir, "pages.img"), files["pages.img"], 0o600)
-	os.WriteFile(filepath.Join(dir, bootName), []byte("another boot\n"), 0o600)
-	if _, err := planImage(dir); err == nil || !strings.Contains(err.Error(), "host restarted") {
+	os.Remove(filepath.Join(old, "pages.img.zst"))
+	os.WriteFile(filepath.Join(old, "pages.img"), files["pages.img"], 0o600)
+	if _, err := planImage(old); err == nil || !strings.Contains(err.Error(), "host restarted") {
 		t.Fatalf("an uncompressed file of another boot: %v", err)
 	}
 }
@@ -169,7 +245,7 @@ func TestSqueezeAfterStop(t *testing.T) {
 	if !ok || n <= 0 || !ran {
 		t.Fatalf("report %d %v, the rest of the stop ran: %v", n, ok, ran)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "pages.img.zst")); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, packName)); err != nil {
 		t.Fatal(err)
 	}
 	if r.handOver("a", func() {}) {

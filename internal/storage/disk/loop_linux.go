@@ -35,6 +35,8 @@ type loopOptions struct {
 	// with O_DIRECT. The kernel drops the flag silently when the backing
 	// file cannot take it.
 	directIO bool
+	// readOnly binds the backing file read-only.
+	readOnly bool
 }
 
 // volumeLoop is how volumes are attached: direct I/O, 4 KiB blocks.
@@ -57,7 +59,11 @@ var volumeLoop = loopOptions{blockSize: 4096, directIO: true}
 // the fd: with autoclear the device frees itself on the last close, which is
 // what makes a failed mount, an unmount and a crash all leave nothing behind.
 func attachLoop(img string, opts loopOptions) (fd int, dev string, err error) {
-	backing, err := unix.Open(img, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	mode := unix.O_RDWR
+	if opts.readOnly {
+		mode = unix.O_RDONLY
+	}
+	backing, err := unix.Open(img, mode|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, "", fmt.Errorf("opening %s: %w", img, err)
 	}
@@ -76,15 +82,15 @@ func attachLoop(img string, opts loopOptions) (fd int, dev string, err error) {
 			return -1, "", fmt.Errorf("finding a free loop device: %w", err)
 		}
 		dev = "/dev/loop" + strconv.Itoa(n)
-		fd, err = unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		fd, err = unix.Open(dev, mode|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return -1, "", fmt.Errorf("opening %s: %w", dev, err)
 		}
 		err = configureLoop(fd, backing, opts)
-		if errors.Is(err, unix.EINVAL) && opts != (loopOptions{}) {
+		if errors.Is(err, unix.EINVAL) && opts != (loopOptions{readOnly: opts.readOnly}) {
 			// An older kernel refusing the block size or the flag:
 			// buffered I/O with default blocks still works.
-			err = configureLoop(fd, backing, loopOptions{})
+			err = configureLoop(fd, backing, loopOptions{readOnly: opts.readOnly})
 		}
 		if err == nil {
 			return fd, dev, nil
@@ -103,7 +109,17 @@ func configureLoop(fd, backing int, opts loopOptions) error {
 	if opts.directIO {
 		cfg.Info.Flags |= unix.LO_FLAGS_DIRECT_IO
 	}
+	if opts.readOnly {
+		cfg.Info.Flags |= unix.LO_FLAGS_READ_ONLY
+	}
 	return unix.IoctlLoopConfigure(fd, &cfg)
+}
+
+// AttachReadOnly binds image file img read-only to a free loop device
+// with autoclear set, as attachLoop does: the caller mounts the device
+// (dev) before closing fd, and the device frees itself once unmounted.
+func AttachReadOnly(img string) (fd int, dev string, err error) {
+	return attachLoop(img, loopOptions{readOnly: true})
 }
 
 // loopDirectIO reports whether the loop device dev (/dev/loopN) does direct
