@@ -480,8 +480,11 @@ func (d *Daemon) isWarm(pid int) bool {
 	return false
 }
 
-// describe says what a host process is, for failure messages: its argv,
-// uid, parent and cgroups.
+// describe says what a host process is, for failure messages (and for
+// tracesBesides, which looks for a sandbox's id in it): its argv, uid,
+// parent and cgroups. On v1 a guest's own threads stay in the parent's
+// pids group (its sandbox's processes alone count against the cap), so
+// the memory hierarchy's path is the one that names its sandbox.
 func describe(pid int) string {
 	uid, _ := procUID(pid)
 	ppid := ""
@@ -495,7 +498,7 @@ func describe(pid int) string {
 	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	var cgs []string
 	for _, l := range strings.Split(strings.TrimSpace(string(cg)), "\n") {
-		if f := strings.SplitN(l, ":", 3); len(f) == 3 && (strings.Contains(f[1], "pids") || f[1] == "") {
+		if f := strings.SplitN(l, ":", 3); len(f) == 3 && (strings.Contains(f[1], "pids") || strings.Contains(f[1], "memory") || f[1] == "") {
 			cgs = append(cgs, f[1]+":"+f[2])
 		}
 	}
