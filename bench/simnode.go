@@ -98,12 +98,6 @@ func (n *simNode) listen(tlsOn bool) (string, error) {
 	return scheme + l.Addr().String(), nil
 }
 
-func (n *simNode) stop() {
-	for _, l := range n.listeners {
-		l.Close()
-	}
-}
-
 // simRequest is one request as a simulated node reads it; its slices
 // point into the connection's buffers until the next request.
 type simRequest struct {

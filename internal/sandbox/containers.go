@@ -586,11 +586,6 @@ func (b *box) containerIndex(name string) (int, error) {
 	return i, nil
 }
 
-// errGroup refuses what sandboxes of several containers cannot do yet.
-func errGroup(id, what string) error {
-	return errdefs.New(errdefs.ErrUnavailable, "sandbox %s has several containers: %s is not supported for them yet", id, what)
-}
-
 // record puts g's containers and shared volumes in rec, the sandbox's.
 func (g *group) record(rec *record) {
 	rec.SharedVolumes = g.shared
