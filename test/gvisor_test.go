@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -482,6 +483,23 @@ func checkStopEnded(t *testing.T, d *Daemon, id string) {
 	}
 }
 
+// checkCounting checks that sandbox id's counter (startMemoryWork, pid
+// counter), at before when it was paused, continued from there after the
+// resume and counts on; when names the resume in what it says.
+func checkCounting(t *testing.T, d *Daemon, id, counter string, before int, when string) {
+	t.Helper()
+	after := readCount(t, d, id)
+	if after < before {
+		t.Fatalf("%s: the counter was at %d before the pause and at %d after the resume; want it to continue from there", when, before, after)
+	}
+	if !waitFor(10*time.Second, 100*time.Millisecond, func() bool { return readCount(t, d, id) > after }) {
+		t.Fatalf("%s: the counter does not count after the resume", when)
+	}
+	if pid := strings.TrimSpace(d.Sh(id, "pgrep -f 'i=[0]' | head -1")); pid != counter {
+		t.Fatalf("%s: the counter's pid is %s, was %s", when, pid, counter)
+	}
+}
+
 // TestGvisorMemoryPause: a pause of a gvisor sandbox keeps its processes.
 // A counter continues where it stopped, with its pid; a server keeps its
 // listening socket and what it holds in memory; the pause survives a
@@ -523,16 +541,7 @@ func TestGvisorMemoryPause(t *testing.T) {
 		if sb := d.get(id); sb.Paused != nil || sb.State != api.StateRunning {
 			t.Fatalf("after resume: state %s, paused %+v", sb.State, sb.Paused)
 		}
-		after := readCount(t, d, id)
-		if after < before {
-			t.Fatalf("round %d: the counter was at %d before the pause and at %d after the resume; want it to continue from there", round, before, after)
-		}
-		if !waitFor(10*time.Second, 100*time.Millisecond, func() bool { return readCount(t, d, id) > after }) {
-			t.Fatalf("round %d: the counter does not count after the resume", round)
-		}
-		if pid := strings.TrimSpace(d.Sh(id, "pgrep -f 'i=[0]' | head -1")); pid != counter {
-			t.Fatalf("round %d: the counter's pid is %s, was %s", round, pid, counter)
-		}
+		checkCounting(t, d, id, counter, before, fmt.Sprintf("round %d", round))
 		// New commands get the new network slot's proxy.
 		if out := strings.Fields(d.Sh(id, `echo $HTTP_PROXY; ip route | awk '/default/ {print $3}'`)); len(out) != 2 || !strings.Contains(out[0], "//"+out[1]+":") {
 			t.Fatalf("round %d: HTTP_PROXY and the default gateway after the resume: %q", round, out)
@@ -634,6 +643,127 @@ time.sleep(10000)' >/dev/null 2>&1 &)`)
 		t.Fatal(err)
 	}
 	if out := d.Sh(sb.ID, "cat /root/marker; pgrep -f 'i=[0]' || echo none"); !strings.Contains(out, "kept") || !strings.Contains(out, "none") {
+		t.Fatalf("after the resume from the files: %q; want the files and no counter", out)
+	}
+}
+
+// upgradedPaddock builds into dir a paddock binary whose guest differs
+// from paddockBin's, as an upgrade's would: built without the embedded
+// guest, its sandboxes run its own binary (a version string of its own
+// makes it differ from any other such build).
+func upgradedPaddock(dir string) (string, error) {
+	out := filepath.Join(dir, "paddock")
+	build := exec.Command("go", "build", "-tags", "netgo osusergo",
+		"-ldflags", `-linkmode external -extldflags "-static" -X github.com/paddock-dev/paddock/internal/cli.Version=upgraded-`+randHex(4),
+		"-o", out, "../cmd/paddock")
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if b, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building a second paddock: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// boundGuest is the host file gvisor sandbox id's bundle binds as its
+// guest binary.
+func boundGuest(t *testing.T, d *Daemon, id string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(d.RunDir, "sandboxes", id, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec struct {
+		Mounts []struct{ Destination, Source string }
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range spec.Mounts {
+		if m.Destination == "/dev/.paddock-guest" {
+			return m.Source
+		}
+	}
+	t.Fatalf("sandbox %s's bundle binds no guest binary", id)
+	return ""
+}
+
+// TestGvisorMemoryPauseUpgrade: a sandbox paused with its memory by one
+// daemon is resumed by an upgraded one whose guest binary differs, with
+// the binary it was paused with: its processes run on. A checkpoint
+// whose guest binary is gone (its copy lost, and the run dir's, as after
+// a reboot) fails the resume, saying so, and keeps the files.
+func TestGvisorMemoryPauseUpgrade(t *testing.T) {
+	d := newGvisorDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	// Built while the first daemon works.
+	type build struct {
+		bin string
+		err error
+	}
+	upgraded := make(chan build, 1)
+	binDir := t.TempDir()
+	go func() {
+		bin, err := upgradedPaddock(binDir)
+		upgraded <- build{bin, err}
+	}()
+	c := d.Client()
+	sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor", AutoResume: new(bool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	counter := startMemoryWork(t, d, id)
+	serverPID, hits := serverState(t, askServer(t, d, id))
+	guest := boundGuest(t, d, id)
+	before := readCount(t, d, id)
+	pauseWithMemory(t, d, id)
+	checkStopEnded(t, d, id)
+
+	b := <-upgraded
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	d.Stop()
+	d.Bin = b.bin
+	d.Start()
+	fresh := d.createCLI("--runtime", "gvisor")
+	if now := boundGuest(t, d, fresh); filepath.Base(now) == filepath.Base(guest) {
+		t.Fatalf("the upgraded daemon's guest binary is the old one (%s)", now)
+	}
+	if _, err := c.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := boundGuest(t, d, id); filepath.Base(got) != filepath.Base(guest) {
+		t.Fatalf("the resumed sandbox binds guest binary %s; want the one it was paused with, %s", got, guest)
+	}
+	checkCounting(t, d, id, counter, before, "after the upgrade")
+	if got, want := askServer(t, d, id), fmt.Sprintf("pid %s hits %d", serverPID, hits+1); got != want {
+		t.Fatalf("the server answers %q, want %q (same process, memory kept)", got, want)
+	}
+
+	// Its guest binary gone: the copy its checkpoint carries, and the
+	// run dir's (a tmpfs after a reboot).
+	pauseWithMemory(t, d, id)
+	checkStopEnded(t, d, id)
+	ck := filepath.Join(d.StateDir, "storage", "disks", "vol", id, "root", "checkpoint")
+	for _, p := range []string{filepath.Join(ck, "guest"), filepath.Join(d.RunDir, "gvisor", "guests", filepath.Base(guest))} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = c.Resume(ctx, id)
+	if err == nil || !strings.Contains(err.Error(), "guest binary") || !strings.Contains(err.Error(), "is gone") || !strings.Contains(err.Error(), "files are kept") {
+		t.Fatalf("resume of a checkpoint whose guest binary is gone: %v; want a clear error", err)
+	}
+	t.Logf("the failed resume said: %v", err)
+	got := d.get(id)
+	if got.State != api.StatePaused || got.Paused == nil || got.Paused.Memory || got.Paused.Lost == "" {
+		t.Fatalf("after a failed resume: state %s, paused %+v; want paused, memory lost and why", got.State, got.Paused)
+	}
+	if _, err := c.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if out := d.Sh(id, "cat /root/marker; pgrep -f 'i=[0]' || echo none"); !strings.Contains(out, "kept") || !strings.Contains(out, "none") {
 		t.Fatalf("after the resume from the files: %q; want the files and no counter", out)
 	}
 }

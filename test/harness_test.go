@@ -97,10 +97,13 @@ type Daemon struct {
 	Cgroup   string
 	UIDStart uint32
 	NetName  string // the daemon's nftables table and interface prefix
-	args     []string
-	cmd      *exec.Cmd
-	log      *syncBuffer
-	client   *client.Client
+	// Bin, if set, is the paddock binary the next Start runs (an
+	// upgrade); else the tests' paddockBin.
+	Bin    string
+	args   []string
+	cmd    *exec.Cmd
+	log    *syncBuffer
+	client *client.Client
 	// orphans are guests whose daemon was killed: they are now our
 	// children and must be reaped once their sandbox is gone.
 	orphans []int
@@ -167,7 +170,11 @@ func (d *Daemon) Start() {
 // start is Start that returns its error, for cleanup, which must go on.
 func (d *Daemon) start() error {
 	d.log = &syncBuffer{}
-	d.cmd = exec.Command(paddockBin, d.args...)
+	bin := paddockBin
+	if d.Bin != "" {
+		bin = d.Bin
+	}
+	d.cmd = exec.Command(bin, d.args...)
 	d.cmd.Stdout = d.log
 	d.cmd.Stderr = d.log
 	// Its own process group: a kill -9 of the daemon must not reach the

@@ -98,9 +98,9 @@ func (r *Runtime) memoryOf(id string) int64 {
 	return 0
 }
 
-// save writes sandbox id's kernel to dir, a new directory. The guest
-// first closes its control socket (gVisor cannot save a socket bound on
-// the host); runsc then pauses the kernel and saves it (compressed as
+// save writes sandbox id's kernel to dir, a new directory, with a copy
+// of its guest binary (keepGuest). The guest first closes its control
+// socket (gVisor cannot save a socket bound on the host); runsc then pauses the kernel and saves it (compressed as
 // compression says: none or flate-best-speed), leaving it paused: a save that fails leaves it to be resumed, which a
 // save without --leave-running would not (it ends the sandbox either
 // way). wake resumes the kernel and has the guest bind its socket again;
@@ -110,6 +110,12 @@ func (r *Runtime) save(ctx context.Context, id, dir, compression string, mark fu
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("making the checkpoint's directory: %w", err)
 	}
+	// While it runs on: the guest binary a restore must bind.
+	if err := r.keepGuest(id, dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	mark("guest kept")
 	paused := false
 	wake = func() error {
 		// Not the caller's context: the sandbox must run again even

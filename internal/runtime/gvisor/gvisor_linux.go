@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -21,7 +20,6 @@ import (
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
-	"github.com/paddock-dev/paddock/internal/guestbin"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
@@ -66,7 +64,7 @@ type Runtime struct {
 	cfg     Config
 	log     *slog.Logger
 	root    string // runsc --root
-	guest   string // the guest binary, bound read-only into each sandbox
+	guest   string // the guest binary new sandboxes bind (guest_linux.go)
 	version string // runsc's, as `runsc --version` says
 	pool    *pool  // nil until KeepReady
 
@@ -100,42 +98,14 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.RunDir, "sandboxes"), 0o711); err != nil {
 		return nil, fmt.Errorf("creating run dir: %w", err)
 	}
-	if err := os.MkdirAll(r.root, 0o700); err != nil {
+	if err := os.MkdirAll(r.guests(), 0o700); err != nil {
 		return nil, fmt.Errorf("creating runsc root: %w", err)
 	}
-	if r.guest, err = writeGuest(r.root, cfg.GuestBinary); err != nil {
+	if r.guest, err = writeGuest(r.guests(), cfg.GuestBinary); err != nil {
 		return nil, fmt.Errorf("writing guest binary: %w", err)
 	}
+	r.pruneGuests(r.guest)
 	return r, nil
-}
-
-// writeGuest writes the guest binary into dir (a new file each start, so
-// that a running sandbox keeps the binary it was started with) and
-// returns its path.
-func writeGuest(dir, path string) (string, error) {
-	src, err := guestbin.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer src.Close()
-	dst := filepath.Join(dir, "paddock-guest")
-	tmp, err := os.CreateTemp(dir, ".guest-*")
-	if err != nil {
-		return "", err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, src); err != nil {
-		tmp.Close()
-		return "", err
-	}
-	if err := tmp.Chmod(0o555); err != nil {
-		tmp.Close()
-		return "", err
-	}
-	if err := tmp.Close(); err != nil {
-		return "", err
-	}
-	return dst, os.Rename(tmp.Name(), dst)
 }
 
 // Name implements runtime.Runtime.
@@ -324,12 +294,27 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 	cleanups = append(cleanups, func() { unmountRoot(rootfs) })
 	mark("root")
 
+	// A resume with memory restores the checkpoint on the disk, a
+	// sandbox made from a memory snapshot the snapshot's (resume), each
+	// with the guest binary it was taken with; anything else runs this
+	// daemon's guest afresh.
+	image := filepath.Join(v.Path, checkpointName)
+	if spec.CheckpointFrom != "" {
+		image = spec.CheckpointFrom
+	}
+	restoring := spec.FromCheckpoint || spec.CheckpointFrom != ""
+	guest := r.guest
+	if restoring {
+		if guest, err = r.checkpointGuest(image); err != nil {
+			return nil, err
+		}
+	}
 	netnsPath := ""
 	if netns != nil {
 		netnsPath = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), netns.FD())
 	}
 	oci := bundleSpec(bundle{
-		id: id, rootfs: rootfs, guest: r.guest, ctl: filepath.Join(dir, "ctl"),
+		id: id, rootfs: rootfs, guest: guest, ctl: filepath.Join(dir, "ctl"),
 		image: spec.Image, net: net, mounts: spec.Mounts, netns: netnsPath, cgroup: cg.Path(),
 	})
 	b, err := json.MarshalIndent(oci, "", "\t")
@@ -340,16 +325,8 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 		return nil, fmt.Errorf("writing bundle: %w", err)
 	}
 
-	// A resume with memory restores the checkpoint on the disk, a
-	// sandbox made from a memory snapshot the snapshot's (resume); anything
-	// else runs the guest afresh.
 	var sb *Sandbox
 	var sync *os.File
-	image := filepath.Join(v.Path, checkpointName)
-	if spec.CheckpointFrom != "" {
-		image = spec.CheckpointFrom
-	}
-	restoring := spec.FromCheckpoint || spec.CheckpointFrom != ""
 	if restoring {
 		sb, err = r.restoreRun(ctx, id, dir, image, filepath.Join(v.Path, checkpointName+".open"))
 	} else {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -388,6 +389,14 @@ func squeezeDir(ctx context.Context, dir string) error {
 		os.Remove(tmp)
 		if err := packDir(ctx, dir, names, tmp); err != nil {
 			return fmt.Errorf("compressing the checkpoint: %w", err)
+		}
+		// The copy of the guest binary outlives the host's restart
+		// with the pack.
+		for _, name := range []string{guestCopyName, guestSumName} {
+			if err := syncPath(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				os.Remove(tmp)
+				return err
+			}
 		}
 		if err := os.Rename(tmp, packed); err != nil {
 			os.Remove(tmp)
