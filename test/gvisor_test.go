@@ -1142,14 +1142,28 @@ func TestGvisorMemorySnapshotDamaged(t *testing.T) {
 		_, err = f.WriteAt(b, fi.Size()/3)
 		return err
 	}
-	// resum writes the checkpoint's sums anew, as the daemon does.
+	// resum writes the sum of the checkpoint's file img anew, as the
+	// daemon does.
 	resum := func(img string) error {
 		b, err := os.ReadFile(img)
 		if err != nil {
 			return err
 		}
-		sums := fmt.Sprintf(`{"checkpoint.img":{"size":%d,"crc32c":%d}}`, len(b), crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
-		return os.WriteFile(filepath.Join(filepath.Dir(filepath.Dir(img)), "checkpoint.sums"), []byte(sums), 0o600)
+		path := filepath.Join(filepath.Dir(filepath.Dir(img)), "checkpoint.sums")
+		old, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		sums := map[string]json.RawMessage{}
+		if err := json.Unmarshal(old, &sums); err != nil {
+			return err
+		}
+		sums[filepath.Base(img)] = json.RawMessage(fmt.Sprintf(`{"size":%d,"crc32c":%d}`, len(b), crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli))))
+		out, err := json.Marshal(sums)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(path, out, 0o600)
 	}
 	damages := []struct {
 		name   string
