@@ -135,7 +135,7 @@ E2E  := ./test ./bench
 UNIT  = $$(go list ./... | grep -v -e '/paddock/test$$' -e '/paddock/bench$$')
 test: test-deps build cross kube-bins runsc s3-bins
 	PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -race -count=1 -timeout 20m $(UNIT)
-	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -count=1 -timeout 20m $(E2E)
+	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -count=1 -timeout 30m $(E2E)
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 # fuzz runs every Fuzz* function of the module for FUZZTIME each
