@@ -68,7 +68,8 @@ kube-bins:
 
 # runsc builds gVisor's runsc (the gvisor runtime, --runtime gvisor) from
 # the module proxy, pinned by tools/runsc/go.mod, into a cache keyed by
-# its version, /var/cache/paddock/runsc by default (PADDOCK_RUNSC_CACHE):
+# its version, with its seccomp filters precompiled (tools/runsc/seccompgen),
+# /var/cache/paddock/runsc by default (PADDOCK_RUNSC_CACHE):
 # about 3 minutes the first time, nothing after. The daemon finds it there.
 runsc:
 	scripts/runsc-bin.sh
