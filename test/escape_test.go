@@ -102,7 +102,12 @@ func escapes(t *testing.T, d *Daemon, tier string) {
 			t.Errorf("the guest runs %q (%v), not the sealed memfd", l, err)
 		}
 	} else {
-		hostExes = append(hostExes, filepath.Join(d.RunDir, "gvisor", "paddock-guest"))
+		// Guest binaries are kept by content (guests/<sha256>).
+		guests, _ := filepath.Glob(filepath.Join(d.RunDir, "gvisor", "guests", "*"))
+		if len(guests) == 0 {
+			t.Fatalf("no guest binary under %s", filepath.Join(d.RunDir, "gvisor", "guests"))
+		}
+		hostExes = append(hostExes, guests...)
 	}
 	exeSums := map[string]string{}
 	for _, p := range hostExes {
