@@ -203,12 +203,17 @@ func checkGuestThreadsApart(t *testing.T, sb *api.Sandbox) {
 
 // TestDiskLimit: filling a sandbox's disk stops at its cap with ENOSPC,
 // for /workspace and /tmp alike (one writable layer), while another
-// sandbox writes freely; freeing space makes it writable again.
+// sandbox writes freely; freeing space makes it writable again. On both
+// tiers (under gVisor, writes reach the disk through its gofer).
 func TestDiskLimit(t *testing.T) {
 	t.Parallel()
-	d := newDaemon(t)
-	id := d.createCLI("--disk", "64m")
-	bystander := d.Create(api.CreateRequest{})
+	d := tierDaemon(t)
+	forTiers(t, func(t *testing.T, tier string) { diskLimit(t, d, tier) })
+}
+
+func diskLimit(t *testing.T, d *Daemon, tier string) {
+	id := d.createCLI("--disk", "64m", "--runtime", tier)
+	bystander := d.Create(api.CreateRequest{Runtime: tier})
 
 	r := d.sh(id, "dd if=/dev/zero of=/workspace/fill bs=1M count=200 conv=fsync; echo \"dd=$?\"; stat -c %s /workspace/fill")
 	out := lines(r.Stdout)

@@ -110,8 +110,13 @@ func (r *Runtime) save(ctx context.Context, id, dir, compression string, mark fu
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("making the checkpoint's directory: %w", err)
 	}
-	// While it runs on: the guest binary a restore must bind.
+	// While it runs on: the guest binary a restore must bind, and
+	// whether it must bind the root's /tmp.
 	if err := r.keepGuest(id, dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := r.keepTmp(id, dir); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}

@@ -90,15 +90,24 @@ func writeGuest(dir, path string) (string, error) {
 	return p, err
 }
 
-// boundGuest is the host file sandbox id's bundle binds as its guest.
-func (r *Runtime) boundGuest(id string) (string, error) {
+// bundle is sandbox id's OCI spec, as its bundle holds it.
+func (r *Runtime) bundle(id string) (*specs.Spec, error) {
 	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	var spec specs.Spec
 	if err := json.Unmarshal(b, &spec); err != nil {
-		return "", fmt.Errorf("reading the sandbox's bundle: %w", err)
+		return nil, fmt.Errorf("reading the sandbox's bundle: %w", err)
+	}
+	return &spec, nil
+}
+
+// boundGuest is the host file sandbox id's bundle binds as its guest.
+func (r *Runtime) boundGuest(id string) (string, error) {
+	spec, err := r.bundle(id)
+	if err != nil {
+		return "", err
 	}
 	for _, m := range spec.Mounts {
 		if m.Destination == guestExe {

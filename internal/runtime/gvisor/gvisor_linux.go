@@ -313,9 +313,18 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 	if netns != nil {
 		netnsPath = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), netns.FD())
 	}
+	var tmp string
+	if restoring {
+		tmp, err = restoredTmp(image, rootfs)
+	} else {
+		tmp, err = rootTmp(rootfs)
+	}
+	if err != nil {
+		return nil, err
+	}
 	oci := bundleSpec(bundle{
 		id: id, rootfs: rootfs, guest: guest, ctl: filepath.Join(dir, "ctl"),
-		image: spec.Image, net: net, mounts: spec.Mounts, netns: netnsPath, cgroup: cg.Path(),
+		image: spec.Image, net: net, mounts: spec.Mounts, netns: netnsPath, cgroup: cg.Path(), tmp: tmp,
 	})
 	b, err := json.MarshalIndent(oci, "", "\t")
 	if err != nil {

@@ -1,7 +1,16 @@
 package gvisor
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/openat"
 
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/storage/image"
@@ -18,6 +27,7 @@ type bundle struct {
 	mounts []runtime.Mount
 	netns  string // a path to the network slot's namespace; "" for a new one
 	cgroup string // the sandbox's cgroup, relative to the hierarchy's root
+	tmp    string // the root's /tmp on the host, bound at /tmp; "" for gVisor's own tmpfs
 }
 
 // allCaps is the guest's capability set inside gVisor: every one the
@@ -38,6 +48,10 @@ var allCaps = []string{
 // guest as its only process, the image's binds, the network's files and
 // the volumes as bind mounts, the guest's binary and socket directory
 // under /dev (the sentry's own tmpfs: nothing of them reaches the disk).
+// The root's /tmp is bound over itself (b.tmp): runsc mounts a tmpfs of
+// its own on an empty /tmp that no mount names, which would keep a
+// gvisor sandbox's /tmp in memory, outside its disk's limit, its
+// snapshots and its archives, unlike a native one's.
 func bundleSpec(b bundle) *specs.Spec {
 	readOnly := func(setuid bool) []string {
 		o := []string{"rbind", "ro", "nodev"}
@@ -54,6 +68,9 @@ func bundleSpec(b bundle) *specs.Spec {
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		{Destination: guestDir, Type: "bind", Source: b.ctl, Options: []string{"rbind", "rw", "nodev", "nosuid", "noexec"}},
 		{Destination: guestExe, Type: "bind", Source: b.guest, Options: []string{"bind", "ro", "nodev", "nosuid"}},
+	}
+	if b.tmp != "" {
+		mounts = append(mounts, specs.Mount{Destination: "/tmp", Type: "bind", Source: b.tmp, Options: []string{"rbind", "rw"}})
 	}
 	for _, bind := range b.image.Binds {
 		mounts = append(mounts, specs.Mount{Destination: bind.Dest, Type: "bind", Source: bind.Source, Options: readOnly(b.image.AllowSetuid)})
@@ -91,4 +108,88 @@ func bundleSpec(b bundle) *specs.Spec {
 			},
 		},
 	}
+}
+
+// tmpOnDiskName is the file a checkpoint holds when its sandbox's /tmp
+// was the root's own (bundle.tmp), not gVisor's tmpfs: a restore must
+// mount what the saved kernel had.
+const tmpOnDiskName = "tmp-on-disk"
+
+// rootTmp makes sure the root filesystem mounted at rootfs has a /tmp
+// directory (mode 1777 when it makes one) and returns its path on the
+// host, or "" when the image's /tmp is no directory (a symbolic link, a
+// file): that is then left to gVisor, as runsc does. The name is
+// resolved beneath rootfs without following links; nothing of the
+// sandbox runs yet, so the path cannot change before runsc binds it.
+func rootTmp(rootfs string) (string, error) {
+	root, err := unix.Open(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("opening the sandbox's root: %w", err)
+	}
+	defer unix.Close(root)
+	how := &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: openat.ResolveBeneath | unix.RESOLVE_NO_SYMLINKS}
+	made := false
+	fd, err := openat.Openat2(root, "tmp", how)
+	if errors.Is(err, unix.ENOENT) {
+		if err = unix.Mkdirat(root, "tmp", 0o1777); err != nil && !errors.Is(err, unix.EEXIST) {
+			return "", fmt.Errorf("making the sandbox's /tmp: %w", err)
+		}
+		made = err == nil
+		fd, err = openat.Openat2(root, "tmp", how)
+	}
+	switch {
+	case errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP):
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("opening the sandbox's /tmp: %w", err)
+	}
+	defer unix.Close(fd)
+	if made {
+		// Past the umask.
+		if err := unix.Fchmod(fd, 0o1777); err != nil {
+			return "", fmt.Errorf("making the sandbox's /tmp: %w", err)
+		}
+	}
+	return filepath.Join(rootfs, "tmp"), nil
+}
+
+// bindsTmp reports whether sandbox id's bundle binds the root's /tmp.
+func (r *Runtime) bindsTmp(id string) (bool, error) {
+	spec, err := r.bundle(id)
+	if err != nil {
+		return false, err
+	}
+	for _, m := range spec.Mounts {
+		if m.Destination == "/tmp" && m.Type == "bind" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// keepTmp marks checkpoint directory dir as taken with the root's /tmp
+// bound (tmpOnDiskName) when sandbox id's bundle binds it.
+func (r *Runtime) keepTmp(id, dir string) error {
+	binds, err := r.bindsTmp(id)
+	if err != nil {
+		return fmt.Errorf("reading the sandbox's mounts: %w", err)
+	}
+	if !binds {
+		return nil
+	}
+	return os.WriteFile(filepath.Join(dir, tmpOnDiskName), nil, 0o600)
+}
+
+// restoredTmp is bundle.tmp for a restore of checkpoint directory image
+// into rootfs: the root's /tmp when the checkpoint was taken with it
+// bound, else "" (gVisor's tmpfs, saved with the kernel).
+func restoredTmp(image, rootfs string) (string, error) {
+	if _, err := os.Stat(filepath.Join(image, tmpOnDiskName)); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", nil
+		}
+		return "", fmt.Errorf("%w: %v", runtime.ErrCheckpointUnusable, err)
+	}
+	return rootTmp(rootfs)
 }
