@@ -177,10 +177,19 @@ print(" ".join(res))
 // against the upstream's CA), URL path and method rules (TLS intercepted
 // with the sandbox's own CA, which its trust store holds), deny over
 // allow, IP:port rules for raw TCP, and a policy replaced at run time.
+// On both tiers.
 func TestEgressRules(t *testing.T) {
 	t.Parallel()
 	u := newUpstream(t, egressNames)
-	d := netDaemon(t, u)
+	var extra []string
+	if p := findRunsc(); p != "" {
+		extra = []string{"--runsc", p}
+	}
+	d := netDaemon(t, u, extra...)
+	forTiers(t, func(t *testing.T, tier string) { egressRules(t, d, u, tier) })
+}
+
+func egressRules(t *testing.T, d *Daemon, u *upstream, tier string) {
 	p := &api.Policy{
 		Allow: []api.PolicyRule{
 			{Match: "allowed.test"},
@@ -190,7 +199,7 @@ func TestEgressRules(t *testing.T) {
 		},
 		Deny: []api.PolicyRule{{Match: "https://other.test/api/admin/"}},
 	}
-	id := egressSandbox(t, d, u, p)
+	id := egressSandboxOn(t, d, u, p, tier)
 
 	// Domain rules: TLS spliced, the sandbox sees the upstream's certificate.
 	mustSay(t, curl(d, id, "--cacert", "/tmp/upstream-ca.pem", "https://allowed.test/x"), "hello from allowed.test GET /x")

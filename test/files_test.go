@@ -570,12 +570,17 @@ func settledDigest(t *testing.T, root string, skip ...string) string {
 // every file op through them, through the real daemon. Each must land
 // inside the sandbox or be refused with an error naming the path; the
 // host's /etc/shadow, a marker in the host's /root and the daemon's state
-// dir must not change, and the daemon must keep serving.
+// dir must not change, and the daemon must keep serving. On both tiers:
+// under gVisor the guest resolves paths through gVisor's kernel.
 func TestFilesHostile(t *testing.T) {
 	t.Parallel()
-	d := newDaemon(t)
+	d := tierDaemon(t)
+	forTiers(t, func(t *testing.T, tier string) { filesHostile(t, d, tier) })
+}
+
+func filesHostile(t *testing.T, d *Daemon, tier string) {
 	c := d.Client()
-	id := d.Create(api.CreateRequest{})
+	id := d.Create(api.CreateRequest{Runtime: tier})
 	ctx := filesCtx(t, 2*time.Minute)
 
 	tag := randHex(6)
