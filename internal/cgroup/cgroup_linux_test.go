@@ -580,9 +580,12 @@ func TestFreezeThaw(t *testing.T) {
 		if err := g.Thaw(); err != nil {
 			t.Fatalf("Thaw: %v", err)
 		}
-		if share := cpuShare(t, g, 300*time.Millisecond); share < 0.1 {
-			t.Errorf("a thawed busy loop used only %.3f of a core", share)
-		}
+		// It runs again: by how much is the host's load to say, so
+		// only that it gets CPU time is checked.
+		thawed := stats(t, g).CPUUsageNanos
+		waitFor(t, 10*time.Second, "the thawed loop to run", func() bool {
+			return stats(t, g).CPUUsageNanos > thawed+uint64(20*time.Millisecond)
+		})
 	})
 }
 
