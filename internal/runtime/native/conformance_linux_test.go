@@ -36,13 +36,13 @@ func TestConformance(t *testing.T) {
 
 	var mu sync.Mutex
 	pools := map[string]*disk.Pool{} // the last pool made per runtime dir
-	suite := t
 	runtimetest.Run(t, runtimetest.Harness{
 		New: func(t *testing.T, dir string) runtime.Runtime {
 			// A restarted daemon opens the disks again: the pool of the
 			// runtime it replaces goes first.
 			mu.Lock()
-			if old := pools[dir]; old != nil {
+			old := pools[dir]
+			if old != nil {
 				old.Close()
 			}
 			mu.Unlock()
@@ -50,9 +50,18 @@ func TestConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Closed after the sandboxes are removed, at the end of
-			// the whole suite.
-			suite.Cleanup(func() { disks.Close() })
+			// The dir's last pool is closed after the test's sandboxes
+			// are removed (their cleanups come later, so run first) and
+			// before its directory goes: a pool wipes removed disks
+			// behind, mounted under it.
+			if old == nil {
+				t.Cleanup(func() {
+					mu.Lock()
+					last := pools[dir]
+					mu.Unlock()
+					last.Close()
+				})
+			}
 			mu.Lock()
 			pools[dir] = disks
 			mu.Unlock()
