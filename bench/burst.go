@@ -82,6 +82,10 @@ func burstMethod() []string {
 			"after the last create answered.",
 		"The round's sandboxes are deleted together after its last sample, outside every clock. p50 and p99 are nearest-rank, per round " +
 			"and over all rounds' samples pooled.",
+		fmt.Sprintf("**The same burst by peers**, in every round before paddock's (the pool full, the daemon idle before each): %d goroutines released "+
+			"the same way, each spawning a process with stdout on a pipe and timed from the release to its first stdout byte, the output checked "+
+			"to be `hi\\n`. **host**: `echo hi` by Go's os/exec, no isolation: the floor of %d first outputs on this host's cores. **bwrap**: `echo hi` "+
+			"with the flags of the cold table (every namespace, /usr read-only, fresh /proc, /dev, /tmp).", burstSize, burstSize),
 	}
 }
 
@@ -104,12 +108,21 @@ func benchBurst(ctx context.Context, r *rig) *section {
 			}
 		}()
 	}
+	s.note("load average at the start of the section: %s", loadAvg())
+	peers := r.burstPeers()
 	var rounds []*burstRound
 	for i := range burstRounds {
 		if err := r.waitFullPool(ctx, defaultPool); err != nil {
 			s.Err = err
 			break
 		}
+		// The peers go first, while the pool is full and the daemon idle:
+		// its refill after paddock's burst would take their CPU.
+		for _, p := range peers {
+			r.idle(ctx)
+			p.round(ctx)
+		}
+		r.idle(ctx)
 		b, err := r.burst(ctx, req)
 		rounds = append(rounds, b)
 		if err != nil {
@@ -120,7 +133,108 @@ func benchBurst(ctx context.Context, r *rig) *section {
 	}
 	burstTable(s, rounds)
 	s.Bars = burstBars(rounds, small)
+	burstPeerTable(s, rounds, peers)
 	return s
+}
+
+// burstPeer is the same burst by a tool other than paddock: burstSize
+// spawns of argv released at once, each timed to its first stdout byte.
+type burstPeer struct {
+	name     string
+	argv     []string
+	firsts   []time.Duration // every round's, pooled
+	walls    []time.Duration
+	rounds   int
+	errors   int
+	firstErr error
+}
+
+// burstPeers are the host's floor for the burst: the bare fork/exec of
+// `echo hi` (Go's os/exec, no isolation) and bwrap with the isolation
+// flags of the cold and churn tables.
+func (r *rig) burstPeers() []*burstPeer {
+	peers := []*burstPeer{{name: "host: fork/exec, no isolation", argv: echoHi()}}
+	if r.bwrap != "" {
+		peers = append(peers, &burstPeer{name: toolBwrap, argv: bwrapArgv(r.bwrap, echoHi()...)})
+	}
+	return peers
+}
+
+// round releases burstSize spawns at once, as burst does paddock's
+// creates: the goroutines wait on one channel, and every sample's clock
+// starts at its closing.
+func (p *burstPeer) round(ctx context.Context) {
+	type sample struct {
+		first time.Duration
+		err   error
+	}
+	samples := make([]sample, burstSize)
+	release := make(chan struct{})
+	var (
+		wg sync.WaitGroup
+		t0 time.Time // written before release is closed, read after
+	)
+	for i := range samples {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-release
+			t, err := timeProcessSince(ctx, p.argv, t0)
+			if err == nil {
+				err = wantOutput(p.name, t.Stdout, coldOutput)
+			}
+			samples[i] = sample{first: t.First, err: err}
+		}()
+	}
+	t0 = time.Now()
+	close(release)
+	wg.Wait()
+	p.walls = append(p.walls, time.Since(t0))
+	p.rounds++
+	for _, sm := range samples {
+		if sm.err != nil {
+			p.errors++
+			if p.firstErr == nil {
+				p.firstErr = sm.err
+			}
+			continue
+		}
+		p.firsts = append(p.firsts, sm.first)
+	}
+}
+
+// burstPeerTable puts paddock's pooled samples beside the peers'.
+func burstPeerTable(s *section, rounds []*burstRound, peers []*burstPeer) {
+	t := table{Header: []string{"the same burst, same run", "served", "errors", "first output p50", "p90", "p99", "max", "wall p50"}}
+	var firsts, walls []time.Duration
+	errs := 0
+	for _, b := range rounds {
+		firsts = append(firsts, b.firsts()...)
+		walls = append(walls, b.Wall)
+		errs += b.Errors
+	}
+	row := func(name string, firsts, walls []time.Duration, n, errs int) {
+		fs := summarize(firsts)
+		t.add(name, fmt.Sprintf("%d of %d", fs.N, n), fmt.Sprint(errs), ms(fs.Median), ms(fs.P90), ms(fs.P99), ms(fs.Max), ms(summarize(walls).Median))
+	}
+	row("paddock: Create → Exec(echo hi)", firsts, walls, burstSize*len(rounds), errs)
+	var vals []string
+	for _, p := range peers {
+		row(p.name, p.firsts, p.walls, burstSize*p.rounds, p.errors)
+		if p.firstErr != nil {
+			s.note("%s: first error: %s", p.name, truncate(p.firstErr.Error(), 300))
+		}
+		if sm := summarize(p.firsts); sm.N > 0 {
+			vals = append(vals, fmt.Sprintf("%s p50 %s, p99 %s", p.name, ms(sm.Median), ms(sm.P99)))
+		}
+	}
+	s.Tables = append(s.Tables, t)
+	b := bar{Issue: 21, What: fmt.Sprintf("the same burst (%d at once, each → first output of `echo hi`) by the host's bare fork/exec and by bwrap, same run", burstSize),
+		Target: "reported", Value: noPeerValue, Verdict: notMeasured}
+	if len(vals) > 0 {
+		b.Value, b.Verdict = strings.Join(vals, "; "), reported
+	}
+	s.Bars = append(s.Bars, b)
 }
 
 // burstSpace is the host's free space below which the bursts ask for

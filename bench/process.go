@@ -23,6 +23,13 @@ type procTiming struct {
 // command is built (and its path resolved) before the clock starts. A
 // non-zero exit is an error.
 func timeProcess(ctx context.Context, argv []string) (procTiming, error) {
+	return timeProcessSince(ctx, argv, time.Time{})
+}
+
+// timeProcessSince is timeProcess with the clock started at t0 instead,
+// unless t0 is zero: a burst's release, so that building the command and
+// its pipe after it are counted too.
+func timeProcessSince(ctx context.Context, argv []string, t0 time.Time) (procTiming, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return procTiming{}, fmt.Errorf("making stdout pipe: %w", err)
@@ -34,7 +41,9 @@ func timeProcess(ctx context.Context, argv []string) (procTiming, error) {
 	cmd.Stderr = &stderr
 	cmd.WaitDelay = 5 * time.Second
 
-	t0 := time.Now()
+	if t0.IsZero() {
+		t0 = time.Now()
+	}
 	err = cmd.Start()
 	w.Close()
 	if err != nil {
