@@ -98,6 +98,12 @@ type Runtime struct {
 	// evicting counts starts that evicted the warm and blank guests for
 	// room and are retrying: the refill makes none meanwhile.
 	evicting int
+	// fresh are the sandboxes handed out from a pool whose guest has not
+	// yet answered a first command, each with the time it stops counting;
+	// missed says a create found a pool empty since the refill last
+	// started a guest. The refill waits for them (refillWait).
+	fresh  map[*Sandbox]time.Time
+	missed bool
 
 	refill chan struct{}
 	stop   chan struct{}
@@ -118,6 +124,7 @@ func New(cfg Config) (*Runtime, error) {
 		idmap:    true,
 		building: map[string]bool{},
 		pools:    map[string]*pool{},
+		fresh:    map[*Sandbox]time.Time{},
 		made:     make(chan struct{}),
 		refill:   make(chan struct{}, 1),
 		forkers:  make(chan *forker, forkerCount),
@@ -602,6 +609,7 @@ func closeFDs(fds []int) {
 // discard removes a guest that will not become a sandbox: its process
 // and run dir, cgroup, disk and uid range.
 func (r *Runtime) discard(g *guestProc) {
+	g.sb.answeredFirst() // a hand-out whose start failed
 	g.kill()
 	if g.netns != nil {
 		g.netns.Close() // a slot no sandbox was attached to
@@ -657,6 +665,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Insta
 			return nil, fmt.Errorf("moving guest disk: %w", err)
 		}
 		g.volume = g.sb.id
+		r.handedOut(g.sb)
 		mark("warm")
 	} else {
 		var err error

@@ -141,22 +141,85 @@ func (r *Runtime) keepWarm() {
 			// added (neediest) also when no create wakes the refill:
 			// an idle daemon would keep them, and their memory, for good.
 		}
-		// Let a burst of creates finish before competing with it, unless
-		// a pool is empty: then the next create would fork a guest on its
-		// own path, which costs it far more than the refill's competition.
-		for settled := r.starved(); !settled; {
-			select {
-			case <-r.stop:
-				return
-			case <-r.refill:
-			case <-time.After(refillSettle):
-				settled = true
-			}
-		}
-		if !r.fill() {
+		if !r.awaitQuiet() || !r.fill() {
 			return
 		}
 	}
+}
+
+// awaitQuiet lets a burst of creates, and the first commands of the
+// sandboxes they were handed, finish before the refill competes with
+// them for the CPU: it returns once neither a create nor a first answer
+// came for refillSettle and no sandbox handed out is still waiting for
+// its first answer (fresh), or after maxRefillDefer. It returns at once
+// when a create found a pool empty or waits for the refill: the next
+// would build a guest on its own path, which costs it far more than the
+// refill's competition. False when the runtime stops.
+func (r *Runtime) awaitQuiet() bool {
+	limit := time.NewTimer(maxRefillDefer)
+	defer limit.Stop()
+	quietFrom := time.Now()
+	for {
+		wait := r.refillWait(quietFrom.Add(refillSettle))
+		if wait <= 0 {
+			return true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-r.stop:
+			t.Stop()
+			return false
+		case <-limit.C:
+			t.Stop()
+			return true
+		case <-r.refill: // a create, or a first answer
+			quietFrom = time.Now()
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// refillWait is how long the refill should still wait (awaitQuiet): until
+// settled, and while sandboxes handed out from a pool wait for their first
+// answer (each answer pokes the refill; one that never comes stops
+// counting at its deadline); 0 if a create missed or waits.
+func (r *Runtime) refillWait(settled time.Time) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.missed {
+		return 0
+	}
+	for _, p := range r.pools {
+		if p.waiting > 0 {
+			return 0
+		}
+	}
+	now := time.Now()
+	wait := settled.Sub(now)
+	for sb, until := range r.fresh {
+		if !now.Before(until) {
+			delete(r.fresh, sb)
+			continue
+		}
+		wait = max(wait, until.Sub(now))
+	}
+	return wait
+}
+
+// handedOut counts sb, just handed out from a pool, as fresh until its
+// guest answers a first command (Sandbox.answeredFirst), it is killed,
+// or freshFor passes.
+func (r *Runtime) handedOut(sb *Sandbox) {
+	sb.firstAnswer = func() {
+		r.mu.Lock()
+		delete(r.fresh, sb)
+		r.mu.Unlock()
+		r.poke()
+	}
+	r.mu.Lock()
+	r.fresh[sb] = time.Now().Add(freshFor)
+	r.mu.Unlock()
 }
 
 // fill makes guests, refillWorkers at a time, until every pool and blank
@@ -194,6 +257,9 @@ func (r *Runtime) fill() bool {
 			<-sem
 			return true
 		}
+		r.mu.Lock()
+		r.missed = false
+		r.mu.Unlock()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -210,24 +276,6 @@ func (r *Runtime) fill() bool {
 			backoff.Store(int64(firstBackoff))
 		}()
 	}
-}
-
-// starved reports whether a pool or a kind of blank guest has none ready
-// and none being made.
-func (r *Runtime) starved() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, p := range r.pools {
-		if len(p.ready)+p.building == 0 && p.want() > 0 {
-			return true
-		}
-	}
-	for _, k := range r.blankKinds() {
-		if len(r.blank[k])+r.blankBuilding[k] == 0 && r.cfg.BlankGuests > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // nextGuest says which guest the refill makes next: for the pool
@@ -318,9 +366,18 @@ const maxDemand = 64
 // guests its demand added go.
 const demandIdle = 30 * time.Second
 
-// refillSettle is how long the pools wait after a create before they
-// start another guest.
+// refillSettle is how long the pools wait after a create, or a first
+// answer of a sandbox handed out, before they start another guest.
 const refillSettle = 50 * time.Millisecond
+
+// freshFor bounds how long a sandbox handed out from a pool holds the
+// refill back while it waits for its first answer (one may never run a
+// command), and maxRefillDefer how long they all may: creates that keep
+// coming without missing must not stop the pools from refilling.
+const (
+	freshFor       = time.Second
+	maxRefillDefer = time.Second
+)
 
 // warmPrefix names warm guests' disks until a create takes one; sandbox
 // ids never start with it.
@@ -459,6 +516,11 @@ func (r *Runtime) takeWarm(ctx context.Context, spec runtime.Spec) *guestProc {
 					waitOn = p
 					p.waiting++
 				}
+			}
+			if !missed {
+				// The refill stops waiting for quiet (awaitQuiet).
+				r.missed = true
+				defer r.poke()
 			}
 			missed = true
 			if waitOn != nil && waitOn.building > 0 {

@@ -51,23 +51,63 @@ func TestPoolGrowsWithDemand(t *testing.T) {
 	}
 }
 
-// TestStarved: the refill skips its settling pause only when a pool or a
-// kind of blank guest has nothing ready or on the way.
-func TestStarved(t *testing.T) {
-	r := &Runtime{pools: map[string]*pool{}, building: map[string]bool{}, cfg: Config{BlankGuests: 1}}
-	r.blank[forNew] = []*guestProc{{}}
-	p := &pool{name: "image:host", target: 1}
+// TestRefillWaitsForFirstAnswers: the refill waits while sandboxes
+// handed out from a pool have not answered a first command, each up to
+// its deadline, and then for refillSettle; not once a create found a
+// pool empty, or waits for the refill.
+func TestRefillWaitsForFirstAnswers(t *testing.T) {
+	r := &Runtime{pools: map[string]*pool{}, building: map[string]bool{}, fresh: map[*Sandbox]time.Time{}, refill: make(chan struct{}, 1)}
+	p := &pool{name: "image:host", target: 2, imageID: "sha256:a"}
 	r.pools[p.name] = p
-	if !r.starved() {
-		t.Fatal("an empty pool is not starved")
+	settled := time.Now().Add(-time.Millisecond)
+	if w := r.refillWait(settled); w > 0 {
+		t.Fatalf("nothing handed out: the refill waits %v", w)
 	}
-	p.building = 1
-	if r.starved() {
-		t.Fatal("a pool with a guest on the way is starved")
+	if w := r.refillWait(time.Now().Add(refillSettle)); w <= 0 || w > refillSettle {
+		t.Fatalf("before it settled: the refill waits %v, want up to %v", w, refillSettle)
 	}
-	r.blank[forNew] = nil
-	if !r.starved() {
-		t.Fatal("no blank guest ready is not starved")
+
+	a, b := &Sandbox{id: "a"}, &Sandbox{id: "b"}
+	r.handedOut(a)
+	r.handedOut(b)
+	if w := r.refillWait(settled); w < freshFor/2 {
+		t.Fatalf("two hand-outs wait for their first answers: the refill waits %v", w)
+	}
+	a.answeredFirst()
+	select {
+	case <-r.refill:
+	default:
+		t.Fatal("a first answer did not wake the refill")
+	}
+	if w := r.refillWait(settled); w <= 0 {
+		t.Fatal("one hand-out still waits for its first answer: the refill does not wait")
+	}
+	b.Kill() // no guest: only its hand-out ends
+	if w := r.refillWait(settled); w > 0 {
+		t.Fatalf("every hand-out answered or killed: the refill waits %v", w)
+	}
+
+	// A hand-out that never answers stops counting at its deadline.
+	c := &Sandbox{id: "c"}
+	r.handedOut(c)
+	r.fresh[c] = time.Now().Add(-time.Millisecond)
+	if w := r.refillWait(settled); w > 0 || len(r.fresh) != 0 {
+		t.Fatalf("a hand-out past its deadline: the refill waits %v (%d fresh)", w, len(r.fresh))
+	}
+
+	d := &Sandbox{id: "d"}
+	r.handedOut(d)
+	p.waiting = 1
+	if w := r.refillWait(settled); w > 0 {
+		t.Fatalf("a create waits for the refill: the refill waits %v", w)
+	}
+	p.waiting = 0
+	spec := runtime.Spec{Image: &image.Image{ID: "sha256:a"}}
+	if g := r.takeWarm(context.Background(), spec); g != nil {
+		t.Fatal("an empty pool handed out a guest")
+	}
+	if w := r.refillWait(time.Now().Add(refillSettle)); w > 0 {
+		t.Fatalf("a create found the pool empty: the refill waits %v", w)
 	}
 }
 

@@ -81,6 +81,25 @@ type Sandbox struct {
 	// reaped is set when it took them. Guarded by mu.
 	onExit []func()
 	reaped bool
+
+	// firstAnswer, for a sandbox handed out from a pool, tells the
+	// refill that it has answered a first command or was killed
+	// (Runtime.handedOut); set before Start returns it, run once by
+	// answeredFirst.
+	firstAnswer     func()
+	firstAnswerOnce sync.Once
+	answered        atomic.Bool
+}
+
+// answeredFirst runs firstAnswer, once.
+func (s *Sandbox) answeredFirst() {
+	if s.firstAnswer == nil || s.answered.Load() {
+		return
+	}
+	s.firstAnswerOnce.Do(func() {
+		s.answered.Store(true)
+		s.firstAnswer()
+	})
 }
 
 var (
@@ -149,6 +168,9 @@ func (s *Sandbox) Dial(ctx context.Context) (net.Conn, error) {
 			c.Close()
 			return nil, err
 		}
+		if s.firstAnswer != nil && !s.answered.Load() {
+			return &activatingConn{Conn: c, sb: s}, nil // for its first read
+		}
 		return c, nil
 	default:
 		return &activatingConn{Conn: c, sb: s}, nil
@@ -178,9 +200,11 @@ func (s *Sandbox) startErr() error {
 	return nil
 }
 
-// activatingConn is a connection made while its guest activated: if it
-// ends before anything was read from it, the guest's reason for not
-// serving, if any, replaces the bare EOF or reset. It half-closes like
+// activatingConn is a connection made while its guest activated, or the
+// first made to a sandbox handed out from a pool: if it ends before
+// anything was read from it, the guest's reason for not serving, if
+// any, replaces the bare EOF or reset; its first read is the guest's
+// first answer (answeredFirst). It half-closes like
 // the unix connection it wraps: a kept guest connection may carry a port
 // pipe later, whose half-close must reach the sandbox's TCP peer.
 type activatingConn struct {
@@ -203,8 +227,9 @@ func (c *activatingConn) CloseWrite() error {
 
 func (c *activatingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n > 0 {
+	if n > 0 && !c.read {
 		c.read = true
+		c.sb.answeredFirst()
 	}
 	if err != nil && !c.read {
 		<-c.sb.active // closed once the activation is over, either way
@@ -239,6 +264,7 @@ func (s *Sandbox) Activate() {
 // be frozen is thawed first: a frozen process does not die until it is
 // (v1). A second Kill (a teardown after the removal's) sends nothing.
 func (s *Sandbox) Kill() error {
+	s.answeredFirst()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pidFile == nil || s.killed {
