@@ -219,9 +219,17 @@ func forkGuest(exe *os.File, req Request, fds []int) (pid, pidfd int, err error)
 		// The guest runs with one P (guest.Run says why). Set before the
 		// runtime starts, it never makes the second P, its cache and the
 		// thread that serves it, nor stops the world to drop them: 58
-		// fewer page faults and 200 KiB less memory per guest. The guest
-		// gives its children their own environments, never this one.
-		Env:   []string{"GOMAXPROCS=1"},
+		// fewer page faults and 200 KiB less memory per guest.
+		// memprofilerate=0: the runtime profiles a process's first
+		// allocation whatever the rate (its first cache records rate 0,
+		// which never matches the default rate, and a mismatch always
+		// samples),
+		// before the rate the linker chose (0: nothing in the guest reads
+		// the profile) takes effect; set in the environment, read before
+		// the heap starts, it spares each guest that stack walk (about
+		// 45 µs of CPU under churn). The guest gives its children their
+		// own environments, never this one.
+		Env:   []string{"GOMAXPROCS=1", "GODEBUG=memprofilerate=0"},
 		Files: []uintptr{uintptr(fds[FDStdin]), uintptr(fds[FDLog]), uintptr(fds[FDLog]), uintptr(fds[FDSync]), uintptr(fds[FDListen])},
 		Sys:   sys,
 	})
