@@ -222,8 +222,8 @@ func Unmount(dir string) error {
 	}
 	var loops []string
 	// A volume's loop device frees itself as its unmount completes, which
-	// can trail the unmount a little.
-	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+	// can trail the unmount: by more than a second on a loaded host.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		loops, err = loopsBacking(func(path string) bool { return strings.HasPrefix(path, dir+"/") })
 		if err != nil {
 			return err
