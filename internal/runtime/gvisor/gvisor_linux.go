@@ -361,6 +361,7 @@ func (r *Runtime) build(ctx context.Context, id string, spec runtime.Spec, ahead
 		if err := r.relisten(ctx, id); err != nil {
 			return nil, fmt.Errorf("%w: %v%s", runtime.ErrCheckpointUnusable, err, guestapi.LogTail(filepath.Join(dir, "guest.log")))
 		}
+		mark("relistened")
 		if spec.FromCheckpoint {
 			// The processes run on from here: the checkpoint is spent.
 			os.RemoveAll(image)
