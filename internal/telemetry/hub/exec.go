@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/fdnotify"
 	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/telemetry/events"
 	"github.com/paddock-dev/paddock/internal/telemetry/execlog"
@@ -153,16 +155,16 @@ func (h *Hub) ExecStarted(id, ctr string, gc *guestapi.Client, pid int, cmd []st
 	w, err := h.execs.Start(c.id, c.ctr, c.pid, cmd, c.started)
 	h.wg.Add(1)
 	go func() {
-		defer h.wg.Done()
 		// The start event is written here, before the exit's, rather
 		// than on the exec's way to its client.
 		h.append(c.id, events.Event{Type: events.Exec, Message: "started " + strings.Join(c.cmd, " "),
 			Data: events.Data(events.ExecData{Container: c.ctr, PID: c.pid, Cmd: c.cmd})})
 		if err != nil {
 			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+			h.wg.Done()
 			return
 		}
-		c.run(w, true)
+		c.run(w, true, h.wg.Done)
 	}()
 	return c
 }
@@ -207,10 +209,16 @@ func (c *ExecCopy) counted(next int64) {
 func (c *ExecCopy) Detach() { c.relay.close() }
 
 // run keeps the output in the log entry w until the exit: from the relay
-// first if relayed, then from a connection of its own.
-func (c *ExecCopy) run(w *execlog.Writer, relayed bool) {
+// first if relayed, then from a connection of its own. It calls done
+// when the copy has ended, on whichever goroutine ends it: a copy that
+// follows a quiet process holds none meanwhile (follow).
+func (c *ExecCopy) run(w *execlog.Writer, relayed bool, done func()) {
 	c.w, c.out = w, newBatch(w.Offset(), c.h.execs.ProcessCap())
 	c.saved = !relayed // a resumed copy's record is on disk
+	end := func(exit *api.ExitStatus, err error) {
+		c.end(exit, err)
+		done()
+	}
 	var exit *api.ExitStatus
 	var err error
 	if relayed {
@@ -225,8 +233,15 @@ func (c *ExecCopy) run(w *execlog.Writer, relayed bool) {
 			}
 			c.relay.ch = nil
 		}
-		exit, err = c.follow()
+		c.follow(end)
+		return
 	}
+	end(exit, err)
+}
+
+// end records how the copy ended: the exit, or nothing (the next daemon
+// carries on from the log's offset, or the log failed).
+func (c *ExecCopy) end(exit *api.ExitStatus, err error) {
 	switch {
 	case errors.Is(err, errStopping):
 		// The next daemon carries on from the log's offset.
@@ -419,70 +434,201 @@ func (c *ExecCopy) fetchFrom(from, to int64) (pos int64, err error) {
 }
 
 // follow attaches to the process at the log's offset and copies its
-// output until the exit. A stream that breaks ends the copy with an exit
-// saying so.
+// output until the exit, then calls end. A stream that breaks ends the
+// copy with an exit saying so.
 //
-// It reads the stream and times the batches on its own goroutine, through
-// a small buffer (AttachQuiet): an idle process that no client follows
-// (an agent's server, a sleep) then costs the daemon one parked goroutine
-// and a connection for all of its life (issue 21).
-func (c *ExecCopy) follow() (*api.ExitStatus, error) {
+// The stream is read through a small buffer (AttachQuiet), and between
+// its frames the copy holds no goroutine: the hub's fdnotify.Notifier
+// starts one when the connection has input, the batch's timer when the
+// batch is due, the hub's stop when the daemon stops. An idle process
+// that no client follows (an agent's server, a sleep) then costs the
+// daemon a connection and a few small objects for all of its life, not a
+// parked goroutine: the runtime never frees a goroutine's descriptor,
+// and a thousand such stacks set the peak that the daemon's memory
+// stays near after they are gone (issue 21). A connection the notifier
+// cannot watch is waited on by a goroutine of its own, as before.
+func (c *ExecCopy) follow(end func(*api.ExitStatus, error)) {
 	conn, err := c.gc.AttachQuiet(c.h.ctx, c.pid, c.out.logged)
 	if err != nil {
-		return c.lost(err)
+		end(c.lost(err))
+		return
 	}
-	defer conn.Close()
-	stop := context.AfterFunc(c.h.ctx, func() { conn.Close() })
-	defer stop()
-	var (
-		exit  *api.ExitStatus
-		done  bool
-		taken error
-	)
-	src := feeder{c: c, next: c.out.logged, to: func(r relayed) {
-		if !done && taken == nil {
-			exit, done, taken = c.take(r)
-		}
-	}}
-	var due time.Time // of the batch's write; zero while none is owed
+	f := &follower{c: c, conn: conn, end: end, running: true}
+	f.src = feeder{c: c, next: c.out.logged, to: f.take}
+	if c.h.notify != nil {
+		f.watch, _ = c.h.notify.Watch(conn.Conn)
+	}
+	f.stop = context.AfterFunc(c.h.ctx, func() {
+		conn.Close()
+		f.wake(false)
+	})
+	f.loop()
+}
+
+// follower is a copy following its process on a connection of its own.
+// Its loop runs on one goroutine at a time: the one that set running.
+type follower struct {
+	c     *ExecCopy
+	conn  *guestapi.Conn
+	end   func(*api.ExitStatus, error)
+	stop  func() bool     // of the hub's stop closing conn
+	watch *fdnotify.Watch // nil: the loop waits on its goroutine
+	timer *time.Timer     // wakes the loop when the batch is due
+	src   feeder
+	exit  *api.ExitStatus
+	done  bool
+	taken error
+	due   time.Time // of the batch's write; zero while none is owed
+
+	mu       sync.Mutex
+	running  bool // a goroutine runs the loop
+	woken    bool // a wake came while it ran: it must not park yet
+	input    bool // the notifier saw input (or the end) since the loop looked
+	finished bool
+}
+
+// take puts a frame the follower read in the batch.
+func (f *follower) take(r relayed) {
+	if !f.done && f.taken == nil {
+		f.exit, f.done, f.taken = f.c.take(r)
+	}
+}
+
+// loop copies frames until none is to be read, then parks, or until the
+// copy ends.
+func (f *follower) loop() {
 	for {
-		err := conn.Wait(due)
-		if err == nil {
-			var f wire.Frame
-			if f, err = conn.Frames.Read(); err == nil {
-				src.frame(f.Type, f.Payload)
+		if f.watch != nil && !f.ready() {
+			if f.park() {
+				return
 			}
+			continue
 		}
-		switch {
-		case c.h.ctx.Err() != nil:
-			return nil, c.stopping()
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			due = time.Time{}
-			if err := c.due(); err != nil {
-				return nil, err
-			}
-		case err != nil:
-			src.close()
-			if err := c.ended(); err != nil {
-				return nil, err
-			}
-			return c.lost(err)
-		case taken != nil:
-			return nil, taken
-		case done && exit == nil:
-			return c.lost(nil) // an error frame
-		case done:
-			return exit, nil
-		}
-		select {
-		case <-c.poke:
-			c.out.fetch(c.seen.Load())
-		default:
-		}
-		if due.IsZero() && c.pending() {
-			due = time.Now().Add(batchDelay)
+		if exit, err, ended := f.step(); ended {
+			f.finish(exit, err)
+			return
 		}
 	}
+}
+
+// step waits for the next frame (or the batch's time) and takes it;
+// ended reports that the copy is over, with the exit or an error.
+func (f *follower) step() (exit *api.ExitStatus, err error, ended bool) {
+	c := f.c
+	werr := f.conn.Wait(f.due)
+	if werr == nil {
+		var fr wire.Frame
+		if fr, werr = f.conn.Frames.Read(); werr == nil {
+			f.src.frame(fr.Type, fr.Payload)
+		}
+	}
+	switch {
+	case c.h.ctx.Err() != nil:
+		return nil, c.stopping(), true
+	case errors.Is(werr, os.ErrDeadlineExceeded):
+		f.due = time.Time{}
+		if err := c.due(); err != nil {
+			return nil, err, true
+		}
+	case werr != nil:
+		f.src.close()
+		if err := c.ended(); err != nil {
+			return nil, err, true
+		}
+		exit, err = c.lost(werr)
+		return exit, err, true
+	case f.taken != nil:
+		return nil, f.taken, true
+	case f.done && f.exit == nil:
+		exit, err = c.lost(nil) // an error frame
+		return exit, err, true
+	case f.done:
+		return f.exit, nil, true
+	}
+	select {
+	case <-c.poke:
+		c.out.fetch(c.seen.Load())
+	default:
+	}
+	if f.due.IsZero() && c.pending() {
+		f.due = time.Now().Add(batchDelay)
+	}
+	return nil, nil, false
+}
+
+// ready reports whether the loop has something to do without waiting:
+// a frame to read (or the stream's end), the batch due, the hub
+// stopping.
+func (f *follower) ready() bool {
+	f.mu.Lock()
+	input := f.input
+	f.input = false
+	f.mu.Unlock()
+	return input || f.conn.Frames.Buffered() > 0 || f.c.h.ctx.Err() != nil ||
+		(!f.due.IsZero() && !time.Now().Before(f.due)) || f.watch.Pending() > 0
+}
+
+// park arms the notifier and the batch's timer and lets the goroutine
+// go; it reports false when the loop must carry on instead (a wake came
+// meanwhile, or the connection cannot be watched: then the loop waits on
+// its goroutine from now on).
+func (f *follower) park() bool {
+	if err := f.watch.Arm(f.onInput); err != nil {
+		f.watch.Stop()
+		f.watch = nil
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.woken {
+		f.woken = false
+		return false
+	}
+	f.running = false
+	if !f.due.IsZero() {
+		if f.timer == nil {
+			f.timer = time.AfterFunc(time.Until(f.due), func() { f.wake(false) })
+		} else {
+			f.timer.Reset(time.Until(f.due))
+		}
+	}
+	return true
+}
+
+func (f *follower) onInput() { f.wake(true) }
+
+// wake runs the loop on the calling goroutine, unless it runs already
+// (then it will not park before it has looked again) or is over.
+func (f *follower) wake(input bool) {
+	f.mu.Lock()
+	if input {
+		f.input = true
+	}
+	if f.running || f.finished {
+		f.woken = f.running
+		f.mu.Unlock()
+		return
+	}
+	f.running = true
+	f.mu.Unlock()
+	f.loop()
+}
+
+// finish lets go of the connection, the watch and the timer, and ends
+// the copy.
+func (f *follower) finish(exit *api.ExitStatus, err error) {
+	f.mu.Lock()
+	f.finished = true
+	f.mu.Unlock()
+	f.stop()
+	if f.timer != nil {
+		f.timer.Stop()
+	}
+	if f.watch != nil {
+		f.watch.Stop()
+	}
+	f.conn.Close()
+	f.end(exit, err)
 }
 
 // lost is how a copy ends when it cannot follow the process any further.
@@ -587,9 +733,6 @@ func (h *Hub) resumeContainer(ctx context.Context, id, ctr string, guests func(c
 		}
 		c := h.newCopy(id, ctr, gc, p.PID, cut, p.StartedAt)
 		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			c.run(w, false)
-		}()
+		go c.run(w, false, h.wg.Done)
 	}
 }

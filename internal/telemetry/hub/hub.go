@@ -24,6 +24,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/durable"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/fdnotify"
 	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/sandbox"
@@ -97,6 +98,9 @@ type Hub struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// notify tells the exec copies of quiet processes when their stream
+	// has input (nil: each waits on a goroutine of its own).
+	notify *fdnotify.Notifier
 
 	mu       sync.Mutex
 	actions  Actions
@@ -171,6 +175,9 @@ func New(cfg Config) (*Hub, error) {
 		Admission: h.adm, Budgets: h.budgets, Autoscaler: h.scaler, Storage: cfg.Storage}); err != nil {
 		return nil, err
 	}
+	if h.notify, err = fdnotify.New(); err != nil {
+		log.Warn("exec output copies will wait on a goroutine each", "err", err)
+	}
 	h.registry = prometheus.NewRegistry()
 	h.registry.MustRegister(h.col, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return h, nil
@@ -210,6 +217,9 @@ func (h *Hub) Run() {
 func (h *Hub) Close() {
 	h.cancel()
 	h.wg.Wait()
+	if h.notify != nil {
+		h.notify.Close()
+	}
 	h.saveUsages()
 	h.sampler.Close()
 }
