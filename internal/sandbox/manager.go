@@ -96,8 +96,11 @@ type Manager struct {
 
 	img imageState // images.go
 
-	// tearing holds a token per teardown running (teardown.go).
-	tearing chan struct{}
+	// tearQueue holds the teardowns waiting for one of the tearWorkers
+	// (at most teardownWorkers) that run them (teardown.go).
+	tearMu      sync.Mutex
+	tearQueue   []*teardown
+	tearWorkers int
 
 	wg     sync.WaitGroup
 	closed chan struct{}
@@ -180,14 +183,13 @@ func NewManager(cfg Config) *Manager {
 		cfg.MaxSandboxes = 4096
 	}
 	m := &Manager{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		obs:     nopObserver{},
-		boxes:   map[string]*box{},
-		slots:   map[int]string{},
-		moved:   map[string]string{},
-		tearing: make(chan struct{}, teardownWorkers),
-		closed:  make(chan struct{}),
+		cfg:    cfg,
+		log:    cfg.Logger,
+		obs:    nopObserver{},
+		boxes:  map[string]*box{},
+		slots:  map[int]string{},
+		moved:  map[string]string{},
+		closed: make(chan struct{}),
 	}
 	m.wg.Add(1)
 	go m.autoPause(time.Second)

@@ -35,37 +35,90 @@ const (
 
 // tearDown starts the teardown of b, whose removal is recorded (b.gone).
 // b.mu is held.
+//
+// The teardowns wait in a queue that at most teardownWorkers goroutines
+// work through, rather than on a goroutine each: a thousand removals at
+// once left a thousand goroutine descriptors, which the Go runtime never
+// frees, and raised the peak that the daemon's memory stays near after
+// they are gone (issue 21).
 func (m *Manager) tearDown(b *box) {
-	torn := make(chan struct{})
+	t := &teardown{b: b, torn: make(chan struct{}), attempt: 1, wait: time.Second}
 	m.mu.Lock()
-	b.torn = torn
+	b.torn = t.torn
 	m.mu.Unlock()
 	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		defer close(torn)
-		id := b.rec.ID
-		wait := time.Second
-		for attempt := 1; ; attempt++ {
-			select {
-			case m.tearing <- struct{}{}:
-			case <-m.closed:
-				return // the next daemon finishes it
-			}
-			err := m.tearDownOnce(b, attempt)
-			<-m.tearing
-			if err == nil {
-				return
-			}
-			m.log.Error("tearing down a removed sandbox; retrying", "sandbox", id, "attempt", attempt, "retry_in", wait.String(), "err", err)
-			select {
-			case <-time.After(wait):
-			case <-m.closed:
-				return
-			}
-			wait = min(2*wait, teardownRetryMax)
+	m.queueTearDown(t)
+}
+
+// teardown is one queued teardown.
+type teardown struct {
+	b       *box
+	torn    chan struct{} // closed when it is over, or left to the next daemon
+	attempt int
+	wait    time.Duration // before the next attempt, if this one fails
+}
+
+// queueTearDown queues t, and starts a worker if fewer than
+// teardownWorkers run.
+func (m *Manager) queueTearDown(t *teardown) {
+	m.tearMu.Lock()
+	m.tearQueue = append(m.tearQueue, t)
+	start := m.tearWorkers < teardownWorkers
+	if start {
+		m.tearWorkers++
+	}
+	m.tearMu.Unlock()
+	if start {
+		go m.tearWorker()
+	}
+}
+
+// tearWorker runs queued teardowns until none is left. One that fails
+// waits for its retry on a goroutine of its own (rare), then is queued
+// again; once the manager is closed, what is left is the next daemon's
+// (its record says removing).
+func (m *Manager) tearWorker() {
+	for {
+		m.tearMu.Lock()
+		if len(m.tearQueue) == 0 {
+			m.tearQueue = nil // a burst's backing array goes with it
+			m.tearWorkers--
+			m.tearMu.Unlock()
+			return
 		}
-	}()
+		t := m.tearQueue[0]
+		m.tearQueue[0] = nil
+		m.tearQueue = m.tearQueue[1:]
+		m.tearMu.Unlock()
+		select {
+		case <-m.closed:
+			t.over(m)
+			continue
+		default:
+		}
+		err := m.tearDownOnce(t.b, t.attempt)
+		if err == nil {
+			t.over(m)
+			continue
+		}
+		m.log.Error("tearing down a removed sandbox; retrying", "sandbox", t.b.rec.ID, "attempt", t.attempt, "retry_in", t.wait.String(), "err", err)
+		go func() {
+			select {
+			case <-time.After(t.wait):
+				t.attempt++
+				t.wait = min(2*t.wait, teardownRetryMax)
+				m.queueTearDown(t)
+			case <-m.closed:
+				t.over(m)
+			}
+		}()
+	}
+}
+
+// over ends t: done, or left to the next daemon.
+func (t *teardown) over(m *Manager) {
+	close(t.torn)
+	m.wg.Done()
 }
 
 // tearDownOnce removes every trace of b; it can be run again after a
