@@ -305,7 +305,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	running := s.Running(c.buf[:0])
-	c.buf = running
+	// The buffer is kept for the next scrape, but not at the size of a
+	// peak long gone: after a thousand sandboxes it held 270 KiB and
+	// every removed sandbox's id (issue 21).
+	defer func() {
+		if cap(running) > 2*len(running)+64 {
+			clear(running[:cap(running)])
+			running = nil
+		}
+		c.buf = running
+	}()
 	var cores, mem, memLimit, pids, disk float64
 	for i := range running {
 		x := &running[i].Sample
