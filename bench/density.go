@@ -183,6 +183,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 		return err
 	}
 	d.HeapBefore = r.goHeap(ctx)
+	r.dumpMemory(ctx, "before")
 	restCgroups := len(cgroupTree(r.cgroupParent))
 	if d.Count > maxSandboxes {
 		return fmt.Errorf("%d sandboxes asked for; the daemon gives out at most %d uid ranges", d.Count, maxSandboxes)
@@ -266,6 +267,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 		return err
 	}
 	d.HeapWith = r.goHeap(ctx)
+	r.dumpMemory(ctx, "with")
 	if d.Running, err = r.countRunning(ctx, ids); err != nil {
 		return err
 	}
@@ -362,6 +364,7 @@ func (r *rig) rssAfter(ctx context.Context, d *densityRun) error {
 		d.AfterWait = time.Since(t0)
 		d.HeapAfter = r.goHeap(ctx)
 		if float64(d.After.DaemonRSS) <= float64(d.Before.DaemonRSS)*(1+densityAfterFrac) || d.AfterWait > densityRSSWait || ctx.Err() != nil {
+			r.dumpMemory(ctx, "after")
 			return nil
 		}
 		time.Sleep(500 * time.Millisecond)

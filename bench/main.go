@@ -102,6 +102,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&simProfile, "gateway-profile", "", "write a CPU profile (pprof) of the gateway during the simnodes section's closed loop to its 100 nodes to this file")
 	fs.StringVar(&churnProfile, "churn-profile", "", "serve the daemon's profiles and write its CPU and mutex profiles (pprof) over the default-image churn loop to this path (+.mutex)")
 	fs.DurationVar(&clusterSoak, "cluster-soak", clusterSoak, "how long the cluster section's create loops go on after the killed node is seen lost")
+	fs.StringVar(&densityDump, "density-dump", "", "write the daemon's memory maps and Go runtime counters at each of the density section's readings to this directory")
+	fs.BoolVar(&densityPprof, "density-pprof", false, "with -density-dump, serve the daemon's profiles and add its heap and goroutine profiles to the dump (this costs the daemon memory: not for the bar's numbers)")
 	fs.IntVar(&densityCount, "density", densityCount, "sandboxes the density benchmark starts (issue 21's bar is for 1000)")
 	fs.BoolVar(&o.keepGoing, "keep-going", false, "run the remaining benchmarks after one fails")
 	if err := fs.Parse(args); err != nil {

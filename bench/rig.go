@@ -89,7 +89,7 @@ func newRig(ctx context.Context, opts options, log *slog.Logger) (_ *rig, retErr
 			extra = append(extra, r.egress.DaemonArgs()...)
 		}
 	}
-	if churnProfile != "" {
+	if churnProfile != "" || densityPprof {
 		extra = append(extra, "--debug-socket")
 	}
 	if opts.selected("gvisor") || opts.selected("gvisorwork") || opts.selected("gvisorfork") {
