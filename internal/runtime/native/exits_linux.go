@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/shrink"
 )
 
 // exitWatcher waits for the exits of every guest in one goroutine: their
@@ -26,6 +28,7 @@ type exitWatcher struct {
 	// and the function closes it: its number cannot be reused while it is
 	// here.
 	waiting map[int32]func()
+	peak    int // for shrink.Map
 }
 
 // exits is the daemon's one exit watcher.
@@ -94,6 +97,7 @@ func (w *exitWatcher) run(f *os.File, read func(func(fd uintptr) bool) error) {
 				ready = append(ready, exited)
 			}
 		}
+		w.waiting = shrink.Map(w.waiting, &w.peak)
 		w.mu.Unlock()
 		return true
 	}
