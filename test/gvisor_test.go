@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -444,7 +445,9 @@ func askServer(t *testing.T, d *Daemon, id string) string {
 }
 
 // pauseWithMemory pauses sandbox id and checks that the pause kept its
-// memory and freed its CPU and memory.
+// memory and that its processes cannot run again: their sentry is gone
+// or exiting (its exit, which frees their memory, and the removal of
+// their cgroup end behind the answer: checkStopEnded).
 func pauseWithMemory(t *testing.T, d *Daemon, id string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -457,21 +460,57 @@ func pauseWithMemory(t *testing.T, d *Daemon, id string) {
 	if sb.State != api.StatePaused || sb.Paused == nil || !sb.Paused.Memory || sb.Paused.CheckpointBytes <= 0 {
 		t.Fatalf("pause of a gvisor sandbox: state %s, paused %+v; want its memory kept", sb.State, sb.Paused)
 	}
-	if sb.Runtime != nil || alive(before.Runtime.HostPID) {
-		t.Fatalf("the paused sandbox's sentry (pid %d) still runs: %+v", before.Runtime.HostPID, sb.Runtime)
-	}
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", before.Runtime.Cgroup)); err == nil {
-		t.Fatalf("the paused sandbox's cgroup %s is still there", before.Runtime.Cgroup)
+	if sb.Runtime != nil || !ending(before.Runtime.HostPID) {
+		t.Fatalf("the paused sandbox's sentry (pid %d) runs on: %+v", before.Runtime.HostPID, sb.Runtime)
 	}
 }
 
+// ending says process pid cannot run again: it is gone, a zombie,
+// exiting, or a SIGKILL is pending for it.
+func ending(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// After the command's ")": state, ppid, pgrp, session, tty_nr,
+	// tpgid, flags.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	const pfExiting = 0x4
+	if flags, err := strconv.ParseUint(f[6], 10, 64); f[0] == "Z" || f[0] == "X" || err == nil && flags&pfExiting != 0 {
+		return true
+	}
+	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		if k != "SigPnd" && k != "ShdPnd" {
+			continue
+		}
+		if set, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && set&(1<<(9-1)) != 0 { // SIGKILL
+			return true
+		}
+	}
+	return false
+}
+
 // checkStopEnded checks that paused sandbox id's stop ended behind the
-// pause's answer once its checkpoint is compressed: its root unmounted,
-// runsc's record of it deleted.
+// pause's answer once its checkpoint is compressed: its processes gone
+// with their cgroup (the kernel refuses to remove a cgroup that has
+// any), its root unmounted, runsc's record of it deleted.
 func checkStopEnded(t *testing.T, d *Daemon, id string) {
 	t.Helper()
 	if !waitFor(time.Minute, 50*time.Millisecond, func() bool { p := d.get(id).Paused; return p != nil && !p.Compressing }) {
 		t.Fatal("the checkpoint was not compressed within a minute")
+	}
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", d.Cgroup, id)) // v1
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", d.Cgroup, id)); err == nil {
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", d.Cgroup, id)) // v2
+	}
+	if len(dirs) > 0 {
+		t.Fatalf("the paused sandbox's cgroup is still there: %v", dirs)
 	}
 	rootfs := filepath.Join(d.RunDir, "sandboxes", id, "rootfs")
 	if mounts, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mounts), " "+rootfs+" ") {

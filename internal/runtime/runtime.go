@@ -237,7 +237,11 @@ type Checkpointer interface {
 	// open files, sockets) to its disk and leaves them stopped, not
 	// ended: the caller's Stop ends them, and a Start with
 	// Spec.FromCheckpoint continues them. On failure they run on and the
-	// error says why.
+	// error says why. The caller need not wait for the instance's Done
+	// before that Stop, once it has killed the instance: Stop then
+	// returns before the processes have exited (stopped, they cannot run
+	// again), and the runtime waits for their exit, and removes what
+	// they held, before the sandbox's next Start or Remove.
 	Checkpoint(ctx context.Context, id string) (Checkpoint, error)
 	// CheckpointTo writes running sandbox id's processes to dir, a new
 	// directory, and lets them run on. during, if set, runs while they

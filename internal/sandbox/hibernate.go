@@ -109,7 +109,12 @@ func (m *Manager) pauseLocked(ctx context.Context, b *box, act action) error {
 		return err
 	}
 	mark("checkpointed")
-	if err := m.stopLocked(ctx, b); err != nil {
+	if kept.Memory {
+		err = m.endCheckpointedLocked(ctx, b)
+	} else {
+		err = m.stopLocked(ctx, b)
+	}
+	if err != nil {
 		return err
 	}
 	mark("stopped")
@@ -159,6 +164,28 @@ func (m *Manager) checkpointLocked(ctx context.Context, b *box) (*api.PauseInfo,
 	}
 	m.log.Warn("checkpointing", "sandbox", b.rec.ID, "err", err)
 	return nil, fmt.Errorf("%w: pausing %s with its memory: %v; it runs on", errdefs.ErrConflict, b.rec.ID, err)
+}
+
+// endCheckpointedLocked is stopLocked for b once its processes are
+// checkpointed: they are stopped (the runtime paused them for the save)
+// and signalled, so they can never run again, but not waited for: their
+// exit (the kernel freeing the memory they held, most of a second for
+// 512 MiB on a busy host) and the removal of their cgroup are the
+// runtime's, behind the answer, before the sandbox's next start or
+// removal (runtime.Checkpointer).
+func (m *Manager) endCheckpointedLocked(ctx context.Context, b *box) error {
+	if err := m.stopMembers(ctx, b); err != nil {
+		return err
+	}
+	b.stopping = true
+	if err := b.inst.Kill(); err != nil {
+		return fmt.Errorf("killing sandbox: %w", err)
+	}
+	b.detach()
+	if err := m.cfg.Runtime.Stop(ctx, b.rec.ID); err != nil {
+		return fmt.Errorf("stopping sandbox: %w", err)
+	}
+	return nil
 }
 
 // settleCheckpoint records the size of b's checkpoint once its runtime

@@ -521,8 +521,15 @@ func (r *Runtime) Squeeze(id string) <-chan int64 {
 	if err == nil {
 		dir := filepath.Join(v.Path, checkpointName)
 		if _, err = os.Stat(dir); err == nil {
-			// Its stop may not have ended either.
-			return r.squeezeLater(id, dir, func() { r.deleteRecord(id, nil) })
+			// Its stop may not have ended either (a daemon that
+			// ended right after the pause's answer).
+			return r.squeezeLater(id, dir, func() {
+				cg, err := r.cfg.Cgroups.Load(id)
+				if err != nil {
+					cg = nil
+				}
+				r.finishStop(id, cg)
+			})
 		}
 	}
 	r.log.Warn("compressing a checkpoint", "sandbox", id, "err", err)
