@@ -110,17 +110,24 @@ func (r *Runtime) save(ctx context.Context, id, dir, compression string, mark fu
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("making the checkpoint's directory: %w", err)
 	}
-	// While it runs on: the guest binary a restore must bind, and
+	// While the guest quiesces and the kernel is saved (files of their
+	// own beside runsc's): the guest binary a restore must bind, and
 	// whether it must bind the root's /tmp.
-	if err := r.keepGuest(id, dir); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+	keeping := make(chan error, 1)
+	go func() {
+		err := r.keepGuest(id, dir)
+		if err == nil {
+			err = r.keepTmp(id, dir)
+		}
+		keeping <- err
+	}()
+	var kept error
+	waitKept := func() error {
+		if keeping != nil {
+			kept, keeping = <-keeping, nil
+		}
+		return kept
 	}
-	if err := r.keepTmp(id, dir); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	mark("guest kept")
 	paused := false
 	wake = func() error {
 		// Not the caller's context: the sandbox must run again even
@@ -136,6 +143,7 @@ func (r *Runtime) save(ctx context.Context, id, dir, compression string, mark fu
 		return errors.Join(err, r.relisten(bg, id))
 	}
 	fail := func(err error) (func() error, error) {
+		waitKept()
 		os.RemoveAll(dir)
 		return nil, errors.Join(err, wake())
 	}
@@ -157,6 +165,10 @@ func (r *Runtime) save(ctx context.Context, id, dir, compression string, mark fu
 		return fail(fmt.Errorf("runsc checkpoint: %s", runscError(err, out)))
 	}
 	mark("saved")
+	if err := waitKept(); err != nil {
+		return fail(err)
+	}
+	mark("guest kept")
 	if compression != "none" {
 		// An uncompressed one is synced as it is compressed.
 		if err := syncDir(dir); err != nil {
