@@ -1031,6 +1031,45 @@ func checkCopy(t *testing.T, d *Daemon, id, counter, serverPID string, from, hit
 // processes running, each in its own network slot; a native sandbox's
 // memory snapshot is refused naming its runtime; removing the snapshot
 // removes its checkpoint.
+// TestGvisorRepeatedSnapshots: a sandbox whose processes are busy (a
+// counter, an HTTP server) keeps running, and can start new processes,
+// through many memory snapshots, which each save its kernel and let it
+// run on (runsc checkpoint --leave-running).
+//
+// It fails today, so it runs only with PADDOCK_TEST_KNOWN_FAULTS=1: on
+// gVisor's systrap platform a few such saves of one sandbox (3 to 10)
+// leave its processes faulting (SIGSEGV) or dead; on the ptrace platform
+// it passes, and turning systrap's syscall patching off only makes it
+// rarer. The fix planned is a memory snapshot that restores its source
+// from the checkpoint instead of leaving it running (docs/ARCHITECTURE.md,
+// "Two runtimes").
+func TestGvisorRepeatedSnapshots(t *testing.T) {
+	if os.Getenv("PADDOCK_TEST_KNOWN_FAULTS") == "" {
+		t.Skip("known fault of gVisor's systrap after repeated memory snapshots of one sandbox: set PADDOCK_TEST_KNOWN_FAULTS=1 to run it")
+	}
+	d := newGvisorDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sb, err := d.Client().Create(ctx, api.CreateRequest{Runtime: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startMemoryWork(t, d, sb.ID)
+	for i := 1; i <= 10; i++ {
+		d.MustCLI("snapshot", "--memory", sb.ID)
+		if r := d.sh(sb.ID, "echo alive"); r.ExitCode != 0 || r.Stdout != "alive\n" {
+			t.Fatalf("a new process after memory snapshot %d: %v", i, r)
+		}
+	}
+	before := readCount(t, d, sb.ID)
+	if got := askServer(t, d, sb.ID); !strings.HasPrefix(got, "pid ") {
+		t.Fatalf("the server after 10 memory snapshots: %q", got)
+	}
+	if !waitFor(10*time.Second, 50*time.Millisecond, func() bool { return readCount(t, d, sb.ID) > before }) {
+		t.Fatal("the counter stopped after 10 memory snapshots")
+	}
+}
+
 func TestGvisorMemorySnapshot(t *testing.T) {
 	d := newGvisorDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -1156,11 +1195,20 @@ func TestGvisorMemorySnapshotDamaged(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c := d.Client()
-	sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor"})
-	if err != nil {
-		t.Fatal(err)
+	// Each damaged snapshot is of a source of its own: one source taken
+	// again and again hits gVisor's known fault (docs/ARCHITECTURE.md,
+	// "Two runtimes": processes die after repeated memory snapshots of
+	// one running sandbox), which is not what this test is about.
+	var sources []string
+	source := func() string {
+		sb, err := c.Create(ctx, api.CreateRequest{Runtime: "gvisor"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		startMemoryWork(t, d, sb.ID)
+		sources = append(sources, sb.ID)
+		return sb.ID
 	}
-	startMemoryWork(t, d, sb.ID)
 	flip := func(img string) error {
 		f, err := os.OpenFile(img, os.O_RDWR, 0)
 		if err != nil {
@@ -1240,7 +1288,7 @@ func TestGvisorMemorySnapshotDamaged(t *testing.T) {
 		filepath.Join("/sys/fs/cgroup/memory", d.Cgroup),
 	}
 	for _, tc := range damages {
-		snap := strings.TrimSpace(d.MustCLI("snapshot", "--memory", sb.ID))
+		snap := strings.TrimSpace(d.MustCLI("snapshot", "--memory", source()))
 		if err := tc.damage(filepath.Join(d.StateDir, "storage", "snapshots", snap, "checkpoint", "checkpoint.img")); err != nil {
 			t.Fatal(err)
 		}
@@ -1255,7 +1303,7 @@ func TestGvisorMemorySnapshotDamaged(t *testing.T) {
 			}
 		}
 		t.Logf("create from a %s checkpoint said: %s", tc.name, strings.TrimSpace(r.Stderr))
-		if list, err := c.List(ctx, client.ListOptions{}); err != nil || len(list) != 1 {
+		if list, err := c.List(ctx, client.ListOptions{}); err != nil || len(list) != len(sources) {
 			t.Fatalf("after a failed create from a %s checkpoint: %d sandboxes (%v)", tc.name, len(list), err)
 		}
 		for i, dir := range dirs {
@@ -1264,13 +1312,15 @@ func TestGvisorMemorySnapshotDamaged(t *testing.T) {
 			}
 		}
 	}
-	// The source runs on through all of it.
-	if got := askServer(t, d, sb.ID); !strings.HasPrefix(got, "pid ") {
-		t.Fatalf("the source's server: %q", got)
+	// The sources run on through all of it.
+	for _, id := range sources {
+		if got := askServer(t, d, id); !strings.HasPrefix(got, "pid ") {
+			t.Fatalf("the server of source %s: %q", id, got)
+		}
 	}
 
 	// A snapshot whose checkpoint is gone is dropped at the next start.
-	snap := strings.TrimSpace(d.MustCLI("snapshot", "--memory", sb.ID))
+	snap := strings.TrimSpace(d.MustCLI("snapshot", "--memory", sources[0]))
 	d.Stop()
 	if err := os.RemoveAll(filepath.Join(d.StateDir, "storage", "snapshots", snap, "checkpoint")); err != nil {
 		t.Fatal(err)
