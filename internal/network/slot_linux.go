@@ -480,7 +480,7 @@ func (m *Manager) reset(s *Slot) error {
 	quiet := false
 	err := m.inNetns(s.ns, func() error {
 		// Before this thread opens a socket in the namespace.
-		idle, err := noSockets()
+		idle, err := settledNoSockets()
 		if err != nil {
 			return err
 		}
@@ -567,10 +567,23 @@ const netDev = "/proc/thread-self/net/dev"
 // under churn cost more than the rest of the reset; it is left for the
 // namespaces whose counters are not all zero.
 func noSockets() (bool, error) {
+	idle, _, err := socketCounts()
+	return idle, err
+}
+
+// socketCounts is noSockets, and whether "sockets: used" alone is not
+// zero: sockets of other families (netlink, unix, packet), or sockets
+// closed whose memory the kernel frees after an RCU grace period. The
+// daemon's own netlink sockets of a slot's last reset or attach are
+// counted until then: a slot recycled within milliseconds of it (a
+// fast host, churn) would never find its counters at rest.
+func socketCounts() (idle, onlyUsed bool, err error) {
+	onlyUsed = true
+	idle = true
 	for _, f := range []string{"sockstat", "sockstat6"} {
 		b, err := os.ReadFile("/proc/thread-self/net/" + f)
 		if err != nil {
-			return false, fmt.Errorf("reading the slot's %s: %w", f, err)
+			return false, false, fmt.Errorf("reading the slot's %s: %w", f, err)
 		}
 		for _, line := range strings.Split(string(b), "\n") {
 			fields := strings.Fields(line)
@@ -578,14 +591,33 @@ func noSockets() (bool, error) {
 				switch fields[i] {
 				case "used", "inuse", "tw":
 					if fields[i+1] != "0" {
-						return false, nil
+						idle = false
+						onlyUsed = onlyUsed && fields[i] == "used"
 					}
 				}
 			}
 		}
 	}
-	return true, nil
+	return idle, !idle && onlyUsed, nil
 }
+
+// settledNoSockets is noSockets once sockets that only "sockets: used"
+// counts (closed ones among them, freed after a grace period) had up to
+// socketSettle to go.
+func settledNoSockets() (bool, error) {
+	deadline := time.Now().Add(socketSettle)
+	for {
+		idle, onlyUsed, err := socketCounts()
+		if err != nil || idle || !onlyUsed || time.Now().After(deadline) {
+			return idle, err
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// socketSettle bounds settledNoSockets' wait: an RCU grace period is a
+// few milliseconds on an idle host, tens on a busy one.
+const socketSettle = 100 * time.Millisecond
 
 // closeSockets destroys the TCP sockets the kernel still finishes for
 // dead processes, then checks that no socket is left in the namespace.
