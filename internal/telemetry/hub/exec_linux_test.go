@@ -2,7 +2,6 @@ package hub
 
 import (
 	"context"
-	"encoding/json"
 	"net"
 	"path/filepath"
 	"runtime"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/guestapi/guestapitest"
 	"github.com/paddock-dev/paddock/internal/telemetry/admission"
 	"github.com/paddock-dev/paddock/internal/telemetry/execlog"
 	"github.com/paddock-dev/paddock/wire"
@@ -46,18 +46,11 @@ func newFakeGuest(t *testing.T) *fakeGuest {
 			}
 			t.Cleanup(func() { conn.Close() })
 			go func() {
-				f, err := wire.NewReader(conn).Read()
-				if err != nil || f.Type != wire.Request {
+				w, _, err := guestapitest.AcceptAttach(conn)
+				if err != nil {
 					conn.Close()
 					return
 				}
-				var req guestapi.Request
-				if json.Unmarshal(f.Payload, &req) != nil || req.Op != guestapi.OpAttach {
-					conn.Close()
-					return
-				}
-				w := wire.NewWriter(conn)
-				w.WriteJSON(wire.Response, guestapi.Response{PID: req.PID})
 				g.streams <- stream{Writer: w, conn: conn}
 			}()
 		}
