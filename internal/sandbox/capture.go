@@ -190,13 +190,9 @@ func (m *Manager) snapshotOf(ctx context.Context, b *box, p *snapshot.Pending, r
 }
 
 // captureDiskLocked copies the disk of b's container ci to dst: the
-// first's (captureLocked), or a member's, freezing the whole sandbox for
+// first's, or a member's, freezing the whole sandbox for
 // the moment of the copy if it runs.
 func (m *Manager) captureDiskLocked(ctx context.Context, b *box, ci int, dst string) (runtime.Capture, error) {
-	if ci == 0 {
-		return m.captureLocked(ctx, b, dst)
-	}
-	c := b.rec.Containers[ci]
 	mv, err := next(b, actSnapshot)
 	if err != nil {
 		return runtime.Capture{}, err
@@ -204,16 +200,21 @@ func (m *Manager) captureDiskLocked(ctx context.Context, b *box, ci int, dst str
 	if b.rec.ArchivedDisk != nil {
 		return runtime.Capture{}, errdefs.Conflict("sandbox %s is archived: resume it first", b.rec.ID)
 	}
-	var pause func() (func(), error)
-	if mv.step == stepLive {
-		if b.inst == nil || ci-1 >= len(b.members) || b.members[ci-1] == nil {
+	id, what := b.rec.ID, b.rec.ID
+	if ci > 0 {
+		c := b.rec.Containers[ci]
+		id, what = runtime.ContainerID(b.rec.ID, c.Name), "container "+c.Name+" of "+b.rec.ID
+		if mv.step == stepLive && (b.inst == nil || ci-1 >= len(b.members) || b.members[ci-1] == nil) {
 			return runtime.Capture{}, errdefs.Conflict("container %s of sandbox %s is not running: %s", c.Name, b.rec.ID, c.Error)
 		}
+	}
+	var pause func() (func(), error)
+	if mv.step == stepLive {
 		pause = m.freezeFor(ctx, b)
 	}
-	out, err := m.cfg.Runtime.Snapshot(ctx, runtime.ContainerID(b.rec.ID, c.Name), dst, pause)
+	out, err := m.cfg.Runtime.Snapshot(ctx, id, dst, pause)
 	if err != nil {
-		return runtime.Capture{}, fmt.Errorf("capturing container %s of %s: %w", c.Name, b.rec.ID, err)
+		return runtime.Capture{}, fmt.Errorf("capturing %s: %w", what, err)
 	}
 	return out, nil
 }
@@ -237,22 +238,7 @@ func (m *Manager) freezeFor(ctx context.Context, b *box) func() (func(), error) 
 // captureLocked copies b's disk to dst, freezing its processes for the
 // moment of the copy if they run.
 func (m *Manager) captureLocked(ctx context.Context, b *box, dst string) (runtime.Capture, error) {
-	mv, err := next(b, actSnapshot)
-	if err != nil {
-		return runtime.Capture{}, err
-	}
-	if b.rec.ArchivedDisk != nil {
-		return runtime.Capture{}, errdefs.Conflict("sandbox %s is archived: resume it first", b.rec.ID)
-	}
-	var pause func() (func(), error)
-	if mv.step == stepLive {
-		pause = m.freezeFor(ctx, b)
-	}
-	c, err := m.cfg.Runtime.Snapshot(ctx, b.rec.ID, dst, pause)
-	if err != nil {
-		return runtime.Capture{}, fmt.Errorf("capturing %s: %w", b.rec.ID, err)
-	}
-	return c, nil
+	return m.captureDiskLocked(ctx, b, 0, dst)
 }
 
 // memoryCaptureLocked checkpoints b's processes into dir (a new
