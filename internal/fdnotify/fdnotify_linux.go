@@ -1,8 +1,9 @@
-// Package fdnotify tells when connections have input, for any number of
-// connections on one goroutine: a connection that waits long for rare
-// input (an idle sandbox's process stream) then costs no parked
-// goroutine, whose descriptor the Go runtime never frees and whose stack
-// stays for as long as it waits (issue 21).
+// Package fdnotify tells when connections have input, or other
+// descriptors turn readable (a pidfd, once its process exits), for any
+// number of them on one goroutine: a descriptor that waits long for rare
+// input (an idle sandbox's process stream, its guest's exit) then costs
+// no parked goroutine, whose descriptor the Go runtime never frees and
+// whose stack stays for as long as it waits (issue 21).
 //
 // A Notifier is an epoll instance of its own, itself waited on through
 // the Go runtime's poller, so that it holds no thread either. Each Arm
@@ -128,18 +129,23 @@ type Watch struct {
 // gives its connection with NetConn (as crypto/tls) is looked through;
 // reads still go through the wrapper.
 func (n *Notifier) Watch(conn net.Conn) (*Watch, error) {
-	var sc syscall.Conn
-	for sc == nil {
+	for {
 		switch c := conn.(type) {
 		case syscall.Conn:
-			sc = c
+			return n.WatchFile(c)
 		case interface{ NetConn() net.Conn }:
 			conn = c.NetConn()
 		default:
 			return nil, ErrNoDescriptor
 		}
 	}
-	rc, err := sc.SyscallConn()
+}
+
+// WatchFile returns a watch of any descriptor that turns readable: a
+// socket, a pipe, a pidfd (readable once its process has exited). It
+// need not be in the Go runtime's poller.
+func (n *Notifier) WatchFile(f syscall.Conn) (*Watch, error) {
+	rc, err := f.SyscallConn()
 	if err != nil {
 		return nil, err
 	}

@@ -1,12 +1,16 @@
 package native
 
 import (
+	"os"
 	"os/exec"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/fdnotify"
 )
 
 // TestExitWatcher: the one watcher tells each process's exit to its own
@@ -14,7 +18,9 @@ import (
 // before it was added, and holds no goroutine per process meanwhile.
 func TestExitWatcher(t *testing.T) {
 	const n = 20
-	var w exitWatcher
+	if _, err := exits(); err != nil {
+		t.Fatal(err)
+	}
 	cmds := make([]*exec.Cmd, n)
 	ended := make([]chan struct{}, n)
 	before := runtime.NumGoroutine()
@@ -30,21 +36,30 @@ func TestExitWatcher(t *testing.T) {
 			cmd.Process.Signal(unix.SIGKILL)
 			time.Sleep(50 * time.Millisecond)
 		}
-		pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+		fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
+		pidfd := os.NewFile(uintptr(fd), "pidfd")
 		ended[i] = make(chan struct{})
 		done := ended[i]
-		if err := w.add(pidfd, func() {
-			unix.Close(pidfd)
+		var mu sync.Mutex // holds exited until watch is set
+		var watch *fdnotify.Watch
+		mu.Lock()
+		watch, err = watchExit(pidfd, func() {
+			mu.Lock()
+			watch.Stop()
+			pidfd.Close()
+			mu.Unlock()
 			close(done)
-		}); err != nil {
+		})
+		mu.Unlock()
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	// The watcher's own goroutine, none per process.
-	if g := runtime.NumGoroutine() - before; g > 1 {
+	// None per process.
+	if g := runtime.NumGoroutine() - before; g > 0 {
 		t.Errorf("%d more goroutines watching %d processes", g, n)
 	}
 	waitEnded := func(i int) {
@@ -68,11 +83,5 @@ func TestExitWatcher(t *testing.T) {
 			default:
 			}
 		}
-	}
-	w.mu.Lock()
-	left := len(w.waiting)
-	w.mu.Unlock()
-	if left != 0 {
-		t.Errorf("%d processes still watched after every exit", left)
 	}
 }

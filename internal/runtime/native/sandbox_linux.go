@@ -14,6 +14,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/fdnotify"
 	"github.com/paddock-dev/paddock/internal/runtime"
 )
 
@@ -68,8 +69,9 @@ type Sandbox struct {
 	// mu guards pidFile against use after the watcher closed it: a closed
 	// fd number may be reused, and a signal must never reach another
 	// process.
-	mu      sync.Mutex
-	pidFile *os.File // nil once the guest has exited
+	mu        sync.Mutex
+	pidFile   *os.File        // nil once the guest has exited
+	exitWatch *fdnotify.Watch // the pidfd's, stopped as it is closed
 	// killed: SIGKILL was sent; guarded by mu.
 	killed bool
 
@@ -341,12 +343,18 @@ func (s *Sandbox) watch(pidfd int) error {
 		unix.Close(pidfd)
 		return err
 	}
+	// Held until the watch is recorded: a guest already gone runs reap at
+	// once, which must find it.
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.pidFile = os.NewFile(uintptr(pidfd), "pidfd")
-	if err := exits.add(pidfd, s.reap); err != nil {
+	w, err := watchExit(s.pidFile, s.reap)
+	if err != nil {
 		s.pidFile.Close()
 		s.pidFile = nil
 		return err
 	}
+	s.exitWatch = w
 	return nil
 }
 
@@ -358,8 +366,9 @@ func (s *Sandbox) reap() {
 	// reparented, and its new parent reaps it.
 	var info unix.Siginfo
 	unix.Waitid(unix.P_PIDFD, int(s.pidFile.Fd()), &info, unix.WEXITED|unix.WNOHANG, nil)
+	s.exitWatch.Stop()
 	s.pidFile.Close()
-	s.pidFile = nil
+	s.pidFile, s.exitWatch = nil, nil
 	held, onExit := s.held, s.onExit
 	s.onExit, s.reaped = nil, true
 	s.mu.Unlock()
