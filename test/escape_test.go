@@ -208,6 +208,26 @@ func escapes(t *testing.T, d *Daemon, tier string) {
 		{name: "mount syscall", cmd: py(pySyscall + `print("OK" if libc.mount(b"none", b"/mnt", b"tmpfs", 0, None) == 0 else errno.errorcode[ctypes.get_errno()])`), check: prints("EPERM")},
 		{name: "bind mount of /", cmd: py(pySyscall + fmt.Sprintf(`print("OK" if libc.mount(b"/", b"/mnt", None, %d, None) == 0 else errno.errorcode[ctypes.get_errno()])`, msBind|msRec)), check: prints("EPERM")},
 		{name: "nothing got mounted", cmd: sh("grep ' /mnt ' /proc/self/mountinfo || echo none"), check: prints("none")},
+		// The classic chroot escape (Docker's capability set keeps
+		// CAP_SYS_CHROOT): a chroot below the cwd, then ".." past the
+		// root. It must end where it began: the sandbox's root sits on
+		// top of the forker's at "/", and ".." at the top of that
+		// stack leads back to it. Under gVisor it ends in the sentry's
+		// own empty root, above the container's, in its kernel.
+		{name: "chroot escape", cmd: py(`
+import os
+before = os.stat("/")
+os.makedirs("/tmp/jail", exist_ok=True)
+fd = os.open("/", os.O_RDONLY)
+os.chroot("/tmp/jail")
+os.fchdir(fd)
+for _ in range(64):
+    os.chdir("..")
+os.chroot(".")
+after = os.stat("/")
+same = (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)
+print("same" if same else "escaped to: " + " ".join(sorted(os.listdir("/"))))
+`), check: prints("same"), gvisor: &attempt{check: prints("escaped to:")}},
 		// Docker's seccomp profile refuses user namespaces on both tiers
 		// (under gVisor its kernel, the sentry, enforces the profile).
 		{name: "unshare -U -r", cmd: sh("unshare -U -r true"), check: fails("not permitted")},

@@ -15,7 +15,7 @@ import (
 )
 
 // fileRootDir is the directory file ops resolve paths under: the
-// sandbox's root once the guest has pivoted into it. Tests point it at a
+// sandbox's root once the guest has entered it. Tests point it at a
 // temporary directory.
 var fileRootDir = "/"
 

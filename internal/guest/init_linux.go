@@ -342,7 +342,7 @@ func restrictAll(prog []byte, noNewPrivs bool) error {
 	return nil
 }
 
-// buildRoot builds the root filesystem and pivots into it. Everything it
+// buildRoot builds the root filesystem and enters it. Everything it
 // needs from the host arrives as file descriptors: the guest runs as an
 // unprivileged host uid and may not be able to walk the daemon's
 // directories by path.
@@ -396,7 +396,7 @@ func buildRoot(cfg *guestapi.Prepare, fds []int) error {
 	if !cfg.NetReady {
 		steps = append(steps, loopbackUp, enablePing)
 	}
-	steps = append(steps, func() error { return pivot(root) })
+	steps = append(steps, func() error { return enterRoot(root) })
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return err
@@ -407,7 +407,7 @@ func buildRoot(cfg *guestapi.Prepare, fds []int) error {
 
 // stageDir is where the root filesystem is assembled, on a tmpfs private
 // to the guest's mount namespace (it hides the host's directory there, and
-// is detached with the rest of the host's tree at pivot_root). Every Linux
+// is detached once the root is entered). Every Linux
 // host has a world-traversable /tmp; the daemon's own directories may not
 // be traversable by the guest's unprivileged uid.
 const stageDir = "/tmp"
@@ -712,21 +712,63 @@ func enablePing() error {
 	return nil
 }
 
-// pivot makes root the root and detaches the host's root from our mount
-// namespace (runc's pivot_root(".", ".") idiom: no directory for the old
-// root is needed).
-func pivot(root *os.File) error {
+// enterRoot makes root the guest's root. pivot_root would do it, but
+// it walks every thread on the host under the task list lock to move
+// the ones whose root is the old one (chroot_fs_refs: 27% of a guest's
+// CPU under churn with 7000 threads on the host). Instead the root's
+// mount is moved onto "/" and the guest chroots into it (runc's
+// no-pivot path), and what that leaves in the mount namespace is made
+// unreachable:
+//
+//   - The sandbox's root now sits on top of the forker's read-only
+//     tmpfs at "/" (guestfork's isolateMounts: the host's tree is not
+//     in it). No path leads below the top of that stack: an absolute
+//     path starts at the process's root, and ".." at the root of a
+//     mount climbs to its mount point and then follows the mounts on
+//     it back to the top, so even a chroot escape with CAP_SYS_CHROOT
+//     (Docker's set has it) ends at the sandbox's root. Only
+//     unmounting the root would uncover the tmpfs, which needs
+//     CAP_SYS_ADMIN in the guest's user namespace and umount2 past
+//     the seccomp filter: no process of the sandbox has either, and
+//     the guest loses umount2 to the filter at the end of Prepare.
+//   - The staging tmpfs, with the layers and the disk attached under
+//     it, is detached, as pivot_root's old root was.
+//   - The forker's proc and sysfs (of the host's PID and network
+//     namespaces) stay under the root, mounted but out of reach; each
+//     is covered with an empty read-only directory, so that in any copy of
+//     this namespace (a nested user namespace, were the filter ever to
+//     allow one) the kernel finds no fully visible proc or sysfs there
+//     and refuses a fresh, unmasked instance, as it does for the
+//     sandbox's own masked ones (mount_too_revealing).
+//
+// What differs from pivot_root: the forker's tree is hidden, not gone;
+// code that held CAP_SYS_ADMIN here without the filter (the guest
+// itself, during Prepare) could uncover it.
+func enterRoot(root *os.File) error {
 	if err := unix.Fchdir(int(root.Fd())); err != nil {
 		return fmt.Errorf("entering rootfs: %w", err)
 	}
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivot_root: %w", err)
+	// Paths below resolve from the guest's root, still the forker's
+	// tmpfs: an absolute path starts at the root itself, not at what is
+	// mounted on it, so "/tmp" and "/proc" are the forker's until the
+	// chroot.
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("moving rootfs onto /: %w", err)
 	}
-	if err := unix.Mount("", ".", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("making old root a slave: %w", err)
+	if err := unix.Unmount(stageDir, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detaching the staging tmpfs: %w", err)
 	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detaching old root: %w", err)
+	// The cover is a bind of the forker's /tmp, an empty directory of
+	// its read-only tmpfs now that the staging tmpfs is gone: it makes
+	// no superblock (each new one takes global locks, and more work at
+	// exit), and it inherits the forker's read-only flag, locked.
+	for _, p := range []string{"/proc", "/sys"} {
+		if err := unix.Mount(stageDir, p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("covering the forker's %s: %w", p, err)
+		}
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot into rootfs: %w", err)
 	}
 	return unix.Chdir("/")
 }

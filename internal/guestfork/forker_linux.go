@@ -249,7 +249,9 @@ func forkGuest(exe *os.File, req Request, fds []int) (pid, pidfd int, err error)
 // copy of its forker's, and a copy of the host's would keep every host
 // mount that existed at the fork (a loop device, another daemon's disk,
 // an operator's mount) alive for as long as the guest waits in a pool,
-// whatever the host unmounts meanwhile.
+// whatever the host unmounts meanwhile. A guest's copy of this tree stays
+// in its namespace, beneath its sandbox's root (guest's enterRoot): add
+// nothing of the host's here.
 func isolateMounts() error {
 	// The daemon started us in a new mount namespace; nothing done here
 	// may reach the host's.

@@ -30,7 +30,7 @@ import (
 // and so do the guests it forks until the daemon hands one a sandbox:
 // getting guests ready ahead of time must not slow down the sandboxes in
 // use. It runs in its own mount namespace holding only what a guest needs
-// before it pivots into its sandbox's root (guestfork's isolateMounts).
+// before it enters its sandbox's root (guestfork's isolateMounts).
 
 // forkRequest asks the forker for a guest.
 type forkRequest = guestfork.Request
