@@ -654,8 +654,12 @@ echo sandbox-file > /workspace/file`, marker, d.StateDir))
 		do     func() (string, error)
 		status int    // the refusal's HTTP status; 0: must succeed
 		says   string // what the refusal must name
-		want   string // what a successful read returns
-		check  func(t *testing.T)
+		// mayBeGone: the target may not exist at that moment (a guest's
+		// fd above 2 comes and goes), so 404 or 409 naming says is as
+		// good as the refusal.
+		mayBeGone bool
+		want      string // what a successful read returns
+		check     func(t *testing.T)
 	}
 	cases := []hostileCase{
 		{name: "read link to /etc/shadow", do: read("/workspace/shadow"), want: "sandbox-shadow\n"},
@@ -755,12 +759,13 @@ echo sandbox-file > /workspace/file`, marker, d.StateDir))
 			d.Sh(id, "test ! -e /workspace/up9/sda")
 		}},
 	}
-	// Every fd of the guest, through its magic link.
+	// Every fd of the guest, through its magic link. 0 to 2 are always
+	// open; the others may close between the cases.
 	for n := 0; n < 10; n++ {
 		p := fmt.Sprintf("/workspace/fd%d", n)
 		cases = append(cases,
-			hostileCase{name: "read " + p, do: read(p), status: 403, says: p},
-			hostileCase{name: "write via " + p, do: write(p + "/x"), status: 403, says: p},
+			hostileCase{name: "read " + p, do: read(p), status: 403, says: p, mayBeGone: n > 2},
+			hostileCase{name: "write via " + p, do: write(p + "/x"), status: 403, says: p, mayBeGone: n > 2},
 		)
 	}
 	for _, tc := range cases {
@@ -768,7 +773,11 @@ echo sandbox-file > /workspace/file`, marker, d.StateDir))
 			out, err := tc.do()
 			switch {
 			case tc.status != 0:
-				if errStatus(err) != tc.status || !strings.Contains(err.Error(), tc.says) {
+				st := errStatus(err)
+				if tc.mayBeGone && (st == 404 || st == 409) {
+					st = tc.status
+				}
+				if st != tc.status || !strings.Contains(err.Error(), tc.says) {
 					t.Errorf("got %q, %v (status %d); want a %d naming %q", out, err, errStatus(err), tc.status, tc.says)
 				}
 			case err != nil:
