@@ -367,3 +367,67 @@ func TestOOMWatch(t *testing.T) {
 		t.Errorf("%d oom events after a restart and one more kill, want 3", len(evs))
 	}
 }
+
+// TestRemovedLogRecycled: a removed sandbox's log file becomes the next
+// new log, holding none of the first's events; a removal while a List
+// reads the log deletes the file instead; a restart finds the next
+// sandbox's events and no spare.
+func TestRemovedLogRecycled(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, dir, 0)
+	appendN(t, l, "sbx-a", 20)
+	cur, _ := l.paths("sbx-a")
+	fi, err := os.Stat(cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Remove("sbx-a"); err != nil {
+		t.Fatal(err)
+	}
+	if l.spares.Len() != 1 {
+		t.Fatalf("%d spares after a removal, want 1", l.spares.Len())
+	}
+	if _, err := l.Append("sbx-b", Event{Type: Lifecycle, Message: "created"}); err != nil {
+		t.Fatal(err)
+	}
+	curB, _ := l.paths("sbx-b")
+	fiB, err := os.Stat(curB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(fi, fiB) {
+		t.Error("the next sandbox's log is a new file, not the spare")
+	}
+	b, err := os.ReadFile(curB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "sbx-a") || strings.Count(string(b), "\n") != 1 {
+		t.Errorf("the next sandbox's log holds %q", b)
+	}
+	// A restart: the next sandbox's log as it was; the spares deleted.
+	appendN(t, l, "sbx-c", 1)
+	if err := l.Remove("sbx-c"); err != nil {
+		t.Fatal(err)
+	}
+	l2 := openLog(t, dir, 0)
+	evs, err := l2.List("sbx-b", Query{})
+	if err != nil || len(evs) != 1 || evs[0].Seq != 1 || evs[0].Message != "created" {
+		t.Errorf("after a restart sbx-b's events are %+v, %v", evs, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("after a restart the log's directory holds %d files, want sbx-b's", len(ents))
+	}
+	// While a List reads it, a removed log is deleted, not kept.
+	appendN(t, l2, "sbx-d", 3)
+	bx := l2.box("sbx-d")
+	bx.mu.Lock()
+	bx.readers++ // as List does
+	bx.mu.Unlock()
+	if err := l2.Remove("sbx-d"); err != nil {
+		t.Fatal(err)
+	}
+	if l2.spares.Len() != 0 {
+		t.Error("a log being read became a spare")
+	}
+}

@@ -684,3 +684,95 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// TestRemovedLogRecycled: a removed sandbox's log becomes the next
+// sandbox's, which reads only its own output, now and after a restart
+// (which deletes the spares); a Read that holds the log open when its
+// sandbox is removed makes the removal delete it instead, so that the
+// reader never reads the next sandbox's frames.
+func TestRemovedLogRecycled(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Config{Dir: dir})
+	write := func(s *Store, id, out string) {
+		t.Helper()
+		w, err := s.Start(id, "", 1, []string{"echo"}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(wire.Stdout, []byte(out)); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Finish(api.ExitStatus{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(s, "sbx-a", "a's secret output, longer than b's\n")
+	fa, err := os.Stat(filepath.Join(dir, "sbx-a.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove("sbx-a"); err != nil {
+		t.Fatal(err)
+	}
+	write(s, "sbx-b", "b\n")
+	fb, err := os.Stat(filepath.Join(dir, "sbx-b.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(fa, fb) {
+		t.Error("the next sandbox's log is a new file, not the spare")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "sbx-b.log")); bytes.Contains(b, []byte("secret")) {
+		t.Errorf("the next sandbox's log holds the first's output: %q", b)
+	}
+	check := func(s *Store) {
+		t.Helper()
+		ps, err := s.List("sbx-b")
+		if err != nil || len(ps) != 1 || ps[0].Exit == nil {
+			t.Fatalf("sbx-b's processes: %+v, %v", ps, err)
+		}
+		if got, _ := readAll(t, s, "sbx-b", 1, 0); got != "1:b\n|" {
+			t.Errorf("sbx-b's output = %q", got)
+		}
+	}
+	check(s)
+	write(s, "sbx-c", "c\n")
+	if err := s.Remove("sbx-c"); err != nil {
+		t.Fatal(err)
+	}
+	s2 := open(t, Config{Dir: dir})
+	check(s2)
+	if m, _ := filepath.Glob(filepath.Join(dir, ".*")); len(m) != 0 {
+		t.Errorf("spares left after a restart: %v", m)
+	}
+
+	// A Read in progress when the sandbox is removed.
+	write(s2, "sbx-d", "d's output\n")
+	reading, release := make(chan struct{}), make(chan struct{})
+	done := make(chan string)
+	go func() {
+		var got strings.Builder
+		s2.Read(context.Background(), "sbx-d", 1, 0, false, func(c Chunk) error {
+			close(reading)
+			<-release
+			got.Write(c.Data)
+			return nil
+		})
+		done <- got.String()
+	}()
+	<-reading
+	if err := s2.Remove("sbx-d"); err != nil {
+		t.Fatal(err)
+	}
+	if s2.spares.Len() != 0 {
+		t.Error("a log being read became a spare")
+	}
+	close(release)
+	if got := <-done; got != "d's output\n" {
+		t.Errorf("the reader read %q", got)
+	}
+	write(s2, "sbx-e", "e\n")
+	if got, _ := readAll(t, s2, "sbx-e", 1, 0); got != "1:e\n|" {
+		t.Errorf("sbx-e's output = %q", got)
+	}
+}
