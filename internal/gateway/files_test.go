@@ -15,13 +15,14 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/egress"
+	"github.com/paddock-dev/paddock/internal/spare"
 )
 
 // filesGateway is a Gateway with no network: enough for its per-sandbox
 // files.
 func filesGateway(tb testing.TB, dir string) *Gateway {
 	tb.Helper()
-	for _, d := range []string{"resolv", "self", "ca"} {
+	for _, d := range []string{"resolv", "self", "ca", "spare"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			tb.Fatal(err)
 		}
@@ -30,6 +31,10 @@ func filesGateway(tb testing.TB, dir string) *Gateway {
 		selfTrees: map[string]*selfTree{}, eng: egress.NewEngine(egress.EngineConfig{}),
 		bundle: []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")}
 	if err := g.writeSelfDefaults(); err != nil {
+		tb.Fatal(err)
+	}
+	var err error
+	if g.spares, err = spare.Open(filepath.Join(dir, "spare")); err != nil {
 		tb.Fatal(err)
 	}
 	return g
@@ -41,7 +46,7 @@ func filesGateway(tb testing.TB, dir string) *Gateway {
 // the defaults stay as they were.
 func TestSelfTreeLinksDefaults(t *testing.T) {
 	g := filesGateway(t, t.TempDir())
-	if _, _, err := g.prepare("sbx"); err != nil {
+	if _, err := g.prepare("sbx"); err != nil {
 		t.Fatal(err)
 	}
 	ino := func(path string) uint64 {
@@ -81,7 +86,7 @@ func TestForgetRacesSelfWriter(t *testing.T) {
 	g := filesGateway(t, t.TempDir())
 	for i := range 100 {
 		id := fmt.Sprintf("sbx-%d", i)
-		if _, _, err := g.prepare(id); err != nil {
+		if _, err := g.prepare(id); err != nil {
 			t.Fatal(err)
 		}
 		stop := make(chan struct{})
@@ -127,14 +132,15 @@ func TestCAGenerations(t *testing.T) {
 	var ids []string
 	for i := range caGenSandboxes + 1 {
 		id := fmt.Sprintf("sbx-%d", i)
-		ca, bundled, err := g.prepare(id)
+		p, err := g.prepare(id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bundled {
+		if !p.bundled {
 			t.Fatalf("%s: a new sandbox's bundle not linked from its generation", id)
 		}
-		binds, err := g.writeFiles(id, ca, host, bundled)
+		ca := p.ca
+		binds, err := g.writeFiles(id, p, host)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,14 +182,14 @@ func TestCAGenerations(t *testing.T) {
 		t.Error("the reloaded CA is not the one the sandbox had")
 	}
 	// Attached again (a resume), a sandbox keeps its CA and bundle.
-	ca, bundled, err := g.prepare(ids[0])
+	p, err := g.prepare(ids[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bundled || string(ca.CertPEM()) != string(first) {
-		t.Errorf("attached again: bundled %v, same CA %v; want its own CA, bundle written", bundled, string(ca.CertPEM()) == string(first))
+	if p.bundled || string(p.ca.CertPEM()) != string(first) {
+		t.Errorf("attached again: bundled %v, same CA %v; want its own CA, bundle written", p.bundled, string(p.ca.CertPEM()) == string(first))
 	}
-	if _, err := g.writeFiles(ids[0], ca, host, bundled); err != nil {
+	if _, err := g.writeFiles(ids[0], p, host); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasSuffix(string(read(ids[0], "files/ca-bundle.crt")), string(first)) {
@@ -220,17 +226,18 @@ func BenchmarkSandboxFiles(b *testing.B) {
 	cpu0 := cpuTime()
 	for i := 0; b.Loop(); i++ {
 		id := fmt.Sprintf("sbx-%d", i)
-		ca, bundled, err := g.prepare(id)
+		p, err := g.prepare(id)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := g.writeFiles(id, ca, host, bundled); err != nil {
+		if _, err := g.writeFiles(id, p, host); err != nil {
 			b.Fatal(err)
 		}
 		g.refreshOne(id)
 		g.mu.Lock()
 		delete(g.cas, id)
 		g.mu.Unlock()
+		g.markEnded(id) // Recycle without a network
 		g.removeFiles(id)
 	}
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
@@ -241,4 +248,190 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestSpareDirectories: the directory of a removed sandbox whose
+// processes ended becomes the next sandbox's, holding nothing of the
+// first: not its CA, not its self tree's files, not a byte of its hosts
+// file (the first's is longer); one whose processes are not known to
+// have ended, or that holds a directory the gateway never makes, is
+// deleted; and the spares are bounded.
+func TestSpareDirectories(t *testing.T) {
+	g := filesGateway(t, t.TempDir())
+	ino := func(path string) uint64 {
+		t.Helper()
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	attach := func(id string, host netip.Addr) prepared {
+		t.Helper()
+		p, err := g.prepare(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.writeFiles(id, p, host); err != nil {
+			t.Fatal(err)
+		}
+		g.refreshOne(id)
+		return p
+	}
+	remove := func(id string, ended bool) {
+		t.Helper()
+		g.mu.Lock()
+		delete(g.cas, id)
+		g.mu.Unlock()
+		if ended {
+			g.markEnded(id)
+		}
+		g.removeFiles(id)
+		if _, err := os.Stat(g.dir(id)); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("%s: directory left after removal (stat: %v)", id, err)
+		}
+	}
+	spares := func() int {
+		t.Helper()
+		ents, err := os.ReadDir(filepath.Join(g.cfg.Dir, "spare"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+
+	// The first sandbox: a long host address, a policy of its own (a
+	// policy.json file of its own in its self tree) and a CA generation
+	// that the second one will not share.
+	first := attach("sbx-first", netip.MustParseAddr("10.247.100.101"))
+	if err := g.eng.Set("sbx-first", &api.Policy{Presets: []string{"github"}}); err != nil {
+		t.Fatal(err)
+	}
+	g.refreshOne("sbx-first")
+	dirIno := ino(g.dir("sbx-first"))
+	hostsIno := ino(filepath.Join(g.dir("sbx-first"), "files", "hosts"))
+	// A file a crash left in its self tree.
+	if err := os.WriteFile(filepath.Join(g.dir("sbx-first"), "self", ".tmp-self.json-1"), []byte("first's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	remove("sbx-first", true)
+	if n := spares(); n != 1 {
+		t.Fatalf("%d spares after removing a sandbox whose processes ended, want 1", n)
+	}
+	g.genMu.Lock()
+	g.gen.uses = caGenSandboxes // the next sandbox gets a new CA
+	g.genMu.Unlock()
+
+	second := attach("sbx-2", netip.MustParseAddr("10.247.0.1"))
+	dir := g.dir("sbx-2")
+	if ino(dir) != dirIno {
+		t.Error("the second sandbox did not take the spare directory")
+	}
+	if spares() != 0 {
+		t.Error("the spare taken is still among the spares")
+	}
+	if ino(filepath.Join(dir, "files", "hosts")) != hostsIno {
+		t.Error("the hosts file was not written over in place")
+	}
+	hosts, err := os.ReadFile(filepath.Join(dir, "files", "hosts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tsbx-2\n10.247.0.1\t" + SelfHost + "\n"; string(hosts) != want {
+		t.Errorf("hosts of the second sandbox = %q, want %q", hosts, want)
+	}
+	if !second.bundled || string(second.ca.CertPEM()) == string(first.ca.CertPEM()) {
+		t.Fatal("the second sandbox has the CA of the first, which its spare directory held")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "ca.pem")); string(b) != string(second.ca.CertPEM()) {
+		t.Error("the second sandbox's ca.pem is not its CA")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "files", "ca-bundle.crt")); !strings.HasSuffix(string(b), string(second.ca.CertPEM())) || strings.Contains(string(b), string(first.ca.CertPEM())) {
+		t.Error("the second sandbox's bundle is not the host's plus its CA alone")
+	}
+	self, err := os.ReadDir(filepath.Join(dir, "self"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range self {
+		names = append(names, e.Name())
+		b, err := os.ReadFile(filepath.Join(dir, "self", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), "sbx-first") || strings.Contains(string(b), "github") || strings.Contains(string(b), "first's") {
+			t.Errorf("the second sandbox's self/%s holds the first's: %q", e.Name(), b)
+		}
+	}
+	if want := "README denials.json policy.json self.json"; strings.Join(names, " ") != want {
+		t.Errorf("the second sandbox's self tree holds %v, want %s", names, want)
+	}
+
+	// Its processes not known to have ended: deleted, not kept.
+	remove("sbx-2", false)
+	if n := spares(); n != 0 {
+		t.Errorf("%d spares after removing a sandbox whose processes may run", n)
+	}
+	// A directory the gateway never makes: deleted.
+	attach("sbx-3", netip.MustParseAddr("10.247.0.1"))
+	if err := os.Mkdir(filepath.Join(g.dir("sbx-3"), "self", "odd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	remove("sbx-3", true)
+	if n := spares(); n != 0 {
+		t.Errorf("%d spares after removing a directory holding another, want 0", n)
+	}
+
+	// Bounded: of spare.Max+2 removed at once, spare.Max are kept.
+	var ids []string
+	for i := range spare.Max + 2 {
+		id := fmt.Sprintf("sbx-many-%d", i)
+		attach(id, netip.MustParseAddr("10.247.0.1"))
+		ids = append(ids, id)
+	}
+	for _, id := range ids {
+		remove(id, true)
+	}
+	if n := spares(); n != spare.Max {
+		t.Errorf("%d spares, want %d", n, spare.Max)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(g.cfg.Dir, "sandboxes")); len(ents) != 0 {
+		t.Errorf("%d sandbox directories left", len(ents))
+	}
+}
+
+// TestSpareNotOntoADirectory: a sandbox attached again keeps its
+// directory; the spare it did not take stays a spare.
+func TestSpareNotOntoADirectory(t *testing.T) {
+	g := filesGateway(t, t.TempDir())
+	host := netip.MustParseAddr("10.247.0.1")
+	for _, id := range []string{"sbx-a", "sbx-b"} {
+		p, err := g.prepare(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.writeFiles(id, p, host); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.markEnded("sbx-a")
+	g.removeFiles("sbx-a")
+	before, err := os.ReadFile(filepath.Join(g.dir("sbx-b"), "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := g.prepare("sbx-b") // attached again
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.recycled {
+		t.Error("a sandbox attached again took a spare")
+	}
+	if after, _ := os.ReadFile(filepath.Join(g.dir("sbx-b"), "ca.pem")); string(after) != string(before) {
+		t.Error("a sandbox attached again lost its CA")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(g.cfg.Dir, "spare")); len(ents) != 1 {
+		t.Errorf("%d spares, want the one not taken", len(ents))
+	}
 }

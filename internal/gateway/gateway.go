@@ -14,6 +14,7 @@
 //	resolv/<host addr>.conf the resolv.conf of the sandboxes on that address (bound read-only)
 //	sandboxes/<id>/self/    the /run/paddock tree (bound read-only, kept current)
 //	self/                   a new self tree's files, linked into it (see selfDefaults)
+//	spare/.spare-<n>/       a removed sandbox's directory, emptied for the next (spare.go)
 //
 // A sandbox with no policy reaches nothing: the network's nftables rules
 // send all of its TCP to the proxy and its DNS to the resolver, which
@@ -48,6 +49,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/network"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/shrink"
+	"github.com/paddock-dev/paddock/internal/spare"
 )
 
 // Inside the sandbox.
@@ -123,6 +125,8 @@ type Gateway struct {
 	selfTrees map[string]*selfTree
 	selfPeak  int // for shrink.Map
 
+	spares *spare.Pool // removed sandboxes' directories (spare.go)
+
 	stop chan struct{}
 	wake chan struct{} // refresh the self trees of dirty now
 	asks chan autoAsk  // refusals that ask for their host (askLoop)
@@ -159,7 +163,7 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	// A CA generation is never taken up again after a restart: the
 	// sandboxes that use one hold links to its files.
 	os.RemoveAll(filepath.Join(cfg.Dir, "ca"))
-	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "resolv"), filepath.Join(cfg.Dir, "self"), filepath.Join(cfg.Dir, "ca")} {
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "sandboxes"), filepath.Join(cfg.Dir, "resolv"), filepath.Join(cfg.Dir, "self"), filepath.Join(cfg.Dir, "ca"), filepath.Join(cfg.Dir, "spare")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -174,6 +178,9 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 		}
 	}()
 	var err error
+	if g.spares, err = spare.Open(filepath.Join(cfg.Dir, "spare")); err != nil {
+		return nil, err
+	}
 	if g.bundle, err = os.ReadFile(cfg.SystemBundle); err != nil {
 		g.log.Warn("no host CA bundle; sandboxes trust only their own CA", "path", cfg.SystemBundle, "err", err)
 	}
@@ -441,7 +448,7 @@ func (g *Gateway) ca(id string) (*egress.CA, error) {
 // Attach implements runtime.Network: it wires the namespace and writes
 // the files the sandbox gets. A sandbox that had a CA keeps it.
 func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
-	ca, bundled, err := g.prepare(id)
+	p, err := g.prepare(id)
 	if err != nil {
 		return runtime.NetSetup{}, err
 	}
@@ -449,7 +456,7 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 	if err != nil {
 		return runtime.NetSetup{}, err
 	}
-	files, err := g.writeFiles(id, ca, link.HostAddr, bundled)
+	files, err := g.writeFiles(id, p, link.HostAddr)
 	if err != nil {
 		g.net.Detach(id)
 		return runtime.NetSetup{}, err
@@ -464,41 +471,54 @@ func (g *Gateway) Attach(id string, netnsFD int) (runtime.NetSetup, error) {
 	return runtime.NetSetup{State: state, Files: files, Env: env}, nil
 }
 
-// prepare makes sandbox id's directory and self tree and returns its CA:
-// the one it had, or the current generation's, whose files (its bundle
-// among them) it links into the sandbox's directory; bundled says so.
-func (g *Gateway) prepare(id string) (_ *egress.CA, bundled bool, _ error) {
+// prepared is what prepare made of a sandbox's directory.
+type prepared struct {
+	ca *egress.CA
+	// bundled says its CA bundle is linked from its CA generation.
+	bundled bool
+	// recycled says the directory is a spare (spare.go): its files/hosts
+	// is a removed sandbox's, to be written over.
+	recycled bool
+}
+
+// prepare makes sandbox id's directory (or takes a spare) and self tree
+// and returns its CA: the one it had, or the current generation's, whose
+// files (its bundle among them) it links into the sandbox's directory.
+func (g *Gateway) prepare(id string) (prepared, error) {
 	dir := g.dir(id)
-	for _, d := range []string{dir, filepath.Join(dir, "files"), filepath.Join(dir, "self")} {
-		// Mkdir first: MkdirAll stats the path and its parent before it
-		// makes it, two more path walks for each of the three.
-		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			if err := os.MkdirAll(d, 0o755); err != nil {
-				return nil, false, err
+	recycled := g.takeSpare(dir)
+	if !recycled {
+		for _, d := range []string{dir, filepath.Join(dir, "files"), filepath.Join(dir, "self")} {
+			// Mkdir first: MkdirAll stats the path and its parent before it
+			// makes it, two more path walks for each of the three.
+			if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					return prepared{}, err
+				}
 			}
 		}
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, false, err
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return prepared{}, err
+		}
 	}
 	tree, err := g.linkSelfDefaults(filepath.Join(dir, "self"))
 	if err != nil {
-		return nil, false, err
+		return prepared{}, err
 	}
 	g.selfMu.Lock()
 	g.selfTrees[id] = tree
 	g.selfMu.Unlock()
 	if ca, err := g.ca(id); err == nil {
-		return ca, false, nil
+		return prepared{ca: ca, recycled: recycled}, nil
 	}
 	ca, err := g.takeGeneration(dir)
 	if err != nil {
-		return nil, false, err
+		return prepared{}, err
 	}
 	g.mu.Lock()
 	g.cas[id] = ca
 	g.mu.Unlock()
-	return ca, true, nil
+	return prepared{ca: ca, bundled: true, recycled: recycled}, nil
 }
 
 // A CA generation is one CA, and the bundle that adds it to the host's,
@@ -612,11 +632,10 @@ func linkFile(src, dst string) error {
 	return err
 }
 
-// writeFiles writes the files sandbox id gets whose host side is host,
-// and returns their binds.
-// and returns their binds. bundled says its CA bundle is linked from its
-// CA generation already; otherwise (a CA the sandbox had) it writes one.
-func (g *Gateway) writeFiles(id string, ca *egress.CA, host netip.Addr, bundled bool) ([]runtime.FileBind, error) {
+// writeFiles writes the files sandbox id, prepared as p, gets whose host
+// side is host, and returns their binds: its CA bundle unless it is
+// linked from its CA generation (a CA the sandbox had).
+func (g *Gateway) writeFiles(id string, p prepared, host netip.Addr) ([]runtime.FileBind, error) {
 	dir := g.dir(id)
 	// Files are made on the create's path (a warm guest's build), and
 	// making one costs more than writing it: a sandbox gets only those
@@ -624,11 +643,14 @@ func (g *Gateway) writeFiles(id string, ca *egress.CA, host netip.Addr, bundled 
 	// resolv.conf, which names only its address's host side, is one per
 	// address, written once.
 	hosts := []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + host.String() + "\t" + SelfHost + "\n")
-	if err := writeNew(filepath.Join(dir, "files", "hosts"), hosts, 0o644); err != nil {
-		return nil, err
+	path := filepath.Join(dir, "files", "hosts")
+	if !p.recycled || overwrite(path, hosts) != nil {
+		if err := writeNew(path, hosts, 0o644); err != nil {
+			return nil, err
+		}
 	}
-	if !bundled {
-		if err := writeNew(filepath.Join(dir, "files", "ca-bundle.crt"), g.bundleWith(ca), 0o644); err != nil {
+	if !p.bundled {
+		if err := writeNew(filepath.Join(dir, "files", "ca-bundle.crt"), g.bundleWith(p.ca), 0o644); err != nil {
 			return nil, err
 		}
 	}
@@ -731,10 +753,22 @@ func (g *Gateway) TrimSlots() int { return g.net.TrimSlots() }
 // Recycle implements runtime.NetSlots. The proxy and the resolver find a
 // sandbox by its address (network's Lookup), which no longer names this
 // one; the address names the next sandbox only once that one attaches.
+// Its files' directory is recycled too, once it is forgotten: no process
+// of the sandbox is left to see it (spare.go).
 func (g *Gateway) Recycle(id string) {
 	if err := g.net.Recycle(id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		g.log.Warn("recycling network", "sandbox", id, "err", err)
 	}
+	g.markEnded(id)
+}
+
+// markEnded records that sandbox id's processes have all ended.
+func (g *Gateway) markEnded(id string) {
+	g.selfMu.Lock()
+	if tree := g.selfTrees[id]; tree != nil {
+		tree.ended = true
+	}
+	g.selfMu.Unlock()
 }
 
 // CaptureEgress sends sandbox id's outbound TCP connections to port, where
@@ -758,12 +792,17 @@ func (g *Gateway) Forget(id string) {
 }
 
 // removeFiles removes sandbox id's directory, once no self write can
-// land in it.
+// land in it, or keeps it as a spare if the sandbox's processes have
+// ended.
 func (g *Gateway) removeFiles(id string) {
 	g.selfMu.Lock() // waits for a write into id's tree under way
+	tree := g.selfTrees[id]
 	delete(g.selfTrees, id)
 	g.selfTrees = shrink.Map(g.selfTrees, &g.selfPeak)
 	g.selfMu.Unlock()
+	if tree != nil && tree.ended && g.recycleDir(g.dir(id)) {
+		return
+	}
 	if err := os.RemoveAll(g.dir(id)); err != nil {
 		g.log.Warn("removing a sandbox's gateway files", "sandbox", id, "err", err)
 	}

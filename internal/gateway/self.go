@@ -229,6 +229,9 @@ type selfTree struct {
 	// left out, as of its last write at keyAt.
 	key   uint64
 	keyAt time.Time
+	// ended says the sandbox's processes have all ended (Recycle): its
+	// directory may become a spare.
+	ended bool
 }
 
 // selfSeed seeds selfHash: a sandbox, which chooses what it connects to

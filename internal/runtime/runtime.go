@@ -107,7 +107,8 @@ type NetSlots interface {
 	TakeNetns() (NetNS, error)
 	// Recycle is Detach for a sandbox whose processes are known to be
 	// gone (its cgroup was removed): its namespace is reset and handed
-	// to another guest, or destroyed if it cannot be reset.
+	// to another guest, or destroyed if it cannot be reset; its files
+	// may go to another sandbox once it is forgotten.
 	Recycle(id string)
 }
 
