@@ -17,6 +17,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/guestbin"
 	"github.com/paddock-dev/paddock/internal/guestfork"
 	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/spare"
 )
 
 // idRange is the number of uids and gids each sandbox maps.
@@ -93,8 +94,14 @@ func sealedSelf(path string) (*os.File, error) {
 // ahead of time (warm) starts at the forker's low priority; any other is
 // awaited, and starts at the normal one.
 func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm bool, netns runtime.NetNS) (_ *guestProc, retErr error) {
-	if err := os.MkdirAll(dir, 0o711); err != nil {
-		return nil, fmt.Errorf("creating guest dir: %w", err)
+	// A removed sandbox's run dir, emptied (emptyRunDir), spares the
+	// directory's and the log's inodes: on ext4 under churn each costs
+	// 0.1-0.4 ms of CPU to make, and as much to delete.
+	recycled := r.runSpares != nil && r.runSpares.Take(dir)
+	if !recycled {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("creating guest dir: %w", err)
+		}
 	}
 	defer func() {
 		if retErr != nil {
@@ -122,7 +129,13 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 	parentSync := os.NewFile(uintptr(pair[0]), "sync")
 	childSync := os.NewFile(uintptr(pair[1]), "sync-child")
 	defer childSync.Close()
-	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	// A spare's log is empty already, and truncating it again would have
+	// ext4 write it back when the guest closes it (auto_da_alloc).
+	logFlags := os.O_WRONLY | os.O_CREATE
+	if !recycled {
+		logFlags |= os.O_TRUNC
+	}
+	logFile, err := os.OpenFile(logPath, logFlags, 0o600)
 	if err != nil {
 		parentSync.Close()
 		return nil, err
@@ -186,6 +199,31 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 		}
 	}
 	return g, nil
+}
+
+// emptyRunDir empties a removed sandbox's run dir for spare.Pool.Give:
+// its log truncated, its socket and anything else but a directory
+// removed (the runtime makes none there).
+func emptyRunDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		switch {
+		case e.IsDir():
+			return fmt.Errorf("unexpected directory %s", p)
+		case e.Name() == "guest.log" && e.Type().IsRegular():
+			err = spare.Truncate(p)
+		default:
+			err = os.Remove(p)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // kill ends a guest that will not become a sandbox, and removes its run

@@ -29,6 +29,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/spare"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 	"github.com/paddock-dev/paddock/internal/storage/image"
 )
@@ -75,6 +76,9 @@ type Runtime struct {
 	guestExe *os.File // sealed copy of the guest binary (sealedSelf)
 	warmDir  string   // run dirs of warm guests, until a create takes one
 	blankDir string   // run dirs of blank guests (blank_linux.go)
+	// runSpares are removed sandboxes' run dirs, emptied for the next
+	// guests (RunDir/spare; spawnGuest, Remove).
+	runSpares *spare.Pool
 
 	// forkers holds forkerCount slots, each a forker (started on first
 	// use, restarted if it dies) or nil; a fork takes a slot for its
@@ -131,6 +135,13 @@ func New(cfg Config) (*Runtime, error) {
 		stop:     make(chan struct{}),
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.RunDir, "sandboxes"), 0o711); err != nil {
+		return nil, fmt.Errorf("creating run dir: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.RunDir, "spare"), 0o700); err != nil {
+		return nil, fmt.Errorf("creating run dir: %w", err)
+	}
+	var err error
+	if r.runSpares, err = spare.Open(filepath.Join(cfg.RunDir, "spare")); err != nil {
 		return nil, fmt.Errorf("creating run dir: %w", err)
 	}
 	// Warm guests of an earlier daemon: their run dirs, disks and network
@@ -1049,8 +1060,12 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		return fmt.Errorf("removing disk: %w", err)
 	}
 	mark("disk")
-	if err := os.RemoveAll(r.dir(id)); err != nil {
-		return fmt.Errorf("removing run dir: %w", err)
+	// Its run dir goes to the next guest (spawnGuest) once nothing of
+	// the sandbox runs: its guest held its log open.
+	if !ended || !r.runSpares.Give(r.dir(id), emptyRunDir) {
+		if err := os.RemoveAll(r.dir(id)); err != nil {
+			return fmt.Errorf("removing run dir: %w", err)
+		}
 	}
 	mark("run dir")
 	if r.cfg.Network != nil && !isContainer(id) {
