@@ -108,8 +108,9 @@ type SnapshotMemory struct {
 	// memory the sandbox's processes used.
 	CheckpointBytes int64 `json:"checkpoint_bytes"`
 	MemoryBytes     int64 `json:"memory_bytes,omitempty"`
-	// StoppedMS is how long the sandbox's processes were stopped for the
-	// checkpoint and the capture of its files.
+	// StoppedMS is how long the sandbox's processes were stopped: the
+	// checkpoint, the capture of its files and, on gvisor, their restore
+	// from the checkpoint, from which they run on.
 	StoppedMS float64 `json:"stopped_ms"`
 	// Volumes are the mounts its processes saw: a sandbox made from the
 	// snapshot mounts the same (by default) or volumes at the same paths.

@@ -243,7 +243,7 @@ func benchGvisorFork(ctx context.Context, r *rig) *section {
 		return s
 	}
 	s.Method = append(s.Method,
-		fmt.Sprintf("**memory fork** (bar 4, one round): a gvisor sandbox (2 GiB memory limit) runs the memory pause's server holding %s; `client.Fork(count: %d)` (the source's guest closes its control socket, `runsc pause`, `runsc checkpoint --leave-running` into a snapshot directory, its disk captured (reflink) while the kernel is paused, `runsc resume`; then %d × (a disk clone, a network slot, `runsc restore` of that one checkpoint), 4 at a time). **fork call**: the client's call; **all answering**: from the call to the last fork's server answering through a forwarded port, each with the source's pid, its count one up and the %s it holds. **disk growth**: the storage filesystem's used space (statfs) after the fork less before (the fork's checkpoint is gone by then; its size is the peak beside it).",
+		fmt.Sprintf("**memory fork** (bar 4, one round): a gvisor sandbox (2 GiB memory limit) runs the memory pause's server holding %s; `client.Fork(count: %d)` (the source's guest closes its control socket, `runsc pause`, `runsc checkpoint --leave-running` into a snapshot directory, its disk captured (reflink) while the kernel is paused, then the saved kernel killed and the source restored from that checkpoint into its own slot (`runsc restore`), its guest answering again; then %d × (a disk clone, a network slot, `runsc restore` of that one checkpoint), 4 at a time). **fork call**: the client's call; **all answering**: from the call to the last fork's server answering through a forwarded port, each with the source's pid, its count one up and the %s it holds. **disk growth**: the storage filesystem's used space (statfs) after the fork less before (the fork's checkpoint is gone by then; its size is the peak beside it).",
 			mib(memForkHeld), memForkCount, memForkCount, mib(memForkHeld)))
 	res, err := r.memoryFork(ctx)
 	if err != nil {
@@ -254,7 +254,7 @@ func benchGvisorFork(ctx context.Context, r *rig) *section {
 		Header: []string{fmt.Sprintf("fork ×%d, %s held", memForkCount, mib(memForkHeld)), "value"},
 		Rows: [][]string{
 			{"fork call", ms(res.call)},
-			{"source stopped (checkpoint + disk capture)", ms(res.stopped)},
+			{"source stopped (checkpoint + disk capture + its restore)", ms(res.stopped)},
 			{"call → all forks answering", ms(res.answering)},
 			{"checkpoint (compressed, removed after the fork)", mib(res.checkpoint)},
 			{"disk growth (storage used after − before)", mib(res.growth)},

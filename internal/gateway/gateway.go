@@ -138,7 +138,10 @@ type Gateway struct {
 	dirty   map[string]struct{}
 }
 
-var _ runtime.NetSlots = (*Gateway)(nil)
+var (
+	_ runtime.NetSlots    = (*Gateway)(nil)
+	_ runtime.Readdresser = (*Gateway)(nil)
+)
 
 // netSlots is how many network slots the network keeps ready ahead of
 // the guests that take them; recycled ones come back on top (up to the
@@ -736,6 +739,9 @@ func (g *Gateway) Detach(id string) {
 		g.log.Warn("detaching network", "sandbox", id, "err", err)
 	}
 }
+
+// Readdress implements runtime.Readdresser.
+func (g *Gateway) Readdress(id string, netnsFD int) error { return g.net.Readdress(id, netnsFD) }
 
 // TakeNetns implements runtime.NetSlots.
 func (g *Gateway) TakeNetns() (runtime.NetNS, error) {

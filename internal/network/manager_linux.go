@@ -428,26 +428,50 @@ func (m *Manager) configure(id string, netnsFD int, l Link) error {
 				return err
 			}
 		}
-		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-		if err != nil {
-			return fmt.Errorf("opening netlink in the sandbox: %w", err)
-		}
-		defer h.Close()
-		sl, err := h.LinkByName(SandboxIf)
-		if err != nil {
-			return fmt.Errorf("finding the sandbox's %s: %w", SandboxIf, err)
-		}
-		if err := h.AddrAdd(sl, &netlink.Addr{IPNet: ipNet(l.SandboxAddr, l.Prefix.Bits())}); err != nil {
-			return fmt.Errorf("adding %s to the sandbox's %s: %w", l.SandboxAddr, SandboxIf, err)
-		}
-		if err := h.LinkSetUp(sl); err != nil {
-			return fmt.Errorf("setting the sandbox's %s up: %w", SandboxIf, err)
-		}
-		if err := h.RouteAdd(&netlink.Route{LinkIndex: sl.Attrs().Index, Gw: l.HostAddr.AsSlice()}); err != nil {
-			return fmt.Errorf("adding the sandbox's default route: %w", err)
-		}
-		return nil
+		return addressSandboxSide(l)
 	})
+}
+
+// addressSandboxSide gives the sandbox side of l, from a thread inside
+// its netns, its address, link state and default route (again, when
+// they are there already).
+func addressSandboxSide(l Link) error {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("opening netlink in the sandbox: %w", err)
+	}
+	defer h.Close()
+	sl, err := h.LinkByName(SandboxIf)
+	if err != nil {
+		return fmt.Errorf("finding the sandbox's %s: %w", SandboxIf, err)
+	}
+	if err := h.AddrReplace(sl, &netlink.Addr{IPNet: ipNet(l.SandboxAddr, l.Prefix.Bits())}); err != nil {
+		return fmt.Errorf("adding %s to the sandbox's %s: %w", l.SandboxAddr, SandboxIf, err)
+	}
+	if err := h.LinkSetUp(sl); err != nil {
+		return fmt.Errorf("setting the sandbox's %s up: %w", SandboxIf, err)
+	}
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: sl.Attrs().Index, Gw: l.HostAddr.AsSlice()}); err != nil {
+		return fmt.Errorf("adding the sandbox's default route: %w", err)
+	}
+	return nil
+}
+
+// Readdress gives the sandbox side of sandbox id's link, in network
+// namespace netnsFD (its own), its address and default route again: a
+// gVisor netstack that took the interface over took them off, and a
+// kernel restored into the same namespace takes them from there.
+func (m *Manager) Readdress(id string, netnsFD int) error {
+	m.mu.Lock()
+	l, ok := m.byID[id]
+	m.mu.Unlock()
+	if !ok {
+		return errdefs.NotFound("sandbox network", id)
+	}
+	if err := m.inNetns(netnsFD, func() error { return addressSandboxSide(l) }); err != nil {
+		return fmt.Errorf("readdressing %s: %w", id, err)
+	}
+	return nil
 }
 
 // inNetns runs fn on a thread inside the network namespace netnsFD. The

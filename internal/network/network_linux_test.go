@@ -917,3 +917,59 @@ func TestFloodBounds(t *testing.T) {
 		t.Errorf("%d of %d DNS packets arrived, want about %d", got, sent, cfg.MaxDNSRate)
 	}
 }
+
+// TestReaddress: a sandbox side whose address and route were taken off
+// (as gVisor's netstack takes them when it takes the interface over)
+// gets them back, twice over does no harm, and an unknown id is
+// ErrNotFound.
+func TestReaddress(t *testing.T) {
+	f := newFixture(t)
+	ns, l := f.attach(t, "sandbox-a")
+	state := func() (addrs []string, gw bool) {
+		inNS(t, ns.fd, func() {
+			sl, err := netlink.LinkByName(SandboxIf)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			as, _ := netlink.AddrList(sl, netlink.FAMILY_V4)
+			for _, a := range as {
+				addrs = append(addrs, a.IPNet.String())
+			}
+			routes, _ := netlink.RouteList(nil, netlink.FAMILY_V4)
+			for _, r := range routes {
+				if (r.Dst == nil || r.Dst.String() == "0.0.0.0/0") && r.Gw.Equal(l.HostAddr.AsSlice()) {
+					gw = true
+				}
+			}
+		})
+		return addrs, gw
+	}
+	want := netip.PrefixFrom(l.SandboxAddr, l.Prefix.Bits()).String()
+	inNS(t, ns.fd, func() {
+		sl, err := netlink.LinkByName(SandboxIf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		as, _ := netlink.AddrList(sl, netlink.FAMILY_V4)
+		for _, a := range as {
+			if err := netlink.AddrDel(sl, &a); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if addrs, gw := state(); len(addrs) != 0 || gw {
+		t.Fatalf("after the removal: addresses %v, default route %v", addrs, gw)
+	}
+	for i := 0; i < 2; i++ {
+		if err := f.m.Readdress("sandbox-a", ns.fd); err != nil {
+			t.Fatalf("Readdress %d: %v", i, err)
+		}
+		if addrs, gw := state(); len(addrs) != 1 || addrs[0] != want || !gw {
+			t.Fatalf("after Readdress %d: addresses %v (want %s), default route %v", i, addrs, want, gw)
+		}
+	}
+	if err := f.m.Readdress("sandbox-b", ns.fd); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("Readdress of an unknown sandbox: %v", err)
+	}
+}

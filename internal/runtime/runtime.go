@@ -112,6 +112,14 @@ type NetSlots interface {
 	Recycle(id string)
 }
 
+// Readdresser is a Network that can put a sandbox's addresses back in
+// its own namespace, for a kernel restored into it (the gvisor tier's
+// memory snapshot of a running sandbox): a gVisor netstack takes them off
+// the interface it takes over.
+type Readdresser interface {
+	Readdress(id string, netnsFD int) error
+}
+
 // NetNS is a network namespace TakeNetns handed out.
 type NetNS interface {
 	// FD is the namespace, open while the NetNS is.
@@ -245,10 +253,13 @@ type Checkpointer interface {
 	// they held, before the sandbox's next Start or Remove.
 	Checkpoint(ctx context.Context, id string) (Checkpoint, error)
 	// CheckpointTo writes running sandbox id's processes to dir, a new
-	// directory, and lets them run on. during, if set, runs while they
-	// are stopped (a copy of the disk then matches what was saved); its
-	// error fails the checkpoint. On failure dir is removed, the
-	// processes run on and the error says why.
+	// directory, and lets them run on (the gvisor tier restores them
+	// from dir: the instance's State may change, its Done does not
+	// fire). during, if set, runs while they are stopped (a copy of the
+	// disk then matches what was saved); its error fails the
+	// checkpoint. On failure dir is removed and the processes run on,
+	// or, if they could not be brought back, the instance's Done fires;
+	// the error says why.
 	CheckpointTo(ctx context.Context, id, dir string, during func() error) (Checkpoint, error)
 	// Squeeze compresses paused sandbox id's checkpoint in the
 	// background, as after Checkpoint (Checkpoint.Squeezed): for one

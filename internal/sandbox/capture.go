@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -269,7 +270,18 @@ func (m *Manager) memoryCaptureLocked(ctx context.Context, b *box, dir string, c
 	ck, err := m.cfg.Runtime.(runtime.Checkpointer).CheckpointTo(ctx, id, dir, capture)
 	if err != nil {
 		m.log.Warn("memory snapshot", "sandbox", id, "err", err)
+		select {
+		case <-b.inst.Done():
+			return nil, fmt.Errorf("checkpointing %s's processes: %w", id, err)
+		default:
+		}
 		return nil, fmt.Errorf("%w: checkpointing %s's processes: %w; it runs on", errdefs.ErrConflict, id, err)
+	}
+	// The processes may run on in another host process (the gvisor
+	// tier restores them): a restarted daemon must find that one.
+	if st := b.inst.State(); !bytes.Equal(st, b.rec.Runtime) {
+		b.rec.Runtime = st
+		m.persistLocked(b)
 	}
 	m.log.Info("sandbox checkpointed for a snapshot", "sandbox", id, "bytes", ck.Bytes, "memory", ck.MemoryBytes, "stopped", ck.Stopped.Round(time.Microsecond))
 	return &api.SnapshotMemory{

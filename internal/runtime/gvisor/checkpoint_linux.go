@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/runtime"
 )
@@ -66,25 +67,43 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string) (runtime.Checkpoint
 }
 
 // CheckpointTo implements runtime.Checkpointer: the sandbox is saved to
-// dir (save), during runs while it is stopped, then it runs on.
+// dir (save), during runs while it is stopped, then it runs on from a
+// kernel restored from dir (renew), not the one saved: the processes
+// and everything of the sandbox are the same, its stop lasts until they
+// run again.
 func (r *Runtime) CheckpointTo(ctx context.Context, id, dir string, during func() error) (runtime.Checkpoint, error) {
 	t0 := time.Now()
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Microsecond).String()) }
+	defer func() { r.log.Debug("gvisor checkpoint-to phases", append([]any{"sandbox", id}, phases...)...) }()
+	r.mu.Lock()
+	sb := r.live[id]
+	r.mu.Unlock()
+	if sb == nil {
+		return runtime.Checkpoint{}, errdefs.Conflict("sandbox %s is not running", id)
+	}
 	mem := r.memoryOf(id)
-	wake, err := r.save(ctx, id, dir, "flate-best-speed", func(string) {})
+	wake, err := r.save(ctx, id, dir, "flate-best-speed", mark)
 	if err != nil {
 		return runtime.Checkpoint{}, err
 	}
 	if during != nil {
 		err = during()
+		mark("during")
 	}
-	stopped := time.Since(t0)
-	if werr := wake(); werr != nil {
-		err = errors.Join(err, werr)
+	if err == nil {
+		var ended bool
+		if ended, err = r.renew(sb, dir, mark); ended {
+			os.RemoveAll(dir)
+			return runtime.Checkpoint{}, err
+		}
 	}
 	if err != nil {
+		err = errors.Join(err, wake())
 		os.RemoveAll(dir)
 		return runtime.Checkpoint{}, err
 	}
+	stopped := time.Since(t0)
 	return runtime.Checkpoint{Bytes: dirBytes(dir), MemoryBytes: mem, Took: time.Since(t0), Stopped: stopped}, nil
 }
 

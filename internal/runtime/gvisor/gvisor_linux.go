@@ -70,6 +70,7 @@ type Runtime struct {
 
 	mu        sync.Mutex
 	squeezers map[string]*squeezer // checkpoints being compressed, by sandbox
+	live      map[string]*Sandbox  // watched sandboxes, by id, until they end
 }
 
 var (
@@ -94,6 +95,7 @@ func New(cfg Config) (*Runtime, error) {
 		root:      filepath.Join(cfg.RunDir, "gvisor"),
 		version:   strings.TrimPrefix(version, "runsc version "),
 		squeezers: map[string]*squeezer{},
+		live:      map[string]*Sandbox{},
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.RunDir, "sandboxes"), 0o711); err != nil {
 		return nil, fmt.Errorf("creating run dir: %w", err)
@@ -564,29 +566,36 @@ func (r *Runtime) run(ctx context.Context, id, dir string, cg *cgroup.Group) (*S
 	return sb, parent, nil
 }
 
-// watch makes the Sandbox of runsc sandbox process pid.
+// watch makes the Sandbox of runsc sandbox process pid; for a sandbox
+// whose sentry is being replaced (renew: restoreRun of its own
+// checkpoint), pid is its new sentry, and its Sandbox is returned.
 func (r *Runtime) watch(id string, pid int, cg *cgroup.Group) (*Sandbox, error) {
-	pidfd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
-	if err != nil {
-		return nil, errdefs.NotFound("sandbox process", strconv.Itoa(pid))
+	r.mu.Lock()
+	sb := r.live[id]
+	r.mu.Unlock()
+	if sb != nil && sb.awaiting() {
+		return sb, sb.arrive(pid)
 	}
-	start, err := runtime.ProcStartTime(pid)
-	if err != nil {
-		unix.Close(pidfd)
-		return nil, errdefs.NotFound("sandbox process", strconv.Itoa(pid))
-	}
-	sb := &Sandbox{
+	sb = &Sandbox{
 		id:      id,
-		st:      state{PID: pid, StartTime: start},
 		socket:  filepath.Join(r.dir(id), "ctl", "guest.sock"),
 		cg:      cg,
 		done:    make(chan struct{}),
 		version: r.version,
-		oomBase: oomKills(cg),
 	}
-	if err := sb.watch(pidfd); err != nil {
+	if err := sb.arrive(pid); err != nil {
 		return nil, err
 	}
+	r.mu.Lock()
+	r.live[id] = sb
+	r.mu.Unlock()
+	sb.OnExit(func() {
+		r.mu.Lock()
+		if r.live[id] == sb {
+			delete(r.live, id)
+		}
+		r.mu.Unlock()
+	})
 	return sb, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -47,6 +48,11 @@ type Sandbox struct {
 	// ended it.
 	oomBase uint64
 	exitErr error
+	// moving is set while the sentry is replaced by one restored from
+	// its own checkpoint (renew_linux.go): the exit of the old one
+	// closes left and ends nothing; the new one arrives (arrive).
+	moving bool
+	left   chan struct{}
 }
 
 var (
@@ -92,7 +98,12 @@ func oomKills(cg *cgroup.Group) uint64 {
 func (s *Sandbox) ID() string { return s.id }
 
 // State implements runtime.Instance.
-func (s *Sandbox) State() []byte { b, _ := json.Marshal(s.st); return b }
+func (s *Sandbox) State() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, _ := json.Marshal(s.st)
+	return b
+}
 
 // Done implements runtime.Instance.
 func (s *Sandbox) Done() <-chan struct{} { return s.done }
@@ -141,6 +152,8 @@ func (s *Sandbox) Update(res api.Resources) error { return s.cg.Update(limitsOf(
 
 // Info implements runtime.Instance.
 func (s *Sandbox) Info() api.RuntimeInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return api.RuntimeInfo{Name: Name, Version: s.version, HostPID: s.st.PID, UIDBase: s.st.UIDBase, Cgroup: s.cg.Path()}
 }
 
@@ -149,12 +162,14 @@ func (s *Sandbox) Info() api.RuntimeInfo {
 // it.
 func (s *Sandbox) watch(pidfd int) error {
 	f := os.NewFile(uintptr(pidfd), "pidfd")
-	s.pidFile = f
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
 		return err
 	}
+	s.mu.Lock()
+	s.pidFile = f
+	s.mu.Unlock()
 	go func() {
 		// The pidfd turns readable when the process exits; Go's poller
 		// waits for that without a thread per sandbox.
@@ -175,24 +190,82 @@ func (s *Sandbox) watch(pidfd int) error {
 		// Before anyone hears of the exit, and before the cgroup goes.
 		oom := oomKills(s.cg) > s.oomBase
 		s.mu.Lock()
+		if s.moving {
+			f.Close()
+			s.pidFile = nil
+			close(s.left)
+			s.mu.Unlock()
+			return
+		}
 		if oom {
 			s.exitErr = errOOM
 		}
 		f.Close()
 		s.pidFile = nil
-		onExit := s.onExit
-		s.onExit, s.reaped = nil, true
 		s.mu.Unlock()
-		select {
-		case <-s.done:
-		default:
-			close(s.done)
-		}
-		for _, f := range onExit {
-			go f()
-		}
+		s.end()
 	}()
 	return nil
+}
+
+// leave readies s for the replacement of its sentry (renew): the exit
+// of the current one, which the caller then brings about, ends no
+// sandbox; left is closed once it has exited. Then arrive watches the
+// new one, or end says the sandbox has ended.
+func (s *Sandbox) leave() (left <-chan struct{}, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pidFile == nil || s.moving {
+		return nil, errdefs.Conflict("sandbox %s has ended", s.id)
+	}
+	s.moving, s.left = true, make(chan struct{})
+	return s.left, nil
+}
+
+// awaiting reports whether s's old sentry has left and the new one has
+// not arrived.
+func (s *Sandbox) awaiting() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.moving && s.pidFile == nil
+}
+
+// arrive watches sentry pid, restored after leave, as s's (and the
+// first one, made by Runtime.watch).
+func (s *Sandbox) arrive(pid int) error {
+	pidfd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return errdefs.NotFound("sandbox process", strconv.Itoa(pid))
+	}
+	start, err := runtime.ProcStartTime(pid)
+	if err != nil {
+		unix.Close(pidfd)
+		return errdefs.NotFound("sandbox process", strconv.Itoa(pid))
+	}
+	s.mu.Lock()
+	s.st.PID, s.st.StartTime = pid, start
+	s.oomBase = oomKills(s.cg)
+	s.moving, s.left = false, nil
+	s.mu.Unlock()
+	return s.watch(pidfd)
+}
+
+// end tells those waiting for s's end of it: once its sentry has
+// exited (watch), or when its replacement did not arrive (renew).
+func (s *Sandbox) end() {
+	s.mu.Lock()
+	s.moving = false
+	onExit := s.onExit
+	s.onExit, s.reaped = nil, true
+	s.mu.Unlock()
+	select {
+	case <-s.done:
+	default:
+		close(s.done)
+	}
+	for _, f := range onExit {
+		go f()
+	}
 }
 
 // stopWatching ends a watch of a process that turned out not to be the
