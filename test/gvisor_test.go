@@ -1186,7 +1186,7 @@ func TestGvisorMemorySnapshot(t *testing.T) {
 		t.Fatalf("snapshot ls does not show the snapshot's memory:\n%s", out)
 	}
 	ckpt := filepath.Join(d.StateDir, "storage", "snapshots", snap, "checkpoint")
-	if _, err := os.Stat(filepath.Join(ckpt, "checkpoint.img")); err != nil {
+	if _, err := os.Stat(filepath.Join(ckpt, "checkpoint.sqfs")); err != nil {
 		t.Fatalf("the checkpoint is not kept with the snapshot: %v", err)
 	}
 
@@ -1367,7 +1367,7 @@ func TestGvisorMemorySnapshotDamaged(t *testing.T) {
 	}
 	for _, tc := range damages {
 		snap := strings.TrimSpace(d.MustCLI("snapshot", "--memory", source()))
-		if err := tc.damage(filepath.Join(d.StateDir, "storage", "snapshots", snap, "checkpoint", "checkpoint.img")); err != nil {
+		if err := tc.damage(filepath.Join(d.StateDir, "storage", "snapshots", snap, "checkpoint", "checkpoint.sqfs")); err != nil {
 			t.Fatal(err)
 		}
 		before := make([]int, len(dirs))
