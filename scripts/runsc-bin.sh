@@ -14,9 +14,19 @@
 # stubs. go build replaces no file under the module cache, so both builds
 # use a copy of the module (a replace in a copy of go.mod): the
 # generator's with an overlay that exports two functions of gVisor's
-# filter config packages, runsc's with the generated files only. The cache
-# key's suffix names this form of the build: change it when the build
-# changes, so caches rebuild.
+# filter config packages, runsc's with the generated files only.
+#
+# And with fewer reads at a time of a restore's pages file: gVisor reads
+# it with 128 (each a thread, all counted in GOMAXPROCS), which on a
+# small host hold every core until the pages are loaded, while the
+# restore's own work (the kernel's state, then the restored processes,
+# whose pages are read first) waits: a resume of 512 MiB answered only
+# once they were loaded. runsc's overlay adds tools/runsc/pagereads.go.in
+# (half the cores) and a copy of pagesfile.go that takes its count from
+# there (the build fails if that line is not found).
+#
+# The cache key's suffix names this form of the build: change it when
+# the build changes, so caches rebuild.
 #
 # Usage: scripts/runsc-bin.sh [--print-dir | --print]
 #   PADDOCK_RUNSC_CACHE  cache root (default /var/cache/paddock/runsc)
@@ -25,7 +35,7 @@ cd "$(dirname "$0")/../tools/runsc"
 . ../../scripts/gobin-cache.sh
 
 version=$(modversion . gvisor.dev/gvisor)
-cache=${PADDOCK_RUNSC_CACHE:-/var/cache/paddock/runsc}/$version-filters
+cache=${PADDOCK_RUNSC_CACHE:-/var/cache/paddock/runsc}/$version-filters-reads
 case "${1:-}" in
 --print-dir) echo "$cache"; exit 0 ;;
 --print) echo "$cache/runsc"; exit 0 ;;
@@ -46,10 +56,19 @@ cat >"$gen/gen.json" <<JSON
 	"$mod/runsc/fsgofer/filter/config/paddock_seccompgen.go": "$PWD/seccompgen/gofer.go.in"
 }}
 JSON
+pages=pkg/sentry/state/stateio/pagesfile.go
+sed 's/return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)/return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, restoreReads())/' \
+	"$mod/$pages" >"$gen/pagesfile.go"
+if ! grep -q 'restoreReads()' "$gen/pagesfile.go"; then
+	echo "$(basename "$0"): $pages has no default pages file reader to change" >&2
+	exit 1
+fi
 cat >"$gen/runsc.json" <<JSON
 {"Replace": {
 	"$mod/runsc/boot/filter/filter_precompiled.go": "$gen/runsc_boot_filter_precompiled.go",
-	"$mod/runsc/fsgofer/filter/filter_precompiled.go": "$gen/runsc_fsgofer_filter_precompiled.go"
+	"$mod/runsc/fsgofer/filter/filter_precompiled.go": "$gen/runsc_fsgofer_filter_precompiled.go",
+	"$mod/$pages": "$gen/pagesfile.go",
+	"$mod/pkg/sentry/state/stateio/paddock_pagereads.go": "$PWD/pagereads.go.in"
 }}
 JSON
 start=$SECONDS
