@@ -29,8 +29,9 @@ const (
 // memHolder holds HELD bytes (the hex of random bytes: text with 4 bits
 // of entropy a byte, made a MiB at a time: the process's peak is what it
 // holds) and answers on port 8000 with its pid and a count of the
-// requests it served, kept in its memory (holderScript fills it in).
-const memHolder = `import http.server, os
+// requests it served, kept in its memory (holderScript fills it in);
+// on /crc, uncounted, with the CRC-32 of the bytes it holds.
+const memHolder = `import http.server, os, zlib
 held = bytearray(HELD)
 for i in range(0, len(held), 1 << 20):
     held[i:i + (1 << 20)] = os.urandom(1 << 19).hex().encode()
@@ -39,8 +40,11 @@ hits = 0
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         global hits
-        hits += 1
-        b = ("pid %d hits %d held %d\n" % (os.getpid(), hits, len(held))).encode()
+        if self.path == "/crc":
+            b = ("crc %08x\n" % zlib.crc32(held)).encode()
+        else:
+            hits += 1
+            b = ("pid %d hits %d held %d\n" % (os.getpid(), hits, len(held))).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(b)))
         self.end_headers()
@@ -56,7 +60,7 @@ func holderScript(n int64) string { return strings.Replace(memHolder, "HELD", fm
 // benchMemoryPause adds the memory pause rows to the gvisor section.
 func (r *rig) benchMemoryPause(ctx context.Context, s *section) {
 	s.Method = append(s.Method,
-		fmt.Sprintf("**memory pause** (bar 3, %d rounds, one sandbox each): a gvisor sandbox (2 GiB memory limit) runs a Python HTTP server holding %s (the hex of random bytes, 4 bits of entropy a byte) and a count of the requests it served. **pause**: `client.Pause` (the guest reads /proc/meminfo and closes its control socket, `runsc pause`, `runsc checkpoint --leave-running --compression none` onto the sandbox's disk, its paused kernel sent a SIGKILL, its network slot detached; the answer comes then). **compressed**: from the answer until the sandbox's record says its checkpoint is compressed (the processes' exit, which frees their memory, and their cgroup's removal, `runsc delete`, then packed into a squashfs image of zstd blocks, its fastest level, on every core, then the root's unmount, all behind the answer); **checkpoint**: its size on disk then (allocated blocks), against the %s the process holds and against the cgroup's memory use. **resume → answering**: from `client.Resume` to the server's first answer through a forwarded port (the image's sums checked and the image mounted while `runsc create` starts the sandbox, `runsc restore --background` from the mounted image: nothing is expanded first, the kernel expands the blocks runsc reads and the pages load while the processes run; the guest binding its socket again, the port forward, the request). The server must answer with the same pid and its count one up.", memPauseRounds, mib(memPauseHeld), mib(memPauseHeld)))
+		fmt.Sprintf("**memory pause** (bar 3, %d rounds, one sandbox each): a gvisor sandbox (2 GiB memory limit) runs a Python HTTP server holding %s (the hex of random bytes, 4 bits of entropy a byte) and a count of the requests it served. **pause**: `client.Pause` (the guest reads /proc/meminfo and closes its control socket, `runsc pause`, `runsc checkpoint --leave-running --compression none` onto the sandbox's disk, its paused kernel sent a SIGKILL, its network slot detached; the answer comes then). **compressed**: from the answer until the sandbox's record says its checkpoint is compressed (the processes' exit, which frees their memory, and their cgroup's removal, `runsc delete`, then packed into a squashfs image of zstd blocks, its fastest level, on every core, then the root's unmount, all behind the answer); **checkpoint**: its size on disk then (allocated blocks), against the %s the process holds and against the cgroup's memory use. **resume → answering**: from `client.Resume` to the server's first answer through a forwarded port (the image's sums checked and the image mounted while `runsc create` starts the sandbox, `runsc restore --background` from the mounted image: nothing is expanded first, the kernel expands the blocks runsc reads and the pages load while the processes run, one read at a time per two cores; the guest binding its socket again, the port forward, the request). The server must answer with the same pid and its count one up, and then (untimed, its pages loaded) with the same CRC-32 of the bytes it holds as before the pause.", memPauseRounds, mib(memPauseHeld), mib(memPauseHeld)))
 	var pauses, squeezes, resumes []time.Duration
 	var ckpt, mem []int64
 	continued := true
@@ -90,7 +94,7 @@ func (r *rig) benchMemoryPause(ctx context.Context, s *section) {
 		bar{Issue: 23, What: "memory pause of a sandbox holding 512 MiB (median)", Target: "≤ " + ms(memPauseMax), Value: ms(pm), Verdict: check(pm <= memPauseMax)},
 		bar{Issue: 23, What: "its checkpoint on disk ÷ the 512 MiB held (median)", Target: fmt.Sprintf("≤ %.1f×", memPauseRatioMax), Value: ratio(time.Duration(ck), memPauseHeld), Verdict: check(float64(ck) <= memPauseRatioMax*memPauseHeld)},
 		bar{Issue: 23, What: "resume → the process answering (median)", Target: "≤ " + ms(memResumeMax), Value: ms(rm), Verdict: check(rm <= memResumeMax)},
-		bar{Issue: 23, What: "the process continues where it stopped (same pid, its count one up)", Target: "every round", Value: fmt.Sprint(continued), Verdict: check(continued)},
+		bar{Issue: 23, What: "the process continues where it stopped (same pid, its count one up, the CRC-32 of its memory unchanged)", Target: "every round", Value: fmt.Sprint(continued), Verdict: check(continued)},
 	)
 }
 
@@ -133,6 +137,10 @@ func (r *rig) memoryPauseRound(ctx context.Context) (pause, squeeze, resume time
 	if err != nil {
 		return
 	}
+	crcBefore, err := r.askHolderPath(ctx, sb.ID, "/crc")
+	if err != nil {
+		return
+	}
 	r.idle(ctx)
 	t0 := time.Now()
 	paused, err := r.client.Pause(ctx, sb.ID)
@@ -169,9 +177,15 @@ func (r *rig) memoryPauseRound(ctx context.Context) (pause, squeeze, resume time
 		return
 	}
 	resume = time.Since(t0)
+	// The memory it holds, once its pages have loaded (not timed).
+	crcAfter, err := r.askHolderPath(ctx, sb.ID, "/crc")
+	if err != nil {
+		return
+	}
 	// "pid P hits N held H"
 	b, a := strings.Fields(before), strings.Fields(after)
-	continued = len(b) == 6 && len(a) == 6 && a[1] == b[1] && a[3] == fmt.Sprint(atoi(b[3])+1) && a[5] == fmt.Sprint(memPauseHeld)
+	continued = len(b) == 6 && len(a) == 6 && a[1] == b[1] && a[3] == fmt.Sprint(atoi(b[3])+1) && a[5] == fmt.Sprint(memPauseHeld) &&
+		strings.HasPrefix(crcBefore, "crc ") && crcAfter == crcBefore
 	return
 }
 
@@ -201,13 +215,18 @@ func (r *rig) startHolder(ctx context.Context, id string, n int64) error {
 // port, the forward opened once, the request tried until it is answered
 // (for 30 s).
 func (r *rig) askHolder(ctx context.Context, id string) (string, error) {
+	return r.askHolderPath(ctx, id, "/")
+}
+
+// askHolderPath is askHolder's request of path.
+func (r *rig) askHolderPath(ctx context.Context, id, path string) (string, error) {
 	addr, err := r.client.ForwardPort(ctx, id, 8000)
 	if err != nil {
 		return "", err
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addr + "/")
+		resp, err := http.Get("http://" + addr + path)
 		if err == nil {
 			b, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
