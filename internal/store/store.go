@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -202,10 +203,16 @@ func (s *Store) foldLocked(write func(tx *bolt.Tx) error) error {
 	if s.broken && through > s.spent {
 		s.spent = through
 	}
-	s.pending = s.pending[len(batch):]
-	if len(s.pending) == 0 {
+	// The folded entries are let go. Resliced, the backing array would
+	// keep them (their keys and records) alive until the next growth: a
+	// thousand deletes left the ids of the sandboxes they removed in it,
+	// each pinning a page of the heap allocated at their peak (issue 21).
+	if rest := s.pending[len(batch):]; len(rest) > 0 {
+		s.pending = slices.Clone(rest)
+	} else {
 		// Everything in the file is folded: the next entry may
 		// overwrite it from the start.
+		s.pending = nil
 		s.off = 0
 	}
 	s.jmu.Unlock()

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
+	"weak"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
@@ -362,6 +364,39 @@ func TestDeleteQuick(t *testing.T) {
 	}
 	if got := list(s); got != "[a]" {
 		t.Errorf("Each after the crash = %s, want [a]", got)
+	}
+}
+
+// TestFoldLetsEntriesGo: once folded, the journal's entries are not
+// kept alive by the store: their keys (the ids of removed sandboxes) were
+// kept by the backing array of the pending entries, each pinning a page
+// of the heap after a thousand removals (issue 21).
+func TestFoldLetsEntriesGo(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.foldDelay = time.Hour // folded below, by the test
+	var keys []weak.Pointer[byte]
+	for i := range 3 {
+		// On the heap, and larger than the tiny allocator's blocks, so
+		// that each key is an object of its own.
+		k := fmt.Sprintf("sandbox-key-%d-%s", i, strings.Repeat("x", 32))
+		keys = append(keys, weak.Make(unsafe.StringData(k)))
+		if err := s.DeleteQuick("b", k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.fold(nil); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	runtime.GC()
+	for i, k := range keys {
+		if k.Value() != nil {
+			t.Errorf("key %d is still alive after its entry was folded", i)
+		}
 	}
 }
 
