@@ -347,6 +347,7 @@ func TestOOMWatch(t *testing.T) {
 	l := openLog(t, dir, 0)
 	w := NewOOMWatch(l)
 	t0 := time.Now()
+	w.Started("o")
 	for i, kills := range []uint64{0, 0, 1, 1, 3} {
 		w.Observe("o", metrics.Sample{Sample: api.Sample{Time: t0.Add(time.Duration(i) * time.Second), OOMKills: kills, MemoryLimitBytes: 256 << 20}})
 	}
@@ -361,10 +362,29 @@ func TestOOMWatch(t *testing.T) {
 	}
 	// A restarted daemon does not report the same kills again.
 	w2 := NewOOMWatch(openLog(t, dir, 0))
+	w2.Resumed("o")
 	w2.Observe("o", metrics.Sample{Sample: api.Sample{Time: t0.Add(time.Minute), OOMKills: 3}})
 	w2.Observe("o", metrics.Sample{Sample: api.Sample{Time: t0.Add(2 * time.Minute), OOMKills: 4}})
 	if evs, _ := l.List("o", Query{Types: []Type{OOM}}); len(evs) != 3 {
 		t.Errorf("%d oom events after a restart and one more kill, want 3", len(evs))
+	}
+	// A sandbox forgotten (removed) while the sampler read it is not
+	// watched again, nor its log's state made again, by that reading.
+	w2.Forget("o")
+	if err := l.Remove("o"); err != nil {
+		t.Fatal(err)
+	}
+	w2.Observe("o", metrics.Sample{Sample: api.Sample{Time: t0.Add(3 * time.Minute), OOMKills: 5}})
+	if _, ok := w2.last["o"]; ok {
+		t.Error("a forgotten sandbox is watched again after a late sample")
+	}
+	if evs, _ := l.List("o", Query{Types: []Type{OOM}}); len(evs) != 0 {
+		t.Errorf("%d oom events of a removed sandbox after a late sample, want 0", len(evs))
+	}
+	// Nor is one never started.
+	w2.Observe("p", metrics.Sample{Sample: api.Sample{Time: t0, OOMKills: 1}})
+	if _, ok := w2.last["p"]; ok {
+		t.Error("a sandbox never started is watched after a sample")
 	}
 }
 

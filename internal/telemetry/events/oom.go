@@ -16,24 +16,41 @@ import (
 type OOMWatch struct {
 	log *Log
 
+	// last holds the sandboxes it watches: those Started or Resumed, and
+	// not Forgotten since. Observe leaves any other id alone: the sampler
+	// may still report a sandbox a moment after its removal, which must
+	// not bring it back here (nor its event log's state): a thousand
+	// removals left 78 such ids, each pinning a page of the heap allocated
+	// at their peak (issue 21).
 	mu       sync.Mutex
-	last     map[string]uint64
+	last     map[string]oomTotal
 	lastPeak int // for shrink.Map
+}
+
+// oomTotal is the kill count last seen of a sandbox; one resumed after a
+// daemon restart has it read from its event log first.
+type oomTotal struct {
+	kills uint64
+	known bool
 }
 
 var _ metrics.Observer = (*OOMWatch)(nil)
 
 // NewOOMWatch returns an OOMWatch writing to log.
 func NewOOMWatch(log *Log) *OOMWatch {
-	return &OOMWatch{log: log, last: map[string]uint64{}}
+	return &OOMWatch{log: log, last: map[string]oomTotal{}}
 }
 
 // Observe implements metrics.Observer.
 func (w *OOMWatch) Observe(id string, s metrics.Sample) {
 	w.mu.Lock()
-	last, ok := w.last[id]
+	t, ok := w.last[id]
 	w.mu.Unlock()
 	if !ok {
+		return // not watched, or forgotten since the sampler read it
+	}
+	last := t.kills
+	if !t.known {
 		last = w.lastReported(id)
 	}
 	// A count below the last one is a new cgroup (the sandbox started
@@ -46,7 +63,9 @@ func (w *OOMWatch) Observe(id string, s metrics.Sample) {
 		}
 	}
 	w.mu.Lock()
-	w.last[id] = s.OOMKills
+	if _, ok := w.last[id]; ok {
+		w.last[id] = oomTotal{kills: s.OOMKills, known: true}
+	}
 	w.mu.Unlock()
 }
 
@@ -76,5 +95,15 @@ func (w *OOMWatch) Forget(id string) {
 func (w *OOMWatch) Started(id string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.last[id] = 0
+	w.last[id] = oomTotal{known: true}
+}
+
+// Resumed tells w to watch sandbox id, found running (a daemon restart):
+// the total its last oom event recorded is the count already reported.
+func (w *OOMWatch) Resumed(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.last[id]; !ok {
+		w.last[id] = oomTotal{}
+	}
 }

@@ -296,6 +296,12 @@ func (h *Hub) Running(key string, s api.Sandbox) {
 		// Found running after a daemon restart: it holds what it has.
 		h.adm.Restore(id, lim)
 	}
+	// Watched for oom kills before the sampler can report it.
+	if fresh {
+		h.oom.Started(id)
+	} else {
+		h.oom.Resumed(id)
+	}
 	log := h.log.With("sandbox", id)
 	g, err := h.cfg.Cgroups.Load(id)
 	if err != nil {
@@ -314,7 +320,6 @@ func (h *Hub) Running(key string, s api.Sandbox) {
 		}()
 	}
 	if fresh {
-		h.oom.Started(id)
 		if s.State == api.StateRunning && t0 != (time.Time{}) && s.CreatedAt.After(t0.Add(-time.Second)) {
 			h.col.Created(time.Since(t0))
 		}
