@@ -107,7 +107,9 @@ func (m *Manager) TakeSlot() (*Slot, error) {
 	}
 	var s *Slot
 	if n := len(m.ready); n > 0 {
-		s, m.ready = m.ready[n-1], m.ready[:n-1]
+		s = m.ready[n-1]
+		m.ready[n-1] = nil
+		m.ready = m.ready[:n-1]
 		m.lent[s.ino] = s
 	}
 	m.inflight.Add(1)
@@ -160,7 +162,14 @@ func (m *Manager) slotWorker() {
 		m.mu.Lock()
 		var s *Slot
 		if len(m.resets) > 0 {
-			s, m.resets = m.resets[0], m.resets[1:]
+			// Popped without leaving s in the backing array, which
+			// would keep a slot destroyed below (and its names)
+			// alive until the array is outgrown (issue 21).
+			s = m.resets[0]
+			m.resets[0] = nil
+			if m.resets = m.resets[1:]; len(m.resets) == 0 {
+				m.resets = nil
+			}
 		}
 		short := len(m.ready) < m.cfg.Slots
 		m.mu.Unlock()

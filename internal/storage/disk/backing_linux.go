@@ -53,12 +53,14 @@ func (b *backer) work() {
 	for {
 		b.mu.Lock()
 		if len(b.queue) == 0 {
+			b.queue = nil // nor the files it held (as reaper.work)
 			b.running = false
 			b.done.Broadcast()
 			b.mu.Unlock()
 			return
 		}
 		f := b.queue[0]
+		b.queue[0] = nil
 		b.queue = b.queue[1:]
 		b.mu.Unlock()
 		if err := b.pool.back(f); err != nil {

@@ -88,11 +88,16 @@ func (r *reaper) work() {
 	for {
 		r.mu.Lock()
 		if len(r.queue) == 0 {
+			// A burst's backing array goes with it: popped jobs
+			// left in it would keep their directories' names (each
+			// a removed sandbox's) alive (issue 21).
+			r.queue = nil
 			r.running--
 			r.mu.Unlock()
 			return
 		}
 		j := r.queue[0]
+		r.queue[0] = reapJob{}
 		r.queue = r.queue[1:]
 		r.mu.Unlock()
 		r.do(j)
