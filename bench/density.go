@@ -89,9 +89,15 @@ func (r *rig) memSnapshot() (memSnapshot, error) {
 // exposition (the Go collector's go_memstats_*): what it holds live and
 // what it keeps from the kernel without using it.
 type goHeap struct {
-	Inuse      int64 // heap spans in use
-	Retained   int64 // heap idle and not returned to the kernel
-	Stacks     int64
+	Inuse    int64 // heap spans in use
+	Alloc    int64 // the objects in them (live, or garbage not yet swept)
+	Retained int64 // heap idle and not returned to the kernel
+	Stacks   int64
+	// Runtime is the runtime's own memory beside the heap and stacks:
+	// span structures, GC metadata, profiling buckets and the rest
+	// (go_memstats_{mspan,mcache,gc,buck_hash,other}_sys_bytes). It is
+	// sized by the most the heap ever held and never returned.
+	Runtime    int64
 	Goroutines int64
 	OK         bool
 }
@@ -113,8 +119,12 @@ func (r *rig) goHeap(ctx context.Context) goHeap {
 	}
 	idle, idleOK := v["go_memstats_heap_idle_bytes"]
 	inuse, inuseOK := v["go_memstats_heap_inuse_bytes"]
-	return goHeap{Inuse: inuse, Retained: idle - v["go_memstats_heap_released_bytes"], Stacks: v["go_memstats_stack_inuse_bytes"],
-		Goroutines: v["go_goroutines"], OK: idleOK && inuseOK}
+	var rt int64
+	for _, k := range []string{"mspan", "mcache", "gc", "buck_hash", "other"} {
+		rt += v["go_memstats_"+k+"_sys_bytes"]
+	}
+	return goHeap{Inuse: inuse, Alloc: v["go_memstats_heap_alloc_bytes"], Retained: idle - v["go_memstats_heap_released_bytes"], Stacks: v["go_memstats_stack_inuse_bytes"],
+		Runtime: rt, Goroutines: v["go_goroutines"], OK: idleOK && inuseOK}
 }
 
 func (g goHeap) String() string {
@@ -648,6 +658,8 @@ func densityTable(s *section, d *densityRun) {
 			t.add("daemon Go heap in use / idle heap not returned to the kernel / stacks / goroutines: before", d.HeapBefore.String())
 			t.add("… with them", d.HeapWith.String())
 			t.add("… after removing them", d.HeapAfter.String())
+			t.add("daemon Go heap objects (live, or garbage not yet swept) / the runtime's own memory beside heap and stacks (span structures, GC metadata, profiling buckets): before / with them / after",
+				fmt.Sprintf("%s / %s, %s / %s, %s / %s", mib(d.HeapBefore.Alloc), mib(d.HeapBefore.Runtime), mib(d.HeapWith.Alloc), mib(d.HeapWith.Runtime), mib(d.HeapAfter.Alloc), mib(d.HeapAfter.Runtime)))
 			w, b := d.HeapWith, d.HeapBefore
 			t.add("… growth per sandbox: heap in use / stacks / goroutines", fmt.Sprintf("%s / %s / %.1f",
 				mib((w.Inuse-b.Inuse)/n), mib((w.Stacks-b.Stacks)/n), float64(w.Goroutines-b.Goroutines)/float64(n)))
@@ -720,9 +732,10 @@ func heapVerdict(d *densityRun) string {
 	if !b.OK || !a.OK {
 		return ": a leak, or memory the Go runtime has not yet returned"
 	}
-	return fmt.Sprintf(". Of it, the Go heap in use grew by %s and the idle heap the runtime keeps from the kernel by %s; goroutines %d → %d "+
+	return fmt.Sprintf(". Of it, the Go heap in use grew by %s (its objects by %s; the rest is free room in spans that objects still in them keep) "+
+		"and the idle heap the runtime keeps from the kernel by %s; the runtime's own memory beside heap and stacks by %s (sized by the peak, never returned); goroutines %d → %d "+
 		"(live objects that stay are a leak; idle heap is the runtime's, returned by its scavenger over minutes)",
-		mib(a.Inuse-b.Inuse), mib(a.Retained-b.Retained), b.Goroutines, a.Goroutines)
+		mib(a.Inuse-b.Inuse), mib(a.Alloc-b.Alloc), mib(a.Retained-b.Retained), mib(a.Runtime-b.Runtime), b.Goroutines, a.Goroutines)
 }
 
 func afterRSS(d *densityRun) string {
