@@ -460,7 +460,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		return st.Release()
 	}
-	go trimMemory(watchCtx, mgr.Len, release, log)
+	// The disks' teardowns go on behind the sandboxes' (a thousand took
+	// seconds more): counted, the last trim waits for them, and what
+	// they allocated is returned too (issue 21).
+	count := func() int { return mgr.Len() + disks.Reaping() }
+	go trimMemory(watchCtx, count, release, log)
 
 	srv := server.New(mgr, api.VersionInfo{
 		Version:   cfg.Version,

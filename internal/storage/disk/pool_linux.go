@@ -604,6 +604,10 @@ func (p *Pool) Ready() int {
 	return len(p.ready)
 }
 
+// Reaping returns how many volume teardowns are queued or under way
+// (Remove answers before its volume is gone).
+func (p *Pool) Reaping() int { return p.reaper.pending() }
+
 func (p *Pool) isClosed() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()

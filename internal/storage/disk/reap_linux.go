@@ -83,6 +83,13 @@ func (r *reaper) queueJob(j reapJob) {
 	r.mu.Unlock()
 }
 
+// pending is how many teardowns are queued or under way.
+func (r *reaper) pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.queue) + r.running
+}
+
 func (r *reaper) work() {
 	defer r.wg.Done()
 	for {
