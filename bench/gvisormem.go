@@ -262,7 +262,7 @@ func benchGvisorFork(ctx context.Context, r *rig) *section {
 		return s
 	}
 	s.Method = append(s.Method,
-		fmt.Sprintf("**memory fork** (bar 4, one round): a gvisor sandbox (2 GiB memory limit) runs the memory pause's server holding %s; `client.Fork(count: %d)` (the source's guest closes its control socket, `runsc pause`, `runsc checkpoint --leave-running --compression none` into a snapshot directory, its disk captured (reflink) while the kernel is paused, then the saved kernel killed and the source restored from that checkpoint into its own slot (`runsc restore --background`), its guest answering again, then the checkpoint packed (squashfs, zstd blocks on every core) and synced; then %d × (a disk clone, a network slot, the pack mounted, `runsc restore --background` of that one checkpoint), 4 at a time). **fork call**: the client's call; **all answering**: from the call to the last fork's server answering through a forwarded port, each with the source's pid, its count one up and the %s it holds. **disk growth**: the storage filesystem's used space (statfs) after the fork less before (the fork's checkpoint is gone by then; its size is the peak beside it).",
+		fmt.Sprintf("**memory fork** (bar 4, one round): a gvisor sandbox (2 GiB memory limit) runs the memory pause's server holding %s; `client.Fork(count: %d)` (the source's guest closes its control socket, `runsc pause`, `runsc checkpoint --leave-running --compression none` into a snapshot directory, its disk captured (reflink) while the kernel is paused, then the saved kernel killed and the source restored from that checkpoint into its own slot (`runsc restore --background`), its guest answering again, then the checkpoint packed (squashfs, zstd blocks on every core) and synced; then %d × (a disk clone, a network slot, the pack mounted, `runsc restore --background` of that one checkpoint), 4 at a time). **fork call**: the client's call; **all answering**: from the call to the last fork's server answering through a forwarded port, each with the source's pid, its count one up and the %s it holds. **disk growth**: the storage filesystem's used space (statfs) after the fork less before read once all answer (the fork's checkpoint is unlinked by then, but its blocks stay until the forks' background page loads, which read from it, have ended; its size is beside it).",
 			mib(memForkHeld), memForkCount, memForkCount, mib(memForkHeld)))
 	res, err := r.memoryFork(ctx)
 	if err != nil {
@@ -275,7 +275,7 @@ func benchGvisorFork(ctx context.Context, r *rig) *section {
 			{"fork call", ms(res.call)},
 			{"source stopped (checkpoint + disk capture + its restore)", ms(res.stopped)},
 			{"call → all forks answering", ms(res.answering)},
-			{"checkpoint (compressed, removed after the fork)", mib(res.checkpoint)},
+			{"checkpoint (compressed, unlinked after the fork)", mib(res.checkpoint)},
 			{"disk growth (storage used after − before)", mib(res.growth)},
 			{"forks running the process (same pid, count one up)", fmt.Sprintf("%d of %d", res.running, memForkCount)},
 		},
