@@ -78,9 +78,14 @@ type Pool struct {
 	// recycling counts the removed volumes being wiped to go back to
 	// the pool (recycle_linux.go), which the refill counts on too.
 	recycling int
-	wake      chan struct{} // pokes refill; buffered 1
-	cancel    context.CancelFunc
-	refillWG  sync.WaitGroup
+	// lastMade is when the refill last made a volume and surge how
+	// many ready volumes beyond recycleFactor times PoolSize the pool
+	// keeps of those given back (wantsOrSurges); both guarded by mu.
+	lastMade time.Time
+	surge    int
+	wake     chan struct{} // pokes refill; buffered 1
+	cancel   context.CancelFunc
+	refillWG sync.WaitGroup
 
 	reaper reaper // removes volumes off the callers' paths
 	backer backer // allocates handed-out volumes behind the hand-out
@@ -255,6 +260,7 @@ func (p *Pool) refillWorker(ctx context.Context, jobs <-chan struct{}, results c
 		keep := err == nil && !p.closed
 		if keep {
 			p.ready = append(p.ready, e)
+			p.lastMade = time.Now()
 		}
 		p.mu.Unlock()
 		if err == nil && !keep {

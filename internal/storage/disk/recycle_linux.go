@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -36,8 +37,13 @@ const (
 	// recycleMaxInodes bounds the inodes it uses.
 	recycleMaxInodes = 4096
 	// recycleFactor times PoolSize is the most ready volumes the pool
-	// keeps of those given back (see wants).
+	// keeps of those given back (see wants), before any surge.
 	recycleFactor = 2
+	// recycleHold is how long after the refill last made a volume the
+	// pool may surge: a volume given back to a full pool is kept (up to
+	// recycleFactor times PoolSize more) rather than torn down, as the
+	// refill made one that recently.
+	recycleHold = time.Minute
 )
 
 // keepOnWipe names what a fresh filesystem's root holds, which wiping
@@ -78,7 +84,7 @@ func (p *Pool) takeBack(dir string) (kept bool) {
 			p.poke() // the refill counted on this volume
 		}
 	}()
-	if !p.wants() {
+	if !p.wantsOrSurges() {
 		p.log.Debug("not recycling disk: the pool is full", "path", dir)
 		return false
 	}
@@ -104,20 +110,43 @@ func (p *Pool) takeBack(dir string) (kept bool) {
 	return true
 }
 
-// wants reports whether the pool takes a recycled volume: while it holds
-// fewer than twice its size. The refill makes volumes as soon as a take
-// leaves the pool short, before the deletes that follow creates (in a
-// churn of them) give theirs back: volumes given back beyond the size
-// keep the pool above it, so that the refill makes none while deletes
-// keep up with creates.
-func (p *Pool) wants() bool {
+// wantsOrSurges reports whether the pool takes a recycled volume: while
+// it holds fewer than twice its size, plus its surge. The refill makes
+// volumes as soon as a take leaves the pool short, before the deletes that
+// follow creates (in a churn of them) give theirs back: volumes given back
+// beyond the size keep the pool above it, so that the refill makes none
+// while deletes keep up with creates. Where takes come in bursts larger
+// than the size (8 clients against a pool of 4), the pool still runs dry
+// between the bursts, the refill makes volumes, and the deletes then give
+// back more than twice the size: tearing those down while the refill
+// makes others cost a make and a teardown for every third sandbox of such
+// a churn. So a volume given back to a full pool within recycleHold of the
+// refill's last make raises the surge by one and is kept instead, up to
+// recycleFactor times PoolSize; the surge ends once the refill has made
+// none for recycleHold.
+func (p *Pool) wantsOrSurges() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.wantsLocked()
+	if p.wantsLocked() {
+		return true
+	}
+	if p.closed || p.lastMade.IsZero() || time.Since(p.lastMade) >= recycleHold || p.surge >= recycleFactor*p.cfg.PoolSize {
+		return false
+	}
+	p.surge++
+	return true
 }
 
+// wantsLocked reports whether the pool has room for a recycled volume:
+// fewer than twice its size and its surge (wantsOrSurges).
 func (p *Pool) wantsLocked() bool {
-	return !p.closed && len(p.ready) < recycleFactor*p.cfg.PoolSize
+	if p.closed {
+		return false
+	}
+	if p.surge > 0 && time.Since(p.lastMade) >= recycleHold {
+		p.surge = 0
+	}
+	return len(p.ready) < recycleFactor*p.cfg.PoolSize+p.surge
 }
 
 // wipe empties the volume in dir for its next sandbox: its filesystem
