@@ -201,3 +201,25 @@ func TestEvictingHoldsRefill(t *testing.T) {
 		}
 	}
 }
+
+// TestMemAvailableCached: a reading younger than memAvailableEvery is
+// answered without reading /proc/meminfo again, an older one is not.
+func TestMemAvailableCached(t *testing.T) {
+	real := readMemAvailable()
+	if real <= 0 {
+		t.Fatalf("MemAvailable = %d", real)
+	}
+	const fake = 12345
+	memRead.bytes.Store(fake)
+	memRead.at.Store(time.Now().UnixNano())
+	if got := memAvailable(); got != fake {
+		t.Fatalf("fresh reading: got %d, want the cached %d", got, fake)
+	}
+	memRead.at.Store(time.Now().Add(-memAvailableEvery - time.Millisecond).UnixNano())
+	if got := memAvailable(); got == fake || got <= 0 {
+		t.Fatalf("stale reading: got %d, want /proc/meminfo's (about %d)", got, real)
+	}
+	if got := memRead.bytes.Load(); got == fake {
+		t.Fatal("stale reading was not replaced")
+	}
+}
