@@ -40,8 +40,10 @@ type Prepare struct {
 	// CgroupV2 mounts the sandbox's own cgroup2 tree at /sys/fs/cgroup.
 	CgroupV2 bool `json:"cgroup_v2"`
 	// Seccomp is a compiled BPF program the guest and its processes run
-	// under.
-	Seccomp []byte `json:"seccomp"`
+	// under. It travels as raw bytes after the message's JSON (SendConfig),
+	// not in it: in base64 it was most of a 13.9 KB message that the
+	// daemon encoded and every guest scanned byte by byte.
+	Seccomp []byte `json:"-"`
 	// Caps is the capability set the sandbox keeps ("CAP_CHOWN", ...).
 	Caps []string `json:"caps"`
 	// AllowSetuid leaves no_new_privs unset, so that setuid programs

@@ -2,9 +2,11 @@ package guestapi
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -15,9 +17,11 @@ import (
 	"github.com/paddock-dev/paddock/internal/errdefs"
 )
 
-// The sync socket (SOCK_SEQPACKET) carries one JSON message per packet:
-// Config from the daemon, with the descriptors it indexes (SCM_RIGHTS),
-// and Ready from the guest after each.
+// The sync socket (SOCK_SEQPACKET) carries one message per packet: Config
+// from the daemon, with the descriptors it indexes (SCM_RIGHTS), and
+// Ready (JSON) from the guest after each. A Config packet is the length
+// of its JSON (4 bytes, little-endian), the JSON, then Prepare.Seccomp's
+// raw bytes (the rest of the packet).
 
 // Phases a Ready reports.
 const (
@@ -32,7 +36,7 @@ var readyBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b
 
 // SendConfig sends cfg and the descriptors its Mount.FD fields index.
 func SendConfig(sock *os.File, cfg *Config, fds []int) error {
-	b, err := json.Marshal(cfg)
+	b, err := encodeConfig(cfg)
 	if err != nil {
 		return err
 	}
@@ -51,7 +55,7 @@ func ReceiveConfig(sock *os.File) (*Config, []int, error) {
 	buf := make([]byte, 1<<20)
 	// SCM_MAX_FD (253): an image may have many layers, each its own fd.
 	oob := make([]byte, unix.CmsgSpace(253*4))
-	n, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+	n, oobn, flags, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receiving config: %w", err)
 	}
@@ -70,14 +74,59 @@ func ReceiveConfig(sock *os.File) (*Config, []int, error) {
 		}
 		fds = append(fds, f...)
 	}
-	var cfg Config
-	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
+	cfg, err := decodeConfig(buf[:n])
+	if err == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		// The filter is the packet's tail: a cut one must not load.
+		cfg, err = nil, errors.New("receiving config: packet or descriptors truncated")
+	}
+	if err != nil {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		return nil, nil, fmt.Errorf("decoding config: %w", err)
+		return nil, nil, err
 	}
-	return &cfg, fds, nil
+	return cfg, fds, nil
+}
+
+// encodeConfig frames cfg as a Config packet.
+func encodeConfig(cfg *Config) ([]byte, error) {
+	var filter []byte
+	if cfg.Prepare != nil {
+		filter = cfg.Prepare.Seccomp
+	}
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if uint64(len(js)) > math.MaxUint32 {
+		return nil, errors.New("guest config too large")
+	}
+	b := make([]byte, 4, 4+len(js)+len(filter))
+	binary.LittleEndian.PutUint32(b, uint32(len(js)))
+	return append(append(b, js...), filter...), nil
+}
+
+// decodeConfig reads a Config packet.
+func decodeConfig(b []byte) (*Config, error) {
+	if len(b) < 4 {
+		return nil, fmt.Errorf("decoding config: %d-byte packet", len(b))
+	}
+	n := binary.LittleEndian.Uint32(b)
+	if uint64(n) > uint64(len(b)-4) {
+		return nil, fmt.Errorf("decoding config: JSON of %d bytes in a %d-byte packet", n, len(b))
+	}
+	var cfg Config
+	if err := json.Unmarshal(b[4:4+n], &cfg); err != nil {
+		return nil, fmt.Errorf("decoding config: %w", err)
+	}
+	if filter := b[4+n:]; len(filter) > 0 {
+		if cfg.Prepare == nil {
+			return nil, errors.New("decoding config: a seccomp filter without Prepare")
+		}
+		// Its own copy: the packet's buffer is large and goes.
+		cfg.Prepare.Seccomp = append([]byte(nil), filter...)
+	}
+	return &cfg, nil
 }
 
 // SendReady answers a Config.
