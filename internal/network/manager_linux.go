@@ -205,10 +205,19 @@ func (m *Manager) checkRoutes() error {
 		if !netip.PrefixFrom(dst, ones).Overlaps(m.cfg.Subnet) {
 			continue
 		}
-		if l, err := m.nl.LinkByIndex(r.LinkIndex); err == nil && strings.HasPrefix(l.Attrs().Name, m.prefix) {
+		l, err := m.nl.LinkByIndex(r.LinkIndex)
+		var gone netlink.LinkNotFoundError
+		switch {
+		case err == nil && strings.HasPrefix(l.Attrs().Name, m.prefix):
 			continue
+		case errors.As(err, &gone):
+			continue // deleted since the list, its routes with it
 		}
-		return errdefs.Conflict("sandbox subnet %s overlaps the host's route to %s", m.cfg.Subnet, r.Dst)
+		dev := fmt.Sprintf("interface %d", r.LinkIndex)
+		if err == nil {
+			dev = l.Attrs().Name
+		}
+		return errdefs.Conflict("sandbox subnet %s overlaps the host's route to %s (on %s)", m.cfg.Subnet, r.Dst, dev)
 	}
 	return nil
 }

@@ -235,11 +235,19 @@ func Unmount(dir string) error {
 	if len(mounts) > 0 || len(loops) > 0 {
 		return errdefs.Conflict("substrate %s is still in use: mounts %v, loop devices %v; unmount those first", dir, mounts, loops)
 	}
-	if err := unix.Unmount(dir, unix.UMOUNT_NOFOLLOW); err != nil {
-		if errors.Is(err, unix.EBUSY) {
+	// A process that was killed holds its files until its exit is done,
+	// which trails the kill on a loaded host as the loop devices do.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err := unix.Unmount(dir, unix.UMOUNT_NOFOLLOW)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("unmounting substrate %s: %w", dir, err)
+		}
+		if time.Now().After(deadline) {
 			return errdefs.Conflict("substrate %s is busy: a process has files open in it", dir)
 		}
-		return fmt.Errorf("unmounting substrate %s: %w", dir, err)
 	}
 	return detachLoops(image)
 }
