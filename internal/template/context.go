@@ -50,7 +50,12 @@ func ContextPath(p string) (string, error) {
 	if strings.HasPrefix(p, "/") {
 		return "", fmt.Errorf("%q must be relative to the build context", trunc(p))
 	}
-	c := path.Clean(strings.TrimPrefix(p, "./"))
+	// Cleaned whole: a prefix trimmed first ("./" of ".//x") can leave
+	// an absolute path.
+	c := path.Clean(p)
+	if path.IsAbs(c) {
+		return "", fmt.Errorf("%q must be relative to the build context", trunc(p))
+	}
 	if c == ".." || strings.HasPrefix(c, "../") {
 		return "", fmt.Errorf("%q leaves the build context", trunc(p))
 	}
