@@ -268,6 +268,29 @@ type deps struct {
 
 // nativeDeps skips unless root and not -short, and makes deps, the
 // cgroup parent named prefix and a random number.
+// config is a runtime's configuration on d, in a directory of the
+// test's, with a disk pool of its own (closed at the test's end) and a
+// range of uids at random among 32.
+func (d deps) config(t *testing.T) Config {
+	t.Helper()
+	dir := t.TempDir()
+	disks, err := disk.NewPool(disk.Config{Dir: filepath.Join(dir, "disks"), DefaultSize: 256 << 20, Logger: d.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { disks.Close() })
+	return Config{
+		RunDir:      filepath.Join(dir, "run"),
+		Cgroups:     d.cgroups,
+		Disks:       disks,
+		IDs:         &testIDs{start: 3<<30 + 192<<16 + uint32(rand.IntN(32))*64<<16, n: 64},
+		Seccomp:     d.prog,
+		Caps:        seccomp.DockerDefaultCaps,
+		GuestBinary: d.bin,
+		Logger:      d.log,
+	}
+}
+
 func nativeDeps(t *testing.T, prefix string) deps {
 	t.Helper()
 	if os.Geteuid() != 0 {

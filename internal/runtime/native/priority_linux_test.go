@@ -2,7 +2,6 @@ package native
 
 import (
 	"context"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,8 +12,6 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/runtime"
-	"github.com/paddock-dev/paddock/internal/seccomp"
-	"github.com/paddock-dev/paddock/internal/storage/disk"
 	"github.com/paddock-dev/paddock/internal/storage/image"
 )
 
@@ -25,26 +22,11 @@ import (
 // start adopts it.
 func TestMadeAheadYields(t *testing.T) {
 	d := nativeDeps(t, "paddock-yield")
-	dir := t.TempDir()
-	disks, err := disk.NewPool(disk.Config{Dir: filepath.Join(dir, "disks"), DefaultSize: 256 << 20, Logger: d.log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { disks.Close() })
-	rt, err := New(Config{
-		RunDir:        filepath.Join(dir, "run"),
-		Cgroups:       d.cgroups,
-		Disks:         disks,
-		IDs:           &testIDs{start: 3<<30 + 192<<16 + uint32(rand.IntN(32))*64<<16, n: 64},
-		Seccomp:       d.prog,
-		Caps:          seccomp.DockerDefaultCaps,
-		GuestBinary:   d.bin,
-		Logger:        d.log,
-		WarmGuests:    1,
-		BlankGuests:   1,
-		WarmImage:     func() (*image.Image, error) { return d.img, nil },
-		WarmDiskBytes: 256 << 20,
-	})
+	cfg := d.config(t)
+	cfg.WarmGuests, cfg.BlankGuests = 1, 1
+	cfg.WarmImage = func() (*image.Image, error) { return d.img, nil }
+	cfg.WarmDiskBytes = 256 << 20
+	rt, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

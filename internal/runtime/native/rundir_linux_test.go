@@ -2,15 +2,12 @@ package native
 
 import (
 	"context"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/paddock-dev/paddock/internal/runtime"
-	"github.com/paddock-dev/paddock/internal/seccomp"
-	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
 
 // TestRunDirRecycled: a removed sandbox's run dir, its guest ended, is
@@ -20,22 +17,7 @@ import (
 // runtime deletes the spares.
 func TestRunDirRecycled(t *testing.T) {
 	d := nativeDeps(t, "paddock-rundir")
-	dir := t.TempDir()
-	disks, err := disk.NewPool(disk.Config{Dir: filepath.Join(dir, "disks"), DefaultSize: 256 << 20, Logger: d.log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { disks.Close() })
-	cfg := Config{
-		RunDir:      filepath.Join(dir, "run"),
-		Cgroups:     d.cgroups,
-		Disks:       disks,
-		IDs:         &testIDs{start: 3<<30 + 192<<16 + uint32(rand.IntN(32))*64<<16, n: 64},
-		Seccomp:     d.prog,
-		Caps:        seccomp.DockerDefaultCaps,
-		GuestBinary: d.bin,
-		Logger:      d.log,
-	}
+	cfg := d.config(t)
 	rt, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
