@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/spare"
 )
 
 // A removed sandbox's directory is kept for the next sandbox rather than
@@ -73,18 +75,11 @@ func emptyDir(dir string) error {
 // does not write the file back when it is closed (auto_da_alloc). Only
 // for a file nothing reads while it is written.
 func overwrite(path string, b []byte) error {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := spare.OpenOwn(path)
 	if err != nil {
 		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return &os.PathError{Op: "stat", Path: path, Err: err}
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
-		return &os.PathError{Op: "overwrite", Path: path, Err: unix.EINVAL}
-	}
 	for done := 0; done < len(b); {
 		n, err := unix.Pwrite(fd, b[done:], int64(done))
 		if err == unix.EINTR {

@@ -129,17 +129,35 @@ func (p *Pool) Len() int {
 // nothing back when it is next closed (auto_da_alloc), which a truncation
 // by path would leave to the next sandbox's close.
 func Truncate(path string) error {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := OpenOwn(path)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
+	return unix.Ftruncate(fd, 0)
+}
+
+// ErrNotOwn is OpenOwn's refusal of what is not a regular file of one
+// link.
+var ErrNotOwn = errors.New("not a file of its own")
+
+// OpenOwn opens the file at path for writing, never through a symbolic
+// link, and only if it is a regular file of one link (no other name
+// shares what is written over it): the descriptor is the caller's to
+// close.
+func OpenOwn(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return err
+		unix.Close(fd)
+		return -1, err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
-		return errors.New("not a file of its own")
+		unix.Close(fd)
+		return -1, ErrNotOwn
 	}
-	return unix.Ftruncate(fd, 0)
+	return fd, nil
 }
