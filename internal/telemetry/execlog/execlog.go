@@ -611,14 +611,19 @@ func forward(off, n, end int64, first bool) bool {
 }
 
 // appendFrame writes a frame at the end of the sandbox's log, making the
-// log if it is missing, and returns where it put it. The file is not
-// kept open: a daemon with thousands of sandboxes would otherwise hold as
-// many fds. The caller holds b.mu.
+// log if it is empty and missing, and returns where it put it. The file
+// is not kept open: a daemon with thousands of sandboxes would otherwise
+// hold as many fds. A log with frames is not made again (a removed
+// sandbox's stays removed), and opening it without O_CREAT spares the
+// directory's lock, which every other sandbox's append takes too. The
+// caller holds b.mu.
 func (s *Store) appendFrame(b *sandbox, frame []byte) (int64, error) {
+	flags := unix.O_WRONLY | unix.O_CLOEXEC
 	if b.size == 0 {
 		s.spares.Take(s.logPath(b)) // never over a log there
+		flags |= unix.O_CREAT
 	}
-	fd, err := unix.Open(s.logPath(b), unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+	fd, err := unix.Open(s.logPath(b), flags, 0o600)
 	if err != nil {
 		return 0, &os.PathError{Op: "open", Path: s.logPath(b), Err: err}
 	}
