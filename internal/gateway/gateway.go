@@ -13,6 +13,7 @@
 //	sandboxes/<id>/files/   hosts, ca-bundle.crt (bound read-only)
 //	resolv/<host addr>.conf the resolv.conf of the sandboxes on that address (bound read-only)
 //	sandboxes/<id>/self/    the /run/paddock tree (bound read-only, kept current)
+//	sandboxes/<id>/.next-*  the self tree files' next versions, exchanged in (spare.go)
 //	self/                   a new self tree's files, linked into it (see selfDefaults)
 //	spare/.spare-<n>/       a removed sandbox's directory, emptied for the next (spare.go)
 //

@@ -282,7 +282,7 @@ func (g *Gateway) writeSelfFile(dir, name string, b []byte, written map[string]u
 	if w, ok := written[name]; ok && w == h {
 		return true
 	}
-	if err := durable.Replace(filepath.Join(dir, name), b, 0o644); err != nil {
+	if err := swapIn(dir, name, b); err != nil {
 		delete(written, name) // try again next time
 		return false
 	}

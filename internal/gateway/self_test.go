@@ -109,3 +109,102 @@ func TestPokeRefreshesThePoked(t *testing.T) {
 		t.Fatalf("dirty taken twice: %v", d)
 	}
 }
+
+// TestSelfSwapIn: a self file is written into its next version and
+// exchanged in, so rewrites reuse two inodes and make none; a next
+// version that is a link to another file (the defaults) or a symbolic
+// link is replaced, never written through; a recycled directory keeps
+// the tree's own files, emptied, as next versions, and never a link.
+func TestSelfSwapIn(t *testing.T) {
+	g := &Gateway{cfg: Config{Dir: t.TempDir()}}
+	sb := g.dir("sbx")
+	dir := filepath.Join(sb, "self")
+	for _, d := range []string{dir, filepath.Join(sb, "files")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path, next := filepath.Join(dir, "self.json"), filepath.Join(sb, nextPrefix+"self.json")
+	ino := func(p string) uint64 {
+		t.Helper()
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	write := func(content string) {
+		t.Helper()
+		if err := swapIn(dir, "self.json", []byte(content)); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(path); err != nil || string(b) != content {
+			t.Fatalf("self.json = %q, %v; want %q", b, err, content)
+		}
+		fi, err := os.Stat(path)
+		if err != nil || fi.Mode().Perm() != 0o644 {
+			t.Fatalf("self.json: %v, %v; want mode 0644", fi, err)
+		}
+	}
+	write(`{"n": 1}`)
+	write(`{"n": 2, "longer": true}`)
+	pair := map[uint64]bool{ino(path): true, ino(next): true}
+	for _, c := range []string{`{"n": 3}`, `{"n": 4, "longer": true}`, `{}`} {
+		write(c)
+		if !pair[ino(path)] || !pair[ino(next)] {
+			t.Fatalf("write %s made an inode: the pair was %v", c, pair)
+		}
+	}
+
+	outside := filepath.Join(g.cfg.Dir, "defaults.json")
+	if err := os.WriteFile(outside, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for what, plant := range map[string]func() error{
+		"a hard link":     func() error { return os.Link(outside, next) },
+		"a symbolic link": func() error { return os.Symlink(outside, next) },
+	} {
+		if err := os.Remove(next); err != nil {
+			t.Fatal(err)
+		}
+		if err := plant(); err != nil {
+			t.Fatal(err)
+		}
+		write(`{"after": "` + what + `"}`)
+		if b, _ := os.ReadFile(outside); string(b) != "keep" {
+			t.Fatalf("with the next version %s, the file it names was written: %q", what, b)
+		}
+	}
+
+	// Recycled: self.json emptied into its next version (taken: the link
+	// to the defaults is unlinked instead), policy.json, a link to the
+	// defaults, unlinked and the defaults kept.
+	if err := os.Remove(next); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(outside, filepath.Join(dir, "policy.json")); err != nil {
+		t.Fatal(err)
+	}
+	own := ino(path)
+	if err := emptyDir(sb); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("the recycled self tree holds %d files", len(ents))
+	}
+	fi, err := os.Lstat(next)
+	if err != nil || ino(next) != own || fi.Size() != 0 {
+		t.Errorf("the recycled directory's next self.json: %v, %v; want the tree's own file, empty", fi, err)
+	}
+	if _, err := os.Lstat(filepath.Join(sb, nextPrefix+"policy.json")); err != nil {
+		if b, _ := os.ReadFile(outside); string(b) != "keep" {
+			t.Errorf("the defaults were emptied: %q", b)
+		}
+	} else {
+		t.Error("a link to the defaults became a next version")
+	}
+	write(`{"sandbox": "next"}`)
+	if ino(path) != own {
+		t.Error("the next sandbox's first write did not take the recycled file")
+	}
+}
