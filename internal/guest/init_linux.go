@@ -466,6 +466,9 @@ type rootMounter struct{ root *os.File }
 // target resolves path inside the root, creating it (a directory, or an
 // empty file when file is set) if missing, and returns an O_PATH handle.
 func (r *rootMounter) target(path string, file bool) (*os.File, error) {
+	if h := r.existing(path, file); h != nil {
+		return h, nil
+	}
 	if file {
 		dir, err := mkdirAllInRoot(r.root, filepath.Dir(path), 0o755)
 		if err != nil {
@@ -510,6 +513,36 @@ func (r *rootMounter) target(path string, file bool) (*os.File, error) {
 		return nil, fmt.Errorf("creating %s: %w", path, err)
 	}
 	return h, nil
+}
+
+// existing returns an O_PATH handle on path, resolved inside the root,
+// if it is there already and of the kind target makes (a regular file
+// when file is set, a directory otherwise), its last element no symbolic
+// link; else nil, and target goes the long way. Most targets are in the
+// image (the host image's skeleton holds paddock's own): one openat2
+// finds them, where the long way took five to seven calls.
+func (r *rootMounter) existing(path string, file bool) *os.File {
+	rel := strings.TrimLeft(path, "/")
+	if rel == "" {
+		return nil
+	}
+	fd, err := unix.Openat2(int(r.root.Fd()), rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return nil
+	}
+	var st unix.Stat_t
+	want := uint32(unix.S_IFDIR)
+	if file {
+		want = unix.S_IFREG
+	}
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != want {
+		unix.Close(fd)
+		return nil
+	}
+	return os.NewFile(uintptr(fd), path)
 }
 
 // isLink reports whether path's last element, its parent resolved

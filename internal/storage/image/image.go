@@ -28,7 +28,7 @@ const HostImage = "host"
 // skeletonVersion changes whenever the skeleton's layout changes, so that a
 // new binary builds a new content-addressed directory instead of reusing a
 // stale one.
-const skeletonVersion = "host-skeleton-3"
+const skeletonVersion = "host-skeleton-4"
 
 // Image is a resolved image: everything the runtime needs to build a root
 // filesystem from it.
@@ -167,6 +167,12 @@ func buildSkeleton(root, hostRoot string, img *Image) error {
 		{"root", 0o700}, {"home", 0o755}, {"home/user", 0o755},
 		{"workspace", 0o755}, {"mnt", 0o755}, {"opt", 0o755}, {"srv", 0o755},
 		{"media", 0o755}, {"etc", 0o755},
+		// Where the gateway binds a sandbox's CA and its self tree: there
+		// in the image, a guest's Prepare makes nothing in the sandbox's
+		// writable layer (a copy-up of /etc or /run and a file or a
+		// directory made on its disk, every one journaled, cost each
+		// sandbox's start and teardown).
+		{"etc/paddock", 0o755}, {"run/paddock", 0o755},
 	}
 	for _, d := range dirs {
 		p := filepath.Join(root, d.path)
@@ -221,6 +227,7 @@ func buildSkeleton(root, hostRoot string, img *Image) error {
 		"hosts":       "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 		"hostname":    "sandbox\n",
 		"resolv.conf": "# paddock: no network yet\n",
+		"paddock/ca.pem": "", // the gateway binds the sandbox's CA here
 	}
 	for name, content := range files {
 		mode := fs.FileMode(0o644)
