@@ -121,6 +121,11 @@ func statCPU(pid int) (own, reaped time.Duration, err error) {
 // reaped, which the kernel adds to the reaper's.
 type treeUse struct {
 	Daemon, Helpers, Cgroups time.Duration
+	// Host is every CPU's busy time (/proc/stat), Client this process's
+	// (the harness's clients): what the host spent besides the two and
+	// the daemon's tree is the kernel's own workers (loop devices,
+	// journals, cgroup and namespace teardown, RCU) and interrupts.
+	Host, Client time.Duration
 }
 
 // readTree reads treeUse of the daemon pid whose sandboxes' cgroups lie
@@ -160,11 +165,19 @@ func readTree(pid int, parent string) treeUse {
 		}
 	}
 	u.Cgroups, _ = cgroupCPU(parent)
+	if busy, _, err := cpuTicks(); err == nil {
+		u.Host = time.Duration(busy) * time.Second / userHZ
+	}
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
+		u.Client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
 	return u
 }
 
 func (u treeUse) sub(v treeUse) treeUse {
-	return treeUse{Daemon: u.Daemon - v.Daemon, Helpers: u.Helpers - v.Helpers, Cgroups: u.Cgroups - v.Cgroups}
+	return treeUse{Daemon: u.Daemon - v.Daemon, Helpers: u.Helpers - v.Helpers, Cgroups: u.Cgroups - v.Cgroups,
+		Host: u.Host - v.Host, Client: u.Client - v.Client}
 }
 
 // perCycle says what u cost per cycle of n.
@@ -173,8 +186,13 @@ func (u treeUse) perCycle(n int) string {
 		return "no cycle"
 	}
 	per := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(n)/1e6) }
-	return fmt.Sprintf("%s in all: daemon %s, the processes under it (forkers, guests, sandboxes) %s (the sandboxes' cgroups %s)",
+	out := fmt.Sprintf("%s in all: daemon %s, the processes under it (forkers, guests, sandboxes) %s (the sandboxes' cgroups %s)",
 		per(u.Daemon+u.Helpers), per(u.Daemon), per(u.Helpers), per(u.Cgroups))
+	if u.Host > 0 {
+		out += fmt.Sprintf("; the whole host %s: the harness's clients %s, the kernel's own workers and interrupts %s (loop devices, journals, cgroup and namespace teardown)",
+			per(u.Host), per(u.Client), per(max(0, u.Host-u.Daemon-u.Helpers-u.Client)))
+	}
+	return out
 }
 
 // cgroupCPU is the CPU time charged to cgroup cg (cpuacct.usage on v1,
