@@ -214,19 +214,48 @@ func connOf(nc net.Conn) (*Conn, bool) {
 	return c, ok
 }
 
+// Handler wraps a server's handler so that a response on a connection
+// still unauthenticated says "Connection: close" (Authenticated takes it
+// back). The listener ends such a connection after its response
+// (ConnState); a client not told so may send its next request on it as
+// it closes and lose that request: an E2B SDK did, asking whether a
+// sandbox it had just killed was running, on the connection of the
+// refused call before.
+func Handler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := r.Context().Value(connKey{}).(*Conn); ok && c.unauthenticated() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// unauthenticated reports whether c has not authenticated.
+func (c *Conn) unauthenticated() bool {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	return c.elem != nil
+}
+
 // Authenticated marks the connection of r as authenticated (it leaves the
-// unauthenticated counts and stays open after its response) and lifts
-// the request's read deadline, so that a long upload or stream is not cut
-// at the server's ReadTimeout. A handler calls it once r's credentials
-// are checked. It does nothing for a connection not from a Listener.
+// unauthenticated counts and stays open after its response, whose
+// "Connection: close" from Handler it takes back) and lifts the
+// request's read deadline, so that a long upload or stream is not cut at
+// the server's ReadTimeout. A handler calls it once r's credentials are
+// checked, before its response is written. It does nothing for a
+// connection not from a Listener.
 func Authenticated(w http.ResponseWriter, r *http.Request) {
 	c, ok := r.Context().Value(connKey{}).(*Conn)
 	if !ok {
 		return
 	}
 	c.l.mu.Lock()
+	was := c.elem != nil
 	c.l.unmarkLocked(c)
 	c.l.mu.Unlock()
+	if was && w.Header().Get("Connection") == "close" {
+		w.Header().Del("Connection")
+	}
 	http.NewResponseController(w).SetReadDeadline(time.Time{})
 }
 

@@ -5,13 +5,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
 )
 
 // serve starts an HTTP server on a Listener with lim whose handler
-// authenticates requests carrying "X-Key: ok" and answers others 401.
+// (under Handler) authenticates requests carrying "X-Key: ok" and answers
+// others 401.
 func serve(t *testing.T, lim Limits) *Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -23,14 +25,14 @@ func serve(t *testing.T, lim Limits) *Listener {
 		ReadHeaderTimeout: 5 * time.Second,
 		ConnState:         l.ConnState,
 		ConnContext:       ConnContext,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Handler: Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Header.Get("X-Key") != "ok" {
 				w.WriteHeader(http.StatusUnauthorized)
 				return
 			}
 			Authenticated(w, r)
 			io.WriteString(w, "hello")
-		}),
+		})),
 	}
 	go hs.Serve(l)
 	t.Cleanup(func() { hs.Close() })
@@ -152,4 +154,47 @@ func TestTotal(t *testing.T) {
 	if closed(c) {
 		t.Error("the authenticated connection was dropped for a new one")
 	}
+}
+
+// TestUnauthenticatedSaysClose: a response on a connection that has not
+// authenticated says "Connection: close" (the listener closes it after
+// the response), so a client opens a new connection for its next
+// request; an authenticated one keeps its connection for the next.
+func TestUnauthenticatedSaysClose(t *testing.T) {
+	l := serve(t, Limits{})
+	c := &http.Client{Timeout: 5 * time.Second}
+	t.Cleanup(c.CloseIdleConnections)
+	get := func(key string) (connection string, reused bool) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+l.Addr().String()+"/", nil)
+		if key != "" {
+			req.Header.Set("X-Key", key)
+		}
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
+		}))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.Close {
+			connection = "close"
+		}
+		return connection, reused
+	}
+	if conn, _ := get(""); conn != "close" {
+		t.Error("a 401 on an unauthenticated connection did not say Connection: close")
+	}
+	for i := range 3 {
+		conn, reused := get("ok")
+		if conn == "close" {
+			t.Errorf("request %d, authenticated, said Connection: close", i)
+		}
+		if i > 0 && !reused {
+			t.Errorf("request %d did not reuse the authenticated connection", i)
+		}
+	}
+	waitCounts(t, l, 1, 0)
 }

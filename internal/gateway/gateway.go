@@ -266,12 +266,12 @@ func Start(cfg Config) (_ *Gateway, retErr error) {
 	}
 	// The self endpoint's listener is on every address of the host, so
 	// any peer that reaches the host can connect: a connection answers
-	// one request and is closed (connlimit: none is ever authenticated),
-	// and silent ones are bounded per peer and in all.
+	// one request and is closed, and says so (connlimit: none is ever
+	// authenticated), and silent ones are bounded per peer and in all.
 	selfLn := connlimit.New(g.selfLn, connlimit.Limits{}, g.log.With("part", "self"))
-	g.self = &http.Server{Handler: http.HandlerFunc(g.serveSelf), ReadHeaderTimeout: 5 * time.Second,
+	g.self = &http.Server{Handler: connlimit.Handler(http.HandlerFunc(g.serveSelf)), ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second, ConnState: selfLn.ConnState,
-		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
+		ConnContext: connlimit.ConnContext, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
 	go g.self.Serve(selfLn)
 	g.wg.Add(2)
 	go g.refreshSelf(time.Second)

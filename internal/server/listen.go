@@ -53,10 +53,11 @@ func NewHTTPServer(h http.Handler, cfg HTTPConfig, log *slog.Logger) *http.Serve
 
 // Guard bounds a TCP listener's connections and gives its server the
 // read timeout that holds until a request is authenticated
-// (connlimit.Authenticated lifts it). hs then serves the listener Guard
+// (connlimit.Authenticated lifts it), and its handler connlimit.Handler. hs then serves the listener Guard
 // returns (or a TLS listener over it).
 func Guard(hs *http.Server, l net.Listener, cfg HTTPConfig, log *slog.Logger) net.Listener {
 	cl := connlimit.New(l, cfg.Limits, log)
+	hs.Handler = connlimit.Handler(hs.Handler)
 	hs.ReadTimeout = max(cfg.withDefaults().ReadTimeout, 0)
 	hs.ConnState = cl.ConnState
 	hs.ConnContext = connlimit.ConnContext
