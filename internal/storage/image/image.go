@@ -221,12 +221,12 @@ func buildSkeleton(root, hostRoot string, img *Image) error {
 		return err
 	}
 	files := map[string]string{
-		"passwd":      passwd(filepath.Join(hostRoot, "etc/passwd")),
-		"group":       group(filepath.Join(hostRoot, "etc/group")),
-		"shadow":      "root:*:19000:0:99999:7:::\nuser:*:19000:0:99999:7:::\n",
-		"hosts":       "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-		"hostname":    "sandbox\n",
-		"resolv.conf": "# paddock: no network yet\n",
+		"passwd":         passwd(filepath.Join(hostRoot, "etc/passwd")),
+		"group":          group(filepath.Join(hostRoot, "etc/group")),
+		"shadow":         "root:*:19000:0:99999:7:::\nuser:*:19000:0:99999:7:::\n",
+		"hosts":          "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"hostname":       "sandbox\n",
+		"resolv.conf":    "# paddock: no network yet\n",
 		"paddock/ca.pem": "", // the gateway binds the sandbox's CA here
 	}
 	for name, content := range files {
