@@ -18,13 +18,15 @@ import (
 // the hosts file of each sandbox, and deleting them again, was the
 // largest part of the daemon's CPU under churn (issue 21).
 //
-// What a spare keeps: its three directories and files/hosts, which the
-// next sandbox's writeFiles writes over in place (every byte, then the
-// file cut to the new length) before anything binds it. Everything else
-// (the CA links, the self tree's files, anything a crash left) is
-// unlinked before the directory becomes a spare, so no spare holds a
-// removed sandbox's CA or self view, and its hosts file names it only
-// until the next sandbox writes its own. Only a sandbox whose processes
+// What a spare keeps: its three directories; files/hosts, which the next
+// sandbox's writeFiles writes over in place (every byte, then the file
+// cut to the new length) before anything binds it; and the self tree's
+// own files, emptied, as the next versions the next sandbox's self
+// writes take (swapIn). Everything else (the CA links, the links to the
+// self tree's defaults, anything a crash left) is unlinked before the
+// directory becomes a spare, so no spare holds a removed sandbox's CA or
+// self view, and its hosts file names it only until the next sandbox
+// writes its own. Only a sandbox whose processes
 // are known to have ended (Recycle: its cgroup was removed) gives its
 // directory up: none of them can still see the directory, which the
 // binds of its self tree and files would otherwise show them as the
@@ -137,12 +139,11 @@ func writeNext(path string, b []byte) error {
 	if err != nil {
 		return &os.PathError{Op: "create", Path: path, Err: err}
 	}
-	err = unix.Fchmod(fd, 0o644) // the sandbox reads it, whatever the umask
-	unix.Close(fd)
-	if err != nil {
+	defer unix.Close(fd)
+	if err := unix.Fchmod(fd, 0o644); err != nil { // the sandbox reads it, whatever the umask
 		return &os.PathError{Op: "chmod", Path: path, Err: err}
 	}
-	return overwrite(path, b)
+	return writeOver(fd, path, b)
 }
 
 // overwrite writes b over the file at path in place: every byte of it,
@@ -156,6 +157,12 @@ func overwrite(path string, b []byte) error {
 		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
+	return writeOver(fd, path, b)
+}
+
+// writeOver writes b from the start of fd, the file at path, and cuts
+// the file to len(b).
+func writeOver(fd int, path string, b []byte) error {
 	for done := 0; done < len(b); {
 		n, err := unix.Pwrite(fd, b[done:], int64(done))
 		if err == unix.EINTR {
