@@ -49,18 +49,10 @@ func TestSelfTreeLinksDefaults(t *testing.T) {
 	if _, err := g.prepare("sbx"); err != nil {
 		t.Fatal(err)
 	}
-	ino := func(path string) uint64 {
-		t.Helper()
-		fi, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fi.Sys().(*syscall.Stat_t).Ino
-	}
 	tree := filepath.Join(g.dir("sbx"), "self")
 	g.refreshOne("sbx")
 	for _, name := range []string{"README", "policy.json", "denials.json"} {
-		if ino(filepath.Join(tree, name)) != ino(filepath.Join(g.cfg.Dir, "self", name)) {
+		if inode(t, filepath.Join(tree, name)) != inode(t, filepath.Join(g.cfg.Dir, "self", name)) {
 			t.Errorf("%s is not a link to the shared default", name)
 		}
 	}
@@ -71,7 +63,7 @@ func TestSelfTreeLinksDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.refreshOne("sbx")
-	if ino(filepath.Join(tree, "policy.json")) == ino(filepath.Join(g.cfg.Dir, "self", "policy.json")) {
+	if inode(t, filepath.Join(tree, "policy.json")) == inode(t, filepath.Join(g.cfg.Dir, "self", "policy.json")) {
 		t.Error("a changed policy.json is still the shared default")
 	}
 	if b, _ := os.ReadFile(filepath.Join(g.cfg.Dir, "self", "policy.json")); strings.Contains(string(b), "github") {
@@ -226,21 +218,48 @@ func BenchmarkSandboxFiles(b *testing.B) {
 	cpu0 := cpuTime()
 	for i := 0; b.Loop(); i++ {
 		id := fmt.Sprintf("sbx-%d", i)
-		p, err := g.prepare(id)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := g.writeFiles(id, p, host); err != nil {
-			b.Fatal(err)
-		}
-		g.refreshOne(id)
-		g.mu.Lock()
-		delete(g.cas, id)
-		g.mu.Unlock()
-		g.markEnded(id) // Recycle without a network
-		g.removeFiles(id)
+		attachFiles(b, g, id, host)
+		dropFiles(g, id, true)
 	}
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
+// attachFiles makes sandbox id's directory, files and self tree, as
+// Attach does without a network.
+func attachFiles(tb testing.TB, g *Gateway, id string, host netip.Addr) prepared {
+	tb.Helper()
+	p, err := g.prepare(id)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := g.writeFiles(id, p, host); err != nil {
+		tb.Fatal(err)
+	}
+	g.refreshOne(id)
+	return p
+}
+
+// dropFiles removes sandbox id's files as Forget does; ended says its
+// processes are known to have ended (Recycle), so its directory may
+// become a spare.
+func dropFiles(g *Gateway, id string, ended bool) {
+	g.mu.Lock()
+	delete(g.cas, id)
+	g.mu.Unlock()
+	if ended {
+		g.markEnded(id)
+	}
+	g.removeFiles(id)
+}
+
+// inode is the inode number of path's last element, not followed.
+func inode(tb testing.TB, path string) uint64 {
+	tb.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino
 }
 
 // cpuTime is the process's user and system CPU time.
@@ -258,35 +277,10 @@ func cpuTime() time.Duration {
 // deleted; and the spares are bounded.
 func TestSpareDirectories(t *testing.T) {
 	g := filesGateway(t, t.TempDir())
-	ino := func(path string) uint64 {
-		t.Helper()
-		fi, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fi.Sys().(*syscall.Stat_t).Ino
-	}
-	attach := func(id string, host netip.Addr) prepared {
-		t.Helper()
-		p, err := g.prepare(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := g.writeFiles(id, p, host); err != nil {
-			t.Fatal(err)
-		}
-		g.refreshOne(id)
-		return p
-	}
+	attach := func(id string, host netip.Addr) prepared { return attachFiles(t, g, id, host) }
 	remove := func(id string, ended bool) {
 		t.Helper()
-		g.mu.Lock()
-		delete(g.cas, id)
-		g.mu.Unlock()
-		if ended {
-			g.markEnded(id)
-		}
-		g.removeFiles(id)
+		dropFiles(g, id, ended)
 		if _, err := os.Stat(g.dir(id)); !errors.Is(err, fs.ErrNotExist) {
 			t.Fatalf("%s: directory left after removal (stat: %v)", id, err)
 		}
@@ -308,8 +302,8 @@ func TestSpareDirectories(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.refreshOne("sbx-first")
-	dirIno := ino(g.dir("sbx-first"))
-	hostsIno := ino(filepath.Join(g.dir("sbx-first"), "files", "hosts"))
+	dirIno := inode(t, g.dir("sbx-first"))
+	hostsIno := inode(t, filepath.Join(g.dir("sbx-first"), "files", "hosts"))
 	// A file a crash left in its self tree.
 	if err := os.WriteFile(filepath.Join(g.dir("sbx-first"), "self", ".tmp-self.json-1"), []byte("first's"), 0o644); err != nil {
 		t.Fatal(err)
@@ -324,13 +318,13 @@ func TestSpareDirectories(t *testing.T) {
 
 	second := attach("sbx-2", netip.MustParseAddr("10.247.0.1"))
 	dir := g.dir("sbx-2")
-	if ino(dir) != dirIno {
+	if inode(t, dir) != dirIno {
 		t.Error("the second sandbox did not take the spare directory")
 	}
 	if spares() != 0 {
 		t.Error("the spare taken is still among the spares")
 	}
-	if ino(filepath.Join(dir, "files", "hosts")) != hostsIno {
+	if inode(t, filepath.Join(dir, "files", "hosts")) != hostsIno {
 		t.Error("the hosts file was not written over in place")
 	}
 	hosts, err := os.ReadFile(filepath.Join(dir, "files", "hosts"))

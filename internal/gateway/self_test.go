@@ -125,14 +125,6 @@ func TestSelfSwapIn(t *testing.T) {
 		}
 	}
 	path, next := filepath.Join(dir, "self.json"), filepath.Join(sb, nextPrefix+"self.json")
-	ino := func(p string) uint64 {
-		t.Helper()
-		fi, err := os.Lstat(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fi.Sys().(*syscall.Stat_t).Ino
-	}
 	write := func(content string) {
 		t.Helper()
 		if err := swapIn(dir, "self.json", []byte(content)); err != nil {
@@ -148,10 +140,10 @@ func TestSelfSwapIn(t *testing.T) {
 	}
 	write(`{"n": 1}`)
 	write(`{"n": 2, "longer": true}`)
-	pair := map[uint64]bool{ino(path): true, ino(next): true}
+	pair := map[uint64]bool{inode(t, path): true, inode(t, next): true}
 	for _, c := range []string{`{"n": 3}`, `{"n": 4, "longer": true}`, `{}`} {
 		write(c)
-		if !pair[ino(path)] || !pair[ino(next)] {
+		if !pair[inode(t, path)] || !pair[inode(t, next)] {
 			t.Fatalf("write %s made an inode: the pair was %v", c, pair)
 		}
 	}
@@ -185,7 +177,7 @@ func TestSelfSwapIn(t *testing.T) {
 	if err := os.Link(outside, filepath.Join(dir, "policy.json")); err != nil {
 		t.Fatal(err)
 	}
-	own := ino(path)
+	own := inode(t, path)
 	if err := emptyDir(sb); err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +185,7 @@ func TestSelfSwapIn(t *testing.T) {
 		t.Errorf("the recycled self tree holds %d files", len(ents))
 	}
 	fi, err := os.Lstat(next)
-	if err != nil || ino(next) != own || fi.Size() != 0 {
+	if err != nil || inode(t, next) != own || fi.Size() != 0 {
 		t.Errorf("the recycled directory's next self.json: %v, %v; want the tree's own file, empty", fi, err)
 	}
 	if _, err := os.Lstat(filepath.Join(sb, nextPrefix+"policy.json")); err != nil {
@@ -204,7 +196,7 @@ func TestSelfSwapIn(t *testing.T) {
 		t.Error("a link to the defaults became a next version")
 	}
 	write(`{"sandbox": "next"}`)
-	if ino(path) != own {
+	if inode(t, path) != own {
 		t.Error("the next sandbox's first write did not take the recycled file")
 	}
 }
