@@ -522,14 +522,10 @@ func (r *rootMounter) target(path string, file bool) (*os.File, error) {
 // image (the host image's skeleton holds paddock's own): one openat2
 // finds them, where the long way took five to seven calls.
 func (r *rootMounter) existing(path string, file bool) *os.File {
-	rel := strings.TrimLeft(path, "/")
-	if rel == "" {
+	if strings.Trim(path, "/") == "" {
 		return nil
 	}
-	fd, err := unix.Openat2(int(r.root.Fd()), rel, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-	})
+	h, err := openInRootFlags(r.root, path, unix.O_NOFOLLOW)
 	if err != nil {
 		return nil
 	}
@@ -538,11 +534,11 @@ func (r *rootMounter) existing(path string, file bool) *os.File {
 	if file {
 		want = unix.S_IFREG
 	}
-	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != want {
-		unix.Close(fd)
+	if unix.Fstat(int(h.Fd()), &st) != nil || st.Mode&unix.S_IFMT != want {
+		h.Close()
 		return nil
 	}
-	return os.NewFile(uintptr(fd), path)
+	return h
 }
 
 // isLink reports whether path's last element, its parent resolved

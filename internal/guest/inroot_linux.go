@@ -13,12 +13,18 @@ import (
 // kernel (openat2 RESOLVE_IN_ROOT): "..", absolute symlinks and
 // magic links all stay under root, whatever the sandbox's files say.
 func openInRoot(root *os.File, path string) (*os.File, error) {
+	return openInRootFlags(root, path, 0)
+}
+
+// openInRootFlags is openInRoot with more open flags (O_NOFOLLOW: a last
+// element that is a symbolic link is opened itself).
+func openInRootFlags(root *os.File, path string, flags int) (*os.File, error) {
 	rel := strings.TrimLeft(path, "/")
 	if rel == "" {
 		rel = "."
 	}
 	fd, err := unix.Openat2(int(root.Fd()), rel, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_CLOEXEC,
+		Flags:   uint64(unix.O_PATH | unix.O_CLOEXEC | flags),
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
