@@ -40,7 +40,7 @@ import (
 
 const (
 	pristineDir     = "pristine"
-	pristineVersion = "v1"
+	pristineVersion = "v2"
 	maxPristines    = 4
 )
 
