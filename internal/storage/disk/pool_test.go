@@ -235,6 +235,13 @@ func TestAcquireWriteRemove(t *testing.T) {
 			t.Errorf("%s is not mounted %s", v.Path, opt)
 		}
 	}
+	// The allocator does not read ahead every group's bitmap (on kernels
+	// that have the knob).
+	if b, err := os.ReadFile(allocPrefetchKnob(v.Device)); err == nil && strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("%s = %s, want 0", allocPrefetchKnob(v.Device), b)
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Error(err)
+	}
 	if err := os.WriteFile(filepath.Join(v.Path, "hello"), bytes.Repeat([]byte("x"), 1<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}

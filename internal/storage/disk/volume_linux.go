@@ -116,7 +116,32 @@ func createSparse(img string, size int64) error {
 
 // mountImage attaches img to a loop device and mounts it at root.
 func mountImage(img, root string) (string, error) {
-	return mountLoop(img, root, "ext4", mountFlags, mountData, volumeLoop)
+	dev, err := mountLoop(img, root, "ext4", mountFlags, mountData, volumeLoop)
+	if err == nil {
+		noAllocPrefetch(dev)
+	}
+	return dev, err
+}
+
+// noAllocPrefetch stops the block allocator of the ext4 filesystem on dev
+// from reading ahead the bitmaps of the groups it has not looked at yet
+// (mb_prefetch_limit 0; it still does when the filesystem is short of
+// room), which it otherwise does for every group at the first allocation
+// after a mount: 0.5 ms of CPU and 0.9 ms of waiting for the first file a
+// sandbox writes on a disk just made, of which a sandbox uses a group or
+// two. A kernel without the knob (before 5.9) keeps reading ahead; the
+// knob is only a cost, so failing to set it fails nothing.
+func noAllocPrefetch(dev string) {
+	f, err := os.OpenFile(allocPrefetchKnob(dev), os.O_WRONLY, 0)
+	if err != nil {
+		return
+	}
+	f.WriteString("0")
+	f.Close()
+}
+
+func allocPrefetchKnob(dev string) string {
+	return "/sys/fs/ext4/" + filepath.Base(dev) + "/mb_prefetch_limit"
 }
 
 // mountLoop attaches img to a loop device with opts and mounts it at root.
@@ -150,6 +175,7 @@ func remountImage(img, root string) (string, error) {
 	if err := unix.Mount(dev, root, "ext4", mountFlags, mountData); err != nil {
 		return "", fmt.Errorf("mounting %s: %w", dev, err)
 	}
+	noAllocPrefetch(dev)
 	// Whoever bound it may not have set autoclear; make sure Remove's
 	// unmount frees it.
 	if err := markAutoclear(dev); err != nil {
