@@ -163,20 +163,28 @@ func stillSource(path string, src source) bool {
 }
 
 // cloneInto makes a mounted clone of the image at path in a new pool
-// directory.
+// directory. Like a volume made from a pristine image, the clone is not
+// synced (cloneImage): a synced one cost 0.5 ms more of the host's CPU
+// (the substrate's log forced through both loop devices), for a file a
+// crash sweeps away until it is handed out.
 func (p *Pool) cloneInto(ctx context.Context, path string) (*entry, error) {
 	dir := filepath.Join(p.poolDir, strconv.FormatUint(p.seq.Add(1), 10))
 	var size int64
 	dev, err := buildVolume(dir, p.log, func(img string) error {
-		if _, err := cloneFile(ctx, path, img, p.copyOpts); err != nil {
+		f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("creating disk image: %w", err)
+		}
+		defer f.Close()
+		if err := cloneImage(ctx, f, path, p.copyOpts); err != nil {
 			return err
 		}
-		fi, err := os.Stat(img)
+		fi, err := f.Stat()
 		if err != nil {
 			return fmt.Errorf("inspecting disk image: %w", err)
 		}
 		size = fi.Size()
-		return nil
+		return f.Close()
 	})
 	if err != nil {
 		return nil, err

@@ -315,13 +315,17 @@ func setFreshUUID(f *os.File) error {
 	return nil
 }
 
-// cloneImage makes the new file img a copy of the pristine image src:
-// FICLONE where the storage can share extents (and the substrate is not
-// forced to copy), otherwise a sparse copy of its data.
+// cloneImage makes the new, empty file img a copy of the image src (a
+// pristine image, or a snapshot's): FICLONE where the storage can share
+// extents (and the substrate is not forced to copy), otherwise a sparse
+// copy of its data. Nothing is synced: img is a volume's image in a pool
+// entry, which a crash sweeps away, and once handed out the filesystem in
+// it syncs it (each journal commit flushes the loop device, which syncs
+// the image).
 func cloneImage(ctx context.Context, img *os.File, src string, opts cloneOptions) error {
 	in, err := os.Open(src)
 	if err != nil {
-		return fmt.Errorf("opening pristine image: %w", err)
+		return fmt.Errorf("opening source image: %w", err)
 	}
 	defer in.Close()
 	if !opts.copyOnly {
@@ -330,11 +334,11 @@ func cloneImage(ctx context.Context, img *os.File, src string, opts cloneOptions
 			return nil
 		}
 		if !cannotReflink(err) {
-			return fmt.Errorf("cloning pristine image: %w", err)
+			return fmt.Errorf("cloning %s: %w", src, err)
 		}
 	}
 	if err := copySparse(ctx, img, in, opts); err != nil {
-		return fmt.Errorf("copying pristine image: %w", err)
+		return fmt.Errorf("copying %s: %w", src, err)
 	}
 	return nil
 }
