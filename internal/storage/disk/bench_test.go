@@ -271,9 +271,9 @@ func (s *stepCost) report(b *testing.B) {
 // BenchmarkDiskLife times each step of one default-size (10 GiB) disk's
 // life on an XFS substrate, thin (the bench's --disk-overcommit 100), with
 // eight other disks handed out: made (by each way the pool can make an
-// image), attached, mounted, handed out, first written, removed. Each step's wall and CPU
-// time is reported; machine-busy is what every CPU spent, other processes
-// included.
+// image), attached, mounted, handed out, first written, removed. Each
+// step's wall and CPU time is reported; machine-busy is what every CPU
+// spent, other processes included.
 func BenchmarkDiskLife(b *testing.B) {
 	for _, way := range []string{"clone", "copy", "mkfs"} {
 		b.Run(way, func(b *testing.B) {
