@@ -204,6 +204,10 @@ func (p *Pool) capture(ctx context.Context, pin *pinned, dst string, pause func(
 	if ferr != nil || terr != nil {
 		return errors.Join(ferr, terr)
 	}
+	// The copy's journal is empty (FIFREEZE): its log blocks go.
+	if _, err := dropEmptyJournal(t.f); err != nil {
+		p.log.Warn("dropping a snapshot's empty journal", "sandbox", pin.id, "err", err)
+	}
 	settled = true // commit cleans up after itself
 	if err := t.commit(); err != nil {
 		return err

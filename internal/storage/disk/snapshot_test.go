@@ -659,3 +659,114 @@ func TestAcquireFromReadyClone(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotDropsEmptyJournal: a disk that committed many transactions
+// has a log of many one-block extents; its snapshot has none of them (the
+// journal is empty once frozen), stays a clean filesystem, and a disk made
+// from it mounts, journals and syncs as any other.
+func TestSnapshotDropsEmptyJournal(t *testing.T) {
+	ctx := context.Background()
+	p, base := snapshotSetups[0].make(t, 0)
+	v := acquire(t, p, "busy", 0)
+	for i := range 200 {
+		f, err := os.Create(filepath.Join(v.Path, fmt.Sprintf("f%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString("x")
+		if err := f.Sync(); err != nil { // a journal commit each
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	img, err := p.ImagePath("busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(base, "busy.img")
+	if _, err := p.Snapshot(ctx, "busy", snap, nil); err != nil {
+		t.Fatal(err)
+	}
+	before, after := extentsOf(t, img), extentsOf(t, snap)
+	t.Logf("extents: disk %d, snapshot %d", before, after)
+	if after >= before {
+		t.Errorf("snapshot maps %d extents, the disk %d: want fewer", after, before)
+	}
+	// The log holds data on the disk, none in the snapshot but its
+	// superblock.
+	for path, want := range map[string]bool{img: true, snap: false} {
+		if got := logHoldsData(t, path); got != want {
+			t.Errorf("log of %s holds data: %v, want %v", path, got, want)
+		}
+	}
+	checkImage(t, snap)
+	mnt := filepath.Join(base, "ro")
+	mountReadOnly(t, snap, mnt)
+	if b, err := os.ReadFile(filepath.Join(mnt, "f199")); err != nil || string(b) != "x" {
+		t.Errorf("f199 in the snapshot: %q, %v", b, err)
+	}
+
+	child, err := p.AcquireFrom(ctx, "child", snap, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if err := os.WriteFile(filepath.Join(child.Path, fmt.Sprintf("g%d", i)), []byte("y"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fd, err := unix.Open(child.Path, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = unix.Syncfs(fd)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	again := filepath.Join(base, "child.img")
+	if _, err := p.Snapshot(ctx, "child", again, nil); err != nil {
+		t.Fatal(err)
+	}
+	checkImage(t, again)
+}
+
+func extentsOf(t testing.TB, path string) int {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	return mappedExtents(t, f)
+}
+
+// logHoldsData reports whether the ext4 image at path has data in its
+// journal past the journal's superblock.
+func logHoldsData(t testing.TB, path string) bool {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sb, err := readSuper(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bsize = 4096
+	exts, err := journalExtents(f, sb, bsize)
+	if err != nil || len(exts) == 0 {
+		t.Fatalf("journal extents of %s: %v, %v", path, exts, err)
+	}
+	for _, e := range exts {
+		start, end := int64(e.physical*bsize), int64((e.physical+e.length)*bsize)
+		if e.logical == 0 {
+			start += bsize
+		}
+		data, err := unix.Seek(int(f.Fd()), start, unix.SEEK_DATA)
+		if err == nil && data < end {
+			return true
+		}
+	}
+	return false
+}
