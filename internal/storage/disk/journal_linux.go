@@ -26,15 +26,23 @@ import (
 // The fields read here, beside the superblock's (pristine_linux.go).
 const (
 	sbFirstDataBlock = 0x14
+	sbBlocksPerGroup = 0x20
 	sbFeatureCompat  = 0x5c
 	sbJournalInum    = 0xe0
 	sbJournalDev     = 0xe4
 	sbDescSize       = 0xfe
 
 	compatHasJournal = 0x4
+	incompatMetaBG   = 0x10
+	roCompatBigalloc = 0x200
+	bgBlockUninit    = 0x2
+	maxGroupsToScan  = 1 << 20
 
-	gdInodeTableLo = 0x08
-	gdInodeTableHi = 0x28
+	gdBlockBitmapLo = 0x00
+	gdFlags         = 0x12
+	gdBlockBitmapHi = 0x20
+	gdInodeTableLo  = 0x08
+	gdInodeTableHi  = 0x28
 
 	inodeFlags      = 0x20
 	inodeBlock      = 0x28
@@ -176,4 +184,111 @@ func journalExtents(f *os.File, sb []byte, bsize uint64) ([]extent, error) {
 		exts = append(exts, extent{logical: uint64(binary.LittleEndian.Uint32(e)), length: n, physical: phys})
 	}
 	return exts, nil
+}
+
+// dropFreeBlocks punches the blocks the ext4 image f's block bitmaps mark
+// free out of f (what FITRIM would discard, done on the copy): blocks a
+// file held once and ext4 freed keep their last contents in the image,
+// each an extent on the substrate, which clones of a snapshot would carry
+// (a disk recycled through a thousand sandboxes holds a block of each).
+// Groups whose bitmap was never written (BLOCK_UNINIT) are skipped: their
+// blocks never were either. It reports the blocks punched; an image of a
+// layout this package does not format (meta_bg, bigalloc) is left alone.
+func dropFreeBlocks(f *os.File) (int64, error) {
+	sb, err := readSuper(f)
+	if err != nil {
+		return 0, err
+	}
+	if binary.LittleEndian.Uint32(sb[sbFeatureIncompat:])&incompatMetaBG != 0 ||
+		binary.LittleEndian.Uint32(sb[sbFeatureROCompat:])&roCompatBigalloc != 0 {
+		return 0, nil
+	}
+	logBlock := binary.LittleEndian.Uint32(sb[sbLogBlockSize:])
+	if logBlock > 6 {
+		return 0, fmt.Errorf("%s: block size 1 KiB << %d", f.Name(), logBlock)
+	}
+	bsize := uint64(1024) << logBlock
+	first := uint64(binary.LittleEndian.Uint32(sb[sbFirstDataBlock:]))
+	perGroup := uint64(binary.LittleEndian.Uint32(sb[sbBlocksPerGroup:]))
+	blocks := uint64(binary.LittleEndian.Uint32(sb[sbBlocksCountLo:]))
+	descSize := uint64(32)
+	if binary.LittleEndian.Uint32(sb[sbFeatureIncompat:])&incompat64Bit != 0 {
+		blocks |= uint64(binary.LittleEndian.Uint32(sb[sbBlocksCountHi:])) << 32
+		descSize = uint64(binary.LittleEndian.Uint16(sb[sbDescSize:]))
+		if descSize < 64 || descSize > bsize {
+			return 0, fmt.Errorf("%s: group descriptors of %d bytes", f.Name(), descSize)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, err
+	}
+	if perGroup == 0 || perGroup > 8*bsize || blocks <= first || blocks*bsize > uint64(st.Size) {
+		return 0, fmt.Errorf("%s: %d blocks of %d bytes, %d a group, in %d bytes", f.Name(), blocks, bsize, perGroup, st.Size)
+	}
+	groups := (blocks - first + perGroup - 1) / perGroup
+	if groups > maxGroupsToScan {
+		return 0, nil
+	}
+	gdt := make([]byte, groups*descSize)
+	if _, err := f.ReadAt(gdt, int64((first+1)*bsize)); err != nil {
+		return 0, fmt.Errorf("reading group descriptors of %s: %w", f.Name(), err)
+	}
+	bitmap := make([]byte, bsize)
+	var punched int64
+	punch := func(from, to uint64) error { // blocks [from, to)
+		if to <= from {
+			return nil
+		}
+		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(from*bsize), int64((to-from)*bsize)); err != nil {
+			return fmt.Errorf("punching free blocks of %s: %w", f.Name(), err)
+		}
+		punched += int64(to - from)
+		return nil
+	}
+	for g := range groups {
+		gd := gdt[g*descSize:]
+		if binary.LittleEndian.Uint16(gd[gdFlags:])&bgBlockUninit != 0 {
+			continue
+		}
+		at := uint64(binary.LittleEndian.Uint32(gd[gdBlockBitmapLo:]))
+		if descSize >= 64 {
+			at |= uint64(binary.LittleEndian.Uint32(gd[gdBlockBitmapHi:])) << 32
+		}
+		if at >= blocks {
+			return punched, fmt.Errorf("%s: group %d's bitmap at block %d, past the end", f.Name(), g, at)
+		}
+		if _, err := f.ReadAt(bitmap, int64(at*bsize)); err != nil {
+			return punched, fmt.Errorf("reading block bitmap of %s: %w", f.Name(), err)
+		}
+		base := first + g*perGroup
+		n := min(perGroup, blocks-base)
+		run := uint64(0) // start of the free run, if inFree
+		inFree := false
+		for i := uint64(0); i < n; i++ {
+			// Whole bytes of one kind within a run, or outside one, at once.
+			if i%8 == 0 && i+8 <= n {
+				if b := bitmap[i/8]; (b == 0 && inFree) || (b == 0xff && !inFree) {
+					i += 7
+					continue
+				}
+			}
+			free := bitmap[i/8]&(1<<(i%8)) == 0
+			switch {
+			case free && !inFree:
+				run, inFree = base+i, true
+			case !free && inFree:
+				if err := punch(run, base+i); err != nil {
+					return punched, err
+				}
+				inFree = false
+			}
+		}
+		if inFree {
+			if err := punch(run, base+n); err != nil {
+				return punched, err
+			}
+		}
+	}
+	return punched, nil
 }
