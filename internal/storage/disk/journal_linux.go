@@ -36,7 +36,7 @@ const (
 	incompatMetaBG   = 0x10
 	roCompatBigalloc = 0x200
 	bgBlockUninit    = 0x2
-	maxGroupsToScan  = 1 << 20
+	maxDescBytes     = 16 << 20
 
 	gdBlockBitmapLo = 0x00
 	gdFlags         = 0x12
@@ -94,7 +94,7 @@ func dropEmptyJournal(f *os.File) (int64, error) {
 	var sbBlock uint64
 	found := false
 	for _, e := range exts {
-		if (e.physical+e.length)*bsize > uint64(st.Size) {
+		if e.physical > uint64(st.Size)/bsize || e.physical+e.length > uint64(st.Size)/bsize {
 			return 0, fmt.Errorf("%s: journal extent past the image's end", f.Name())
 		}
 		if e.logical == 0 {
@@ -223,12 +223,12 @@ func dropFreeBlocks(f *os.File) (int64, error) {
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return 0, err
 	}
-	if perGroup == 0 || perGroup > 8*bsize || blocks <= first || blocks*bsize > uint64(st.Size) {
+	if perGroup == 0 || perGroup > 8*bsize || blocks <= first || blocks > uint64(st.Size)/bsize {
 		return 0, fmt.Errorf("%s: %d blocks of %d bytes, %d a group, in %d bytes", f.Name(), blocks, bsize, perGroup, st.Size)
 	}
 	groups := (blocks - first + perGroup - 1) / perGroup
-	if groups > maxGroupsToScan {
-		return 0, nil
+	if groups*descSize > maxDescBytes {
+		return 0, nil // 16 TiB of 4 KiB blocks needs 8 MiB
 	}
 	gdt := make([]byte, groups*descSize)
 	if _, err := f.ReadAt(gdt, int64((first+1)*bsize)); err != nil {
