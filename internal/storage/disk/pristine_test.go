@@ -18,16 +18,24 @@ import (
 // path.
 func imageUUID(t testing.TB, path string) [16]byte {
 	t.Helper()
+	_, sb := openImage(t, path)
+	return [16]byte(sb[sbUUID : sbUUID+16])
+}
+
+// openImage opens the ext4 image at path until the test ends and reads
+// its superblock.
+func openImage(t testing.TB, path string) (*os.File, []byte) {
+	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
 	sb, err := readSuper(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return [16]byte(sb[sbUUID : sbUUID+16])
+	return f, sb
 }
 
 // sharedBytes is how much of path's data is shared with other files.

@@ -756,15 +756,7 @@ func extentsOf(t testing.TB, path string) int {
 // journal past the journal's superblock.
 func logHoldsData(t testing.TB, path string) bool {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sb, err := readSuper(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, sb := openImage(t, path)
 	const bsize = 4096
 	exts, err := journalExtents(f, sb, bsize)
 	if err != nil || len(exts) == 0 {
