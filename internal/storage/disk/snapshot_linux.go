@@ -205,7 +205,7 @@ func (p *Pool) capture(ctx context.Context, pin *pinned, dst string, pause func(
 		return errors.Join(ferr, terr)
 	}
 	// The copy's journal is empty (FIFREEZE) and its free blocks hold
-	// nothing anyone reads: both go (journal_linux.go).
+	// nothing anyone reads: both go (trim_linux.go).
 	if _, err := dropEmptyJournal(t.f); err != nil {
 		p.log.Warn("dropping a snapshot's empty journal", "sandbox", pin.id, "err", err)
 	}

@@ -9,19 +9,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// An empty journal's log. A snapshot captures a frozen filesystem, and
-// FIFREEZE leaves its journal empty (every transaction checkpointed, the
-// journal superblock's s_start 0), but the log blocks keep what the disk
-// last wrote there. On the substrate each of them is an extent of its
-// own: the loop device writes the journal a block at a time, and XFS
-// allocates each write where it can. A disk that lived through a few
-// thousand commits leaves a log of hundreds of one-block extents to its
-// snapshot, and every clone of that snapshot (each sandbox of a template,
-// each fork) pays FICLONE's 20-30 µs per extent, and as much again when it
-// is deleted. So the snapshot's copy of the log is punched out, all but
-// the journal superblock: an empty journal is never read past it (a mount
-// starts a new log after it; recovery stops at the first block that is not
-// the next transaction's).
+// What a snapshot's copy need not keep. A snapshot captures a frozen
+// filesystem: its journal is empty (FIFREEZE checkpoints every
+// transaction and sets the journal superblock's s_start to 0), and its
+// block bitmaps say which blocks hold nothing anyone reads. But the image
+// keeps what was last written to the log and to every block ext4 has
+// freed, and on the substrate those are many small extents: the loop
+// device writes a block at a time, and a disk recycled through many
+// sandboxes holds a block of each. Every clone of the snapshot (each
+// sandbox of a template, each fork) pays FICLONE's 20-30 µs per extent,
+// and as much again when it is deleted. So the capture punches both out
+// of its copy (never out of the live disk, whose blocks may be backed):
+// the churn bench's template went from 116 extents to 25. An empty
+// journal is never read past its superblock, which stays (a mount starts
+// a new log after it; recovery stops at the first block that is not the
+// next transaction's), and ext4 never reads a free block.
 
 // The fields read here, beside the superblock's (pristine_linux.go).
 const (
