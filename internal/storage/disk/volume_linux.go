@@ -49,12 +49,11 @@ const (
 // costs 20-30 µs per extent the source maps (BenchmarkClonePristine), and
 // deleting a clone works through its extents too: one backup superblock
 // instead of one in group 1 and every power of 3, 5 and 7 (sparse_super2
-// with num_backup_sb=1), and the bitmaps and
-// inode tables of up to 128 block groups packed at the start (flex_bg
-// 128, all of a 16 GiB disk's). A 10 GiB pristine maps 7 extents instead
-// of 18, and a small template's snapshot 17 instead of 33. Nothing
-// here resizes a mounted volume, which sparse_super2 would refuse. Change
-// pristineVersion with them.
+// with num_backup_sb=1), and the bitmaps and inode tables of up to 128
+// block groups packed at the start (flex_bg 128, all of a 16 GiB disk's).
+// A 10 GiB pristine maps 7 extents instead of 18, and a small template's
+// snapshot 17 instead of 33. Nothing here resizes a mounted volume, which
+// sparse_super2 would refuse. Change pristineVersion with them.
 var mkfsArgs = []string{"-q", "-F", "-b", "4096", "-m", "0", "-O", "metadata_csum_seed,sparse_super2", "-G", "128",
 	"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard,num_backup_sb=1"}
 
@@ -130,7 +129,7 @@ func mountImage(img, root string) (string, error) {
 // after a mount: 0.5 ms of CPU and 0.9 ms of waiting for the first file a
 // sandbox writes on a disk just made, of which a sandbox uses a group or
 // two. A kernel without the knob (before 5.9) keeps reading ahead; the
-// knob is only a cost, so failing to set it fails nothing.
+// read-ahead only costs time, so failing to turn it off fails nothing.
 func noAllocPrefetch(dev string) {
 	f, err := os.OpenFile(allocPrefetchKnob(dev), os.O_WRONLY, 0)
 	if err != nil {
