@@ -284,7 +284,9 @@ os.waitpid(pid, 0)
 		{name: "open a host binary for writing", cmd: sh(": >> /usr/bin/env"), check: fails("read-only")},
 
 		// Processes.
-		{name: "see host processes", cmd: []string{"sh", "-c", `sleep 2345 & python3 -c "$1"; kill $!`, "sh", pyProcs}, check: func(t *testing.T, r execResult) {
+		// The control waits (2 s at most) for the background job to have
+		// exec'd sleep: under gVisor the listing could come first.
+		{name: "see host processes", cmd: []string{"sh", "-c", `sleep 2345 & for i in $(seq 200); do case "$(tr '\0' ' ' < /proc/$!/cmdline 2>/dev/null)" in sleep*) break;; esac; sleep 0.01; done; python3 -c "$1"; kill $!`, "sh", pyProcs}, check: func(t *testing.T, r execResult) {
 			var pid1, control bool
 			for _, l := range lines(r.Stdout) {
 				f := strings.Fields(l)
