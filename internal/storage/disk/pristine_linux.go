@@ -258,15 +258,11 @@ func checkPristine(path string, size int64) error {
 		return fmt.Errorf("opening pristine image: %w", err)
 	}
 	defer f.Close()
-	sb, err := readSuper(f)
+	im, err := readImage(f)
 	if err != nil {
 		return err
 	}
-	blocks := uint64(binary.LittleEndian.Uint32(sb[sbBlocksCountLo:]))
-	if binary.LittleEndian.Uint32(sb[sbFeatureIncompat:])&incompat64Bit != 0 {
-		blocks |= uint64(binary.LittleEndian.Uint32(sb[sbBlocksCountHi:])) << 32
-	}
-	bsize := uint64(1024) << binary.LittleEndian.Uint32(sb[sbLogBlockSize:])
+	sb, blocks, bsize := im.sb, im.blocks, im.bsize
 	// mkfs leaves out a last block group too small for its own inode
 	// table and bitmaps (a 10241 MiB disk holds 10240 MiB of filesystem),
 	// so the filesystem may fall short of size by less than that much.

@@ -206,11 +206,8 @@ func (p *Pool) capture(ctx context.Context, pin *pinned, dst string, pause func(
 	}
 	// The copy's journal is empty (FIFREEZE) and its free blocks hold
 	// nothing anyone reads: both go (trim_linux.go).
-	if _, err := dropEmptyJournal(t.f); err != nil {
-		p.log.Warn("dropping a snapshot's empty journal", "sandbox", pin.id, "err", err)
-	}
-	if _, err := dropFreeBlocks(t.f); err != nil {
-		p.log.Warn("dropping a snapshot's free blocks", "sandbox", pin.id, "err", err)
+	if err := trimCopy(t.f); err != nil {
+		p.log.Warn("trimming a snapshot", "sandbox", pin.id, "err", err)
 	}
 	settled = true // commit cleans up after itself
 	if err := t.commit(); err != nil {

@@ -756,14 +756,18 @@ func extentsOf(t testing.TB, path string) int {
 // journal past the journal's superblock.
 func logHoldsData(t testing.TB, path string) bool {
 	t.Helper()
-	f, sb := openImage(t, path)
-	const bsize = 4096
-	exts, err := journalExtents(f, sb, bsize)
+	f, _ := openImage(t, path)
+	im, err := readImage(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bsize := int64(im.bsize)
+	exts, err := im.journalExtents()
 	if err != nil || len(exts) == 0 {
 		t.Fatalf("journal extents of %s: %v, %v", path, exts, err)
 	}
 	for _, e := range exts {
-		start, end := int64(e.physical*bsize), int64((e.physical+e.length)*bsize)
+		start, end := int64(e.physical)*bsize, int64(e.physical+e.length)*bsize
 		if e.logical == 0 {
 			start += bsize
 		}
@@ -793,7 +797,11 @@ func freeBlocksWithData(t testing.TB, path string) int64 {
 	var before, after unix.Stat_t
 	unix.Fstat(int(f.Fd()), &before)
 	t0 := time.Now()
-	if _, err := dropFreeBlocks(f); err != nil {
+	im, err := readImage(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := im.dropFreeBlocks(); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("scanning the free blocks of %s took %v", path, time.Since(t0))

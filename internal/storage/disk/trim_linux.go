@@ -67,37 +67,85 @@ const (
 // first physical block, in filesystem blocks.
 type extent struct{ logical, length, physical uint64 }
 
-// dropEmptyJournal punches the log blocks of the ext4 image f's journal
-// out of f if the journal is empty. It reports how many blocks it punched;
-// an image whose journal is not empty, external or not as this package
-// formats it (extents in the inode itself) is left as it is, with 0.
-func dropEmptyJournal(f *os.File) (int64, error) {
+// ext4Image is an ext4 image file, its superblock and the geometry read
+// from it, checked to lie within the file.
+type ext4Image struct {
+	f        *os.File
+	sb       []byte
+	bsize    uint64 // bytes a block
+	descSize uint64 // bytes a group descriptor
+	first    uint64 // first data block
+	blocks   uint64 // blocks in the filesystem
+}
+
+// readImage reads f's superblock and geometry.
+func readImage(f *os.File) (*ext4Image, error) {
 	sb, err := readSuper(f)
 	if err != nil {
-		return 0, err
-	}
-	if binary.LittleEndian.Uint32(sb[sbFeatureCompat:])&compatHasJournal == 0 ||
-		binary.LittleEndian.Uint32(sb[sbJournalDev:]) != 0 {
-		return 0, nil
+		return nil, err
 	}
 	logBlock := binary.LittleEndian.Uint32(sb[sbLogBlockSize:])
 	if logBlock > 6 {
-		return 0, fmt.Errorf("%s: block size 1 KiB << %d", f.Name(), logBlock)
+		return nil, fmt.Errorf("%s: block size 1 KiB << %d", f.Name(), logBlock)
 	}
-	bsize := uint64(1024) << logBlock
-	exts, err := journalExtents(f, sb, bsize)
-	if err != nil || exts == nil {
-		return 0, err
+	im := &ext4Image{f: f, sb: sb, bsize: uint64(1024) << logBlock, descSize: 32,
+		first:  uint64(binary.LittleEndian.Uint32(sb[sbFirstDataBlock:])),
+		blocks: uint64(binary.LittleEndian.Uint32(sb[sbBlocksCountLo:]))}
+	if binary.LittleEndian.Uint32(sb[sbFeatureIncompat:])&incompat64Bit != 0 {
+		im.blocks |= uint64(binary.LittleEndian.Uint32(sb[sbBlocksCountHi:])) << 32
+		im.descSize = uint64(binary.LittleEndian.Uint16(sb[sbDescSize:]))
+		if im.descSize < 64 || im.descSize > im.bsize {
+			return nil, fmt.Errorf("%s: group descriptors of %d bytes", f.Name(), im.descSize)
+		}
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, err
+	}
+	if im.blocks <= im.first || im.blocks > uint64(st.Size)/im.bsize {
+		return nil, fmt.Errorf("%s: %d blocks of %d bytes in %d bytes", f.Name(), im.blocks, im.bsize, st.Size)
+	}
+	return im, nil
+}
+
+// punch makes blocks [from, from+n) of the image a hole.
+func (im *ext4Image) punch(from, n uint64) error {
+	if err := unix.Fallocate(int(im.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(from*im.bsize), int64(n*im.bsize)); err != nil {
+		return fmt.Errorf("punching %s: %w", im.f.Name(), err)
+	}
+	return nil
+}
+
+// trimCopy punches out of the ext4 image f, a snapshot's copy, its empty
+// journal's log and its free blocks.
+func trimCopy(f *os.File) error {
+	im, err := readImage(f)
+	if err != nil {
+		return err
+	}
+	_, jerr := im.dropEmptyJournal()
+	_, ferr := im.dropFreeBlocks()
+	return errors.Join(jerr, ferr)
+}
+
+// dropEmptyJournal punches the log blocks of the image's journal out of
+// it if the journal is empty. It reports how many blocks it punched; an
+// image whose journal is not empty, external or not as this package
+// formats it (extents in the inode itself) is left as it is, with 0.
+func (im *ext4Image) dropEmptyJournal() (int64, error) {
+	if binary.LittleEndian.Uint32(im.sb[sbFeatureCompat:])&compatHasJournal == 0 ||
+		binary.LittleEndian.Uint32(im.sb[sbJournalDev:]) != 0 {
+		return 0, nil
+	}
+	exts, err := im.journalExtents()
+	if err != nil || exts == nil {
 		return 0, err
 	}
 	var sbBlock uint64
 	found := false
 	for _, e := range exts {
-		if e.physical > uint64(st.Size)/bsize || e.physical+e.length > uint64(st.Size)/bsize {
-			return 0, fmt.Errorf("%s: journal extent past the image's end", f.Name())
+		if e.physical > im.blocks || e.physical+e.length > im.blocks {
+			return 0, fmt.Errorf("%s: journal extent past the filesystem's end", im.f.Name())
 		}
 		if e.logical == 0 {
 			sbBlock, found = e.physical, true
@@ -107,11 +155,11 @@ func dropEmptyJournal(f *os.File) (int64, error) {
 		return 0, nil
 	}
 	jsb := make([]byte, 1024)
-	if _, err := f.ReadAt(jsb, int64(sbBlock*bsize)); err != nil {
-		return 0, fmt.Errorf("reading journal superblock of %s: %w", f.Name(), err)
+	if _, err := im.f.ReadAt(jsb, int64(sbBlock*im.bsize)); err != nil {
+		return 0, fmt.Errorf("reading journal superblock of %s: %w", im.f.Name(), err)
 	}
 	if t := binary.BigEndian.Uint32(jsb[jbdBlockType:]); binary.BigEndian.Uint32(jsb) != jbdMagic || (t != jbdSBv1 && t != jbdSBv2) {
-		return 0, fmt.Errorf("%s: no journal superblock at block %d", f.Name(), sbBlock)
+		return 0, fmt.Errorf("%s: no journal superblock at block %d", im.f.Name(), sbBlock)
 	}
 	if binary.BigEndian.Uint32(jsb[jbdStart:]) != 0 {
 		return 0, nil // transactions to replay
@@ -125,8 +173,8 @@ func dropEmptyJournal(f *os.File) (int64, error) {
 		if n == 0 {
 			continue
 		}
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(start*bsize), int64(n*bsize)); err != nil {
-			return punched, fmt.Errorf("punching journal of %s: %w", f.Name(), err)
+		if err := im.punch(start, n); err != nil {
+			return punched, err
 		}
 		punched += int64(n)
 	}
@@ -136,24 +184,17 @@ func dropEmptyJournal(f *os.File) (int64, error) {
 // journalExtents reads the journal inode's extents from the image, nil if
 // they are not held in the inode (a tree deeper than one level, which
 // mkfs does not make for a journal of this size).
-func journalExtents(f *os.File, sb []byte, bsize uint64) ([]extent, error) {
+func (im *ext4Image) journalExtents() ([]extent, error) {
+	f, sb, bsize, descSize := im.f, im.sb, im.bsize, im.descSize
 	ino := uint64(binary.LittleEndian.Uint32(sb[sbJournalInum:]))
 	ipg := uint64(binary.LittleEndian.Uint32(sb[sbInodesPerGroup:]))
 	isize := uint64(binary.LittleEndian.Uint16(sb[sbInodeSize:]))
 	if ino == 0 || ipg == 0 || isize < 128 || isize > bsize {
 		return nil, fmt.Errorf("%s: bad journal inode %d (%d per group, %d bytes)", f.Name(), ino, ipg, isize)
 	}
-	descSize := uint64(32)
-	if binary.LittleEndian.Uint32(sb[sbFeatureIncompat:])&incompat64Bit != 0 {
-		descSize = uint64(binary.LittleEndian.Uint16(sb[sbDescSize:]))
-		if descSize < 64 || descSize > bsize {
-			return nil, fmt.Errorf("%s: group descriptors of %d bytes", f.Name(), descSize)
-		}
-	}
 	group, index := (ino-1)/ipg, (ino-1)%ipg
-	gdt := uint64(binary.LittleEndian.Uint32(sb[sbFirstDataBlock:])) + 1
 	gd := make([]byte, descSize)
-	if _, err := f.ReadAt(gd, int64(gdt*bsize+group*descSize)); err != nil {
+	if _, err := f.ReadAt(gd, int64((im.first+1)*bsize+group*descSize)); err != nil {
 		return nil, fmt.Errorf("reading group descriptor of %s: %w", f.Name(), err)
 	}
 	table := uint64(binary.LittleEndian.Uint32(gd[gdInodeTableLo:]))
@@ -188,45 +229,23 @@ func journalExtents(f *os.File, sb []byte, bsize uint64) ([]extent, error) {
 	return exts, nil
 }
 
-// dropFreeBlocks punches the blocks the ext4 image f's block bitmaps mark
-// free out of f (what FITRIM would discard, done on the copy): blocks a
+// dropFreeBlocks punches the blocks the image's block bitmaps mark free
+// out of it (what FITRIM would discard, done on the copy): blocks a
 // file held once and ext4 freed keep their last contents in the image,
 // each an extent on the substrate, which clones of a snapshot would carry
 // (a disk recycled through a thousand sandboxes holds a block of each).
 // Groups whose bitmap was never written (BLOCK_UNINIT) are skipped: their
 // blocks never were either. It reports the blocks punched; an image of a
 // layout this package does not format (meta_bg, bigalloc) is left alone.
-func dropFreeBlocks(f *os.File) (int64, error) {
-	sb, err := readSuper(f)
-	if err != nil {
-		return 0, err
-	}
+func (im *ext4Image) dropFreeBlocks() (int64, error) {
+	f, sb, bsize, descSize, first, blocks := im.f, im.sb, im.bsize, im.descSize, im.first, im.blocks
 	if binary.LittleEndian.Uint32(sb[sbFeatureIncompat:])&incompatMetaBG != 0 ||
 		binary.LittleEndian.Uint32(sb[sbFeatureROCompat:])&roCompatBigalloc != 0 {
 		return 0, nil
 	}
-	logBlock := binary.LittleEndian.Uint32(sb[sbLogBlockSize:])
-	if logBlock > 6 {
-		return 0, fmt.Errorf("%s: block size 1 KiB << %d", f.Name(), logBlock)
-	}
-	bsize := uint64(1024) << logBlock
-	first := uint64(binary.LittleEndian.Uint32(sb[sbFirstDataBlock:]))
 	perGroup := uint64(binary.LittleEndian.Uint32(sb[sbBlocksPerGroup:]))
-	blocks := uint64(binary.LittleEndian.Uint32(sb[sbBlocksCountLo:]))
-	descSize := uint64(32)
-	if binary.LittleEndian.Uint32(sb[sbFeatureIncompat:])&incompat64Bit != 0 {
-		blocks |= uint64(binary.LittleEndian.Uint32(sb[sbBlocksCountHi:])) << 32
-		descSize = uint64(binary.LittleEndian.Uint16(sb[sbDescSize:]))
-		if descSize < 64 || descSize > bsize {
-			return 0, fmt.Errorf("%s: group descriptors of %d bytes", f.Name(), descSize)
-		}
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return 0, err
-	}
-	if perGroup == 0 || perGroup > 8*bsize || blocks <= first || blocks > uint64(st.Size)/bsize {
-		return 0, fmt.Errorf("%s: %d blocks of %d bytes, %d a group, in %d bytes", f.Name(), blocks, bsize, perGroup, st.Size)
+	if perGroup == 0 || perGroup > 8*bsize {
+		return 0, fmt.Errorf("%s: %d blocks a group", f.Name(), perGroup)
 	}
 	groups := (blocks - first + perGroup - 1) / perGroup
 	if groups*descSize > maxDescBytes {
@@ -242,11 +261,8 @@ func dropFreeBlocks(f *os.File) (int64, error) {
 		if to <= from {
 			return nil
 		}
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(from*bsize), int64((to-from)*bsize)); err != nil {
-			return fmt.Errorf("punching free blocks of %s: %w", f.Name(), err)
-		}
 		punched += int64(to - from)
-		return nil
+		return im.punch(from, to-from)
 	}
 	for g := range groups {
 		gd := gdt[g*descSize:]

@@ -7,10 +7,11 @@ import (
 	"testing"
 )
 
-// FuzzDropUnread runs dropEmptyJournal and dropFreeBlocks over arbitrary
-// bytes where an image's metadata would be (the start of a 16 MiB file):
-// neither may panic, grow the file or hang, whatever the superblock,
-// group descriptors, journal inode or bitmaps say.
+// FuzzDropUnread runs trimCopy (the journal's and the free blocks'
+// trimming) over arbitrary bytes where an image's metadata would be (the
+// start of a 16 MiB file): it may not panic, grow the file or hang,
+// whatever the superblock, group descriptors, journal inode or bitmaps
+// say.
 func FuzzDropUnread(f *testing.F) {
 	const size = 16 << 20
 	if mkfs, err := findMkfs(""); err == nil {
@@ -46,8 +47,7 @@ func FuzzDropUnread(f *testing.F) {
 		if _, err := img.WriteAt(head, 0); err != nil {
 			t.Fatal(err)
 		}
-		dropEmptyJournal(img)
-		dropFreeBlocks(img)
+		trimCopy(img)
 		if fi, err := img.Stat(); err != nil || fi.Size() != size {
 			t.Fatalf("image is %v bytes (%v), want %d", fi.Size(), err, size)
 		}
