@@ -15,6 +15,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/archive/s3test"
+	"github.com/paddock-dev/paddock/internal/freeport"
 )
 
 // archiveBytes is what the archived sandbox holds: incompressible files,
@@ -97,7 +98,7 @@ func (r *rig) archiveRun(ctx context.Context, run *archiveRun) (retErr error) {
 	}()
 	pid := os.Getpid()
 	for i, tag := range []string{"x", "y"} {
-		addr, err := freeLoopback()
+		addr, err := freeport.Addr()
 		if err != nil {
 			return err
 		}
@@ -131,7 +132,7 @@ func (r *rig) archiveRun(ctx context.Context, run *archiveRun) (retErr error) {
 	if err := writeNodes(nodes); err != nil {
 		return err
 	}
-	gwAddr, err := freeLoopback()
+	gwAddr, err := freeport.Addr()
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,6 +23,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/e2b"
+	"github.com/paddock-dev/paddock/internal/freeport"
 )
 
 // The E2B facade benchmark: Sandbox.create() + commands.run('echo hi') +
@@ -55,12 +55,10 @@ func setupE2B(root string, d *daemon) (*e2bEndpoint, error) {
 	if err := os.WriteFile(file, []byte(token), 0o600); err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	l.Close()
 	d.args = append(d.args, "--token-file", file, "--e2b-listen", "tcp://"+addr)
 	return &e2bEndpoint{url: "http://" + addr, key: e2b.APIKey(token)}, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/freeport"
 )
 
 const (
@@ -29,19 +30,10 @@ const (
 // gatewayArgs are the daemon's extra flags when the gateway section runs:
 // a TCP listener (the token is the E2B facade's) and ids that carry a tag.
 func gatewayArgs() (addr string, args []string, err error) {
-	if addr, err = freeLoopback(); err != nil {
+	if addr, err = freeport.Addr(); err != nil {
 		return "", nil, err
 	}
 	return addr, []string{"--listen", "tcp://" + addr, "--id-prefix", gatewayTag}, nil
-}
-
-func freeLoopback() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // gatewayRun is what the gateway section measured, direct and through.
@@ -273,7 +265,7 @@ func (r *rig) startGateway(ctx context.Context) (*gatewayProc, error) {
 
 // startGatewayWith starts a gateway on a free loopback port with args.
 func (r *rig) startGatewayWith(ctx context.Context, args ...string) (*gatewayProc, error) {
-	addr, err := freeLoopback()
+	addr, err := freeport.Addr()
 	if err != nil {
 		return nil, err
 	}

@@ -41,7 +41,7 @@ func startConsoleDaemon(t *testing.T) *consoleDaemon {
 	if err := os.WriteFile(tokFile, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeLoopbackPort(t)
+	addr := freeHostPort(t)
 	d := newDaemon(t, "--listen", "tcp://"+addr, "--token-file", tokFile)
 	return &consoleDaemon{Daemon: d, URL: "http://" + addr, Token: token}
 }

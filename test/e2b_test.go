@@ -52,7 +52,7 @@ func startE2BDaemon(t *testing.T, extra ...string) *e2bDaemon {
 	if err := os.WriteFile(tokFile, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeLoopbackPort(t)
+	addr := freeHostPort(t)
 	d := newDaemon(t, append([]string{"--token-file", tokFile, "--e2b-listen", "tcp://" + addr, "--e2b-domain", e2bTestDomain}, extra...)...)
 	return &e2bDaemon{Daemon: d, URL: "http://" + addr, APIKey: e2b.APIKey(token)}
 }
@@ -60,17 +60,6 @@ func startE2BDaemon(t *testing.T, extra ...string) *e2bDaemon {
 // e2bTestDomain is the facade's sandbox domain in tests: the clients send
 // its host names to the facade's loopback address themselves.
 const e2bTestDomain = "e2b.test"
-
-func freeLoopbackPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
 
 // npmHarness installs test/e2b's pinned npm packages (once per lock file,
 // into a cache directory) and returns the directory to run node in. It
@@ -666,7 +655,7 @@ func TestE2BIngressTLS(t *testing.T) {
 	token := randHex(24)
 	tokFile := filepath.Join(dir, "token")
 	os.WriteFile(tokFile, []byte(token), 0o600)
-	addr := freeLoopbackPort(t)
+	addr := freeHostPort(t)
 	d := newDaemon(t, "--token-file", tokFile, "--e2b-listen", "tcp://"+addr, "--e2b-domain", e2bTestDomain,
 		"--e2b-tls-cert", certFile, "--e2b-tls-key", keyFile)
 	roots := x509.NewCertPool()

@@ -32,7 +32,7 @@ type mcpDaemon struct {
 
 func startMCPDaemon(t *testing.T) *mcpDaemon {
 	t.Helper()
-	token, tokFile, addr := randHex(24), filepath.Join(t.TempDir(), "token"), freeLoopbackPort(t)
+	token, tokFile, addr := randHex(24), filepath.Join(t.TempDir(), "token"), freeHostPort(t)
 	if err := os.WriteFile(tokFile, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
+	"github.com/paddock-dev/paddock/internal/freeport"
 )
 
 // portServerPy is the server the port tests run inside sandboxes:
@@ -749,15 +750,15 @@ func newTCPDaemon(t *testing.T) (*Daemon, string, string) {
 	return newTCPDaemonArgs(t)
 }
 
-// freeHostPort returns a free address on the host's loopback.
+// freeHostPort returns an address on the host's loopback that is free
+// and stays reserved for this test binary (see package freeport).
 func freeHostPort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 func dialErr(ctx context.Context, c *client.Client, id string, port int) error {

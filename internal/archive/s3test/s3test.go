@@ -5,7 +5,6 @@ package s3test
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/paddock-dev/paddock/internal/freeport"
 )
 
 // Keys every test store takes.
@@ -91,7 +92,7 @@ func Run(dir string) (*Server, error) {
 }
 
 func start(weed, dir string) (*Server, error) {
-	ports, err := freePorts(8)
+	ports, err := freeport.Ports(8)
 	if err != nil {
 		return nil, err
 	}
@@ -161,23 +162,4 @@ func (s *Server) Stop() {
 func (s *Server) Restart() error {
 	s.Stop()
 	return s.run()
-}
-
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }
