@@ -144,7 +144,9 @@ func consoleLoadTimes(ctx context.Context, chromium, base, id string, floor *[]t
 	if err != nil {
 		return nil, nil, err
 	}
-	// Chromium's helpers may still write there as it exits.
+	// Chromium's helpers may still write there as it exits. Its TMPDIR
+	// is the profile too: Chromium leaves its singleton's directory in
+	// TMPDIR when it is killed.
 	defer func() {
 		for range 10 {
 			if os.RemoveAll(profile) == nil {
@@ -154,7 +156,7 @@ func consoleLoadTimes(ctx context.Context, chromium, base, id string, floor *[]t
 		}
 	}()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.WindowSize(1280, 900), chromedp.UserDataDir(profile))
+		chromedp.DisableGPU, chromedp.WindowSize(1280, 900), chromedp.UserDataDir(profile), chromedp.Env("TMPDIR="+profile))
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	defer cancelAlloc()
 	bctx, cancel := chromedp.NewContext(actx, chromedp.WithErrorf(func(string, ...any) {}))

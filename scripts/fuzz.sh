@@ -8,8 +8,14 @@
 # "context deadline exceeded" and no failing input (golang/go#75804, fixed
 # in Go 1.27). A target that fails without writing an input is run once
 # more; one that writes an input, or fails twice, fails the run.
+#
+# The coordinator kills its workers at the end, before their cleanups
+# run: a target's t.TempDir and f.TempDir would stay behind. Each run
+# gets a TMPDIR of its own, removed after it.
 set -euo pipefail
 fuzztime=${1:?usage: fuzz.sh FUZZTIME}
+scratch=$(mktemp -d -t paddock-fuzz.XXXXXX)
+trap 'rm -rf --one-file-system "$scratch"' EXIT
 
 targets=$(go test -list '^Fuzz' ./... | awk '
 	/^Fuzz/ { names = names " " $1; next }
@@ -25,7 +31,8 @@ for t in $targets; do
 	for try in 1 2; do
 		echo "fuzz: $pkg $name"
 		before=$(inputs "$corpus")
-		if go test -run '^$' -fuzz "^$name\$" -fuzztime "$fuzztime" "$pkg"; then
+		rm -rf --one-file-system "$scratch"/t && mkdir "$scratch"/t
+		if TMPDIR=$scratch/t go test -run '^$' -fuzz "^$name\$" -fuzztime "$fuzztime" "$pkg"; then
 			break
 		fi
 		if [ "$(inputs "$corpus")" != "$before" ] || [ "$try" = 2 ]; then

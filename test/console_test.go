@@ -61,14 +61,15 @@ func browser(t *testing.T) context.Context {
 		t.Skip("skipping: no chromium (apt-get install chromium; make test-deps)")
 	}
 	// Not t.TempDir: Chromium's helpers may still write there as the
-	// test ends.
+	// test ends. Its TMPDIR is the profile too: Chromium leaves its
+	// singleton's directory in TMPDIR when it is killed.
 	profile, err := os.MkdirTemp("", "paddock-chromium-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.WindowSize(1280, 900), chromedp.UserDataDir(profile))
+		chromedp.WindowSize(1280, 900), chromedp.UserDataDir(profile), chromedp.Env("TMPDIR="+profile))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	// chromedp logs the events of newer Chromiums it does not know.
 	ctx, cancel := chromedp.NewContext(actx, chromedp.WithErrorf(func(format string, args ...any) {

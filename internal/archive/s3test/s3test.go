@@ -105,7 +105,8 @@ func start(weed, dir string) (*Server, error) {
 		return nil, err
 	}
 	p := func(i int) string { return strconv.Itoa(ports[i]) }
-	args := []string{"server", "-dir=" + data, "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+	// -logtostderr: weed writes its log files to /tmp otherwise.
+	args := []string{"-logtostderr", "server", "-dir=" + data, "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
 		"-master.port=" + p(1), "-master.port.grpc=" + p(2), "-master.telemetry=false", "-master.volumeSizeLimitMB=1024",
 		"-volume.port=" + p(3), "-volume.port.grpc=" + p(4), "-volume.max=0",
 		"-filer", "-filer.port=" + p(5), "-filer.port.grpc=" + p(6),
