@@ -623,41 +623,54 @@ func remountReadonly(path string) error {
 }
 
 // dev builds a minimal /dev: a tmpfs with the harmless character devices
-// bind-mounted from the host, a private devpts, shm and mqueue.
+// bind-mounted from the host, a private devpts, shm and mqueue. The tmpfs
+// is fresh and nothing else runs in the sandbox yet, so what goes in it is
+// made and mounted through a handle on it, not resolved from the root each
+// time (which took three resolutions and a creation per device).
 func (r *rootMounter) dev() error {
 	if err := r.mount("/dev", "tmpfs", "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k"); err != nil {
 		return err
 	}
-	for _, d := range guestapi.Devices {
-		t, err := r.target("/dev/"+d, true)
-		if err != nil {
-			return err
-		}
-		err = unix.Mount("/dev/"+d, procPath(t), "", unix.MS_BIND, "")
-		t.Close()
-		if err != nil {
-			return fmt.Errorf("binding /dev/%s: %w", d, err)
-		}
-	}
-	if err := r.mount("/dev/pts", "devpts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
-		return err
-	}
-	if err := r.mount("/dev/shm", "shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size=65536k"); err != nil {
-		return err
-	}
-	// mqueue needs an IPC namespace owned by our user namespace; it is a
-	// nicety, so a kernel without it does not fail the sandbox.
-	_ = r.mount("/dev/mqueue", "mqueue", "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
 	dev, err := openInRoot(r.root, "/dev")
 	if err != nil {
 		return err
 	}
 	defer dev.Close()
+	dfd, in := int(dev.Fd()), procPath(dev)+"/"
+	for _, d := range guestapi.Devices {
+		fd, err := unix.Openat(dfd, d, unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_RDONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("creating /dev/%s: %w", d, err)
+		}
+		unix.Close(fd)
+		if err := unix.Mount("/dev/"+d, in+d, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding /dev/%s: %w", d, err)
+		}
+	}
+	for _, m := range []struct {
+		name, source, fstype string
+		flags                uintptr
+		data                 string
+		optional             bool
+	}{
+		{"pts", "devpts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5", false},
+		{"shm", "shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "mode=1777,size=65536k", false},
+		// mqueue needs an IPC namespace owned by our user namespace; it
+		// is a nicety, so a kernel without it does not fail the sandbox.
+		{"mqueue", "mqueue", "mqueue", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", true},
+	} {
+		if err := unix.Mkdirat(dfd, m.name, 0o755); err != nil {
+			return fmt.Errorf("creating /dev/%s: %w", m.name, err)
+		}
+		if err := unix.Mount(m.source, in+m.name, m.fstype, m.flags, m.data); err != nil && !m.optional {
+			return fmt.Errorf("mounting %s on /dev/%s: %w", m.fstype, m.name, err)
+		}
+	}
 	for name, target := range map[string]string{
 		"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
 		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
 	} {
-		if err := unix.Symlinkat(target, int(dev.Fd()), name); err != nil {
+		if err := unix.Symlinkat(target, dfd, name); err != nil {
 			return fmt.Errorf("linking /dev/%s: %w", name, err)
 		}
 	}
@@ -666,6 +679,11 @@ func (r *rootMounter) dev() error {
 
 // mask hides and write-protects the kernel interfaces runc does.
 func (r *rootMounter) mask() error {
+	null, err := openInRoot(r.root, "/dev/null")
+	if err != nil {
+		return err
+	}
+	defer null.Close()
 	for _, p := range maskedPaths {
 		h, err := openInRoot(r.root, p)
 		if err != nil {
@@ -679,13 +697,7 @@ func (r *rootMounter) mask() error {
 		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 			err = unix.Mount("tmpfs", procPath(h), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=0555")
 		} else {
-			null, nerr := openInRoot(r.root, "/dev/null")
-			if nerr != nil {
-				h.Close()
-				return nerr
-			}
 			err = unix.Mount(procPath(null), procPath(h), "", unix.MS_BIND, "")
-			null.Close()
 		}
 		h.Close()
 		if err != nil {
