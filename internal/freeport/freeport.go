@@ -86,7 +86,8 @@ func take(p int) bool {
 }
 
 // span is the range [lo, hi) ports are taken from: below the kernel's
-// ephemeral range, or above it when that range starts too low.
+// ephemeral range, or above it when that range starts too low, or from
+// lowest up when it leaves too little room either side.
 func span() (lo, hi int, err error) {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
@@ -107,5 +108,7 @@ func span() (lo, hi int, err error) {
 	if 65536-(last+1) >= 1000 {
 		return last + 1, 65536, nil
 	}
-	return 0, 0, fmt.Errorf("freeport: the ephemeral range %d-%d leaves too few ports outside it", first, last)
+	// The ephemeral range covers nearly every port: the kernel may hand
+	// one of these out too, as it could the old way's.
+	return lowest, 65536, nil
 }
