@@ -42,14 +42,7 @@ func TestPorts(t *testing.T) {
 		t.Skipf("port %d is in use already: %v", q, err)
 	}
 	defer l.Close()
-	point(q)
-	got, err := Ports(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got[0] == q {
-		t.Fatalf("port %d handed out while a listener held it", q)
-	}
+	skips(t, q, "a listener held it")
 	a, err := Addr()
 	if err != nil {
 		t.Fatal(err)
@@ -61,11 +54,19 @@ func TestPorts(t *testing.T) {
 	}
 }
 
-// point sets where the next search starts.
-func point(p int) {
+// skips checks that a search starting at port p passes it over.
+func skips(t *testing.T, p int, why string) {
+	t.Helper()
 	mu.Lock()
 	next = p
 	mu.Unlock()
+	got, err := Ports(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0] == p {
+		t.Fatalf("port %d handed out while %s", p, why)
+	}
 }
 
 // TestReservedAcrossProcesses: a port another holder reserved is skipped.
@@ -82,12 +83,5 @@ func TestReservedAcrossProcesses(t *testing.T) {
 		t.Skipf("port %d is reserved already: %v", p, err)
 	}
 	defer r.Close()
-	point(p)
-	got, err := Ports(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got[0] == p {
-		t.Fatalf("port %d handed out while another holder reserved it", p)
-	}
+	skips(t, p, "another holder reserved it")
 }
