@@ -31,6 +31,10 @@ type Server struct {
 	cmd      *exec.Cmd
 	args     []string
 	weed     string
+	// sockets are the unix sockets weed makes in /tmp whatever its flags
+	// say (its services' gRPC, named by port), left there when it is
+	// killed: Stop removes them.
+	sockets []string
 }
 
 // Bin is the weed binary: $PADDOCK_S3_BIN (the directory s3-bins.sh
@@ -105,14 +109,18 @@ func start(weed, dir string) (*Server, error) {
 		return nil, err
 	}
 	p := func(i int) string { return strconv.Itoa(ports[i]) }
-	// -logtostderr: weed writes its log files to /tmp otherwise.
+	// -logtostderr and -filer.localSocket: weed writes its log files and
+	// the filer's socket to /tmp otherwise.
 	args := []string{"-logtostderr", "server", "-dir=" + data, "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
 		"-master.port=" + p(1), "-master.port.grpc=" + p(2), "-master.telemetry=false", "-master.volumeSizeLimitMB=1024",
 		"-volume.port=" + p(3), "-volume.port.grpc=" + p(4), "-volume.max=0",
-		"-filer", "-filer.port=" + p(5), "-filer.port.grpc=" + p(6),
+		"-filer", "-filer.port=" + p(5), "-filer.port.grpc=" + p(6), "-filer.localSocket=" + filepath.Join(dir, "filer.sock"),
 		"-s3", "-s3.port=" + p(0), "-s3.port.grpc=" + p(7), "-s3.port.iceberg=0", "-s3.port.lance=0",
 		"-s3.config=" + cfg, "-s3.localSocket=" + filepath.Join(dir, "s3.sock")}
 	s := &Server{Endpoint: "http://127.0.0.1:" + p(0), Dir: dir, args: args, weed: weed}
+	for svc, i := range map[string]int{"master": 2, "volume": 4, "filer": 6, "s3": 7} {
+		s.sockets = append(s.sockets, fmt.Sprintf("/tmp/seaweedfs-%s-grpc-%s.sock", svc, p(i)))
+	}
 	return s, s.run()
 }
 
@@ -157,6 +165,11 @@ func (s *Server) Stop() {
 	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	s.cmd.Wait()
 	s.cmd = nil
+	for _, path := range s.sockets {
+		if st, err := os.Lstat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
+			os.Remove(path)
+		}
+	}
 }
 
 // Restart starts a stopped store again on the same ports and data.
