@@ -138,11 +138,15 @@ cluster-bench: build kube-bins
 # fuzz target for a short while. The unit tests run under the race
 # detector; the end-to-end packages (E2E), which drive the real binary,
 # without it. cross first: a client that stopped building for macOS fails.
+# Four end-to-end tests at a time, not GOMAXPROCS's two: most of the
+# parallel ones wait (on leases, pools, timeouts) far more than they
+# compute, and the clusters among them each have a slice of the host of
+# their own (test/slots_test.go).
 E2E  := ./test ./bench
 UNIT  = $$(go list ./... | grep -v -e '/paddock/test$$' -e '/paddock/bench$$')
 test: test-deps build cross kube-bins runsc s3-bins
 	PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -race -count=1 -timeout 20m $(UNIT)
-	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -count=1 -timeout 30m $(E2E)
+	PADDOCK_BIN=$(CURDIR)/$(BIN) PADDOCK_KUBE_BIN=$$(scripts/kube-bins.sh --print-dir) PADDOCK_RUNSC=$$(scripts/runsc-bin.sh --print) PADDOCK_S3_BIN=$$(scripts/s3-bins.sh --print-dir) go test -count=1 -parallel 4 -timeout 30m $(E2E)
 	$(MAKE) fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 # fuzz runs every Fuzz* function of the module for FUZZTIME each

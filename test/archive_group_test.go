@@ -99,8 +99,9 @@ func (c *cluster) checkArchivedGroup(id, sums string, starts int) {
 // policies, files, the shared volume). A truncated or corrupt container
 // or volume disk fails the resume with a clear error and loses nothing.
 func TestArchiveGroup(t *testing.T) {
+	t.Parallel()
 	s3 := s3test.Start(t)
-	c := archiveClusterOn(t, 2, s3.Endpoint, "10.248", 440000000)
+	c := archiveCluster(t, 2, s3.Endpoint)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 

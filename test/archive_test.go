@@ -28,30 +28,24 @@ import (
 // archived sandboxes in it.
 func archiveCluster(t *testing.T, n int, endpoint string) *cluster {
 	t.Helper()
-	return archiveClusterOn(t, n, endpoint, "10.243", 600000000)
-}
-
-// archiveClusterOn is archiveCluster with its nodes' networks in
-// subnet16 (a.b of a /16) and uid ranges from uidStart.
-func archiveClusterOn(t *testing.T, n int, endpoint, subnet16 string, uidStart uint32) *cluster {
-	t.Helper()
-	t.Setenv("PADDOCK_ARCHIVE_ACCESS_KEY", s3test.AccessKey)
-	t.Setenv("PADDOCK_ARCHIVE_SECRET_KEY", s3test.SecretKey)
+	keys := []string{"PADDOCK_ARCHIVE_ACCESS_KEY=" + s3test.AccessKey, "PADDOCK_ARCHIVE_SECRET_KEY=" + s3test.SecretKey}
 	dir := t.TempDir()
-	c := &cluster{t: t, nodesFile: filepath.Join(dir, "nodes.json"), token: "client-token-" + randHex(8)}
+	c := &cluster{t: t, nodesFile: filepath.Join(dir, "nodes.json"), token: "client-token-" + randHex(8), env: keys}
 	nodeTokenFile, tokenFile := filepath.Join(dir, "node.token"), filepath.Join(dir, "client.token")
 	os.WriteFile(nodeTokenFile, []byte("node-token-"+randHex(8)+"\n"), 0o600)
 	os.WriteFile(tokenFile, []byte(c.token+"\n"), 0o600)
 	arch := []string{"--archive-endpoint", endpoint, "--archive-bucket", "e2e"}
+	slot := takeSlot(t)
 	for i := 1; i <= n; i++ {
 		tag, name := string(rune('a'+i-1)), fmt.Sprintf("node%d", i)
 		addr := freeHostPort(t)
 		d := prepareDaemon(t)
-		d.NetName = fmt.Sprintf("cc%d%s", i, randHex(2))
-		d.Cgroup = "paddock-hcarch-" + d.NetName
-		d.UIDStart = uidStart + uint32(i)*2000000
+		d.NetName = slot.name("cc", i)
+		d.Cgroup = "paddock-" + d.NetName
+		d.UIDStart = slot.uidStart(i)
+		d.Env = keys
 		d.args = append(d.args, "--listen", "tcp://"+addr, "--token-file", nodeTokenFile, "--id-prefix", tag,
-			"--network-name", d.NetName, "--network-subnet", fmt.Sprintf("%s.%d.0/22", subnet16, 4*i),
+			"--network-name", d.NetName, "--network-subnet", slot.subnet(i),
 			"--cgroup-parent", d.Cgroup, "--uid-start", fmt.Sprint(d.UIDStart), "--node-name", name)
 		e2bAddr := freeHostPort(t)
 		d.args = append(d.args, "--e2b-listen", "tcp://"+e2bAddr)
@@ -101,6 +95,7 @@ const archiveFiles = `mkdir -p /root/work && head -c 3000000 /dev/urandom > /roo
 // refused with a clear error and nothing lost; with the store down a
 // pause still works and the archive fails saying why.
 func TestArchive(t *testing.T) {
+	t.Parallel()
 	s3 := s3test.Start(t)
 	c := archiveCluster(t, 2, s3.Endpoint)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -243,6 +238,7 @@ func TestArchive(t *testing.T) {
 // not follow it); one whose timeout came while no node held it is
 // removed when resumed.
 func TestArchiveMoves(t *testing.T) {
+	t.Parallel()
 	s3 := s3test.Start(t)
 	c := archiveCluster(t, 3, s3.Endpoint)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

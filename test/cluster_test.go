@@ -37,11 +37,12 @@ type cluster struct {
 	token     string
 	gwLog     *syncBuffer
 	client    *client.Client
+	env       []string // added to the gateway's environment
 }
 
 // startCluster starts n nodes (tags "a", "b", ...) with TCP listeners
-// that take only the node token, each with its own directories, network
-// (10.245.16·i.0/20), uid range and cgroup parent, and a gateway in
+// that take only the node token, each with its own directories, network,
+// uid range and cgroup parent (takeSlot), and a gateway in
 // front of them fed by a nodes file. Everything is removed when the test
 // ends, failed or not.
 func startCluster(t *testing.T, n int) *cluster {
@@ -58,15 +59,16 @@ func startClusterE2B(t *testing.T, n int, withE2B bool, gatewayArgs ...string) *
 	nodeTokenFile, tokenFile := filepath.Join(dir, "node.token"), filepath.Join(dir, "client.token")
 	os.WriteFile(nodeTokenFile, []byte(nodeToken+"\n"), 0o600)
 	os.WriteFile(tokenFile, []byte(c.token+"\n"), 0o600)
+	slot := takeSlot(t)
 	for i := 1; i <= n; i++ {
 		tag := string(rune('a' + i - 1))
 		addr := freeHostPort(t)
 		d := prepareDaemon(t)
-		d.NetName = fmt.Sprintf("hg%d", i)
-		d.Cgroup = fmt.Sprintf("paddock-hg%d", i)
-		d.UIDStart = 3221225472 + uint32(i)<<24
+		d.NetName = slot.name("hg", i)
+		d.Cgroup = "paddock-" + d.NetName
+		d.UIDStart = slot.uidStart(i)
 		d.args = append(d.args, "--listen", "tcp://"+addr, "--token-file", nodeTokenFile, "--id-prefix", tag,
-			"--network-name", d.NetName, "--network-subnet", fmt.Sprintf("10.245.%d.0/20", 16*i),
+			"--network-name", d.NetName, "--network-subnet", slot.subnet(i),
 			"--cgroup-parent", d.Cgroup, "--uid-start", fmt.Sprint(d.UIDStart))
 		rec := api.Node{Name: fmt.Sprintf("node%d", i), Tag: tag, Address: "http://" + addr, State: api.NodeReady}
 		if withE2B {
@@ -95,7 +97,7 @@ func startClusterE2B(t *testing.T, n int, withE2B bool, gatewayArgs ...string) *
 func (c *cluster) serveGateway(args ...string) {
 	t := c.t
 	t.Helper()
-	c.gwLog = startGatewayProc(t, args...)
+	c.gwLog = startGatewayEnv(t, c.env, args...)
 	cl, err := client.New("tcp://"+c.gwAddr, client.WithToken(c.token))
 	if err != nil {
 		t.Fatal(err)
@@ -449,6 +451,7 @@ func badLane(t *testing.T, c *cluster, id string) {
 // call (control plane by path, envd by E2b-Sandbox-Id) reaches the node
 // that holds the sandbox.
 func TestClusterE2B(t *testing.T) {
+	t.Parallel()
 	dir := npmHarness(t)
 	c := startClusterE2B(t, 2, true)
 	e := &e2bDaemon{Daemon: c.nodes[0], URL: "http://" + c.e2bAddr, APIKey: e2b.APIKey(c.token)}

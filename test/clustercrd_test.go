@@ -49,14 +49,15 @@ func startCRDCluster(t *testing.T, n int) *crdCluster {
 	c := &crdCluster{kc: kc, token: token}
 	os.WriteFile(nodeTokenFile, []byte("node-token-"+randHex(8)+"\n"), 0o600)
 	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+	slot := takeSlot(t)
 	for i := 1; i <= n; i++ {
 		addr := freeHostPort(t)
 		d := prepareDaemon(t)
-		d.NetName = fmt.Sprintf("cd%d", i)
-		d.Cgroup = fmt.Sprintf("paddock-hccrd-%d", i)
-		d.UIDStart = 700000000 + uint32(i)*2000000
+		d.NetName = slot.name("cd", i)
+		d.Cgroup = "paddock-" + d.NetName
+		d.UIDStart = slot.uidStart(i)
 		d.args = append(d.args, "--listen", "tcp://"+addr, "--token-file", nodeTokenFile,
-			"--network-name", d.NetName, "--network-subnet", fmt.Sprintf("10.244.%d.0/20", 16*i),
+			"--network-name", d.NetName, "--network-subnet", slot.subnet(i),
 			"--cgroup-parent", d.Cgroup, "--uid-start", fmt.Sprint(d.UIDStart),
 			"--cluster", "--kubeconfig", kc.Kubeconfig(t, kubetest.Node),
 			"--node-name", fmt.Sprintf("crd-node%d", i), "--node-address", "http://"+addr)
@@ -171,6 +172,7 @@ func condition(cs []metav1.Condition, typ string) metav1.Condition {
 // template gets a condition naming the bad field while the rest serves;
 // the gateway's templates, pools, policies and secrets routes answer.
 func TestClusterDeclaredObjects(t *testing.T) {
+	t.Parallel()
 	c := startCRDCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -355,6 +357,7 @@ func (c *crdCluster) rawDo(t *testing.T, method, path, body string) (int, string
 // deleting the object removes the sandbox. One naming a template that
 // does not exist gets a Ready condition saying so.
 func TestClusterSandboxObject(t *testing.T) {
+	t.Parallel()
 	c := startCRDCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

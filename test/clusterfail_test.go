@@ -56,16 +56,16 @@ func startKubeCluster(t *testing.T, gateways int, nodeFlags ...[]string) *kubeCl
 	os.WriteFile(nodeTokenFile, []byte("node-token-"+randHex(8)+"\n"), 0o600)
 	os.WriteFile(c.tokenFile, []byte(c.token+"\n"), 0o600)
 	nodeKube := kc.Kubeconfig(t, kubetest.Node)
+	slot := takeSlot(t)
 	for i, extra := range nodeFlags {
 		name := fmt.Sprintf("f%d", i+1)
 		addr := freeHostPort(t)
 		d := prepareDaemon(t)
-		// Apart from startCluster's nodes (hg*, 10.245.*, uids from 3<<30 + 1<<24).
-		d.NetName = fmt.Sprintf("hf%d", i+1)
-		d.Cgroup = "paddock-" + d.NetName + "-" + randHex(2)
-		d.UIDStart = 3<<30 + uint32(5+i)<<24
+		d.NetName = slot.name("hf", i+1)
+		d.Cgroup = "paddock-" + d.NetName
+		d.UIDStart = slot.uidStart(i + 1)
 		d.args = append(d.args, "--listen", "tcp://"+addr, "--token-file", nodeTokenFile,
-			"--network-name", d.NetName, "--network-subnet", fmt.Sprintf("10.241.%d.0/20", 16*i),
+			"--network-name", d.NetName, "--network-subnet", slot.subnet(i+1),
 			"--cgroup-parent", d.Cgroup, "--uid-start", fmt.Sprint(d.UIDStart),
 			"--cluster", "--kubeconfig", nodeKube, "--node-name", name, "--node-address", "http://"+addr)
 		d.args = append(d.args, extra...)

@@ -61,6 +61,7 @@ func (w *nodeWatch) wait(t *testing.T, name, state string, limit time.Duration) 
 // create, is seen lost when killed with SIGKILL and ready again, with its
 // sandboxes, when it restarts.
 func TestClusterNode(t *testing.T) {
+	t.Parallel()
 	kc := kubetest.Start(t)
 	kc.Apply(t, "../deploy/crd-paddocknode.yaml", "../deploy/rbac.yaml")
 	w := watchNodes(t, kc)
@@ -191,6 +192,7 @@ func (w *nodeWatch) waitFor(t *testing.T, name string, limit time.Duration, cond
 // it lost after a kill -9 (its sandboxes answer 503 naming it) and
 // serves it again once it restarts.
 func TestClusterGatewayWatch(t *testing.T) {
+	t.Parallel()
 	kc := kubetest.Start(t)
 	kc.Apply(t, "../deploy/crd-paddocknode.yaml", "../deploy/rbac.yaml")
 	dir := t.TempDir()

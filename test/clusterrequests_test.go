@@ -37,6 +37,7 @@ func askVia(t *testing.T, cl *client.Client, id, host, reason string) api.Egress
 // and the gateway's; stale and unknown ids answer 404; a node killed
 // with -9 is named while the other's requests still list.
 func TestClusterEgressApproval(t *testing.T) {
+	t.Parallel()
 	u := newUpstream(t, egressNames)
 	egress := []string{"--dns-upstream", u.DNS, "--egress-root-ca", u.CAFile}
 	c := startKubeCluster(t, 1, append(egress, "--node-labels", "room=first"), append(egress, "--node-labels", "room=second"))

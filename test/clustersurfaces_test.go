@@ -23,6 +23,7 @@ import (
 // reaches the dev server, while the gateway answers its path with a clear
 // 404 and a node without a preview listener says so.
 func TestClusterAgentSurfaces(t *testing.T) {
+	t.Parallel()
 	paddr := freeHostPort(t)
 	c := startKubeCluster(t, 1, []string{"--node-labels", "room=first"}, []string{"--node-labels", "room=second", "--preview-listen", "tcp://" + paddr})
 	g := c.gateways[0]

@@ -60,6 +60,7 @@ func trustSecrets(t *testing.T, dir string) (nodeDir, gwDir string) {
 // for a header the client sends; new certificates are taken up without
 // a restart.
 func TestClusterTrust(t *testing.T) {
+	t.Parallel()
 	kc := kubetest.Start(t)
 	kc.Apply(t, "../deploy/crd-paddocknode.yaml", "../deploy/rbac.yaml")
 	dir := t.TempDir()
@@ -218,8 +219,18 @@ func readCert(t *testing.T, path string) *x509.Certificate {
 // test ends (its log shown if the test failed), and returns its log.
 func startGatewayProc(t *testing.T, args ...string) *syncBuffer {
 	t.Helper()
+	return startGatewayEnv(t, nil, args...)
+}
+
+// startGatewayEnv is startGatewayProc with env added to the gateway's
+// environment.
+func startGatewayEnv(t *testing.T, env []string, args ...string) *syncBuffer {
+	t.Helper()
 	log := &syncBuffer{}
 	gw := exec.Command(paddockBin, append([]string{"gateway"}, args...)...)
+	if len(env) > 0 {
+		gw.Env = append(os.Environ(), env...)
+	}
 	gw.Stdout, gw.Stderr = log, log
 	if err := gw.Start(); err != nil {
 		t.Fatal(err)
@@ -292,6 +303,7 @@ func mountSecret(t *testing.T, dir string, files map[string]string) {
 // API (plain and upgraded calls) and the E2B facade. No call fails; once
 // the old token is removed, the node refuses it, on both APIs.
 func TestClusterTokenRotation(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	secret := filepath.Join(dir, "secret")
 	os.MkdirAll(secret, 0o700)

@@ -32,6 +32,7 @@ containers:
 // stops the sandbox again, paused as it was, naming the container and
 // its check.
 func TestContainerReadinessOnResume(t *testing.T) {
+	t.Parallel()
 	d := newDaemon(t)
 	spec := filepath.Join(d.Root, "sandbox.yaml")
 	if err := os.WriteFile(spec, []byte(dependsYAML), 0o644); err != nil {

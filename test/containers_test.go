@@ -513,6 +513,7 @@ containers:
 // failing command with a backoff, and a command that fails for good
 // leaves its container failed with its exit and last lines.
 func TestContainerSupervision(t *testing.T) {
+	t.Parallel()
 	d := newDaemon(t)
 	spec := filepath.Join(d.Root, "sandbox.yaml")
 	if err := os.WriteFile(spec, []byte(superviseYAML), 0o644); err != nil {

@@ -15,6 +15,7 @@ import (
 // rule, when the last sandbox naming one is killed, and when a sandbox
 // ends without the facade (the native API).
 func TestE2BHeaderSecretsSwept(t *testing.T) {
+	t.Parallel()
 	e := startE2BDaemon(t)
 	ctx := context.Background()
 	secrets := func() []string {

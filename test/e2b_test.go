@@ -366,6 +366,7 @@ func TestE2BHostileInput(t *testing.T) {
 // with -9 and restarted before the timeout still pauses (autoPause) or
 // removes (the default) the sandbox when it is up, as E2B would.
 func TestE2BTimeoutSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	e := startE2BDaemon(t)
 	create := func(body string) string {
 		t.Helper()

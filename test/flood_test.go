@@ -101,6 +101,7 @@ func TestUnauthenticatedFlood(t *testing.T) {
 // streams for longer than the read and idle timeouts (and is silent for
 // longer than them) runs to its end.
 func TestStreamOutlivesTimeouts(t *testing.T) {
+	t.Parallel()
 	d, token, addr := newTCPDaemonArgs(t, "--http-read-timeout", "1s", "--http-idle-timeout", "1s")
 	id := d.Create(api.CreateRequest{})
 	tc, err := client.New("tcp://"+addr, client.WithToken(token))

@@ -99,7 +99,10 @@ type Daemon struct {
 	NetName  string // the daemon's nftables table and interface prefix
 	// Bin, if set, is the paddock binary the next Start runs (an
 	// upgrade); else the tests' paddockBin.
-	Bin    string
+	Bin string
+	// Env is added to the daemon's environment (the tests' own, which
+	// a parallel test must not change).
+	Env    []string
 	args   []string
 	cmd    *exec.Cmd
 	log    *syncBuffer
@@ -175,6 +178,9 @@ func (d *Daemon) start() error {
 		bin = d.Bin
 	}
 	d.cmd = exec.Command(bin, d.args...)
+	if len(d.Env) > 0 {
+		d.cmd.Env = append(os.Environ(), d.Env...)
+	}
 	d.cmd.Stdout = d.log
 	d.cmd.Stderr = d.log
 	// Its own process group: a kill -9 of the daemon must not reach the

@@ -104,6 +104,7 @@ func TestNoAutoResume(t *testing.T) {
 }
 
 func TestAutoPause(t *testing.T) {
+	t.Parallel()
 	d := StartDaemon(t)
 	c := d.Client()
 	id := strings.TrimSpace(d.MustCLI("create", "--auto-pause", "2s"))

@@ -199,6 +199,7 @@ func laneHostileInput(t *testing.T, d *Daemon, id string, bound bool, network, a
 // cancelled exec that leaves its process running and its lane closed, and
 // execs after a daemon restart, which closes every lane.
 func TestLaneSDK(t *testing.T) {
+	t.Parallel()
 	d := StartDaemon(t)
 	c := d.Client()
 	ctx := context.Background()

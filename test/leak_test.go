@@ -22,6 +22,7 @@ import (
 // and open files it had before: no stream, guest connection or watcher
 // outlives its sandbox.
 func TestDaemonHoldsNothingAfterUse(t *testing.T) {
+	t.Parallel()
 	d := StartDaemon(t, "--warm-guests", "1")
 	c := d.Client()
 	ctx := context.Background()

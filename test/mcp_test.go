@@ -171,6 +171,7 @@ func mcpText(res *sdk.CallToolResult) string {
 // transports against a real daemon: in process, `paddock mcp` as a stdio
 // subprocess, and the daemon's /mcp over HTTP with the token.
 func TestMCPSDK(t *testing.T) {
+	t.Parallel()
 	d := startMCPDaemon(t)
 	for _, how := range []string{"inprocess", "stdio", "http"} {
 		t.Run(how, func(t *testing.T) {
