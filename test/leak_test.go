@@ -22,7 +22,9 @@ import (
 // and open files it had before: no stream, guest connection or watcher
 // outlives its sandbox.
 func TestDaemonHoldsNothingAfterUse(t *testing.T) {
-	t.Parallel()
+	// Not parallel: on a host loaded by other tests its pools (warm
+	// guests, network slots) end the cycles larger than they began, and
+	// their descriptors pass for a leak (10 more in a CI run).
 	d := StartDaemon(t, "--warm-guests", "1")
 	c := d.Client()
 	ctx := context.Background()
