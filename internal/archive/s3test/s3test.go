@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/internal/deathsig"
 	"github.com/paddock-dev/paddock/internal/freeport"
 )
 
@@ -29,6 +30,7 @@ type Server struct {
 	Endpoint string
 	Dir      string
 	cmd      *exec.Cmd
+	done     <-chan struct{} // closed once cmd has exited and is reaped
 	args     []string
 	weed     string
 	// sockets are the unix sockets weed makes in /tmp whatever its flags
@@ -133,11 +135,14 @@ func (s *Server) run() error {
 	defer logf.Close()
 	cmd := exec.Command(s.weed, s.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	// It dies with the test binary (deathsig: not when the thread that
+	// started it ends, as other tests' namespace work ends threads).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	done, err := deathsig.Start(cmd)
+	if err != nil {
 		return err
 	}
-	s.cmd = cmd
+	s.cmd, s.done = cmd, done
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		resp, err := http.Get(s.Endpoint + "/healthz")
@@ -163,7 +168,7 @@ func (s *Server) Stop() {
 		return
 	}
 	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	s.cmd.Wait()
+	<-s.done
 	s.cmd = nil
 	for _, path := range s.sockets {
 		if st, err := os.Lstat(path); err == nil && st.Mode()&os.ModeSocket != 0 {

@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/internal/deathsig"
 	"github.com/paddock-dev/paddock/internal/freeport"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -51,7 +52,13 @@ type Cluster struct {
 	CA     []byte
 	dir    string
 	tokens map[string]string // user → token
-	procs  []*exec.Cmd
+	procs  []proc
+}
+
+// proc is a process of the control plane.
+type proc struct {
+	cmd  *exec.Cmd
+	done <-chan struct{} // closed once it has exited and is reaped
 }
 
 // BinDir is where the control plane's binaries are: $PADDOCK_KUBE_BIN,
@@ -143,7 +150,9 @@ func (c *Cluster) start(bin string) error {
 }
 
 // run starts one of the control plane's processes, its output to a log
-// file. It dies with the test binary (Pdeathsig) if that dies first.
+// file. It dies with the test binary if that dies first (deathsig: not
+// when the thread that started it ends, as other tests' namespace work
+// ends threads).
 func (c *Cluster) run(path, logName string, args ...string) error {
 	f, err := os.Create(filepath.Join(c.dir, logName))
 	if err != nil {
@@ -152,11 +161,12 @@ func (c *Cluster) run(path, logName string, args ...string) error {
 	defer f.Close()
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	done, err := deathsig.Start(cmd)
+	if err != nil {
 		return fmt.Errorf("starting %s: %w", filepath.Base(path), err)
 	}
-	c.procs = append(c.procs, cmd)
+	c.procs = append(c.procs, proc{cmd, done})
 	return nil
 }
 
@@ -203,8 +213,10 @@ func (c *Cluster) waitReady(limit time.Duration) error {
 	var last error
 	for time.Now().Before(deadline) {
 		for _, p := range c.procs {
-			if p.ProcessState != nil {
-				return fmt.Errorf("%s exited", filepath.Base(p.Path))
+			select {
+			case <-p.done:
+				return fmt.Errorf("%s exited", filepath.Base(p.cmd.Path))
+			default:
 			}
 		}
 		if c.CA == nil {
@@ -274,14 +286,12 @@ func (c *Cluster) Kubeconfig(t testing.TB, user string) string {
 func (c *Cluster) stop() {
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		p := c.procs[i]
-		p.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { p.Wait(); close(done) }()
+		p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-done:
+		case <-p.done:
 		case <-time.After(10 * time.Second):
-			p.Process.Kill()
-			<-done
+			p.cmd.Process.Kill()
+			<-p.done
 		}
 	}
 	os.RemoveAll(c.dir)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
+	"github.com/paddock-dev/paddock/internal/deathsig"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/guestfork"
 )
@@ -40,7 +40,7 @@ type forker struct {
 	mu   sync.Mutex // one request at a time on the socket
 	sock *os.File
 	cmd  *exec.Cmd
-	dead chan struct{} // closed once the helper has exited and is reaped
+	dead <-chan struct{} // closed once the helper has exited and is reaped
 }
 
 // startForker starts the helper from the sealed guest binary, which it
@@ -65,30 +65,17 @@ func startForker(exe *os.File) (*forker, error) {
 	// of 169-228 forks, two runs each): 3.3 ms with two Ps, 2.3-2.8 with
 	// one.
 	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") }), "GOMAXPROCS=1")
-	// It dies with the daemon; the guests it forked do not (they are
-	// reparented), and a new daemon starts a new forker.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWNS}
-	// The death signal follows the thread that started the helper, not
-	// the daemon: were that thread to end (a goroutine that returns
-	// locked to it, as namespace work and the memory trim do), the helper
-	// would be killed under a live daemon. So it is started from a thread
-	// of its own, held until the helper has exited.
-	f := &forker{sock: ours, cmd: cmd, dead: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the helper
-		err := cmd.Start()
-		started <- err
-		if err == nil {
-			cmd.Wait()
-		}
-		close(f.dead)
-	}()
-	if err := <-started; err != nil {
+	// It dies with the daemon (deathsig: the signal follows the thread
+	// that started it, which deathsig holds until it has exited); the
+	// guests it forked do not (they are reparented), and a new daemon
+	// starts a new forker.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	dead, err := deathsig.Start(cmd)
+	if err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("starting forker: %w", err)
 	}
-	return f, nil
+	return &forker{sock: ours, cmd: cmd, dead: dead}, nil
 }
 
 // fork asks for a guest; it returns its pid and a pidfd.
