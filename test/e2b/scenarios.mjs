@@ -34,8 +34,12 @@ while True:
 // in one masked frame and returns the text of the first frame back.
 function wsEcho(api, host, text) {
   return new Promise((resolve, reject) => {
+    // Its own connection (agent: false): a refused upgrade's answer
+    // would otherwise leave a kept-alive connection in the global agent,
+    // which holds node's exit until the facade's idle timeout closes it
+    // (the ingress scenario once took 120 s for it).
     const req = http.request({
-      hostname: api.hostname, port: api.port, path: '/',
+      hostname: api.hostname, port: api.port, path: '/', agent: false,
       headers: { host, connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': randomBytes(16).toString('base64') },
     })
     req.on('upgrade', (res, socket) => {
@@ -53,7 +57,7 @@ function wsEcho(api, host, text) {
       })
       socket.on('error', reject)
     })
-    req.on('response', (res) => reject(new Error('no upgrade: ' + res.statusCode)))
+    req.on('response', (res) => { res.resume(); reject(new Error('no upgrade: ' + res.statusCode)) })
     req.on('error', reject)
     req.end()
   })
