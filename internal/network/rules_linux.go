@@ -24,9 +24,9 @@ import (
 //	set dnsrate { type ipv4_addr; size 65536; flags dynamic,timeout; timeout 1m; }
 //	chain guard {        # filter prerouting, priority raw (-300): before conntrack
 //	  iifname != "pd-*" accept
-//	  iifname "pd-*" meta nfproto ipv6 drop
-//	  iifname "pd-*" ip saddr & 255.255.0.3 != 10.224.0.2 drop
-//	  iifname "pd-*" fib saddr . iif oif 0 drop
+//	  meta nfproto ipv6 drop
+//	  ip saddr & 255.255.0.3 != 10.224.0.2 drop
+//	  fib saddr . iif oif 0 drop
 //	}
 //	chain redirect {     # nat prerouting, priority dstnat (-100)
 //	  iifname "pd-*" udp dport 53 redirect to :15053
@@ -36,15 +36,18 @@ import (
 //	}
 //	chain input {        # filter input, priority filter (0)
 //	  iifname "lo" accept
-//	  iifname "pd-*" udp dport 15053 update @dnsrate { ip saddr limit rate over 1000/second burst 1000 packets } drop
-//	  iifname "pd-*" ct state established,related accept
-//	  iifname "pd-*" meta l4proto tcp ct state new add @conns { ip saddr ct count over 4096 } reject with icmpx admin-prohibited
-//	  iifname "pd-*" tcp dport 15001 accept
-//	  iifname "pd-*" tcp dport 15053 accept
-//	  iifname "pd-*" udp dport 15053 accept
-//	  iifname "pd-*" tcp dport 15080 accept
-//	  iifname "pd-*" reject with icmpx admin-prohibited
-//	  iifname != "pd-*" iifname != "lo" tcp dport 15001 drop   # and 15053 (tcp, udp), 15080
+//	  iifname "pd-*" goto sandbox
+//	  tcp dport 15001 drop   # and 15053 (tcp, udp), 15080
+//	}
+//	chain sandbox {      # input from a sandbox
+//	  udp dport 15053 update @dnsrate { ip saddr limit rate over 1000/second burst 1000 packets } drop
+//	  ct state established,related accept
+//	  meta l4proto tcp ct state new add @conns { ip saddr ct count over 4096 } reject with icmpx admin-prohibited
+//	  tcp dport 15001 accept
+//	  tcp dport 15053 accept
+//	  udp dport 15053 accept
+//	  tcp dport 15080 accept
+//	  reject with icmpx admin-prohibited
 //	}
 //	chain forward {      # filter forward, priority filter (0)
 //	  iifname "pd-*" reject with icmpx admin-prohibited
@@ -68,7 +71,8 @@ import (
 //     redirect rewrites the destination to the primary address of the
 //     incoming interface: the sandbox's own gateway. No route_localnet, and
 //     the host's 127.0.0.1 services stay out of reach.
-//   - input: a sandbox reaches only paddock's three ports on the host;
+//   - input (and sandbox, for what comes from a sandbox): a sandbox
+//     reaches only paddock's three ports on the host;
 //     anything else (other ports, other host addresses, ICMP) is rejected
 //     at once, so tools fail fast instead of timing out. Two per-sandbox
 //     bounds keep one sandbox from filling the host's conntrack table:
@@ -89,9 +93,11 @@ import (
 // paddock ports, never about the rest of the host's traffic. Other tables
 // at the same hooks still see the packets this one accepts: a host
 // firewall that drops input by default must let the sandboxes' interfaces
-// reach the three ports. The first rules of guard and input accept what
-// is not from a sandbox (input: loopback) at once: the verdict the policy
-// would give it at the chain's end, after one look instead of up to ten.
+// reach the three ports. Each packet's interface is looked at once or
+// twice per chain: guard accepts what is not from a sandbox at once (the
+// verdict its policy would give at the chain's end), input accepts
+// loopback and sends what comes from a sandbox to a chain of its own,
+// whose rules need not ask again.
 
 // Config.MaxConns and Config.MaxDNSRate set the bounds.
 const (
@@ -118,6 +124,7 @@ func rules(cfg Config, t *nftables.Table) ([]*nftables.Set, []*nftables.Chain, [
 	guard := chain("guard", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, nftables.ChainPriorityRaw)
 	redirect := chain("redirect", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest)
 	input := chain("input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
+	sandbox := &nftables.Chain{Name: "sandbox", Table: t} // input from a sandbox (a regular chain)
 	forward := chain("forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
 	output := chain("output", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter)
 
@@ -142,20 +149,21 @@ func rules(cfg Config, t *nftables.Table) ([]*nftables.Set, []*nftables.Chain, [
 
 	// Every packet the host sends or gets meets the table's base chains,
 	// loopback traffic above all (a client's stream to the daemon or to
-	// a gateway on this host); a rule that settles what is not a
-	// sandbox's with one look at its interface spares it the rest (a
-	// loopback packet met 15 interface-name loads and compares, which
-	// were 8% of a gateway's CPU splicing a stream).
+	// a gateway on this host): each chain looks at a packet's interface
+	// once or twice, not in every rule (a loopback packet met 15
+	// interface-name loads and compares, 8% of a gateway's CPU splicing
+	// a stream).
+	//
+	// guard runs before conntrack and NAT. Past its first rule every
+	// packet is from a sandbox.
 	add(guard, "not from a sandbox: nothing below is about it",
 		ifname(expr.MetaKeyIIFNAME, expr.CmpOpNeq, prefix), verdict(expr.VerdictAccept))
-
-	// guard runs before conntrack and NAT.
 	add(guard, "sandboxes have no IPv6: drop any they craft (raw sockets) before the host parses it",
-		fromSandbox, nfproto(unix.NFPROTO_IPV6), counter(), verdict(expr.VerdictDrop))
+		nfproto(unix.NFPROTO_IPV6), counter(), verdict(expr.VerdictDrop))
 	add(guard, "a sandbox may only send from a sandbox-side address (.2 of a /30 in the subnet)",
-		fromSandbox, nfproto(unix.NFPROTO_IPV4), maskedAddr(12, subnetMask, sandboxSide, expr.CmpOpNeq), counter(), verdict(expr.VerdictDrop))
+		nfproto(unix.NFPROTO_IPV4), maskedAddr(12, subnetMask, sandboxSide, expr.CmpOpNeq), counter(), verdict(expr.VerdictDrop))
 	add(guard, "... and only its own (strict reverse-path check): the peer address of a connection names its sandbox",
-		fromSandbox, []expr.Any{
+		[]expr.Any{
 			&expr.Fib{Register: 1, FlagSADDR: true, FlagIIF: true, ResultOIF: true},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 0, 0, 0}},
 		}, counter(), verdict(expr.VerdictDrop))
@@ -176,18 +184,21 @@ func rules(cfg Config, t *nftables.Table) ([]*nftables.Set, []*nftables.Chain, [
 	add(redirect, "every other TCP connection, to any address: the egress proxy decides (SO_ORIGINAL_DST)",
 		fromSandbox, l4proto(unix.IPPROTO_TCP), redir(cfg.ProxyPort))
 
-	// input: a sandbox reaches the host only on paddock's ports.
+	// input: a sandbox reaches the host only on paddock's ports (its
+	// own chain, sandbox), the network not at all on them.
 	add(input, "the host's own loopback traffic: nothing below is about it",
 		ifname(expr.MetaKeyIIFNAME, expr.CmpOpEq, "lo\x00"), verdict(expr.VerdictAccept))
-	add(input, fmt.Sprintf("at most %d DNS packets a second per sandbox, new flows or not: a flood is dropped before the resolver or conntrack keeps it", cfg.MaxDNSRate),
-		fromSandbox, l4proto(unix.IPPROTO_UDP), dport(cfg.DNSPort), nfproto(unix.NFPROTO_IPV4), saddrTo1(), []expr.Any{
+	add(input, "from a sandbox: its own chain decides",
+		fromSandbox, []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: sandbox.Name}})
+	add(sandbox, fmt.Sprintf("at most %d DNS packets a second per sandbox, new flows or not: a flood is dropped before the resolver or conntrack keeps it", cfg.MaxDNSRate),
+		l4proto(unix.IPPROTO_UDP), dport(cfg.DNSPort), nfproto(unix.NFPROTO_IPV4), saddrTo1(), []expr.Any{
 			&expr.Dynset{SrcRegKey: 1, SetName: dnsRate.Name, Operation: unix.NFT_DYNSET_OP_UPDATE,
 				Exprs: []expr.Any{&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(cfg.MaxDNSRate), Over: true, Unit: expr.LimitTimeSecond, Burst: uint32(cfg.MaxDNSRate)}}},
 		}, counter(), verdict(expr.VerdictDrop))
-	add(input, "replies and ICMP errors of connections already allowed",
-		fromSandbox, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))
-	add(input, fmt.Sprintf("at most %d open TCP connections per sandbox", cfg.MaxConns),
-		fromSandbox, l4proto(unix.IPPROTO_TCP), ctState(expr.CtStateBitNEW), nfproto(unix.NFPROTO_IPV4), saddrTo1(), []expr.Any{
+	add(sandbox, "replies and ICMP errors of connections already allowed",
+		ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))
+	add(sandbox, fmt.Sprintf("at most %d open TCP connections per sandbox", cfg.MaxConns),
+		l4proto(unix.IPPROTO_TCP), ctState(expr.CtStateBitNEW), nfproto(unix.NFPROTO_IPV4), saddrTo1(), []expr.Any{
 			&expr.Dynset{SrcRegKey: 1, SetName: conns.Name, Operation: unix.NFT_DYNSET_OP_ADD,
 				Exprs: []expr.Any{&expr.Connlimit{Count: uint32(cfg.MaxConns), Flags: connlimitOver}}},
 		}, counter(), reject())
@@ -208,15 +219,15 @@ func rules(cfg Config, t *nftables.Table) ([]*nftables.Set, []*nftables.Chain, [
 		}{unix.IPPROTO_TCP, cfg.SelfPort, "self endpoint"})
 	}
 	for _, p := range ports {
-		add(input, "sandbox to paddock's "+p.what,
-			fromSandbox, l4proto(p.proto), dport(p.port), verdict(expr.VerdictAccept))
+		add(sandbox, "sandbox to paddock's "+p.what,
+			l4proto(p.proto), dport(p.port), verdict(expr.VerdictAccept))
 	}
-	add(input, "nothing else on the host: not its other ports, not its other addresses; refused at once rather than left to time out",
-		fromSandbox, counter(), reject())
-	notSandboxNorLo := append(ifname(expr.MetaKeyIIFNAME, expr.CmpOpNeq, prefix), ifname(expr.MetaKeyIIFNAME, expr.CmpOpNeq, "lo\x00")...)
+	add(sandbox, "nothing else on the host: not its other ports, not its other addresses; refused at once rather than left to time out",
+		counter(), reject())
+	// What reaches these is neither loopback nor a sandbox's.
 	for _, p := range ports {
 		add(input, "paddock's "+p.what+" serves sandboxes (and the host), not the network: no open proxy or resolver",
-			notSandboxNorLo, l4proto(p.proto), dport(p.port), counter(), verdict(expr.VerdictDrop))
+			l4proto(p.proto), dport(p.port), counter(), verdict(expr.VerdictDrop))
 	}
 
 	// forward: nothing is routed through the host from or to a sandbox,
@@ -231,7 +242,7 @@ func rules(cfg Config, t *nftables.Table) ([]*nftables.Set, []*nftables.Chain, [
 	add(output, "host processes cannot open connections into a sandbox",
 		ifname(expr.MetaKeyOIFNAME, expr.CmpOpEq, prefix), ctState(expr.CtStateBitNEW), counter(), verdict(expr.VerdictDrop))
 
-	return []*nftables.Set{conns, dnsRate}, []*nftables.Chain{guard, redirect, input, forward, output}, rs
+	return []*nftables.Set{conns, dnsRate}, []*nftables.Chain{guard, redirect, sandbox, input, forward, output}, rs
 }
 
 // install replaces (atomically, in one transaction) the table named
