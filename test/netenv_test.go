@@ -325,13 +325,16 @@ func networkArgs() (name string, args []string) {
 	for try := uint32(0); try < 4096; try++ {
 		blk := (uint32(os.Getpid())*16 + n + try*7) % 4096
 		_, subnet, _ = net.ParseCIDR(fmt.Sprintf("10.%d.%d.0/22", 160+blk/64, (blk%64)*4))
-		if !slices.ContainsFunc(routes, func(r *net.IPNet) bool {
-			return r.Contains(subnet.IP) || subnet.Contains(r.IP)
-		}) {
+		if !routed(routes, subnet) {
 			break
 		}
 	}
 	return name, []string{"--network-name", name, "--network-subnet", subnet.String()}
+}
+
+// routed reports whether subnet overlaps one of routes.
+func routed(routes []*net.IPNet, subnet *net.IPNet) bool {
+	return slices.ContainsFunc(routes, func(r *net.IPNet) bool { return r.Contains(subnet.IP) || subnet.Contains(r.IP) })
 }
 
 // hostRoutes lists the IPv4 destinations of the host's routes other than

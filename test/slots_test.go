@@ -3,7 +3,6 @@ package test
 import (
 	"fmt"
 	"net"
-	"slices"
 	"sync"
 	"testing"
 )
@@ -35,7 +34,7 @@ func takeSlot(t *testing.T) hostSlot {
 		routes := hostRoutes()
 		for k := range hostSlots {
 			_, blk, _ := net.ParseCIDR(fmt.Sprintf("10.%d.0.0/16", 232+k))
-			if !slices.ContainsFunc(routes, func(r *net.IPNet) bool { return r.Contains(blk.IP) || blk.Contains(r.IP) }) {
+			if !routed(routes, blk) {
 				slotsFree <- k
 				slotsAny = true
 			}
