@@ -22,6 +22,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/deathsig"
 )
 
 // Bounds on every wait in these tests.
@@ -255,21 +257,23 @@ func newSandboxNS(t testing.TB) *sandboxNS {
 		Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNET,
 		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 1_900_000_000, Size: 1}},
 		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 1_900_000_000, Size: 1}},
-		Pdeathsig:   unix.SIGKILL,
 	}
-	if err := cmd.Start(); err != nil {
+	// Dies with the test binary, not with the thread that started it
+	// (inNS ends threads).
+	done, err := deathsig.Start(cmd)
+	if err != nil {
 		t.Fatalf("starting a stand-in sandbox: %v", err)
 	}
 	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		cmd.Process.Kill()
-		cmd.Wait()
+		<-done
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		unix.Close(fd)
 		cmd.Process.Kill()
-		cmd.Wait()
+		<-done
 	})
 	// The guest brings its loopback up; so does the stand-in.
 	var lerr error
