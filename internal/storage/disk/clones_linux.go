@@ -111,7 +111,8 @@ func (p *Pool) dropRecentLocked(path string) bool {
 }
 
 // Forget drops what the pool keeps of the snapshot image at path (its
-// ready clone, whose loop device, mount and blocks go in the background),
+// ready clone, whose loop device, mount and blocks go in the background,
+// and its seed),
 // for a snapshot removed. A clone being made of it is not kept when it is done
 // (makeClone finds its source gone).
 func (p *Pool) Forget(path string) {
@@ -123,6 +124,7 @@ func (p *Pool) Forget(path string) {
 	if rc != nil {
 		p.destroy(rc.e)
 	}
+	p.forgetSeed(path)
 }
 
 // makeClone makes the ready clone of path (of src), at the refill's low

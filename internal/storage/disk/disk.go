@@ -15,7 +15,8 @@
 //	lock               flock held by the one process that owns Dir
 //	pristine/<v>-ext4-<size>M.img  formatted images new volumes clone
 //	pool/<n>/disk.img  a volume being made, or ready to hand out
-//	pool/<n>/root      its mountpoint
+//	pool/<n>/root      its mountpoint (or, without disk.img, a seed's: a
+//	                   snapshot image mounted read-only, seed_linux.go)
 //	vol/<id>/disk.img  the volume handed out to sandbox <id>
 //	vol/<id>/root      its mountpoint: Volume.Path
 //	trash/<n>/...      a volume being removed

@@ -59,6 +59,9 @@ type Pool struct {
 	recent  []string
 	cloning map[string]bool
 	cloneWG sync.WaitGroup
+	// seeds are the snapshot images used to make volumes by path
+	// (seed_linux.go).
+	seeds map[string]*seed
 
 	// volMu serialises Open's re-mount with other Opens and with Remove's
 	// rename, so a volume is never mounted twice nor re-mounted in trash.
@@ -129,6 +132,7 @@ func NewPool(cfg Config) (*Pool, error) {
 		snapping: make(map[string]chan struct{}),
 		clones:   map[string]*readyClone{},
 		cloning:  map[string]bool{},
+		seeds:    map[string]*seed{},
 		copyOpts: cloneOptions{copyOnly: cfg.Substrate != nil && !cfg.Substrate.Reflink()},
 		wake:     make(chan struct{}, 1),
 	}
@@ -638,6 +642,7 @@ func (p *Pool) Close() error {
 	p.refillWG.Wait()
 	p.backer.wait()
 	errs := p.dropClones()
+	p.closeSeeds()
 	for _, e := range ready {
 		if err := teardown(context.Background(), e.dir, p.log); err != nil {
 			errs = append(errs, err)

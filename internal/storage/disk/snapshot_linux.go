@@ -224,7 +224,10 @@ func (p *Pool) capture(ctx context.Context, pin *pinned, dst string, pause func(
 // AcquireFrom hands out a new mounted volume for sandbox id whose image is
 // a clone of the image file src (a Snapshot): a fork of the sandbox that
 // took it. The volume is as large as the image. On a reflink substrate it
-// is made in milliseconds and shares src's blocks until either is written.
+// is made in milliseconds and shares src's blocks until either is written;
+// an image of the default size used before and holding little (a
+// template's, most often) is mirrored into a ready volume instead
+// (seed_linux.go).
 // Like Acquire, an id that has a disk is an ErrConflict, and the volume
 // is built in a pool directory and renamed into place, so a crash leaves
 // nothing but what the next NewPool sweeps.
@@ -273,8 +276,8 @@ func (p *Pool) acquireFrom(ctx context.Context, id, src string, uid, gid int, re
 	}
 
 	id0 := sourceOf(fi)
-	var e *entry
-	if ready {
+	e, seeded := p.fromSeed(ctx, src, id0)
+	if e == nil && ready && !seeded {
 		e = p.takeClone(src, id0)
 	}
 	if e == nil {
@@ -286,7 +289,7 @@ func (p *Pool) acquireFrom(ctx context.Context, id, src string, uid, gid int, re
 		p.destroy(e)
 		return nil, err
 	}
-	if ready {
+	if ready && !seeded {
 		p.used(src, id0)
 	}
 	return &Volume{ID: id, Path: filepath.Join(dst, rootName), Size: e.size, Device: e.device}, nil

@@ -1,0 +1,395 @@
+package disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// A mirror is a file-by-file copy of one volume's tree into another, for
+// a volume made from a seed (seed_linux.go). It keeps what a clone of the
+// image keeps and a sandbox can see: every kind of file (whiteouts and
+// other device nodes, FIFOs, sockets and symbolic links as themselves),
+// owners, modes with their setuid, setgid and sticky bits, extended
+// attributes (overlayfs's own, capabilities, ACLs), hard links, holes,
+// access and modification times, and the inode flags a user can set. Inode
+// numbers and change times are the new filesystem's.
+//
+// The source was written by a sandbox: nothing is followed. Every name is
+// taken from a directory open by descriptor, every call is relative to
+// one (or to /proc/self/fd for a symbolic link's attributes), symbolic
+// links are read, never opened, and device nodes are never opened. The
+// walk is bounded in depth, entries and bytes; past a bound it fails and
+// the caller falls back to a clone.
+
+const (
+	// mirrorMaxDepth bounds the directories open at once.
+	mirrorMaxDepth = 128
+	// mirrorBuf is the buffer file data goes through.
+	mirrorBuf = 64 << 10
+)
+
+// Inode flags (linux/fs.h), which FS_IOC_GETFLAGS and FS_IOC_SETFLAGS
+// read and write as an int.
+const (
+	flSync        = 0x8
+	flImmutable   = 0x10
+	flAppend      = 0x20
+	flNodump      = 0x40
+	flNoatime     = 0x80
+	flEncrypt     = 0x800
+	flDirsync     = 0x10000
+	flTopdir      = 0x20000
+	flVerity      = 0x100000
+	flDax         = 0x2000000
+	flProjinherit = 0x20000000
+	flCasefold    = 0x40000000
+
+	// flagsKept are the flags a mirror copies: those a file's owner (or
+	// root) sets with chattr. Others are the filesystem's own (extents,
+	// an indexed directory, inline data).
+	flagsKept = flSync | flImmutable | flAppend | flNodump | flNoatime | flDirsync | flTopdir | flProjinherit
+	// flagsRefused are flags a mirror cannot make the same: an encrypted,
+	// verity or case-folded tree, or a direct-access file.
+	flagsRefused = flEncrypt | flVerity | flCasefold | flDax
+)
+
+// errMirrorBounds reports a tree past a mirror's bounds.
+var errMirrorBounds = errors.New("tree too large to mirror")
+
+// mirror copies the entries of the directory src into the empty directory
+// dst, both open (O_DIRECTORY), except those named in skip at the top. It
+// copies at most maxInodes files and maxBytes bytes of data.
+type mirror struct {
+	ctx       context.Context
+	inodes    int
+	bytes     int64
+	maxInodes int
+	maxBytes  int64
+	buf       []byte
+	// links maps a multiply-linked source inode to its first copy's path
+	// below the destination's root.
+	links map[[2]uint64]string
+	root  int // the destination's root
+}
+
+// mirrorTree copies src's entries into dst (both paths of directories),
+// skipping the top-level names in skip.
+func mirrorTree(ctx context.Context, src, dst string, skip map[string]bool, maxInodes int, maxBytes int64) error {
+	sfd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", src, err)
+	}
+	defer unix.Close(sfd)
+	dfd, err := unix.Open(dst, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", dst, err)
+	}
+	defer unix.Close(dfd)
+	m := &mirror{ctx: ctx, maxInodes: maxInodes, maxBytes: maxBytes, links: map[[2]uint64]string{}, root: dfd}
+	return m.dir(sfd, dfd, "", skip, 0)
+}
+
+// dir copies the entries of the directory open at sfd into the one open
+// at dfd, whose path below the destination's root is rel.
+func (m *mirror) dir(sfd, dfd int, rel string, skip map[string]bool, depth int) error {
+	if depth >= mirrorMaxDepth {
+		return fmt.Errorf("%w: deeper than %d directories", errMirrorBounds, mirrorMaxDepth)
+	}
+	dup, err := unix.Openat(sfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	list := os.NewFile(uintptr(dup), "dir")
+	defer list.Close()
+	// In batches: the entry bound, not the directory's size, bounds what
+	// is held (a file may have tens of thousands of names).
+	for {
+		names, err := list.Readdirnames(64)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			if skip[name] {
+				continue
+			}
+			if err := m.ctx.Err(); err != nil {
+				return err
+			}
+			if err := m.entry(sfd, dfd, name, rel, depth); err != nil {
+				return fmt.Errorf("%s: %w", join(rel, name), err)
+			}
+		}
+	}
+}
+
+func join(rel, name string) string {
+	if rel == "" {
+		return name
+	}
+	return rel + "/" + name
+}
+
+// entry copies one entry, name in the directory open at sfd, into the one
+// open at dfd.
+func (m *mirror) entry(sfd, dfd int, name, rel string, depth int) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(sfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if m.inodes++; m.inodes > m.maxInodes {
+		return fmt.Errorf("%w: more than %d files", errMirrorBounds, m.maxInodes)
+	}
+	path := join(rel, name)
+	kind := st.Mode & unix.S_IFMT
+	if kind != unix.S_IFDIR && st.Nlink > 1 {
+		key := [2]uint64{st.Dev, st.Ino}
+		if first, ok := m.links[key]; ok {
+			return unix.Linkat(m.root, first, dfd, name, 0)
+		}
+		m.links[key] = path
+	}
+	perm := uint32(st.Mode &^ unix.S_IFMT)
+	switch kind {
+	case unix.S_IFDIR:
+		if err := unix.Mkdirat(dfd, name, 0o700); err != nil {
+			return err
+		}
+		s, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(s)
+		d, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(d)
+		if err := m.dir(s, d, path, nil, depth+1); err != nil {
+			return err
+		}
+		return m.finish(s, d, &st, perm)
+	case unix.S_IFREG:
+		s, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(s)
+		d, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(d)
+		if err := m.data(s, d, st.Size); err != nil {
+			return err
+		}
+		return m.finish(s, d, &st, perm)
+	case unix.S_IFLNK:
+		target, err := readlinkat(sfd, name, st.Size)
+		if err != nil {
+			return err
+		}
+		if err := unix.Symlinkat(target, dfd, name); err != nil {
+			return err
+		}
+	case unix.S_IFCHR, unix.S_IFBLK, unix.S_IFIFO, unix.S_IFSOCK:
+		if err := unix.Mknodat(dfd, name, st.Mode, int(st.Rdev)); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("unknown file type %#o", kind)
+	}
+	// What cannot be opened safely is finished by name.
+	if err := unix.Fchownat(dfd, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if kind != unix.S_IFLNK {
+		if err := unix.Fchmodat(dfd, name, perm, 0); err != nil {
+			return err
+		}
+	}
+	if err := copyXattrs(fdPath(sfd, name), fdPath(dfd, name), true); err != nil {
+		return err
+	}
+	return unix.UtimesNanoAt(dfd, name, times(&st), unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// finish gives the copy open at d the owner, mode, attributes, flags and
+// times of the source open at s (st).
+func (m *mirror) finish(s, d int, st *unix.Stat_t, perm uint32) error {
+	if err := unix.Fchown(d, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	// After the owner: chown clears setuid and setgid bits.
+	if err := unix.Fchmod(d, perm); err != nil {
+		return err
+	}
+	// After the owner too: chown drops security.capability.
+	if err := copyXattrs(fdPath(s, ""), fdPath(d, ""), false); err != nil {
+		return err
+	}
+	// Before the flags: an immutable or append-only file takes no new
+	// times; after every write into it.
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(d, ""), times(st), 0); err != nil {
+		return err
+	}
+	flags, err := unix.IoctlGetInt(s, unix.FS_IOC_GETFLAGS)
+	if err != nil {
+		if errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EOPNOTSUPP) {
+			return nil
+		}
+		return fmt.Errorf("reading inode flags: %w", err)
+	}
+	if flags&flagsRefused != 0 {
+		return fmt.Errorf("inode flags %#x cannot be mirrored", flags&flagsRefused)
+	}
+	if kept := flags & flagsKept; kept != 0 {
+		cur, err := unix.IoctlGetInt(d, unix.FS_IOC_GETFLAGS)
+		if err != nil {
+			return fmt.Errorf("reading inode flags: %w", err)
+		}
+		if err := unix.IoctlSetPointerInt(d, unix.FS_IOC_SETFLAGS, cur|kept); err != nil {
+			return fmt.Errorf("setting inode flags: %w", err)
+		}
+	}
+	return nil
+}
+
+// data copies a regular file's size bytes, leaving its holes as holes.
+func (m *mirror) data(s, d int, size int64) error {
+	if size == 0 {
+		return nil
+	}
+	if err := unix.Ftruncate(d, size); err != nil {
+		return err
+	}
+	if m.buf == nil {
+		m.buf = make([]byte, mirrorBuf)
+	}
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(s, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("finding data: %w", err)
+		}
+		hole, err := unix.Seek(s, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("finding holes: %w", err)
+		}
+		hole = min(hole, size)
+		if m.bytes += hole - data; m.bytes > m.maxBytes {
+			return fmt.Errorf("%w: more than %d bytes", errMirrorBounds, m.maxBytes)
+		}
+		for off = data; off < hole; {
+			n, err := unix.Pread(s, m.buf[:min(hole-off, int64(len(m.buf)))], off)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				return fmt.Errorf("reading at %d: the file shrank", off)
+			}
+			for w := 0; w < n; {
+				k, err := unix.Pwrite(d, m.buf[w:n], off+int64(w))
+				if err != nil {
+					return err
+				}
+				w += k
+			}
+			off += int64(n)
+		}
+	}
+	return nil
+}
+
+// readlinkat reads the target of the symbolic link name in the directory
+// open at dirfd, size bytes long by its lstat.
+func readlinkat(dirfd int, name string, size int64) (string, error) {
+	buf := make([]byte, max(size, 0)+1)
+	n, err := unix.Readlinkat(dirfd, name, buf)
+	if err != nil {
+		return "", err
+	}
+	if n >= len(buf) {
+		return "", errors.New("the link changed while read")
+	}
+	return string(buf[:n]), nil
+}
+
+// fdPath names the file name in the directory open at fd, or the file open
+// at fd when name is "", through /proc/self/fd: a path whose only
+// component after the descriptor is one name, which is never followed
+// (the l*xattr calls) when it is a link.
+func fdPath(fd int, name string) string {
+	p := "/proc/self/fd/" + strconv.Itoa(fd)
+	if name != "" {
+		p += "/" + name
+	}
+	return p
+}
+
+// copyXattrs copies every extended attribute of src to dst. With link
+// (a file that was not opened) it neither follows a final link nor fails
+// where the filesystem keeps no attributes of links.
+func copyXattrs(src, dst string, link bool) error {
+	list, get, set := unix.Listxattr, unix.Getxattr, unix.Setxattr
+	if link {
+		list, get, set = unix.Llistxattr, unix.Lgetxattr, unix.Lsetxattr
+	}
+	n, err := list(src, nil)
+	if err != nil || n == 0 {
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil
+		}
+		return err
+	}
+	names := make([]byte, n)
+	if n, err = list(src, names); err != nil {
+		return err
+	}
+	for _, name := range splitNul(names[:n]) {
+		size, err := get(src, name, nil)
+		if err != nil {
+			return fmt.Errorf("reading attribute %s: %w", name, err)
+		}
+		val := make([]byte, size)
+		if size, err = get(src, name, val); err != nil {
+			return fmt.Errorf("reading attribute %s: %w", name, err)
+		}
+		if err := set(dst, name, val[:size], 0); err != nil {
+			return fmt.Errorf("writing attribute %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func splitNul(b []byte) []string {
+	var out []string
+	for len(b) > 0 {
+		i := 0
+		for i < len(b) && b[i] != 0 {
+			i++
+		}
+		if i > 0 {
+			out = append(out, string(b[:i]))
+		}
+		if i < len(b) {
+			i++
+		}
+		b = b[i:]
+	}
+	return out
+}
+
+func times(st *unix.Stat_t) []unix.Timespec {
+	return []unix.Timespec{st.Atim, st.Mtim}
+}

@@ -1,0 +1,216 @@
+package disk
+
+import (
+	"context"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Seeds. A template's snapshot image is what each of its sandboxes starts
+// from, and most templates add a few files to an image. A clone of the
+// image per sandbox costs a reflink, a loop device and an ext4 mount to
+// make, and an unmount (its journal flushed through two loop devices), a
+// detach and the clone's unlink (the substrate's reference counts) to
+// remove: under churn from a template, 7.6 ms of the host's CPU per
+// sandbox more than from an image, half of it in the kernel's block and
+// XFS workers (issue 21). So an image used more than once whose
+// filesystem holds little is kept mounted read-only, a seed, and a volume
+// made from it is a ready volume of the default size (made ahead, or
+// recycled from a removed sandbox) with the seed's files mirrored into it
+// (mirror_linux.go): when its sandbox is removed it goes back to the pool
+// like any other.
+
+const (
+	// seedMaxInodes and seedMaxBytes bound the files and data a seed
+	// holds: a mirror's cost grows with both, a clone's does not.
+	seedMaxInodes = 256
+	seedMaxBytes  = 8 << 20
+	// maxSeeds bounds the seeds kept mounted; the least recently used
+	// goes first.
+	maxSeeds = maxRecentSources
+)
+
+// seed is what the pool knows of one snapshot image as a seed.
+type seed struct {
+	src source
+	// mu is held for reading by a mirror from the seed, and for writing
+	// by its mount and teardown.
+	mu    sync.RWMutex
+	tried bool   // the mount was tried (the second use)
+	dir   string // its pool entry, mounted at dir/root; "" if none
+	gone  bool   // dropped: no mirror starts from it
+	used  time.Time
+}
+
+// fromSeed makes a volume of the image at path (of src) by mirroring its
+// seed into a ready volume. seeded reports whether path's image seeds;
+// e is nil when it does not, or no ready volume is there: the caller
+// clones the image.
+func (p *Pool) fromSeed(ctx context.Context, path string, src source) (e *entry, seeded bool) {
+	if p.cfg.PoolSize == 0 || src.size != p.cfg.DefaultSize {
+		return nil, false
+	}
+	s, again := p.seedFor(path, src)
+	if s == nil || !again {
+		return nil, false // a first use: clone it
+	}
+	s.mu.Lock()
+	if !s.tried && !s.gone {
+		s.tried = true
+		s.dir = p.mountSeed(path, src)
+	}
+	s.mu.Unlock()
+	s.mu.RLock()
+	if s.gone || s.dir == "" {
+		s.mu.RUnlock()
+		return nil, false
+	}
+	if e, _ = p.take(p.cfg.DefaultSize); e == nil {
+		s.mu.RUnlock()
+		return nil, true
+	}
+	skip := map[string]bool{keepOnWipe: true}
+	err := mirrorTree(ctx, filepath.Join(s.dir, rootName), filepath.Join(e.dir, rootName), skip, seedMaxInodes, seedMaxBytes)
+	s.mu.RUnlock()
+	if err == nil {
+		return e, true
+	}
+	p.destroy(e)
+	if ctx.Err() != nil {
+		return nil, true
+	}
+	// The image is cloned from now on: what failed once (a bound, a
+	// file the volume cannot take) fails again.
+	p.log.Warn("mirroring a seed failed; its image is cloned instead", "source", path, "err", err)
+	p.unmountSeed(s, false)
+	return nil, false
+}
+
+// seedFor returns the seed record of path, made on its first use; again
+// reports whether path was used before.
+func (p *Pool) seedFor(path string, src source) (s *seed, again bool) {
+	var drop []*seed
+	defer func() {
+		if len(drop) > 0 {
+			p.dropSeeds(drop) // after p.mu is let go
+		}
+	}()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, false
+	}
+	if s = p.seeds[path]; s != nil && s.src != src {
+		drop = append(drop, s)
+		s = nil
+	}
+	again = s != nil
+	if s == nil {
+		for len(p.seeds) >= maxSeeds {
+			var oldest string
+			for k, o := range p.seeds {
+				if oldest == "" || o.used.Before(p.seeds[oldest].used) {
+					oldest = k
+				}
+			}
+			drop = append(drop, p.seeds[oldest])
+			delete(p.seeds, oldest)
+		}
+		s = &seed{src: src}
+		p.seeds[path] = s
+	}
+	s.used = time.Now()
+	return s, again
+}
+
+// mountSeed mounts the image at path read-only in a new pool entry and
+// returns the entry, or "" if the image cannot seed: it needs a journal
+// replayed (a read-only device refuses it), holds more than a seed may,
+// or changed meanwhile. A crash leaves the entry to the next sweep.
+func (p *Pool) mountSeed(path string, src source) string {
+	dir := filepath.Join(p.poolDir, strconv.FormatUint(p.seq.Add(1), 10))
+	root := filepath.Join(dir, rootName)
+	ok := false
+	defer func() {
+		if !ok {
+			if err := teardown(context.Background(), dir, p.log); err != nil {
+				p.log.Warn("removing a seed", "path", dir, "err", err)
+			}
+		}
+	}()
+	if unix.Mkdir(dir, 0o700) != nil || unix.Mkdir(root, 0o700) != nil {
+		return ""
+	}
+	fd, dev, err := attachLoop(path, loopOptions{readOnly: true})
+	if err != nil {
+		p.log.Debug("not seeding", "source", path, "err", err)
+		return ""
+	}
+	defer unix.Close(fd)
+	if err := unix.Mount(dev, root, "ext4", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID|unix.MS_NOEXEC, ""); err != nil {
+		p.log.Debug("not seeding", "source", path, "err", err)
+		return ""
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(root, &sfs); err != nil {
+		return ""
+	}
+	used, files := int64(sfs.Blocks-sfs.Bfree)*sfs.Bsize, sfs.Files-sfs.Ffree
+	if used > seedMaxBytes+seedMaxInodes*4096 || files > seedMaxInodes || !stillSource(path, src) {
+		p.log.Debug("not seeding", "source", path, "used", used, "inodes", files)
+		return ""
+	}
+	ok = true
+	return dir
+}
+
+// dropSeed unmounts s once no mirror reads from it.
+func (p *Pool) dropSeed(s *seed) { p.unmountSeed(s, true) }
+
+// unmountSeed unmounts s once no mirror reads from it; gone says it is
+// dropped, not only no longer a seed (its image is cloned).
+func (p *Pool) unmountSeed(s *seed, gone bool) {
+	s.mu.Lock()
+	s.gone = s.gone || gone
+	dir := s.dir
+	s.dir = ""
+	s.mu.Unlock()
+	if dir != "" {
+		if err := teardown(context.Background(), dir, p.log); err != nil {
+			p.log.Warn("removing a seed", "path", dir, "err", err)
+		}
+	}
+}
+
+func (p *Pool) dropSeeds(seeds []*seed) {
+	for _, s := range seeds {
+		p.dropSeed(s)
+	}
+}
+
+// forgetSeed drops path's seed, for Forget.
+func (p *Pool) forgetSeed(path string) {
+	p.mu.Lock()
+	s := p.seeds[path]
+	delete(p.seeds, path)
+	p.mu.Unlock()
+	if s != nil {
+		p.dropSeed(s)
+	}
+}
+
+// closeSeeds drops every seed, for Close (after closed is set, so none
+// is made again).
+func (p *Pool) closeSeeds() {
+	p.mu.Lock()
+	seeds := p.seeds
+	p.seeds = map[string]*seed{}
+	p.mu.Unlock()
+	for _, s := range seeds {
+		p.dropSeed(s)
+	}
+}
