@@ -24,8 +24,15 @@ import (
 const (
 	baselineBlocks    = 6
 	baselineExecs     = 100 // exec round trips of `true` per daemon and block
-	baselineColds     = 8   // create → first output per daemon and block
-	baselineStreamMiB = 256 // one streamed `head -c` per daemon and block
+	// create → first output per daemon and block. Eight were too few:
+	// their median moved by ±10% between runs of one binary against
+	// itself (A/A runs, 2026-12-06).
+	baselineColds = 24
+	// streamed `head -c` of baselineStreamMiB per daemon and block: a
+	// single stream's rate ranged from 750 to 1440 MB/s within one A/A
+	// run, and the median of six was 10-16% off.
+	baselineStreams   = 4
+	baselineStreamMiB = 256
 	// baselineNoise is how much slower than the baseline a median may be
 	// before the bar calls it a regression rather than noise.
 	baselineNoise = 0.10
@@ -119,7 +126,7 @@ type baselineSide struct {
 func benchBaseline(ctx context.Context, r *rig) *section {
 	s := &section{Method: []string{
 		fmt.Sprintf("This build's daemon and a daemon started from `-baseline` (%s) run side by side, each with its own directories, cgroup parent, uid window and network.", r.opts.baseline),
-		fmt.Sprintf("%d blocks; in each, both daemons in turn (the order alternates by block): %d exec round trips of `true` in a kept sandbox, %d creates to the first byte of `echo hi` (each sandbox removed after), and one `head -c %d MiB` streamed through exec.", baselineBlocks, baselineExecs, baselineColds, baselineStreamMiB),
+		fmt.Sprintf("%d blocks; in each, both daemons in turn (the order alternates by block): %d exec round trips of `true` in a kept sandbox, %d creates to the first byte of `echo hi` (each sandbox removed after), and %d `head -c %d MiB` streamed through exec. Medians are of all blocks' samples.", baselineBlocks, baselineExecs, baselineColds, baselineStreams, baselineStreamMiB),
 		"The Go SDK of this build drives both daemons, so the comparison is of the daemon and the guest.",
 	}}
 	if r.opts.baseline == "" {
@@ -192,11 +199,13 @@ func (sd *baselineSide) block(ctx context.Context) error {
 		}
 		sd.colds = append(sd.colds, d)
 	}
-	rate, err := sd.stream(ctx)
-	if err != nil {
-		return err
+	for range baselineStreams {
+		rate, err := sd.stream(ctx)
+		if err != nil {
+			return err
+		}
+		sd.mbps = append(sd.mbps, rate)
 	}
-	sd.mbps = append(sd.mbps, rate)
 	return nil
 }
 
