@@ -22,8 +22,8 @@ import (
 // alternating blocks, so that a change is judged within one run and one
 // minute of the machine rather than across runs whose floor moves.
 const (
-	baselineBlocks    = 6
-	baselineExecs     = 100 // exec round trips of `true` per daemon and block
+	baselineBlocks = 6
+	baselineExecs  = 100 // exec round trips of `true` per daemon and block
 	// create → first output per daemon and block. Eight were too few:
 	// their median moved by ±10% between runs of one binary against
 	// itself (A/A runs, 2026-12-06).
