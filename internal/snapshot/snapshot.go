@@ -73,7 +73,8 @@ type Config struct {
 	// Mounts attaches directory snapshots for sandboxes to mount.
 	Mounts *disk.Pool
 	// Removed, if set, is told the image path of each snapshot removed
-	// (the sandboxes' disk pool drops its ready clone of it).
+	// or capture aborted (the sandboxes' disk pool drops its ready clone
+	// and its seed of it).
 	Removed func(imagePath string)
 	Logger  *slog.Logger
 }
@@ -250,10 +251,14 @@ func (p *Pending) Commit(snap api.Snapshot) (api.Snapshot, error) {
 	return snap, nil
 }
 
-// Abort removes what the snapshot wrote.
+// Abort removes what the snapshot wrote (a fork's capture, or a failed
+// snapshot), and tells Removed of its image as Remove does.
 func (p *Pending) Abort() {
 	if err := os.RemoveAll(filepath.Dir(p.Path)); err != nil {
 		p.s.log.Warn("removing a failed snapshot", "snapshot", p.ID, "err", err)
+	}
+	if p.s.cfg.Removed != nil {
+		p.s.cfg.Removed(p.Path)
 	}
 }
 

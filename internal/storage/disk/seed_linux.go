@@ -108,6 +108,14 @@ func (p *Pool) seedFor(path string, src source) (s *seed, again bool) {
 		drop = append(drop, s)
 		s = nil
 	}
+	// A source gone without Forget (a group member's capture) takes
+	// its seed with it here.
+	for k, o := range p.seeds {
+		if k != path && !stillSource(k, o.src) {
+			drop = append(drop, o)
+			delete(p.seeds, k)
+		}
+	}
 	again = s != nil
 	if s == nil {
 		for len(p.seeds) >= maxSeeds {

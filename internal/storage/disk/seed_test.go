@@ -270,18 +270,46 @@ func TestAcquireFromSeed(t *testing.T) {
 		}
 	}
 
-	p.mu.Lock()
-	s := p.seeds[snap]
-	p.mu.Unlock()
-	if s == nil || s.dir == "" || !isMountpoint(t, filepath.Join(s.dir, rootName)) {
-		t.Fatalf("no seed mounted for %s: %+v", snap, s)
+	seedOf := func(path string) string {
+		t.Helper()
+		p.mu.Lock()
+		s := p.seeds[path]
+		p.mu.Unlock()
+		if s == nil || s.dir == "" || !isMountpoint(t, filepath.Join(s.dir, rootName)) {
+			t.Fatalf("no seed mounted for %s: %+v", path, s)
+		}
+		return filepath.Join(s.dir, rootName)
 	}
-	seedRoot := filepath.Join(s.dir, rootName)
+	// Forgotten (its snapshot removed): the seed is unmounted.
+	seedRoot := seedOf(snap)
 	p.Forget(snap)
 	if isMountpoint(t, seedRoot) {
 		t.Errorf("Forget left the seed mounted at %s", seedRoot)
 	}
-	for _, id := range []string{"parent", "clone", "mirrored", "ahead", "big", "big1", "big2", "links", "links1", "links2"} {
+	// Gone without Forget: its seed goes at the next use of any image.
+	again := filepath.Join(base, "again.img")
+	if _, err := p.Snapshot(ctx, "parent", again, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"again1", "again2"} {
+		if _, err := p.AcquireFrom(ctx, id, again, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seedRoot = seedOf(again)
+	if err := os.Remove(again); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.AcquireFrom(ctx, "big3", bigSnap, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	left := p.seeds[again]
+	p.mu.Unlock()
+	if left != nil || isMountpoint(t, seedRoot) {
+		t.Errorf("the seed of a removed image is kept (%+v) or still mounted at %s", left, seedRoot)
+	}
+	for _, id := range []string{"parent", "clone", "mirrored", "ahead", "big", "big1", "big2", "links", "links1", "links2", "again1", "again2", "big3"} {
 		if err := p.Remove(ctx, id); err != nil {
 			t.Fatal(err)
 		}
