@@ -116,6 +116,7 @@ func TestDaemonHoldsNothingAfterUse(t *testing.T) {
 		return p.Ready["image:host"] <= p.Target["image:host"]
 	}
 	g0, f0 := settle()
+	n0 := netNamespaces(pid)
 	const cycles = 25
 	for i := range cycles {
 		cycle(3 + i)
@@ -124,16 +125,35 @@ func TestDaemonHoldsNothingAfterUse(t *testing.T) {
 	// A small slack: keep-alive connections of the SDK and the HTTP
 	// server come and go. A leak per sandbox would be ≥ 25.
 	const slack = 6
-	var g1, f1 int
+	// The network slots recycled for churn are kept (up to 64, trimmed
+	// after a mass removal), and a loaded host, where their resets lag
+	// the creates, ends the cycles with more of them (8 more in a CI
+	// run, the bench package's tests beside these): each holds its
+	// namespace and a sysfs mount, two descriptors. More slots than
+	// half the cycles would be a leak of them.
+	var g1, f1, slots int
 	ok := waitFor(15*time.Second, 250*time.Millisecond, func() bool {
 		g1, f1 = settle()
-		return g1 <= g0+slack && f1 <= f0+slack
+		slots = max(netNamespaces(pid)-n0, 0)
+		return g1 <= g0+slack && f1 <= f0+slack+2*slots && slots <= cycles/2
 	})
-	t.Logf("daemon before %d cycles: %d goroutines, %d open files; after: %d, %d", cycles, g0, f0, g1, f1)
+	t.Logf("daemon before %d cycles: %d goroutines, %d open files; after: %d, %d (%d more network slots)", cycles, g0, f0, g1, f1, slots)
 	if !ok {
-		t.Fatalf("after %d sandboxes were made, used and removed the daemon holds %d goroutines (was %d) and %d open files (was %d)\nfds:\n%s",
-			cycles, g1, g0, f1, f0, fdTargets(pid))
+		t.Fatalf("after %d sandboxes were made, used and removed the daemon holds %d goroutines (was %d) and %d open files (was %d; %d more network slots)\nfds:\n%s",
+			cycles, g1, g0, f1, f0, slots, fdTargets(pid))
 	}
+}
+
+// netNamespaces counts the network namespaces the daemon holds open.
+func netNamespaces(pid int) int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	n := 0
+	for _, e := range ents {
+		if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())); strings.HasPrefix(target, "net:[") {
+			n++
+		}
+	}
+	return n
 }
 
 // goroutines reads go_goroutines from the daemon's Prometheus endpoint.

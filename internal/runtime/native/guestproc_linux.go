@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -79,12 +80,34 @@ func sealedSelf(path string) (*os.File, error) {
 		f.Close()
 		return nil, err
 	}
-	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+	if err := seal(f); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("sealing memfd: %w", err)
 	}
 	return f, nil
+}
+
+// sealTries bounds seal's attempts, sealRetry is the wait between them.
+const (
+	sealTries = 10
+	sealRetry = 100 * time.Millisecond
+)
+
+// seal seals f against every change. F_SEAL_WRITE fails with EBUSY while
+// any of the file's pages has a reference beyond the page cache's; the
+// kernel waits some 150 ms for those to go, but under load a page a
+// kernel thread holds a while longer (the memory monitor's sampling,
+// compaction) failed a daemon's start in a CI run: it is tried again.
+func seal(f *os.File) error {
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	var err error
+	for range sealTries {
+		if _, err = unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); !errors.Is(err, unix.EBUSY) {
+			return err
+		}
+		time.Sleep(sealRetry)
+	}
+	return err
 }
 
 // spawnGuest starts a guest in new user, mount, pid, net, ipc and uts
