@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -72,6 +73,7 @@ type mirror struct {
 	maxInodes int
 	maxBytes  int64
 	buf       []byte
+	xbuf      []byte // attribute names
 	// links maps a multiply-linked source inode to its first copy's path
 	// below the destination's root.
 	links map[[2]uint64]string
@@ -216,7 +218,7 @@ func (m *mirror) entry(sfd, dfd int, name, rel string, depth int) error {
 			return err
 		}
 	}
-	if err := copyXattrs(fdPath(sfd, name), fdPath(dfd, name), true); err != nil {
+	if err := m.copyXattrs(linkXattrs(fdPath(sfd, name), fdPath(dfd, name))); err != nil {
 		return err
 	}
 	return unix.UtimesNanoAt(dfd, name, times(&st), unix.AT_SYMLINK_NOFOLLOW)
@@ -233,12 +235,12 @@ func (m *mirror) finish(s, d int, st *unix.Stat_t, perm uint32) error {
 		return err
 	}
 	// After the owner too: chown drops security.capability.
-	if err := copyXattrs(fdPath(s, ""), fdPath(d, ""), false); err != nil {
+	if err := m.copyXattrs(fdXattrs(s, d)); err != nil {
 		return err
 	}
 	// Before the flags: an immutable or append-only file takes no new
 	// times; after every write into it.
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(d, ""), times(st), 0); err != nil {
+	if err := futimens(d, times(st)); err != nil {
 		return err
 	}
 	flags, err := unix.IoctlGetInt(s, unix.FS_IOC_GETFLAGS)
@@ -325,49 +327,82 @@ func readlinkat(dirfd int, name string, size int64) (string, error) {
 	return string(buf[:n]), nil
 }
 
-// fdPath names the file name in the directory open at fd, or the file open
-// at fd when name is "", through /proc/self/fd: a path whose only
-// component after the descriptor is one name, which is never followed
-// (the l*xattr calls) when it is a link.
+// fdPath names the file name in the directory open at fd through
+// /proc/self/fd: a path whose only component after the descriptor is
+// one name, which the l*xattr calls never follow when it is a link.
 func fdPath(fd int, name string) string {
-	p := "/proc/self/fd/" + strconv.Itoa(fd)
-	if name != "" {
-		p += "/" + name
-	}
-	return p
+	return "/proc/self/fd/" + strconv.Itoa(fd) + "/" + name
 }
 
-// copyXattrs copies every extended attribute of src to dst. With link
-// (a file that was not opened) it neither follows a final link nor fails
-// where the filesystem keeps no attributes of links.
-func copyXattrs(src, dst string, link bool) error {
-	list, get, set := unix.Listxattr, unix.Getxattr, unix.Setxattr
-	if link {
-		list, get, set = unix.Llistxattr, unix.Lgetxattr, unix.Lsetxattr
+// xattrOps read a source's extended attributes and write a copy's.
+type xattrOps struct {
+	list func(dest []byte) (int, error)
+	get  func(name string, dest []byte) (int, error)
+	set  func(name string, val []byte) error
+}
+
+// fdXattrs are the attributes of the files open at s and d: no path is
+// resolved (through /proc, that cost more than the copy of a small
+// file).
+func fdXattrs(s, d int) xattrOps {
+	return xattrOps{
+		list: func(dest []byte) (int, error) { return unix.Flistxattr(s, dest) },
+		get:  func(name string, dest []byte) (int, error) { return unix.Fgetxattr(s, name, dest) },
+		set:  func(name string, val []byte) error { return unix.Fsetxattr(d, name, val, 0) },
 	}
-	n, err := list(src, nil)
+}
+
+// linkXattrs are those of files that are not opened (links, devices,
+// FIFOs, sockets), by path, never following a final link.
+func linkXattrs(src, dst string) xattrOps {
+	return xattrOps{
+		list: func(dest []byte) (int, error) { return unix.Llistxattr(src, dest) },
+		get:  func(name string, dest []byte) (int, error) { return unix.Lgetxattr(src, name, dest) },
+		set:  func(name string, val []byte) error { return unix.Lsetxattr(dst, name, val, 0) },
+	}
+}
+
+// copyXattrs copies every extended attribute x lists. Most files have
+// none: one call finds that out.
+func (m *mirror) copyXattrs(x xattrOps) error {
+	if m.xbuf == nil {
+		m.xbuf = make([]byte, 4096)
+	}
+	n, err := x.list(m.xbuf)
+	if errors.Is(err, unix.ERANGE) {
+		if n, err = x.list(nil); err == nil {
+			m.xbuf = make([]byte, n)
+			n, err = x.list(m.xbuf)
+		}
+	}
 	if err != nil || n == 0 {
 		if errors.Is(err, unix.ENOTSUP) {
 			return nil
 		}
 		return err
 	}
-	names := make([]byte, n)
-	if n, err = list(src, names); err != nil {
-		return err
-	}
-	for _, name := range splitNul(names[:n]) {
-		size, err := get(src, name, nil)
+	for _, name := range splitNul(m.xbuf[:n]) {
+		size, err := x.get(name, nil)
 		if err != nil {
 			return fmt.Errorf("reading attribute %s: %w", name, err)
 		}
 		val := make([]byte, size)
-		if size, err = get(src, name, val); err != nil {
+		if size, err = x.get(name, val); err != nil {
 			return fmt.Errorf("reading attribute %s: %w", name, err)
 		}
-		if err := set(dst, name, val[:size], 0); err != nil {
+		if err := x.set(name, val[:size]); err != nil {
 			return fmt.Errorf("writing attribute %s: %w", name, err)
 		}
+	}
+	return nil
+}
+
+// futimens sets the times of the file open at fd (utimensat with no
+// path, as libc's futimens does).
+func futimens(fd int, ts []unix.Timespec) error {
+	_, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	if e != 0 {
+		return e
 	}
 	return nil
 }

@@ -71,6 +71,7 @@ func (p *Pool) fromSeed(ctx context.Context, path string, src source) (e *entry,
 	}
 	if e, _ = p.take(p.cfg.DefaultSize); e == nil {
 		s.mu.RUnlock()
+		p.log.Debug("no ready disk to mirror a seed into: cloning its image", "source", path)
 		return nil, true
 	}
 	skip := map[string]bool{keepOnWipe: true}
