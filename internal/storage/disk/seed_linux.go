@@ -100,22 +100,36 @@ func (p *Pool) seedFor(path string, src source) (s *seed, again bool) {
 			p.dropSeeds(drop) // after p.mu is let go
 		}
 	}()
+	// A source gone without Forget (a group member's capture) takes
+	// its seed with it here, looked at outside p.mu, which every
+	// hand-out takes.
+	p.mu.Lock()
+	others := make(map[string]*seed, len(p.seeds))
+	for k, o := range p.seeds {
+		if k != path {
+			others[k] = o
+		}
+	}
+	p.mu.Unlock()
+	for k, o := range others {
+		if stillSource(k, o.src) {
+			delete(others, k)
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, false
 	}
-	if s = p.seeds[path]; s != nil && s.src != src {
-		drop = append(drop, s)
-		s = nil
-	}
-	// A source gone without Forget (a group member's capture) takes
-	// its seed with it here.
-	for k, o := range p.seeds {
-		if k != path && !stillSource(k, o.src) {
+	for k, o := range others {
+		if p.seeds[k] == o {
 			drop = append(drop, o)
 			delete(p.seeds, k)
 		}
+	}
+	if s = p.seeds[path]; s != nil && s.src != src {
+		drop = append(drop, s)
+		s = nil
 	}
 	again = s != nil
 	if s == nil {
