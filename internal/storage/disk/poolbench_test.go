@@ -183,3 +183,78 @@ func BenchmarkPoolRefill(b *testing.B) {
 	}
 	b.ReportMetric(float64(size*b.N)/refill.Seconds(), "disks/s")
 }
+
+// BenchmarkSeedChurn loops AcquireFrom of a template-like image (its
+// upper directory holding files entries in directories of eight), a
+// sandbox's few files, then Recycle: from a seed (one image, used again
+// and again) and cloned (nine copies of it in turn, each a first use for
+// the pool, which remembers eight). Per cycle: the process's CPU (the
+// mirrors, wipes, clones, mounts and teardowns, until Close has finished
+// them) and the machine's busy time, which holds the kernel's loop and
+// XFS workers: where a seed pays off and where a clone is cheaper.
+func BenchmarkSeedChurn(b *testing.B) {
+	for _, files := range []int{16, 64, 128} {
+		for _, mode := range []string{"seed", "clone"} {
+			b.Run(fmt.Sprintf("%s-%d", mode, files), func(b *testing.B) {
+				p := churnPool(b, 4)
+				ctx := context.Background()
+				parent, err := p.Acquire(ctx, "parent", 0, 0, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range files {
+					dir := filepath.Join(parent.Path, "upper", fmt.Sprint("d", i/8))
+					if err := os.MkdirAll(dir, 0o755); err != nil {
+						b.Fatal(err)
+					}
+					if err := os.WriteFile(filepath.Join(dir, fmt.Sprint("f", i)), []byte("template file\n"), 0o644); err != nil {
+						b.Fatal(err)
+					}
+				}
+				base := filepath.Dir(filepath.Dir(parent.Path))
+				images := []string{filepath.Join(base, "tpl0.img")}
+				if _, err := p.Snapshot(ctx, "parent", images[0], nil); err != nil {
+					b.Fatal(err)
+				}
+				if mode == "clone" {
+					for i := 1; i < 9; i++ {
+						images = append(images, filepath.Join(base, fmt.Sprintf("tpl%d.img", i)))
+						if err := Clone(images[0], images[i]); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.Cleanup(func() {
+					for _, img := range images {
+						os.Remove(img)
+					}
+				})
+				cycle := func(i int) {
+					id := fmt.Sprint("s", i)
+					v, err := p.AcquireFrom(ctx, id, images[i%len(images)], 0, 0)
+					if err != nil {
+						b.Fatal(err)
+					}
+					sandboxFiles(b, v.Path)
+					if err := p.Recycle(ctx, id); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for i := range 3 { // the seed's first uses
+					cycle(1<<20 + i)
+				}
+				p.reaper.wait()
+				cpu0, busy0 := processCPU(b), machineBusy(b)
+				n := 0
+				for i := 0; b.Loop(); i++ {
+					cycle(i)
+					n++
+				}
+				p.reaper.wait()
+				cpu, busy := processCPU(b)-cpu0, machineBusy(b)-busy0
+				b.ReportMetric(float64(cpu)/float64(time.Microsecond)/float64(n), "process-cpu-µs/cycle")
+				b.ReportMetric(float64(busy)/float64(time.Microsecond)/float64(n), "machine-busy-µs/cycle")
+			})
+		}
+	}
+}
