@@ -63,6 +63,15 @@ const (
 // errMirrorBounds reports a tree past a mirror's bounds.
 var errMirrorBounds = errors.New("tree too large to mirror")
 
+// mirrorError names the entry a mirror failed at, below its root.
+type mirrorError struct {
+	path string
+	err  error
+}
+
+func (e *mirrorError) Error() string { return e.path + ": " + e.err.Error() }
+func (e *mirrorError) Unwrap() error { return e.err }
+
 // mirror copies the entries of the directory src into the empty directory
 // dst, both open (O_DIRECTORY), except those named in skip at the top. It
 // copies at most maxInodes files and maxBytes bytes of data.
@@ -127,7 +136,11 @@ func (m *mirror) dir(sfd, dfd int, rel string, skip map[string]bool, depth int) 
 				return err
 			}
 			if err := m.entry(sfd, dfd, name, rel, depth); err != nil {
-				return fmt.Errorf("%s: %w", join(rel, name), err)
+				var inner *mirrorError
+				if errors.As(err, &inner) {
+					return err // named where it happened, below
+				}
+				return &mirrorError{path: join(rel, name), err: err}
 			}
 		}
 	}

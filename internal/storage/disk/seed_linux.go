@@ -34,9 +34,9 @@ const (
 	// 55 µs an entry.
 	seedMaxInodes = 80
 	seedMaxBytes  = 1 << 20
-	// seedReserved are the inodes a fresh filesystem uses (ext4's
+	// seedReserved are the inodes a fresh filesystem uses (ext4's ten
 	// reserved ones and lost+found), which the mount's count includes.
-	seedReserved = 12
+	seedReserved = 11
 	// maxSeeds bounds the seeds kept mounted; the least recently used
 	// goes first.
 	maxSeeds = maxRecentSources
