@@ -71,7 +71,13 @@ func sealedSelf(path string) (*os.File, error) {
 		return nil, err
 	}
 	defer src.Close()
-	fd, err := unix.MemfdCreate("paddock-guest", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	// MFD_EXEC where the kernel knows it (6.3 on): with vm.memfd_noexec
+	// set, a memfd made without it cannot be executed.
+	flags := unix.MFD_CLOEXEC | unix.MFD_ALLOW_SEALING
+	fd, err := unix.MemfdCreate("paddock-guest", flags|unix.MFD_EXEC)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.MemfdCreate("paddock-guest", flags)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
 	}

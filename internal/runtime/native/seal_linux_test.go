@@ -1,8 +1,10 @@
 package native
 
 import (
+	"bytes"
 	"errors"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -51,5 +53,47 @@ func TestSealRetriesWhileBusy(t *testing.T) {
 	defer unix.Munmap(m)
 	if err := seal(f); !errors.Is(err, unix.EBUSY) {
 		t.Fatalf("seal with a writable mapping kept: %v, want EBUSY", err)
+	}
+}
+
+// TestSealedSelfRunsUnderMemfdNoexec: on a host whose vm.memfd_noexec is
+// 1 (memfds not executable unless made with MFD_EXEC), the guest binary's
+// memfd still runs. The sysctl is set in a pid namespace of the test's
+// own (it is per pid namespace), by the test binary re-run there.
+func TestSealedSelfRunsUnderMemfdNoexec(t *testing.T) {
+	if os.Getenv("PADDOCK_TEST_MEMFD_NOEXEC") == "1" {
+		if err := os.WriteFile("/proc/sys/vm/memfd_noexec", []byte("1"), 0); err != nil {
+			t.Fatal(err)
+		}
+		f, err := sealedSelf("/bin/true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cmd := exec.Command("/proc/self/fd/3")
+		cmd.ExtraFiles = []*os.File{f}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("running the sealed copy of /bin/true: %v %s", err, out)
+		}
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a pid namespace")
+	}
+	if _, err := os.Stat("/proc/sys/vm/memfd_noexec"); err != nil {
+		t.Skip("no vm.memfd_noexec on this kernel (before 6.3)")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("no unshare(1)")
+	}
+	cmd := exec.Command(unshare, "--pid", "--fork", "--mount-proc", os.Args[0], "-test.run", "^TestSealedSelfRunsUnderMemfdNoexec$", "-test.v")
+	cmd.Env = append(os.Environ(), "PADDOCK_TEST_MEMFD_NOEXEC=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("in a pid namespace with vm.memfd_noexec=1: %v\n%s", err, out)
+	}
+	if !bytes.Contains(out, []byte("--- PASS")) {
+		t.Fatalf("the child test did not pass:\n%s", out)
 	}
 }
