@@ -78,6 +78,9 @@ func sealedSelf(path string) (*os.File, error) {
 	if errors.Is(err, unix.EINVAL) {
 		fd, err = unix.MemfdCreate("paddock-guest", flags)
 	}
+	if errors.Is(err, unix.EACCES) {
+		return nil, fmt.Errorf("memfd_create: %w: vm.memfd_noexec is 2, which refuses every executable memfd the guests run from; set it to 1 or 0", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
 	}
