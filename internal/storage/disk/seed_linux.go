@@ -34,6 +34,11 @@ const (
 	// 55 µs an entry.
 	seedMaxInodes = 80
 	seedMaxBytes  = 1 << 20
+	// seedImageOverhead is what an image may have allocated beyond a
+	// seed's data: a snapshot of a fresh 10 GiB disk holding two files
+	// has 4.1 MiB (its superblock, group descriptors, bitmaps, the inode
+	// tables' used blocks).
+	seedImageOverhead = 16 << 20
 	// seedReserved are the inodes a fresh filesystem uses (ext4's ten
 	// reserved ones and lost+found), which the mount's count includes.
 	seedReserved = 11
@@ -173,6 +178,14 @@ func (p *Pool) mountSeed(path string, src source) string {
 			}
 		}
 	}()
+	// An image with more blocks than a seed's data and a fresh
+	// filesystem's (about 4 MiB here) is not mounted to be refused.
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil || st.Blocks*512 > seedMaxBytes+seedImageOverhead {
+		ok = true // nothing made
+		p.log.Debug("not seeding", "source", path, "allocated", st.Blocks*512)
+		return ""
+	}
 	if unix.Mkdir(dir, 0o700) != nil || unix.Mkdir(root, 0o700) != nil {
 		return ""
 	}
