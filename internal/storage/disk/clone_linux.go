@@ -174,12 +174,20 @@ func copySparse(ctx context.Context, dst, src *os.File, opts cloneOptions) error
 		return fmt.Errorf("sizing copy: %w", err)
 	}
 	c := copier{ctx: ctx, dst: int(dst.Fd()), src: int(src.Fd()), cfr: !opts.copyOnly}
-	for off := int64(0); off < st.Size; {
+	return c.extents(st.Size)
+}
+
+// extents copies the data of the source's first size bytes into the
+// destination, which is at least that long, leaving holes as holes; a
+// filesystem without SEEK_DATA is copied whole. With before set, each
+// data extent's length is told to it first, which may refuse it.
+func (c *copier) extents(size int64) error {
+	for off := int64(0); off < size; {
 		data, err := unix.Seek(c.src, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
 			break // only a hole is left
 		}
-		hole := st.Size
+		hole := size
 		switch {
 		case errors.Is(err, unix.EINVAL) && off == 0:
 			data = 0 // no SEEK_DATA here: copy it all
@@ -190,7 +198,13 @@ func copySparse(ctx context.Context, dst, src *os.File, opts cloneOptions) error
 				return fmt.Errorf("finding holes in source: %w", err)
 			}
 		}
-		if err := c.copy(data, min(hole, st.Size)-data); err != nil {
+		n := min(hole, size) - data
+		if c.before != nil {
+			if err := c.before(n); err != nil {
+				return err
+			}
+		}
+		if err := c.copy(data, n); err != nil {
 			return err
 		}
 		off = hole
@@ -206,7 +220,8 @@ type copier struct {
 	ctx      context.Context
 	dst, src int
 	cfr      bool
-	buf      []byte
+	buf      []byte // made of rwChunk bytes when nil
+	before   func(n int64) error
 }
 
 func (c *copier) copy(off, n int64) error {
@@ -233,7 +248,7 @@ func (c *copier) copy(off, n int64) error {
 		if c.buf == nil {
 			c.buf = make([]byte, rwChunk)
 		}
-		r, err := unix.Pread(c.src, c.buf[:min(n, rwChunk)], off)
+		r, err := unix.Pread(c.src, c.buf[:min(n, int64(len(c.buf)))], off)
 		if err != nil {
 			return fmt.Errorf("reading at %d: %w", off, err)
 		}

@@ -289,41 +289,14 @@ func (m *mirror) data(s, d int, size int64) error {
 	if m.buf == nil {
 		m.buf = make([]byte, mirrorBuf)
 	}
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(s, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // only a hole is left
-		}
-		if err != nil {
-			return fmt.Errorf("finding data: %w", err)
-		}
-		hole, err := unix.Seek(s, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("finding holes: %w", err)
-		}
-		hole = min(hole, size)
-		if m.bytes += hole - data; m.bytes > m.maxBytes {
+	// Not copy_file_range: the two files are on two filesystems.
+	c := copier{ctx: m.ctx, dst: d, src: s, buf: m.buf, before: func(n int64) error {
+		if m.bytes += n; m.bytes > m.maxBytes {
 			return fmt.Errorf("%w: more than %d bytes", errMirrorBounds, m.maxBytes)
 		}
-		for off = data; off < hole; {
-			n, err := unix.Pread(s, m.buf[:min(hole-off, int64(len(m.buf)))], off)
-			if err != nil {
-				return err
-			}
-			if n == 0 {
-				return fmt.Errorf("reading at %d: the file shrank", off)
-			}
-			for w := 0; w < n; {
-				k, err := unix.Pwrite(d, m.buf[w:n], off+int64(w))
-				if err != nil {
-					return err
-				}
-				w += k
-			}
-			off += int64(n)
-		}
-	}
-	return nil
+		return nil
+	}}
+	return c.extents(size)
 }
 
 // readlinkat reads the target of the symbolic link name in the directory
