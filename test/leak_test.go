@@ -145,16 +145,7 @@ func TestDaemonHoldsNothingAfterUse(t *testing.T) {
 }
 
 // netNamespaces counts the network namespaces the daemon holds open.
-func netNamespaces(pid int) int {
-	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	n := 0
-	for _, e := range ents {
-		if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())); strings.HasPrefix(target, "net:[") {
-			n++
-		}
-	}
-	return n
-}
+func netNamespaces(pid int) int { return fdCounts(pid)["net:"] }
 
 // goroutines reads go_goroutines from the daemon's Prometheus endpoint.
 func goroutines(t *testing.T, d *Daemon) int {
@@ -186,8 +177,9 @@ func openFiles(t *testing.T, pid int) int {
 	return len(ents)
 }
 
-// fdTargets lists what the daemon's descriptors point at, counted.
-func fdTargets(pid int) string {
+// fdCounts counts what the daemon's descriptors point at, by kind
+// ("socket:", "net:") or path.
+func fdCounts(pid int) map[string]int {
 	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	count := map[string]int{}
 	for _, e := range ents {
@@ -197,8 +189,13 @@ func fdTargets(pid int) string {
 		}
 		count[target]++
 	}
+	return count
+}
+
+// fdTargets lists what the daemon's descriptors point at, counted.
+func fdTargets(pid int) string {
 	var b strings.Builder
-	for k, n := range count {
+	for k, n := range fdCounts(pid) {
 		fmt.Fprintf(&b, "%5d %s\n", n, k)
 	}
 	return b.String()

@@ -212,9 +212,6 @@ func (p *Pool) mountSeed(path string, src source) string {
 	return dir
 }
 
-// dropSeed unmounts s once no mirror reads from it.
-func (p *Pool) dropSeed(s *seed) { p.unmountSeed(s, true) }
-
 // unmountSeed unmounts s once no mirror reads from it; gone says it is
 // dropped, not only no longer a seed (its image is cloned).
 func (p *Pool) unmountSeed(s *seed, gone bool) {
@@ -232,7 +229,7 @@ func (p *Pool) unmountSeed(s *seed, gone bool) {
 
 func (p *Pool) dropSeeds(seeds []*seed) {
 	for _, s := range seeds {
-		p.dropSeed(s)
+		p.unmountSeed(s, true)
 	}
 }
 
@@ -243,7 +240,7 @@ func (p *Pool) forgetSeed(path string) {
 	delete(p.seeds, path)
 	p.mu.Unlock()
 	if s != nil {
-		p.dropSeed(s)
+		p.unmountSeed(s, true)
 	}
 }
 
@@ -255,6 +252,6 @@ func (p *Pool) closeSeeds() {
 	p.seeds = map[string]*seed{}
 	p.mu.Unlock()
 	for _, s := range seeds {
-		p.dropSeed(s)
+		p.unmountSeed(s, true)
 	}
 }
