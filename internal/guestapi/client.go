@@ -28,6 +28,8 @@ import (
 // the guest's accept.
 type Client struct {
 	dial func(ctx context.Context) (net.Conn, error)
+	// turn, when set, is waited for before each process start (WithTurns).
+	turn Turn
 
 	mu     sync.Mutex
 	idle   []net.Conn // released or dialled ahead, newest last
@@ -44,6 +46,25 @@ const maxIdle = 4
 // NewClient returns a Client that connects with dial.
 func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 	return &Client{dial: dial}
+}
+
+// Turn waits for the node's leave to start a process (internal/turns);
+// release gives it back.
+type Turn func(ctx context.Context) (release func(), err error)
+
+// WithTurns makes every process start of c wait for turn, and hold it
+// until the guest answers the start. It is set before c's first call.
+func (c *Client) WithTurns(turn Turn) *Client {
+	c.turn = turn
+	return c
+}
+
+// takeTurn waits for c's turn to start a process.
+func (c *Client) takeTurn(ctx context.Context) (release func(), err error) {
+	if c.turn == nil {
+		return func() {}, nil
+	}
+	return c.turn(ctx)
 }
 
 // connect returns a kept connection (kept: true), or dials one.

@@ -17,7 +17,12 @@ import (
 // clears s.Attach: StartAttached streams the output.
 func (c *Client) Start(ctx context.Context, s *StartRequest) (int, error) {
 	s.Attach = false
+	release, err := c.takeTurn(ctx)
+	if err != nil {
+		return 0, err
+	}
 	resp, err := c.do(ctx, Request{Op: OpStart, Start: s})
+	release()
 	if err != nil {
 		return 0, err
 	}
@@ -27,10 +32,16 @@ func (c *Client) Start(ctx context.Context, s *StartRequest) (int, error) {
 // StartAttached starts a process and returns its pid and the connection
 // its output comes on: wire frames ending with its exit frame, input
 // frames going the other way (Conn.Send). It sets s.Attach. The caller
-// closes or releases conn.
+// closes or releases conn. The turn (WithTurns) is held until the guest
+// answers, which it does with a short command's output and exit.
 func (c *Client) StartAttached(ctx context.Context, s *StartRequest) (int, *Conn, error) {
 	s.Attach = true
+	release, err := c.takeTurn(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
 	resp, conn, err := c.request(ctx, Request{Op: OpStart, Start: s})
+	release()
 	if err != nil {
 		return 0, nil, err
 	}

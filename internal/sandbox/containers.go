@@ -321,14 +321,14 @@ func (m *Manager) startMembers(ctx context.Context, b *box, images []*image.Imag
 			}
 			return err
 		}
-		inst, err := m.cfg.Runtime.Start(ctx, spec)
+		inst, err := m.startInstance(ctx, spec)
 		if err != nil {
 			if mr.UIDBase == 0 {
 				m.releaseMounts(spec.ID, mr.Volumes)
 			}
 			return fmt.Errorf("starting container %s: %w", c.Name, err)
 		}
-		mb := &member{name: c.Name, inst: inst, guest: guestapi.NewClient(inst.Dial)}
+		mb := &member{name: c.Name, inst: inst, guest: m.guestClient(inst)}
 		b.members = append(b.members, mb)
 		if mr.UIDBase == 0 {
 			mr.UIDBase = inst.Info().UIDBase
@@ -692,7 +692,7 @@ func (m *Manager) restoreMembers(ctx context.Context, b *box) {
 			changed = true
 			continue
 		}
-		mb := &member{name: mr.Name, inst: inst, guest: guestapi.NewClient(inst.Dial)}
+		mb := &member{name: mr.Name, inst: inst, guest: m.guestClient(inst)}
 		b.members[i] = mb
 		m.watchMember(b, mb)
 	}

@@ -265,7 +265,7 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 	if err := m.notify(b).Admit(b.rec.ID, b.rec.Resources); err != nil {
 		return err
 	}
-	inst, err := m.cfg.Runtime.Start(ctx, spec)
+	inst, err := m.startInstance(ctx, spec)
 	if err != nil {
 		m.notify(b).Release(b.rec.ID)
 		if spec.FromCheckpoint && errors.Is(err, runtime.ErrCheckpointUnusable) {
@@ -278,7 +278,7 @@ func (m *Manager) startFromLocked(ctx context.Context, b *box, to api.State, dis
 		}
 		return fmt.Errorf("resuming %s: %w", b.rec.ID, err)
 	}
-	b.attach(inst)
+	b.attach(inst, m.guestClient(inst))
 	b.touch()
 	if base := inst.Info().UIDBase; base != b.rec.UIDBase {
 		m.rebase(b, base)

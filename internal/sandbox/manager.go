@@ -30,6 +30,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/storage/image"
 	"github.com/paddock-dev/paddock/internal/store"
 	"github.com/paddock-dev/paddock/internal/template"
+	"github.com/paddock-dev/paddock/internal/turns"
 	"github.com/paddock-dev/paddock/internal/volume"
 )
 
@@ -81,6 +82,9 @@ type Manager struct {
 
 	tpl templateState
 	gp  groupPools // grouppool.go
+	// turns orders the node's creates and process starts, as many at
+	// once as the daemon has CPUs.
+	turns *turns.Queue
 
 	mu    sync.Mutex
 	boxes map[string]*box
@@ -190,6 +194,7 @@ func NewManager(cfg Config) *Manager {
 		slots:  map[int]string{},
 		moved:  map[string]string{},
 		closed: make(chan struct{}),
+		turns:  turns.New(goruntime.GOMAXPROCS(0), turns.Hold),
 	}
 	m.wg.Add(1)
 	go m.autoPause(time.Second)
@@ -501,7 +506,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 		return api.Sandbox{}, err
 	}
 	mark("admitted")
-	inst, err := m.cfg.Runtime.Start(ctx, spec)
+	inst, err := m.startInstance(ctx, spec)
 	mark("started")
 	if err != nil {
 		m.obs.Release(key)
@@ -533,7 +538,7 @@ func (m *Manager) create(ctx context.Context, req api.CreateRequest, src source)
 			close(b.observed)
 		}
 	}()
-	b.attach(inst)
+	b.attach(inst, m.guestClient(inst))
 	b.touch()
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -773,9 +778,28 @@ func (m *Manager) Free(base uint32) {
 	}
 }
 
-func (b *box) attach(inst runtime.Instance) {
+// startInstance starts spec on the runtime in its turn.
+func (m *Manager) startInstance(ctx context.Context, spec runtime.Spec) (runtime.Instance, error) {
+	release, err := m.turns.Create(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return m.cfg.Runtime.Start(ctx, spec)
+}
+
+// guestClient is the client of inst's guest, its process starts in the
+// node's turns.
+func (m *Manager) guestClient(inst runtime.Instance) *guestapi.Client {
+	id := inst.ID()
+	return guestapi.NewClient(inst.Dial).WithTurns(func(ctx context.Context) (func(), error) {
+		return m.turns.Start(ctx, id)
+	})
+}
+
+func (b *box) attach(inst runtime.Instance, guest *guestapi.Client) {
 	b.inst = inst
-	b.guest = guestapi.NewClient(inst.Dial)
+	b.guest = guest
 	// Dial waits until the guest may be called (its limits set).
 	go b.guest.DialAhead()
 	b.stopping = false
@@ -1308,7 +1332,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 				m.persistLocked(b)
 				break
 			}
-			b.attach(inst)
+			b.attach(inst, m.guestClient(inst))
 			m.watch(b, inst)
 			m.restoreMembers(ctx, b)
 			m.reopenControls(b)
