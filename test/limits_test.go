@@ -335,3 +335,56 @@ func TestLimitsValidatedAlike(t *testing.T) {
 		t.Errorf("after a refused update the sandbox's pids cap is %d, want the default 4096", sb.Resources.Pids)
 	}
 }
+
+// cpusAllowed reads the Cpus_allowed_list line of a status file.
+func cpusAllowed(t *testing.T, status string) string {
+	t.Helper()
+	for line := range strings.Lines(status) {
+		if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no Cpus_allowed_list in %q", status)
+	return ""
+}
+
+// TestSandboxesRunOnEveryCPU: the forker keeps to one CPU (guestfork's
+// pinThreads); every thread of the guests it forks, warm ones and one
+// forked for its create, and the processes of their sandboxes have every
+// CPU the daemon has.
+func TestSandboxesRunOnEveryCPU(t *testing.T) {
+	self, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := cpusAllowed(t, string(self))
+	if !strings.ContainsAny(want, ",-") {
+		t.Skipf("the tests run on one CPU (%s): nothing is pinned", want)
+	}
+	d := newDaemon(t)
+	// The default create takes a warm guest; one with its own disk size
+	// binds a blank one or forks its guest on the spot.
+	for _, id := range []string{d.createCLI(), d.createCLI("--disk", "200m")} {
+		r := d.sh(id, "grep Cpus_allowed_list /proc/self/status")
+		if r.ExitCode != 0 {
+			t.Fatalf("%s: %v", id, r)
+		}
+		if got := cpusAllowed(t, r.Stdout); got != want {
+			t.Errorf("a process in sandbox %s may run on CPUs %s, want %s (the daemon's)", id, got, want)
+		}
+		pid := d.hostPID(id)
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range tasks {
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, task.Name()))
+			if err != nil {
+				continue // ended meanwhile
+			}
+			if got := cpusAllowed(t, string(st)); got != want {
+				t.Errorf("thread %s of sandbox %s's guest may run on CPUs %s, want %s", task.Name(), id, got, want)
+			}
+		}
+	}
+}

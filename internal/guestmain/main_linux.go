@@ -17,7 +17,10 @@ import (
 func Main(verb string) {
 	switch verb {
 	case guestfork.GuestVerb:
-		err := guest.Run()
+		err := guestfork.TakeBackCPUs()
+		if err == nil {
+			err = guest.Run()
+		}
 		fmt.Fprintln(os.Stderr, "paddock guest:", err)
 		os.Exit(1)
 	case guestfork.ForkerVerb:
