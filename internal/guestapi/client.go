@@ -48,7 +48,7 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 	return &Client{dial: dial}
 }
 
-// Turn waits for the node's leave to start a process (internal/turns);
+// Turn waits until the node lets a process start (internal/turns);
 // release gives it back.
 type Turn func(ctx context.Context) (release func(), err error)
 
