@@ -219,10 +219,12 @@ func (c *Cluster) waitReady(limit time.Duration) error {
 			default:
 			}
 		}
-		if c.CA == nil {
-			if b, err := os.ReadFile(filepath.Join(c.dir, "certs", "apiserver.crt")); err == nil {
-				c.CA = b
-			}
+		// Read again each time until ready: the API server writes the
+		// file (its serving certificate, then the CA that signed it) in
+		// place, and a read while it writes can get the first alone,
+		// which no probe would ever verify.
+		if b, err := os.ReadFile(filepath.Join(c.dir, "certs", "apiserver.crt")); err == nil && len(b) > 0 {
+			c.CA = b
 		}
 		if c.CA != nil {
 			code, body, err := c.Get("/readyz", Admin)
