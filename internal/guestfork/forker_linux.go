@@ -2,7 +2,6 @@ package guestfork
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	goruntime "runtime"
@@ -353,13 +352,6 @@ func ownTID(tid int) int {
 	return tid
 }
 
-// gone reports whether thread tid (as /proc/self/task names it) has
-// ended.
-func gone(tid int) bool {
-	_, err := os.Stat("/proc/self/task/" + strconv.Itoa(tid))
-	return errors.Is(err, os.ErrNotExist)
-}
-
 // CPUsEnv names the variable of a guest's first environment that lists
 // the CPUs its forker was allowed (comma-separated numbers): the forker
 // runs on one of them, its guests inherit that, and take the rest back
@@ -437,11 +429,7 @@ func TakeBackCPUs() error {
 				return
 			}
 			done[tid], fresh = true, true
-			serr := unix.SchedSetaffinity(ownTID(tid), &set)
-			if serr == unix.ESRCH && gone(tid) {
-				serr = nil // it needs no CPUs
-			}
-			if serr != nil && err == nil {
+			if serr := unix.SchedSetaffinity(ownTID(tid), &set); serr != nil && err == nil {
 				err = fmt.Errorf("setting thread %d's CPUs to %s: %w", tid, list, serr)
 			}
 		})
