@@ -6,7 +6,6 @@ import (
 	"os"
 	goruntime "runtime"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -86,7 +85,6 @@ func Run() error {
 	unix.Close(fdExe)
 	exe := os.NewFile(uintptr(exeFD), "guest-exe")
 	lowerPriority()
-	cpus := pinThreads()
 	go reaper.Run(reaper.Watch(), nil) // the guests this process forked
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(8*4))
@@ -105,7 +103,7 @@ func Run() error {
 		var req Request
 		pid, pidfd, err := -1, -1, json.Unmarshal(buf[:n], &req)
 		if err == nil {
-			pid, pidfd, err = forkAt(exe, req, fds, cpus)
+			pid, pidfd, err = forkAt(exe, req, fds)
 		}
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -136,9 +134,9 @@ var ownNetns = -1
 // inherits the nice value of the thread that forks it); and in the network
 // namespace it should have, for a request that brings one (a child
 // inherits the namespaces of the thread that forks it).
-func forkAt(exe *os.File, req Request, fds []int, cpus string) (int, int, error) {
+func forkAt(exe *os.File, req Request, fds []int) (int, int, error) {
 	if !req.Urgent && !req.NetNS {
-		return forkGuest(exe, req, fds, cpus)
+		return forkGuest(exe, req, fds)
 	}
 	type forked struct {
 		pid, pidfd int
@@ -162,7 +160,7 @@ func forkAt(exe *os.File, req Request, fds []int, cpus string) (int, int, error)
 				return
 			}
 		}
-		pid, pidfd, err := forkGuest(exe, req, fds, cpus)
+		pid, pidfd, err := forkGuest(exe, req, fds)
 		if req.NetNS {
 			if rerr := unix.Setns(ownNetns, unix.CLONE_NEWNET); rerr != nil {
 				// The thread stays locked and ends with the goroutine,
@@ -181,9 +179,8 @@ func forkAt(exe *os.File, req Request, fds []int, cpus string) (int, int, error)
 
 // forkGuest starts a guest in new user, mount, pid, net (unless the
 // request brings one), ipc and uts namespaces with root mapped to
-// req.UIDBase. cpus, unless empty, is the CPUs the guest takes back
-// (CPUsEnv).
-func forkGuest(exe *os.File, req Request, fds []int, cpus string) (pid, pidfd int, err error) {
+// req.UIDBase.
+func forkGuest(exe *os.File, req Request, fds []int) (pid, pidfd int, err error) {
 	need := FDCgroup
 	if req.UseCgroup {
 		need++
@@ -218,10 +215,6 @@ func forkGuest(exe *os.File, req Request, fds []int, cpus string) (pid, pidfd in
 		sys.UseCgroupFD = true
 		sys.CgroupFD = fds[FDCgroup]
 	}
-	env := []string{"GOMAXPROCS=1", "GODEBUG=memprofilerate=0"}
-	if cpus != "" {
-		env = append(env, CPUsEnv+"="+cpus)
-	}
 	pid, err = syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", exe.Fd()), []string{"paddock", GuestVerb}, &syscall.ProcAttr{
 		// The guest runs with one P (guest.Run says why). Set before the
 		// runtime starts, it never makes the second P, its cache and the
@@ -236,7 +229,7 @@ func forkGuest(exe *os.File, req Request, fds []int, cpus string) (pid, pidfd in
 		// the heap starts, it spares each guest that stack walk (about
 		// 45 µs of CPU under churn). The guest gives its children their
 		// own environments, never this one.
-		Env:   env,
+		Env:   []string{"GOMAXPROCS=1", "GODEBUG=memprofilerate=0"},
 		Files: []uintptr{uintptr(fds[FDStdin]), uintptr(fds[FDLog]), uintptr(fds[FDLog]), uintptr(fds[FDSync]), uintptr(fds[FDListen])},
 		Sys:   sys,
 	})
@@ -318,121 +311,10 @@ func isolateMounts() error {
 // lowerPriority sets every thread of this process to Nice; threads
 // started later inherit it from the one that starts them.
 func lowerPriority() {
-	eachThread(func(tid int) { unix.Setpriority(unix.PRIO_PROCESS, tid, Nice) })
-}
-
-// eachThread calls f with the id of each thread of this process.
-func eachThread(f func(tid int)) {
 	tasks, _ := os.ReadDir("/proc/self/task")
 	for _, t := range tasks {
 		if tid, err := strconv.Atoi(t.Name()); err == nil {
-			f(tid)
+			unix.Setpriority(unix.PRIO_PROCESS, tid, Nice)
 		}
 	}
-}
-
-// ownTID is thread tid (as /proc/self/task names it) in this process's
-// pid namespace: a guest's /proc is its forker's, which names the host's
-// ids, while a system call takes the guest's own. The last id of the
-// thread's NSpid line is that one.
-func ownTID(tid int) int {
-	b, err := os.ReadFile("/proc/self/task/" + strconv.Itoa(tid) + "/status")
-	if err != nil {
-		return tid
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			if ids := strings.Fields(v); len(ids) > 0 {
-				if n, err := strconv.Atoi(ids[len(ids)-1]); err == nil {
-					return n
-				}
-			}
-		}
-	}
-	return tid
-}
-
-// CPUsEnv names the variable of a guest's first environment that lists
-// the CPUs its forker was allowed (comma-separated numbers): the forker
-// runs on one of them, its guests inherit that, and take the rest back
-// (TakeBackCPUs).
-const CPUsEnv = "PADDOCK_GUEST_CPUS"
-
-// SlotEnv names the variable of the forker's environment that numbers
-// it among the forkers its daemon started: forker n keeps to the n-th of
-// its CPUs (counting round), so that forkers serving side by side do not
-// share one.
-const SlotEnv = "PADDOCK_FORKER_SLOT"
-
-// pinThreads keeps every thread of the forker on one of the CPUs it may
-// use (SlotEnv picks which), and returns them all as CPUsEnv lists them
-// ("" if there is only one, or on an error). A fork makes every page the forker
-// writes afterwards fault (copy on write, or write-protected until
-// written), and each such fault flushes the page from the TLB of every
-// CPU the forker's threads have run on: an IPI to each, which on a
-// virtual machine costs far more than the fault. On one CPU the flush is
-// local.
-func pinThreads() string {
-	var all unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &all); err != nil || all.Count() < 2 {
-		return ""
-	}
-	var cpus []string
-	var ids []int
-	for c := range len(all) * 64 {
-		if all.IsSet(c) {
-			cpus = append(cpus, strconv.Itoa(c))
-			ids = append(ids, c)
-		}
-	}
-	slot, _ := strconv.Atoi(os.Getenv(SlotEnv))
-	var one unix.CPUSet
-	one.Set(ids[max(slot, 0)%len(ids)])
-	pinned := true
-	eachThread(func(tid int) {
-		if unix.SchedSetaffinity(tid, &one) != nil {
-			pinned = false
-		}
-	})
-	if !pinned {
-		eachThread(func(tid int) { unix.SchedSetaffinity(tid, &all) })
-		return ""
-	}
-	return strings.Join(cpus, ",")
-}
-
-// TakeBackCPUs gives every thread of a guest the CPUs its forker was
-// allowed, from CPUsEnv (the forker's one CPU is inherited otherwise, and
-// with it every process of the sandbox). Threads started later inherit
-// the set from the one that starts them.
-func TakeBackCPUs() error {
-	list, ok := os.LookupEnv(CPUsEnv)
-	if !ok {
-		return nil
-	}
-	var set unix.CPUSet
-	for c := range strings.SplitSeq(list, ",") {
-		n, err := strconv.Atoi(c)
-		if err != nil || n < 0 || n >= len(set)*64 {
-			return fmt.Errorf("%s=%q: %q is not a CPU number", CPUsEnv, list, c)
-		}
-		set.Set(n)
-	}
-	// A thread the runtime starts meanwhile from one not yet done
-	// inherits the one CPU: go over them again until none is new.
-	var err error
-	done := map[int]bool{}
-	for fresh := true; fresh && len(done) < 1024; {
-		fresh = false
-		eachThread(func(tid int) {
-			if done[tid] {
-				return
-			}
-			done[tid], fresh = true, true
-			if serr := unix.SchedSetaffinity(ownTID(tid), &set); serr != nil && err == nil {
-				err = fmt.Errorf("setting thread %d's CPUs to %s: %w", tid, list, serr)
-			}
-		})
-	}
-	return err
 }

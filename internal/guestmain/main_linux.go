@@ -17,10 +17,7 @@ import (
 func Main(verb string) {
 	switch verb {
 	case guestfork.GuestVerb:
-		err := guestfork.TakeBackCPUs()
-		if err == nil {
-			err = guest.Run()
-		}
+		err := guest.Run()
 		fmt.Fprintln(os.Stderr, "paddock guest:", err)
 		os.Exit(1)
 	case guestfork.ForkerVerb:

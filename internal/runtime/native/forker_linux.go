@@ -44,9 +44,8 @@ type forker struct {
 }
 
 // startForker starts the helper from the sealed guest binary, which it
-// also forks every guest from; slot numbers it among the forkers started
-// (guestfork.SlotEnv).
-func startForker(exe *os.File, slot int) (*forker, error) {
+// also forks every guest from.
+func startForker(exe *os.File) (*forker, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("creating forker socket: %w", err)
@@ -65,7 +64,7 @@ func startForker(exe *os.File, slot int) (*forker, error) {
 	// (an IPI). Measured in churn (the forker's rusage per fork, medians
 	// of 169-228 forks, two runs each): 3.3 ms with two Ps, 2.3-2.8 with
 	// one.
-	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") }), "GOMAXPROCS=1", fmt.Sprintf("%s=%d", guestfork.SlotEnv, slot))
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") }), "GOMAXPROCS=1")
 	// It dies with the daemon (deathsig: the signal follows the thread
 	// that started it, which deathsig holds until it has exited); the
 	// guests it forked do not (they are reparented), and a new daemon

@@ -19,7 +19,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -85,9 +84,6 @@ type Runtime struct {
 	// use, restarted if it dies) or nil; a fork takes a slot for its
 	// request and gives it back, so that forks run side by side.
 	forkers chan *forker
-	// forkersStarted numbers the forkers started, which spreads them
-	// over the CPUs (guestfork.SlotEnv).
-	forkersStarted atomic.Int64
 
 	mu    sync.Mutex
 	idmap bool // the kernel supports idmapped mounts of our layers
@@ -216,7 +212,7 @@ func (r *Runtime) fork(req forkRequest, fds []int) (int, int, error) {
 	for attempt := 0; ; attempt++ {
 		if f == nil {
 			var err error
-			if f, err = startForker(r.guestExe, int(r.forkersStarted.Add(1)-1)); err != nil {
+			if f, err = startForker(r.guestExe); err != nil {
 				return 0, -1, err
 			}
 			r.forkerPidsGroup(f)
