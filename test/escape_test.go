@@ -524,6 +524,11 @@ func nativeUsers(t *testing.T, d *Daemon) {
 	if out := d.Sh(id, "id -u; cat /proc/self/uid_map"); !regexp.MustCompile(`^0\n\s*0\s+` + strconv.Itoa(int(base)) + `\s+65536\n$`).MatchString(out) {
 		t.Errorf("inside: id -u and uid_map: %q; want root mapped to %d", out, base)
 	}
+	// Its processes start with no signal blocked or ignored, whatever
+	// the forker and the guest block for themselves.
+	if out := d.Sh(id, "grep -E '^Sig(Blk|Ign)' /proc/self/status"); out != "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n" {
+		t.Errorf("inside: a process's signal mask and ignored signals: %q, want none", out)
+	}
 
 	// Every process of the sandbox runs as a uid of its range on the host.
 	pids := sandboxProcs(sb)

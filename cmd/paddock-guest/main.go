@@ -1,9 +1,8 @@
 //go:build linux
 
 // Command paddock-guest is the slim binary each sandbox runs as PID 1
-// (`paddock-guest guest`), and the forker that starts those
-// (`paddock-guest guest-forker`). It holds the guest's packages and
-// nothing of the daemon's or the CLI's, so a guest starts in a fraction
+// (`paddock-guest guest`). It holds the guest's packages and nothing of
+// the daemon's or the CLI's, so a guest starts in a fraction
 // of the full binary's time and memory. make build builds it first and
 // embeds it in paddock (internal/guestbin), which still installs as one
 // file; the daemon runs it from a sealed memfd, never from a path.

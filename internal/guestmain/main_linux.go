@@ -1,7 +1,6 @@
-// Package guestmain runs the guest binary's hidden verbs: the guest
-// (PID 1 of a sandbox, internal/guest) and the forker that starts guests
-// (internal/guestfork). Only the binaries' mains import it, so no package
-// of the daemon links the guest's PID 1 side.
+// Package guestmain runs the guest binary's hidden verb: the guest, PID 1
+// of a sandbox (internal/guest). Only the binaries' mains import it, so no
+// package of the daemon links the guest's PID 1 side.
 package guestmain
 
 import (
@@ -12,19 +11,12 @@ import (
 	"github.com/paddock-dev/paddock/internal/guestfork"
 )
 
-// Main runs verb if it is one of the guest binary's and exits; any other
-// verb returns.
+// Main runs verb if it is the guest binary's and exits; any other verb
+// returns.
 func Main(verb string) {
-	switch verb {
-	case guestfork.GuestVerb:
+	if verb == guestfork.GuestVerb {
 		err := guest.Run()
 		fmt.Fprintln(os.Stderr, "paddock guest:", err)
 		os.Exit(1)
-	case guestfork.ForkerVerb:
-		if err := guestfork.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "paddock guest-forker:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
 	}
 }

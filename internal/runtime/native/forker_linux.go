@@ -1,12 +1,10 @@
 package native
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,20 +15,21 @@ import (
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/deathsig"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 	"github.com/paddock-dev/paddock/internal/guestfork"
 )
 
-// The forker is a small helper process (the guest binary's
-// `guest-forker`, internal/guestfork) that forks guests for the daemon.
-// Forking into a new user namespace cannot use vfork (the child waits for
-// its uid map), so it copies the forking process's page tables, and every
-// page the forking process writes afterwards costs a copy-on-write fault.
-// Forking from the daemon would make the requests it serves right after a
-// create slow; the forker is idle and small. It runs at a low priority,
-// and so do the guests it forks until the daemon hands one a sandbox:
-// getting guests ready ahead of time must not slow down the sandboxes in
-// use. It runs in its own mount namespace holding only what a guest needs
-// before it enters its sandbox's root (guestfork's isolateMounts).
+// The forker is a small helper process (internal/guestfork, in C) that
+// forks guests for the daemon. Forking into a new user namespace cannot
+// use vfork (the child waits for its uid map), so it copies the forking
+// process's page tables, and every page the forking process writes
+// afterwards costs a copy-on-write fault: a single-threaded C process
+// with a few pages pays almost nothing for either, where the daemon (or
+// a Go forker) pays for every page its runtime touched. It runs at a low
+// priority, and so do the guests it forks until the daemon hands one a
+// sandbox: getting guests ready ahead of time must not slow down the
+// sandboxes in use. It runs in its own mount namespace holding only what
+// a guest needs before it enters its sandbox's root.
 
 // forkRequest asks the forker for a guest.
 type forkRequest = guestfork.Request
@@ -43,8 +42,9 @@ type forker struct {
 	dead <-chan struct{} // closed once the helper has exited and is reaped
 }
 
-// startForker starts the helper from the sealed guest binary, which it
-// also forks every guest from.
+// startForker starts the helper from the daemon's own binary, where the
+// forker's C side takes the process before the Go runtime starts; it
+// forks every guest from exe, the sealed guest binary.
 func startForker(exe *os.File) (*forker, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -53,18 +53,11 @@ func startForker(exe *os.File) (*forker, error) {
 	ours := os.NewFile(uintptr(pair[0]), "forker")
 	theirs := os.NewFile(uintptr(pair[1]), "forker-child")
 	defer theirs.Close()
-	cmd := exec.Command(fmt.Sprintf("/proc/self/fd/%d", exe.Fd()), guestfork.ForkerVerb)
+	cmd := exec.Command("/proc/self/exe", append([]string{guestfork.ForkerVerb}, guestapi.Devices...)...)
 	cmd.Args[0] = "paddock"
 	cmd.ExtraFiles = []*os.File{theirs, exe} // fds 3 and 4
 	cmd.Stderr = os.Stderr
-	// One P: the forker serves one fork at a time, and a second P only
-	// adds threads that run beside it. After each fork every page the
-	// forker writes takes a copy-on-write fault, and with a thread of its
-	// own on the other vCPU each of those also flushes that vCPU's TLB
-	// (an IPI). Measured in churn (the forker's rusage per fork, medians
-	// of 169-228 forks, two runs each): 3.3 ms with two Ps, 2.3-2.8 with
-	// one.
-	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") }), "GOMAXPROCS=1")
+	cmd.Env = []string{}
 	// It dies with the daemon (deathsig: the signal follows the thread
 	// that started it, which deathsig holds until it has exited); the
 	// guests it forked do not (they are reparented), and a new daemon
@@ -80,35 +73,46 @@ func startForker(exe *os.File) (*forker, error) {
 
 // fork asks for a guest; it returns its pid and a pidfd.
 func (f *forker) fork(req forkRequest, fds []int) (int, int, error) {
-	b, err := json.Marshal(req)
-	if err != nil {
-		return 0, -1, err
-	}
+	return f.send(req.Encode(), fds)
+}
+
+// send sends the forker a request as encoded and reads its answer.
+func (f *forker) send(msg []byte, fds []int) (int, int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := unix.Sendmsg(int(f.sock.Fd()), b, unix.UnixRights(fds...), nil, 0); err != nil {
+	if err := unix.Sendmsg(int(f.sock.Fd()), msg, unix.UnixRights(fds...), nil, 0); err != nil {
 		return 0, -1, fmt.Errorf("asking the forker: %w", err)
 	}
-	buf := make([]byte, 4096)
+	buf := make([]byte, 512)
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := unix.Recvmsg(int(f.sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil || n == 0 {
 		return 0, -1, fmt.Errorf("reading the forker's answer: %v", err)
 	}
-	var rep guestfork.Reply
-	if err := json.Unmarshal(buf[:n], &rep); err != nil {
-		return 0, -1, fmt.Errorf("decoding the forker's answer: %w", err)
-	}
-	if rep.Error != "" {
-		return 0, -1, errors.New(rep.Error)
-	}
+	var pidfd = -1
 	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
 	for _, m := range msgs {
-		if got, err := unix.ParseUnixRights(&m); err == nil && len(got) == 1 {
-			return rep.PID, got[0], nil
+		if got, err := unix.ParseUnixRights(&m); err == nil {
+			for _, fd := range got {
+				if pidfd < 0 {
+					pidfd = fd
+				} else {
+					unix.Close(fd)
+				}
+			}
 		}
 	}
-	return 0, -1, errors.New("the forker sent no pidfd")
+	pid, err := guestfork.DecodeReply(buf[:n])
+	if err == nil && pidfd < 0 {
+		err = errors.New("the forker sent no pidfd")
+	}
+	if err != nil {
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+		return 0, -1, err
+	}
+	return pid, pidfd, nil
 }
 
 // alive reports whether the helper process still runs (a killed one

@@ -1,0 +1,20 @@
+//go:build cgo
+
+package guestfork
+
+// Links forker_linux.c, the forker itself, into every binary that starts
+// guests (the daemon's, and the tests').
+
+// #include "forker.h"
+import "C"
+
+// The protocol is written twice, once for each language: unless the two
+// agree, the key below repeats the map's first (false) and the build
+// fails.
+var _ = map[bool]int{false: 0, C.FORKER_VERB == ForkerVerb &&
+	C.GUEST_VERB == GuestVerb &&
+	C.NICE == Nice &&
+	C.REQ_LEN == requestLen &&
+	C.REQ_CGROUP == reqCgroup &&
+	C.REQ_URGENT == reqUrgent &&
+	C.REQ_NETNS == reqNetNS: 1}

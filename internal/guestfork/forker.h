@@ -1,0 +1,12 @@
+// The forker's protocol, for its C side; cgo_linux.go checks at build
+// time that forker_linux.go's constants say the same.
+
+#define FORKER_VERB "guest-forker"
+#define GUEST_VERB "guest"
+#define NICE 10
+#define FD_SOCKET 3 // SOCK_SEQPACKET to the daemon: requests in, replies out
+#define FD_EXE 4    // the sealed guest binary
+#define REQ_LEN 12  // uid base, ids, flags: 32 bits each, host byte order
+#define REQ_CGROUP 1u
+#define REQ_URGENT 2u
+#define REQ_NETNS 4u
