@@ -91,8 +91,11 @@ static int high(int fd) {
 // in its namespace, beneath its sandbox's root (the guest's enterRoot):
 // add nothing of the host's here.
 static void isolate_mounts(char **devices, int ndevices) {
-	// The daemon started us in a new mount namespace; nothing done here
-	// may reach the host's.
+	// The daemon starts us in a new mount namespace; one of our own as
+	// well, so that nothing done here reaches the host's even when the
+	// verb is run by hand.
+	if (unshare(CLONE_NEWNS))
+		die("making a mount namespace");
 	if (mount("", "/", NULL, MS_REC | MS_PRIVATE, NULL))
 		die("making mounts private");
 	// Any directory of the host's tree serves as the mount point: the
@@ -157,7 +160,7 @@ static int write_file(pid_t pid, const char *name, const char *s) {
 // The child's side of a fork, up to the guest's exec; it reports a failure
 // on status (the errno, then the step) and exits.
 struct child_args {
-	int go, status;
+	int go, go_parent, status;
 	int fds[FDS_BASE];
 };
 
@@ -175,8 +178,10 @@ static void child_fail(int status, const char *step) {
 
 static void child(const struct child_args *a) {
 	char c;
-	// The parent writes the uid and gid maps, then says go (or closes
-	// the pipe and kills us).
+	// The parent writes the uid and gid maps, then says go (or kills
+	// us). Our copy of its end is closed first: if the forker dies (with
+	// its daemon), the read ends instead of waiting for ever.
+	close(a->go_parent);
 	if (read(a->go, &c, 1) != 1)
 		_exit(127);
 	if (setsid() < 0)
@@ -197,7 +202,7 @@ static void child(const struct child_args *a) {
 			child_fail(a->status, "dup2");
 	sigset_t none;
 	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL); // the forker blocks SIGCHLD
+	sigprocmask(SIG_SETMASK, &none, NULL); // the forker blocks SIGCHLD, SIGPIPE
 	char *argv[] = {"paddock", GUEST_VERB, NULL};
 	// The guest runs with one P (guest.Run says why). Set before the
 	// runtime starts, it never makes the second P, its cache and the
@@ -228,7 +233,7 @@ static int fork_guest(const unsigned char *req, int *fds, int nfds, int *pidfd, 
 	if (ids == 0)
 		return fail(msg, len, err, EINVAL, "fork request maps no ids");
 
-	struct child_args a = {.go = -1, .status = -1};
+	struct child_args a = {.go = -1, .go_parent = -1, .status = -1};
 	for (int i = 0; i < FDS_BASE; i++)
 		a.fds[i] = fds[i];
 	int gop[2] = {-1, -1}, stp[2] = {-1, -1};
@@ -244,6 +249,7 @@ static int fork_guest(const unsigned char *req, int *fds, int nfds, int *pidfd, 
 		return -1;
 	}
 	a.go = gop[0];
+	a.go_parent = gop[1];
 	a.status = stp[1];
 
 	// A child inherits the nice value and the namespaces of the thread
@@ -366,8 +372,10 @@ static void serve(int sigfd) {
 		ssize_t n = recvmsg(FD_SOCKET, &mh, MSG_CMSG_CLOEXEC);
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n <= 0)
-			_exit(n < 0); // the daemon is gone
+		if (n < 0)
+			die("reading a request");
+		if (n == 0)
+			_exit(0); // the daemon is gone
 		int fds[FDS_MAX], nfds = 0, overflow = 0;
 		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -432,15 +440,27 @@ static void serve(int sigfd) {
 // (guestapi.Devices).
 static void forker_main(int argc, char **argv) {
 	// Signals the daemon's runtime handled are default again after exec;
-	// ignored ones would stay ignored in every guest.
-	for (int s = 1; s < NSIG; s++)
-		if (s != SIGKILL && s != SIGSTOP)
-			signal(s, SIG_DFL);
-	sigset_t chld;
+	// ignored ones would stay ignored in every guest and every process
+	// of its sandbox (the Go runtime leaves an ignored 32 and 33 as it
+	// finds them). The system call, not signal(3): the C library refuses
+	// the two signals it reserves. All zeros is SIG_DFL with no flags and
+	// an empty mask in every architecture's layout.
+	for (int s = 1; s < NSIG; s++) {
+		unsigned long dfl[4] = {0};
+		if (s != SIGKILL && s != SIGSTOP && syscall(SYS_rt_sigaction, s, dfl, NULL, 8))
+			die("resetting a signal");
+	}
+	// SIGCHLD is read from a signalfd; SIGPIPE (a child that died before
+	// it was woken) stays pending, so that the write fails with EPIPE
+	// instead of killing the forker. A child's mask is emptied before
+	// its exec, and it starts with nothing pending.
+	sigset_t chld, blocked;
 	sigemptyset(&chld);
 	sigaddset(&chld, SIGCHLD);
-	if (sigprocmask(SIG_BLOCK, &chld, NULL))
-		die("blocking SIGCHLD");
+	blocked = chld;
+	sigaddset(&blocked, SIGPIPE);
+	if (sigprocmask(SIG_BLOCK, &blocked, NULL))
+		die("blocking SIGCHLD and SIGPIPE");
 	int sigfd = high(signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK));
 	if (sigfd < 0)
 		die("signalfd");

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -148,4 +149,122 @@ func forkerGuest(t *testing.T) *os.File {
 	}
 	t.Cleanup(func() { exe.Close() })
 	return exe
+}
+
+// TestForkerKilledMidFork: a forker killed (with its daemon) between a
+// guest's clone and the exec leaves nothing waiting. A child it had not
+// yet woken (the id maps unwritten) used to wait for ever on a pipe whose
+// other end it held itself; it now exits. Forks run in a loop while the
+// forker is killed at varying times; the children it leaves are
+// reparented to this process (a subreaper for the test), and none may
+// stay the forker's image for long.
+func TestForkerKilledMidFork(t *testing.T) {
+	exe := forkerGuest(t)
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
+	self, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	n := int(null.Fd())
+	req := forkRequest{UIDBase: 2_100_000_000, IDs: 65536}
+	var forkers []*forker
+	for i := range 40 {
+		f, err := startForker(exe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forkers = append(forkers, f)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				_, pidfd, err := f.fork(req, []int{n, n, n, n})
+				if err != nil {
+					return // the forker is gone
+				}
+				unix.Close(pidfd) // the guest reads /dev/null and exits
+			}
+		}()
+		time.Sleep(time.Duration(2+i%7) * time.Millisecond)
+		f.cmd.Process.Kill()
+		<-f.dead
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			// A child holds the forker's end of the socket.
+			t.Errorf("round %d: the fork loop still waits for an answer 5 s after the forker died", i)
+		}
+		if t.Failed() {
+			break
+		}
+	}
+	// Children of a forker it had cloned but not woken run the forker's
+	// image; a guest runs the sealed binary.
+	stuck := func() []int {
+		var pids []int
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil {
+				continue
+			}
+			_, rest, _ := strings.Cut(string(st), ") ")
+			fields := strings.Fields(rest)
+			if len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
+				continue
+			}
+			if img, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && img == self {
+				pids = append(pids, pid)
+			}
+		}
+		return pids
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	left := stuck()
+	for len(left) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		left = stuck()
+	}
+	for _, pid := range left {
+		unix.Kill(pid, unix.SIGKILL)
+	}
+	reapChildren(t)
+	t.Cleanup(func() {
+		for _, f := range forkers {
+			f.sock.Close()
+		}
+	})
+	if len(left) > 0 {
+		t.Fatalf("%d children of killed forkers still wait: %v", len(left), left)
+	}
+}
+
+// reapChildren reaps this process's exited children that nothing else
+// waits for (orphans reparented to it as a subreaper), for up to a
+// second.
+func reapChildren(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if err != nil || pid == 0 {
+			if err != nil {
+				return // no children left
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 }
