@@ -268,3 +268,75 @@ func reapChildren(t *testing.T) {
 		}
 	}
 }
+
+// TestForkerIntoCgroup: a request that brings a cgroup v2 directory has
+// its guest cloned straight into it (CLONE_INTO_CGROUP): the guest's
+// /proc/PID/cgroup names it from its first instant. Run wherever a
+// cgroup2 hierarchy is mounted (a hybrid host's unified one too).
+func TestForkerIntoCgroup(t *testing.T) {
+	exe := forkerGuest(t)
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := ""
+	for _, l := range strings.Split(string(mounts), "\n") {
+		if f := strings.Fields(l); len(f) > 2 && f[2] == "cgroup2" {
+			root = f[1]
+			break
+		}
+	}
+	if root == "" {
+		t.Skip("no cgroup2 hierarchy mounted")
+	}
+	name := fmt.Sprintf("paddock-forker-test-%d", os.Getpid())
+	dir := root + "/" + name
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for os.Remove(dir) != nil && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // until the guest is gone
+		}
+	})
+	cg, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	f, err := startForker(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.close)
+	// The guest waits on its sync socket for a config that never comes.
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pair[0])
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	n := int(null.Fd())
+	pid, pidfd, err := f.fork(forkRequest{UIDBase: 2_100_000_000, IDs: 65536, UseCgroup: true}, []int{n, n, pair[1], n, int(cg.Fd())})
+	unix.Close(pair[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+		unix.Poll([]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}, 5000)
+		unix.Close(pidfd)
+	}()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "0::/"+name+"\n") {
+		t.Fatalf("the guest's cgroups:\n%s\nwant 0::/%s", b, name)
+	}
+}
