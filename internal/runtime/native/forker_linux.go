@@ -89,7 +89,7 @@ func (f *forker) send(msg []byte, fds []int) (int, int, error) {
 	if err != nil || n == 0 {
 		return 0, -1, fmt.Errorf("reading the forker's answer: %v", err)
 	}
-	var pidfd = -1
+	pidfd := -1
 	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
 	for _, m := range msgs {
 		if got, err := unix.ParseUnixRights(&m); err == nil {

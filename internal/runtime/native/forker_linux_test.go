@@ -175,13 +175,12 @@ func TestForkerKilledMidFork(t *testing.T) {
 	defer null.Close()
 	n := int(null.Fd())
 	req := forkRequest{UIDBase: 2_100_000_000, IDs: 65536}
-	var forkers []*forker
 	for i := range 40 {
 		f, err := startForker(exe)
 		if err != nil {
 			t.Fatal(err)
 		}
-		forkers = append(forkers, f)
+		t.Cleanup(func() { f.sock.Close() })
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -208,44 +207,16 @@ func TestForkerKilledMidFork(t *testing.T) {
 	}
 	// Children of a forker it had cloned but not woken run the forker's
 	// image; a guest runs the sealed binary.
-	stuck := func() []int {
-		var pids []int
-		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-			if err != nil {
-				continue
-			}
-			_, rest, _ := strings.Cut(string(st), ") ")
-			fields := strings.Fields(rest)
-			if len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
-				continue
-			}
-			if img, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && img == self {
-				pids = append(pids, pid)
-			}
-		}
-		return pids
-	}
 	deadline := time.Now().Add(5 * time.Second)
-	left := stuck()
+	left := childrenRunning(self)
 	for len(left) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
-		left = stuck()
+		left = childrenRunning(self)
 	}
 	for _, pid := range left {
 		unix.Kill(pid, unix.SIGKILL)
 	}
 	reapChildren(t)
-	t.Cleanup(func() {
-		for _, f := range forkers {
-			f.sock.Close()
-		}
-	})
 	if len(left) > 0 {
 		t.Fatalf("%d children of killed forkers still wait: %v", len(left), left)
 	}
@@ -260,13 +231,34 @@ func reapChildren(t *testing.T) {
 	for time.Now().Before(deadline) {
 		var ws unix.WaitStatus
 		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-		if err != nil || pid == 0 {
-			if err != nil {
-				return // no children left
-			}
+		if err != nil {
+			return // no children left
+		}
+		if pid == 0 {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// childrenRunning lists this process's live children whose executable is
+// image (a zombie has none).
+func childrenRunning(image string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		st, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil || !strings.Contains(string(st), fmt.Sprintf("\nPPid:\t%d\n", os.Getpid())) {
+			continue
+		}
+		if img, err := os.Readlink("/proc/" + e.Name() + "/exe"); err == nil && img == image {
+			pid, _ := strconv.Atoi(e.Name())
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // TestForkerIntoCgroup: a request that brings a cgroup v2 directory has
