@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -138,9 +139,7 @@ func prepareDaemon(t *testing.T, extra ...string) *Daemon {
 		RunDir:   filepath.Join(root, "run"),
 		Sock:     filepath.Join(root, "paddock.sock"),
 		Cgroup:   "paddock-test-" + id,
-		// Spread test daemons over the uid space so that two never share
-		// ranges.
-		UIDStart: 1<<29 + uint32(time.Now().UnixNano()%4096)*(1<<16)*8,
+		UIDStart: nextUIDBlock(),
 	}
 	d.Host = "unix://" + d.Sock
 	netName, netArgs := networkArgs()
@@ -160,6 +159,29 @@ func prepareDaemon(t *testing.T, extra ...string) *Daemon {
 	}
 	t.Cleanup(d.cleanup)
 	return d
+}
+
+// uidBlocks is how many blocks of uidBlockRanges ranges test daemons
+// take their uids from, between 1<<29 and the cluster slots' 3<<30.
+const (
+	uidBlockRanges = 256
+	uidBlocks      = (3<<30 - 1<<29) / (uidBlockRanges << 16)
+)
+
+// uidBlockNext counts the blocks handed out, from a point drawn from the
+// clock (another run of these tests on the host starts elsewhere).
+var uidBlockNext atomic.Uint32
+
+func init() { uidBlockNext.Store(uint32(time.Now().UnixNano() % uidBlocks)) }
+
+// nextUIDBlock is the first uid of the next test daemon's block. A daemon
+// takes the lowest free ranges from its start, and under churn holds a
+// few dozen at once (pools, sandboxes, ranges still being torn down):
+// blocks of 256 keep each clear of the next daemon's. The count wraps
+// after 160 daemons, long after the daemon that had the block is gone
+// (tests run at most a few daemons at a time).
+func nextUIDBlock() uint32 {
+	return 1<<29 + (uidBlockNext.Add(1)%uidBlocks)*uidBlockRanges<<16
 }
 
 // Start starts (or restarts) the daemon process and waits until it serves.
