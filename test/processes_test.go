@@ -531,8 +531,8 @@ func TestExecWholeAnswer(t *testing.T) {
 // TestMonitorSlack: the Go runtime's monitor thread of the guest (thread
 // 2 of the sandbox's PID namespace) and of the daemon (its first thread)
 // sleep with a 2 ms timer slack, which keeps them from waking every 20-70
-// µs around each exec; the processes of the sandbox have the kernel's
-// default slack.
+// µs around each exec; the guest's main thread and the processes of the
+// sandbox have the kernel's default slack.
 func TestMonitorSlack(t *testing.T) {
 	t.Parallel()
 	d := newDaemon(t)
@@ -571,6 +571,12 @@ func TestMonitorSlack(t *testing.T) {
 	guest := threads(d.hostPID(id), true)
 	if guest[2] != "2000000" {
 		t.Errorf("guest thread 2 (the runtime's monitor): slack %q ns, want 2000000; all: %v", guest[2], guest)
+	}
+	// The forker starts the guest with the monitor's slack, and the
+	// guest gives its main thread the default back: the threads it
+	// starts, and their timers, have the default.
+	if guest[1] != "50000" {
+		t.Errorf("guest thread 1 (its main thread): slack %q ns, want the kernel's default 50000; all: %v", guest[1], guest)
 	}
 	if got := strings.TrimSpace(d.Sh(id, "cat /proc/self/timerslack_ns")); got != "50000" {
 		t.Errorf("a process in the sandbox has slack %q ns, want the kernel's default 50000", got)

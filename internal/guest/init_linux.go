@@ -55,7 +55,7 @@ func Run() error {
 	// the runtime passes on at least every 10 ms.
 	runtime.GOMAXPROCS(1)
 	// Best effort: without it the guest is only slower.
-	_ = sysmon.Calm()
+	_ = sysmon.Settle()
 	// Nothing in the sandbox may ptrace us, read our memory or fds, or
 	// open /proc/1/exe.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {

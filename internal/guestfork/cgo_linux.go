@@ -8,6 +8,8 @@ package guestfork
 // #include "forker.h"
 import "C"
 
+import "github.com/paddock-dev/paddock/internal/sysmon"
+
 // The protocol is written twice, once for each language: unless the two
 // agree, the key below repeats the map's first (false) and the build
 // fails. In a function never called, it costs the program nothing.
@@ -15,6 +17,7 @@ func _() {
 	_ = map[bool]int{false: 0, C.FORKER_VERB == ForkerVerb &&
 		C.GUEST_VERB == GuestVerb &&
 		C.NICE == Nice &&
+		C.GUEST_SLACK_NS == int64(sysmon.Slack) &&
 		C.REQ_LEN == requestLen &&
 		C.REQ_CGROUP == reqCgroup &&
 		C.REQ_URGENT == reqUrgent &&

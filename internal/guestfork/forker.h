@@ -4,6 +4,7 @@
 #define FORKER_VERB "guest-forker"
 #define GUEST_VERB "guest"
 #define NICE 10
+#define GUEST_SLACK_NS 2000000 // sysmon.Slack, every guest's timer slack at its exec
 #define FD_SOCKET 3 // SOCK_SEQPACKET to the daemon: requests in, replies out
 #define FD_EXE 4    // the sealed guest binary
 #define REQ_LEN 12  // uid base, ids, flags: 32 bits each, host byte order

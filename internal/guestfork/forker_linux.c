@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -203,6 +204,14 @@ static void child(const struct child_args *a) {
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL); // the forker blocks SIGCHLD, SIGPIPE
+	// The guest starts with its runtime monitor's timer slack
+	// (internal/sysmon says why): the slack passes through exec and on to
+	// the threads a thread starts, so sysmon, which the runtime starts
+	// first, has it from its first sleep on, through the runtime's start
+	// and the package inits, where it used to poll every 70 us. The guest
+	// gives its main thread the kernel's default back (sysmon.Settle).
+	if (prctl(PR_SET_TIMERSLACK, GUEST_SLACK_NS, 0, 0, 0))
+		child_fail(a->status, "prctl(PR_SET_TIMERSLACK)");
 	char *argv[] = {"paddock", GUEST_VERB, NULL};
 	// The guest runs with one P (guest.Run says why). Set before the
 	// runtime starts, it never makes the second P, its cache and the

@@ -20,7 +20,8 @@
 // the threads sysmon starts (for a P it takes back) have the same slack:
 // their timers may fire up to 2 ms late. A process that forks work whose
 // timers matter sets its forking thread's slack itself (the guest's
-// spawner does).
+// spawner does). A process can also start with the slack (the forker
+// gives it to every guest before exec) and Settle.
 package sysmon
 
 import (
@@ -28,6 +29,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Slack is the timer slack Calm gives sysmon.
@@ -72,4 +75,21 @@ func firstThread() (int, error) {
 		return 0, errors.New("no thread started after the main one")
 	}
 	return first, nil
+}
+
+// defaultSlack is the kernel's timer slack for a normal thread.
+const defaultSlack = 50 * time.Microsecond
+
+// Settle calms sysmon, or finds it calm already: a process started with
+// Slack (the forker gives every guest it before exec) passed it to
+// sysmon, the first thread its runtime started, and then Settle only
+// gives the calling thread (the main one, before it starts others) the
+// kernel's default back, so that the threads it starts and their timers
+// are as usual. Otherwise it is Calm.
+func Settle() error {
+	slack, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
+	if err != nil || time.Duration(slack) < Slack {
+		return Calm()
+	}
+	return unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(defaultSlack.Nanoseconds()), 0, 0, 0)
 }
