@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -116,6 +118,7 @@ func churnMethod() []string {
 		fmt.Sprintf("Each paddock loop starts with its pool full (`%s`, or the template's) and the daemon idle; the template is removed after its loop, and the peers start once the default pool is full again, so that no refill runs during their loops.", defaultPool),
 		fmt.Sprintf("**bwrap** and **runc run**: the same number of loops, for %s (their rates are steady within seconds), each spawning the tool with `echo hi` "+
 			"(flags and bundle as in the cold table) and reaping it; runc's container is checked gone after each run.", peerChurnTime()),
+		fmt.Sprintf("**A pooled guest's own cost**, after the peers: the default pool is given %d more guests while nothing else runs, and each guest the pool made then is read once it is prepared and idle: its threads' run time (`/proc/PID/task/*/schedstat`) and context switches. The rates and CPU per cycle move ±10%% between runs on a shared host; this moves far less, and compares a change to the guest across builds.", guestSamples),
 	}
 }
 
@@ -202,7 +205,72 @@ func benchChurn(ctx context.Context, r *rig) *section {
 	if len(peers) > 0 {
 		b3.Value, b3.Verdict = strings.Join(peers, ", "), reported
 	}
+	if note, err := r.guestCost(ctx); err != nil {
+		s.note("a pooled guest's cost: %v", err)
+	} else {
+		s.note("%s", note)
+	}
 	return s
+}
+
+// guestSamples is how many guests guestCost makes and reads.
+const guestSamples = 16
+
+// guestCost has the default pool make guestSamples more guests while
+// the host is otherwise idle and says what each cost, read on the guests
+// themselves: their threads' run time (schedstat) and context switches,
+// from the fork to prepared and idle in the pool. A change to the guest
+// moves a churn cycle by a few per cent, which the runs' noise on a
+// shared host hides; this compares across builds where the rates do not.
+func (r *rig) guestCost(ctx context.Context) (string, error) {
+	r.idle(ctx)
+	p, err := r.client.Pools(ctx)
+	if err != nil {
+		return "", fmt.Errorf("reading the pools: %w", err)
+	}
+	since, err := uptimeTicks()
+	if err != nil {
+		return "", err
+	}
+	restore, err := r.sizePool(ctx, defaultPool, p.Target[defaultPool]+guestSamples)
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		if err := restore(); err != nil {
+			r.log.Warn("restoring the default pool", "err", err)
+		}
+		r.idle(ctx)
+	}()
+	if err := r.waitFullPool(ctx, defaultPool); err != nil {
+		return "", err
+	}
+	var cpu []time.Duration
+	var switches []int
+	for _, f := range childrenOf(r.daemon.pid()) {
+		for _, g := range childrenOf(f.PID) {
+			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", g.PID))
+			if !strings.HasPrefix(exe, "/memfd:") || g.State == 'Z' || g.Start < since {
+				continue
+			}
+			c, err := threadsCPU(g.PID)
+			if err != nil {
+				continue // gone meanwhile
+			}
+			n, err := threadSwitches(g.PID)
+			if err != nil {
+				continue
+			}
+			cpu, switches = append(cpu, c), append(switches, n)
+		}
+	}
+	if len(cpu) == 0 {
+		return "", errors.New("no guest the pool made was found under the daemon's forkers")
+	}
+	slices.Sort(switches)
+	sm := summarize(cpu)
+	return fmt.Sprintf("A pooled guest's own cost (after the loops, the default pool given %d more guests on an otherwise idle host; %d read, prepared and idle): CPU from its fork to ready, its threads' run time, median %s (min %s, max %s); context switches median %d.",
+		guestSamples, len(cpu), ms(sm.Median), ms(sm.Min), ms(sm.Max), switches[len(switches)/2]), nil
 }
 
 // templateChurn builds the churn template, waits for its pool, runs the

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -132,6 +133,52 @@ func threadsCPU(pid int) (time.Duration, error) {
 			return 0, fmt.Errorf("parsing schedstat of %d: %w", pid, err)
 		}
 		total += time.Duration(ns)
+	}
+	return total, nil
+}
+
+// uptimeTicks is the time since boot in clock ticks, the unit of a
+// process's start time in /proc/<pid>/stat (USER_HZ, 100 on Linux).
+func uptimeTicks() (uint64, error) {
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, errors.New("parsing /proc/uptime: empty")
+	}
+	secs, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0, fmt.Errorf("parsing /proc/uptime: %w", err)
+	}
+	return uint64(secs * 100), nil
+}
+
+// threadSwitches is the context switches of all pid's threads,
+// voluntary and not.
+func threadSwitches(pid int) (int, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, ok := strings.Cut(line, ":")
+			if !ok || k != "voluntary_ctxt_switches" && k != "nonvoluntary_ctxt_switches" {
+				continue
+			}
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return 0, fmt.Errorf("parsing %s of %d: %w", k, pid, err)
+			}
+			total += n
+		}
 	}
 	return total, nil
 }
