@@ -118,7 +118,7 @@ func churnMethod() []string {
 		fmt.Sprintf("Each paddock loop starts with its pool full (`%s`, or the template's) and the daemon idle; the template is removed after its loop, and the peers start once the default pool is full again, so that no refill runs during their loops.", defaultPool),
 		fmt.Sprintf("**bwrap** and **runc run**: the same number of loops, for %s (their rates are steady within seconds), each spawning the tool with `echo hi` "+
 			"(flags and bundle as in the cold table) and reaping it; runc's container is checked gone after each run.", peerChurnTime()),
-		fmt.Sprintf("**A pooled guest's own cost**, after the peers: the default pool is given %d more guests while nothing else runs, and each guest the pool made then is read once it is prepared and idle: its threads' run time (`/proc/PID/task/*/schedstat`) and context switches. The rates and CPU per cycle move ±10%% between runs on a shared host; this moves far less, and compares a change to the guest across builds.", guestSamples),
+		fmt.Sprintf("**A pooled guest's own cost**, after the peers: the default pool is given %d more guests while nothing else runs, and each guest the pool made then is read once it is prepared and idle: its threads' run time (`/proc/PID/task/*/schedstat`) and context switches. It moves between runs of one build too (14.6-24.2 ms medians on the slow days of this host), but reads a change to the guest apart from the rest of a cycle; its context switches move less.", guestSamples),
 	}
 }
 
@@ -221,7 +221,7 @@ const guestSamples = 16
 // themselves: their threads' run time (schedstat) and context switches,
 // from the fork to prepared and idle in the pool. A change to the guest
 // moves a churn cycle by a few per cent, which the runs' noise on a
-// shared host hides; this compares across builds where the rates do not.
+// shared host hides; this reads the guest apart from the rest.
 func (r *rig) guestCost(ctx context.Context) (string, error) {
 	r.idle(ctx)
 	p, err := r.client.Pools(ctx)
