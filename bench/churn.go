@@ -118,7 +118,7 @@ func churnMethod() []string {
 		fmt.Sprintf("Each paddock loop starts with its pool full (`%s`, or the template's) and the daemon idle; the template is removed after its loop, and the peers start once the default pool is full again, so that no refill runs during their loops.", defaultPool),
 		fmt.Sprintf("**bwrap** and **runc run**: the same number of loops, for %s (their rates are steady within seconds), each spawning the tool with `echo hi` "+
 			"(flags and bundle as in the cold table) and reaping it; runc's container is checked gone after each run.", peerChurnTime()),
-		fmt.Sprintf("**A pooled guest's own cost**, after the peers: the default pool is given %d more guests while nothing else runs, and each guest the pool made then is read once it is prepared and idle: its threads' run time (`/proc/PID/task/*/schedstat`) and context switches. It moves between runs of one build too (14.6-24.2 ms medians on the slow days of this host), but reads a change to the guest apart from the rest of a cycle; its context switches move less.", guestSamples),
+		fmt.Sprintf("**A pooled guest's own cost**, after the peers: the default pool is given %d more guests while nothing else runs, and each guest the pool made then is read once it is prepared and idle: its threads' run time (`/proc/PID/task/*/schedstat`) and context switches. It moves between runs of one build too (17.1-22.0 ms medians in six runs on a slow day of this host), but reads a change to the guest apart from the rest of a cycle; its context switches move less.", guestSamples),
 	}
 }
 
