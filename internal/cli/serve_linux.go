@@ -76,6 +76,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&cfg.GvisorPool, "gvisor-pool", 0, "gvisor sandboxes of the default image to keep ready (runsc started, the guest prepared), so that a gvisor create is a hand-out")
 	f.StringVar(&cfg.DefaultRuntime, "default-runtime", "", `runtime of creates that name none: "native" (default) or "gvisor"`)
 	f.BoolVar(&cfg.Network.Disabled, "no-network", false, "give sandboxes loopback only (no egress gateway)")
+	f.BoolVar(&cfg.NoFastGuest, "no-fast-guest", false, "start every native sandbox's PID 1 as the Go guest, not as the fast guest in C that hands over to it for what it does not serve")
 	f.StringVar(&cfg.Network.Name, "network-name", "", `prefix of host interfaces and name of the nftables table (default "paddock"; distinct per daemon on one host)`)
 	f.StringVar(&cfg.Network.Subnet, "network-subnet", "", "IPv4 subnet for sandboxes' links, a /30 each (default 10.224.0.0/16)")
 	f.StringArrayVar(&cfg.Network.DNS, "dns-upstream", nil, "upstream DNS server ip:port for the sandboxes' resolver; repeatable (default: the host's)")

@@ -91,6 +91,9 @@ type Config struct {
 	// without a pool, a snapshot, a resume, a fork) does not wait for a
 	// guest process to start either.
 	BlankGuests int
+	// NoFastGuest starts every native guest as the Go guest, never as
+	// the fast guest (internal/guestc) this build may embed.
+	NoFastGuest bool
 	// Runsc is gVisor's runsc for the gvisor runtime; "" finds one
 	// (findRunsc). Without one, creates asking for gvisor are refused.
 	Runsc string
@@ -387,6 +390,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		OutputLimit: cfg.OutputLimit,
 		WarmGuests:  cfg.WarmGuests,
 		BlankGuests: cfg.BlankGuests,
+		NoFastGuest: cfg.NoFastGuest,
 		WarmImage: func() (*image.Image, error) {
 			return images.Get(image.HostImage)
 		},

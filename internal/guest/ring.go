@@ -43,6 +43,15 @@ func newRing(max int64) *ring {
 	return r
 }
 
+// newRingAt is a ring whose output starts at off: the bytes before it
+// were lost to the cap before the ring was made (a process the fast
+// guest handed over).
+func newRingAt(max, off int64) *ring {
+	r := newRing(max)
+	r.start, r.end, r.dropped = off, off, off
+	return r
+}
+
 // chunkSize is the size of the pumps' read buffers. A read that fills
 // much of one is kept in the ring as it is (no copy) and the pump takes a
 // fresh buffer; a short read is copied out so that a chatty process cannot

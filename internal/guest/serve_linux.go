@@ -21,8 +21,20 @@ import (
 // signals, and serves the daemon's requests on the control socket, forking
 // each command on the spawner thread.
 func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.File, oom *os.File, ctl *control) error {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("guest", os.Getpid())
-	s := newServer(cfg, oom, sp, log)
+	s := newServer(cfg, oom, sp, serveLog())
+	s.start(ctl, sigs)
+	guestapi.SendReady(syncSock, guestapi.Ready{Phase: guestapi.PhaseReady, PID: os.Getpid()})
+	syncSock.Close()
+	return s.accept()
+}
+
+func serveLog() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, nil)).With("guest", os.Getpid())
+}
+
+// start has s serve on ctl: it reaps, forwards signals and binds the
+// control socket again when told to.
+func (s *server) start(ctl *control, sigs signals) {
 	s.ctl = ctl
 	s.hostname, _ = os.Hostname()
 	go ctl.relistenOn(sigs.relisten, s)
@@ -30,10 +42,11 @@ func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.Fil
 	// any of ours whose pidfd could not be watched.
 	go reaper.Run(sigs.chld, s.exited)
 	go s.forwardSignals(sigs.fwd)
+}
 
-	guestapi.SendReady(syncSock, guestapi.Ready{Phase: guestapi.PhaseReady, PID: os.Getpid()})
-	syncSock.Close()
-
+// accept serves the control socket's connections until it is closed.
+func (s *server) accept() error {
+	ctl := s.ctl
 	for {
 		conn, err := ctl.listener().Accept()
 		if err != nil {
@@ -43,7 +56,7 @@ func serve(cfg guestapi.ServeConfig, sp *spawner, sigs signals, syncSock *os.Fil
 				}
 				return nil
 			}
-			log.Warn("accepting", "err", err)
+			s.log.Warn("accepting", "err", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -114,19 +127,29 @@ func newServer(cfg guestapi.ServeConfig, oom *os.File, sp *spawner, log *slog.Lo
 func (s *server) handle(conn net.Conn) {
 	defer conn.Close()
 	wire.SetSendBuffer(conn) // output streams through it
-	c := &opConn{conn: conn, fr: wire.NewReader(conn), fw: wire.NewWriter(conn)}
+	s.serveConn(newOpConn(conn), nil)
+}
+
+// serveConn serves c's requests, the first of them first if it was read
+// already (a connection the fast guest handed over).
+func (s *server) serveConn(c *opConn, first []byte) {
 	for {
 		c.reuse = false
-		f, err := c.fr.Read()
-		if err != nil {
-			return
-		}
-		if f.Type != wire.Request {
-			c.respond(guestapi.Response{}, errdefs.Invalid("frame", "expected a request frame"))
-			return
+		payload := first
+		first = nil
+		if payload == nil {
+			f, err := c.fr.Read()
+			if err != nil {
+				return
+			}
+			if f.Type != wire.Request {
+				c.respond(guestapi.Response{}, errdefs.Invalid("frame", "expected a request frame"))
+				return
+			}
+			payload = f.Payload
 		}
 		var req guestapi.Request
-		if err := json.Unmarshal(f.Payload, &req); err != nil {
+		if err := json.Unmarshal(payload, &req); err != nil {
 			c.respond(guestapi.Response{}, errdefs.Invalid("request", "%v", err))
 			return
 		}
@@ -143,6 +166,10 @@ func (s *server) handle(conn net.Conn) {
 			return
 		}
 	}
+}
+
+func newOpConn(conn net.Conn) *opConn {
+	return &opConn{conn: conn, fr: wire.NewReader(conn), fw: wire.NewWriter(conn)}
 }
 
 // opConn is a guest connection as an op handler sees it: the request has

@@ -1,5 +1,6 @@
-// Package guestbin holds the slim guest binary (cmd/paddock-guest) inside
-// the paddock binary, so that users install one file. make build builds
+// Package guestbin holds the slim guest binary (cmd/paddock-guest) and the
+// fast guest (internal/guestc) inside the paddock binary, so that users
+// install one file. make build builds
 // the guest into this directory first (the file paddock-guest, ignored by
 // git) and then paddock with the embedguest tag. A build without the tag
 // (go build, go test, go vet, the macOS client) embeds nothing, and the
@@ -15,6 +16,11 @@ import (
 // Binary returns the embedded guest binary, or nil when this build
 // embeds none.
 func Binary() []byte { return binary }
+
+// Fast returns the embedded fast guest (internal/guestc: PID 1 in C,
+// which hands over to the guest binary for what it does not serve), or
+// nil when this build embeds none.
+func Fast() []byte { return fast }
 
 // Embedded reports whether this build embeds the guest.
 func Embedded() bool { return len(binary) > 0 }

@@ -2,4 +2,4 @@
 
 package guestbin
 
-var binary []byte
+var binary, fast []byte

@@ -8,7 +8,10 @@ package guestfork
 // #include "forker.h"
 import "C"
 
-import "github.com/paddock-dev/paddock/internal/sysmon"
+import (
+	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/sysmon"
+)
 
 // The protocol is written twice, once for each language: unless the two
 // agree, the key below repeats the map's first (false) and the build
@@ -17,6 +20,8 @@ func _() {
 	_ = map[bool]int{false: 0, C.FORKER_VERB == ForkerVerb &&
 		C.GUEST_VERB == GuestVerb &&
 		C.NICE == Nice &&
+		C.FD_EXE == FDExe &&
+		C.FD_FAST == FDFast && FDFast == guestapi.HandoverExeFD &&
 		C.GUEST_SLACK_NS == int64(sysmon.Slack) &&
 		C.REQ_LEN == requestLen &&
 		C.REQ_CGROUP == reqCgroup &&

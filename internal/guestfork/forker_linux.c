@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/close_range.h>
 #include <linux/sched.h>
 #include <poll.h>
 #include <sched.h>
@@ -47,6 +48,7 @@
 #define MAX_DEVICES 16
 
 static int exe_fd = -1;    // the sealed guest binary
+static int fast_fd = -1;   // the sealed fast guest, if the daemon gave one
 static int own_netns = -1; // the host's, to return to after a guest's
 static int broken;         // a namespace could not be left: stop after the reply
 
@@ -68,7 +70,7 @@ static void die(const char *what) {
 }
 
 // high moves fd to 10 or above (close-on-exec), out of the way of the
-// descriptors a guest gets (0-4).
+// descriptors a guest gets (0-5).
 static int high(int fd) {
 	if (fd < 0 || fd >= 10)
 		return fd;
@@ -221,7 +223,23 @@ static void child(const struct child_args *a) {
 	// stack walk. The guest gives its children their own environments,
 	// never this one.
 	char *envp[] = {"GOMAXPROCS=1", "GODEBUG=memprofilerate=0", NULL};
-	syscall(SYS_execveat, exe_fd, "", argv, envp, AT_EMPTY_PATH);
+	// With the fast guest, the guest binary goes along at FD_FAST for
+	// the fast guest to hand over to (guestapi.Handover); the fast guest
+	// keeps it close-on-exec.
+	if (fast_fd >= 0 && dup2(exe_fd, FD_FAST) < 0)
+		child_fail(a->status, "dup2");
+	// Nothing else goes on to the guest, and from it to the sandbox's
+	// processes: descriptors the daemon inherited without close-on-exec
+	// from whatever started it (a shell's, a supervisor's) are in every
+	// process it starts, the forker too.
+	int first = fast_fd >= 0 ? FD_FAST + 1 : FD_FAST;
+	if (syscall(SYS_close_range, first, ~0U, CLOSE_RANGE_CLOEXEC)) {
+		struct rlimit rl;
+		int last = getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur > 1 << 20 ? 1 << 16 : (int)rl.rlim_cur;
+		for (int fd = first; fd < last; fd++)
+			fcntl(fd, F_SETFD, FD_CLOEXEC);
+	}
+	syscall(SYS_execveat, fast_fd >= 0 ? fast_fd : exe_fd, "", argv, envp, AT_EMPTY_PATH);
 	child_fail(a->status, "exec");
 }
 
@@ -476,11 +494,16 @@ static void forker_main(int argc, char **argv) {
 	if (fcntl(FD_SOCKET, F_SETFD, FD_CLOEXEC))
 		die("the daemon's socket");
 	// The guest binary moves out of the way of a guest's descriptors
-	// (0-4); fd 4 stays open (close-on-exec) so that no descriptor the
+	// (0-5); fd 4 stays open (close-on-exec) so that no descriptor the
 	// forker opens later lands there.
 	exe_fd = fcntl(FD_EXE, F_DUPFD_CLOEXEC, 64);
 	if (exe_fd < 0 || fcntl(FD_EXE, F_SETFD, FD_CLOEXEC))
 		die("the guest binary's descriptor");
+	if (fcntl(FD_FAST, F_GETFD) >= 0) {
+		fast_fd = fcntl(FD_FAST, F_DUPFD_CLOEXEC, 64);
+		if (fast_fd < 0 || fcntl(FD_FAST, F_SETFD, FD_CLOEXEC))
+			die("the fast guest's descriptor");
+	}
 	own_netns = high(open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
 	if (own_netns < 0)
 		die("opening the forker's network namespace");

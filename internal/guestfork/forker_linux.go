@@ -10,6 +10,16 @@ import (
 // Nice is the forker's (and fresh guests') scheduling priority.
 const Nice = 10
 
+// The forker's own descriptors beside its socket (fd 3): the sealed guest
+// binary, and the sealed fast guest (internal/guestc) if the daemon has
+// one. With the fast guest, every guest is exec'd from it and finds the
+// guest binary at the same number, FDFast (guestapi.HandoverExeFD), to
+// hand over to.
+const (
+	FDExe  = 4
+	FDFast = 5
+)
+
 // Descriptors of a fork request, in order.
 const (
 	FDStdin = iota
@@ -22,10 +32,13 @@ const (
 // The hidden verbs: GuestVerb runs the guest binary as PID 1 of a sandbox
 // (internal/guestmain); ForkerVerb runs the daemon's own binary as the
 // forker (forker_linux.c takes the process before the Go runtime starts;
-// its arguments after the verb are the devices guests bind).
+// its arguments after the verb are the devices guests bind). AdoptVerb
+// runs the Go guest in a fast guest's place (guest.Adopt; its argument
+// is the handover's descriptor).
 const (
 	GuestVerb  = "guest"
 	ForkerVerb = "guest-forker"
+	AdoptVerb  = "guest-adopt"
 )
 
 // Request asks the forker for a guest.

@@ -6,6 +6,7 @@ package guestmain
 import (
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/paddock-dev/paddock/internal/guest"
 	"github.com/paddock-dev/paddock/internal/guestfork"
@@ -17,6 +18,14 @@ func Main(verb string) {
 	if verb == guestfork.GuestVerb {
 		err := guest.Run()
 		fmt.Fprintln(os.Stderr, "paddock guest:", err)
+		os.Exit(1)
+	}
+	if verb == guestfork.AdoptVerb && len(os.Args) > 2 {
+		fd, err := strconv.Atoi(os.Args[2])
+		if err == nil {
+			err = guest.Adopt(fd)
+		}
+		fmt.Fprintln(os.Stderr, "paddock guest (adopting):", err)
 		os.Exit(1)
 	}
 }

@@ -27,9 +27,23 @@ import (
 )
 
 // TestConformance runs the runtime suite on the native tier, on a cgroup
-// parent, uid ranges and directories of its own.
+// parent, uid ranges and directories of its own, its guests the Go guest
+// alone.
 func TestConformance(t *testing.T) {
-	d := nativeDeps(t, "paddock-conformance")
+	conformance(t, nativeDeps(t, "paddock-conformance"), "")
+}
+
+// TestConformanceFastGuest runs the suite again with every guest started
+// as the fast guest (internal/guestc), as make build's daemon starts
+// them: the suite's plain commands are the fast guest's, and the rest
+// (terminals, stdin, files, ports, attaches, ...) hand it over to the Go
+// guest mid-life.
+func TestConformanceFastGuest(t *testing.T) {
+	d := nativeDeps(t, "paddock-conformance-fast")
+	conformance(t, d, fastGuest(t))
+}
+
+func conformance(t *testing.T, d deps, fast string) {
 	bin, log, cgroups, img, prog := d.bin, d.log, d.cgroups, d.img, d.prog
 	// Ranges far from the end-to-end tests' (1<<29 up).
 	ids := &testIDs{start: 3<<30 + uint32(rand.IntN(255))*64<<16, n: 64}
@@ -73,6 +87,7 @@ func TestConformance(t *testing.T) {
 				Seccomp:     prog,
 				Caps:        seccomp.DockerDefaultCaps,
 				GuestBinary: bin,
+				FastGuest:   fast,
 				Logger:      log,
 			})
 			if err != nil {
@@ -147,6 +162,21 @@ func guestBinary(t *testing.T) string {
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building paddock-guest (or set PADDOCK_BIN): %v\n%s", err, out)
+	}
+	return bin
+}
+
+// fastGuest builds the fast guest as make build builds the one it embeds.
+func fastGuest(t *testing.T) string {
+	t.Helper()
+	src, err := filepath.Glob("../../guestc/*.c")
+	if err != nil || len(src) == 0 {
+		t.Fatalf("finding the fast guest's sources: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "paddock-guest-fast")
+	cmd := exec.Command("gcc", append([]string{"-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o", bin}, src...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the fast guest: %v\n%s", err, out)
 	}
 	return bin
 }

@@ -44,8 +44,9 @@ type forker struct {
 
 // startForker starts the helper from the daemon's own binary, where the
 // forker's C side takes the process before the Go runtime starts; it
-// forks every guest from exe, the sealed guest binary.
-func startForker(exe *os.File) (*forker, error) {
+// forks every guest from exe, the sealed guest binary, or from fast, the
+// sealed fast guest, when there is one (nil: none).
+func startForker(exe, fast *os.File) (*forker, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("creating forker socket: %w", err)
@@ -55,7 +56,10 @@ func startForker(exe *os.File) (*forker, error) {
 	defer theirs.Close()
 	cmd := exec.Command("/proc/self/exe", append([]string{guestfork.ForkerVerb}, guestapi.Devices...)...)
 	cmd.Args[0] = "paddock"
-	cmd.ExtraFiles = []*os.File{theirs, exe} // fds 3 and 4
+	cmd.ExtraFiles = []*os.File{theirs, exe} // fds 3 and 4 (guestfork.FDExe)
+	if fast != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, fast) // guestfork.FDFast
+	}
 	cmd.Stderr = os.Stderr
 	cmd.Env = []string{}
 	// It dies with the daemon (deathsig: the signal follows the thread

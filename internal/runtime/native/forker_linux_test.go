@@ -24,7 +24,7 @@ func TestForkerOutlivesItsStarter(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread() // returns locked: this thread ends
-		f, err := startForker(exe)
+		f, err := startForker(exe, nil)
 		if err != nil {
 			errc <- err
 			return
@@ -60,7 +60,7 @@ func TestForkerOutlivesItsStarter(t *testing.T) {
 // starts a guest, which the forker reaps once it exits.
 func TestForkerRefusesBadRequests(t *testing.T) {
 	exe := forkerGuest(t)
-	f, err := startForker(exe)
+	f, err := startForker(exe, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestForkerKilledMidFork(t *testing.T) {
 	n := int(null.Fd())
 	req := forkRequest{UIDBase: 2_100_000_000, IDs: 65536}
 	for i := range 40 {
-		f, err := startForker(exe)
+		f, err := startForker(exe, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,7 +297,7 @@ func TestForkerIntoCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cg.Close()
-	f, err := startForker(exe)
+	f, err := startForker(exe, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

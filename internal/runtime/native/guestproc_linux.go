@@ -1,6 +1,7 @@
 package native
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -71,12 +72,37 @@ func sealedSelf(path string) (*os.File, error) {
 		return nil, err
 	}
 	defer src.Close()
+	return sealedCopy("paddock-guest", src)
+}
+
+// sealedFast is the fast guest in a sealed memfd, as sealedSelf makes the
+// guest binary's: the file cfg.FastGuest names, or the one this build
+// embeds; nil when there is none or cfg asks for none.
+func sealedFast(cfg Config) (*os.File, error) {
+	switch {
+	case cfg.NoFastGuest:
+		return nil, nil
+	case cfg.FastGuest != "":
+		src, err := os.Open(cfg.FastGuest)
+		if err != nil {
+			return nil, err
+		}
+		defer src.Close()
+		return sealedCopy("paddock-guest", src)
+	case cfg.GuestBinary == "" && guestbin.Fast() != nil:
+		return sealedCopy("paddock-guest", bytes.NewReader(guestbin.Fast()))
+	}
+	return nil, nil
+}
+
+// sealedCopy copies src into a new sealed, executable memfd.
+func sealedCopy(name string, src io.Reader) (*os.File, error) {
 	// MFD_EXEC where the kernel knows it (6.3 on): with vm.memfd_noexec
 	// set, a memfd made without it cannot be executed.
 	flags := unix.MFD_CLOEXEC | unix.MFD_ALLOW_SEALING
-	fd, err := unix.MemfdCreate("paddock-guest", flags|unix.MFD_EXEC)
+	fd, err := unix.MemfdCreate(name, flags|unix.MFD_EXEC)
 	if errors.Is(err, unix.EINVAL) {
-		fd, err = unix.MemfdCreate("paddock-guest", flags)
+		fd, err = unix.MemfdCreate(name, flags)
 	}
 	if errors.Is(err, unix.EACCES) {
 		return nil, fmt.Errorf("memfd_create: %w: vm.memfd_noexec is 2, which refuses every executable memfd the guests run from; set it to 1 or 0", err)
@@ -84,7 +110,7 @@ func sealedSelf(path string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), "paddock-guest")
+	f := os.NewFile(uintptr(fd), name)
 	if _, err := io.Copy(f, src); err != nil {
 		f.Close()
 		return nil, err

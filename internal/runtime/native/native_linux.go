@@ -63,6 +63,13 @@ type Config struct {
 	// the slim guest this build embeds (internal/guestbin), or else this
 	// process's own binary. Tests, whose binary is not paddock, set it.
 	GuestBinary string
+	// FastGuest is the fast guest (internal/guestc), which every guest
+	// starts as and which hands over to GuestBinary for what it does not
+	// serve: a path, or empty for the one this build embeds
+	// (guestbin.Fast) when GuestBinary is empty too. NoFastGuest starts
+	// every guest as GuestBinary.
+	FastGuest   string
+	NoFastGuest bool
 	// Network wires each sandbox's network namespace to the egress path;
 	// nil leaves sandboxes with loopback only.
 	Network runtime.Network
@@ -74,6 +81,7 @@ type Runtime struct {
 	cfg      Config
 	log      *slog.Logger
 	guestExe *os.File // sealed copy of the guest binary (sealedSelf)
+	fastExe  *os.File // sealed copy of the fast guest, or nil (sealedFast)
 	warmDir  string   // run dirs of warm guests, until a create takes one
 	blankDir string   // run dirs of blank guests (blank_linux.go)
 	// runSpares are removed sandboxes' run dirs, emptied for the next
@@ -180,6 +188,10 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("sealing guest binary: %w", err)
 	}
 	r.guestExe = exe
+	if r.fastExe, err = sealedFast(cfg); err != nil {
+		exe.Close()
+		return nil, fmt.Errorf("sealing the fast guest: %w", err)
+	}
 	for range forkerCount {
 		r.forkers <- nil
 	}
@@ -212,7 +224,7 @@ func (r *Runtime) fork(req forkRequest, fds []int) (int, int, error) {
 	for attempt := 0; ; attempt++ {
 		if f == nil {
 			var err error
-			if f, err = startForker(r.guestExe); err != nil {
+			if f, err = startForker(r.guestExe, r.fastExe); err != nil {
 				return 0, -1, err
 			}
 			r.forkerPidsGroup(f)

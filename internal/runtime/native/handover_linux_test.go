@@ -1,0 +1,230 @@
+package native
+
+import (
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/api"
+	"github.com/paddock-dev/paddock/internal/guestapi"
+	"github.com/paddock-dev/paddock/internal/runtime"
+	"github.com/paddock-dev/paddock/internal/seccomp"
+	"github.com/paddock-dev/paddock/internal/storage/disk"
+	"github.com/paddock-dev/paddock/wire"
+)
+
+// TestFastGuestHandover: the fast guest serves plain attached commands
+// itself, one thread; a request it does not serve (the process list),
+// made on another connection while a command streams, hands the sandbox
+// over to the Go guest, and nothing is lost: the stream goes on to its
+// output and exit, its connection is reused after the release, the list
+// holds the finished command and the running one, a finished command's
+// retained output replays from the start, and new commands run.
+// fastSandbox starts a sandbox whose guest starts as the fast guest, and
+// returns its guest's client and a reading of the guest's thread count.
+func fastSandbox(t *testing.T) (*guestapi.Client, func() int) {
+	t.Helper()
+	d := nativeDeps(t, "paddock-handover")
+	fast := fastGuest(t)
+	dir := t.TempDir()
+	disks, err := disk.NewPool(disk.Config{Dir: filepath.Join(dir, "disks"), DefaultSize: 256 << 20, Logger: d.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { disks.Close() })
+	rt, err := New(Config{
+		RunDir: dir, Cgroups: d.cgroups, Disks: disks, Seccomp: d.prog, Caps: seccomp.DockerDefaultCaps,
+		IDs:         &testIDs{start: 3<<30 + uint32(200+rand.IntN(50))*64<<16, n: 4},
+		GuestBinary: d.bin, FastGuest: fast, Logger: d.log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec := runtime.Spec{Image: d.img, ID: runtime.NewID(), Resources: api.Resources{CPUs: 1, MemoryBytes: 256 << 20, Pids: 128}}
+	inst, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Remove(context.Background(), spec.ID) })
+	if a, ok := inst.(runtime.Activating); ok {
+		a.Activate()
+		if err := a.StartErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	guest := guestapi.NewClient(inst.Dial)
+	t.Cleanup(guest.Close)
+	threads := func() int {
+		t.Helper()
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(inst.Info().HostPID) + "/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+				n, _ := strconv.Atoi(strings.TrimSpace(v))
+				return n
+			}
+		}
+		t.Fatal("no thread count")
+		return 0
+	}
+	return guest, threads
+}
+
+// readStream reads c's frames up to its exit (stdout, stderr, the
+// status), or until stdout holds until.
+func readStream(t *testing.T, c *guestapi.Conn, until string) (string, string, *api.ExitStatus) {
+	t.Helper()
+	var out, errs strings.Builder
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	for {
+		f, err := c.Frames.Read()
+		if err != nil {
+			t.Fatalf("reading the stream: %v (stdout %d bytes)", err, out.Len())
+		}
+		switch f.Type {
+		case wire.Stdout:
+			out.Write(f.Payload)
+		case wire.Stderr:
+			errs.Write(f.Payload)
+		case wire.Exit:
+			var st api.ExitStatus
+			if err := json.Unmarshal(f.Payload, &st); err != nil {
+				t.Fatal(err)
+			}
+			return out.String(), errs.String(), &st
+		}
+		if until != "" && strings.Contains(out.String(), until) {
+			return out.String(), errs.String(), nil
+		}
+	}
+}
+
+func TestFastGuestHandover(t *testing.T) {
+	guest, threads := fastSandbox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	read := func(c *guestapi.Conn, until string) (string, string, *api.ExitStatus) {
+		t.Helper()
+		return readStream(t, c, until)
+	}
+	path := []string{"PATH=/usr/bin:/bin"}
+	// Who a command runs as: its home, its capabilities, its
+	// descriptors, its cgroups, its session.
+	who := []string{"sh", "-c", "echo $HOME; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp)' /proc/self/status; ls /proc/self/fd; cat /proc/self/cgroup; ps -o sid= -p $$"}
+	_, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: who, Env: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fastWho, _, st := read(c, "")
+	c.Release()
+	if !strings.HasPrefix(fastWho, "/root\nCapEff:") || !strings.Contains(fastWho, "\n0\n1\n2\n3\n") || st.ExitCode != 0 {
+		t.Fatalf("a command of the fast guest: %q, %+v", fastWho, st)
+	}
+	first, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"echo", "hi"}, Env: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, st := read(c, ""); out != "hi\n" || st.ExitCode != 0 {
+		t.Fatalf("echo hi: %q, %+v", out, st)
+	}
+	c.Release()
+	if n := threads(); n != 2 {
+		t.Fatalf("the guest runs %d threads serving a plain command; the fast guest has two (its spawner)", n)
+	}
+
+	second, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "echo one; sleep 1; echo two >&2; exit 3"}, Env: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, st := read(c, "one\n"); out != "one\n" || st != nil {
+		t.Fatalf("first output %q, exit %+v", out, st)
+	}
+	// Another connection asks for what the fast guest does not serve.
+	ps, err := guest.Processes(ctx)
+	if err != nil {
+		t.Fatalf("list (the handover): %v", err)
+	}
+	if n := threads(); n <= 2 {
+		t.Fatalf("the guest runs %d threads after the list: no handover to the Go guest", n)
+	}
+	byPID := map[int]guestapi.ProcessInfo{}
+	for _, p := range ps {
+		byPID[p.PID] = p
+	}
+	if p := byPID[first]; p.Running || p.Exit == nil || p.Exit.ExitCode != 0 || p.OutputBytes != 3 || strings.Join(p.Cmd, " ") != "echo hi" {
+		t.Errorf("the finished command after the handover: %+v", p)
+	}
+	if p := byPID[second]; !p.Running || p.OutputBytes != 4 || p.Cwd == "" || p.StartedAt.IsZero() {
+		t.Errorf("the running command after the handover: %+v", p)
+	}
+	// The stream goes on from where the fast guest left it.
+	if out, errs, st := read(c, ""); out != "" || errs != "two\n" || st.ExitCode != 3 {
+		t.Fatalf("the stream after the handover: stdout %q, stderr %q, %+v", out, errs, st)
+	}
+	c.Release()
+	if err := guest.Ping(ctx); err != nil {
+		t.Fatalf("ping after the release: %v", err)
+	}
+	c, err = guest.Attach(ctx, first, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, st := read(c, ""); out != "hi\n" || st.ExitCode != 0 {
+		t.Fatalf("replaying the finished command: %q, %+v", out, st)
+	}
+	c.Close()
+	// The Go guest's commands run as the fast guest's did (a session of
+	// their own: the sids differ, each its command's pid).
+	_, c, err = guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: who, Env: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	goWho, _, st := read(c, "")
+	c.Close()
+	trim := func(s string) string { return s[:strings.LastIndex(strings.TrimSuffix(s, "\n"), "\n")] }
+	if trim(goWho) != trim(fastWho) || st.ExitCode != 0 {
+		t.Fatalf("a command of the Go guest after the handover ran as\n%s\nand of the fast guest as\n%s", goWho, fastWho)
+	}
+}
+
+// TestFastGuestSlowReader: a stream whose reader falls behind does not
+// hold the fast guest (one thread) up: it hands over to the Go guest,
+// which waits for that reader alone; the other connections are served
+// meanwhile, and the stream, read later, has every byte and the exit.
+func TestFastGuestSlowReader(t *testing.T) {
+	guest, threads := fastSandbox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const size = 16 << 20
+	_, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "head -c " + strconv.Itoa(size) + " /dev/zero; echo end"}, Env: []string{"PATH=/usr/bin:/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Nobody reads the stream; another connection is served.
+	deadline := time.Now().Add(30 * time.Second)
+	for threads() <= 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("no handover while the stream's reader stays behind")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := guest.Ping(ctx); err != nil {
+		t.Fatalf("ping while a stream is behind: %v", err)
+	}
+	out, _, st := readStream(t, c, "")
+	if len(out) != size+4 || !strings.HasSuffix(out, "end\n") || strings.Trim(out[:size], "\x00") != "" || st.ExitCode != 0 {
+		t.Fatalf("the stream read late: %d bytes (want %d), %+v", len(out), size+4, st)
+	}
+}
