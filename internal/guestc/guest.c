@@ -18,7 +18,9 @@
 //     connection, the answer held up to 5 ms to go with the first output
 //     or the exit; the client's signal frames; release and reuse of the
 //     connection; exit statuses with OOM kills; signals PID 1 receives
-//     passed on to every running process.
+//     passed on to every running process;
+//   - attaches to a process no connection streams, from an offset (the
+//     daemon's exec log following a command whose client left).
 //
 // Any other request, or a start it does not serve, makes it hand over:
 // it writes its state (guestapi.Handover: the processes with their pipes
@@ -79,6 +81,7 @@ enum {
 	F_STDOUT = 1,
 	F_STDERR = 2,
 	F_EXIT = 3,
+	F_DROPPED = 6,
 	F_STDIN = 16,
 	F_CLOSE_STDIN = 17,
 	F_SIGNAL = 18,
@@ -455,7 +458,7 @@ struct conn {
 	char *pending;
 	size_t npending;
 	long long hold_until;
-	long long sent; // of the output of p, the bytes sent on this connection
+	long long sent; // the offset in p's output of the next byte to send
 	int sndbuf;     // the socket's send buffer
 	struct conn *next;
 };
@@ -912,6 +915,62 @@ static void signal_proc(struct proc *p, int sig) {
 		kill(p->pid, sig);
 }
 
+// attach serves an attach to one of its processes that no connection
+// streams (the daemon's exec log following a process whose client left):
+// the answer, what is retained from the offset on (a dropped frame for
+// what the cap took), then the output as it comes and the exit, as the
+// Go guest's stream does. It returns 0 when the request is the Go
+// guest's: a process it does not know, one streamed already, a negative
+// offset.
+static int attach(struct conn *c, struct jnode *req) {
+	long long pid = jint(jget(req, "pid"), 0), off = jint(jget(req, "offset"), 0);
+	struct proc *p = procs;
+	while (p && p->pid != pid)
+		p = p->next;
+	if (!p || p->c || off < 0)
+		return 0;
+	char b[64];
+	int n = snprintf(b, sizeof b, "{\"pid\":%d}", p->pid);
+	if (send_frame(c, F_RESPONSE, b, (size_t)n)) {
+		close_conn(c);
+		return 1;
+	}
+	c->state = C_STREAM;
+	c->p = p;
+	p->c = c;
+	c->sent = off < p->end ? off : p->end;
+	if (c->sent < p->start) {
+		n = snprintf(b, sizeof b, "{\"bytes\":%lld}", p->start - c->sent);
+		if (send_frame(c, F_DROPPED, b, (size_t)n)) {
+			close_conn(c);
+			return 1;
+		}
+		c->sent = p->start;
+	}
+	long long pos = p->start;
+	for (struct chunk *k = p->first; k; pos += (long long)k->len, k = k->next) {
+		if (pos + (long long)k->len <= c->sent)
+			continue;
+		size_t skip = (size_t)(c->sent - pos), len = k->len - skip;
+		if (backed_up(c, len))
+			return 1; // the Go guest sends the rest
+		if (send_frame(c, k->type, k->data + skip, len)) {
+			close_conn(c);
+			return 1;
+		}
+		c->sent += (long long)len;
+	}
+	if (p->exit) {
+		c->p = NULL;
+		p->c = NULL;
+		if (send_frame(c, F_EXIT, p->exit, strlen(p->exit)))
+			close_conn(c);
+		else
+			c->state = C_RELEASE;
+	}
+	return 1;
+}
+
 // request serves one request frame's payload on an idle connection.
 static void request(struct conn *c, char *payload, size_t n) {
 	struct jnode *req = jparse(payload, n);
@@ -923,6 +982,8 @@ static void request(struct conn *c, char *payload, size_t n) {
 		served = 1;
 	} else if (op && !strcmp(op, "start")) {
 		served = start(c, jget(req, "start"));
+	} else if (op && !strcmp(op, "attach")) {
+		served = attach(c, req);
 	}
 	if (!served)
 		logf_("handing over to the Go guest for %s", op ? op : "a request it cannot read");

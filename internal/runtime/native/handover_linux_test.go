@@ -143,6 +143,37 @@ func TestFastGuestHandover(t *testing.T) {
 		t.Fatalf("the guest runs %d threads serving a plain command; the fast guest has two (its spawner)", n)
 	}
 
+	// Attaches are the fast guest's too: to a finished command from an
+	// offset, and to a running one whose client left (as the daemon's
+	// exec log follows it), from where that client stopped.
+	c, err = guest.Attach(ctx, first, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, st := read(c, ""); out != "i\n" || st.ExitCode != 0 {
+		t.Fatalf("attaching to echo hi at offset 1: %q, %+v", out, st)
+	}
+	c.Release()
+	left, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "echo a; sleep 0.3; echo b"}, Env: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, _ := read(c, "a\n"); out != "a\n" {
+		t.Fatalf("first output %q", out)
+	}
+	c.Close()
+	c, err = guest.Attach(ctx, left, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, st := read(c, ""); out != "b\n" || st.ExitCode != 0 {
+		t.Fatalf("following a command whose client left: %q, %+v", out, st)
+	}
+	c.Release()
+	if n := threads(); n != 2 {
+		t.Fatalf("the guest runs %d threads after attaches: the fast guest handed them over", n)
+	}
+
 	second, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "echo one; sleep 1; echo two >&2; exit 3"}, Env: path})
 	if err != nil {
 		t.Fatal(err)
