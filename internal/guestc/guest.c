@@ -927,6 +927,12 @@ static int attach(struct conn *c, struct jnode *req) {
 	struct proc *p = procs;
 	while (p && p->pid != pid)
 		p = p->next;
+	// The connection streaming it may be one its client closed that the
+	// loop has not come to yet (the exec log attaches as the client's
+	// stream ends): it goes first.
+	char peek;
+	if (p && p->c && recv(p->c->fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+		close_conn(p->c);
 	if (!p || p->c || off < 0)
 		return 0;
 	char b[64];
