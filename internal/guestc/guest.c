@@ -1371,7 +1371,7 @@ static int activate(struct jnode *a) {
 			serve_env[nserve_env++] = xstrdup(hn);
 	}
 	const char *wd = jstr(jget(sv, "workdir"));
-	workdir = xstrdup(wd && *wd ? wd : "/");
+	workdir = xstrdup(wd ? wd : ""); // "": a start without a cwd is the Go guest's to refuse
 	// As Go's os.MkdirAll: something there that is not a directory is
 	// an error.
 	struct stat st;

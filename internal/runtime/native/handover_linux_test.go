@@ -30,8 +30,14 @@ import (
 // returns its guest's client and a reading of the guest's thread count.
 func fastSandbox(t *testing.T) (*guestapi.Client, func() int) {
 	t.Helper()
+	return guestSandbox(t, fastGuest(t))
+}
+
+// guestSandbox starts a sandbox whose guest starts as the fast guest at
+// path fast, or as the Go guest when fast is empty.
+func guestSandbox(t *testing.T, fast string) (*guestapi.Client, func() int) {
+	t.Helper()
 	d := nativeDeps(t, "paddock-handover")
-	fast := fastGuest(t)
 	dir := t.TempDir()
 	disks, err := disk.NewPool(disk.Config{Dir: filepath.Join(dir, "disks"), DefaultSize: 256 << 20, Logger: d.log})
 	if err != nil {
@@ -49,7 +55,7 @@ func fastSandbox(t *testing.T) (*guestapi.Client, func() int) {
 	t.Cleanup(func() { rt.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	spec := runtime.Spec{Image: d.img, ID: runtime.NewID(), Resources: api.Resources{CPUs: 1, MemoryBytes: 256 << 20, Pids: 128}}
+	spec := runtime.Spec{Image: d.img, ID: runtime.NewID(), Workdir: "/", Resources: api.Resources{CPUs: 1, MemoryBytes: 256 << 20, Pids: 128}}
 	inst, err := rt.Start(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -257,5 +263,37 @@ func TestFastGuestSlowReader(t *testing.T) {
 	out, _, st := readStream(t, c, "")
 	if len(out) != size+4 || !strings.HasSuffix(out, "end\n") || strings.Trim(out[:size], "\x00") != "" || st.ExitCode != 0 {
 		t.Fatalf("the stream read late: %d bytes (want %d), %+v", len(out), size+4, st)
+	}
+}
+
+// TestFastGuestPrepare: the fast guest builds the sandbox the Go guest
+// builds (root.c is buildRoot, enterRoot and identify again, in C): the
+// same mounts in the same order with the same flags, the same /dev.
+func TestFastGuestPrepare(t *testing.T) {
+	// Mount points, their options, file system types and super options:
+	// everything but ids, device numbers, the sources' host paths and
+	// the host uids of the sandbox's range (each sandbox has its own).
+	const script = `awk '{for (i = 7; $i != "-"; i++); o = $(i+3); gsub(/=[0-9][0-9][0-9][0-9][0-9][0-9]+/, "=ID", o); print $5, $6, $(i+1), o}' /proc/self/mountinfo; ls -l /dev | awk '{print $1, $NF}'`
+	layout := func(fast string) string {
+		guest, _ := guestSandbox(t, fast)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		out, errs, st := readStream(t, c, "")
+		if st.ExitCode != 0 || errs != "" {
+			t.Fatalf("reading the layout: %+v, %s", st, errs)
+		}
+		return out
+	}
+	fast, slow := layout(fastGuest(t)), layout("")
+	if fast != slow {
+		t.Errorf("the fast guest's sandbox:\n%s\nthe Go guest's:\n%s", fast, slow)
+	}
+	if !strings.Contains(slow, "/proc/acpi ") || !strings.Contains(slow, " overlay ") || !strings.Contains(slow, "/dev/pts ") {
+		t.Errorf("the layout misses what it compares:\n%s", slow)
 	}
 }
