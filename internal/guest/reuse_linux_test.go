@@ -164,7 +164,7 @@ func TestStaleKeptConnection(t *testing.T) {
 	var dials atomic.Int32
 	oneShot := func(conn net.Conn) {
 		defer conn.Close()
-		c := &opConn{conn: conn, fr: wire.NewReader(conn), fw: wire.NewWriter(conn)}
+		c := newOpConn(conn)
 		f, err := c.fr.Read()
 		if err != nil {
 			return
