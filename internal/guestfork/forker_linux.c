@@ -5,10 +5,11 @@
 // It runs from the daemon's own binary before the Go runtime starts: the
 // constructor below takes the process when its first argument is the
 // forker's verb, and never returns to Go. Being one thread with a few
-// pages of memory is the point: a fork copies only those pages' tables,
-// leaves no copy-on-write faults behind in the forker, and flushes no
-// other CPU's TLB (the Go forker paid all three for every guest; see
-// docs/exec.md, "The forker in C").
+// pages of memory is the point: its child (a CLONE_VM child on x86-64, a
+// fork elsewhere) copies no page tables or few, leaves no copy-on-write
+// faults behind in the forker, and flushes no other CPU's TLB (the Go
+// forker paid all three for every guest; see docs/exec.md, "The forker
+// in C" and "The forker's child").
 //
 // The daemon is its only peer (fd 3, a SOCK_SEQPACKET socket): a request
 // is a 12-byte record (forker_linux.go's Request.Encode) with its
@@ -30,6 +31,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -160,6 +162,43 @@ static int write_file(pid_t pid, const char *name, const char *s) {
 	return 0;
 }
 
+// The child shares the forker's memory (CLONE_VM) where the trampoline
+// below is written for the architecture: copying even the forker's few
+// page tables, and tearing the copy down again at the exec, made a fork
+// cost about 1 ms on a paravirtualised host where a CLONE_VM child costs
+// 0.25 ms with its namespaces (docs/exec.md, "The forker's child").
+// Sharing memory, the child runs beside the forker on a stack of its own
+// and must not touch what the forker uses: it makes its system calls
+// through sys6, which leaves errno (the forker's) alone, and writes only
+// to its stack. Everywhere else the child is a fork, as before.
+#if defined(__x86_64__)
+#define VM_CHILD 1
+static long sys6(long n, long a, long b, long c, long d, long e, long f) {
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	long ret;
+	__asm__ volatile("syscall"
+			 : "=a"(ret)
+			 : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+			 : "rcx", "r11", "memory");
+	return ret;
+}
+#else
+#define VM_CHILD 0
+static long sys6(long n, long a, long b, long c, long d, long e, long f) {
+	long r = syscall(n, a, b, c, d, e, f);
+	return r < 0 ? -errno : r;
+}
+#endif
+#define sys3(n, a, b, c) sys6(n, (long)(a), (long)(b), (long)(c), 0, 0, 0)
+#define sys5(n, a, b, c, d, e) sys6(n, (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), 0)
+
+// CHILD_STACK is the size of the CLONE_VM child's stack, below which a
+// page is left inaccessible.
+#define CHILD_STACK (64 << 10)
+static char *child_stack; // its top; set by forker_main
+
 // The child's side of a fork, up to the guest's exec; it reports a failure
 // on status (the errno, then the step) and exits.
 struct child_args {
@@ -167,53 +206,58 @@ struct child_args {
 	int fds[FDS_BASE];
 };
 
-static void child_fail(int status, const char *step) {
-	int e = errno;
+__attribute__((noreturn)) static void child_fail(int status, long ret, const char *step) {
+	int e = (int)-ret;
 	char rep[4 + 60];
 	memcpy(rep, &e, 4);
 	size_t n = strlen(step);
 	if (n > sizeof rep - 4)
 		n = sizeof rep - 4;
 	memcpy(rep + 4, step, n);
-	(void)!write(status, rep, 4 + n);
-	_exit(127);
+	sys3(SYS_write, status, rep, 4 + n);
+	for (;;)
+		sys3(SYS_exit, 127, 0, 0);
 }
 
-static void child(const struct child_args *a) {
+__attribute__((noreturn)) static void child(const struct child_args *a) {
 	char c;
+	long r;
 	// The parent writes the uid and gid maps, then says go (or kills
 	// us). Our copy of its end is closed first: if the forker dies (with
 	// its daemon), the read ends instead of waiting for ever.
-	close(a->go_parent);
-	if (read(a->go, &c, 1) != 1)
-		_exit(127);
-	if (setsid() < 0)
-		child_fail(a->status, "setsid");
+	sys3(SYS_close, a->go_parent, 0, 0);
+	if (sys3(SYS_read, a->go, &c, 1) != 1)
+		for (;;)
+			sys3(SYS_exit, 127, 0, 0);
+	if ((r = sys3(SYS_setsid, 0, 0, 0)) < 0)
+		child_fail(a->status, r, "setsid");
 	// Root of the new user namespace, before exec: our host uid (0) is
 	// not mapped in it, and exec would drop every capability.
-	if (setgroups(0, NULL))
-		child_fail(a->status, "setgroups");
-	if (setresgid(0, 0, 0))
-		child_fail(a->status, "setresgid");
-	if (setresuid(0, 0, 0))
-		child_fail(a->status, "setresuid");
+	if ((r = sys3(SYS_setgroups, 0, NULL, 0)))
+		child_fail(a->status, r, "setgroups");
+	if ((r = sys3(SYS_setresgid, 0, 0, 0)))
+		child_fail(a->status, r, "setresgid");
+	if ((r = sys3(SYS_setresuid, 0, 0, 0)))
+		child_fail(a->status, r, "setresuid");
 	// stdin, stdout and stderr (both the log), sync, listen. Every source
-	// is at 10 or above (high), so no dup2 below clobbers another source.
+	// is at 10 or above (high), so no dup3 below clobbers another source
+	// (nor is any its own target, which dup3 refuses).
 	int src[5] = {a->fds[0], a->fds[1], a->fds[1], a->fds[2], a->fds[3]};
 	for (int i = 0; i < 5; i++)
-		if (dup2(src[i], i) < 0)
-			child_fail(a->status, "dup2");
-	sigset_t none;
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL); // the forker blocks SIGCHLD, SIGPIPE
+		if ((r = sys3(SYS_dup3, src[i], i, 0)) < 0)
+			child_fail(a->status, r, "dup2");
+	// The forker blocks SIGCHLD and SIGPIPE; the kernel's sigset is 64
+	// bits.
+	uint64_t none = 0;
+	sys5(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, sizeof none, 0);
 	// The guest starts with its runtime monitor's timer slack
 	// (internal/sysmon says why): the slack passes through exec and on to
 	// the threads a thread starts, so sysmon, which the runtime starts
 	// first, has it from its first sleep on, through the runtime's start
 	// and the package inits, where it used to poll every 70 us. The guest
 	// gives its main thread the kernel's default back (sysmon.Settle).
-	if (prctl(PR_SET_TIMERSLACK, GUEST_SLACK_NS, 0, 0, 0))
-		child_fail(a->status, "prctl(PR_SET_TIMERSLACK)");
+	if ((r = sys5(SYS_prctl, PR_SET_TIMERSLACK, GUEST_SLACK_NS, 0, 0, 0)))
+		child_fail(a->status, r, "prctl(PR_SET_TIMERSLACK)");
 	char *argv[] = {"paddock", GUEST_VERB, NULL};
 	// The guest runs with one P (guest.Run says why). Set before the
 	// runtime starts, it never makes the second P, its cache and the
@@ -226,22 +270,51 @@ static void child(const struct child_args *a) {
 	// With the fast guest, the guest binary goes along at FD_FAST for
 	// the fast guest to hand over to (guestapi.Handover); the fast guest
 	// keeps it close-on-exec.
-	if (fast_fd >= 0 && dup2(exe_fd, FD_FAST) < 0)
-		child_fail(a->status, "dup2");
+	if (fast_fd >= 0 && (r = sys3(SYS_dup3, exe_fd, FD_FAST, 0)) < 0)
+		child_fail(a->status, r, "dup2");
 	// Nothing else goes on to the guest, and from it to the sandbox's
 	// processes: descriptors the daemon inherited without close-on-exec
 	// from whatever started it (a shell's, a supervisor's) are in every
 	// process it starts, the forker too.
 	int first = fast_fd >= 0 ? FD_FAST + 1 : FD_FAST;
-	if (syscall(SYS_close_range, first, ~0U, CLOSE_RANGE_CLOEXEC)) {
-		struct rlimit rl;
-		int last = getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur > 1 << 20 ? 1 << 16 : (int)rl.rlim_cur;
+	if (sys3(SYS_close_range, first, ~0U, CLOSE_RANGE_CLOEXEC)) {
+		struct {
+			uint64_t cur, max;
+		} rl; // the kernel's rlimit64
+		int last = sys5(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &rl, 0) || rl.cur > 1 << 20 ? 1 << 16 : (int)rl.cur;
 		for (int fd = first; fd < last; fd++)
-			fcntl(fd, F_SETFD, FD_CLOEXEC);
+			sys3(SYS_fcntl, fd, F_SETFD, FD_CLOEXEC);
 	}
-	syscall(SYS_execveat, fast_fd >= 0 ? fast_fd : exe_fd, "", argv, envp, AT_EMPTY_PATH);
-	child_fail(a->status, "exec");
+	r = sys5(SYS_execveat, fast_fd >= 0 ? fast_fd : exe_fd, "", argv, envp, AT_EMPTY_PATH);
+	child_fail(a->status, r, "exec");
 }
+
+#if VM_CHILD
+// clone_vm is clone3 for a CLONE_VM child with a stack of its own: the
+// child, on that stack, calls fn(arg), which never returns. It returns
+// the child's pid, or -errno.
+static long clone_vm(struct clone_args *ca, void (*fn)(const struct child_args *), const struct child_args *arg) {
+	register void (*r12)(const struct child_args *) __asm__("r12") = fn;
+	register const struct child_args *r13 __asm__("r13") = arg;
+	long ret;
+	// The kernel keeps every register but rax, rcx and r11 across the
+	// call; the child starts at the instruction after it, its stack
+	// pointer at the top of ca->stack (16-byte aligned, as a call
+	// wants).
+	__asm__ volatile("syscall\n\t"
+			 "testq %%rax, %%rax\n\t"
+			 "jnz 1f\n\t"
+			 "xorl %%ebp, %%ebp\n\t"
+			 "movq %%r13, %%rdi\n\t"
+			 "callq *%%r12\n\t"
+			 "ud2\n"
+			 "1:"
+			 : "=a"(ret)
+			 : "0"((long)SYS_clone3), "D"(ca), "S"(sizeof *ca), "r"(r12), "r"(r13)
+			 : "rcx", "r11", "memory");
+	return ret;
+}
+#endif
 
 // fork_guest starts a guest in new user, mount, pid, net (unless the
 // request brings one), ipc and uts namespaces with root mapped to
@@ -305,9 +378,22 @@ static int fork_guest(const unsigned char *req, int *fds, int nfds, int *pidfd, 
 	}
 	ca.pidfd = (uint64_t)(uintptr_t)pidfd;
 	ca.exit_signal = SIGCHLD;
+#if VM_CHILD
+	ca.flags |= CLONE_VM;
+	ca.stack = (uint64_t)(uintptr_t)(child_stack - CHILD_STACK);
+	ca.stack_size = CHILD_STACK;
+	long r = clone_vm(&ca, child, &a);
+	// The child is done with its stack (and a) once the status pipe
+	// closes below: at its exec, after the kernel has left this memory
+	// for the guest's, or at its exit.
+	if (r < 0)
+		errno = (int)-r;
+	pid = r < 0 ? -1 : (pid_t)r;
+#else
 	pid = (pid_t)syscall(SYS_clone3, &ca, sizeof ca);
 	if (pid == 0)
 		child(&a); // never returns
+#endif
 	if (pid < 0) {
 		fail(msg, len, err, errno, "starting guest: clone3");
 		goto out;
@@ -504,6 +590,12 @@ static void forker_main(int argc, char **argv) {
 		if (fast_fd < 0 || fcntl(FD_FAST, F_SETFD, FD_CLOEXEC))
 			die("the fast guest's descriptor");
 	}
+#if VM_CHILD
+	char *stk = mmap(NULL, CHILD_STACK + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (stk == MAP_FAILED || mprotect(stk, 4096, PROT_NONE))
+		die("the child's stack");
+	child_stack = stk + 4096 + CHILD_STACK;
+#endif
 	own_netns = high(open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
 	if (own_netns < 0)
 		die("opening the forker's network namespace");

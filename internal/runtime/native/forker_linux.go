@@ -21,11 +21,11 @@ import (
 
 // The forker is a small helper process (internal/guestfork, in C) that
 // forks guests for the daemon. Forking into a new user namespace cannot
-// use vfork (the child waits for its uid map), so it copies the forking
-// process's page tables, and every page the forking process writes
-// afterwards costs a copy-on-write fault: a single-threaded C process
-// with a few pages pays almost nothing for either, where the daemon (or
-// a Go forker) pays for every page its runtime touched. It runs at a low
+// use vfork (the child waits for its uid map): the forker's child shares
+// its memory on a stack of its own until its exec (x86-64), or is a fork
+// of a single-threaded C process with a few pages, where a fork of the
+// daemon (or of a Go forker) would copy the page tables of every page its
+// runtime touched and fault on each it wrote afterwards. It runs at a low
 // priority, and so do the guests it forks until the daemon hands one a
 // sandbox: getting guests ready ahead of time must not slow down the
 // sandboxes in use. It runs in its own mount namespace holding only what

@@ -135,6 +135,60 @@ func TestForkerRefusesBadRequests(t *testing.T) {
 	}
 }
 
+// TestForkerReportsChildFailure: a child that fails before its exec says
+// which step failed and why, and the forker serves the next request. The
+// child shares the forker's memory (CLONE_VM, on x86-64) and reports its
+// error from the system call's result, not errno (which is the forker's);
+// here its exec fails, several times running on the same stack, and then
+// a good guest starts from the same forker.
+func TestForkerReportsChildFailure(t *testing.T) {
+	exe := forkerGuest(t)
+	junk, err := sealedCopy("not-a-program", strings.NewReader("this is not a program\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer junk.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	n := int(null.Fd())
+	four := []int{n, n, n, n}
+	req := forkRequest{UIDBase: 2_100_000_000, IDs: 65536}
+
+	bad, err := startForker(junk, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bad.close)
+	for i := range 3 {
+		pid, pidfd, err := bad.fork(req, four)
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), "starting guest: exec: ") || !errors.Is(err, unix.ENOEXEC) {
+			t.Fatalf("fork %d from a forker whose guest is no program: pid %d, err %v; want starting guest: exec wrapping ENOEXEC", i, pid, err)
+		}
+	}
+	if !bad.alive() {
+		t.Fatal("the forker died after its children failed")
+	}
+
+	good, err := startForker(exe, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(good.close)
+	for range 3 {
+		_, pidfd, err := good.fork(req, four)
+		if err != nil {
+			t.Fatalf("a guest from the real binary: %v", err)
+		}
+		unix.Close(pidfd)
+	}
+}
+
 // forkerGuest skips the test unless it runs as root (the forker makes a
 // mount namespace of its own), and returns the sealed guest binary for a
 // forker to fork from.
