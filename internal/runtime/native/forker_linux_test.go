@@ -73,12 +73,7 @@ func TestForkerRefusesBadRequests(t *testing.T) {
 		t.Fatalf("the forker is not one thread:\n%s", status)
 	}
 
-	null, err := os.Open(os.DevNull)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer null.Close()
-	n := int(null.Fd())
+	n := devNull(t)
 	four := []int{n, n, n, n}
 	nine := []int{n, n, n, n, n, n, n, n, n}
 	good := forkRequest{UIDBase: 2_100_000_000, IDs: 65536}
@@ -148,12 +143,7 @@ func TestForkerReportsChildFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer junk.Close()
-	null, err := os.Open(os.DevNull)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer null.Close()
-	n := int(null.Fd())
+	n := devNull(t)
 	four := []int{n, n, n, n}
 	req := forkRequest{UIDBase: 2_100_000_000, IDs: 65536}
 
@@ -189,6 +179,19 @@ func TestForkerReportsChildFailure(t *testing.T) {
 	}
 }
 
+// devNull returns a descriptor of /dev/null, closed when the test ends:
+// what a fork request passes for the guest's descriptors where the test
+// reads none of them.
+func devNull(t *testing.T) int {
+	t.Helper()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { null.Close() })
+	return int(null.Fd())
+}
+
 // forkerGuest skips the test unless it runs as root (the forker makes a
 // mount namespace of its own), and returns the sealed guest binary for a
 // forker to fork from.
@@ -222,12 +225,7 @@ func TestForkerKilledMidFork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	null, err := os.Open(os.DevNull)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer null.Close()
-	n := int(null.Fd())
+	n := devNull(t)
 	req := forkRequest{UIDBase: 2_100_000_000, IDs: 65536}
 	for i := range 40 {
 		f, err := startForker(exe, nil)
@@ -362,12 +360,7 @@ func TestForkerIntoCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(pair[0])
-	null, err := os.Open(os.DevNull)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer null.Close()
-	n := int(null.Fd())
+	n := devNull(t)
 	pid, pidfd, err := f.fork(forkRequest{UIDBase: 2_100_000_000, IDs: 65536, UseCgroup: true}, []int{n, n, pair[1], n, int(cg.Fd())})
 	unix.Close(pair[1])
 	if err != nil {
