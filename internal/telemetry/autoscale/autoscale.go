@@ -302,7 +302,7 @@ func (a *Autoscaler) apply(id string, b *box, d Decision) {
 	msg := d.message()
 	log.Info("autoscale: " + msg)
 	if a.cfg.Events != nil {
-		if _, err := a.cfg.Events.Append(id, events.Event{Type: events.Autoscale, Time: d.Time, Message: msg, Data: events.Data(d)}); err != nil {
+		if _, err := a.cfg.Events.Append(id, events.Event{Type: events.Autoscale, Time: d.Time, Message: msg, Data: events.Data(d)}); err != nil && !errors.Is(err, events.ErrRemoved) {
 			log.Warn("recording autoscale event", "err", err)
 		}
 	}

@@ -7,6 +7,7 @@
 package budget
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -450,7 +451,7 @@ func (t *Tracker) notify(id string, n Notice) {
 	}
 	t.log.Info(msg, "sandbox", id)
 	if t.cfg.Events != nil {
-		if _, err := t.cfg.Events.Append(id, events.Event{Type: events.Budget, Message: msg, Data: events.Data(n)}); err != nil {
+		if _, err := t.cfg.Events.Append(id, events.Event{Type: events.Budget, Message: msg, Data: events.Data(n)}); err != nil && !errors.Is(err, events.ErrRemoved) {
 			t.log.Warn("recording budget event", "sandbox", id, "err", err)
 		}
 	}

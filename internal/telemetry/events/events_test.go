@@ -259,8 +259,11 @@ func TestFollow(t *testing.T) {
 	if evs, _ := l.List("f", Query{}); len(evs) != 0 {
 		t.Errorf("events after Remove: %v", seqs(evs))
 	}
-	if e, _ := l.Append("f", Event{Type: Lifecycle}); e.Seq != 1 {
-		t.Errorf("a new log after Remove starts at %d", e.Seq)
+	if _, err := l.Append("f", Event{Type: Lifecycle}); !errors.Is(err, ErrRemoved) {
+		t.Errorf("an event after Remove: %v, want ErrRemoved", err)
+	}
+	if cur, _ := l.paths("f"); fileExists(cur) {
+		t.Error("an event after Remove made the log again")
 	}
 
 	// Cancelling ends it too.
@@ -450,4 +453,51 @@ func TestRemovedLogRecycled(t *testing.T) {
 	if l2.spares.Len() != 0 {
 		t.Error("a log being read became a spare")
 	}
+}
+
+// TestRemoveRefusesStragglers: events that race a sandbox's removal (an
+// exec's exit its output copy reaches after the teardown, say) are either
+// in the log before it goes or refused after it: none makes the log
+// again, a file no sandbox owns (TestDeleteThenCreate saw one). Sandboxes
+// long removed are forgotten, and their ids take events again.
+func TestRemoveRefusesStragglers(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, dir, 0)
+	for i := range 50 {
+		id := fmt.Sprintf("race-%d", i)
+		appendN(t, l, id, 1)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				if _, err := l.Append(id, Event{Type: Exec, Message: "exited"}); err != nil && !errors.Is(err, ErrRemoved) {
+					t.Errorf("%s: %v", id, err)
+				}
+			}
+		}()
+		if err := l.Remove(id); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if cur, _ := l.paths(id); fileExists(cur) {
+			t.Fatalf("%s: an event racing the removal made the log again", id)
+		}
+	}
+	for i := range removedKeep {
+		if err := l.Remove(fmt.Sprintf("later-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.Append("race-0", Event{Type: Lifecycle}); err != nil {
+		t.Errorf("an id removed %d removals ago: %v", removedKeep, err)
+	}
+	if len(l.gone) != removedKeep {
+		t.Errorf("%d removed ids remembered, want %d", len(l.gone), removedKeep)
+	}
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -2,6 +2,7 @@ package events
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -58,7 +59,7 @@ func (w *OOMWatch) Observe(id string, s metrics.Sample) {
 	if s.OOMKills > last {
 		d := OOMData{Kills: s.OOMKills - last, Total: s.OOMKills, MemoryLimitBytes: s.MemoryLimitBytes}
 		msg := fmt.Sprintf("the OOM killer killed %d process(es) at the memory limit of %d MiB", d.Kills, d.MemoryLimitBytes>>20)
-		if _, err := w.log.Append(id, Event{Type: OOM, Time: s.Time, Message: msg, Data: Data(d)}); err != nil {
+		if _, err := w.log.Append(id, Event{Type: OOM, Time: s.Time, Message: msg, Data: Data(d)}); err != nil && !errors.Is(err, ErrRemoved) {
 			w.log.log.Warn("recording oom event", "sandbox", id, "err", err)
 		}
 	}

@@ -602,7 +602,7 @@ func (h *Hub) Event(id, kind, message string, data any) {
 }
 
 func (h *Hub) append(id string, e events.Event) {
-	if _, err := h.events.Append(id, e); err != nil {
+	if _, err := h.events.Append(id, e); err != nil && !errors.Is(err, events.ErrRemoved) {
 		h.log.Warn("recording event", "sandbox", id, "type", e.Type, "err", err)
 	}
 }
