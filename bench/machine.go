@@ -29,7 +29,7 @@ func (r *rig) machine(ctx context.Context) [][2]string {
 		{"runc", r.runcVersion(ctx)},
 		{"harness", "bench/ built with " + goruntime.Version()},
 	}
-	return kv
+	return append(kv, hostCosts(ctx)...)
 }
 
 func (r *rig) paddockVersion(ctx context.Context) string {
