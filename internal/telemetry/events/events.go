@@ -41,6 +41,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/shrink"
 	"github.com/paddock-dev/paddock/internal/spare"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/gone"
 	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
 )
 
@@ -171,24 +172,15 @@ type Log struct {
 
 	spares *spare.Pool
 
-	// gone remembers the last removedKeep sandboxes whose logs were
-	// removed (a ring, and a set of it), to refuse their stragglers.
-	gone     map[string]struct{}
-	goneRing [removedKeep]string
-	goneNext int
+	gone gone.Set // removed sandboxes, whose stragglers are refused
 }
 
 // ErrRemoved: the sandbox's log was removed (the sandbox was deleted).
 // An event for it is a straggler of its teardown (an exec's exit the
 // daemon's copy of its output reached after the removal, say), and is
-// not recorded: it would make the log again, a file no sandbox owns.
+// not recorded: it would make the log again, a file no sandbox owns
+// (package gone).
 var ErrRemoved = errors.New("the sandbox's event log was removed")
-
-// removedKeep is how many removed sandboxes a Log refuses events for:
-// sandbox ids are never reused, and a straggler comes within seconds of
-// its sandbox's removal, by when at 200 removals a second this many
-// have not passed.
-const removedKeep = 1024
 
 // maxOpen bounds the segments a Log keeps open between appends: a
 // sandbox's few events (created, each exec's start and exit) then cost
@@ -268,10 +260,7 @@ func (l *Log) Append(id string, e Event) (Event, error) {
 	}
 	e.Time = e.Time.UTC().Round(time.Microsecond)
 	e.Message = truncate(e.Message, MaxMessage)
-	l.mu.Lock()
-	_, gone := l.gone[id]
-	l.mu.Unlock()
-	if gone {
+	if l.gone.Has(id) {
 		return Event{}, ErrRemoved
 	}
 	b := l.box(id)
@@ -598,29 +587,12 @@ func (l *Log) Remove(id string) error {
 		delete(l.boxes, id)
 		l.boxes = shrink.Map(l.boxes, &l.boxesPeak)
 	}
-	l.forget(id)
+	l.gone.Add(id)
 	l.mu.Unlock()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("removing event log: %w", err)
 	}
 	return nil
-}
-
-// forget adds id to the removed sandboxes whose events are refused,
-// dropping the oldest past removedKeep. Called with l.mu held.
-func (l *Log) forget(id string) {
-	if _, ok := l.gone[id]; ok {
-		return
-	}
-	if l.gone == nil {
-		l.gone = make(map[string]struct{}, removedKeep)
-	}
-	if old := l.goneRing[l.goneNext]; old != "" {
-		delete(l.gone, old)
-	}
-	l.goneRing[l.goneNext] = id
-	l.goneNext = (l.goneNext + 1) % removedKeep
-	l.gone[id] = struct{}{}
 }
 
 // IDs lists the sandboxes that have a log on disk, for the daemon's

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/gone"
 	"github.com/paddock-dev/paddock/internal/telemetry/metrics"
 )
 
@@ -484,16 +485,16 @@ func TestRemoveRefusesStragglers(t *testing.T) {
 			t.Fatalf("%s: an event racing the removal made the log again", id)
 		}
 	}
-	for i := range removedKeep {
+	for i := range gone.Keep {
 		if err := l.Remove(fmt.Sprintf("later-%d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if _, err := l.Append("race-0", Event{Type: Lifecycle}); err != nil {
-		t.Errorf("an id removed %d removals ago: %v", removedKeep, err)
+		t.Errorf("an id removed %d removals ago: %v", gone.Keep, err)
 	}
-	if len(l.gone) != removedKeep {
-		t.Errorf("%d removed ids remembered, want %d", len(l.gone), removedKeep)
+	if n := l.gone.Len(); n != gone.Keep {
+		t.Errorf("%d removed ids remembered, want %d", n, gone.Keep)
 	}
 }
 

@@ -91,6 +91,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/reqcheck"
 	"github.com/paddock-dev/paddock/internal/shrink"
 	"github.com/paddock-dev/paddock/internal/spare"
+	"github.com/paddock-dev/paddock/internal/telemetry/internal/gone"
 	"github.com/paddock-dev/paddock/internal/telemetry/internal/jsonl"
 	"github.com/paddock-dev/paddock/wire"
 	"golang.org/x/sys/unix"
@@ -154,7 +155,15 @@ type Store struct {
 
 	space  spaceCheck
 	spares *spare.Pool
+	gone   gone.Set // removed sandboxes, whose stragglers are refused
 }
+
+// ErrRemoved: the sandbox's exec log was removed with the sandbox. A
+// process recorded after that (an exec whose start the daemon records
+// behind its answer, racing the sandbox's deletion) is a straggler of its
+// teardown and is not recorded: it would make the log again, a file no
+// sandbox owns (package gone).
+var ErrRemoved = fmt.Errorf("%w: the sandbox's exec log was removed", errdefs.ErrNotFound)
 
 // spaceCheck remembers whether the logs' file system was short of MinFree
 // when last looked at: a statfs a second at most, not one per write.
@@ -298,6 +307,9 @@ func (s *Store) box(id string) (*sandbox, error) {
 	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
+	if s.gone.Has(id) {
+		return nil, ErrRemoved
+	}
 	s.mu.Lock()
 	b := s.boxes[id]
 	if b == nil {
@@ -306,6 +318,10 @@ func (s *Store) box(id string) (*sandbox, error) {
 	}
 	s.mu.Unlock()
 	b.mu.Lock()
+	if b.removed {
+		b.mu.Unlock()
+		return nil, ErrRemoved // removed while this waited for it
+	}
 	if !b.loaded {
 		if err := s.load(b); err != nil {
 			b.mu.Unlock()
@@ -1318,6 +1334,9 @@ func readSegment(f *os.File, from int64, buf []byte, fn func(Chunk) error) (int6
 // Remove deletes sandbox id's output (the sandbox was deleted).
 func (s *Store) Remove(id string) error {
 	b, err := s.box(id)
+	if errors.Is(err, ErrRemoved) {
+		return nil // removed already
+	}
 	if err != nil {
 		return err
 	}
@@ -1336,6 +1355,7 @@ func (s *Store) Remove(id string) error {
 		delete(s.boxes, id)
 		s.boxes = shrink.Map(s.boxes, &s.boxesPeak)
 	}
+	s.gone.Add(id)
 	s.mu.Unlock()
 	if b.readers > 0 || !s.spares.Give(s.logPath(b), spare.Truncate) {
 		if err := os.Remove(s.logPath(b)); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -776,3 +776,51 @@ func TestRemovedLogRecycled(t *testing.T) {
 		t.Errorf("sbx-e's output = %q", got)
 	}
 }
+
+// TestRemoveRefusesStragglers: a process recorded as its sandbox is
+// removed (an exec whose start the daemon records behind its answer,
+// racing the delete) is either in the log before it goes or refused after
+// it, with ErrRemoved (a not-found): none makes the log again, a file no
+// sandbox owns. A second removal is no error.
+func TestRemoveRefusesStragglers(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Config{Dir: dir})
+	for i := range 50 {
+		id := fmt.Sprintf("race-%d", i)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 20 {
+				w, err := s.Start(id, "", 100+j, []string{"echo"}, time.Now())
+				if errors.Is(err, ErrRemoved) {
+					continue
+				}
+				if err != nil {
+					t.Errorf("%s: %v", id, err)
+					return
+				}
+				if err := w.Write(wire.Stdout, []byte("hi\n")); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+					t.Errorf("%s: writing: %v", id, err)
+				}
+				w.Finish(api.ExitStatus{})
+			}
+		}()
+		if err := s.Remove(id); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if _, err := os.Stat(filepath.Join(dir, id+".log")); err == nil {
+			t.Fatalf("%s: a process racing the removal made the log again", id)
+		}
+		if _, err := os.Stat(filepath.Join(dir, id)); err == nil {
+			t.Fatalf("%s: a process racing the removal made its segments' directory again", id)
+		}
+		if _, err := s.Start(id, "", 1, []string{"late"}, time.Now()); !errors.Is(err, ErrRemoved) || !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("%s: a start after the removal: %v, want ErrRemoved", id, err)
+		}
+		if err := s.Remove(id); err != nil {
+			t.Fatalf("%s: removed again: %v", id, err)
+		}
+	}
+}

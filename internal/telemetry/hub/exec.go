@@ -160,7 +160,9 @@ func (h *Hub) ExecStarted(id, ctr string, gc *guestapi.Client, pid int, cmd []st
 		h.append(c.id, events.Event{Type: events.Exec, Message: "started " + strings.Join(c.cmd, " "),
 			Data: events.Data(events.ExecData{Container: c.ctr, PID: c.pid, Cmd: c.cmd})})
 		if err != nil {
-			h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+			if !errors.Is(err, execlog.ErrRemoved) {
+				h.log.Warn("keeping exec output", "sandbox", c.id, "pid", c.pid, "err", err)
+			}
 			h.wg.Done()
 			return
 		}
