@@ -79,8 +79,12 @@ type Actions struct {
 
 // Hub is the daemon's telemetry. It implements sandbox.Observer.
 type Hub struct {
-	cfg      Config
-	log      *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// usageMu orders a save of a sandbox's budget usage and its
+	// removal: a save that read the usage before the removal would
+	// otherwise write the file after it, a file no sandbox owns.
+	usageMu  sync.Mutex
 	events   *events.Log
 	execs    *execlog.Store
 	adm      *admission.Controller
@@ -536,7 +540,10 @@ func (h *Hub) Stopped(s api.Sandbox) {
 func (h *Hub) Removed(id string) {
 	h.sampler.Forget(id)
 	h.nets.Remove(id)
+	h.usageMu.Lock()
 	h.budgets.Remove(id)
+	os.Remove(h.usagePath(id))
+	h.usageMu.Unlock()
 	h.scaler.Remove(id)
 	h.adm.Release(id)
 	h.oom.Forget(id)
@@ -546,7 +553,6 @@ func (h *Hub) Removed(id string) {
 	if err := h.execs.Remove(id); err != nil {
 		h.log.Warn("removing exec log", "sandbox", id, "err", err)
 	}
-	os.Remove(h.usagePath(id))
 	h.mu.Lock()
 	delete(h.boxes, id)
 	h.boxes = shrink.Map(h.boxes, &h.boxesPeak)
@@ -654,6 +660,8 @@ func (h *Hub) usagePath(id string) string { return filepath.Join(h.usageDir(), i
 // saveUsage keeps id's budget usage on disk, so that budgets carry on
 // after a stop or a daemon restart.
 func (h *Hub) saveUsage(id string) {
+	h.usageMu.Lock()
+	defer h.usageMu.Unlock()
 	u, err := h.budgets.Usage(id)
 	if err != nil {
 		return // no budgets
