@@ -234,9 +234,17 @@ func (l *Log) paths(id string) (cur, old string) {
 	return filepath.Join(l.cfg.Dir, id+".jsonl"), filepath.Join(l.cfg.Dir, id+".1.jsonl")
 }
 
-func (l *Log) box(id string) *sandboxLog {
+func (l *Log) box(id string) *sandboxLog { return l.boxUnless(id, false) }
+
+// boxUnless is box, or nil when refuseGone is set and id's log was
+// removed: looked at under l.mu, which Remove holds while it drops the
+// box and adds id to gone, so that no box is made for a removed sandbox.
+func (l *Log) boxUnless(id string, refuseGone bool) *sandboxLog {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if refuseGone && l.gone.Has(id) {
+		return nil
+	}
 	b := l.boxes[id]
 	if b == nil {
 		b = &sandboxLog{changed: make(chan struct{}), fd: -1}
@@ -260,10 +268,10 @@ func (l *Log) Append(id string, e Event) (Event, error) {
 	}
 	e.Time = e.Time.UTC().Round(time.Microsecond)
 	e.Message = truncate(e.Message, MaxMessage)
-	if l.gone.Has(id) {
+	b := l.boxUnless(id, true)
+	if b == nil {
 		return Event{}, ErrRemoved
 	}
-	b := l.box(id)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.removed {

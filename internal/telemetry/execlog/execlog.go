@@ -307,10 +307,13 @@ func (s *Store) box(id string) (*sandbox, error) {
 	if err := reqcheck.SandboxID("id", id); err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	// Under s.mu, which Remove holds while it drops the box and adds id
+	// to gone: no box is made for a removed sandbox.
 	if s.gone.Has(id) {
+		s.mu.Unlock()
 		return nil, ErrRemoved
 	}
-	s.mu.Lock()
 	b := s.boxes[id]
 	if b == nil {
 		b = &sandbox{id: id, next: 1}
