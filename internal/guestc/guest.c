@@ -636,6 +636,17 @@ static int read_output(struct proc *p, int w) {
 	return 1;
 }
 
+// send_exit ends c's stream of finished p: the exit frame, then c waits
+// for its client's release.
+static void send_exit(struct conn *c, struct proc *p) {
+	c->p = NULL;
+	p->c = NULL;
+	if (send_frame(c, F_EXIT, p->exit, strlen(p->exit)))
+		close_conn(c);
+	else
+		c->state = C_RELEASE;
+}
+
 // finish ends p once reaped: what its pipes still hold (not waiting for a
 // background child that keeps one open), the exit status, and the exit
 // frame to its connection.
@@ -673,12 +684,7 @@ static void finish(struct proc *p, int status) {
 	if (c && c->sent < p->end) {
 		handing_over = 1; // a reader behind: the Go guest sends the rest
 	} else if (c) {
-		c->p = NULL;
-		p->c = NULL;
-		if (send_frame(c, F_EXIT, b.b, b.n))
-			close_conn(c);
-		else
-			c->state = C_RELEASE;
+		send_exit(c, p);
 	}
 	// Finished processes are retained, the oldest dropped past retain.
 	long long finished = 0;
@@ -966,14 +972,8 @@ static int attach(struct conn *c, struct jnode *req) {
 		}
 		c->sent += (long long)len;
 	}
-	if (p->exit) {
-		c->p = NULL;
-		p->c = NULL;
-		if (send_frame(c, F_EXIT, p->exit, strlen(p->exit)))
-			close_conn(c);
-		else
-			c->state = C_RELEASE;
-	}
+	if (p->exit)
+		send_exit(c, p);
 	return 1;
 }
 
