@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os/exec"
 	"slices"
 	"sync"
 	"time"
@@ -44,8 +44,7 @@ func faultCost() string {
 		per = append(per, float64(time.Since(start).Nanoseconds())/(size/page)/1000)
 		unix.Munmap(b)
 	}
-	slices.Sort(per)
-	return fmt.Sprintf("%.2f µs (median of %d rounds of %d pages)", per[len(per)/2], len(per), size/page)
+	return fmt.Sprintf("%.2f µs (median of %d rounds of %d pages)", medianFloat(per), len(per), size/page)
 }
 
 // spawnCost is the median of 100 spawns of /bin/true one after another,
@@ -54,43 +53,36 @@ func faultCost() string {
 // the first.
 func spawnCost(ctx context.Context) string {
 	const n = 100
-	one := func() (time.Duration, error) {
-		start := time.Now()
-		err := exec.CommandContext(ctx, "/bin/true").Run()
-		return time.Since(start), err
-	}
+	argv := []string{"/bin/true"}
 	var seq []time.Duration
 	for range n {
-		d, err := one()
+		d, err := timeRun(ctx, argv)
 		if err != nil {
 			return "unknown (" + err.Error() + ")"
 		}
 		seq = append(seq, d)
 	}
 	slices.Sort(seq)
+	alone := median(seq)
 	var wg sync.WaitGroup
-	var failed error
-	var mu sync.Mutex
+	errs := make([]error, 2)
 	start := time.Now()
-	for range 2 {
+	for i := range errs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for range n / 2 {
-				if _, err := one(); err != nil {
-					mu.Lock()
-					failed = err
-					mu.Unlock()
+				if _, errs[i] = timeRun(ctx, argv); errs[i] != nil {
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	if failed != nil {
-		return "unknown (" + failed.Error() + ")"
+	if err := errors.Join(errs...); err != nil {
+		return "unknown (" + err.Error() + ")"
 	}
 	pair := time.Since(start) / n
 	return fmt.Sprintf("%s median one at a time; %s per spawn two at a time (%.2f× the first)",
-		ms(seq[n/2]), ms(pair), float64(pair)/float64(seq[n/2]))
+		ms(alone), ms(pair), float64(pair)/float64(alone))
 }
