@@ -172,7 +172,7 @@ type Log struct {
 
 	spares *spare.Pool
 
-	gone gone.Set // removed sandboxes, whose stragglers are refused
+	gone gone.Set // removed sandboxes, whose stragglers are refused; under mu
 }
 
 // ErrRemoved: the sandbox's log was removed (the sandbox was deleted).

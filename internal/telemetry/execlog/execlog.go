@@ -155,7 +155,7 @@ type Store struct {
 
 	space  spaceCheck
 	spares *spare.Pool
-	gone   gone.Set // removed sandboxes, whose stragglers are refused
+	gone   gone.Set // removed sandboxes, whose stragglers are refused; under mu
 }
 
 // ErrRemoved: the sandbox's exec log was removed with the sandbox. A

@@ -6,17 +6,16 @@
 // reused, so a removed id stays removed; only the last Keep are kept.
 package gone
 
-import "sync"
-
 // Keep is how many removed sandboxes a Set remembers: a straggler comes
 // within seconds of its sandbox's removal, by when at 200 removals a
 // second this many have not passed.
 const Keep = 1024
 
 // Set is the last Keep removed sandbox ids. The zero value is empty and
-// ready to use.
+// ready to use. It has no lock of its own: its users look at it and add
+// to it under the lock with which they make and drop their sandboxes'
+// state, which is what makes a refusal exact.
 type Set struct {
-	mu   sync.Mutex
 	ids  map[string]struct{}
 	ring [Keep]string
 	next int
@@ -24,8 +23,6 @@ type Set struct {
 
 // Add records that id was removed, forgetting the oldest past Keep.
 func (s *Set) Add(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if _, ok := s.ids[id]; ok {
 		return
 	}
@@ -42,15 +39,9 @@ func (s *Set) Add(id string) {
 
 // Has reports whether id is among the last Keep removed.
 func (s *Set) Has(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	_, ok := s.ids[id]
 	return ok
 }
 
 // Len is how many ids the set holds.
-func (s *Set) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.ids)
-}
+func (s *Set) Len() int { return len(s.ids) }
