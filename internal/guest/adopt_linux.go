@@ -140,11 +140,21 @@ func (s *server) adoptProc(hp guestapi.HandoverProc) {
 	go s.await(p, pidfd)
 }
 
-// adoptConn takes over a control connection where the fast guest left it.
+// adoptedConn is the connection at descriptor fd, which the fast guest
+// left.
+func adoptedConn(fd int, name string) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	return net.FileConn(f)
+}
+
+// adoptConn takes over a control connection, or an exec lane, where the
+// fast guest left it.
 func (s *server) adoptConn(hc guestapi.HandoverConn) error {
-	f := os.NewFile(uintptr(hc.FD), "conn")
-	conn, err := net.FileConn(f)
-	f.Close()
+	if hc.Lane != nil {
+		return s.adoptLane(hc)
+	}
+	conn, err := adoptedConn(hc.FD, "conn")
 	if err != nil {
 		return err
 	}

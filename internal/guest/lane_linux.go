@@ -1,9 +1,11 @@
 package guest
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -90,7 +92,44 @@ func (s *server) opLane(c *opConn, req guestapi.Request) {
 		}
 		defer s.ctl.remove(lane)
 	}
-	s.serveLane(lane, c.conn, req.Sandbox)
+	s.serveLane(lane, c.conn, req.Sandbox, nil)
+}
+
+// adoptLane takes over an exec lane the fast guest served, where it left
+// it (hc.Lane).
+func (s *server) adoptLane(hc guestapi.HandoverConn) error {
+	rep, err := adoptedConn(hc.Lane.Report, "lane reports")
+	if err != nil {
+		unix.Close(hc.FD)
+		return err
+	}
+	lane, err := adoptedConn(hc.FD, "lane")
+	if err != nil {
+		rep.Close()
+		return err
+	}
+	s.lanes.Add(1)
+	if !s.ctl.add(rep) {
+		s.lanes.Add(-1)
+		rep.Close()
+		lane.Close()
+		return nil
+	}
+	if !s.ctl.add(lane) {
+		s.lanes.Add(-1)
+		s.ctl.remove(rep)
+		rep.Close()
+		lane.Close()
+		return nil
+	}
+	go func() {
+		defer s.lanes.Add(-1)
+		defer s.ctl.remove(rep)
+		defer rep.Close()
+		defer s.ctl.remove(lane)
+		s.serveLane(lane, rep, hc.Lane.Sandbox, &hc)
+	}()
+	return nil
 }
 
 // receiveConn reads one byte carrying a unix stream socket (SCM_RIGHTS).
@@ -167,8 +206,8 @@ func (l *laneState) daemonGone() {
 }
 
 // serveLane answers the lane's requests, bound to sandbox id, reporting
-// each exec on rep.
-func (s *server) serveLane(lane, rep net.Conn, id string) {
+// each exec on rep; at, if set, is where the fast guest left the lane.
+func (s *server) serveLane(lane, rep net.Conn, id string, at *guestapi.HandoverConn) {
 	wire.SetSendBuffer(lane)
 	st := &laneState{conn: lane}
 	// Reports that cannot be sent end the lane as the daemon's going
@@ -176,17 +215,38 @@ func (s *server) serveLane(lane, rep net.Conn, id string) {
 	r := newReporter(rep, st.daemonGone)
 	defer r.close()
 	defer lane.Close() // first: the client need not wait for the reports
+	in := io.Reader(lane)
+	if at != nil {
+		st.busy = at.PID != 0 || at.Request != nil
+		st.gone = r.resume(at.Lane)
+		if len(at.Lane.Read) > 0 {
+			in = io.MultiReader(bytes.NewReader(at.Lane.Read), lane)
+		}
+	}
 	go func() {
 		// The daemon sends nothing more: a read ends when it closes.
 		var b [1]byte
 		rep.Read(b[:])
 		st.daemonGone()
 	}()
-	fr := wire.NewReader(lane)
+	fr := wire.NewReader(in)
 	fw := wire.NewWriter(lane)
 	fail := func(err error) bool {
 		body := api.Error{Status: errdefs.HTTPStatus(err), Code: errdefs.Code(err), Message: err.Error()}
 		return fw.WriteJSON(wire.Error, body) == nil
+	}
+	if at != nil && st.busy {
+		ok := false
+		if at.Request != nil {
+			ok = s.laneRequest(lane, at.Request, id, r, fail)
+		} else if p, err := s.lookup(at.PID); err == nil {
+			ok = s.laneStream(lane, p, r, at.Offset, at.Answer)
+		}
+		if !st.end() || !ok {
+			return
+		}
+	} else if st.gone {
+		return
 	}
 	for {
 		f, err := fr.Read()
@@ -197,17 +257,21 @@ func (s *server) serveLane(lane, rep net.Conn, id string) {
 			fail(errdefs.Invalid("frame", "a lane takes request frames (type %d), not type %d", wire.Request, f.Type))
 			return // out of step: the client is confused or hostile
 		}
-		req, err := reqcheck.LaneRequest(f.Payload, id)
-		var ok bool
-		if err != nil {
-			ok = fail(err)
-		} else {
-			ok = s.laneExec(lane, &req.Exec, r, fail)
-		}
+		ok := s.laneRequest(lane, f.Payload, id, r, fail)
 		if !st.end() || !ok {
 			return
 		}
 	}
+}
+
+// laneRequest serves one request of a lane bound to sandbox id. It
+// reports whether the lane is at a request's boundary.
+func (s *server) laneRequest(lane net.Conn, payload []byte, id string, r *reporter, fail func(error) bool) bool {
+	req, err := reqcheck.LaneRequest(payload, id)
+	if err != nil {
+		return fail(err)
+	}
+	return s.laneExec(lane, &req.Exec, r, fail)
 }
 
 // laneExec runs one exec of a lane and streams it to the client. It
@@ -234,9 +298,16 @@ func (s *server) laneExec(lane net.Conn, req *api.ExecRequest, r *reporter, fail
 	started, _ := json.Marshal(struct {
 		PID int `json:"pid"`
 	}{p.pid})
-	fw.pending = wire.AppendFrame(nil, wire.Started, started)
 	r.start(p.pid, req.Cmd)
-	cur := p.out.attach(0)
+	return s.laneStream(lane, p, r, 0, wire.AppendFrame(nil, wire.Started, started))
+}
+
+// laneStream streams p to the lane from output offset off, answer (the
+// exec's wire.Started frame, if it has not gone) first. It reports
+// whether the lane is at a request's boundary.
+func (s *server) laneStream(lane net.Conn, p *process, r *reporter, off int64, answer []byte) bool {
+	fw := streamWriter{conn: lane, pending: answer}
+	cur := p.out.attach(off)
 	defer p.out.detach(cur)
 	held, stop := holdAnswer(p)
 	defer stop()
@@ -287,6 +358,23 @@ func newReporter(conn net.Conn, broken func()) *reporter {
 	r := &reporter{conn: conn, broken: broken, poke: make(chan struct{}, 1), done: make(chan struct{})}
 	go r.run()
 	return r
+}
+
+// resume takes the reports on where the fast guest left them, and
+// reports whether they had broken off.
+func (r *reporter) resume(h *guestapi.HandoverLane) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.budget, r.passed, r.begun = h.Budget, h.Passed, h.Begun
+	if h.Failed {
+		r.failed = true
+		return true
+	}
+	r.pending = append(r.pending, h.Reports...)
+	if len(r.pending) > 0 {
+		r.kickLocked()
+	}
+	return false
 }
 
 func (r *reporter) run() {

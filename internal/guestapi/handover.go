@@ -66,11 +66,37 @@ type HandoverChunk struct {
 // process's output from Offset, Answer (an encoded Response frame) still
 // to go before the next frame; with Release, waiting for the client's
 // Release after an exit frame; with none of them, between requests.
+//
+// With Lane, the connection is an exec lane bound to the sandbox (OpLane)
+// whose requests the fast guest served: Request is a lane request it did
+// not serve, PID an exec it streams to the lane (Answer: its wire.Started
+// frame), and Release is never set.
 type HandoverConn struct {
-	FD      int    `json:"fd"`
-	Request []byte `json:"request,omitempty"`
-	PID     int    `json:"pid,omitempty"`
-	Offset  int64  `json:"offset,omitempty"`
-	Answer  []byte `json:"answer,omitempty"`
-	Release bool   `json:"release,omitempty"`
+	FD      int           `json:"fd"`
+	Request []byte        `json:"request,omitempty"`
+	PID     int           `json:"pid,omitempty"`
+	Offset  int64         `json:"offset,omitempty"`
+	Answer  []byte        `json:"answer,omitempty"`
+	Release bool          `json:"release,omitempty"`
+	Lane    *HandoverLane `json:"lane,omitempty"`
+}
+
+// HandoverLane is where an exec lane's reports stand (LaneStart,
+// LanePassed; internal/guest/lane_linux.go).
+type HandoverLane struct {
+	// Report is the connection the lane's reports go on (OpLane's).
+	Report  int    `json:"report"`
+	Sandbox string `json:"sandbox"`
+	// Reports are report frames not sent yet; Budget is what is left of
+	// the exec in flight's output budget, Passed output passed on and not
+	// reported yet, and Begun says the exec's start went.
+	Reports []byte `json:"reports,omitempty"`
+	Budget  int    `json:"budget"`
+	Passed  int64  `json:"passed"`
+	Begun   bool   `json:"begun"`
+	// Failed: the reports broke off or the daemon is gone; the lane ends
+	// after its exec in flight.
+	Failed bool `json:"failed"`
+	// Read is the start of a frame read from the lane.
+	Read []byte `json:"read,omitempty"`
 }

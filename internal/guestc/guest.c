@@ -20,11 +20,14 @@
 //     connection; exit statuses with OOM kills; signals PID 1 receives
 //     passed on to every running process;
 //   - attaches to a process no connection streams, from an offset (the
-//     daemon's exec log following a command whose client left).
+//     daemon's exec log following a command whose client left);
+//   - exec lanes bound to the sandbox (the SDK's, from a sandbox's second
+//     exec on): the plain execs of their requests, reported to the daemon
+//     as the Go guest reports them.
 //
 // Any other request, or a start it does not serve, makes it hand over:
 // it writes its state (guestapi.Handover: the processes with their pipes
-// and output, the connections and where each stands) into a memfd and
+// and output, the connections and lanes and where each stands) into a memfd and
 // execs the Go guest from the sealed binary the forker left at fd 5
 // (guestapi.HandoverExeFD). PID 1 stays PID 1, with its children,
 // descriptors, namespaces and filter; the Go guest (guest.Adopt) serves
@@ -147,7 +150,8 @@ struct buf {
 	size_t n, cap;
 };
 
-static void buf_add(struct buf *b, const void *p, size_t n) {
+// buf_reserve makes room for n more bytes (and a NUL after them).
+static void buf_reserve(struct buf *b, size_t n) {
 	if (b->n + n + 1 > b->cap) {
 		size_t cap = b->cap ? b->cap : 4096;
 		while (cap < b->n + n + 1)
@@ -160,7 +164,12 @@ static void buf_add(struct buf *b, const void *p, size_t n) {
 		b->b = nb;
 		b->cap = cap;
 	}
-	memcpy(b->b + b->n, p, n);
+}
+
+static void buf_add(struct buf *b, const void *p, size_t n) {
+	buf_reserve(b, n);
+	if (n)
+		memcpy(b->b + b->n, p, n);
 	b->n += n;
 	b->b[b->n] = 0;
 }
@@ -447,11 +456,34 @@ struct proc {
 	struct proc *next; // in start order
 };
 
-enum cstate { C_IDLE, C_STREAM, C_RELEASE };
+// C_LANE_FD: a "lane" op answered, the lane's socket still to come on
+// the connection.
+enum cstate { C_IDLE, C_STREAM, C_RELEASE, C_LANE_FD };
+
+// An exec lane (below: exec lanes bound to the sandbox).
+struct lane {
+	int rep;          // the daemon's connection: the reports out, its close in
+	char *sandbox;    // the sandbox the lane is bound to
+	struct buf out;   // report frames not sent yet, from off
+	size_t off;
+	long long budget; // of the exec in flight's output
+	long long passed; // output passed on that the reports do not carry
+	int begun;        // the exec in flight's start went to the daemon
+	// gone: the daemon closed rep, or the reports broke off (a backlog
+	// past MAX_REPORT_BACKLOG, a failed write): the lane closes after
+	// its exec in flight, and reports nothing more.
+	int gone;
+	long long due;  // when out is to go (now_ms), -1 when nothing is due
+	struct buf in;  // the frame being read from the lane
+};
 
 struct conn {
 	int fd;
 	enum cstate state;
+	// l is set on an exec lane (fd is its client's socket): between
+	// execs it is C_IDLE, streaming one C_STREAM.
+	struct lane *l;
+	char *lane_id; // C_LANE_FD: the sandbox the lane is bound to
 	struct proc *p; // C_STREAM
 	// pending is the start's answer (a Response frame) held until the
 	// first output or the exit, or START_HOLD_MS.
@@ -538,12 +570,15 @@ static int send_frame(struct conn *c, int t, const void *p, size_t n) {
 	return r;
 }
 
+static void lane_end(struct conn *c);
+
 static void close_conn(struct conn *c) {
 	for (struct conn **pp = &conns; *pp; pp = &(*pp)->next)
 		if (*pp == c) {
 			*pp = c->next;
 			break;
 		}
+	lane_end(c);
 	if (c->p && c->p->c == c)
 		c->p->c = NULL;
 	close(c->fd);
@@ -609,6 +644,8 @@ static int backed_up(struct conn *c, size_t n) {
 	return 0;
 }
 
+static void lane_sent(struct conn *c, int t, const void *p, size_t n);
+
 // read_output reads once from p's output w: retained, and sent to the
 // connection streaming p. It returns 0 at EOF (the pipe closed), 1
 // otherwise.
@@ -628,23 +665,38 @@ static int read_output(struct proc *p, int w) {
 	if (c && c->sent + n == p->end) {
 		if (backed_up(c, (size_t)n))
 			return 1;
-		if (send_frame(c, t, b, (size_t)n))
+		if (send_frame(c, t, b, (size_t)n)) {
 			close_conn(c);
-		else
+		} else {
 			c->sent += n;
+			if (c->l)
+				lane_sent(c, t, b, (size_t)n);
+		}
 	}
 	return 1;
 }
 
 // send_exit ends c's stream of finished p: the exit frame, then c waits
-// for its client's release.
+// for its client's release (a lane for its next request).
 static void send_exit(struct conn *c, struct proc *p) {
+	size_t n = strlen(p->exit);
+	// A lane's client may be anyone's, and may not read: the Go guest
+	// writes to it then.
+	if (c->l && backed_up(c, n + c->npending))
+		return;
 	c->p = NULL;
 	p->c = NULL;
-	if (send_frame(c, F_EXIT, p->exit, strlen(p->exit)))
+	if (send_frame(c, F_EXIT, p->exit, n)) {
 		close_conn(c);
-	else
-		c->state = C_RELEASE;
+		return;
+	}
+	c->state = C_RELEASE;
+	if (c->l) {
+		c->state = C_IDLE;
+		lane_sent(c, F_EXIT, p->exit, n);
+		if (c->l->gone)
+			close_conn(c);
+	}
 }
 
 // finish ends p once reaped: what its pipes still hold (not waiting for a
@@ -733,13 +785,12 @@ static const char *env_get(char **env, const char *key) {
 
 // merge_env is base with over's keys replaced or added, each key in its
 // first place with its last value (the Go guest's mergeEnv).
-static char **merge_env(char **base, int nbase, struct jnode *over, const char *home) {
-	int n = nbase + jlen(over) + 1;
+static char **merge_env(char **base, int nbase, char **over, int nover, const char *home) {
+	int n = nbase + nover + 1;
 	char **out = xalloc(((size_t)n + 1) * sizeof *out);
 	int k = 0;
 	const char *extra[1] = {home};
 	for (int pass = 0; pass < 3; pass++) {
-		struct jnode *o = pass == 2 && over ? over->kids : NULL;
 		for (int i = 0;; i++) {
 			const char *kv;
 			if (pass == 0) {
@@ -751,12 +802,9 @@ static char **merge_env(char **base, int nbase, struct jnode *over, const char *
 					break;
 				kv = extra[0];
 			} else {
-				if (!o)
+				if (i >= nover)
 					break;
-				kv = jstr(o);
-				o = o->next;
-				if (!kv)
-					continue;
+				kv = over[i];
 			}
 			const char *eq = strchr(kv, '=');
 			size_t kl = eq ? (size_t)(eq - kv) : strlen(kv);
@@ -803,6 +851,86 @@ static int look_path(const char *name, const char *path, const char *cwd, char *
 	}
 }
 
+// spawn_plain starts argv (argc strings, NULL after them) as root with
+// over (nover KEY=VALUE strings) over the sandbox's environment, in cwd
+// (the workdir when empty), its output to be streamed to c. NULL when
+// the Go guest is to start it: it then says why it cannot.
+static struct proc *spawn_plain(struct conn *c, char **argv, int argc, char **over, int nover, const char *cwd) {
+	if (!cwd || !*cwd)
+		cwd = workdir;
+	struct stat st;
+	if (stat(cwd, &st) || !S_ISDIR(st.st_mode))
+		return NULL;
+	int has_home = 0;
+	for (int i = 0; i < nover; i++)
+		if (!strncmp(over[i], "HOME=", 5))
+			has_home = 1;
+	char **env = merge_env(serve_env, nserve_env, over, nover, has_home ? NULL : "HOME=/root");
+	char argv0[4096];
+	if (!look_path(argv[0], env_get(env, "PATH"), cwd, argv0, sizeof argv0)) {
+		free(env);
+		return NULL;
+	}
+	int out[2] = {-1, -1}, err[2] = {-1, -1};
+	if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
+		for (int k = 0; k < 2; k++)
+			close(out[k]), close(err[k]);
+		free(env);
+		return NULL;
+	}
+	struct spawn sp = {.argv0 = argv0, .argv = argv, .env = env, .cwd = cwd, .out = out[1], .err = err[1]};
+	run_spawn(&sp);
+	close(out[1]);
+	close(err[1]);
+	free(env);
+	pid_t pid = sp.pid;
+	if (pid < 0) {
+		// The Go guest says why, in its words.
+		close(out[0]);
+		close(err[0]);
+		return NULL;
+	}
+	// A finished process whose pid the kernel gave this one is forgotten.
+	for (struct proc **pp = &procs; *pp; pp = &(*pp)->next)
+		if ((*pp)->pid == pid && (*pp)->exit) {
+			struct proc *q = *pp;
+			*pp = q->next;
+			free_proc(q);
+			break;
+		}
+	struct proc *p = xalloc(sizeof *p);
+	p->pid = pid;
+	p->ncmd = argc;
+	p->cmd = xalloc((size_t)argc * sizeof *p->cmd);
+	for (int i = 0; i < argc; i++)
+		p->cmd[i] = xstrdup(argv[i]);
+	p->cwd = xstrdup(cwd);
+	p->started_ns = wall_ns();
+	p->out[0] = out[0];
+	p->out[1] = err[0];
+	p->c = c;
+	struct proc **tail = &procs;
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = p;
+	c->state = C_STREAM;
+	c->p = p;
+	c->sent = 0;
+	return p;
+}
+
+// hold_answer holds c's answer to its start of p, a frame of type t,
+// until p's first output or exit, or START_HOLD_MS.
+static void hold_answer(struct conn *c, struct proc *p, int t) {
+	char b[64];
+	int n = snprintf(b, sizeof b, "{\"pid\":%d}", p->pid);
+	c->pending = xalloc(8 + (size_t)n);
+	frame_hdr((unsigned char *)c->pending, t, (size_t)n);
+	memcpy(c->pending + 8, b, (size_t)n);
+	c->npending = 8 + (size_t)n;
+	c->hold_until = now_ms() + START_HOLD_MS;
+}
+
 // start serves an attached start of a plain command; it returns 0 when
 // the request is the Go guest's to serve.
 static int start(struct conn *c, struct jnode *req) {
@@ -817,82 +945,22 @@ static int start(struct conn *c, struct jnode *req) {
 	for (struct jnode *a = cmd->kids; a; a = a->next)
 		if (!jstr(a))
 			return 0;
-	const char *cwd = jstr(jget(req, "cwd"));
-	if (!cwd || !*cwd)
-		cwd = workdir;
-	struct stat st;
-	if (stat(cwd, &st) || !S_ISDIR(st.st_mode))
-		return 0;
 	struct jnode *envn = jget(req, "env");
-	int has_home = 0;
-	for (struct jnode *e = envn ? envn->kids : NULL; e; e = e->next)
-		if (jstr(e) && !strncmp(jstr(e), "HOME=", 5))
-			has_home = 1;
-	char **env = merge_env(serve_env, nserve_env, envn, has_home ? NULL : "HOME=/root");
-	char argv0[4096];
-	if (!look_path(jstr(cmd->kids), env_get(env, "PATH"), cwd, argv0, sizeof argv0)) {
-		free(env);
-		return 0;
-	}
+	int nenv = 0;
+	char **env = xalloc(((size_t)jlen(envn) + 1) * sizeof *env);
+	for (struct jnode *e = envn && envn->t == J_ARR ? envn->kids : NULL; e; e = e->next)
+		if (jstr(e))
+			env[nenv++] = (char *)jstr(e);
 	char **argv = xalloc(((size_t)argc + 1) * sizeof *argv);
 	int i = 0;
 	for (struct jnode *a = cmd->kids; a; a = a->next)
 		argv[i++] = (char *)jstr(a);
-	int out[2] = {-1, -1}, err[2] = {-1, -1};
-	if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
-		for (int k = 0; k < 2; k++)
-			close(out[k]), close(err[k]);
-		free(env);
-		free(argv);
-		return 0;
-	}
-	struct spawn sp = {.argv0 = argv0, .argv = argv, .env = env, .cwd = cwd, .out = out[1], .err = err[1]};
-	run_spawn(&sp);
-	close(out[1]);
-	close(err[1]);
+	struct proc *p = spawn_plain(c, argv, argc, env, nenv, jstr(jget(req, "cwd")));
 	free(env);
 	free(argv);
-	pid_t pid = sp.pid;
-	if (pid < 0) {
-		// The Go guest says why, in its words.
-		close(out[0]);
-		close(err[0]);
+	if (!p)
 		return 0;
-	}
-	// A finished process whose pid the kernel gave this one is forgotten.
-	for (struct proc **pp = &procs; *pp; pp = &(*pp)->next)
-		if ((*pp)->pid == pid && (*pp)->exit) {
-			struct proc *q = *pp;
-			*pp = q->next;
-			free_proc(q);
-			break;
-		}
-	struct proc *p = xalloc(sizeof *p);
-	p->pid = pid;
-	p->ncmd = argc;
-	p->cmd = xalloc((size_t)argc * sizeof *p->cmd);
-	i = 0;
-	for (struct jnode *a = cmd->kids; a; a = a->next)
-		p->cmd[i++] = xstrdup(jstr(a));
-	p->cwd = xstrdup(cwd);
-	p->started_ns = wall_ns();
-	p->out[0] = out[0];
-	p->out[1] = err[0];
-	p->c = c;
-	struct proc **tail = &procs;
-	while (*tail)
-		tail = &(*tail)->next;
-	*tail = p;
-	c->state = C_STREAM;
-	c->p = p;
-	c->sent = 0;
-	char b[64];
-	int n = snprintf(b, sizeof b, "{\"pid\":%d}", pid);
-	c->pending = xalloc(8 + (size_t)n);
-	frame_hdr((unsigned char *)c->pending, F_RESPONSE, (size_t)n);
-	memcpy(c->pending + 8, b, (size_t)n);
-	c->npending = 8 + (size_t)n;
-	c->hold_until = now_ms() + START_HOLD_MS;
+	hold_answer(c, p, F_RESPONSE);
 	return 1;
 }
 
@@ -977,6 +1045,439 @@ static int attach(struct conn *c, struct jnode *req) {
 	return 1;
 }
 
+// ---- exec lanes bound to the sandbox
+
+// A lane is a client's connection upgraded to an exec lane bound to this
+// sandbox, which the daemon hands over (op "lane": the answer, then one
+// byte carrying the socket; internal/guest/lane_linux.go says why, and
+// how the Go guest serves them). The fast guest serves a lane's plain
+// execs as it serves attached starts, streaming each to the lane, and
+// reports each on the connection that handed the lane over (its start,
+// its output up to a budget and then byte counts, its exit), from which
+// the daemon keeps the exec log and the events. A lane closes when that
+// connection does (the daemon is gone), after the exec in flight. Any
+// other request on a lane hands over, the lanes with it, where each
+// stands (guestapi.HandoverLane).
+#define MAX_LANES 64              // the Go guest's maxLanes
+#define REPORT_BUDGET (256 << 10) // reportBudget
+#define MAX_REPORT_BACKLOG (1 << 20)
+#define REPORT_DELAY_MS 50
+#define REPORT_SOON (64 << 10)
+#define MAX_BODY (1 << 20) // reqcheck.MaxBody
+#define MAX_ENV 1024       // reqcheck's bounds on an environment
+#define MAX_ENV_BYTES (128 << 10)
+#define F_ERROR 4
+#define F_STARTED 5
+
+
+static int nlanes;
+
+static void lane_gone(struct lane *l) {
+	l->gone = 1;
+	l->out.n = l->off = 0;
+	l->due = -1;
+}
+
+// report_send writes what it can of l's reports without waiting; the
+// rest goes when rep is writable.
+static void report_send(struct lane *l) {
+	while (!l->gone && l->off < l->out.n) {
+		ssize_t w = send(l->rep, l->out.b + l->off, l->out.n - l->off, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN)
+			return;
+		if (w <= 0) {
+			lane_gone(l);
+			return;
+		}
+		l->off += (size_t)w;
+	}
+	l->out.n = l->off = 0;
+	l->due = -1;
+}
+
+static void report_add(struct lane *l, int t, const void *p, size_t n) {
+	if (l->gone)
+		return;
+	if (l->out.n - l->off + 8 + n > MAX_REPORT_BACKLOG) {
+		lane_gone(l);
+		return;
+	}
+	if (l->off > 0 && l->off == l->out.n)
+		l->out.n = l->off = 0;
+	unsigned char h[8];
+	frame_hdr(h, t, n);
+	buf_add(&l->out, h, 8);
+	buf_add(&l->out, p, n);
+}
+
+// flush_passed reports the output passed on and not carried.
+static void flush_passed(struct lane *l) {
+	if (l->passed > 0) {
+		char b[64];
+		int n = snprintf(b, sizeof b, "{\"bytes\":%lld}", l->passed);
+		report_add(l, F_RELEASE, b, (size_t)n);
+		l->passed = 0;
+	}
+}
+
+// lane_start reports p's start on lane c; it goes with the first frame
+// to the client (the held answer).
+static void lane_start(struct conn *c, struct proc *p) {
+	struct lane *l = c->l;
+	struct buf b = {0};
+	buf_printf(&b, "{\"pid\":%d,\"cmd\":[", p->pid);
+	for (int i = 0; i < p->ncmd; i++) {
+		if (i)
+			buf_puts(&b, ",");
+		buf_str(&b, p->cmd[i]);
+	}
+	buf_puts(&b, "]}");
+	l->budget = REPORT_BUDGET;
+	l->begun = 0;
+	report_add(l, F_STARTED, b.b, b.n);
+	free(b.b);
+}
+
+// lane_sent reports a frame lane c's client was sent (t 0: the held
+// answer alone): output while the exec's budget lasts, then its count;
+// the start and the exit go at once, output within REPORT_DELAY_MS.
+static void lane_sent(struct conn *c, int t, const void *p, size_t n) {
+	struct lane *l = c->l;
+	if (t == F_STDOUT || t == F_STDERR) {
+		if ((long long)n <= l->budget) {
+			l->budget -= (long long)n;
+			flush_passed(l);
+			report_add(l, t, p, n);
+		} else {
+			l->budget = 0;
+			l->passed += (long long)n;
+		}
+	} else if (t == F_DROPPED || t == F_EXIT) {
+		flush_passed(l);
+		report_add(l, t, p, n);
+	}
+	if (!l->begun || t == F_EXIT || l->out.n - l->off >= REPORT_SOON) {
+		l->due = 0;
+		report_send(l);
+	} else if (l->due < 0 && l->out.n > l->off) {
+		l->due = now_ms() + REPORT_DELAY_MS;
+	}
+	l->begun = 1;
+}
+
+// lane_end closes lane c's reports as c closes: a lane that leaves an
+// exec before its exit says so (the daemon's copy then follows the
+// process from its output), and what is queued goes if it can.
+static void lane_end(struct conn *c) {
+	if (c->state == C_LANE_FD)
+		nlanes--;
+	free(c->lane_id);
+	c->lane_id = NULL;
+	struct lane *l = c->l;
+	if (!l)
+		return;
+	if (c->state == C_STREAM) {
+		flush_passed(l);
+		report_add(l, F_ERROR, NULL, 0);
+	}
+	report_send(l);
+	close(l->rep);
+	free(l->sandbox);
+	free(l->out.b);
+	free(l->in.b);
+	free(l);
+	c->l = NULL;
+	nlanes--;
+}
+
+// sandbox_id_ok is api.IsSandboxID.
+static int sandbox_id_ok(const char *id) {
+	size_t n = strlen(id);
+	if (!n || n > 64 || id[0] == '-')
+		return 0;
+	for (; *id; id++)
+		if (!((*id >= 'a' && *id <= 'z') || (*id >= '0' && *id <= '9') || *id == '-'))
+			return 0;
+	return 1;
+}
+
+// lane_op serves op "lane": the answer, and then the lane's socket.
+static int lane_op(struct conn *c, const char *id) {
+	if (!id || !sandbox_id_ok(id) || nlanes >= MAX_LANES)
+		return 0; // the Go guest words why not
+	respond(c, "{}");
+	nlanes++;
+	c->state = C_LANE_FD;
+	c->lane_id = xstrdup(id);
+	return 1;
+}
+
+// take_lane receives the lane's socket on c (one byte with one unix
+// stream socket), waiting for it only if wait is set; c becomes the
+// lane, its connection the lane's reports.
+static void take_lane(struct conn *c, int wait) {
+	char byte, ctl[CMSG_SPACE(4 * sizeof(int))];
+	struct iovec iov = {&byte, 1};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+	ssize_t n;
+	do
+		n = recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC | (wait ? 0 : MSG_DONTWAIT));
+	while (n < 0 && errno == EINTR);
+	if (n < 0 && errno == EAGAIN && !wait)
+		return;
+	int fds[4], nfds = 0;
+	for (struct cmsghdr *h = n == 1 ? CMSG_FIRSTHDR(&m) : NULL; h; h = CMSG_NXTHDR(&m, h))
+		if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
+			for (size_t i = 0; i < (h->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
+				if (nfds < 4)
+					fds[nfds++] = fd;
+				else
+					close(fd);
+			}
+	int dom = 0, type = 0;
+	socklen_t len = sizeof dom;
+	if (nfds == 1 && (m.msg_flags & MSG_CTRUNC) == 0 && !getsockopt(fds[0], SOL_SOCKET, SO_DOMAIN, &dom, &len) &&
+	    dom == AF_UNIX && (len = sizeof type, !getsockopt(fds[0], SOL_SOCKET, SO_TYPE, &type, &len)) && type == SOCK_STREAM) {
+		struct lane *l = xalloc(sizeof *l);
+		l->rep = c->fd;
+		l->sandbox = c->lane_id;
+		l->due = -1;
+		c->lane_id = NULL;
+		c->fd = fds[0];
+		c->l = l;
+		c->state = C_IDLE;
+		int sz = 1 << 20; // wire.StreamSendBuffer
+		setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+		len = sizeof c->sndbuf;
+		if (getsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &c->sndbuf, &len))
+			c->sndbuf = sz;
+		return;
+	}
+	logf_("taking an exec lane: expected one unix stream socket, got %d descriptors", nfds);
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+	close_conn(c);
+}
+
+// utf8_ok reports whether s holds UTF-8 that Go's decoder takes as it is
+// (no surrogate, no overlong form, nothing past U+10FFFF).
+static int utf8_ok(const unsigned char *s, size_t n) {
+	for (size_t i = 0; i < n;) {
+		unsigned c = s[i];
+		size_t k = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+		if (!k || i + k > n)
+			return 0;
+		unsigned cp = k == 1 ? c : c & (0x7f >> k);
+		for (size_t j = 1; j < k; j++) {
+			if ((s[i + j] & 0xc0) != 0x80)
+				return 0;
+			cp = cp << 6 | (s[i + j] & 0x3f);
+		}
+		static const unsigned least[] = {0, 0, 0x80, 0x800, 0x10000};
+		if (cp < least[k] || cp > 0x10ffff || (cp >= 0xd800 && cp < 0xe000))
+			return 0;
+		i += k;
+	}
+	return 1;
+}
+
+// keys_ok reports whether object o's keys are each there once and, with
+// allowed (NULL ends it), among those.
+static int keys_ok(struct jnode *o, const char *const *allowed) {
+	if (!o || o->t != J_OBJ)
+		return 0;
+	for (struct jnode *k = o->kids; k; k = k->next) {
+		int known = !allowed;
+		for (const char *const *a = allowed; a && *a; a++)
+			known |= !strcmp(k->key, *a);
+		for (struct jnode *e = o->kids; known && e != k; e = e->next)
+			known = strcmp(e->key, k->key) != 0;
+		if (!known)
+			return 0;
+	}
+	return 1;
+}
+
+static int absent(struct jnode *n) { return !n || n->t == J_NULL; }
+
+static int env_key_ok(const char *k) {
+	if (!*k || isdigit((unsigned char)*k))
+		return 0;
+	for (; *k; k++)
+		if (!isalnum((unsigned char)*k) && *k != '_')
+			return 0;
+	return 1;
+}
+
+// clean_path reports whether p is absolute and clean as reqcheck.Path
+// takes it (one trailing slash allowed).
+static int clean_path(const char *p) {
+	size_t n = strlen(p);
+	if (!n || p[0] != '/' || n > 4096)
+		return 0;
+	if (n == 1)
+		return 1;
+	if (p[n - 1] == '/')
+		n--;
+	for (size_t i = 1; i <= n;) {
+		size_t j = i;
+		while (j < n && p[j] != '/')
+			j++;
+		size_t l = j - i;
+		if (!l || (l == 1 && p[i] == '.') || (l == 2 && p[i] == '.' && p[i + 1] == '.'))
+			return 0;
+		i = j + 1;
+	}
+	return 1;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// lane_exec serves a lane's request when it is one the fast guest
+// serves: a plain command (no terminal, stdin, user or timeout) for the
+// lane's sandbox, which reqcheck.LaneRequest passes and Go's decoder
+// reads as the fast guest does (no unknown or repeated key, no escape
+// it might read otherwise, UTF-8 throughout), whose program and working
+// directory are there. It returns 0 when the Go guest is to serve it,
+// or to say what is wrong with it.
+static int lane_exec(struct conn *c, const char *payload, size_t n) {
+	if (n > MAX_BODY || !utf8_ok((const unsigned char *)payload, n))
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		if ((unsigned char)payload[i] < 0x20)
+			return 0;
+		if (payload[i] != '\\')
+			continue;
+		if (++i >= n)
+			return 0;
+		if (payload[i] == 'u') {
+			// Go's encoder writes <, > and & so: \u003c. A NUL or a
+			// surrogate (which Go may read as U+FFFD) is the Go guest's.
+			unsigned cp = 0;
+			for (int k = 1; k <= 4; k++) {
+				if (i + (size_t)k >= n || !isxdigit((unsigned char)payload[i + (size_t)k]))
+					return 0;
+				char d = (char)tolower((unsigned char)payload[i + (size_t)k]);
+				cp = cp << 4 | (unsigned)(d <= '9' ? d - '0' : d - 'a' + 10);
+			}
+			if (cp == 0 || (cp >= 0xd800 && cp < 0xe000))
+				return 0;
+			i += 4;
+		} else if (!strchr("\"\\/bfnrt", payload[i])) {
+			return 0;
+		}
+	}
+	static const char *const top_keys[] = {"sandbox", "exec", NULL};
+	static const char *const exec_keys[] = {"cmd", "env", "cwd", "user", "tty", "timeout_seconds", "stdin", NULL};
+	struct jnode *req = jparse(payload, n), *ex = jget(req, "exec");
+	struct jnode *cmd = jget(ex, "cmd"), *envn = jget(ex, "env"), *cwdn = jget(ex, "cwd"), *usern = jget(ex, "user");
+	const char *sb = jstr(jget(req, "sandbox")), *user = jstr(usern), *cwd = jstr(cwdn);
+	int argc = jlen(cmd);
+	int ok = keys_ok(req, top_keys) && keys_ok(ex, exec_keys) && sb && !strcmp(sb, c->l->sandbox) &&
+	         absent(jget(ex, "tty")) && absent(jget(ex, "timeout_seconds")) && absent(jget(ex, "stdin")) &&
+	         (absent(usern) || (user && (!*user || !strcmp(user, "root") || !strcmp(user, "0")))) &&
+	         cmd && cmd->t == J_ARR && argc > 0 && jstr(cmd->kids) && *jstr(cmd->kids) &&
+	         (absent(cwdn) || (cwd && (!*cwd || clean_path(cwd)))) &&
+	         (absent(envn) || (keys_ok(envn, NULL) && jlen(envn) <= MAX_ENV));
+	for (struct jnode *a = ok ? cmd->kids : NULL; a; a = a->next)
+		ok = ok && jstr(a);
+	size_t envsize = 0;
+	for (struct jnode *e = ok && !absent(envn) ? envn->kids : NULL; e; e = e->next) {
+		ok = ok && jstr(e) && env_key_ok(e->key);
+		envsize += strlen(e->key) + (jstr(e) ? e->slen : 0) + 2;
+	}
+	struct proc *p = NULL;
+	if (ok && envsize <= MAX_ENV_BYTES) {
+		// The environment as EnvList orders it: KEY=VALUE, sorted.
+		int nenv = 0;
+		char **env = xalloc(((size_t)jlen(envn) + 1) * sizeof *env);
+		for (struct jnode *e = absent(envn) ? NULL : envn->kids; e; e = e->next) {
+			struct buf kv = {0};
+			buf_puts(&kv, e->key);
+			buf_puts(&kv, "=");
+			buf_puts(&kv, jstr(e));
+			env[nenv++] = kv.b;
+		}
+		qsort(env, (size_t)nenv, sizeof *env, cmp_str);
+		char **argv = xalloc(((size_t)argc + 1) * sizeof *argv);
+		int i = 0;
+		for (struct jnode *a = cmd->kids; a; a = a->next)
+			argv[i++] = (char *)jstr(a);
+		p = spawn_plain(c, argv, argc, env, nenv, jstr(cwdn));
+		for (i = 0; i < nenv; i++)
+			free(env[i]);
+		free(env);
+		free(argv);
+	}
+	jfree(req);
+	if (!p)
+		return 0;
+	hold_answer(c, p, F_STARTED);
+	lane_start(c, p);
+	return 1;
+}
+
+// lane_readable reads what lane c's client sent, and serves it once a
+// frame is whole. A lane is read only between its execs, and without
+// waiting: its client is the API's caller, who may send half a frame.
+static void lane_readable(struct conn *c) {
+	struct buf *in = &c->l->in;
+	size_t need = 8;
+	for (;;) {
+		if (in->n >= 8) {
+			const unsigned char *h = (const unsigned char *)in->b;
+			size_t len = (size_t)h[4] << 24 | (size_t)h[5] << 16 | (size_t)h[6] << 8 | h[7];
+			if (len > MAX_PAYLOAD) {
+				close_conn(c);
+				return;
+			}
+			need = 8 + len;
+		}
+		if (in->n == need)
+			break;
+		buf_reserve(in, need - in->n);
+		ssize_t r = recv(c->fd, in->b + in->n, need - in->n, MSG_DONTWAIT);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && errno == EAGAIN)
+			return;
+		if (r <= 0) {
+			close_conn(c);
+			return;
+		}
+		in->n += (size_t)r;
+	}
+	int t = (unsigned char)in->b[0];
+	char *payload = in->b + 8;
+	size_t n = need - 8;
+	if (t != F_REQUEST) {
+		// Out of step: the client is confused or hostile.
+		char b[192];
+		int k = snprintf(b, sizeof b,
+		                 "{\"code\":\"invalid_argument\",\"message\":\"invalid argument: frame: a lane takes request frames "
+		                 "(type %d), not type %d\",\"status\":400}",
+		                 F_REQUEST, t);
+		int queued;
+		if (!ioctl(c->fd, SIOCOUTQ, &queued) && (size_t)queued + (size_t)k + 8 <= (size_t)c->sndbuf / 2)
+			send_frame(c, F_ERROR, b, (size_t)k);
+		close_conn(c);
+		return;
+	}
+	if (lane_exec(c, payload, n)) {
+		in->n = 0;
+		return;
+	}
+	logf_("handing over to the Go guest for a lane's request");
+	handover(c, payload, n);
+	const char *e = "{\"code\":\"internal\",\"message\":\"the guest could not hand over to its full server\",\"status\":500}";
+	send_frame(c, F_ERROR, e, strlen(e));
+	close_conn(c);
+}
+
 // request serves one request frame's payload on an idle connection.
 static void request(struct conn *c, char *payload, size_t n) {
 	struct jnode *req = jparse(payload, n);
@@ -990,6 +1491,8 @@ static void request(struct conn *c, char *payload, size_t n) {
 		served = start(c, jget(req, "start"));
 	} else if (op && !strcmp(op, "attach")) {
 		served = attach(c, req);
+	} else if (op && !strcmp(op, "lane")) {
+		served = lane_op(c, jstr(jget(req, "sandbox")));
 	}
 	if (!served)
 		logf_("handing over to the Go guest for %s", op ? op : "a request it cannot read");
@@ -1002,6 +1505,14 @@ static void request(struct conn *c, char *payload, size_t n) {
 
 // readable serves what the client sent on c.
 static void readable(struct conn *c) {
+	if (c->l) {
+		lane_readable(c);
+		return;
+	}
+	if (c->state == C_LANE_FD) {
+		take_lane(c, 0);
+		return;
+	}
 	unsigned char h[8];
 	if (read_full(c->fd, h, 8)) {
 		close_conn(c);
@@ -1042,6 +1553,8 @@ static void readable(struct conn *c) {
 		if (h[0] == F_RELEASE)
 			c->state = C_IDLE;
 		break;
+	case C_LANE_FD:
+		break;
 	}
 	free(b);
 }
@@ -1069,7 +1582,7 @@ static int serve(int sigfd) {
 	for (;;) {
 		int n = 2;
 		for (struct conn *c = conns; c; c = c->next)
-			n++;
+			n += 2;
 		for (struct proc *p = procs; p; p = p->next)
 			n += 2;
 		struct pollfd *pf = xalloc((size_t)n * sizeof *pf);
@@ -1079,16 +1592,29 @@ static int serve(int sigfd) {
 		long long wake = -1;
 		pf[k] = (struct pollfd){FD_LISTEN, POLLIN, 0}, kind[k++] = 0;
 		pf[k] = (struct pollfd){sigfd, POLLIN, 0}, kind[k++] = 1;
+		long long now = now_ms();
 		for (struct conn *c = conns; c; c = c->next) {
-			pf[k] = (struct pollfd){c->fd, POLLIN, 0}, who[k] = c, kind[k++] = 2;
+			// A lane is read between its execs only, as the Go guest's.
+			if (!c->l || c->state == C_IDLE)
+				pf[k] = (struct pollfd){c->fd, POLLIN, 0}, who[k] = c, kind[k++] = 2;
 			if (c->pending && (wake < 0 || c->hold_until < wake))
 				wake = c->hold_until;
+			struct lane *l = c->l;
+			if (l && !l->gone) {
+				// Its report connection: the daemon's close, and
+				// writable when reports are due and wait.
+				short ev = POLLIN;
+				if (l->due >= 0 && l->due <= now)
+					ev |= POLLOUT;
+				else if (l->due > now && (wake < 0 || l->due < wake))
+					wake = l->due;
+				pf[k] = (struct pollfd){l->rep, ev, 0}, who[k] = c, kind[k++] = 5;
+			}
 		}
 		for (struct proc *p = procs; p; p = p->next)
 			for (int w = 0; w < 2; w++)
 				if (p->out[w] >= 0)
 					pf[k] = (struct pollfd){p->out[w], POLLIN, 0}, who[k] = p, kind[k++] = 3 + w;
-		long long now = now_ms();
 		int r = poll(pf, (nfds_t)k, wake < 0 ? -1 : (int)(wake > now ? wake - now : 0));
 		if (r < 0 && errno != EINTR) {
 			logf_("poll: %s", errtext(errno));
@@ -1097,14 +1623,22 @@ static int serve(int sigfd) {
 		now = now_ms();
 		for (struct conn *c = conns, *next; c; c = next) {
 			next = c->next;
-			if (c->pending && c->hold_until <= now) {
+			if (c->pending && c->hold_until <= now && !(c->l && backed_up(c, 0))) {
 				struct iovec iov = {c->pending, c->npending};
 				int bad = write_iov(c->fd, &iov, 1);
 				free(c->pending);
 				c->pending = NULL;
-				if (bad)
+				if (bad) {
 					close_conn(c);
+					continue;
+				}
+				if (c->l)
+					lane_sent(c, 0, NULL, 0);
 			}
+			if (c->l && c->l->due >= 0 && c->l->due <= now)
+				report_send(c->l);
+			if (c->l && c->l->gone && c->state == C_IDLE)
+				close_conn(c);
 		}
 		// One event is served a round: serving one may free what
 		// another names.
@@ -1123,6 +1657,16 @@ static int serve(int sigfd) {
 				reap();
 			} else if (kind[i] == 2) {
 				readable(who[i]);
+			} else if (kind[i] == 5) {
+				// The daemon sends nothing on a lane's reports: its
+				// connection readable is the daemon gone.
+				struct conn *c = who[i];
+				if (pf[i].revents & (POLLIN | POLLHUP | POLLERR))
+					lane_gone(c->l);
+				else
+					report_send(c->l);
+				if (c->l->gone && c->state == C_IDLE)
+					close_conn(c);
 			} else {
 				read_output(who[i], kind[i] - 3);
 			}
@@ -1142,6 +1686,13 @@ static int serve(int sigfd) {
 }
 
 static int handover(struct conn *trigger, const char *payload, size_t n) {
+	// A lane whose socket is on its way is taken first: the Go guest
+	// takes lanes, not that step.
+	for (struct conn *c = conns, *next; c; c = next) {
+		next = c->next;
+		if (c->state == C_LANE_FD)
+			take_lane(c, 1);
+	}
 	struct buf b = {0};
 	buf_puts(&b, "{\"serve\":{\"env\":[");
 	for (int i = 0; i < nserve_env; i++) {
@@ -1185,6 +1736,22 @@ static int handover(struct conn *trigger, const char *payload, size_t n) {
 	buf_puts(&b, "],\"conns\":[");
 	for (struct conn *c = conns; c; c = c->next) {
 		buf_printf(&b, "%s{\"fd\":%d", c == conns ? "" : ",", c->fd);
+		struct lane *l = c->l;
+		if (l) {
+			buf_printf(&b, ",\"lane\":{\"report\":%d,\"sandbox\":", l->rep);
+			buf_str(&b, l->sandbox);
+			buf_printf(&b, ",\"budget\":%lld,\"passed\":%lld,\"begun\":%s,\"failed\":%s", l->budget, l->passed,
+			           l->begun ? "true" : "false", l->gone ? "true" : "false");
+			if (l->out.n > l->off) {
+				buf_puts(&b, ",\"reports\":");
+				buf_b64(&b, (const unsigned char *)l->out.b + l->off, l->out.n - l->off);
+			}
+			if (c != trigger && l->in.n) {
+				buf_puts(&b, ",\"read\":");
+				buf_b64(&b, (const unsigned char *)l->in.b, l->in.n);
+			}
+			buf_puts(&b, "}");
+		}
 		if (c == trigger) {
 			buf_puts(&b, ",\"request\":");
 			buf_b64(&b, (const unsigned char *)payload, n);
@@ -1224,8 +1791,11 @@ static int handover(struct conn *trigger, const char *payload, size_t n) {
 		for (int w = 0; w < 2; w++)
 			if (p->out[w] >= 0)
 				keep[nkeep++] = p->out[w];
-	for (struct conn *c = conns; c && nkeep < 4094; c = c->next)
+	for (struct conn *c = conns; c && nkeep < 4094; c = c->next) {
 		keep[nkeep++] = c->fd;
+		if (c->l)
+			keep[nkeep++] = c->l->rep;
+	}
 	for (int i = 0; ok && i < nkeep; i++)
 		ok = !fcntl(keep[i], F_SETFD, 0);
 	if (ok) {
