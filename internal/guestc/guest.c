@@ -303,13 +303,22 @@ static int spawn_req[2] = {-1, -1}, spawn_res[2] = {-1, -1};
 // CLONE_VM and CLONE_VFORK: no copy of the guest's page tables, no
 // copy-on-write fault after it (on a VM each of those also flushed the
 // other vCPU's TLB, docs/exec.md). The child gets its own session,
-// stdin from /dev/null, no signal blocked, and this thread's timer
+// stdin from /dev/null, no signal blocked or ignored, and this thread's timer
 // slack, capabilities and cgroups; a failure of its exec is the call's.
 static void do_spawn(struct spawn *sp) {
 	posix_spawn_file_actions_t fa;
 	posix_spawnattr_t at;
-	sigset_t none;
+	sigset_t none, reserved;
 	sigemptyset(&none);
+	// The C library handles the two signals it reserves (32 and 33) and
+	// its posix_spawn ignores them in the child for its time before the
+	// exec, which leaves them ignored after it, in every process of the
+	// sandbox: they are set to default instead. sigaddset refuses them,
+	// so their bits are set as the set's layout has them.
+	sigemptyset(&reserved);
+	unsigned long *words = (unsigned long *)(void *)&reserved;
+	for (int sig = 32; sig <= 33; sig++)
+		words[(sig - 1) / (8 * sizeof *words)] |= 1UL << ((sig - 1) % (8 * sizeof *words));
 	int e = posix_spawn_file_actions_init(&fa);
 	if (e)
 		goto out;
@@ -326,9 +335,11 @@ static void do_spawn(struct spawn *sp) {
 	if (!e)
 		e = posix_spawn_file_actions_addchdir_np(&fa, sp->cwd);
 	if (!e)
-		e = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK);
+		e = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 	if (!e)
 		e = posix_spawnattr_setsigmask(&at, &none);
+	if (!e)
+		e = posix_spawnattr_setsigdefault(&at, &reserved);
 	pid_t pid = -1;
 	if (!e)
 		e = posix_spawn(&pid, sp->argv0, &fa, &at, sp->argv, sp->env);
@@ -1067,7 +1078,6 @@ static int attach(struct conn *c, struct jnode *req) {
 #define F_ERROR 4
 #define F_STARTED 5
 
-
 static int nlanes;
 
 static void lane_gone(struct lane *l) {
@@ -1102,8 +1112,13 @@ static void report_add(struct lane *l, int t, const void *p, size_t n) {
 		lane_gone(l);
 		return;
 	}
-	if (l->off > 0 && l->off == l->out.n)
-		l->out.n = l->off = 0;
+	if (l->off > 0 && l->off >= l->out.n / 2) {
+		// What went is dropped before the buffer grows past twice the
+		// backlog.
+		memmove(l->out.b, l->out.b + l->off, l->out.n - l->off);
+		l->out.n -= l->off;
+		l->off = 0;
+	}
 	unsigned char h[8];
 	frame_hdr(h, t, n);
 	buf_add(&l->out, h, 8);

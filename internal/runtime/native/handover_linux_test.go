@@ -127,14 +127,14 @@ func TestFastGuestHandover(t *testing.T) {
 	path := []string{"PATH=/usr/bin:/bin"}
 	// Who a command runs as: its home, its capabilities, its
 	// descriptors, its cgroups, its session.
-	who := []string{"sh", "-c", "echo $HOME; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp)' /proc/self/status; ls /proc/self/fd; cat /proc/self/cgroup; ps -o sid= -p $$"}
+	who := []string{"sh", "-c", "echo $HOME; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp|SigBlk|SigIgn)' /proc/self/status; ls /proc/self/fd; cat /proc/self/cgroup; ps -o sid= -p $$"}
 	_, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: who, Env: path})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fastWho, _, st := read(c, "")
 	c.Release()
-	if !strings.HasPrefix(fastWho, "/root\nCapEff:") || !strings.Contains(fastWho, "\n0\n1\n2\n3\n") || st.ExitCode != 0 {
+	if !strings.HasPrefix(fastWho, "/root\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\nCapEff:") || !strings.Contains(fastWho, "\n0\n1\n2\n3\n") || st.ExitCode != 0 {
 		t.Fatalf("a command of the fast guest: %q, %+v", fastWho, st)
 	}
 	first, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"echo", "hi"}, Env: path})
