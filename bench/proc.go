@@ -23,7 +23,19 @@ func procStatusBytes(pid int, field string) (int64, error) {
 // memAvailable is the system's MemAvailable.
 func memAvailable() (int64, error) { return kbField("/proc/meminfo", "MemAvailable") }
 
+// procStatusCount reads a plain number field (Threads, ...) of
+// /proc/<pid>/status.
+func procStatusCount(pid int, field string) (int64, error) {
+	return numField(fmt.Sprintf("/proc/%d/status", pid), field)
+}
+
 func kbField(path, field string) (int64, error) {
+	n, err := numField(path, field)
+	return n << 10, err
+}
+
+// numField reads field's number in a "Name: value [kB]" file.
+func numField(path, field string) (int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, err
@@ -35,11 +47,11 @@ func kbField(path, field string) (int64, error) {
 		if !ok || name != field {
 			continue
 		}
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("parsing %s in %s: %w", field, path, err)
 		}
-		return kb << 10, nil
+		return n, nil
 	}
 	if err := sc.Err(); err != nil {
 		return 0, err
