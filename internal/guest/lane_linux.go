@@ -216,9 +216,11 @@ func (s *server) serveLane(lane, rep net.Conn, id string, at *guestapi.HandoverC
 	defer r.close()
 	defer lane.Close() // first: the client need not wait for the reports
 	in := io.Reader(lane)
+	// resumed: an exec or a request the fast guest left in flight.
+	resumed, gone := false, false
 	if at != nil {
-		st.busy = at.PID != 0 || at.Request != nil
-		st.gone = r.resume(at.Lane)
+		resumed, gone = at.PID != 0 || at.Request != nil, r.resume(at.Lane)
+		st.busy, st.gone = resumed, gone
 		if len(at.Lane.Read) > 0 {
 			in = io.MultiReader(bytes.NewReader(at.Lane.Read), lane)
 		}
@@ -235,7 +237,7 @@ func (s *server) serveLane(lane, rep net.Conn, id string, at *guestapi.HandoverC
 		body := api.Error{Status: errdefs.HTTPStatus(err), Code: errdefs.Code(err), Message: err.Error()}
 		return fw.WriteJSON(wire.Error, body) == nil
 	}
-	if at != nil && st.busy {
+	if resumed {
 		ok := false
 		if at.Request != nil {
 			ok = s.laneRequest(lane, at.Request, id, r, fail)
@@ -245,7 +247,7 @@ func (s *server) serveLane(lane, rep net.Conn, id string, at *guestapi.HandoverC
 		if !st.end() || !ok {
 			return
 		}
-	} else if st.gone {
+	} else if gone {
 		return
 	}
 	for {

@@ -164,6 +164,11 @@ func TestFastGuestLanes(t *testing.T) {
 	if c.stdout != "bar /root\n/tmp\n" || c.stderr != "héllo\n" || c.exit.ExitCode != 4 || r.stderr != "héllo\n" || r.exit.ExitCode != 4 {
 		t.Fatalf("an exec with env and cwd: %+v, reports %+v", c, r)
 	}
+	// A large request (its room is given back after it).
+	big := strings.Repeat("x", 100<<10)
+	if c, _ := l.exec(api.ExecRequest{Cmd: []string{"sh", "-c", "echo ${#BIG}"}, Env: map[string]string{"BIG": big}}); c.stdout != "102400\n" {
+		t.Fatalf("an exec with a 100 KiB variable: %+v", c)
+	}
 	// Output past the reports' budget is counted, not carried.
 	const size = 300 << 10
 	c, r = l.exec(api.ExecRequest{Cmd: []string{"head", "-c", "307200", "/dev/zero"}})
