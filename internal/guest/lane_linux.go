@@ -36,6 +36,10 @@ import (
 // Only a unix socket is handed over: a TCP socket could be disconnected
 // (connect with AF_UNSPEC) and connected anywhere from the host's network
 // namespace by whoever held it.
+//
+// The fast guest (internal/guestc) serves lanes the same way, their plain
+// execs in C; at its handover it leaves them here where each stands
+// (guestapi.HandoverLane), and adoptLane serves them on.
 
 func init() { extraOps[guestapi.OpLane] = (*server).opLane }
 

@@ -34,7 +34,8 @@ const (
 	OpResize     = "resize"
 	OpPing       = "ping"
 	// OpLane hands the guest a client's exec lane bound to this sandbox
-	// (internal/guest/lane_linux.go): after the answer, one byte with the lane's socket
+	// (internal/guest/lane_linux.go; the fast guest's in internal/guestc
+	// too): after the answer, one byte with the lane's socket
 	// (SCM_RIGHTS) follows, and the connection then carries the guest's
 	// reports of the lane's execs to the daemon.
 	OpLane = "lane"
