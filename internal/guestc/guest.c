@@ -503,7 +503,11 @@ struct conn {
 	size_t npending;
 	long long hold_until;
 	long long sent; // the offset in p's output of the next byte to send
-	int sndbuf;     // the socket's send buffer
+	// cur is p's retained chunk that holds offset sent, starting at
+	// cur_at, while the reader is behind (NULL: not known).
+	struct chunk *cur;
+	long long cur_at;
+	int sndbuf; // the socket's send buffer
 	struct conn *next;
 };
 
@@ -635,28 +639,75 @@ static void retain_output(struct proc *p, int type, const void *d, size_t n) {
 		if (!p->first)
 			p->last = NULL;
 		p->start += (long long)old->len;
+		if (p->c && p->c->cur == old)
+			p->c->cur = NULL;
 		free(old);
 	}
 }
 
-// handing_over is set when a stream backs up: the Go guest takes over
-// after the event being served (serve), and streams on from the ring.
-static int handing_over;
-
 // backed_up reports whether c's reader is behind: its socket holds more
-// than half of what it may. The fast guest is one thread and does not
-// wait for a slow reader (every connection would wait with it): the Go
-// guest, whose writer waits for its reader alone, takes over.
+// than half of what it may, or would with n more bytes. The fast guest is
+// one thread and never waits for a reader (every connection would wait
+// with it): a stream whose reader is behind goes on from the retained
+// output when the socket has room (catch_up), as the Go guest's stream
+// goes on from its ring; the process is not held up, and what the
+// retention cap drops meanwhile is a dropped frame.
 static int backed_up(struct conn *c, size_t n) {
 	int queued;
-	if (ioctl(c->fd, SIOCOUTQ, &queued) || (size_t)queued + n + 8 > (size_t)c->sndbuf / 2) {
-		handing_over = 1;
-		return 1;
-	}
-	return 0;
+	return ioctl(c->fd, SIOCOUTQ, &queued) || (size_t)queued + n + 8 > (size_t)c->sndbuf / 2;
 }
 
 static void lane_sent(struct conn *c, int t, const void *p, size_t n);
+static void send_exit(struct conn *c, struct proc *p);
+
+// behind reports whether c streams a process and has output or its exit
+// still to send.
+static int behind(struct conn *c) { return c->state == C_STREAM && c->p && (c->sent < c->p->end || c->p->exit); }
+
+// catch_up sends c what its process's retained output holds past what c
+// was sent (a dropped frame first for what the cap took), as much as
+// c's socket takes without waiting, and the exit once all went.
+static void catch_up(struct conn *c) {
+	struct proc *p = c->p;
+	if (c->sent < p->start) {
+		char b[64];
+		int n = snprintf(b, sizeof b, "{\"bytes\":%lld}", p->start - c->sent);
+		if (backed_up(c, (size_t)n + c->npending))
+			return;
+		if (send_frame(c, F_DROPPED, b, (size_t)n)) {
+			close_conn(c);
+			return;
+		}
+		c->sent = p->start;
+		c->cur = NULL;
+		if (c->l)
+			lane_sent(c, F_DROPPED, b, (size_t)n);
+	}
+	if (!c->cur || c->cur_at > c->sent) {
+		c->cur = p->first;
+		c->cur_at = p->start;
+	}
+	while (c->cur && c->sent < p->end) {
+		struct chunk *k = c->cur;
+		if (c->cur_at + (long long)k->len <= c->sent) {
+			c->cur_at += (long long)k->len;
+			c->cur = k->next;
+			continue;
+		}
+		size_t skip = (size_t)(c->sent - c->cur_at), len = k->len - skip;
+		if (backed_up(c, len + c->npending))
+			return; // the rest when the socket has room
+		if (send_frame(c, k->type, k->data + skip, len)) {
+			close_conn(c);
+			return;
+		}
+		c->sent += (long long)len;
+		if (c->l)
+			lane_sent(c, k->type, k->data + skip, len);
+	}
+	if (c->sent == p->end && p->exit)
+		send_exit(c, p);
+}
 
 // read_output reads once from p's output w: retained, and sent to the
 // connection streaming p. It returns 0 at EOF (the pipe closed), 1
@@ -674,9 +725,8 @@ static int read_output(struct proc *p, int w) {
 	int t = w ? F_STDERR : F_STDOUT;
 	retain_output(p, t, b, (size_t)n);
 	struct conn *c = p->c;
-	if (c && c->sent + n == p->end) {
-		if (backed_up(c, (size_t)n))
-			return 1;
+	// A reader that is not behind is sent the output as it comes.
+	if (c && c->sent + n == p->end && !backed_up(c, (size_t)n + c->npending)) {
 		if (send_frame(c, t, b, (size_t)n)) {
 			close_conn(c);
 		} else {
@@ -692,10 +742,8 @@ static int read_output(struct proc *p, int w) {
 // for its client's release (a lane for its next request).
 static void send_exit(struct conn *c, struct proc *p) {
 	size_t n = strlen(p->exit);
-	// A lane's client may be anyone's, and may not read: the Go guest
-	// writes to it then.
-	if (c->l && backed_up(c, n + c->npending))
-		return;
+	if (backed_up(c, n + c->npending))
+		return; // catch_up sends it when the socket has room
 	c->p = NULL;
 	p->c = NULL;
 	if (send_frame(c, F_EXIT, p->exit, n)) {
@@ -744,12 +792,8 @@ static void finish(struct proc *p, int status) {
 		buf_printf(&b, "{\"exit_code\":%d}", WEXITSTATUS(status));
 	}
 	p->exit = b.b;
-	struct conn *c = p->c;
-	if (c && c->sent < p->end) {
-		handing_over = 1; // a reader behind: the Go guest sends the rest
-	} else if (c) {
-		send_exit(c, p);
-	}
+	if (p->c)
+		catch_up(p->c);
 	// Finished processes are retained, the oldest dropped past retain.
 	long long finished = 0;
 	for (struct proc *q = procs; q; q = q->next)
@@ -928,6 +972,7 @@ static struct proc *spawn_plain(struct conn *c, char **argv, int argc, char **ov
 	c->state = C_STREAM;
 	c->p = p;
 	c->sent = 0;
+	c->cur = NULL;
 	return p;
 }
 
@@ -1031,29 +1076,8 @@ static int attach(struct conn *c, struct jnode *req) {
 	c->p = p;
 	p->c = c;
 	c->sent = off < p->end ? off : p->end;
-	if (c->sent < p->start) {
-		n = snprintf(b, sizeof b, "{\"bytes\":%lld}", p->start - c->sent);
-		if (send_frame(c, F_DROPPED, b, (size_t)n)) {
-			close_conn(c);
-			return 1;
-		}
-		c->sent = p->start;
-	}
-	long long pos = p->start;
-	for (struct chunk *k = p->first; k; pos += (long long)k->len, k = k->next) {
-		if (pos + (long long)k->len <= c->sent)
-			continue;
-		size_t skip = (size_t)(c->sent - pos), len = k->len - skip;
-		if (backed_up(c, len))
-			return 1; // the Go guest sends the rest
-		if (send_frame(c, k->type, k->data + skip, len)) {
-			close_conn(c);
-			return 1;
-		}
-		c->sent += (long long)len;
-	}
-	if (p->exit)
-		send_exit(c, p);
+	c->cur = NULL;
+	catch_up(c);
 	return 1;
 }
 
@@ -1470,16 +1494,18 @@ static int serve(int sigfd) {
 		pf[k] = (struct pollfd){sigfd, POLLIN, 0}, kind[k++] = 1;
 		long long now = now_ms();
 		for (struct conn *c = conns; c; c = c->next) {
-			// A lane is read between its execs only, as the Go guest's.
-			if (!c->l || c->state == C_IDLE)
-				pf[k] = (struct pollfd){c->fd, POLLIN, 0}, who[k] = c, kind[k++] = 2;
+			// A lane is read between its execs only, as the Go guest's;
+			// a stream whose reader is behind waits for room.
+			short ev = (short)((!c->l || c->state == C_IDLE ? POLLIN : 0) | (behind(c) ? POLLOUT : 0));
+			if (ev)
+				pf[k] = (struct pollfd){c->fd, ev, 0}, who[k] = c, kind[k++] = 2;
 			if (c->pending && (wake < 0 || c->hold_until < wake))
 				wake = c->hold_until;
 			struct lane *l = c->l;
 			if (l && !l->gone) {
 				// Its report connection: the daemon's close, and
 				// writable when reports are due and wait.
-				short ev = POLLIN;
+				ev = POLLIN;
 				if (l->due >= 0 && l->due <= now)
 					ev |= POLLOUT;
 				else if (l->due > now && (wake < 0 || l->due < wake))
@@ -1499,7 +1525,9 @@ static int serve(int sigfd) {
 		now = now_ms();
 		for (struct conn *c = conns, *next; c; c = next) {
 			next = c->next;
-			if (c->pending && c->hold_until <= now && !(c->l && backed_up(c, 0))) {
+			// (A few bytes: a socket is never written past half its
+			// buffer but by these, one a stream.)
+			if (c->pending && c->hold_until <= now) {
 				struct iovec iov = {c->pending, c->npending};
 				int bad = write_iov(c->fd, &iov, 1);
 				free(c->pending);
@@ -1532,7 +1560,11 @@ static int serve(int sigfd) {
 								kill(p->pid, (int)si.ssi_signo);
 				reap();
 			} else if (kind[i] == 2) {
-				readable(who[i]);
+				struct conn *c = who[i];
+				if (pf[i].revents & POLLIN || !behind(c))
+					readable(c);
+				else
+					catch_up(c);
 			} else if (kind[i] == 5) {
 				// The daemon sends nothing on a lane's reports: its
 				// connection readable is the daemon gone.
@@ -1551,13 +1583,6 @@ static int serve(int sigfd) {
 		free(pf);
 		free(who);
 		free(kind);
-		if (handing_over) {
-			logf_("handing over to the Go guest for a stream whose reader is behind");
-			handover(NULL, NULL, 0);
-			// Without the Go guest, the stream it was to take on
-			// cannot go on: the sandbox ends rather than hang.
-			return 1;
-		}
 	}
 }
 

@@ -236,26 +236,44 @@ func TestFastGuestHandover(t *testing.T) {
 }
 
 // TestFastGuestSlowReader: a stream whose reader falls behind does not
-// hold the fast guest (one thread) up: it hands over to the Go guest,
-// which waits for that reader alone; the other connections are served
-// meanwhile, and the stream, read later, has every byte and the exit.
+// hold the fast guest (one thread) up, nor its process: the output is
+// retained and sent as the reader's socket has room, the other
+// connections are served meanwhile, and the stream, read later, has
+// every byte and the exit; past the retention cap, a dropped frame says
+// how much the cap took, as the Go guest's ring does. All on the fast
+// guest: no handover.
 func TestFastGuestSlowReader(t *testing.T) {
 	guest, threads := fastSandbox(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const size = 16 << 20
-	_, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "head -c " + strconv.Itoa(size) + " /dev/zero; echo end"}, Env: []string{"PATH=/usr/bin:/bin"}})
+	path := []string{"PATH=/usr/bin:/bin"}
+	const size = 12 << 20
+	_, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "head -c " + strconv.Itoa(size) + " /dev/zero; echo end; touch /tmp/done"}, Env: path})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	// Nobody reads the stream; another connection is served.
+	// Nobody reads the stream; the process ends all the same, and other
+	// connections are served meanwhile (a command of the fast guest's
+	// looks for the file it leaves).
 	deadline := time.Now().Add(30 * time.Second)
-	for threads() <= 2 {
+	for {
+		_, probe, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"test", "-e", "/tmp/done"}, Env: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, st := readStream(t, probe, "")
+		probe.Close()
+		if st.ExitCode == 0 {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("no handover while the stream's reader stays behind")
+			t.Fatal("the process of a stream nobody reads did not end")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if n := threads(); n != 2 {
+		t.Fatalf("the guest runs %d threads with a stream behind: the fast guest handed over", n)
 	}
 	if err := guest.Ping(ctx); err != nil {
 		t.Fatalf("ping while a stream is behind: %v", err)
@@ -263,6 +281,41 @@ func TestFastGuestSlowReader(t *testing.T) {
 	out, _, st := readStream(t, c, "")
 	if len(out) != size+4 || !strings.HasSuffix(out, "end\n") || strings.Trim(out[:size], "\x00") != "" || st.ExitCode != 0 {
 		t.Fatalf("the stream read late: %d bytes (want %d), %+v", len(out), size+4, st)
+	}
+	c.Release()
+	// Past the retention cap (16 MiB): the oldest output goes, and the
+	// stream says so.
+	_, c, err = guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "head -c 25165824 /dev/zero; echo end"}, Env: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	time.Sleep(3 * time.Second) // it writes 24 MiB meanwhile
+	var got, dropped int64
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	for done := false; !done; {
+		f, err := c.Frames.Read()
+		if err != nil {
+			t.Fatalf("reading the stream past the cap: %v", err)
+		}
+		switch f.Type {
+		case wire.Stdout:
+			got += int64(len(f.Payload))
+		case wire.Dropped:
+			var d struct {
+				Bytes int64 `json:"bytes"`
+			}
+			json.Unmarshal(f.Payload, &d)
+			dropped += d.Bytes
+		case wire.Exit:
+			done = true
+		}
+	}
+	if dropped == 0 || got+dropped != 24<<20+4 {
+		t.Fatalf("a stream past the cap: %d bytes and %d dropped, want %d in all and some dropped", got, dropped, 24<<20+4)
+	}
+	if n := threads(); n != 2 {
+		t.Fatalf("the guest runs %d threads after a stream past the cap: the fast guest handed over", n)
 	}
 }
 

@@ -175,6 +175,17 @@ func TestFastGuestLanes(t *testing.T) {
 	if len(c.stdout) != size || len(r.stdout) > 256<<10 || int64(len(r.stdout))+r.passed != size || r.passed == 0 {
 		t.Fatalf("%d bytes of output: the client got %d, the reports carried %d and counted %d", size, len(c.stdout), len(r.stdout), r.passed)
 	}
+	// A lane's client that reads late gets it all, from the retained
+	// output, with no handover.
+	l.send(api.ExecRequest{Cmd: []string{"head", "-c", "4194304", "/dev/zero"}})
+	time.Sleep(1500 * time.Millisecond)
+	if n := threads(); n != 2 {
+		t.Fatalf("the guest runs %d threads with a lane's reader behind: the fast guest handed over", n)
+	}
+	c, r = readExec(t, l.fr, ""), readExec(t, l.rep.Frames, "")
+	if len(c.stdout) != 4<<20 || c.exit == nil || c.exit.ExitCode != 0 || int64(len(r.stdout))+r.passed != 4<<20 {
+		t.Fatalf("4 MiB read late from a lane: the client got %d bytes (%+v), the reports %d and %d counted", len(c.stdout), c.exit, len(r.stdout), r.passed)
+	}
 	if n := threads(); n != 2 {
 		t.Fatalf("the guest runs %d threads serving a lane: the fast guest handed over", n)
 	}
