@@ -85,6 +85,8 @@ enum {
 	F_STDOUT = 1,
 	F_STDERR = 2,
 	F_EXIT = 3,
+	F_ERROR = 4,
+	F_STARTED = 5,
 	F_DROPPED = 6,
 	F_STDIN = 16,
 	F_CLOSE_STDIN = 17,
@@ -503,8 +505,9 @@ struct conn {
 	size_t npending;
 	long long hold_until;
 	long long sent; // the offset in p's output of the next byte to send
-	// cur is p's retained chunk that holds offset sent, starting at
-	// cur_at, while the reader is behind (NULL: not known).
+	// cur is p's retained chunk that holds offset sent (the last one
+	// once all went), starting at cur_at; NULL: found again from the
+	// first (catch_up).
 	struct chunk *cur;
 	long long cur_at;
 	int sndbuf; // the socket's send buffer
@@ -724,17 +727,8 @@ static int read_output(struct proc *p, int w) {
 	}
 	int t = w ? F_STDERR : F_STDOUT;
 	retain_output(p, t, b, (size_t)n);
-	struct conn *c = p->c;
-	// A reader that is not behind is sent the output as it comes.
-	if (c && c->sent + n == p->end && !backed_up(c, (size_t)n + c->npending)) {
-		if (send_frame(c, t, b, (size_t)n)) {
-			close_conn(c);
-		} else {
-			c->sent += n;
-			if (c->l)
-				lane_sent(c, t, b, (size_t)n);
-		}
-	}
+	if (p->c)
+		catch_up(p->c);
 	return 1;
 }
 
@@ -1099,8 +1093,6 @@ static int attach(struct conn *c, struct jnode *req) {
 #define MAX_REPORT_BACKLOG (1 << 20)
 #define REPORT_DELAY_MS 50
 #define REPORT_SOON (64 << 10)
-#define F_ERROR 4
-#define F_STARTED 5
 
 static int nlanes;
 
@@ -1356,8 +1348,7 @@ static void lane_readable(struct conn *c) {
 		                 "{\"code\":\"invalid_argument\",\"message\":\"invalid argument: frame: a lane takes request frames "
 		                 "(type %d), not type %d\",\"status\":400}",
 		                 F_REQUEST, t);
-		int queued;
-		if (!ioctl(c->fd, SIOCOUTQ, &queued) && (size_t)queued + (size_t)k + 8 <= (size_t)c->sndbuf / 2)
+		if (!backed_up(c, (size_t)k))
 			send_frame(c, F_ERROR, b, (size_t)k);
 		close_conn(c);
 		return;
