@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -29,28 +27,26 @@ func (r *rig) sessions(ctx context.Context) (table, error) {
 	var rss, threads []int64
 	for range sessionSandboxes {
 		r.idle(ctx)
-		sb, err := r.create(ctx, api.CreateRequest{})
+		err := r.withSandbox(ctx, api.CreateRequest{}, func(id string) error {
+			for k := range sessionExecs {
+				req := api.ExecRequest{Cmd: []string{"echo", "hi"}}
+				t0 := time.Now()
+				st, err := r.client.Exec(ctx, id, req, client.ExecIO{})
+				lat[k] = append(lat[k], time.Since(t0))
+				if err := execResult(req.Cmd, st, err, ""); err != nil {
+					return fmt.Errorf("session exec %d: %w", k+1, err)
+				}
+			}
+			if got, err := r.client.Get(ctx, id); err == nil && got.Runtime != nil {
+				b, err1 := procStatusBytes(got.Runtime.HostPID, "VmRSS")
+				n, err2 := procStatusCount(got.Runtime.HostPID, "Threads")
+				if err1 == nil && err2 == nil {
+					rss, threads = append(rss, b), append(threads, n)
+				}
+			}
+			return nil
+		})
 		if err != nil {
-			return table{}, err
-		}
-		for k := range sessionExecs {
-			var out strings.Builder
-			req := api.ExecRequest{Cmd: []string{"echo", "hi"}}
-			t0 := time.Now()
-			st, err := r.client.Exec(ctx, sb.ID, req, client.ExecIO{Stdout: &out})
-			lat[k] = append(lat[k], time.Since(t0))
-			if err := execResult(req.Cmd, st, err, out.String()); err != nil {
-				return table{}, errors.Join(fmt.Errorf("session exec %d: %w", k+1, err), r.removeAll([]string{sb.ID}))
-			}
-		}
-		if got, err := r.client.Get(ctx, sb.ID); err == nil && got.Runtime != nil {
-			b, err1 := procStatusBytes(got.Runtime.HostPID, "VmRSS")
-			n, err2 := procStatusCount(got.Runtime.HostPID, "Threads")
-			if err1 == nil && err2 == nil {
-				rss, threads = append(rss, b), append(threads, n)
-			}
-		}
-		if err := r.removeAll([]string{sb.ID}); err != nil {
 			return table{}, err
 		}
 	}
