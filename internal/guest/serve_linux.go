@@ -153,10 +153,7 @@ func (s *server) serveConn(c *opConn, first []byte) {
 			c.respond(guestapi.Response{}, errdefs.Invalid("request", "%v", err))
 			return
 		}
-		h, ok := processOps[req.Op]
-		if !ok {
-			h, ok = extraOps[req.Op]
-		}
+		h, ok := s.handler(req.Op)
 		if !ok {
 			c.respond(guestapi.Response{}, errdefs.Invalid("op", "unknown op %q", req.Op))
 			return
@@ -166,6 +163,16 @@ func (s *server) serveConn(c *opConn, first []byte) {
 			return
 		}
 	}
+}
+
+// handler returns op's handler. A server without a spawner (the fast
+// guest's helper) serves extraOps alone.
+func (s *server) handler(op string) (opHandler, bool) {
+	if h, ok := processOps[op]; ok && s.sp != nil {
+		return h, true
+	}
+	h, ok := extraOps[op]
+	return h, ok
 }
 
 func newOpConn(conn net.Conn) *opConn {

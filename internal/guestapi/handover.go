@@ -1,6 +1,8 @@
 package guestapi
 
 import (
+	"time"
+
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/wire"
 )
@@ -31,6 +33,11 @@ type Handover struct {
 	Procs     []HandoverProc `json:"procs"`
 	Conns     []HandoverConn `json:"conns"`
 }
+
+// HelperIdle is how long the fast guest's helper (guest.Helper), which
+// serves the file ops and port connections the fast guest passes on,
+// stays without one to serve.
+const HelperIdle = 10 * time.Second
 
 // HandoverExeFD is the descriptor of the Go guest's sealed binary in a
 // fast guest (close-on-exec: no process of the sandbox inherits it).

@@ -23,7 +23,11 @@
 //     daemon's exec log following a command whose client left);
 //   - exec lanes bound to the sandbox (the SDK's, from a sandbox's second
 //     exec on): the plain execs of their requests, reported to the daemon
-//     as the Go guest reports them.
+//     as the Go guest reports them;
+//   - file ops and port connections, passed on whole (the connection and
+//     its request) to a helper: the Go guest's binary in its helper verb,
+//     a child with PID 1's credentials that the first such op starts and
+//     that leaves when it has had none for a while (guest.Helper).
 //
 // Any other request, or a start it does not serve, makes it hand over:
 // it writes its state (guestapi.Handover: the processes with their pipes
@@ -70,6 +74,7 @@
 #define FD_LISTEN 4
 #define FD_GO 5 // guestapi.HandoverExeFD
 #define ADOPT_VERB "guest-adopt" // guestfork.AdoptVerb
+#define HELPER_VERB "guest-helper" // guestfork.HelperVerb
 
 // The Go guest's timer slack at its exec (the forker's GUEST_SLACK_NS,
 // internal/sysmon says why) and the kernel's default, which the sandbox's
@@ -804,18 +809,133 @@ static void finish(struct proc *p, int status) {
 	}
 }
 
+static void helper_gone(void);
+static pid_t helper_pid; // the helper (pass_on), 0 when there is none
+
 static void reap(void) {
 	for (;;) {
 		int st;
 		pid_t pid = waitpid(-1, &st, WNOHANG);
 		if (pid <= 0)
 			return;
+		if (pid == helper_pid) {
+			helper_pid = 0;
+			helper_gone();
+			continue;
+		}
 		for (struct proc *p = procs; p; p = p->next)
 			if (p->pid == pid && !p->exit) {
 				finish(p, st);
 				break;
 			}
 	}
+}
+
+// ---- the helper: file ops and port connections
+
+// The ops the Go guest serves apart from processes (its extraOps): the
+// fast guest passes each on whole to a helper rather than hand the
+// sandbox over for them. An agent's session writes and reads files
+// between its commands; they need the Go guest's resolution under the
+// root, owners, xattrs, tar and watches, and the commands stay here.
+static const char *const helper_ops[] = {
+	"file.read", "file.write", "file.stat", "file.list", "file.mkdir", "file.remove",
+	"file.move", "file.tar_get", "file.tar_put", "file.watch", "port.connect",
+};
+
+static int helper_sock = -1; // our end of the helper's socket
+
+// helper_gone forgets the helper's socket: the helper left or is
+// leaving, and the next op starts another.
+static void helper_gone(void) {
+	if (helper_sock >= 0)
+		close(helper_sock);
+	helper_sock = -1;
+}
+
+// start_helper starts the helper: the Go guest's binary (fd 5) in its
+// helper verb, its socket at fd 3, forked from this thread, so with PID
+// 1's credentials (the sandbox's commands get theirs from the spawner),
+// cgroups, namespaces, root and filter.
+static int start_helper(void) {
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv))
+		return -1;
+	char *argv[] = {"paddock", HELPER_VERB, workdir, NULL};
+	char *envp[] = {"GOMAXPROCS=1", "GODEBUG=memprofilerate=0", NULL};
+	pid_t pid = vfork();
+	if (pid == 0) {
+		// dup2 leaves the copy open across the exec.
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		if (dup2(sv[1], 3) == 3)
+			syscall(SYS_execveat, FD_GO, "", argv, envp, AT_EMPTY_PATH);
+		_exit(127);
+	}
+	close(sv[1]);
+	if (pid < 0) {
+		logf_("starting the helper: %s", errtext(errno));
+		close(sv[0]);
+		return -1;
+	}
+	helper_gone();
+	helper_sock = sv[0];
+	helper_pid = pid;
+	return 0;
+}
+
+// pass_on gives c, whose request frame (payload) was read, to the helper
+// if its op is the helper's: one byte with the connection and a memfd
+// holding the payload. 0: not passed on (not the helper's op, or no
+// helper to take it: the caller hands over).
+static int pass_on(struct conn *c, const char *op, const char *payload, size_t n) {
+	size_t i = 0;
+	while (i < sizeof helper_ops / sizeof *helper_ops && strcmp(op, helper_ops[i]))
+		i++;
+	if (i == sizeof helper_ops / sizeof *helper_ops)
+		return 0;
+	int mfd = (int)syscall(SYS_memfd_create, "paddock-request", MFD_CLOEXEC);
+	if (mfd < 0)
+		return 0;
+	int ok = 1;
+	for (size_t o = 0; ok && o < n;) {
+		ssize_t w = write(mfd, payload + o, n - o);
+		if (w < 0 && errno == EINTR)
+			continue;
+		ok = w > 0;
+		o += ok ? (size_t)w : 0;
+	}
+	int passed = 0;
+	for (int try = 0; ok && !passed && try < 2; try++) {
+		if (helper_sock < 0 && start_helper())
+			break;
+		char one = 0;
+		struct iovec iov = {&one, 1};
+		union {
+			char b[CMSG_SPACE(2 * sizeof(int))];
+			struct cmsghdr align;
+		} u;
+		memset(&u, 0, sizeof u);
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
+		int fds[2] = {c->fd, mfd};
+		memcpy(CMSG_DATA(cm), fds, sizeof fds);
+		ssize_t w = sendmsg(helper_sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w == 1)
+			passed = 1;
+		else if (w < 0 && (errno == EAGAIN || errno == EINTR))
+			break; // the helper is that far behind: the Go guest takes over
+		else
+			helper_gone(); // it went: another
+	}
+	close(mfd);
+	if (passed)
+		close_conn(c);
+	return passed;
 }
 
 // ---- the handover to the Go guest
@@ -1384,6 +1504,8 @@ static void request(struct conn *c, char *payload, size_t n) {
 		served = attach(c, req);
 	} else if (op && !strcmp(op, "lane")) {
 		served = lane_op(c, jstr(jget(req, "sandbox")));
+	} else if (op) {
+		served = pass_on(c, op, payload, n);
 	}
 	if (!served)
 		logf_("handing over to the Go guest for %s", op ? op : "a request it cannot read");
@@ -1471,7 +1593,7 @@ static void accept_conn(void) {
 
 static int serve(int sigfd) {
 	for (;;) {
-		int n = 2;
+		int n = 3;
 		for (struct conn *c = conns; c; c = c->next)
 			n += 2;
 		for (struct proc *p = procs; p; p = p->next)
@@ -1483,6 +1605,11 @@ static int serve(int sigfd) {
 		long long wake = -1;
 		pf[k] = (struct pollfd){FD_LISTEN, POLLIN, 0}, kind[k++] = 0;
 		pf[k] = (struct pollfd){sigfd, POLLIN, 0}, kind[k++] = 1;
+		// The helper sends nothing: its socket readable is the helper
+		// leaving (idle, it shuts its side; it serves what it was given
+		// until ours closes).
+		if (helper_sock >= 0)
+			pf[k] = (struct pollfd){helper_sock, POLLIN, 0}, kind[k++] = 6;
 		long long now = now_ms();
 		for (struct conn *c = conns; c; c = c->next) {
 			// A lane is read between its execs only, as the Go guest's;
@@ -1556,6 +1683,8 @@ static int serve(int sigfd) {
 					readable(c);
 				else
 					catch_up(c);
+			} else if (kind[i] == 6) {
+				helper_gone();
 			} else if (kind[i] == 5) {
 				// The daemon sends nothing on a lane's reports: its
 				// connection readable is the daemon gone.

@@ -34,11 +34,13 @@ const (
 // forker (forker_linux.c takes the process before the Go runtime starts;
 // its arguments after the verb are the devices guests bind). AdoptVerb
 // runs the Go guest in a fast guest's place (guest.Adopt; its argument
-// is the handover's descriptor).
+// is the handover's descriptor); HelperVerb runs it as the fast guest's
+// helper (guest.Helper; its argument is the sandbox's workdir).
 const (
 	GuestVerb  = "guest"
 	ForkerVerb = "guest-forker"
 	AdoptVerb  = "guest-adopt"
+	HelperVerb = "guest-helper"
 )
 
 // Request asks the forker for a guest.

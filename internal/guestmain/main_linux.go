@@ -28,4 +28,12 @@ func Main(verb string) {
 		fmt.Fprintln(os.Stderr, "paddock guest (adopting):", err)
 		os.Exit(1)
 	}
+	if verb == guestfork.HelperVerb && len(os.Args) > 2 {
+		// Its socket to the fast guest is fd 3 (internal/guestc).
+		if err := guest.Helper(3, os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "paddock guest (helper):", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 }

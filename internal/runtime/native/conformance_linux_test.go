@@ -35,9 +35,9 @@ func TestConformance(t *testing.T) {
 
 // TestConformanceFastGuest runs the suite again with every guest started
 // as the fast guest (internal/guestc), as make build's daemon starts
-// them: the suite's plain commands are the fast guest's, and the rest
-// (terminals, stdin, files, ports, attaches, ...) hand it over to the Go
-// guest mid-life.
+// them: the suite's plain commands are the fast guest's, its files and
+// ports its helper's, and the rest (terminals, stdin, lists, ...) hand
+// it over to the Go guest mid-life.
 func TestConformanceFastGuest(t *testing.T) {
 	d := nativeDeps(t, "paddock-conformance-fast")
 	conformance(t, d, fastGuest(t))

@@ -37,6 +37,17 @@ func fastSandbox(t *testing.T) (*guestapi.Client, func() int) {
 // path fast, or as the Go guest when fast is empty.
 func guestSandbox(t *testing.T, fast string) (*guestapi.Client, func() int) {
 	t.Helper()
+	guest, pid := guestInstance(t, fast)
+	return guest, func() int {
+		t.Helper()
+		return threadCount(t, pid)
+	}
+}
+
+// guestInstance starts a sandbox as guestSandbox does and returns its
+// guest's client and host pid.
+func guestInstance(t *testing.T, fast string) (*guestapi.Client, int) {
+	t.Helper()
 	d := nativeDeps(t, "paddock-handover")
 	dir := t.TempDir()
 	disks, err := disk.NewPool(disk.Config{Dir: filepath.Join(dir, "disks"), DefaultSize: 256 << 20, Logger: d.log})
@@ -69,22 +80,24 @@ func guestSandbox(t *testing.T, fast string) (*guestapi.Client, func() int) {
 	}
 	guest := guestapi.NewClient(inst.Dial)
 	t.Cleanup(guest.Close)
-	threads := func() int {
-		t.Helper()
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(inst.Info().HostPID) + "/status")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "Threads:"); ok {
-				n, _ := strconv.Atoi(strings.TrimSpace(v))
-				return n
-			}
-		}
-		t.Fatal("no thread count")
-		return 0
+	return guest, inst.Info().HostPID
+}
+
+// threadCount reads how many threads process pid runs.
+func threadCount(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return guest, threads
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	t.Fatal("no thread count")
+	return 0
 }
 
 // readStream reads c's frames up to its exit (stdout, stderr, the
