@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/exitprog"
+	"github.com/paddock-dev/paddock/internal/guestapi"
 )
 
 const (
@@ -64,9 +66,12 @@ func benchExec(ctx context.Context, r *rig) *section {
 		}
 		return r.pairedShare(ctx, s, n, id)
 	})
-	var session table
+	var session, files table
 	if err == nil {
 		session, err = r.sessions(ctx)
+	}
+	if err == nil {
+		files, err = r.fileSessions(ctx)
 	}
 	if err == nil && r.runc != nil {
 		err = r.withRuncSleeper(ctx, func(id string) error {
@@ -77,8 +82,10 @@ func benchExec(ctx context.Context, r *rig) *section {
 	}
 	s.Err = err
 	execTable(s, samples)
-	if len(session.Rows) > 0 {
-		s.Tables = append(s.Tables, session)
+	for _, t := range []table{session, files} {
+		if len(t.Rows) > 0 {
+			s.Tables = append(s.Tables, t)
+		}
 	}
 	s.Bars = execBars(samples[rowExecSDK])
 	return s
@@ -102,8 +109,12 @@ func execMethod(n, peers int) []string {
 		"Ratios are this row's median ÷ the peer's median: below 1 is faster. p99 is nearest-rank on the sorted samples.",
 		fmt.Sprintf("**A session** (the second table): %d sandboxes one after another, each created (untimed) and then given %d execs of "+
 			"`echo hi` back to back through the one Go SDK client, which opens a lane bound to the sandbox behind its second exec; "+
-			"the clock runs around each `client.Exec`. After the execs, the guest's VmRSS and thread count (host pid from `Get`).",
+			"the clock runs around each `client.Exec`. After the execs, the guest's VmRSS and thread count (host pid from `Get`) and the sandbox's memory cgroup's charge.",
 			sessionSandboxes, sessionExecs),
+		fmt.Sprintf("**A session with files** (the third table): %d sandboxes one after another, each created (untimed) and then taken through "+
+			"%s of a script `/tmp/session.sh` holding `echo hi` (`WriteFile`, `Exec(sh /tmp/session.sh)`, `ReadFile`, `Stat`), back to back, the clock around each call. "+
+			"The sandboxes are kept; what each guest holds is read right after its session, and again for all of them once %s "+
+			"(the fast guest's helper's idle time and 2 s) have passed.", sessionSandboxes, strings.Join(fileSessionSteps, ", "), guestapi.HelperIdle+2*time.Second),
 	}
 }
 
