@@ -84,6 +84,10 @@
 
 #define START_HOLD_MS 5 // the Go guest's startHold
 #define MAX_PAYLOAD (4 << 20) // wire.MaxPayload
+// What a finished process can have left in a pipe: its buffer grows to
+// pipe-max-size (1 MiB by default) at the most without privileges on the
+// host.
+#define PIPE_MAX (1 << 20)
 
 // Frame types (wire).
 enum {
@@ -628,8 +632,22 @@ static void free_proc(struct proc *p) {
 	free(p);
 }
 
+// following is the offset of the next byte the connection streaming p
+// sends, or p's end when none does.
+static long long following(struct proc *p) {
+	return p->c && p->c->state == C_STREAM ? p->c->sent : p->end;
+}
+
+// holding reports whether p's output waits for the connection streaming
+// it, a full retention behind: p's pipes are not read meanwhile, and the
+// process blocks on them once they are full. A stream's reader gets flow
+// control, as the Go guest's ring holds its writer for an attached
+// reader, never a dropped frame; output nobody follows never waits.
+static int holding(struct proc *p) { return p->end - following(p) >= output_limit; }
+
 // retain_output adds output to p's retained bytes, dropping the oldest
-// past the cap (the connection streaming p has them already).
+// past the cap that the connection streaming p has sent.
+
 static void retain_output(struct proc *p, int type, const void *d, size_t n) {
 	struct chunk *k = xalloc(sizeof *k + n);
 	k->type = type;
@@ -641,7 +659,10 @@ static void retain_output(struct proc *p, int type, const void *d, size_t n) {
 		p->first = k;
 	p->last = k;
 	p->end += (long long)n;
-	while (p->first && p->end - p->start > output_limit) {
+	// What the stream has yet to send stays past the cap: at most what
+	// one read, or a finished process's pipes, add beyond it (holding).
+	long long keep = following(p);
+	while (p->first && p->end - p->start > output_limit && p->start + (long long)p->first->len <= keep) {
 		struct chunk *old = p->first;
 		p->first = old->next;
 		if (!p->first)
@@ -765,7 +786,10 @@ static void finish(struct proc *p, int status) {
 	for (int w = 0; w < 2; w++)
 		if (p->out[w] >= 0) {
 			fcntl(p->out[w], F_SETFL, O_NONBLOCK);
-			while (p->out[w] >= 0 && read_output(p, w)) {
+			// What the process left in its pipe, and no more than
+			// twice that from a child writing on.
+			long long from = p->end;
+			while (p->out[w] >= 0 && read_output(p, w) && p->end - from < 2 * PIPE_MAX) {
 				struct pollfd pf = {p->out[w], POLLIN, 0};
 				if (poll(&pf, 1, 0) <= 0 || !(pf.revents & (POLLIN | POLLHUP)))
 					break;
@@ -1633,7 +1657,7 @@ static int serve(int sigfd) {
 		}
 		for (struct proc *p = procs; p; p = p->next)
 			for (int w = 0; w < 2; w++)
-				if (p->out[w] >= 0)
+				if (p->out[w] >= 0 && !holding(p))
 					pf[k] = (struct pollfd){p->out[w], POLLIN, 0}, who[k] = p, kind[k++] = 3 + w;
 		int r = poll(pf, (nfds_t)k, wake < 0 ? -1 : (int)(wake > now ? wake - now : 0));
 		if (r < 0 && errno != EINTR) {

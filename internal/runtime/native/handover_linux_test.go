@@ -2,6 +2,7 @@ package native
 
 import (
 	"context"
+	"fmt"
 	"encoding/json"
 	"math/rand/v2"
 	"os"
@@ -296,20 +297,80 @@ func TestFastGuestSlowReader(t *testing.T) {
 		t.Fatalf("the stream read late: %d bytes (want %d), %+v", len(out), size+4, st)
 	}
 	c.Release()
-	// Past the retention cap (16 MiB): the oldest output goes, and the
-	// stream says so.
-	_, c, err = guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "head -c 25165824 /dev/zero; echo end"}, Env: path})
+	// A full retention (16 MiB) behind, the stream holds the process (flow
+	// control, as the Go guest's ring gives an attached reader): nothing
+	// is dropped, and it ends once read.
+	const big = 24 << 20
+	_, c, err = guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "head -c " + strconv.Itoa(big) + " /dev/zero; echo end; touch /tmp/done2"}, Env: path})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	time.Sleep(3 * time.Second) // it writes 24 MiB meanwhile
-	var got, dropped int64
+	time.Sleep(3 * time.Second) // time enough to write 24 MiB
+	if out, _, _ := shIn(t, guest, "test -e /tmp/done2 && echo ended"); out != "" {
+		t.Fatal("a process a full retention ahead of its stream's reader went on")
+	}
+	got, dropped := readCounting(t, c)
+	if dropped != 0 || got != big+4 {
+		t.Fatalf("a stream a full retention behind: %d bytes and %d dropped, want %d and none", got, dropped, big+4)
+	}
+	c.Release()
+	// A process that ends while held leaves the rest in its pipe (grown
+	// to 1 MiB here, as a process may); that is kept past the cap for the
+	// reader too.
+	const over = 17<<20 + 512<<10 // the cap, about 1 MiB in the socket, half the pipe
+	fill := fmt.Sprintf("import fcntl, sys; fcntl.fcntl(1, 1031, 1 << 20); sys.stdout.buffer.write(bytes(%d))", over) // F_SETPIPE_SZ
+	_, c, err = guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"python3", "-c", fill}, Env: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	time.Sleep(2 * time.Second)
+	if got, dropped := readCounting(t, c); dropped != 0 || got != over {
+		t.Fatalf("a stream whose process ended held: %d bytes and %d dropped, want %d and none", got, dropped, over)
+	}
+	c.Release()
+	// Output nobody follows never waits: a stream whose client went, past
+	// the cap; attached again from the start, a dropped frame says what
+	// the cap took, then the rest.
+	pid, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"sh", "-c", "head -c " + strconv.Itoa(big) + " /dev/zero; echo end; touch /tmp/done3"}, Env: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	for i := 0; ; i++ {
+		if out, _, _ := shIn(t, guest, "test -e /tmp/done3 && echo ended"); out == "ended\n" {
+			break
+		}
+		if i == 300 {
+			t.Fatal("a process whose stream's client went did not end")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // its exit reaped
+	c, err = guest.Attach(ctx, pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, dropped = readCounting(t, c)
+	c.Close()
+	if dropped == 0 || got+dropped != big+4 {
+		t.Fatalf("a stream past the cap: %d bytes and %d dropped, want %d in all and some dropped", got, dropped, big+4)
+	}
+	if n := threads(); n != 2 {
+		t.Fatalf("the guest runs %d threads after streams past the cap: the fast guest handed over", n)
+	}
+}
+
+// readCounting reads c's stream to its exit and counts the output and the
+// bytes dropped frames say went.
+func readCounting(t *testing.T, c *guestapi.Conn) (got, dropped int64) {
+	t.Helper()
 	c.SetReadDeadline(time.Now().Add(time.Minute))
-	for done := false; !done; {
+	for {
 		f, err := c.Frames.Read()
 		if err != nil {
-			t.Fatalf("reading the stream past the cap: %v", err)
+			t.Fatalf("reading the stream: %v (%d bytes so far)", err, got)
 		}
 		switch f.Type {
 		case wire.Stdout:
@@ -321,14 +382,8 @@ func TestFastGuestSlowReader(t *testing.T) {
 			json.Unmarshal(f.Payload, &d)
 			dropped += d.Bytes
 		case wire.Exit:
-			done = true
+			return got, dropped
 		}
-	}
-	if dropped == 0 || got+dropped != 24<<20+4 {
-		t.Fatalf("a stream past the cap: %d bytes and %d dropped, want %d in all and some dropped", got, dropped, 24<<20+4)
-	}
-	if n := threads(); n != 2 {
-		t.Fatalf("the guest runs %d threads after a stream past the cap: the fast guest handed over", n)
 	}
 }
 
