@@ -2,8 +2,8 @@ package native
 
 import (
 	"context"
-	"fmt"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -316,10 +316,11 @@ func TestFastGuestSlowReader(t *testing.T) {
 	}
 	c.Release()
 	// A process that ends while held leaves the rest in its pipe (grown
-	// to 1 MiB here, as a process may); that is kept past the cap for the
-	// reader too.
-	const over = 17<<20 + 512<<10 // the cap, about 1 MiB in the socket, half the pipe
-	fill := fmt.Sprintf("import fcntl, sys; fcntl.fcntl(1, 1031, 1 << 20); sys.stdout.buffer.write(bytes(%d))", over) // F_SETPIPE_SZ
+	// to 1 MiB here, as a process may; 1031 is F_SETPIPE_SZ): that is kept
+	// past the cap for the reader too. 17.5 MiB: the cap, about 1 MiB in
+	// the socket, half the pipe.
+	const over = 17<<20 + 512<<10
+	fill := fmt.Sprintf("import fcntl, sys; fcntl.fcntl(1, 1031, 1 << 20); sys.stdout.buffer.write(bytes(%d))", over)
 	_, c, err = guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"python3", "-c", fill}, Env: path})
 	if err != nil {
 		t.Fatal(err)
