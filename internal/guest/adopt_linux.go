@@ -93,9 +93,16 @@ func readHandover(fd int) (*guestapi.Handover, error) {
 // output, its pipes (read on as the pumps do) and its exit, known or to
 // come.
 func (s *server) adoptProc(hp guestapi.HandoverProc) {
+	// The fast guest keeps what its stream has not sent past the cap (a
+	// process that ended held by its reader): the ring takes it all.
+	limit := s.cfg.OutputLimit
+	var held int64
+	for _, c := range hp.Output {
+		held += int64(len(c.Data))
+	}
 	p := &process{
 		pid: hp.PID, cmd: hp.Cmd, cwd: hp.Cwd, started: time.Unix(0, hp.StartedNS),
-		out: newRingAt(s.cfg.OutputLimit, hp.Dropped), exited: make(chan struct{}),
+		out: newRingAt(max(limit, held), hp.Dropped), exited: make(chan struct{}),
 	}
 	for _, c := range hp.Output {
 		p.out.append(c.Type, c.Data)
