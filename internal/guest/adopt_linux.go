@@ -1,7 +1,6 @@
 package guest
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -82,11 +81,11 @@ func Adopt(stateFD int) error {
 func readHandover(fd int) (*guestapi.Handover, error) {
 	f := os.NewFile(uintptr(fd), "handover")
 	defer f.Close()
-	var h guestapi.Handover
-	if err := json.NewDecoder(f).Decode(&h); err != nil {
+	h, err := guestapi.ReadHandover(f)
+	if err != nil {
 		return nil, fmt.Errorf("reading the fast guest's handover: %w", err)
 	}
-	return &h, nil
+	return h, nil
 }
 
 // adoptProc takes over a process the fast guest started: its retained

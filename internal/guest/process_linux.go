@@ -786,7 +786,36 @@ func (s *server) finish(p *process) {
 		delete(s.procs, s.finished[0])
 		s.finished = s.finished[1:]
 	}
+	s.trimFinishedLocked()
 	s.mu.Unlock()
+}
+
+// FinishedOutputFactor bounds the output the guest keeps of its finished
+// processes together: this many times the per-process limit (64 MiB by
+// default), charged to the sandbox's memory like any of its processes'.
+// Past it the oldest processes' output goes (their records, exits and
+// byte counts stay; an attach gets a dropped frame for it): an agent's
+// hundredth large build log must not cost the sandbox its guest.
+const FinishedOutputFactor = 4
+
+// trimFinishedLocked drops the oldest finished processes' output while
+// the finished processes hold more than their share (FinishedOutputFactor).
+func (s *server) trimFinishedLocked() {
+	budget := FinishedOutputFactor * s.cfg.OutputLimit
+	var total int64
+	for _, pid := range s.finished {
+		if p := s.procs[pid]; p != nil {
+			total += p.out.retained()
+		}
+	}
+	for _, pid := range s.finished {
+		if total <= budget {
+			return
+		}
+		if p := s.procs[pid]; p != nil {
+			total -= p.out.drop()
+		}
+	}
 }
 
 // dropFinishedLocked forgets a finished process whose pid the kernel has

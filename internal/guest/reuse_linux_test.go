@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -193,5 +194,67 @@ func TestStaleKeptConnection(t *testing.T) {
 	conn.Release()
 	if err := conn.Conn.SetReadDeadline(time.Time{}); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("a released stream's connection with reuse off: %v, want it closed", err)
+	}
+}
+
+// TestFinishedOutputBounded: the output the guest keeps of its finished
+// processes together stays within FinishedOutputFactor times the
+// per-process limit, the oldest's going first; their records stay, and
+// an attach from the start gets a dropped frame for what went, then the
+// exit.
+func TestFinishedOutputBounded(t *testing.T) {
+	s, c := procClient(t)
+	const limit = 1 << 20
+	s.cfg.OutputLimit = limit
+	var pids []int
+	for range 2 * FinishedOutputFactor {
+		r := runAttachedAll(t, c, "head", "-c", strconv.Itoa(limit), "/dev/zero")
+		r.conn.Close()
+		if len(r.stdout) != limit {
+			t.Fatalf("a run's stream: %d bytes", len(r.stdout))
+		}
+		pids = append(pids, r.pid)
+	}
+	s.mu.Lock()
+	var total int64
+	for _, pid := range s.finished {
+		total += s.procs[pid].out.retained()
+	}
+	s.mu.Unlock()
+	if total > FinishedOutputFactor*limit {
+		t.Fatalf("finished processes keep %d bytes of output, past %d", total, FinishedOutputFactor*limit)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, pid := range []int{pids[0], pids[len(pids)-1]} {
+		p, err := c.Process(ctx, pid)
+		if err != nil || p.OutputBytes != limit || p.Exit == nil {
+			t.Fatalf("the record of %d: %+v, %v", pid, p, err)
+		}
+		conn, err := c.Attach(ctx, pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got, dropped int
+		for done := false; !done; {
+			f, err := conn.Frames.Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch f.Type {
+			case wire.Stdout:
+				got += len(f.Payload)
+			case wire.Dropped:
+				var d struct{ Bytes int }
+				json.Unmarshal(f.Payload, &d)
+				dropped += d.Bytes
+			case wire.Exit:
+				done = true
+			}
+		}
+		conn.Close()
+		if want := [][2]int{{0, limit}, {limit, 0}}[i]; got != want[0] || dropped != want[1] {
+			t.Fatalf("attached to %d from the start: %d bytes and %d dropped, want %d and %d", pid, got, dropped, want[0], want[1])
+		}
 	}
 }

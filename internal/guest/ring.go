@@ -145,6 +145,36 @@ func (r *ring) close(st api.ExitStatus) {
 	r.mu.Unlock()
 }
 
+// retained is how many bytes the ring holds.
+func (r *ring) retained() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.end - r.start
+}
+
+// drop lets go of the output no attached reader still needs (what
+// follows the first reader's position stays) and returns how many bytes
+// went: a later attach gets a dropped frame for them.
+func (r *ring) drop() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	keep := r.end
+	for c := range r.readers {
+		keep = min(keep, c.off)
+	}
+	var n int64
+	for len(r.chunks) > 0 && r.chunks[0].off+int64(len(r.chunks[0].data)) <= keep {
+		c := r.chunks[0]
+		r.chunks[0] = chunk{}
+		r.chunks = r.chunks[1:]
+		r.start += int64(len(c.data))
+		r.dropped += int64(len(c.data))
+		n += int64(len(c.data))
+		putChunk(c.data)
+	}
+	return n
+}
+
 // attach registers a reader at off (clamped to what is retained).
 func (r *ring) attach(off int64) *cursor {
 	r.mu.Lock()

@@ -9,9 +9,10 @@ import (
 
 // Handover is what the fast guest (internal/guestc: PID 1 in C, which
 // serves attached starts of plain commands) leaves the Go guest when a
-// connection asks for anything else: it writes this as JSON into a memfd
-// and execs the Go guest (the sealed binary it holds at HandoverExeFD)
-// with the verb guestfork.AdoptVerb and the memfd's number. PID 1 stays
+// connection asks for anything else: it writes this into a memfd
+// (ReadHandover reads it) and execs the Go guest (the sealed binary it
+// holds at HandoverExeFD) with the verb guestfork.AdoptVerb and the
+// memfd's number. PID 1 stays
 // PID 1 through the exec, so its children, its namespaces, its seccomp
 // filter and the descriptors named here go on; the Go guest takes over
 // the processes and connections and serves from then on. The sandbox was
@@ -61,10 +62,13 @@ type HandoverProc struct {
 	Exit *api.ExitStatus `json:"exit,omitempty"`
 }
 
-// HandoverChunk is retained output, in the order it was read.
+// HandoverChunk is retained output, in the order it was read. Its Len
+// bytes are not in the JSON but in the memfd's output region (Data once
+// ReadHandover read them).
 type HandoverChunk struct {
 	Type wire.Type `json:"type"`
-	Data []byte    `json:"data"`
+	Len  int64     `json:"len"`
+	Data []byte    `json:"-"`
 }
 
 // HandoverConn is an open control connection, in the state the fast

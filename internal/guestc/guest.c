@@ -88,6 +88,7 @@
 // pipe-max-size (1 MiB by default) at the most without privileges on the
 // host.
 #define PIPE_MAX (1 << 20)
+#define FINISHED_OUTPUT_FACTOR 4 // guest.FinishedOutputFactor
 
 // Frame types (wire).
 enum {
@@ -567,6 +568,19 @@ static int write_iov(int fd, struct iovec *iov, int n) {
 	return 0;
 }
 
+// write_all writes n bytes of b to fd, a file: 0, or -1 on error.
+static int write_all(int fd, const void *b, size_t n) {
+	for (size_t o = 0; o < n;) {
+		ssize_t w = write(fd, (const char *)b + o, n - o);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		o += (size_t)w;
+	}
+	return 0;
+}
+
 static int read_full(int fd, void *b, size_t n) {
 	size_t o = 0;
 	while (o < n) {
@@ -615,6 +629,17 @@ static void close_conn(struct conn *c) {
 }
 
 static void respond(struct conn *c, const char *json) { send_frame(c, F_RESPONSE, json, strlen(json)); }
+
+// drop_output lets go of p's retained output: an attach gets a dropped
+// frame for it.
+static void drop_output(struct proc *p) {
+	for (struct chunk *k = p->first, *next; k; k = next) {
+		next = k->next;
+		free(k);
+	}
+	p->first = p->last = NULL;
+	p->start = p->end;
+}
 
 static void free_proc(struct proc *p) {
 	for (int i = 0; i < p->ncmd; i++)
@@ -831,6 +856,18 @@ static void finish(struct proc *p, int status) {
 			pp = &(*pp)->next;
 		}
 	}
+	// Their output together within FINISHED_OUTPUT_FACTOR times the
+	// limit, the oldest's going first, its record kept (the Go guest's
+	// trimFinishedLocked).
+	long long total = 0;
+	for (struct proc *q = procs; q; q = q->next)
+		if (q->exit)
+			total += q->end - q->start;
+	for (struct proc *q = procs; q && total > FINISHED_OUTPUT_FACTOR * output_limit; q = q->next)
+		if (q->exit && !q->c) {
+			total -= q->end - q->start;
+			drop_output(q);
+		}
 }
 
 static void helper_gone(void);
@@ -922,14 +959,7 @@ static int pass_on(struct conn *c, const char *op, const char *payload, size_t n
 	int mfd = (int)syscall(SYS_memfd_create, "paddock-request", MFD_CLOEXEC);
 	if (mfd < 0)
 		return 0;
-	int ok = 1;
-	for (size_t o = 0; ok && o < n;) {
-		ssize_t w = write(mfd, payload + o, n - o);
-		if (w < 0 && errno == EINTR)
-			continue;
-		ok = w > 0;
-		o += ok ? (size_t)w : 0;
-	}
+	int ok = !write_all(mfd, payload, n);
 	int passed = 0;
 	for (int try = 0; ok && !passed && try < 2; try++) {
 		if (helper_sock < 0 && start_helper())
@@ -1766,11 +1796,8 @@ static int handover(struct conn *trigger, const char *payload, size_t n) {
 		buf_puts(&b, "],\"cwd\":");
 		buf_str(&b, p->cwd);
 		buf_printf(&b, ",\"started_ns\":%lld,\"stdout\":%d,\"stderr\":%d,\"dropped\":%lld,\"output\":[", p->started_ns, p->out[0], p->out[1], p->start);
-		for (struct chunk *k = p->first; k; k = k->next) {
-			buf_printf(&b, "%s{\"type\":%d,\"data\":", k == p->first ? "" : ",", k->type);
-			buf_b64(&b, k->data, k->len);
-			buf_puts(&b, "}");
-		}
+		for (struct chunk *k = p->first; k; k = k->next)
+			buf_printf(&b, "%s{\"type\":%d,\"len\":%zu}", k == p->first ? "" : ",", k->type, k->len);
 		buf_puts(&b, "]");
 		if (p->exit) {
 			buf_puts(&b, ",\"exit\":");
@@ -1813,16 +1840,18 @@ static int handover(struct conn *trigger, const char *payload, size_t n) {
 	}
 	buf_puts(&b, "]}");
 
+	// The memfd: the JSON's length (8 bytes, little endian), the JSON,
+	// then the retained output raw (guestapi.ReadHandover).
 	int mfd = (int)syscall(SYS_memfd_create, "paddock-handover", 0);
 	int ok = mfd >= 0;
-	for (size_t o = 0; ok && o < b.n;) {
-		ssize_t w = write(mfd, b.b + o, b.n - o);
-		if (w < 0 && errno == EINTR)
-			continue;
-		ok = w > 0;
-		o += ok ? (size_t)w : 0;
-	}
+	unsigned char jl[8];
+	for (int i = 0; i < 8; i++)
+		jl[i] = (unsigned char)((unsigned long long)b.n >> (8 * i));
+	ok = ok && !write_all(mfd, jl, 8) && !write_all(mfd, b.b, b.n);
 	free(b.b);
+	for (struct proc *p = procs; ok && p; p = p->next)
+		for (struct chunk *k = p->first; ok && k; k = k->next)
+			ok = !write_all(mfd, k->data, k->len);
 	ok = ok && lseek(mfd, 0, SEEK_SET) == 0;
 	// What the Go guest takes is inherited through the exec; the rest
 	// stays close-on-exec.

@@ -436,3 +436,82 @@ func TestFastGuestPrepare(t *testing.T) {
 		t.Errorf("the layout misses what it compares:\n%s", slow)
 	}
 }
+
+// TestFastGuestFinishedOutputBounded: the fast guest keeps its finished
+// processes' output within the Go guest's bound (guest.trimFinished:
+// four times the per-process limit together), the oldest's going first,
+// records kept; it hands the same over.
+func TestFastGuestFinishedOutputBounded(t *testing.T) {
+	guest, pid := guestInstance(t, fastGuest(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const limit = 16 << 20 // the guest's default
+	var pids []int
+	for range 8 {
+		p, c, err := guest.StartAttached(ctx, &guestapi.StartRequest{Cmd: []string{"head", "-c", strconv.Itoa(limit), "/dev/zero"}, Env: []string{"PATH=/usr/bin:/bin"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, dropped := readCounting(t, c); got != limit || dropped != 0 {
+			t.Fatalf("a run's stream: %d bytes, %d dropped", got, dropped)
+		}
+		c.Release()
+		pids = append(pids, p)
+	}
+	// 64 MiB for the finished, 16 for the one running at a time, and the
+	// heap's slack (eight outputs unbounded: 128 MiB).
+	if rss := procStatusKiB(t, pid, "VmRSS"); rss > 96<<10 {
+		t.Fatalf("the fast guest holds %d KiB after eight 16 MiB outputs: its finished processes' output is not bounded to 64 MiB", rss)
+	}
+	attachFrom0 := func(p int) (got, dropped int64) {
+		c, err := guest.Attach(ctx, p, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return readCounting(t, c)
+	}
+	if got, dropped := attachFrom0(pids[0]); got != 0 || dropped != limit {
+		t.Fatalf("the oldest, attached from the start: %d bytes and %d dropped", got, dropped)
+	}
+	if got, dropped := attachFrom0(pids[7]); got != limit || dropped != 0 {
+		t.Fatalf("the newest, attached from the start: %d bytes and %d dropped", got, dropped)
+	}
+	if n := threadCount(t, pid); n != 2 {
+		t.Fatalf("the guest runs %d threads: the fast guest handed over", n)
+	}
+	// The Go guest takes the same over.
+	ps, err := guest.Processes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var records int
+	for _, p := range ps {
+		if p.OutputBytes == limit && p.Exit != nil {
+			records++
+		}
+	}
+	if records != 8 {
+		t.Fatalf("%d of 8 records after the handover: %+v", records, ps)
+	}
+	if got, dropped := attachFrom0(pids[0]); got != 0 || dropped != limit {
+		t.Fatalf("the oldest after the handover: %d bytes and %d dropped", got, dropped)
+	}
+}
+
+// procStatusKiB reads a kB field of /proc/pid/status.
+func procStatusKiB(t *testing.T, pid int, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
