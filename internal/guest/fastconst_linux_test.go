@@ -3,6 +3,7 @@ package guest
 import (
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,7 +15,8 @@ import (
 
 // TestFastGuestConstants: the fast guest (internal/guestc, C) spells the
 // constants it shares with the Go guest, the forker and the protocol as
-// they do: a verb it execs the Go guest with, a bound both guests keep.
+// they do: a verb it execs the Go guest with, a bound both guests keep,
+// the ops its helper serves.
 func TestFastGuestConstants(t *testing.T) {
 	b, err := os.ReadFile("../guestc/guest.c")
 	if err != nil {
@@ -40,6 +42,23 @@ func TestFastGuestConstants(t *testing.T) {
 			t.Fatalf("guest.c's %s is %q", name, defs[name])
 		}
 		return n
+	}
+	// The ops it passes on to its helper are those the helper serves.
+	m := regexp.MustCompile(`helper_ops\[\] = \{([^}]*)\}`).FindStringSubmatch(string(b))
+	if m == nil {
+		t.Fatal("no helper_ops in guest.c")
+	}
+	var passed, extra []string
+	for _, q := range regexp.MustCompile(`"[^"]*"`).FindAllString(m[1], -1) {
+		passed = append(passed, strings.Trim(q, `"`))
+	}
+	for op := range helperOps {
+		extra = append(extra, op)
+	}
+	slices.Sort(passed)
+	slices.Sort(extra)
+	if !slices.Equal(passed, extra) {
+		t.Errorf("guest.c passes %q on to its helper; the helper serves %q", passed, extra)
 	}
 	for name, want := range map[string]string{"ADOPT_VERB": guestfork.AdoptVerb, "HELPER_VERB": guestfork.HelperVerb} {
 		if got := defs[name]; got != strconv.Quote(want) {

@@ -35,6 +35,7 @@ func init() {
 		guestapi.OpFileWatch:  (*server).opFileWatch,
 	} {
 		extraOps[op] = contained(op, h)
+		helperOps[op] = true
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 
 // Helper serves, in a child of the fast guest (internal/guestc), the ops
 // the fast guest passes on instead of handing the sandbox over: file ops
-// and port connections (extraOps). The fast guest forks it from PID 1's
+// and port connections (helperOps). The fast guest forks it from PID 1's
 // own thread, so it has PID 1's credentials, namespaces, root and seccomp
 // filter; its socket to PID 1 is fd sockFD. Each op comes as one byte
 // with two descriptors: the op's connection, whose request frame the

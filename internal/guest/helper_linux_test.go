@@ -153,7 +153,8 @@ func (fs *fastSide) leaving(wait time.Duration) bool {
 }
 
 // TestHelperServesPassedOps: the helper serves the file ops passed on to
-// it, answers an op that is not its own with an error naming it, and
+// it, answers an op that is not its own (a process's, PID 1's
+// environment) with an error naming it, and
 // drops messages that are not one connection and one request (no
 // descriptor, one, three, a pipe or an oversized file as the request)
 // and goes on. Idle, it shuts its side of the socket, still serves what
@@ -170,6 +171,10 @@ func TestHelperServesPassedOps(t *testing.T) {
 	}
 	if _, err := c.Processes(ctx); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), `unknown op "list"`) {
 		t.Fatalf("a process op passed to the helper: %v", err)
+	}
+	// Nor the ops beyond files and ports that are PID 1's.
+	if err := c.SetEnv(ctx, []string{"A=b"}); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), `unknown op "set_env"`) {
+		t.Fatalf("set_env passed to the helper: %v", err)
 	}
 
 	// Hostile or broken messages.

@@ -15,6 +15,7 @@ import (
 
 func init() {
 	extraOps[guestapi.OpPortConnect] = (*server).opPortConnect
+	helperOps[guestapi.OpPortConnect] = true
 }
 
 // portDialTimeout bounds a connect on the sandbox's loopback. A refusal is

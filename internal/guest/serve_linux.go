@@ -166,9 +166,12 @@ func (s *server) serveConn(c *opConn, first []byte) {
 }
 
 // handler returns op's handler. A server without a spawner (the fast
-// guest's helper) serves extraOps alone.
+// guest's helper) serves helperOps alone.
 func (s *server) handler(op string) (opHandler, bool) {
-	if h, ok := processOps[op]; ok && s.sp != nil {
+	if s.sp == nil && !helperOps[op] {
+		return nil, false
+	}
+	if h, ok := processOps[op]; ok {
 		return h, true
 	}
 	h, ok := extraOps[op]
@@ -220,6 +223,11 @@ type opHandler func(s *server, c *opConn, req guestapi.Request)
 // extraOps are the ops beyond processes: files (files_linux.go) and ports
 // (ports_linux.go) add theirs here in init functions.
 var extraOps = map[string]opHandler{}
+
+// helperOps are the extraOps that need nothing of PID 1 (no process, no
+// listener, no environment): the fast guest passes them on to its helper
+// (Helper) instead of handing the sandbox over.
+var helperOps = map[string]bool{}
 
 func apiError(err error) *api.Error {
 	if err == nil {

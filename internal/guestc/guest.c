@@ -926,11 +926,12 @@ static int start_helper(void) {
 	char *envp[] = {"GOMAXPROCS=1", "GODEBUG=memprofilerate=0", NULL};
 	pid_t pid = vfork();
 	if (pid == 0) {
-		// dup2 leaves the copy open across the exec.
+		// dup2 leaves the copy open across the exec (fd 3 itself, were
+		// it the socket, is made so).
 		sigset_t none;
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
-		if (dup2(sv[1], 3) == 3)
+		if (sv[1] == 3 ? fcntl(3, F_SETFD, 0) == 0 : dup2(sv[1], 3) == 3)
 			syscall(SYS_execveat, FD_GO, "", argv, envp, AT_EMPTY_PATH);
 		_exit(127);
 	}
