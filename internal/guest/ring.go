@@ -109,15 +109,22 @@ func (r *ring) append(t wire.Type, data []byte) {
 	r.chunks = append(r.chunks, chunk{typ: t, off: r.end, data: data})
 	r.end += n
 	for r.end-r.start > r.max && len(r.chunks) > 0 {
-		c := r.chunks[0]
-		r.chunks[0] = chunk{}
-		r.chunks = r.chunks[1:]
-		r.start += int64(len(c.data))
-		r.dropped += int64(len(c.data))
 		// No attached reader still needs it (append waited for them).
-		putChunk(c.data)
+		r.evictFirstLocked()
 	}
 	r.cond.Broadcast()
+}
+
+// evictFirstLocked drops the oldest chunk and returns its size.
+func (r *ring) evictFirstLocked() int64 {
+	c := r.chunks[0]
+	r.chunks[0] = chunk{}
+	r.chunks = r.chunks[1:]
+	n := int64(len(c.data))
+	r.start += n
+	r.dropped += n
+	putChunk(c.data)
+	return n
 }
 
 // blockedLocked reports whether appending n bytes would evict bytes an
@@ -164,13 +171,7 @@ func (r *ring) drop() int64 {
 	}
 	var n int64
 	for len(r.chunks) > 0 && r.chunks[0].off+int64(len(r.chunks[0].data)) <= keep {
-		c := r.chunks[0]
-		r.chunks[0] = chunk{}
-		r.chunks = r.chunks[1:]
-		r.start += int64(len(c.data))
-		r.dropped += int64(len(c.data))
-		n += int64(len(c.data))
-		putChunk(c.data)
+		n += r.evictFirstLocked()
 	}
 	return n
 }
