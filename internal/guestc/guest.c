@@ -646,10 +646,7 @@ static void free_proc(struct proc *p) {
 		free(p->cmd[i]);
 	free(p->cmd);
 	free(p->cwd);
-	for (struct chunk *k = p->first, *next; k; k = next) {
-		next = k->next;
-		free(k);
-	}
+	drop_output(p);
 	for (int w = 0; w < 2; w++)
 		if (p->out[w] >= 0)
 			close(p->out[w]);
