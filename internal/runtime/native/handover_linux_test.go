@@ -87,18 +87,7 @@ func guestInstance(t *testing.T, fast string) (*guestapi.Client, int) {
 // threadCount reads how many threads process pid runs.
 func threadCount(t *testing.T, pid int) int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	t.Fatal("no thread count")
-	return 0
+	return int(procStatusField(t, pid, "Threads"))
 }
 
 // readStream reads c's frames up to its exit (stdout, stderr, the
@@ -460,7 +449,7 @@ func TestFastGuestFinishedOutputBounded(t *testing.T) {
 	}
 	// 64 MiB for the finished, 16 for the one running at a time, and the
 	// heap's slack (eight outputs unbounded: 128 MiB).
-	if rss := procStatusKiB(t, pid, "VmRSS"); rss > 96<<10 {
+	if rss := procStatusField(t, pid, "VmRSS"); rss > 96<<10 {
 		t.Fatalf("the fast guest holds %d KiB after eight 16 MiB outputs: its finished processes' output is not bounded to 64 MiB", rss)
 	}
 	attachFrom0 := func(p int) (got, dropped int64) {
@@ -499,8 +488,9 @@ func TestFastGuestFinishedOutputBounded(t *testing.T) {
 	}
 }
 
-// procStatusKiB reads a kB field of /proc/pid/status.
-func procStatusKiB(t *testing.T, pid int, field string) int64 {
+// procStatusField reads a number field of /proc/pid/status (kB for
+// sizes).
+func procStatusField(t *testing.T, pid int, field string) int64 {
 	t.Helper()
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
