@@ -85,7 +85,8 @@ func burstMethod() []string {
 		fmt.Sprintf("**The same burst by peers**, in every round before paddock's (the pool full, the daemon idle before each): %d goroutines released "+
 			"the same way, each spawning a process with stdout on a pipe and timed from the release to its first stdout byte, the output checked "+
 			"to be `hi\\n`. **host**: `echo hi` by Go's os/exec, no isolation: the floor of %d first outputs on this host's cores. **bwrap**: `echo hi` "+
-			"with the flags of the cold table (every namespace, /usr read-only, fresh /proc, /dev, /tmp).", burstSize, burstSize),
+			"with the flags of the cold table (every namespace, /usr read-only, fresh /proc, /dev, /tmp). Both `echo`s get a sandbox's "+
+			"environment (PATH, LANG=C.UTF-8).", burstSize, burstSize),
 	}
 }
 
@@ -142,6 +143,7 @@ func benchBurst(ctx context.Context, r *rig) *section {
 type burstPeer struct {
 	name     string
 	argv     []string
+	env      []string        // nil: the bench's own
 	firsts   []time.Duration // every round's, pooled
 	walls    []time.Duration
 	rounds   int
@@ -151,9 +153,10 @@ type burstPeer struct {
 
 // burstPeers are the host's floor for the burst: the bare fork/exec of
 // `echo hi` (Go's os/exec, no isolation) and bwrap with the isolation
-// flags of the cold and churn tables.
+// flags of the cold and churn tables, each `echo` in a sandbox's
+// environment (peerEnv).
 func (r *rig) burstPeers() []*burstPeer {
-	peers := []*burstPeer{{name: "host: fork/exec, no isolation", argv: echoHi()}}
+	peers := []*burstPeer{{name: "host: fork/exec, no isolation", argv: echoHi(), env: peerEnv()}}
 	if r.bwrap != "" {
 		peers = append(peers, &burstPeer{name: toolBwrap, argv: bwrapArgv(r.bwrap, echoHi()...)})
 	}
@@ -179,7 +182,7 @@ func (p *burstPeer) round(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			<-release
-			t, err := timeProcessSince(ctx, p.argv, t0)
+			t, err := timeProcessSince(ctx, p.argv, p.env, t0)
 			if err == nil {
 				err = wantOutput(p.name, t.Stdout, coldOutput)
 			}

@@ -174,13 +174,14 @@ func coldMethod(n int) []string {
 		"**paddock run (CLI)**: `paddock --host … run -- echo hi` as a child process; the clock starts before fork/exec " +
 			"and stops when the first byte reaches the harness through a pipe (the \"first output\" column). " +
 			"The exit column is the whole process, which also deletes the sandbox.",
-		"**bwrap**: `bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/bin /bin` (and lib, lib64, sbin) " +
+		"**bwrap**: `bwrap --clearenv --setenv PATH … --setenv LANG C.UTF-8 --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/bin /bin` (and lib, lib64, sbin) " +
 			"`--proc /proc --dev /dev --tmpfs /tmp -- echo hi`, timed like the CLI.",
 		"**runc run**: `runc --root <private> run --bundle <dir> <unique id>` on a bundle from `runc spec` edited to: rootfs = " +
 			"a directory with the host's /usr bind-mounted read-only and bin, lib, lib64, sbin symlinks, read-only root, tmpfs /tmp, " +
-			"`terminal: false`, namespaces pid, network, ipc, uts, mount and cgroup (no user namespace), args `echo hi`. " +
+			"`terminal: false`, namespaces pid, network, ipc, uts, mount and cgroup (no user namespace), args `echo hi`, env PATH and LANG=C.UTF-8. " +
 			"config.json is written before the clock starts; the container is checked gone (and deleted if not) after it stops.",
-		"Every tool's output is checked to be exactly `hi\\n`. Ratios are this row's median ÷ the peer's median: below 1 is faster.",
+		"Every tool's `echo` runs with the environment the host image gives a sandbox's process (PATH, LANG=C.UTF-8), whatever the bench's own. " +
+			"Every tool's output is checked to be exactly `hi\\n`. Ratios are this row's median ÷ the peer's median: below 1 is faster.",
 	}
 }
 

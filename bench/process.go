@@ -23,19 +23,20 @@ type procTiming struct {
 // command is built (and its path resolved) before the clock starts. A
 // non-zero exit is an error.
 func timeProcess(ctx context.Context, argv []string) (procTiming, error) {
-	return timeProcessSince(ctx, argv, time.Time{})
+	return timeProcessSince(ctx, argv, nil, time.Time{})
 }
 
 // timeProcessSince is timeProcess with the clock started at t0 instead,
 // unless t0 is zero: a burst's release, so that building the command and
-// its pipe after it are counted too.
-func timeProcessSince(ctx context.Context, argv []string, t0 time.Time) (procTiming, error) {
+// its pipe after it are counted too. A nil env keeps the bench's own.
+func timeProcessSince(ctx context.Context, argv, env []string, t0 time.Time) (procTiming, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return procTiming{}, fmt.Errorf("making stdout pipe: %w", err)
 	}
 	defer r.Close()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = env
 	cmd.Stdout = w
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

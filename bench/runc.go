@@ -94,10 +94,12 @@ func (r *runcRig) bundle(id string, args []string) (string, error) {
 
 // editSpec turns runc's default spec into the peer of a paddock sandbox on
 // the host image: the host's /usr read-only, a private /tmp, no terminal,
-// the default namespaces (pid, network, ipc, uts, mount) plus cgroup.
+// the default namespaces (pid, network, ipc, uts, mount) plus cgroup, and
+// a sandbox's environment (peerEnv).
 func editSpec(s *specs.Spec, rootfs string, args []string, cgroupsPath string) {
 	s.Process.Terminal = false
 	s.Process.Args = args
+	s.Process.Env = peerEnv()
 	s.Root = &specs.Root{Path: rootfs, Readonly: true}
 	s.Hostname = "bench"
 	s.Mounts = append(s.Mounts,

@@ -69,7 +69,7 @@ func buildBase(dir, hostRoot string) (*Image, error) {
 		}
 	}
 	img.Layers = []string{filepath.Join(final, "rootfs")}
-	env := defaultEnv(hostRoot)
+	env := DefaultEnv(hostRoot)
 	for i, kv := range env {
 		if len(kv) > 5 && kv[:5] == "PATH=" {
 			env[i] = "PATH=/" + baseBinDir + ":" + kv[5:]

@@ -152,7 +152,7 @@ func buildHost(dir, hostRoot string) (*Image, error) {
 		}
 	}
 	img.Layers = []string{filepath.Join(final, "rootfs")}
-	img.Env = defaultEnv(hostRoot)
+	img.Env = DefaultEnv(hostRoot)
 	return img, nil
 }
 
@@ -354,7 +354,10 @@ func systemEntries(path string, fields int) [][]string {
 	return out
 }
 
-func defaultEnv(hostRoot string) []string {
+// DefaultEnv is the environment the host image gives its sandboxes'
+// processes (PATH, LANG), for a host whose root is hostRoot. The bench
+// gives its peers' processes the same, so that both run the same work.
+func DefaultEnv(hostRoot string) []string {
 	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	if fi, err := os.Stat(filepath.Join(hostRoot, "usr/local/go/bin")); err == nil && fi.IsDir() {
 		path += ":/usr/local/go/bin"
