@@ -71,14 +71,11 @@ func (p *Pool) fromSeed(ctx context.Context, path string, src source) (e *entry,
 	if s == nil || !again {
 		return nil, false // a first use: clone it
 	}
-	s.mu.Lock()
-	if !s.tried && !s.gone {
-		s.tried = true
-		s.dir = p.mountSeed(path, src)
+	if !p.seedMounted(s, path, src) {
+		return nil, false
 	}
-	s.mu.Unlock()
 	s.mu.RLock()
-	if s.gone || s.dir == "" {
+	if s.gone || s.dir == "" { // dropped since
 		s.mu.RUnlock()
 		return nil, false
 	}
@@ -102,6 +99,27 @@ func (p *Pool) fromSeed(ctx context.Context, path string, src source) (e *entry,
 	p.log.Warn("mirroring a seed failed; its image is cloned instead", "source", path, "err", err)
 	p.unmountSeed(s, false)
 	return nil, false
+}
+
+// seedMounted mounts s at its first mirror and reports whether it is
+// mounted and not dropped. Only that first call takes s.mu for writing:
+// a writer waits for every mirror in progress and holds up those that
+// come after it, so taking it on every call had concurrent creates from
+// one template mirror one at a time.
+func (p *Pool) seedMounted(s *seed, path string, src source) bool {
+	s.mu.RLock()
+	tried, ok := s.tried, !s.gone && s.dir != ""
+	s.mu.RUnlock()
+	if tried {
+		return ok
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.tried && !s.gone {
+		s.tried = true
+		s.dir = p.mountSeed(path, src)
+	}
+	return !s.gone && s.dir != ""
 }
 
 // seedFor returns the seed record of path, made on its first use; again
