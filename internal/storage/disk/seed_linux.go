@@ -71,12 +71,7 @@ func (p *Pool) fromSeed(ctx context.Context, path string, src source) (e *entry,
 	if s == nil || !again {
 		return nil, false // a first use: clone it
 	}
-	if !p.seedMounted(s, path, src) {
-		return nil, false
-	}
-	s.mu.RLock()
-	if s.gone || s.dir == "" { // dropped since
-		s.mu.RUnlock()
+	if !p.readSeed(s, path, src) {
 		return nil, false
 	}
 	if e, _ = p.take(p.cfg.DefaultSize); e == nil {
@@ -101,25 +96,29 @@ func (p *Pool) fromSeed(ctx context.Context, path string, src source) (e *entry,
 	return nil, false
 }
 
-// seedMounted mounts s at its first mirror and reports whether it is
-// mounted and not dropped. Only that first call takes s.mu for writing:
-// a writer waits for every mirror in progress and holds up those that
-// come after it, so taking it on every call had concurrent creates from
-// one template mirror one at a time.
-func (p *Pool) seedMounted(s *seed, path string, src source) bool {
+// readSeed mounts s at its first use and reports whether it is mounted
+// and not dropped, holding s.mu for reading if so (the caller's mirror
+// then reads it). Only that first use takes s.mu for writing: a writer
+// waits for every mirror in progress and holds up those that come after
+// it, so taking it on every call had concurrent creates from one
+// template mirror one at a time.
+func (p *Pool) readSeed(s *seed, path string, src source) bool {
 	s.mu.RLock()
-	tried, ok := s.tried, !s.gone && s.dir != ""
-	s.mu.RUnlock()
-	if tried {
-		return ok
+	if !s.tried {
+		s.mu.RUnlock()
+		s.mu.Lock()
+		if !s.tried && !s.gone {
+			s.tried = true
+			s.dir = p.mountSeed(path, src)
+		}
+		s.mu.Unlock()
+		s.mu.RLock()
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.tried && !s.gone {
-		s.tried = true
-		s.dir = p.mountSeed(path, src)
+	if s.gone || s.dir == "" {
+		s.mu.RUnlock()
+		return false
 	}
-	return !s.gone && s.dir != ""
+	return true
 }
 
 // seedFor returns the seed record of path, made on its first use; again
