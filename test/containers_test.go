@@ -89,9 +89,15 @@ func TestContainers(t *testing.T) {
 			t.Fatalf("hostname without -c = %q, want %q", out, id)
 		}
 		for _, c := range []string{"web", "tools", "worker"} {
-			out := d.MustCLI("exec", "-c", c, id, "--", "hostname")
-			if want := id + "--" + c; c != "web" && strings.TrimSpace(out) != want {
-				t.Fatalf("hostname in %s = %q, want %q", c, out, want)
+			// /etc/hostname too: the first container's is the sandbox's
+			// (the gateway's file), the others' their own.
+			out := d.MustCLI("exec", "-c", c, id, "--", "sh", "-c", "hostname; cat /etc/hostname")
+			want := id + "--" + c
+			if c == "web" {
+				want = id
+			}
+			if out != want+"\n"+want+"\n" {
+				t.Fatalf("hostname and /etc/hostname in %s = %q, want %q", c, out, want)
 			}
 		}
 		if r := d.CLI("exec", "-c", "nope", id, "--", "true"); r.Code == 0 || !strings.Contains(r.Stderr, "nope") {

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -431,4 +433,29 @@ func TestPrivateRoot(t *testing.T) {
 			t.Errorf("after a restart: %v", left)
 		}
 	})
+}
+
+// TestHostnameFile: a sandbox's /etc/hostname is the gateway's file,
+// bound read-only and naming it, so a sandbox that runs a command and
+// writes nothing leaves its disk's writable layer empty (a guest that
+// wrote the file made a copy of /etc and a data block on the disk of
+// every sandbox).
+func TestHostnameFile(t *testing.T) {
+	t.Parallel()
+	d := newDaemon(t)
+	id := d.createCLI()
+	if out := d.Sh(id, `cat /etc/hostname; echo "$HOSTNAME"; hostname`); out != id+"\n"+id+"\n"+id+"\n" {
+		t.Fatalf("/etc/hostname, $HOSTNAME and hostname: %q, want the id %s thrice", out, id)
+	}
+	if r := d.run(id, "", "sh", "-c", "echo other > /etc/hostname"); r.ExitCode == 0 || !strings.Contains(r.Stderr, "Read-only") {
+		t.Errorf("writing /etc/hostname: %+v; want a read-only file system", r)
+	}
+	upper := filepath.Join(d.StateDir, "storage", "disks", "vol", id, "root", "upper")
+	if ents, err := os.ReadDir(upper); err != nil || len(ents) != 0 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("the sandbox's writable layer %s after reading its files: %v, %v; want it empty", upper, names, err)
+	}
 }

@@ -573,7 +573,7 @@ printf 'package a\n// needle here\n' > /work/s/src/a.go &&
 printf 'x\nNeedle two\n' > /work/s/src/sub/b.go &&
 printf 'needle\n' > /work/s/notes.txt &&
 printf 'needle\0bin' > /work/s/blob &&
-ln -s / /work/s/up && echo paddock-box > /etc/hostname`}}, &ex)
+ln -s / /work/s/up && echo paddock-box > /etc/paddock-box`}}, &ex)
 	if ex.ExitCode != 0 {
 		t.Fatalf("making the tree: %+v", ex)
 	}
@@ -618,9 +618,9 @@ ln -s / /work/s/up && echo paddock-box > /etc/hostname`}}, &ex)
 	if !out.Truncated || out.Stopped != "max_bytes" || out.BytesRead > 8 {
 		t.Errorf("search_files bounded by max_bytes: %+v", out)
 	}
-	// The sandbox's /etc/hostname, never the host's, whichever way the path goes.
+	// The sandbox's /etc, never the host's, whichever way the path goes.
 	for _, root := range []string{"/../../../etc", "/work/s/up/etc"} {
-		mcpCall(t, cs, "search_files", map[string]any{"sandbox": id, "path": root, "name": "hostname", "content": "paddock-box", "depth": 1}, &out)
+		mcpCall(t, cs, "search_files", map[string]any{"sandbox": id, "path": root, "name": "paddock-box", "content": "paddock-box", "depth": 1}, &out)
 		if len(out.Matches) != 1 || out.Matches[0].Text != "paddock-box" {
 			t.Errorf("search_files under %s: %+v", root, out)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/egress"
+	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/spare"
 )
 
@@ -145,10 +146,17 @@ func TestCAGenerations(t *testing.T) {
 		if fi, err := os.Stat(filepath.Join(g.dir(id), "ca.key")); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: ca.key: %v, %v; want mode 0600", id, fi, err)
 		}
+		named := false
 		for _, b := range binds {
 			if _, err := os.Stat(b.Source); err != nil {
 				t.Errorf("%s: bind of %s: %v", id, b.Dest, err)
 			}
+			if b.Dest == runtime.HostnamePath {
+				named = string(read(id, "files/hostname")) == id+"\n" && b.Source == filepath.Join(g.dir(id), "files", "hostname")
+			}
+		}
+		if !named {
+			t.Errorf("%s: no bind of its hostname file naming it at %s: %+v", id, runtime.HostnamePath, binds)
 		}
 		ids = append(ids, id)
 	}
@@ -304,6 +312,7 @@ func TestSpareDirectories(t *testing.T) {
 	g.refreshOne("sbx-first")
 	dirIno := inode(t, g.dir("sbx-first"))
 	hostsIno := inode(t, filepath.Join(g.dir("sbx-first"), "files", "hosts"))
+	hostnameIno := inode(t, filepath.Join(g.dir("sbx-first"), "files", "hostname"))
 	// A file a crash left in its self tree.
 	if err := os.WriteFile(filepath.Join(g.dir("sbx-first"), "self", ".tmp-self.json-1"), []byte("first's"), 0o644); err != nil {
 		t.Fatal(err)
@@ -333,6 +342,14 @@ func TestSpareDirectories(t *testing.T) {
 	}
 	if want := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tsbx-2\n10.247.0.1\t" + SelfHost + "\n"; string(hosts) != want {
 		t.Errorf("hosts of the second sandbox = %q, want %q", hosts, want)
+	}
+	// Its hostname file too: the first's id was longer, so the file was
+	// cut to the second's.
+	if inode(t, filepath.Join(dir, "files", "hostname")) != hostnameIno {
+		t.Error("the hostname file was not written over in place")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "files", "hostname")); string(b) != "sbx-2\n" {
+		t.Errorf("hostname of the second sandbox = %q, want %q", b, "sbx-2\n")
 	}
 	if !second.bundled || string(second.ca.CertPEM()) == string(first.ca.CertPEM()) {
 		t.Fatal("the second sandbox has the CA of the first, which its spare directory held")

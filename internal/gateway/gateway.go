@@ -481,7 +481,7 @@ type prepared struct {
 	// bundled says its CA bundle is linked from its CA generation.
 	bundled bool
 	// recycled says the directory is a spare (spare.go): its files/hosts
-	// is a removed sandbox's, to be written over.
+	// and files/hostname are a removed sandbox's, to be written over.
 	recycled bool
 }
 
@@ -646,11 +646,18 @@ func (g *Gateway) writeFiles(id string, p prepared, host netip.Addr) ([]runtime.
 	// that are its own. Its CA certificate is bound from ca.pem, and its
 	// resolv.conf, which names only its address's host side, is one per
 	// address, written once.
-	hosts := []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + host.String() + "\t" + SelfHost + "\n")
-	path := filepath.Join(dir, "files", "hosts")
-	if !p.recycled || overwrite(path, hosts) != nil {
-		if err := writeNew(path, hosts, 0o644); err != nil {
-			return nil, err
+	// Its hostname file is one too: a guest that wrote /etc/hostname
+	// itself copied /etc up into the sandbox's disk and gave the disk a
+	// data block to flush at the overlay's unmount, for every sandbox.
+	for _, f := range []struct{ name, body string }{
+		{"hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + host.String() + "\t" + SelfHost + "\n"},
+		{"hostname", id + "\n"},
+	} {
+		path := filepath.Join(dir, "files", f.name)
+		if !p.recycled || overwrite(path, []byte(f.body)) != nil {
+			if err := writeNew(path, []byte(f.body), 0o644); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if !p.bundled {
@@ -666,6 +673,7 @@ func (g *Gateway) writeFiles(id string, p prepared, host netip.Addr) ([]runtime.
 	return []runtime.FileBind{
 		{Source: resolv, Dest: "/etc/resolv.conf"},
 		{Source: filepath.Join(f, "hosts"), Dest: "/etc/hosts"},
+		{Source: filepath.Join(f, "hostname"), Dest: runtime.HostnamePath},
 		{Source: filepath.Join(f, "ca-bundle.crt"), Dest: bundlePath},
 		{Source: filepath.Join(dir, "ca.pem"), Dest: caPath},
 		{Source: filepath.Join(dir, "self"), Dest: selfPath, Dir: true},

@@ -18,19 +18,19 @@ import (
 // the hosts file of each sandbox, and deleting them again, was the
 // largest part of the daemon's CPU under churn (issue 21).
 //
-// What a spare keeps: its three directories; files/hosts, which the next
-// sandbox's writeFiles writes over in place (every byte, then the file
-// cut to the new length) before anything binds it; and the self tree's
-// own files, emptied, as the next versions the next sandbox's self
-// writes take (swapIn). Everything else (the CA links, the links to the
-// self tree's defaults, anything a crash left) is unlinked before the
-// directory becomes a spare, so no spare holds a removed sandbox's CA or
-// self view, and its hosts file names it only until the next sandbox
-// writes its own. Only a sandbox whose processes
-// are known to have ended (Recycle: its cgroup was removed) gives its
-// directory up: none of them can still see the directory, which the
-// binds of its self tree and files would otherwise show them as the
-// next sandbox's.
+// What a spare keeps: its three directories; files/hosts and
+// files/hostname, which the next sandbox's writeFiles writes over in
+// place (every byte, then the file cut to the new length) before
+// anything binds them; and the self tree's own files, emptied, as the
+// next versions the next sandbox's self writes take (swapIn).
+// Everything else (the CA links, the links to the self tree's defaults,
+// anything a crash left) is unlinked before the directory becomes a
+// spare, so no spare holds a removed sandbox's CA or self view, and its
+// hosts and hostname files name it only until the next sandbox writes
+// its own. Only a sandbox whose processes are known to have ended
+// (Recycle: its cgroup was removed) gives its directory up: none of them
+// can still see the directory, which the binds of its self tree and
+// files would otherwise show them as the next sandbox's.
 
 // takeSpare renames a spare directory to dir and reports whether it did;
 // if not, dir is the caller's to make. A directory there (a sandbox
@@ -47,10 +47,10 @@ func (g *Gateway) recycleDir(dir string) bool {
 	return g.spares != nil && g.spares.Give(dir, emptyDir)
 }
 
-// emptyDir unlinks every file of a sandbox's directory but files/hosts
-// and the self tree's own files, which it empties and keeps as the
-// directory's next files (swapIn). A directory other than files and
-// self, or one inside them, fails it: the gateway makes none.
+// emptyDir unlinks every file of a sandbox's directory but files/hosts,
+// files/hostname and the self tree's own files, which it empties and
+// keeps as the directory's next files (swapIn). A directory other than
+// files and self, or one inside them, fails it: the gateway makes none.
 func emptyDir(dir string) error {
 	for _, sub := range []string{"", "files", "self"} {
 		d := filepath.Join(dir, sub)
@@ -65,7 +65,7 @@ func emptyDir(dir string) error {
 				continue
 			case e.IsDir():
 				return fmt.Errorf("unexpected directory %s", filepath.Join(d, name))
-			case sub == "files" && name == "hosts" && e.Type().IsRegular():
+			case sub == "files" && (name == "hosts" || name == "hostname") && e.Type().IsRegular():
 				continue
 			case sub == "" && strings.HasPrefix(name, nextPrefix) && spare.Truncate(filepath.Join(d, name)) == nil:
 				continue

@@ -822,12 +822,12 @@ func writeIdentity(hostname string) error {
 	if err := os.MkdirAll("/etc", 0o755); err != nil {
 		return fmt.Errorf("creating /etc: %w", err)
 	}
-	// The daemon may have bound its own (read-only, naming the sandbox and
-	// paddock.internal) over it.
+	// The daemon may have bound its own over them (read-only; its hosts
+	// file names the sandbox and paddock.internal).
 	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil && !errors.Is(err, unix.EROFS) {
 		return fmt.Errorf("writing /etc/hosts: %w", err)
 	}
-	if err := os.WriteFile("/etc/hostname", []byte(hostname+"\n"), 0o644); err != nil {
+	if err := os.WriteFile("/etc/hostname", []byte(hostname+"\n"), 0o644); err != nil && !errors.Is(err, unix.EROFS) {
 		return fmt.Errorf("writing /etc/hostname: %w", err)
 	}
 	return nil

@@ -375,7 +375,7 @@ int identify(const char *hostname, int v2) {
 	if (write_file("/etc/hosts", hosts) && errno != EROFS)
 		FAILE("/etc/hosts");
 	snprintf(hn, sizeof hn, "%s\n", hostname);
-	if (write_file("/etc/hostname", hn))
+	if (write_file("/etc/hostname", hn) && errno != EROFS)
 		FAILE("/etc/hostname");
 	return 0;
 }

@@ -137,11 +137,16 @@ type NetSetup struct {
 	// State is opaque, for Restore.
 	State []byte
 	// Files are host files (or directories) bound read-only into the
-	// sandbox (resolv.conf, hosts, the CA bundle, /run/paddock).
+	// sandbox (resolv.conf, hosts, hostname, the CA bundle, /run/paddock).
 	Files []FileBind
 	// Env points the sandbox's tools at the proxy and the CA.
 	Env []string
 }
+
+// HostnamePath is where a sandbox's hostname file is bound: a FileBind
+// there names the sandbox Attach was given, so a container that joins
+// the sandbox's network, which has a hostname of its own, is not given it.
+const HostnamePath = "/etc/hostname"
 
 // FileBind is a host file or directory bound read-only into a sandbox.
 type FileBind struct {

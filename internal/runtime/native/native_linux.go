@@ -390,9 +390,15 @@ func (r *Runtime) startGuest(id string, uidBase uint32, dir string, warm bool, j
 	g.warm = warm
 	if join != nil {
 		// Its network is its sandbox's: nothing to wire, the same files
-		// (resolver, CA) and environment (proxy).
+		// (resolver, CA) and environment (proxy), but for the hostname
+		// file: its hostname is its own, which its guest writes.
 		g.wired = true
-		g.net = runtime.NetSetup{Files: join.net.Files, Env: join.net.Env}
+		g.net = runtime.NetSetup{Env: join.net.Env}
+		for _, f := range join.net.Files {
+			if f.Dest != runtime.HostnamePath {
+				g.net.Files = append(g.net.Files, f)
+			}
+		}
 	}
 	cleanups = append(cleanups, g.kill)
 	return g, undo, nil
