@@ -649,13 +649,16 @@ func (g *Gateway) writeFiles(id string, p prepared, host netip.Addr) ([]runtime.
 	// Its hostname file is one too: a guest that wrote /etc/hostname
 	// itself copied /etc up into the sandbox's disk and gave the disk a
 	// data block to flush at the overlay's unmount, for every sandbox.
-	for _, f := range []struct{ name, body string }{
-		{"hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + host.String() + "\t" + SelfHost + "\n"},
-		{"hostname", id + "\n"},
+	for _, f := range []struct {
+		name string
+		body []byte
+	}{
+		{"hosts", []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n" + host.String() + "\t" + SelfHost + "\n")},
+		{"hostname", []byte(id + "\n")},
 	} {
 		path := filepath.Join(dir, "files", f.name)
-		if !p.recycled || overwrite(path, []byte(f.body)) != nil {
-			if err := writeNew(path, []byte(f.body), 0o644); err != nil {
+		if !p.recycled || overwrite(path, f.body) != nil {
+			if err := writeNew(path, f.body, 0o644); err != nil {
 				return nil, err
 			}
 		}
