@@ -22,6 +22,13 @@ import (
 // helperProc is a fast guest's helper as the host sees it.
 type helperProc struct{ hostPID, pid int }
 
+// procExists reports whether host process pid exists, a zombie too: it
+// is gone once its parent reaped it.
+func procExists(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err == nil
+}
+
 // helpers lists the children of guest pid that run the helper verb.
 func helpers(t *testing.T, pid int) []helperProc {
 	t.Helper()
@@ -216,7 +223,11 @@ c.sendall(c.recv(64).upper())
 	if _, errs, code := shIn(t, g, fmt.Sprintf("kill -9 %d", h.pid)); code != 0 {
 		t.Fatalf("kill -9 of the helper from the sandbox: %s", errs)
 	}
-	for i := 0; len(helpers(t, pid)) != 0; i++ {
+	// Reaped, not only dying: a helper whose memory is gone no longer
+	// shows in helpers, but its socket closes later in its exit, and an
+	// op passed to it before then is lost with it. PID 1 reaps it after
+	// that, and forgets its socket as it does.
+	for i := 0; len(helpers(t, pid)) != 0 || procExists(h.hostPID); i++ {
 		if i == 100 {
 			t.Fatal("the killed helper was not reaped")
 		}
