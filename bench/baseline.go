@@ -14,6 +14,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/network"
+	"github.com/paddock-dev/paddock/internal/rundir"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
 
@@ -105,6 +106,9 @@ func (r *rig) closeBaseline(ctx context.Context, rep *cleanupReport) {
 	}
 	if err := disk.Unmount(filepath.Join(b.root, "state", "storage")); err != nil {
 		rep.problem("unmounting the baseline's storage: %v", err)
+	}
+	if err := rundir.Unmount(filepath.Join(b.root, "run")); err != nil {
+		rep.problem("unmounting the baseline's run dir: %v", err)
 	}
 	if err := network.Uninstall(b.netName); err != nil {
 		rep.problem("removing the baseline's network %s: %v", b.netName, err)

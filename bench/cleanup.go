@@ -15,6 +15,7 @@ import (
 
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/network"
+	"github.com/paddock-dev/paddock/internal/rundir"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
 
@@ -61,6 +62,9 @@ func (r *rig) close(keepLog bool) cleanupReport {
 		// in place for sandboxes that outlive it; none of the run's may.
 		if err := disk.Unmount(filepath.Join(r.root, "state", "storage")); err != nil {
 			rep.problem("unmounting the daemon's storage: %v", err)
+		}
+		if err := rundir.Unmount(filepath.Join(r.root, "run")); err != nil {
+			rep.problem("unmounting the daemon's run dir: %v", err)
 		}
 		if err := network.Uninstall(r.netName); err != nil {
 			rep.problem("removing the daemon's network %s: %v", r.netName, err)

@@ -23,6 +23,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 	"github.com/paddock-dev/paddock/internal/network"
+	"github.com/paddock-dev/paddock/internal/rundir"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
 
@@ -463,6 +464,10 @@ func (d *Daemon) cleanup() {
 	// The storage filesystem stays mounted when a daemon exits (the
 	// sandboxes' disks live on it); take it down now that nothing is on it.
 	if err := disk.Unmount(filepath.Join(d.StateDir, "storage")); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	// So does the tmpfs the daemon mounted on its run dir (rundir.Mount).
+	if err := rundir.Unmount(d.RunDir); err != nil {
 		t.Errorf("cleanup: %v", err)
 	}
 	// Its network's rules and links stay when a daemon exits (sandboxes

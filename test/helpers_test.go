@@ -437,8 +437,9 @@ func (d *Daemon) daemonTracesOnce() []string {
 		if len(f) <= 4 || !strings.HasPrefix(f[4], d.Root+"/") {
 			continue
 		}
-		// The storage filesystem itself is the daemon's, not a sandbox's.
-		if f[4] == storage || strings.HasPrefix(f[4], pool) || strings.HasPrefix(f[4], warmDisks) || strings.HasPrefix(f[4], warmRun) {
+		// The storage filesystem and the run dir's tmpfs are the
+		// daemon's, not a sandbox's.
+		if f[4] == storage || f[4] == d.RunDir || strings.HasPrefix(f[4], pool) || strings.HasPrefix(f[4], warmDisks) || strings.HasPrefix(f[4], warmRun) {
 			continue
 		}
 		left = append(left, "mount "+f[4])

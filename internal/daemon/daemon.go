@@ -23,6 +23,7 @@ import (
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/clustertls"
+	"github.com/paddock-dev/paddock/internal/rundir"
 	"github.com/paddock-dev/paddock/internal/runtime"
 	"github.com/paddock-dev/paddock/internal/runtime/gvisor"
 	"github.com/paddock-dev/paddock/internal/runtime/native"
@@ -204,6 +205,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return fmt.Errorf("creating %s: %w", d, err)
 		}
+	}
+	if _, err := rundir.Mount(cfg.RunDir, log); err != nil {
+		return err
 	}
 	node, err := joinCluster(ctx, &cfg, log.With("component", "cluster"))
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/errdefs"
 	"github.com/paddock-dev/paddock/internal/network"
+	"github.com/paddock-dev/paddock/internal/rundir"
 	"github.com/paddock-dev/paddock/internal/runtime/gvisor"
 	"github.com/paddock-dev/paddock/internal/storage/disk"
 )
@@ -73,6 +74,9 @@ func Uninstall(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 	}
 	if err := disk.Unmount(storage); err != nil {
+		errs = append(errs, err)
+	}
+	if err := rundir.Unmount(cfg.RunDir); err != nil {
 		errs = append(errs, err)
 	}
 	if !cfg.Network.Disabled {
