@@ -101,7 +101,8 @@ var churnTime = 60 * time.Second
 func peerChurnTime() time.Duration { return min(churnTime, 20*time.Second) }
 
 // churnProfile, if set, is where the daemon's CPU profile over the
-// default-image churn loop goes (its mutex profile to churnProfile+".mutex").
+// default-image churn loop goes (its mutex and block profiles to
+// churnProfile+".mutex" and ".block").
 var churnProfile string
 
 // churnTemplate is the template of the churn loop that starts from one.
@@ -297,7 +298,8 @@ func (r *rig) templateChurn(ctx context.Context, s *section) (_ *churnResult, re
 }
 
 // profileChurn takes the daemon's CPU profile over the churn loop (all
-// but its first and last half second), then its mutex profile.
+// but its first and last half second), then its mutex and block
+// profiles (who holds a lock others wait on, and who waits).
 func (r *rig) profileChurn(ctx context.Context) error {
 	sock := filepath.Join(r.root, "run", paddockd.DebugSocket)
 	d := max(churnTime-time.Second, time.Second)
@@ -305,7 +307,10 @@ func (r *rig) profileChurn(ctx context.Context) error {
 	if err := saveProfile(ctx, sock, "profile?seconds="+fmt.Sprint(int(d.Seconds())), churnProfile); err != nil {
 		return err
 	}
-	return saveProfile(ctx, sock, "mutex", churnProfile+".mutex")
+	if err := saveProfile(ctx, sock, "mutex", churnProfile+".mutex"); err != nil {
+		return err
+	}
+	return saveProfile(ctx, sock, "block", churnProfile+".block")
 }
 
 // meteredChurn runs the churn loop of cycle and notes in s the CPU its

@@ -100,7 +100,7 @@ func parseFlags(args []string) (options, error) {
 	only := fs.String("only", "", "comma-separated benchmarks to run: "+strings.Join(benchmarkNames(), ","))
 	fs.DurationVar(&churnTime, "churn-time", churnTime, "how long each churn loop runs")
 	fs.StringVar(&simProfile, "gateway-profile", "", "write a CPU profile (pprof) of the gateway during the simnodes section's closed loop to its 100 nodes to this file")
-	fs.StringVar(&churnProfile, "churn-profile", "", "serve the daemon's profiles and write its CPU and mutex profiles (pprof) over the default-image churn loop to this path (+.mutex)")
+	fs.StringVar(&churnProfile, "churn-profile", "", "serve the daemon's profiles and write its CPU, mutex and block profiles (pprof) over the default-image churn loop to this path (+.mutex, +.block)")
 	fs.DurationVar(&clusterSoak, "cluster-soak", clusterSoak, "how long the cluster section's create loops go on after the killed node is seen lost")
 	fs.StringVar(&densityDump, "density-dump", "", "write the daemon's memory maps and Go runtime counters at each of the density section's readings to this directory")
 	fs.BoolVar(&densityPprof, "density-pprof", false, "with -density-dump, serve the daemon's profiles and add its heap and goroutine profiles to the dump (this costs the daemon memory: not for the bar's numbers)")
