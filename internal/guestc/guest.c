@@ -322,14 +322,15 @@ static void do_spawn(struct spawn *sp) {
 	posix_spawnattr_t at;
 	sigset_t none, reserved;
 	sigemptyset(&none);
-	// The C library handles the two signals it reserves (32 and 33) and
-	// its posix_spawn ignores them in the child for its time before the
-	// exec, which leaves them ignored after it, in every process of the
-	// sandbox: they are set to default instead. sigaddset refuses them,
-	// so their bits are set as the set's layout has them.
+	// The C library handles the signals it reserves (32 and 33 in glibc,
+	// 32 to 34 in musl) and its posix_spawn ignores them in the child for
+	// its time before the exec, which leaves them ignored after it, in
+	// every process of the sandbox: they are set to default instead.
+	// sigaddset refuses them, so their bits are set as the set's layout
+	// has them.
 	sigemptyset(&reserved);
 	unsigned long *words = (unsigned long *)(void *)&reserved;
-	for (int sig = 32; sig <= 33; sig++)
+	for (int sig = 32; sig <= 34; sig++)
 		words[(sig - 1) / (8 * sizeof *words)] |= 1UL << ((sig - 1) % (8 * sizeof *words));
 	int e = posix_spawn_file_actions_init(&fa);
 	if (e)
@@ -801,6 +802,18 @@ static void send_exit(struct conn *c, struct proc *p) {
 	}
 }
 
+// sig_abbrev is the name of signal s without its SIG prefix (glibc's
+// sigabbrev_np, which musl lacks: the same names), or NULL for one
+// without a name of its own (0, the real-time signals).
+static const char *sig_abbrev(int s) {
+	static const char *const names[] = {
+	    NULL, "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1",
+	    "SEGV", "USR2", "PIPE", "ALRM", "TERM", "STKFLT", "CHLD", "CONT", "STOP", "TSTP",
+	    "TTIN", "TTOU", "URG", "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH", "POLL", "PWR", "SYS",
+	};
+	return s > 0 && s < (int)(sizeof names / sizeof names[0]) ? names[s] : NULL;
+}
+
 // finish ends p once reaped: what its pipes still hold (not waiting for a
 // background child that keeps one open), the exit status, and the exit
 // frame to its connection.
@@ -824,7 +837,7 @@ static void finish(struct proc *p, int status) {
 	struct buf b = {0};
 	if (WIFSIGNALED(status)) {
 		int sig = WTERMSIG(status);
-		const char *name = sigabbrev_np(sig);
+		const char *name = sig_abbrev(sig);
 		buf_printf(&b, "{\"exit_code\":%d,\"signal\":\"SIG%s\"", 128 + sig, name ? name : "?");
 		if (sig == SIGKILL) {
 			unsigned long long n = oom_kills();
@@ -1199,7 +1212,7 @@ static int parse_signal(const char *name) {
 	if (!strncasecmp(name, "SIG", 3))
 		name += 3;
 	for (int s = 1; s < 65; s++) {
-		const char *a = sigabbrev_np(s);
+		const char *a = sig_abbrev(s);
 		if (a && !strcasecmp(a, name))
 			return s;
 	}

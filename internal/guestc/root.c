@@ -25,6 +25,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+// glibc's <sys/mount.h> has these since 2.36; musl's has not.
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+#ifndef MOVE_MOUNT_T_EMPTY_PATH
+#define MOVE_MOUNT_T_EMPTY_PATH 0x00000040
+#endif
+
+// mount_move is move_mount(2), by its number: musl has no wrapper.
+static int mount_move(int from_fd, const char *from, int to_fd, const char *to, unsigned flags) {
+	return (int)syscall(SYS_move_mount, from_fd, from, to_fd, to, flags);
+}
 
 static int open_in_root(int root, const char *path, int flags) {
 	while (*path == '/')
@@ -291,14 +303,14 @@ int build_root(struct jnode *p, int *fds, int nfds) {
 		char d[64];
 		snprintf(d, sizeof d, "/tmp/l%d", i);
 		int fd = fd_of(l, fds, nfds);
-		if (fd < 0 || mkdir(d, 0700) || move_mount(fd, "", AT_FDCWD, d, MOVE_MOUNT_F_EMPTY_PATH))
+		if (fd < 0 || mkdir(d, 0700) || mount_move(fd, "", AT_FDCWD, d, MOVE_MOUNT_F_EMPTY_PATH))
 			FAIL("layer %d: %s", i, errtext(errno));
 		if (i)
 			strcat(opts, ":");
 		strcat(opts, d);
 	}
 	int disk = fd_of(jget(p, "disk"), fds, nfds);
-	if (disk < 0 || mkdir("/tmp/disk", 0700) || move_mount(disk, "", AT_FDCWD, "/tmp/disk", MOVE_MOUNT_F_EMPTY_PATH))
+	if (disk < 0 || mkdir("/tmp/disk", 0700) || mount_move(disk, "", AT_FDCWD, "/tmp/disk", MOVE_MOUNT_F_EMPTY_PATH))
 		FAILE("disk");
 	strcat(opts, ",upperdir=/tmp/disk/upper,workdir=/tmp/disk/work,userxattr");
 	if (mkdir("/tmp/rootfs", 0755) || mount("overlay", "/tmp/rootfs", "overlay", 0, opts))
@@ -315,7 +327,7 @@ int build_root(struct jnode *p, int *fds, int nfds) {
 		int t = target(root, dest, jbool(jget(b, "file")));
 		if (t < 0)
 			return -1;
-		int r = move_mount(fd, "", t, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH);
+		int r = mount_move(fd, "", t, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH);
 		close(t);
 		if (r)
 			FAIL("attaching %s: %s", dest, errtext(errno));
