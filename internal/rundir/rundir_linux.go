@@ -5,9 +5,10 @@
 // filesystem instead, every sandbox's guest socket is an inode made and
 // deleted on that disk, and on an ext4 without a journal each such inode
 // costs up to a millisecond of CPU under churn (its allocator skips every
-// inode deleted in the last five minutes whose table block is not yet
-// written back, one buffer lookup each). So the daemon mounts a tmpfs of
-// its own on a run dir that is on a disk and empty.
+// inode freed in the last five seconds, or five minutes while its
+// inode-table block is not yet written back, one buffer lookup each). So
+// the daemon mounts a tmpfs of its own on a run dir that is on a disk and
+// empty.
 package rundir
 
 import (
