@@ -446,8 +446,11 @@ func TestTelemetrySelfView(t *testing.T) {
 			t.Errorf("%s names the other sandbox", src)
 		}
 	}
+	// The gateway writes self.json behind the create (a refresh it
+	// pokes), so the first reads may find no file yet.
 	if !waitFor(10*time.Second, 200*time.Millisecond, func() bool {
-		return strings.Contains(d.Sh(a, "cat /run/paddock/self.json"), `"usage"`)
+		out, _, st := d.Exec(a, "cat", "/run/paddock/self.json")
+		return st != nil && st.ExitCode == 0 && strings.Contains(out, `"usage"`)
 	}) {
 		t.Fatalf("self.json has no usage: %s", d.Sh(a, "cat /run/paddock/self.json"))
 	}
