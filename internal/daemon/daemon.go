@@ -206,7 +206,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
-	if _, err := rundir.Mount(cfg.RunDir, log); err != nil {
+	if err := rundir.Mount(cfg.RunDir, log); err != nil {
 		return err
 	}
 	node, err := joinCluster(ctx, &cfg, log.With("component", "cluster"))

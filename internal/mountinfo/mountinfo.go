@@ -28,3 +28,26 @@ func Unescape(s string) string {
 	}
 	return b.String()
 }
+
+// Mount is one line of mountinfo, the fields paddock reads, unescaped
+// but for SuperOpts (a comma-separated list).
+type Mount struct {
+	Root, Point, FSType, Source, SuperOpts string
+}
+
+// Parse reads one line of mountinfo:
+//
+//	ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
+//
+// ok is false for a line that is not one (the empty last line, say).
+func Parse(line string) (m Mount, ok bool) {
+	pre, post, ok := strings.Cut(line, " - ")
+	if !ok {
+		return Mount{}, false
+	}
+	f, tail := strings.Fields(pre), strings.Fields(post)
+	if len(f) < 5 || len(tail) < 3 {
+		return Mount{}, false
+	}
+	return Mount{Root: Unescape(f[3]), Point: Unescape(f[4]), FSType: tail[0], Source: Unescape(tail[1]), SuperOpts: tail[2]}, true
+}

@@ -12,7 +12,6 @@
 package rundir
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -31,49 +30,48 @@ import (
 const source = "paddock-run"
 
 // Mount mounts a tmpfs of the daemon's own on dir when dir is on a disk
-// filesystem and empty; it reports whether dir is in memory afterwards.
-// A dir on a tmpfs already (under /run, or mounted by an earlier start)
-// is left as it is. A non-empty dir on a disk holds the files of a
-// daemon before this one, whose running sandboxes' sockets are in it: it
-// is kept, and logged, until an uninstall or a reboot empties it.
-func Mount(dir string, log *slog.Logger) (bool, error) {
+// filesystem and empty. A dir on a tmpfs already (under /run, or mounted
+// by an earlier start) is left as it is. A non-empty dir on a disk holds
+// the files of a daemon before this one, whose running sandboxes'
+// sockets are in it: it is kept, and logged, until an uninstall or a
+// reboot empties it.
+func Mount(dir string, log *slog.Logger) error {
 	// Two daemons started at once on one run dir take turns here: the
 	// second finds the first's tmpfs, not an empty disk dir to mount
 	// over the first's pid file with a second tmpfs.
 	d, err := os.Open(dir)
 	if err != nil {
-		return false, err
+		return err
 	}
 	defer d.Close()
 	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX); err != nil {
-		return false, fmt.Errorf("locking %s: %w", dir, err)
+		return fmt.Errorf("locking %s: %w", dir, err)
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
-		return false, fmt.Errorf("statfs %s: %w", dir, err)
+		return fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	if st.Type == unix.TMPFS_MAGIC {
-		return true, nil
+		return nil
 	}
-	empty, err := isEmpty(dir)
-	if err != nil {
-		return false, err
-	}
-	if !empty {
+	if _, err := d.Readdirnames(1); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", dir, err)
+		}
 		log.Info("the run dir is on a disk filesystem and holds an earlier daemon's files: kept there (an uninstall or a reboot lets the next start move it to memory)", "dir", dir)
-		return false, nil
+		return nil
 	}
 	if err := unix.Mount(source, dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0711"); err != nil {
-		return false, fmt.Errorf("mounting a tmpfs on the run dir %s: %w", dir, err)
+		return fmt.Errorf("mounting a tmpfs on the run dir %s: %w", dir, err)
 	}
 	// The mounts the daemon makes under it (sandboxes' roots and
 	// binds) stay on the host's side: none propagates to a peer.
 	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
 		unix.Unmount(dir, unix.MNT_DETACH)
-		return false, fmt.Errorf("making the run dir's tmpfs %s private: %w", dir, err)
+		return fmt.Errorf("making the run dir's tmpfs %s private: %w", dir, err)
 	}
 	log.Debug("mounted a tmpfs on the run dir", "dir", dir)
-	return true, nil
+	return nil
 }
 
 // Unmount takes down the daemon's tmpfs on dir, if dir has one; what is
@@ -102,45 +100,16 @@ func Unmount(dir string) error {
 
 // mountedOurs reports whether the top mount at dir is the daemon's tmpfs.
 func mountedOurs(dir string) (bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return false, fmt.Errorf("listing mounts: %w", err)
 	}
-	defer f.Close()
 	ours := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options [optional...] - fstype source superoptions
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || mountinfo.Unescape(fields[4]) != dir {
-			continue
-		}
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
+	for line := range strings.SplitSeq(string(b), "\n") {
 		// The last line for a mount point is the mount on top.
-		ours = sep > 0 && len(fields) > sep+2 && fields[sep+1] == "tmpfs" && mountinfo.Unescape(fields[sep+2]) == source
-	}
-	if err := sc.Err(); err != nil {
-		return false, fmt.Errorf("listing mounts: %w", err)
+		if m, ok := mountinfo.Parse(line); ok && m.Point == dir {
+			ours = m.FSType == "tmpfs" && m.Source == source
+		}
 	}
 	return ours, nil
-}
-
-func isEmpty(dir string) (bool, error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	if _, err := f.Readdirnames(1); errors.Is(err, io.EOF) {
-		return true, nil
-	} else if err != nil {
-		return false, fmt.Errorf("reading %s: %w", dir, err)
-	}
-	return false, nil
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/paddock-dev/paddock/internal/mountinfo"
 )
 
 // diskDir makes a directory on a disk filesystem, or skips the test
@@ -19,11 +21,7 @@ func diskDir(t *testing.T) string {
 		t.Skip("mounting needs root")
 	}
 	dir := t.TempDir()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Type == unix.TMPFS_MAGIC {
+	if inMemory(t, dir) {
 		t.Skip("the temp dir is on a tmpfs: nothing to mount")
 	}
 	t.Cleanup(func() {
@@ -41,8 +39,8 @@ func mountsAt(t *testing.T, dir string) int {
 		t.Fatal(err)
 	}
 	n := 0
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if m, ok := mountinfo.Parse(line); ok && m.Point == dir {
 			n++
 		}
 	}
@@ -51,22 +49,30 @@ func mountsAt(t *testing.T, dir string) int {
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// inMemory reports whether dir is on a tmpfs.
+func inMemory(t *testing.T, dir string) bool {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Type == unix.TMPFS_MAGIC
+}
+
 func TestMountEmptyDiskDir(t *testing.T) {
 	dir := diskDir(t)
-	inMemory, err := Mount(dir, quiet)
-	if err != nil || !inMemory {
-		t.Fatalf("Mount(empty disk dir) = %v, %v; want true, nil", inMemory, err)
+	if err := Mount(dir, quiet); err != nil {
+		t.Fatalf("Mount(empty disk dir): %v", err)
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
-		t.Fatalf("after Mount the dir is not a tmpfs (type %#x, %v)", st.Type, err)
+	if !inMemory(t, dir) {
+		t.Fatal("after Mount the dir is not a tmpfs")
 	}
 	if err := os.WriteFile(filepath.Join(dir, "paddock.pid"), []byte("1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// A second start finds the tmpfs and mounts nothing over it.
-	if inMemory, err := Mount(dir, quiet); err != nil || !inMemory {
-		t.Fatalf("second Mount = %v, %v; want true, nil", inMemory, err)
+	if err := Mount(dir, quiet); err != nil || !inMemory(t, dir) {
+		t.Fatalf("second Mount: %v (in memory: %v)", err, inMemory(t, dir))
 	}
 	if n := mountsAt(t, dir); n != 1 {
 		t.Fatalf("%d mounts at %s after two starts, want 1", n, dir)
@@ -94,9 +100,8 @@ func TestMountKeepsEarlierFiles(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, "sandboxes"), 0o711); err != nil {
 		t.Fatal(err)
 	}
-	inMemory, err := Mount(dir, quiet)
-	if err != nil || inMemory {
-		t.Fatalf("Mount(non-empty disk dir) = %v, %v; want false, nil", inMemory, err)
+	if err := Mount(dir, quiet); err != nil || inMemory(t, dir) {
+		t.Fatalf("Mount(non-empty disk dir): %v (in memory: %v); want nil, false", err, inMemory(t, dir))
 	}
 	if n := mountsAt(t, dir); n != 0 {
 		t.Fatalf("%d mounts over an earlier daemon's files, want 0", n)
