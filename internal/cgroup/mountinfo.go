@@ -1,7 +1,6 @@
 package cgroup
 
 import (
-	"bytes"
 	"strings"
 
 	"github.com/paddock-dev/paddock/internal/mountinfo"
@@ -26,28 +25,21 @@ func parseMountinfo(b []byte) cgroupMounts {
 	for len(b) > 0 {
 		var line []byte
 		line, b = cutLine(b)
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
-		pre, post, ok := bytes.Cut(line, []byte(" - "))
+		mnt, ok := mountinfo.Parse(string(line))
 		if !ok {
 			continue
 		}
-		fields := strings.Fields(string(pre))
-		tail := strings.Fields(string(post))
-		if len(fields) < 5 || len(tail) < 3 {
-			continue
-		}
-		root, point := fields[3], mountinfo.Unescape(fields[4])
-		switch tail[0] {
+		switch mnt.FSType {
 		case "cgroup2":
-			if m.v2 == "" || (!v2Root && root == "/") {
-				m.v2, v2Root = point, root == "/"
+			if m.v2 == "" || (!v2Root && mnt.Root == "/") {
+				m.v2, v2Root = mnt.Point, mnt.Root == "/"
 			}
 		case "cgroup":
-			for _, opt := range strings.Split(tail[2], ",") {
+			for _, opt := range strings.Split(mnt.SuperOpts, ",") {
 				for _, c := range v1Controllers {
 					if opt == c {
 						if _, seen := m.v1[c]; !seen {
-							m.v1[c] = point
+							m.v1[c] = mnt.Point
 						}
 					}
 				}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/errdefs"
+	"github.com/paddock-dev/paddock/internal/mountinfo"
 )
 
 // CgroupDirs are a group's directories: on v1 one per controller (they
@@ -75,25 +76,21 @@ func parseCgroupMounts(b []byte) cgroupMounts {
 	m := cgroupMounts{v1: map[string]string{}}
 	v2Root := false
 	for line := range strings.SplitSeq(string(b), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
+		mnt, ok := mountinfo.Parse(line)
 		if !ok {
 			continue
 		}
-		f, tail := strings.Fields(pre), strings.Fields(post)
-		if len(f) < 5 || len(tail) < 3 {
-			continue
-		}
-		switch tail[0] {
+		switch mnt.FSType {
 		case "cgroup2":
-			if m.v2 == "" || (!v2Root && f[3] == "/") {
-				m.v2, v2Root = f[4], f[3] == "/"
+			if m.v2 == "" || (!v2Root && mnt.Root == "/") {
+				m.v2, v2Root = mnt.Point, mnt.Root == "/"
 			}
 		case "cgroup":
-			for _, opt := range strings.Split(tail[2], ",") {
+			for _, opt := range strings.Split(mnt.SuperOpts, ",") {
 				switch opt {
 				case "cpu", "cpuacct", "memory", "pids":
 					if _, seen := m.v1[opt]; !seen {
-						m.v1[opt] = f[4]
+						m.v1[opt] = mnt.Point
 					}
 				}
 			}
