@@ -18,11 +18,12 @@ func TestTrimmer(t *testing.T) {
 		{"steady", 100, []int{100, 100, 100}, nil},
 		{"growth", 0, []int{10, 500, 1000, 1000}, nil},
 		{"a small fall", 30, []int{20, 16, 16}, nil},
-		{"a fall to a half, then again once it stops", 1000, []int{900, 400, 400, 400}, []int{1, 2}},
-		{"a long fall, trimmed as it halves and once after", 1000, []int{800, 450, 300, 100, 0, 0, 0}, []int{1, 3, 4, 5}},
+		{"a fall to a half, then again once it stops, and trimTail ticks after", 1000, []int{900, 400, 400, 400, 400, 400, 400, 400}, []int{1, 2, 3, 4, 5}},
+		{"a long fall, trimmed as it halves and after", 1000, []int{800, 450, 300, 100, 0, 0, 0, 0, 0, 0}, []int{1, 3, 4, 5, 6, 7, 8}},
 		{"the tail of a fall below trimMin is trimmed when it stops", 1000, []int{400, 10, 0, 0}, []int{0, 1, 3}},
 		{"growth between cancels the owed trim", 100, []int{40, 60, 60}, []int{0}},
-		{"each stop of a slow fall is trimmed", 1000, []int{400, 400, 300, 300, 5, 5, 0, 0, 0}, []int{0, 1, 3, 4, 5, 7}},
+		{"growth cancels the trims after a stop", 100, []int{40, 40, 41, 41, 41}, []int{0, 1}},
+		{"each stop of a slow fall is trimmed", 1000, []int{400, 400, 300, 300, 5, 5, 0, 0, 0}, []int{0, 1, 3, 4, 5, 7, 8}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -42,10 +42,13 @@ const prefix = ".spare-"
 type Pool struct {
 	dir string
 
-	mu    sync.Mutex
-	names []string // ready
-	busy  int      // being given, counted against Max
-	seq   uint64   // names the next
+	mu sync.Mutex
+	// ready holds the spares' numbers, not their names: a name made as
+	// a sandbox is removed and held until a later create would keep the
+	// Go heap's span it landed in from being freed (issue 21).
+	ready []uint64
+	busy  int    // being given, counted against Max
+	seq   uint64 // numbers the next
 }
 
 // Open returns the spares of dir, deleting what an earlier daemon left
@@ -70,20 +73,21 @@ func Open(dir string) (*Pool, error) {
 // (what is there is never replaced), and making it is the caller's.
 func (p *Pool) Take(path string) bool {
 	p.mu.Lock()
-	if len(p.names) == 0 {
+	if len(p.ready) == 0 {
 		p.mu.Unlock()
 		return false
 	}
-	name := p.names[len(p.names)-1]
-	p.names = p.names[:len(p.names)-1]
+	seq := p.ready[len(p.ready)-1]
+	p.ready = p.ready[:len(p.ready)-1]
 	p.mu.Unlock()
+	name := p.name(seq)
 	err := unix.Renameat2(unix.AT_FDCWD, name, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE)
 	if err == nil {
 		return true
 	}
 	if errors.Is(err, unix.EEXIST) {
 		p.mu.Lock()
-		p.names = append(p.names, name)
+		p.ready = append(p.ready, seq)
 		p.mu.Unlock()
 		return false
 	}
@@ -98,14 +102,15 @@ func (p *Pool) Take(path string) bool {
 // through a descriptor opened before, lest it see the next sandbox's.
 func (p *Pool) Give(path string, empty func(path string) error) bool {
 	p.mu.Lock()
-	if len(p.names)+p.busy >= Max {
+	if len(p.ready)+p.busy >= Max {
 		p.mu.Unlock()
 		return false
 	}
 	p.busy++
 	p.seq++
-	name := filepath.Join(p.dir, prefix+strconv.FormatUint(p.seq, 10))
+	seq := p.seq
 	p.mu.Unlock()
+	name := p.name(seq)
 	err := empty(path)
 	if err == nil {
 		err = unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, name, unix.RENAME_NOREPLACE)
@@ -113,7 +118,7 @@ func (p *Pool) Give(path string, empty func(path string) error) bool {
 	p.mu.Lock()
 	p.busy--
 	if err == nil {
-		p.names = append(p.names, name)
+		p.ready = append(p.ready, seq)
 	}
 	p.mu.Unlock()
 	return err == nil
@@ -123,7 +128,12 @@ func (p *Pool) Give(path string, empty func(path string) error) bool {
 func (p *Pool) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.names)
+	return len(p.ready)
+}
+
+// name is the path of spare number seq.
+func (p *Pool) name(seq uint64) string {
+	return filepath.Join(p.dir, prefix+strconv.FormatUint(seq, 10))
 }
 
 // Truncate empties the file at path, a regular file of one link: Give's

@@ -2,6 +2,7 @@ package gone
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -26,5 +27,24 @@ func TestSet(t *testing.T) {
 	s.Add("b")
 	if s.Has("a") || !s.Has("b") || !s.Has("0") || s.Len() != Keep {
 		t.Fatalf("one past full: has a %v, b %v, 0 %v, len %d; want the oldest (a) forgotten", s.Has("a"), s.Has("b"), s.Has("0"), s.Len())
+	}
+}
+
+// Ids of every length are told apart: those short enough to be held
+// whole and those held by their hash, including a long id whose prefix
+// is a short one.
+func TestSetLongIDs(t *testing.T) {
+	var s Set
+	short := strings.Repeat("a", len(key{})-2)
+	long := short + "bcdefghijklmnopqrstuvwxyz0123456789"
+	longer := long + "x"
+	s.Add(short)
+	s.Add(long)
+	if !s.Has(short) || !s.Has(long) || s.Has(longer) || s.Has(short[:len(short)-1]) || s.Len() != 2 {
+		t.Fatalf("has short %v, long %v, longer %v, shorter %v, len %d; want the first two only",
+			s.Has(short), s.Has(long), s.Has(longer), s.Has(short[:len(short)-1]), s.Len())
+	}
+	if s.Has("") {
+		t.Fatal("the empty id is had without being added")
 	}
 }
