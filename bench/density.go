@@ -165,6 +165,34 @@ type densityRun struct {
 	Running             int // sandboxes List reported running
 	RTTOne, RTTMany     []time.Duration
 	Projection          []string // the host limits checked before the bulk start
+	// The daemon's CPU over densityIdleWindow, as a share of one core:
+	// at rest before the first start, and with every sandbox idle.
+	IdleCPUBefore, IdleCPUWith float64
+}
+
+// densityIdleWindow is how long the daemon's CPU is read while nothing
+// but its own upkeep (sampling, self views, pools) runs.
+const densityIdleWindow = 5 * time.Second
+
+// idleCPU is the daemon's CPU over densityIdleWindow as a share of one
+// core, or -1 if it could not be read.
+func (r *rig) idleCPU(ctx context.Context) float64 {
+	pid := r.daemon.pid()
+	c0, err := processCPU(pid)
+	t0 := time.Now()
+	if err != nil {
+		return -1
+	}
+	select {
+	case <-ctx.Done():
+		return -1
+	case <-time.After(densityIdleWindow):
+	}
+	c1, err := processCPU(pid)
+	if err != nil {
+		return -1
+	}
+	return float64(c1-c0) / float64(time.Since(t0))
 }
 
 // benchDensity starts densityCount sandboxes, each with `sleep 3600`
@@ -194,6 +222,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 	}
 	d.HeapBefore = r.goHeap(ctx)
 	r.dumpMemory(ctx, "before")
+	d.IdleCPUBefore = r.idleCPU(ctx)
 	restCgroups := len(cgroupTree(r.cgroupParent))
 	if d.Count > maxSandboxes {
 		return fmt.Errorf("%d sandboxes asked for; the daemon gives out at most %d uid ranges", d.Count, maxSandboxes)
@@ -285,6 +314,7 @@ func (r *rig) density(ctx context.Context, d *densityRun) error {
 		return err
 	}
 	r.idle(ctx)
+	d.IdleCPUWith = r.idleCPU(ctx)
 	if d.RTTMany, err = r.rtts(ctx, ids[0]); err != nil {
 		return err
 	}
@@ -633,6 +663,8 @@ func densityMethod() []string {
 			"read it as an estimate. RSS counts shared pages in every process that maps them; PSS splits them.",
 		fmt.Sprintf("**exec round trip**: %d SDK round trips of `true` (after %d warm-ups) in the first sandbox, once while it is the only one "+
 			"the harness made (the pools full) and again with all of them running.", densityRTTs, densityRTTWarmup),
+		fmt.Sprintf("**daemon CPU while idle**: its utime+stime (/proc/PID/stat) over %s, once at rest before the first start and once with every sandbox "+
+			"idle (before the second round trips): what sampling, self views and pools cost it with nothing asked of it.", densityIdleWindow),
 		fmt.Sprintf("Then the sandboxes are removed, %d deletes at a time (`Delete` with force), each timed; the harness waits until the "+
 			"daemon's cgroups are back to their number before the first start (a delete may answer first and tear down behind), and reads the "+
 			"daemon's RSS %s later, and again every half second until it is within %.0f%% of its start or %s have passed.",
@@ -705,6 +737,10 @@ func densityTable(s *section, d *densityRun) {
 			many := summarize(d.RTTMany)
 			t.add(fmt.Sprintf("the same with %d running: median (p90), ÷ one", len(d.Sandboxes)), fmt.Sprintf("%s (%s), %s", ms(many.Median), ms(many.P90), ratio(many.Median, one.Median)))
 		}
+	}
+	if d.IdleCPUWith > 0 && d.IdleCPUBefore >= 0 {
+		t.add(fmt.Sprintf("daemon CPU while idle, over %s: at rest before / with them (share of one core)", densityIdleWindow),
+			fmt.Sprintf("%.1f%% / %.1f%%", 100*d.IdleCPUBefore, 100*d.IdleCPUWith))
 	}
 	if len(d.Removes) > 0 {
 		sm := summarize(d.Removes)

@@ -128,12 +128,62 @@ const (
 // inactive page cache from memory.stat (read only while usage is at
 // least half the limit: it is the dearest file).
 //
+// A group whose CPU time has not moved since the last read is quiet: its
+// tasks did not run, so nothing they charge (memory, pids, OOM kills,
+// throttling) moved either, but for what the kernel frees behind them
+// (a process's pages uncharged after it exited) and what is charged to
+// the group without its CPU (socket buffers filled by the network).
+// After quietFull quiet reads, a read of a quiet group takes only its
+// CPU time and its limits, which the daemon may change, and keeps the
+// rest from the last full read; every quietEvery-th quiet read is full.
+// A thousand idle sandboxes cost the daemon 6.5% of a core, two thirds
+// of it these reads (issue 21).
+//
 // CgroupFiles is not safe for concurrent use: the sampler calls it from
 // its one goroutine.
 type CgroupFiles struct {
 	mode cgroup.Mode
 	fds  [nFiles]int
 	buf  []byte // lent by cgroupBufs while ReadCgroup runs
+
+	read1 bool    // a read was made
+	cpu   uint64  // CPU time at the last read
+	quiet int     // reads since the CPU time last moved
+	kept  charged // the last full read's
+}
+
+// Quiet reads: see CgroupFiles.
+const (
+	quietFull  = 3
+	quietEvery = 10
+)
+
+// charged is what a Reading holds that only the group's own running
+// moves.
+type charged struct {
+	throttled, failcnt, stall, oom  uint64
+	memory, peak, reclaimable, pids int64
+}
+
+func (k *charged) save(r *Reading) {
+	*k = charged{r.CPUThrottledNanos, r.MemoryFailcnt, r.MemoryStallNanos, r.OOMKills,
+		r.MemoryBytes, r.MemoryPeakBytes, r.MemoryReclaimableBytes, r.Pids}
+}
+
+func (k *charged) restore(r *Reading) {
+	r.CPUThrottledNanos, r.MemoryFailcnt, r.MemoryStallNanos, r.OOMKills = k.throttled, k.failcnt, k.stall, k.oom
+	r.MemoryBytes, r.MemoryPeakBytes, r.MemoryReclaimableBytes, r.Pids = k.memory, k.peak, k.reclaimable, k.pids
+}
+
+// skip reports whether a read whose CPU time is cpu may keep the charged
+// fields of the last full read.
+func (c *CgroupFiles) skip(cpu uint64) bool {
+	if !c.read1 || cpu != c.cpu {
+		c.read1, c.cpu, c.quiet = true, cpu, 0
+		return false
+	}
+	c.quiet++
+	return c.quiet > quietFull && c.quiet%quietEvery != 0
 }
 
 // cgroupBufs lends CgroupFiles their read buffer for one ReadCgroup: the
@@ -265,7 +315,11 @@ func (c *CgroupFiles) ReadCgroup(r *Reading) error {
 		cgroupBufs.Put(bp)
 	}()
 	v2 := c.mode == cgroup.V2
+	quiet := false
 	for i := 0; i < nFiles; i++ {
+		if quiet && i != fLimit && i != fPidsMax {
+			continue
+		}
 		// memory.stat is the dearest file by far, and the inactive cache
 		// only matters to the autoscaler near a limit.
 		if i == fStat && (r.MemoryLimitBytes == 0 || r.MemoryBytes < r.MemoryLimitBytes/2) {
@@ -320,6 +374,14 @@ func (c *CgroupFiles) ReadCgroup(r *Reading) error {
 		case fPidsMax:
 			r.PidsLimit = limit(b)
 		}
+		if i == fCPU {
+			quiet = c.skip(r.CPUNanos)
+		}
+	}
+	if quiet {
+		c.kept.restore(r)
+	} else {
+		c.kept.save(r)
 	}
 	return nil
 }

@@ -112,3 +112,65 @@ func TestParseCgroupMounts(t *testing.T) {
 		t.Errorf("parseCgroupMounts = %+v", m)
 	}
 }
+
+// TestCgroupFilesQuiet: a group whose CPU time stands still is read in
+// full for quietFull reads, then keeps its charged fields but on every
+// quietEvery-th read; its limits are read every time, and its CPU time
+// moving reads it in full at once.
+func TestCgroupFilesQuiet(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("cpu.stat", "usage_usec 100\nthrottled_usec 0\n")
+	write("memory.current", "5000\n")
+	write("memory.max", "max\n")
+	write("pids.current", "2\n")
+	write("pids.max", "max\n")
+	f, err := OpenCgroupFiles(CgroupDirs{Mode: cgroup.V2, CPU: dir, CPUAcct: dir, Memory: dir, Pid: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	read := func() Reading {
+		t.Helper()
+		var r Reading
+		if err := f.ReadCgroup(&r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	read() // the first read is full
+	write("memory.current", "7000\n")
+	for i := 1; i <= quietFull; i++ {
+		if r := read(); r.MemoryBytes != 7000 {
+			t.Fatalf("quiet read %d (of the first %d, full): memory %d, want 7000", i, quietFull, r.MemoryBytes)
+		}
+	}
+	write("memory.current", "9000\n")
+	write("pids.current", "1\n")
+	write("memory.max", "1048576\n")
+	for i := quietFull + 1; i < quietEvery; i++ {
+		r := read()
+		if r.MemoryBytes != 7000 || r.Pids != 2 || r.CPUNanos != 100_000 {
+			t.Fatalf("quiet read %d: memory %d, pids %d, cpu %d; want those of the last full read (7000, 2, 100000)", i, r.MemoryBytes, r.Pids, r.CPUNanos)
+		}
+		if r.MemoryLimitBytes != 1048576 {
+			t.Fatalf("quiet read %d: limit %d, want the new limit read at once", i, r.MemoryLimitBytes)
+		}
+	}
+	if r := read(); r.MemoryBytes != 9000 || r.Pids != 1 {
+		t.Fatalf("quiet read %d: memory %d, pids %d; want a full read (9000, 1)", quietEvery, r.MemoryBytes, r.Pids)
+	}
+	write("memory.current", "11000\n")
+	if r := read(); r.MemoryBytes != 9000 {
+		t.Fatalf("the read after the %dth: memory %d, want the kept 9000", quietEvery, r.MemoryBytes)
+	}
+	write("cpu.stat", "usage_usec 200\nthrottled_usec 0\n")
+	if r := read(); r.MemoryBytes != 11000 || r.CPUNanos != 200_000 {
+		t.Fatalf("after the CPU time moved: memory %d, cpu %d; want a full read (11000, 200000)", r.MemoryBytes, r.CPUNanos)
+	}
+}
