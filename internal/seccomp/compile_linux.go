@@ -94,7 +94,9 @@ func Compile(caps []string) ([]byte, error) {
 // order; they get the default action (EPERM in Docker's profile). runc also
 // patches its program so that syscall numbers beyond libseccomp's table get
 // ENOSYS, letting libc fall back; this program does not, so a libseccomp that
-// lags the sandbox's libc turns those fallbacks into EPERM.
+// lags the sandbox's libc turns those fallbacks into EPERM. Unlike
+// runc's, a call of an arch the config does not name gets ENOSYS rather
+// than the thread killed.
 //
 // Flags are a property of loading, not of the program, and Load sets none,
 // so a config with flags other than TSYNC is refused, as are notify actions
