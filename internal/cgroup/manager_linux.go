@@ -31,6 +31,9 @@ type hierarchy interface {
 type driver interface {
 	// dirs are the group's directories, one per hierarchy it lives in.
 	dirs() []string
+	// controllerDir is the directory of controller c's files (c one of
+	// v1Controllers): on v2 the group's one directory.
+	controllerDir(c string) string
 	// checkLimits refuses limits the hierarchy cannot enforce.
 	checkLimits(l Limits) error
 	// setLimits writes l; fresh is true on a just-made group, whose control
@@ -295,6 +298,11 @@ func (g *Group) Path() string { return g.rel }
 // Dirs are the group's directories, one per hierarchy it lives in, for
 // reading its control files (tests check limits and freezing there).
 func (g *Group) Dirs() []string { return g.d.dirs() }
+
+// ControllerDir is the directory that holds controller c's control files
+// for the group ("cpu", "cpuacct", "memory", "pids" or "freezer"): on v1
+// that controller's hierarchy, on v2 the group's one directory.
+func (g *Group) ControllerDir(c string) string { return g.d.controllerDir(c) }
 
 // AddProc moves the process pid into the group in every hierarchy. It fails
 // with an error wrapping errdefs.ErrNotFound if there is no such process.

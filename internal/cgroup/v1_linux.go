@@ -80,6 +80,22 @@ type v1Group struct {
 
 func (g *v1Group) dirs() []string { return g.all }
 
+func (g *v1Group) controllerDir(c string) string {
+	switch c {
+	case "cpu":
+		return g.cpu
+	case "cpuacct":
+		return g.cpuacct
+	case "memory":
+		return g.memory
+	case "pids":
+		return g.pids
+	case "freezer":
+		return g.freezer
+	}
+	return ""
+}
+
 func (g *v1Group) checkLimits(Limits) error { return nil }
 
 func (g *v1Group) setLimits(l Limits, fresh bool) error {

@@ -153,6 +153,8 @@ type v2Group struct {
 
 func (g *v2Group) dirs() []string { return []string{g.path} }
 
+func (g *v2Group) controllerDir(string) string { return g.path }
+
 func (g *v2Group) checkLimits(l Limits) error {
 	var need controllers
 	if l.CPUs != 0 {

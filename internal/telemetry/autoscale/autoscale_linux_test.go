@@ -138,11 +138,7 @@ func TestRampUnderAutoscale(t *testing.T) {
 
 func startSampler(t *testing.T, m *cgroup.Manager, g *cgroup.Group, obs ...metrics.Observer) *metrics.Sampler {
 	t.Helper()
-	dirs, err := metrics.FindCgroupDirs(m.Mode(), g.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := metrics.OpenCgroupFiles(dirs)
+	files, err := metrics.OpenCgroupFiles(metrics.GroupDirs(m.Mode(), g))
 	if err != nil {
 		t.Fatal(err)
 	}

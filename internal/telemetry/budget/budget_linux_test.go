@@ -19,11 +19,7 @@ func TestCPUBudgetBusyLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dirs, err := metrics.FindCgroupDirs(m.Mode(), g.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := metrics.OpenCgroupFiles(dirs)
+	files, err := metrics.OpenCgroupFiles(metrics.GroupDirs(m.Mode(), g))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -369,10 +369,8 @@ func (h *Hub) source(id string, g *cgroup.Group, cs []api.ContainerStatus) *metr
 // cgroupReader reads g through kept-open control files, or cgroup.Stats
 // where they cannot be found.
 func (h *Hub) cgroupReader(g *cgroup.Group) metrics.CgroupReader {
-	if dirs, err := metrics.FindCgroupDirs(h.cfg.Cgroups.Mode(), g.Path()); err == nil {
-		if files, err := metrics.OpenCgroupFiles(dirs); err == nil {
-			return files
-		}
+	if files, err := metrics.OpenCgroupFiles(metrics.GroupDirs(h.cfg.Cgroups.Mode(), g)); err == nil {
+		return files
 	}
 	return metrics.GroupStats{Group: g}
 }

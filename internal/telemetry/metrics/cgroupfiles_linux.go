@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/paddock-dev/paddock/internal/cgroup"
 	"github.com/paddock-dev/paddock/internal/errdefs"
-	"github.com/paddock-dev/paddock/internal/mountinfo"
 )
 
 // CgroupDirs are a group's directories: on v1 one per controller (they
@@ -23,80 +21,10 @@ type CgroupDirs struct {
 	CPU, CPUAcct, Memory, Pid string
 }
 
-// FindCgroupDirs returns the directories of the group at rel (a
-// cgroup.Group's Path, "/paddock/<id>") from the mounts in
-// /proc/self/mountinfo, read once.
-func FindCgroupDirs(mode cgroup.Mode, rel string) (CgroupDirs, error) {
-	mountsOnce.Do(func() {
-		b, err := os.ReadFile("/proc/self/mountinfo")
-		if err != nil {
-			mountsErr = fmt.Errorf("finding cgroup mounts: %w", err)
-			return
-		}
-		mounts = parseCgroupMounts(b)
-	})
-	if mountsErr != nil {
-		return CgroupDirs{}, mountsErr
-	}
-	d := CgroupDirs{Mode: mode}
-	switch mode {
-	case cgroup.V1:
-		d.CPU, d.CPUAcct, d.Memory, d.Pid = mounts.v1["cpu"], mounts.v1["cpuacct"], mounts.v1["memory"], mounts.v1["pids"]
-		if d.CPU == "" || d.CPUAcct == "" || d.Memory == "" || d.Pid == "" {
-			return CgroupDirs{}, fmt.Errorf("finding cgroup mounts: %w: cgroup v1 cpu, cpuacct, memory or pids not mounted", errdefs.ErrUnavailable)
-		}
-		d.CPU, d.CPUAcct, d.Memory, d.Pid = d.CPU+rel, d.CPUAcct+rel, d.Memory+rel, d.Pid+rel
-	case cgroup.V2:
-		if mounts.v2 == "" {
-			return CgroupDirs{}, fmt.Errorf("finding cgroup mounts: %w: no cgroup2 mount", errdefs.ErrUnavailable)
-		}
-		dir := mounts.v2 + rel
-		d.CPU, d.CPUAcct, d.Memory, d.Pid = dir, dir, dir, dir
-	default:
-		return CgroupDirs{}, errdefs.Invalid("mode", "unknown cgroup mode %v", mode)
-	}
-	return d, nil
-}
-
-var (
-	mountsOnce sync.Once
-	mounts     cgroupMounts
-	mountsErr  error
-)
-
-type cgroupMounts struct {
-	v1 map[string]string
-	v2 string
-}
-
-// parseCgroupMounts finds the v1 controllers' and the cgroup2 mount points
-// in mountinfo, as internal/cgroup does: the first mount of each wins, and
-// a cgroup2 mount of the root wins over one of a subtree.
-func parseCgroupMounts(b []byte) cgroupMounts {
-	m := cgroupMounts{v1: map[string]string{}}
-	v2Root := false
-	for line := range strings.SplitSeq(string(b), "\n") {
-		mnt, ok := mountinfo.Parse(line)
-		if !ok {
-			continue
-		}
-		switch mnt.FSType {
-		case "cgroup2":
-			if m.v2 == "" || (!v2Root && mnt.Root == "/") {
-				m.v2, v2Root = mnt.Point, mnt.Root == "/"
-			}
-		case "cgroup":
-			for _, opt := range strings.Split(mnt.SuperOpts, ",") {
-				switch opt {
-				case "cpu", "cpuacct", "memory", "pids":
-					if _, seen := m.v1[opt]; !seen {
-						m.v1[opt] = mnt.Point
-					}
-				}
-			}
-		}
-	}
-	return m
+// GroupDirs are g's directories, as the cgroup manager of mode placed it.
+func GroupDirs(mode cgroup.Mode, g *cgroup.Group) CgroupDirs {
+	return CgroupDirs{Mode: mode, CPU: g.ControllerDir("cpu"), CPUAcct: g.ControllerDir("cpuacct"),
+		Memory: g.ControllerDir("memory"), Pid: g.ControllerDir("pids")}
 }
 
 // The control files CgroupFiles reads, by what they hold.

@@ -98,21 +98,6 @@ func TestParseHelpers(t *testing.T) {
 	}
 }
 
-func TestParseCgroupMounts(t *testing.T) {
-	mi := `25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
-26 25 0:23 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
-30 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
-31 25 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
-32 25 0:29 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
-33 25 0:30 /sub /mnt/other rw - cgroup cgroup rw,memory
-`
-	m := parseCgroupMounts([]byte(mi))
-	if m.v2 != "/sys/fs/cgroup/unified" || m.v1["cpu"] != "/sys/fs/cgroup/cpu,cpuacct" || m.v1["cpuacct"] != "/sys/fs/cgroup/cpu,cpuacct" ||
-		m.v1["memory"] != "/sys/fs/cgroup/memory" || m.v1["pids"] != "/sys/fs/cgroup/pids" {
-		t.Errorf("parseCgroupMounts = %+v", m)
-	}
-}
-
 // TestCgroupFilesQuiet: a group whose CPU time stands still is read in
 // full for quietFull reads, then keeps its charged fields but on every
 // quietEvery-th read; its limits are read every time, and its CPU time

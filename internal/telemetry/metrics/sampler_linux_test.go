@@ -101,11 +101,7 @@ func (d statDisk) Usage() (used, size int64, err error) {
 
 func openFiles(tb testing.TB, m *cgroup.Manager, g *cgroup.Group) *CgroupFiles {
 	tb.Helper()
-	dirs, err := FindCgroupDirs(m.Mode(), g.Path())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	f, err := OpenCgroupFiles(dirs)
+	f, err := OpenCgroupFiles(GroupDirs(m.Mode(), g))
 	if err != nil {
 		tb.Fatal(err)
 	}
