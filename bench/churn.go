@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/paddock-dev/paddock/api"
 	"github.com/paddock-dev/paddock/client"
 	paddockd "github.com/paddock-dev/paddock/internal/daemon"
@@ -187,18 +189,22 @@ func benchChurn(ctx context.Context, r *rig) *section {
 	}
 	var peers []string
 	if r.bwrap != "" {
-		c = churn(ctx, churnClients, peerChurnTime(), func(ctx context.Context) error {
-			_, err := coldProcess(ctx, toolBwrap, bwrapArgv(r.bwrap, echoHi()...))
-			return err
+		c = meteredPeer(s, "bwrap", func() *churnResult {
+			return churn(ctx, churnClients, peerChurnTime(), func(ctx context.Context) error {
+				_, err := coldProcess(ctx, toolBwrap, bwrapArgv(r.bwrap, echoHi()...))
+				return err
+			})
 		})
 		row("bwrap", c)
 		peers = append(peers, fmt.Sprintf("bwrap %.1f/s", c.rate()))
 		r.idle(ctx)
 	}
 	if r.runc != nil {
-		c = churn(ctx, churnClients, peerChurnTime(), func(ctx context.Context) error {
-			_, err := r.coldRunc(ctx)
-			return err
+		c = meteredPeer(s, "runc run", func() *churnResult {
+			return churn(ctx, churnClients, peerChurnTime(), func(ctx context.Context) error {
+				_, err := r.coldRunc(ctx)
+				return err
+			})
 		})
 		row("runc run", c)
 		peers = append(peers, fmt.Sprintf("runc %.1f/s", c.rate()))
@@ -311,6 +317,30 @@ func (r *rig) profileChurn(ctx context.Context) error {
 		return err
 	}
 	return saveProfile(ctx, sock, "block", churnProfile+".block")
+}
+
+// meteredPeer runs a peer's churn loop and notes in s the CPU its cycles
+// cost: the host's, and the tool's processes' (reaped by this one, with
+// everything they reaped), so that a paddock cycle's cost compares with a
+// bare sandbox's on the same host in the same run.
+func meteredPeer(s *section, name string, loop func() *churnResult) *churnResult {
+	host0, _, herr := cpuTicks()
+	var ru0, ru1 unix.Rusage
+	cerr := unix.Getrusage(unix.RUSAGE_CHILDREN, &ru0)
+	c := loop()
+	host1, _, herr1 := cpuTicks()
+	if cerr == nil {
+		cerr = unix.Getrusage(unix.RUSAGE_CHILDREN, &ru1)
+	}
+	n := len(c.Cycles)
+	if n == 0 || errors.Join(herr, herr1, cerr) != nil {
+		return c
+	}
+	per := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(n)/1e6) }
+	tool := time.Duration(ru1.Utime.Nano()+ru1.Stime.Nano()) - time.Duration(ru0.Utime.Nano()+ru0.Stime.Nano())
+	s.note("%s: CPU per cycle: the whole host %s, of which the tool and the processes it ran %s", name,
+		per(time.Duration(host1-host0)*time.Second/userHZ), per(tool))
+	return c
 }
 
 // meteredChurn runs the churn loop of cycle and notes in s the CPU its
