@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/paddock-dev/paddock/api"
@@ -182,12 +183,13 @@ func (g *Gateway) refreshOne(id string) {
 // none yet. They are written once under Dir/self and linked into each
 // tree, which costs no inode (making one costs 0.2-0.4 ms on this host's
 // ext4); the writer replaces a link like any file once its content
-// changes.
-func selfDefaults() map[string][]byte {
+// changes. Made once (marshalled again for each sandbox, they were half
+// the cost of linking them: issue 21); read-only.
+var selfDefaults = sync.OnceValue(func() map[string][]byte {
 	files := selfDocFiles(api.Self{Denials: []api.Denial{}})
 	files["README"] = []byte(selfReadme + "\n")
 	return files
-}
+})
 
 // writeSelfDefaults writes Dir/self.
 func (g *Gateway) writeSelfDefaults() error {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -168,17 +167,15 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 	}()
 	socket := filepath.Join(dir, "guest.sock")
 	logPath := filepath.Join(dir, "guest.log")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	// The descriptors the guest gets are made with plain system calls:
+	// package os and net would register each with the poller and make
+	// it blocking again when handed over, twenty calls a guest more
+	// (issue 21).
+	ln, err := listenUnix(socket)
 	if err != nil {
 		return nil, fmt.Errorf("listening on guest socket: %w", err)
 	}
-	ln.SetUnlinkOnClose(false)
-	lnFile, err := ln.File()
-	ln.Close()
-	if err != nil {
-		return nil, err
-	}
-	defer lnFile.Close()
+	defer unix.Close(ln)
 
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -189,24 +186,24 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 	defer childSync.Close()
 	// A spare's log is empty already, and truncating it again would have
 	// ext4 write it back when the guest closes it (auto_da_alloc).
-	logFlags := os.O_WRONLY | os.O_CREATE
+	logFlags := unix.O_WRONLY | unix.O_CREAT | unix.O_CLOEXEC
 	if !recycled {
-		logFlags |= os.O_TRUNC
+		logFlags |= unix.O_TRUNC
 	}
-	logFile, err := os.OpenFile(logPath, logFlags, 0o600)
+	logFD, err := unix.Open(logPath, logFlags, 0o600)
 	if err != nil {
 		parentSync.Close()
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: logPath, Err: err}
 	}
-	defer logFile.Close()
-	devNull, err := os.Open(os.DevNull)
+	defer unix.Close(logFD)
+	devNull, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		parentSync.Close()
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: os.DevNull, Err: err}
 	}
-	defer devNull.Close()
+	defer unix.Close(devNull)
 
-	fds := []int{guestfork.FDStdin: int(devNull.Fd()), guestfork.FDLog: int(logFile.Fd()), guestfork.FDSync: int(childSync.Fd()), guestfork.FDListen: int(lnFile.Fd())}
+	fds := []int{guestfork.FDStdin: devNull, guestfork.FDLog: logFD, guestfork.FDSync: int(childSync.Fd()), guestfork.FDListen: ln}
 	req := forkRequest{UIDBase: uidBase, IDs: idRange, Urgent: !warm}
 	if r.cfg.Cgroups.Mode() == cgroup.V2 {
 		cgfd, err := cg.OpenDirFD()
@@ -259,6 +256,23 @@ func (r *Runtime) spawnGuest(uidBase uint32, dir string, cg *cgroup.Group, warm 
 	return g, nil
 }
 
+// listenUnix makes a listening, blocking stream socket at path.
+func listenUnix(path string) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		return -1, &os.PathError{Op: "bind", Path: path, Err: err}
+	}
+	if err := unix.Listen(fd, unix.SOMAXCONN); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
 // emptyRunDir empties a removed sandbox's run dir for spare.Pool.Give:
 // its log truncated, its socket and anything else but a directory
 // removed (the runtime makes none there).
@@ -307,6 +321,17 @@ func (g *guestProc) call(ctx context.Context, cfg *guestapi.Config, fds []int, l
 	return rd, nil
 }
 
+// openNS opens the namespace of kind ("user", "net") of process pid.
+// Not through package os, which would try to register the descriptor
+// with its poller and make it blocking again at Fd.
+func openNS(pid int, kind string) (int, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, kind), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: fmt.Sprintf("/proc/%d/ns/%s", pid, kind), Err: err}
+	}
+	return fd, nil
+}
+
 // detachedTree clones the mount tree at path as a detached, read-only
 // mount for a guest to attach. With a user namespace (usernsFD >= 0) its
 // owners are mapped through it (an idmapped mount).
@@ -333,10 +358,10 @@ func detachedTree(path string, usernsFD int, setuid bool) (int, error) {
 }
 
 // writableTree clones the mount at path as a detached mount for a guest
-// to attach, idmapped through the user namespace of process usernsPID when
-// that is not -1, and read-only if asked. It serves the sandbox's disk and
-// the volumes it mounts.
-func writableTree(path string, usernsPID int, readOnly bool) (int, error) {
+// to attach, idmapped through the user namespace usernsFD when that is
+// not -1, and read-only if asked. It serves the sandbox's disk and the
+// volumes it mounts.
+func writableTree(path string, usernsFD int, readOnly bool) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("open_tree %s: %w", path, err)
@@ -345,15 +370,9 @@ func writableTree(path string, usernsPID int, readOnly bool) (int, error) {
 	if readOnly {
 		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
 	}
-	if usernsPID >= 0 {
-		userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", usernsPID))
-		if err != nil {
-			unix.Close(fd)
-			return -1, err
-		}
-		defer userns.Close()
+	if usernsFD >= 0 {
 		attr.Attr_set |= unix.MOUNT_ATTR_IDMAP
-		attr.Userns_fd = uint64(userns.Fd())
+		attr.Userns_fd = uint64(usernsFD)
 	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		unix.Close(fd)

@@ -63,7 +63,7 @@ type joinedNetns struct{ fd int }
 // openNetns opens sb's network namespace, checking after the open that the
 // pid is still its guest's.
 func openNetns(sb *Sandbox) (*joinedNetns, error) {
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", sb.st.PID), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := openNS(sb.st.PID, "net")
 	if err != nil {
 		return nil, fmt.Errorf("opening sandbox %s's network namespace: %w", sb.id, err)
 	}

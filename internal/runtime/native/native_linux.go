@@ -505,7 +505,18 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		SkipWarmUp: !g.warm || g.raised,
 	}
 	mark("owners")
-	fds, idmapped, err := r.mountFDs(g.sb.st.PID, img, p)
+	// The guest's user namespace, opened once for all the idmapped
+	// mounts below (each open of /proc cost a path walk and, through
+	// package os, seven more system calls: issue 21).
+	userns := -1
+	if r.Idmapped() {
+		var err error
+		if userns, err = openNS(g.sb.st.PID, "user"); err != nil {
+			return fmt.Errorf("opening the sandbox's user namespace: %w", err)
+		}
+		defer unix.Close(userns)
+	}
+	fds, idmapped, err := r.mountFDs(userns, img, p)
 	defer func() { closeFDs(fds) }()
 	if err != nil {
 		return err
@@ -520,7 +531,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	}
 	diskUserns := -1
 	if owner == 0 && idmapped {
-		diskUserns = g.sb.st.PID
+		diskUserns = userns
 	}
 	if p.Disk.FD, err = add(writableTree(v.Path, diskUserns, false)); err != nil {
 		return err
@@ -539,7 +550,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		src := f.Source
 		var fd int
 		if idmapped {
-			fd, err = r.idmappedOne(g.sb.st.PID, src)
+			fd, err = detachedTree(src, userns, false)
 		} else {
 			fd, err = detachedTree(src, -1, false)
 		}
@@ -553,7 +564,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		return fmt.Errorf("%w: volumes need idmapped mounts, which this kernel or filesystem lacks", errdefs.ErrUnavailable)
 	}
 	for _, m := range mounts {
-		i, err := add(writableTree(m.Source, g.sb.st.PID, m.ReadOnly))
+		i, err := add(writableTree(m.Source, userns, m.ReadOnly))
 		if err != nil {
 			return fmt.Errorf("mounting a volume at %s: %w", m.Dest, err)
 		}
@@ -580,32 +591,23 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 
 // attachNetwork wires g's network namespace to the egress path.
 func (r *Runtime) attachNetwork(g *guestProc) error {
-	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", g.sb.st.PID))
+	ns, err := openNS(g.sb.st.PID, "net")
 	if err != nil {
 		return fmt.Errorf("opening the guest's network namespace: %w", err)
 	}
-	defer ns.Close()
+	defer unix.Close(ns)
 	// The pid could have been reused if the guest died: check it is still
 	// ours now that the namespace is open.
 	if g.sb.exited() {
 		return errors.New("guest exited before its network was wired")
 	}
-	setup, err := r.cfg.Network.Attach(g.sb.id, int(ns.Fd()))
+	setup, err := r.cfg.Network.Attach(g.sb.id, ns)
 	if err != nil {
 		return fmt.Errorf("wiring network: %w", err)
 	}
 	g.net = setup
 	g.sb.st.Net = setup.State
 	return nil
-}
-
-// idmappedOne makes one idmapped, read-only detached mount of src.
-func (r *Runtime) idmappedOne(pid int, src string) (int, error) {
-	fds, err := r.idmappedFDs(pid, []string{src}, false)
-	if err != nil {
-		return -1, err
-	}
-	return fds[0], nil
 }
 
 // openOOM opens the cgroup's OOM counter for a guest.
@@ -897,13 +899,13 @@ func closedChan() chan struct{} {
 // in the initial user namespace), so that host files owned by root show as
 // root in the sandbox instead of nobody; otherwise it is an O_PATH handle
 // on the directory.
-func (r *Runtime) mountFDs(pid int, img *image.Image, p *guestapi.Prepare) (fds []int, idmapped bool, err error) {
+func (r *Runtime) mountFDs(userns int, img *image.Image, p *guestapi.Prepare) (fds []int, idmapped bool, err error) {
 	srcs := append([]string(nil), img.Layers...)
 	for _, b := range img.Binds {
 		srcs = append(srcs, b.Source)
 	}
-	if r.Idmapped() {
-		fds, err = r.idmappedFDs(pid, srcs, img.AllowSetuid)
+	if userns >= 0 {
+		fds, err = idmappedFDs(userns, srcs, img.AllowSetuid)
 		if err != nil {
 			r.log.Warn("idmapped mounts unavailable; host files will show as nobody", "err", err)
 			r.mu.Lock()
@@ -932,17 +934,12 @@ func (r *Runtime) mountFDs(pid int, img *image.Image, p *guestapi.Prepare) (fds 
 }
 
 // idmappedFDs makes an idmapped detached mount of each source through the
-// user namespace of pid: all of them or none, since a half-idmapped
+// user namespace userns: all of them or none, since a half-idmapped
 // rootfs would have inconsistent owners.
-func (r *Runtime) idmappedFDs(pid int, srcs []string, setuid bool) ([]int, error) {
-	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
-	if err != nil {
-		return nil, fmt.Errorf("opening sandbox user namespace: %w", err)
-	}
-	defer userns.Close()
+func idmappedFDs(userns int, srcs []string, setuid bool) ([]int, error) {
 	var fds []int
 	for _, src := range srcs {
-		fd, err := detachedTree(src, int(userns.Fd()), setuid)
+		fd, err := detachedTree(src, userns, setuid)
 		if err != nil {
 			closeFDs(fds)
 			return nil, err
@@ -1031,11 +1028,19 @@ func (r *Runtime) stopSandbox(ctx context.Context, id string) (ended bool, _ err
 		return false, err
 	}
 	if cg != nil {
-		if err := cg.Kill(); err != nil {
-			return false, fmt.Errorf("killing sandbox processes: %w", err)
-		}
-		if err := cg.Delete(ctx); err != nil {
+		// Nearly always empty by now: the guest, the pid namespace's
+		// init, has died, and the kernel ended the rest with it.
+		gone, err := cg.DeleteIfEmpty()
+		if err != nil {
 			return false, fmt.Errorf("removing cgroup: %w", err)
+		}
+		if !gone {
+			if err := cg.Kill(); err != nil {
+				return false, fmt.Errorf("killing sandbox processes: %w", err)
+			}
+			if err := cg.Delete(ctx); err != nil {
+				return false, fmt.Errorf("removing cgroup: %w", err)
+			}
 		}
 	}
 	os.Remove(filepath.Join(r.dir(id), "guest.sock"))
