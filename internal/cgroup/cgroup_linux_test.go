@@ -563,6 +563,39 @@ func TestDeleteWaitsForContext(t *testing.T) {
 	})
 }
 
+func TestDeleteIfEmpty(t *testing.T) {
+	forEachHierarchy(t, func(t *testing.T, m *Manager) {
+		g := createGroup(t, m, "maybe", Limits{})
+		p := startInGroup(t, g, "sleep", "60")
+		gone, err := g.DeleteIfEmpty()
+		if err != nil || gone {
+			t.Fatalf("DeleteIfEmpty of a group in use = %v, %v; want false, nil", gone, err)
+		}
+		if got := pids(t, g); !slices.Equal(got, []int{p.cmd.Process.Pid}) {
+			t.Fatalf("Pids() after a refused DeleteIfEmpty = %v, want [%d]", got, p.cmd.Process.Pid)
+		}
+		if err := g.Kill(); err != nil {
+			t.Fatalf("Kill: %v", err)
+		}
+		p.wait(t, 5*time.Second)
+		waitFor(t, 5*time.Second, "the group removed", func() bool {
+			gone, err := g.DeleteIfEmpty()
+			if err != nil {
+				t.Fatalf("DeleteIfEmpty of an emptied group: %v", err)
+			}
+			return gone
+		})
+		for _, d := range g.d.dirs() {
+			if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s after DeleteIfEmpty: %v, want it gone", d, err)
+			}
+		}
+		if gone, err := g.DeleteIfEmpty(); !gone || err != nil {
+			t.Errorf("DeleteIfEmpty of a removed group = %v, %v; want true, nil", gone, err)
+		}
+	})
+}
+
 func TestFreezeThaw(t *testing.T) {
 	forEachHierarchy(t, func(t *testing.T, m *Manager) {
 		g := createGroup(t, m, "freeze", Limits{})

@@ -536,6 +536,27 @@ func (g *Group) killEach() error {
 	}
 }
 
+// DeleteIfEmpty removes the group, and any groups below it, from every
+// hierarchy if no process is left in them, and reports whether it did:
+// for a group whose processes have most likely ended, it costs the
+// removals alone, where Kill first lists every hierarchy's processes
+// (on v1 five reads of cgroup.procs, a sixth of a removed sandbox's
+// teardown under churn: issue 21). A group with processes left stays,
+// perhaps without the hierarchies that held none of them, for Kill and
+// Delete; a missing group is removed already.
+func (g *Group) DeleteIfEmpty() (bool, error) {
+	for _, d := range g.d.dirs() {
+		err := removeTree(d)
+		if errors.Is(err, unix.EBUSY) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("deleting cgroup %s: %w", g.rel, err)
+		}
+	}
+	return true, nil
+}
+
 // Delete removes the group, and any groups below it, from every hierarchy.
 // While processes are still exiting the kernel refuses (EBUSY); Delete
 // retries until ctx ends. Deleting a missing group is not an error.
