@@ -529,9 +529,14 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		fds = append(fds, fd)
 		return len(fds) - 1, nil
 	}
+	// What is idmapped goes through the guest's user namespace.
+	mapThrough := -1
+	if idmapped {
+		mapThrough = userns
+	}
 	diskUserns := -1
-	if owner == 0 && idmapped {
-		diskUserns = userns
+	if owner == 0 {
+		diskUserns = mapThrough
 	}
 	if p.Disk.FD, err = add(writableTree(v.Path, diskUserns, false)); err != nil {
 		return err
@@ -548,13 +553,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	}
 	for _, f := range g.net.Files {
 		src := f.Source
-		var fd int
-		if idmapped {
-			fd, err = detachedTree(src, userns, false)
-		} else {
-			fd, err = detachedTree(src, -1, false)
-		}
-		i, err := add(fd, err)
+		i, err := add(detachedTree(src, mapThrough, false))
 		if err != nil {
 			return fmt.Errorf("binding %s: %w", f.Dest, err)
 		}
@@ -564,7 +563,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 		return fmt.Errorf("%w: volumes need idmapped mounts, which this kernel or filesystem lacks", errdefs.ErrUnavailable)
 	}
 	for _, m := range mounts {
-		i, err := add(writableTree(m.Source, userns, m.ReadOnly))
+		i, err := add(writableTree(m.Source, mapThrough, m.ReadOnly))
 		if err != nil {
 			return fmt.Errorf("mounting a volume at %s: %w", m.Dest, err)
 		}
