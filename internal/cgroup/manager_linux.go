@@ -545,42 +545,45 @@ func (g *Group) killEach() error {
 // perhaps without the hierarchies that held none of them, for Kill and
 // Delete; a missing group is removed already.
 func (g *Group) DeleteIfEmpty() (bool, error) {
-	for _, d := range g.d.dirs() {
-		err := removeTree(d)
-		if errors.Is(err, unix.EBUSY) {
-			return false, nil
-		}
-		if err != nil {
-			return false, fmt.Errorf("deleting cgroup %s: %w", g.rel, err)
-		}
+	busy, err := g.remove()
+	if err != nil {
+		return false, fmt.Errorf("deleting cgroup %s: %w", g.rel, err)
 	}
-	return true, nil
+	return busy == nil, nil
 }
 
 // Delete removes the group, and any groups below it, from every hierarchy.
 // While processes are still exiting the kernel refuses (EBUSY); Delete
 // retries until ctx ends. Deleting a missing group is not an error.
 func (g *Group) Delete(ctx context.Context) error {
-	for _, d := range g.d.dirs() {
-		var busy error
-		err := poll(ctx, func() (bool, error) {
-			err := removeTree(d)
-			switch {
-			case err == nil:
-				return true, nil
-			case errors.Is(err, unix.EBUSY):
-				busy = err // processes still exiting
-				return false, nil
-			default:
-				return false, err
-			}
-		})
-		if err != nil {
-			if busy != nil && err == ctx.Err() {
-				err = fmt.Errorf("%w: %w", err, busy)
-			}
-			return fmt.Errorf("deleting cgroup %s: %w", g.rel, err)
+	var busy error
+	err := poll(ctx, func() (bool, error) {
+		var err error
+		busy, err = g.remove()
+		return busy == nil, err
+	})
+	if err != nil {
+		if busy != nil && err == ctx.Err() {
+			err = fmt.Errorf("%w: %w", err, busy)
 		}
+		return fmt.Errorf("deleting cgroup %s: %w", g.rel, err)
 	}
 	return nil
+}
+
+// remove removes the group's directory in each hierarchy, in order, up to
+// the first the kernel refuses because processes are left in it (busy,
+// the refusal); those removed before stay removed, and a missing one
+// counts as removed.
+func (g *Group) remove() (busy, err error) {
+	for _, d := range g.d.dirs() {
+		err := removeTree(d)
+		if errors.Is(err, unix.EBUSY) {
+			return err, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
 }
