@@ -325,9 +325,10 @@ func (g *guestProc) call(ctx context.Context, cfg *guestapi.Config, fds []int, l
 // Not through package os, which would try to register the descriptor
 // with its poller and make it blocking again at Fd.
 func openNS(pid int, kind string) (int, error) {
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, kind), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	path := fmt.Sprintf("/proc/%d/ns/%s", pid, kind)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, &os.PathError{Op: "open", Path: fmt.Sprintf("/proc/%d/ns/%s", pid, kind), Err: err}
+		return -1, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	return fd, nil
 }
