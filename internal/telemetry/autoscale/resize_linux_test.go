@@ -66,7 +66,10 @@ func TestResizeTakesEffect(t *testing.T) {
 	t.Run("cpu", func(t *testing.T) {
 		low := cgroup.Limits{CPUs: 0.05, MemoryBytes: 256 << 20, Pids: 64}
 		high := cgroup.Limits{CPUs: 1, MemoryBytes: 256 << 20, Pids: 64}
-		g, err := m.Create("cpu", low)
+		// Started at one core: python's own start-up at 0.05 cores on a
+		// busy host (cold page cache, other packages' tests) can take
+		// seconds, which is not what is measured here.
+		g, err := m.Create("cpu", high)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,6 +77,8 @@ func TestResizeTakesEffect(t *testing.T) {
 import sys, time
 m = time.monotonic
 last = m()
+sys.stdout.write("%.6f\n" % last)
+sys.stdout.flush()
 while True:
     t = m()
     if t - last > 0.002:
@@ -91,6 +96,15 @@ while True:
 			}
 			close(lines)
 		}()
+		select {
+		case _, ok := <-lines:
+			if !ok {
+				<-p.Done() // its stderr is complete
+				t.Fatalf("the loop ended before it started: %s", p.Stderr)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("the loop did not start in 60 s")
+		}
 		var lat, upd []time.Duration
 		for trial := 0; trial < 20; trial++ {
 			if err := g.Update(low); err != nil {
