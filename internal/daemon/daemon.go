@@ -339,6 +339,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("compiling seccomp profile: %w", err)
 	}
+	// The same filter as a base the forkers load once and a tail each
+	// guest loads; where it cannot be split, each guest loads it whole.
+	split, err := seccomp.CompileSplit(seccomp.SandboxCaps)
+	if err != nil {
+		log.Info("each guest loads the whole seccomp filter", "reason", err)
+	}
 	secrets, err := openSecrets(cfg)
 	if err != nil {
 		return err
@@ -390,6 +396,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Disks:       disks,
 		IDs:         mgr,
 		Seccomp:     prog,
+		SeccompBase: split.Base,
+		SeccompTail: split.Tail,
 		Caps:        seccomp.SandboxCaps,
 		OutputLimit: cfg.OutputLimit,
 		WarmGuests:  cfg.WarmGuests,

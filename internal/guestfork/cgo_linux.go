@@ -22,6 +22,7 @@ func _() {
 		C.NICE == Nice &&
 		C.FD_EXE == FDExe &&
 		C.FD_FAST == FDFast && FDFast == guestapi.HandoverExeFD &&
+		C.FD_SECCOMP == FDSeccomp &&
 		C.GUEST_SLACK_NS == int64(sysmon.Slack) &&
 		C.REQ_LEN == requestLen &&
 		C.REQ_CGROUP == reqCgroup &&

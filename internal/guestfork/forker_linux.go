@@ -11,13 +11,17 @@ import (
 const Nice = 10
 
 // The forker's own descriptors beside its socket (fd 3): the sealed guest
-// binary, and the sealed fast guest (internal/guestc) if the daemon has
-// one. With the fast guest, every guest is exec'd from it and finds the
-// guest binary at the same number, FDFast (guestapi.HandoverExeFD), to
-// hand over to.
+// binary, the sealed fast guest (internal/guestc) if the daemon has one,
+// and the sandboxes' base seccomp filter (a split filter's, loaded by
+// the forker once and inherited by every guest: seccomp.Split) if the
+// daemon gives one. With the fast guest, every guest is exec'd from it
+// and finds the guest binary at the same number, FDFast
+// (guestapi.HandoverExeFD), to hand over to. An optional descriptor the
+// daemon does not give is closed in the forker.
 const (
-	FDExe  = 4
-	FDFast = 5
+	FDExe     = 4
+	FDFast    = 5
+	FDSeccomp = 6
 )
 
 // Descriptors of a fork request, in order.

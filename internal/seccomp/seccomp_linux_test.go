@@ -64,10 +64,8 @@ func childFail(err error) {
 // thread, no_new_privs, Load, execve.
 func childLoad(argv []string) {
 	runtime.LockOSThread()
-	prog, err := os.ReadFile(os.Getenv(envProg))
-	if err != nil {
-		childFail(err)
-	}
+	progs := childProgs()
+	prog := progs[0]
 	if os.Getenv(envNoNNP) != "" {
 		if err := dropEffectiveCap(unix.CAP_SYS_ADMIN); err != nil {
 			childFail(err)
@@ -83,8 +81,10 @@ func childLoad(argv []string) {
 	if os.Getenv(envAll) != "" {
 		load = LoadAllThreads
 	}
-	if err := load(prog); err != nil {
-		childFail(err)
+	for _, prog := range progs {
+		if err := load(prog); err != nil {
+			childFail(err)
+		}
 	}
 	if os.Getenv(envReport) != "" {
 		reportThreads()
@@ -94,6 +94,20 @@ func childLoad(argv []string) {
 		env = append(env, envChild+"="+then)
 	}
 	childFail(unix.Exec(argv[0], argv, env))
+}
+
+// childProgs reads the programs envProg names: one, or several (a split
+// filter's base, then its tail).
+func childProgs() [][]byte {
+	var progs [][]byte
+	for _, path := range filepath.SplitList(os.Getenv(envProg)) {
+		prog, err := os.ReadFile(path)
+		if err != nil {
+			childFail(err)
+		}
+		progs = append(progs, prog)
+	}
+	return progs
 }
 
 // dropEffectiveCap clears one capability from the calling thread's effective
@@ -172,6 +186,9 @@ var probes = map[string]func() error{
 	"setns":  func() error { return unix.Setns(-1, unix.CLONE_NEWNS) },
 	"mount": func() error {
 		return unix.Mount("none", "/nonexistent/paddock-seccomp-test", "tmpfs", 0, "")
+	},
+	"pivot_root": func() error {
+		return unix.PivotRoot("/nonexistent/paddock-seccomp-test", "/nonexistent/paddock-seccomp-test")
 	},
 	"keyctl": func() error { return rawErr(unix.RawSyscall(unix.SYS_KEYCTL, 0xffff, 0, 0)) },
 	"bpf":    func() error { return rawErr(unix.RawSyscall(unix.SYS_BPF, 0xffff, 0, 0)) },
@@ -267,19 +284,25 @@ func childProbe(name string, args []string) {
 	}
 }
 
+// childBenchLoad times loading a program envCount times; with several
+// programs in envProg, all but the last are loaded once first (a split
+// filter's base, which a guest inherits) and the last is the one timed.
 func childBenchLoad() {
 	runtime.LockOSThread()
-	prog, err := os.ReadFile(os.Getenv(envProg))
-	if err != nil {
-		childFail(err)
-	}
+	progs := childProgs()
 	n, _ := strconv.Atoi(os.Getenv(envCount))
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		childFail(err)
 	}
+	for _, prog := range progs[:len(progs)-1] {
+		if err := Load(prog); err != nil {
+			childFail(err)
+		}
+	}
+	timed := progs[len(progs)-1]
 	start := time.Now()
 	for range n {
-		if err := Load(prog); err != nil {
+		if err := Load(timed); err != nil {
 			childFail(err)
 		}
 	}
@@ -314,12 +337,24 @@ func childEnv(kv ...string) []string {
 // child role of the exec'd image when it is the test binary.
 func underFilter(t testing.TB, prog []byte, env []string, then string, argv ...string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "prog.bpf")
-	if err := os.WriteFile(path, prog, 0o600); err != nil {
-		t.Fatal(err)
+	return underFilters(t, [][]byte{prog}, env, then, argv...)
+}
+
+// underFilters is underFilter with the programs progs loaded one after
+// the other.
+func underFilters(t testing.TB, progs [][]byte, env []string, then string, argv ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	var paths []string
+	for i, prog := range progs {
+		path := filepath.Join(dir, fmt.Sprintf("prog%d.bpf", i))
+		if err := os.WriteFile(path, prog, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, path)
 	}
 	cmd := exec.Command(self(t), argv...)
-	cmd.Env = childEnv(append(env, envChild+"=load", envProg+"="+path, envThen+"="+then)...)
+	cmd.Env = childEnv(append(env, envChild+"=load", envProg+"="+strings.Join(paths, string(os.PathListSeparator)), envThen+"="+then)...)
 	return output(t, cmd)
 }
 
@@ -337,14 +372,24 @@ func output(t testing.TB, cmd *exec.Cmd) string {
 // one errno per call it made.
 func probe(t testing.TB, prog []byte, name string, args ...string) []unix.Errno {
 	t.Helper()
+	if prog == nil {
+		return probeUnder(t, nil, name, args...)
+	}
+	return probeUnder(t, [][]byte{prog}, name, args...)
+}
+
+// probeUnder is probe under the programs progs, loaded one after the
+// other.
+func probeUnder(t testing.TB, progs [][]byte, name string, args ...string) []unix.Errno {
+	t.Helper()
 	argv := append([]string{self(t), name}, args...)
 	var out string
-	if prog == nil {
+	if progs == nil {
 		cmd := exec.Command(self(t), argv[1:]...)
 		cmd.Env = childEnv(envChild + "=probe")
 		out = output(t, cmd)
 	} else {
-		out = underFilter(t, prog, nil, "probe", argv...)
+		out = underFilters(t, progs, nil, "probe", argv...)
 	}
 	var errnos []unix.Errno
 	for line := range strings.Lines(out) {
@@ -408,6 +453,7 @@ func TestFilter(t *testing.T) {
 		{probe: "clone3", want: unix.ENOSYS, denied: true},
 		{probe: "setns", want: unix.EPERM, denied: true},
 		{probe: "mount", want: unix.EPERM, denied: true},
+		{probe: "pivot_root", want: unix.EPERM, denied: true},
 		{probe: "keyctl", want: unix.EPERM, denied: true},
 		{probe: "bpf", want: unix.EPERM, denied: true},
 		{probe: "perf_event_open", want: unix.EPERM, denied: true},
@@ -870,18 +916,37 @@ func BenchmarkCompile(b *testing.B) {
 // alone as the children time it.
 func BenchmarkLoad(b *testing.B) {
 	const loadsPerChild = 20
-	prog := compile(b, DockerDefaultCaps)
-	path := filepath.Join(b.TempDir(), "prog.bpf")
-	if err := os.WriteFile(path, prog, 0o600); err != nil {
+	split, err := CompileSplit(SandboxCaps)
+	if err != nil {
 		b.Fatal(err)
 	}
-	var total time.Duration
-	for left := b.N; left > 0; left -= loadsPerChild {
-		cmd := exec.Command(self(b))
-		cmd.Env = childEnv(envChild+"=bench-load", envProg+"="+path, fmt.Sprintf("%s=%d", envCount, min(left, loadsPerChild)))
-		total += childNanos(b, cmd)
+	for _, bc := range []struct {
+		name  string
+		progs [][]byte // the last is timed
+	}{
+		{"docker", [][]byte{compile(b, DockerDefaultCaps)}},
+		{"sandbox", [][]byte{compile(b, SandboxCaps)}},
+		// What a guest loads when its forker loaded the base.
+		{"sandbox-tail", [][]byte{split.Base, split.Tail}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var paths []string
+			for i, prog := range bc.progs {
+				path := filepath.Join(b.TempDir(), fmt.Sprintf("prog%d.bpf", i))
+				if err := os.WriteFile(path, prog, 0o600); err != nil {
+					b.Fatal(err)
+				}
+				paths = append(paths, path)
+			}
+			var total time.Duration
+			for left := b.N; left > 0; left -= loadsPerChild {
+				cmd := exec.Command(self(b))
+				cmd.Env = childEnv(envChild+"=bench-load", envProg+"="+strings.Join(paths, string(os.PathListSeparator)), fmt.Sprintf("%s=%d", envCount, min(left, loadsPerChild)))
+				total += childNanos(b, cmd)
+			}
+			b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "load-ns/op")
+		})
 	}
-	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "load-ns/op")
 }
 
 // BenchmarkSyscall measures what the filter costs an allowed syscall

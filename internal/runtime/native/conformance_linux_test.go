@@ -44,7 +44,7 @@ func TestConformanceFastGuest(t *testing.T) {
 }
 
 func conformance(t *testing.T, d deps, fast string) {
-	bin, log, cgroups, img, prog := d.bin, d.log, d.cgroups, d.img, d.prog
+	bin, log, cgroups, img, prog, split := d.bin, d.log, d.cgroups, d.img, d.prog, d.split
 	// Ranges far from the end-to-end tests' (1<<29 up).
 	ids := &testIDs{start: 3<<30 + uint32(rand.IntN(255))*64<<16, n: 64}
 
@@ -85,6 +85,8 @@ func conformance(t *testing.T, d deps, fast string) {
 				Disks:       disks,
 				IDs:         ids,
 				Seccomp:     prog,
+				SeccompBase: split.Base,
+				SeccompTail: split.Tail,
 				Caps:        seccomp.DockerDefaultCaps,
 				GuestBinary: bin,
 				FastGuest:   fast,
@@ -291,6 +293,7 @@ type deps struct {
 	cgroups *cgroup.Manager
 	img     *image.Image
 	prog    []byte
+	split   seccomp.Split
 }
 
 // nativeDeps skips unless root and not -short, and makes deps, the
@@ -312,6 +315,8 @@ func (d deps) config(t *testing.T) Config {
 		Disks:       disks,
 		IDs:         &testIDs{start: 3<<30 + 192<<16 + uint32(rand.IntN(32))*64<<16, n: 64},
 		Seccomp:     d.prog,
+		SeccompBase: d.split.Base,
+		SeccompTail: d.split.Tail,
 		Caps:        seccomp.DockerDefaultCaps,
 		GuestBinary: d.bin,
 		Logger:      d.log,
@@ -350,5 +355,10 @@ func nativeDeps(t *testing.T, prefix string) deps {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return deps{bin: bin, log: log, cgroups: cgroups, img: img, prog: prog}
+	// As the daemon does: the forkers load a base, each guest a tail.
+	split, err := seccomp.CompileSplit(seccomp.DockerDefaultCaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return deps{bin: bin, log: log, cgroups: cgroups, img: img, prog: prog, split: split}
 }

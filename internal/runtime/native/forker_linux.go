@@ -45,8 +45,18 @@ type forker struct {
 // startForker starts the helper from the daemon's own binary, where the
 // forker's C side takes the process before the Go runtime starts; it
 // forks every guest from exe, the sealed guest binary, or from fast, the
-// sealed fast guest, when there is one (nil: none).
-func startForker(exe, fast *os.File) (*forker, error) {
+// sealed fast guest, when there is one (nil: none). base, if not nil, is
+// a split seccomp filter's base, which the forker loads and its guests
+// inherit (seccomp.Split).
+func startForker(exe, fast *os.File, base []byte) (*forker, error) {
+	var filter *os.File
+	if base != nil {
+		var err error
+		if filter, err = filterFile(base); err != nil {
+			return nil, fmt.Errorf("starting forker: %w", err)
+		}
+		defer filter.Close()
+	}
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("creating forker socket: %w", err)
@@ -56,10 +66,10 @@ func startForker(exe, fast *os.File) (*forker, error) {
 	defer theirs.Close()
 	cmd := exec.Command("/proc/self/exe", append([]string{guestfork.ForkerVerb}, guestapi.Devices...)...)
 	cmd.Args[0] = "paddock"
-	cmd.ExtraFiles = []*os.File{theirs, exe} // fds 3 and 4 (guestfork.FDExe)
-	if fast != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, fast) // guestfork.FDFast
-	}
+	// fds 3 to 6: the socket, guestfork.FDExe, FDFast and FDSeccomp (a
+	// nil one is closed in the child, not left to a descriptor the
+	// daemon inherited).
+	cmd.ExtraFiles = []*os.File{theirs, exe, fast, filter}
 	cmd.Stderr = os.Stderr
 	cmd.Env = []string{}
 	// It dies with the daemon (deathsig: the signal follows the thread
@@ -73,6 +83,20 @@ func startForker(exe, fast *os.File) (*forker, error) {
 		return nil, fmt.Errorf("starting forker: %w", err)
 	}
 	return &forker{sock: ours, cmd: cmd, dead: dead}, nil
+}
+
+// filterFile is prog in a memfd, for a forker to read at its start.
+func filterFile(prog []byte) (*os.File, error) {
+	fd, err := unix.MemfdCreate("paddock-seccomp-base", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "paddock-seccomp-base")
+	if _, err := f.Write(prog); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("writing the seccomp base filter: %w", err)
+	}
+	return f, nil
 }
 
 // fork asks for a guest; it returns its pid and a pidfd.

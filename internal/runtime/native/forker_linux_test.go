@@ -24,7 +24,7 @@ func TestForkerOutlivesItsStarter(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread() // returns locked: this thread ends
-		f, err := startForker(exe, nil)
+		f, err := startForker(exe, nil, nil)
 		if err != nil {
 			errc <- err
 			return
@@ -60,7 +60,7 @@ func TestForkerOutlivesItsStarter(t *testing.T) {
 // starts a guest, which the forker reaps once it exits.
 func TestForkerRefusesBadRequests(t *testing.T) {
 	exe := forkerGuest(t)
-	f, err := startForker(exe, nil)
+	f, err := startForker(exe, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestForkerReportsChildFailure(t *testing.T) {
 	four := []int{n, n, n, n}
 	req := forkRequest{UIDBase: 2_100_000_000, IDs: 65536}
 
-	bad, err := startForker(junk, nil)
+	bad, err := startForker(junk, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestForkerReportsChildFailure(t *testing.T) {
 		t.Fatal("the forker died after its children failed")
 	}
 
-	good, err := startForker(exe, nil)
+	good, err := startForker(exe, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestForkerKilledMidFork(t *testing.T) {
 	n := devNull(t)
 	req := forkRequest{UIDBase: 2_100_000_000, IDs: 65536}
 	for i := range 40 {
-		f, err := startForker(exe, nil)
+		f, err := startForker(exe, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -349,7 +349,7 @@ func TestForkerIntoCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cg.Close()
-	f, err := startForker(exe, nil)
+	f, err := startForker(exe, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func fastSandbox(t *testing.T) (*guestapi.Client, func() int) {
 // path fast, or as the Go guest when fast is empty.
 func guestSandbox(t *testing.T, fast string) (*guestapi.Client, func() int) {
 	t.Helper()
-	guest, pid := guestInstance(t, fast)
+	guest, pid := guestInstance(t, fast, true)
 	return guest, func() int {
 		t.Helper()
 		return threadCount(t, pid)
@@ -46,8 +46,10 @@ func guestSandbox(t *testing.T, fast string) (*guestapi.Client, func() int) {
 }
 
 // guestInstance starts a sandbox as guestSandbox does and returns its
-// guest's client and host pid.
-func guestInstance(t *testing.T, fast string) (*guestapi.Client, int) {
+// guest's client and host pid. With split, its filter is loaded as the
+// daemon loads it (a base in the forker, a tail in the guest); without,
+// the guest loads it whole.
+func guestInstance(t *testing.T, fast string, split bool) (*guestapi.Client, int) {
 	t.Helper()
 	d := nativeDeps(t, "paddock-handover")
 	dir := t.TempDir()
@@ -56,11 +58,15 @@ func guestInstance(t *testing.T, fast string) (*guestapi.Client, int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { disks.Close() })
-	rt, err := New(Config{
+	cfg := Config{
 		RunDir: dir, Cgroups: d.cgroups, Disks: disks, Seccomp: d.prog, Caps: seccomp.DockerDefaultCaps,
 		IDs:         &testIDs{start: 3<<30 + uint32(200+rand.IntN(50))*64<<16, n: 4},
 		GuestBinary: d.bin, FastGuest: fast, Logger: d.log,
-	})
+	}
+	if split {
+		cfg.SeccompBase, cfg.SeccompTail = d.split.Base, d.split.Tail
+	}
+	rt, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +437,7 @@ func TestFastGuestPrepare(t *testing.T) {
 // four times the per-process limit together), the oldest's going first,
 // records kept; it hands the same over.
 func TestFastGuestFinishedOutputBounded(t *testing.T) {
-	guest, pid := guestInstance(t, fastGuest(t))
+	guest, pid := guestInstance(t, fastGuest(t), true)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const limit = 16 << 20 // the guest's default

@@ -106,7 +106,7 @@ func readFile(t *testing.T, g *guestapi.Client, path string) string {
 // the watch ends, reaped.
 func TestFastGuestHelper(t *testing.T) {
 	t.Parallel()
-	g, pid := guestInstance(t, fastGuest(t))
+	g, pid := guestInstance(t, fastGuest(t), true)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	onFast := func(what string) {

@@ -45,6 +45,11 @@ type Config struct {
 	IDs runtime.IDs
 	// Seccomp is the compiled filter every sandbox runs under.
 	Seccomp []byte
+	// SeccompBase and SeccompTail, when both are set, are Seccomp split
+	// (seccomp.Split): each forker loads the base once and every guest
+	// it forks inherits it; a guest loads the tail, not Seccomp, once
+	// its set-up is done.
+	SeccompBase, SeccompTail []byte
 	// Caps is the capability set sandboxes keep.
 	Caps []string
 	// OutputLimit is the per-process output the guest retains.
@@ -204,6 +209,29 @@ func New(cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
+// split reports whether the sandboxes' filter is loaded in two parts.
+func (r *Runtime) split() bool {
+	return len(r.cfg.Seccomp) > 0 && len(r.cfg.SeccompBase) > 0 && len(r.cfg.SeccompTail) > 0
+}
+
+// seccompBase is what each forker loads: the split filter's base, or
+// nothing.
+func (r *Runtime) seccompBase() []byte {
+	if r.split() {
+		return r.cfg.SeccompBase
+	}
+	return nil
+}
+
+// guestFilter is what a guest loads once its set-up is done: the split
+// filter's tail (its forker loaded the base), or the whole filter.
+func (r *Runtime) guestFilter() []byte {
+	if r.split() {
+		return r.cfg.SeccompTail
+	}
+	return r.cfg.Seccomp
+}
+
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "native" }
 
@@ -224,7 +252,7 @@ func (r *Runtime) fork(req forkRequest, fds []int) (int, int, error) {
 	for attempt := 0; ; attempt++ {
 		if f == nil {
 			var err error
-			if f, err = startForker(r.guestExe, r.fastExe); err != nil {
+			if f, err = startForker(r.guestExe, r.fastExe, r.seccompBase()); err != nil {
 				return 0, -1, err
 			}
 			r.forkerPidsGroup(f)
@@ -494,7 +522,7 @@ func (r *Runtime) prepare(ctx context.Context, g *guestProc, img *image.Image, v
 	p := &guestapi.Prepare{
 		Hostname: g.sb.id,
 		CgroupV2: r.cfg.Cgroups.Mode() == cgroup.V2,
-		Seccomp:  r.cfg.Seccomp,
+		Seccomp:  r.guestFilter(),
 		Caps:     r.cfg.Caps,
 		// base.go's images: sudo works, within Caps.
 		AllowSetuid: img.AllowSetuid,
