@@ -177,6 +177,13 @@ func prologue(archs []specs.Arch, calls []string) ([]byte, error) {
 	var prog []insn
 	prog = append(prog, insn{code: bpfLdWAbs, k: dataArch})
 	var toBody []int // jumps whose jt goes to the body, after the prologue
+	// The native arch's calls must reach the body: a profile that does
+	// not name it (libseccomp adds it to any filter) is not split.
+	native, err := libseccomp.GetNativeArch()
+	if err != nil {
+		return nil, fmt.Errorf("splitting seccomp filter: %w", err)
+	}
+	named := false
 	for _, a := range archs {
 		audit, ok := auditArch[a]
 		if !ok {
@@ -186,6 +193,7 @@ func prologue(archs []specs.Arch, calls []string) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("splitting seccomp filter: %w", err)
 		}
+		named = named || sa == native
 		var nrs []uint32
 		for _, name := range calls {
 			nr, err := libseccomp.GetSyscallFromNameByArch(name, sa)
@@ -204,6 +212,9 @@ func prologue(archs []specs.Arch, calls []string) ([]byte, error) {
 		}
 		prog = append(prog, insn{code: bpfJeqK, k: audit, jf: uint8(len(block))})
 		prog = append(prog, block...)
+	}
+	if !named {
+		return nil, fmt.Errorf("splitting seccomp filter: the profile does not name this host's arch %s", native)
 	}
 	prog = append(prog, insn{code: bpfRetK, k: retAllow})
 	for _, pc := range toBody {

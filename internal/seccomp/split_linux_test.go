@@ -3,9 +3,11 @@ package seccomp
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 
+	"github.com/opencontainers/runtime-spec/specs-go"
 	libseccomp "github.com/seccomp/libseccomp-golang"
 	"golang.org/x/sys/unix"
 )
@@ -153,6 +155,7 @@ func argSets() [][6]uint64 {
 // profile's program answers; and the tail sends to its rules only the
 // calls it decides, allowing the rest.
 func TestSplitMatchesProfile(t *testing.T) {
+	onAMD64(t)
 	caps := []([]string){SandboxCaps, DockerDefaultCaps}
 	for _, c := range caps {
 		full := compile(t, c)
@@ -254,5 +257,27 @@ func TestSplitInKernel(t *testing.T) {
 				t.Fatalf("under base and tail: %s, under the profile: %s", errnoName(got), errnoName(want))
 			}
 		})
+	}
+}
+
+// TestPrologueRefuses: a profile that does not name this host's arch, or
+// names one without a known number, is not split (its guests load it
+// whole), since the tail would allow every call of that arch.
+func TestPrologueRefuses(t *testing.T) {
+	onAMD64(t)
+	for _, archs := range [][]specs.Arch{{specs.ArchX86}, {specs.ArchX86_64, specs.ArchMIPS}} {
+		if _, err := prologue(archs, []string{"mount"}); err == nil {
+			t.Errorf("a prologue for %v", archs)
+		}
+	}
+	if _, err := prologue([]specs.Arch{specs.ArchX86_64, specs.ArchX86}, []string{"mount"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// onAMD64 skips a test written against x86-64's and i386's call numbers.
+func onAMD64(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("written for x86-64's call numbers")
 	}
 }
