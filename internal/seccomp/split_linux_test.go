@@ -25,12 +25,32 @@ func interpret(t testing.TB, prog []byte, data []byte) uint32 {
 		code := binary.NativeEndian.Uint16(in)
 		jt, jf := int(in[2]), int(in[3])
 		k := binary.NativeEndian.Uint32(in[4:])
-		jump := func(cond bool) {
+		// A conditional jump compares the accumulator with k or, for
+		// BPF_X, with x.
+		if code&0x07 == unix.BPF_JMP && code&0xf0 != unix.BPF_JA {
+			src := k
+			if code&unix.BPF_X != 0 {
+				src = x
+			}
+			var cond bool
+			switch code &^ unix.BPF_X {
+			case unix.BPF_JMP | unix.BPF_JEQ:
+				cond = a == src
+			case unix.BPF_JMP | unix.BPF_JGT:
+				cond = a > src
+			case unix.BPF_JMP | unix.BPF_JGE:
+				cond = a >= src
+			case unix.BPF_JMP | unix.BPF_JSET:
+				cond = a&src != 0
+			default:
+				t.Fatalf("pc %d: instruction %#x not interpreted", pc, code)
+			}
 			if cond {
 				pc += jt
 			} else {
 				pc += jf
 			}
+			continue
 		}
 		switch code {
 		case unix.BPF_LD | unix.BPF_W | unix.BPF_ABS:
@@ -62,20 +82,6 @@ func interpret(t testing.TB, prog []byte, data []byte) uint32 {
 			a &= x
 		case unix.BPF_JMP | unix.BPF_JA:
 			pc += int(k)
-		case unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K:
-			jump(a == k)
-		case unix.BPF_JMP | unix.BPF_JGT | unix.BPF_K:
-			jump(a > k)
-		case unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K:
-			jump(a >= k)
-		case unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K:
-			jump(a&k != 0)
-		case unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_X:
-			jump(a == x)
-		case unix.BPF_JMP | unix.BPF_JGT | unix.BPF_X:
-			jump(a > x)
-		case unix.BPF_JMP | unix.BPF_JGE | unix.BPF_X:
-			jump(a >= x)
 		case unix.BPF_RET | unix.BPF_K:
 			return k
 		case unix.BPF_RET | unix.BPF_A:
