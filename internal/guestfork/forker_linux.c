@@ -556,7 +556,7 @@ static void serve(int sigfd) {
 // daemon wrote into FD_SECCOMP (internal/seccomp, split_linux.go), on the
 // forker: every guest it forks inherits it, and loads only the filter's
 // short tail once its set-up is done, where converting and compiling the
-// whole program for each guest cost a tenth of its CPU. The forker holds
+// whole program for each guest cost 8% of the guest's CPU. The forker holds
 // CAP_SYS_ADMIN, so it needs no no_new_privs (a guest sets its own).
 static void load_base(void) {
 	struct stat st;
